@@ -1,0 +1,24 @@
+# The two commands of the README: `make demo` runs the main job, `make test` runs the tests.
+# Each creates .venv and installs what it needs on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+.PHONY: install demo test bench
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/poplar/tut6.py 10000 1000 --profile
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/engine_overhead.py

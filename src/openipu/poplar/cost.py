@@ -1,0 +1,272 @@
+"""The cost model: predicted IPU cycles of compute sets, exchanges, syncs and host transfers.
+
+Everything here is a *prediction for the real IPU* (tile clock cycles), never host time. All
+work is vectorised over tiles and elements with numpy.
+
+A step's cost is a :class:`StepCost`: per IPU, the duration of each category (the slowest tile
+sets the length of a BSP phase) and the sum over tiles of each tile's own busy cycles (for
+Poplar's "Tile average ..." figures).
+
+Compute (Poplar's IPU Model, poplar.md 4.1): single-worker vertices are placed round-robin on the
+tile's 6 worker contexts; a tile's compute time is ``6 x`` the busiest context's worker cycles
+("including idle threads"), its busy time the sum of all worker cycles ("excluding idle
+threads"). MultiVertex estimates are already tile cycles. Exchange: a tile receives at
+``exchangeBytesPerCycle`` (4 B/cycle) plus a cost per received region; multicast sends count
+once. Host transfers: bytes over the calibrated host bandwidth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from openipu.poplar import calibration as cal
+
+CATEGORIES = ("compute", "exchange", "global_exchange", "host_exchange", "sync")
+
+
+@dataclass
+class StepCost:
+    """Predicted cost of one program step, per IPU (numpy arrays of length ``num_ipus``).
+
+    ``duration[c]``: cycles the step adds to each IPU's clock in category ``c``.
+    ``tile_sum[c]``: sum over that IPU's tiles of each tile's own cycles in ``c`` (the profile
+    divides by tiles per IPU for Poplar's "Tile average" lines); ``tile_sum['compute_excl']``
+    counts busy worker cycles only. ``flops``: floating-point operations. ``by_vertex_type``:
+    {type: (instances, tile cycles summed over vertices)}.
+    """
+
+    num_ipus: int
+    duration: dict = field(default_factory=dict)
+    tile_sum: dict = field(default_factory=dict)
+    flops: float = 0.0
+    by_vertex_type: dict = field(default_factory=dict)
+    syncs: int = 0
+
+    def __post_init__(self):
+        for c in CATEGORIES:
+            self.duration.setdefault(c, np.zeros(self.num_ipus))
+            self.tile_sum.setdefault(c, np.zeros(self.num_ipus))
+        self.tile_sum.setdefault("compute_excl", np.zeros(self.num_ipus))
+
+    def total(self) -> np.ndarray:
+        """Cycles per IPU the step lasts (sum of its category durations)."""
+        return sum(self.duration[c] for c in CATEGORIES)
+
+    def add(self, other: "StepCost") -> "StepCost":
+        for c in CATEGORIES:
+            self.duration[c] = self.duration[c] + other.duration[c]
+            self.tile_sum[c] = self.tile_sum[c] + other.tile_sum[c]
+        self.tile_sum["compute_excl"] = self.tile_sum["compute_excl"] + other.tile_sum["compute_excl"]
+        self.flops += other.flops
+        self.syncs += other.syncs
+        for k, (n, cyc) in other.by_vertex_type.items():
+            n0, c0 = self.by_vertex_type.get(k, (0, 0))
+            self.by_vertex_type[k] = (n0 + n, c0 + cyc)
+        return self
+
+
+def _per_ipu(spec, per_tile: np.ndarray, reduce: str) -> np.ndarray:
+    t = per_tile.reshape(spec.num_ipus, spec.tiles_per_ipu)
+    return t.max(axis=1) if reduce == "max" else t.sum(axis=1)
+
+
+def sync_cost(spec, ipus_involved: np.ndarray, n: int = 1) -> StepCost:
+    """``n`` internal syncs on the IPUs flagged in ``ipus_involved`` (bool per IPU)."""
+    c = StepCost(spec.num_ipus, syncs=n)
+    per = float(cal.INTERNAL_SYNC_CYCLES + spec.min_ipu_sync_delay) * n
+    c.duration["sync"] = np.where(ipus_involved, per, 0.0)
+    c.tile_sum["sync"] = c.duration["sync"] * spec.tiles_per_ipu
+    return c
+
+
+def compute_cost(spec, tiles: np.ndarray, cycles: np.ndarray, multi: np.ndarray,
+                 type_ids: np.ndarray | None = None, type_names: list | None = None) -> tuple[StepCost, np.ndarray]:
+    """Cost of one compute set.
+
+    Args:
+        tiles: int array (global tile of each vertex). cycles: int array (worker cycles, or tile
+            cycles where ``multi``). multi: bool array. type_ids / type_names: vertex type of each
+            vertex, for "Cycles by vertex type".
+
+    Returns:
+        (cost, active) where ``active`` flags the tiles that run vertices.
+    """
+    T, W = spec.num_tiles, spec.num_worker_contexts
+    cost = StepCost(spec.num_ipus)
+    if tiles.size == 0:
+        return cost, np.zeros(T, bool)
+    tiles = tiles.astype(np.int64)
+    cycles = cycles.astype(np.float64)
+    single = ~multi
+    incl = np.zeros(T)
+    excl = np.zeros(T)
+    if single.any():
+        st, sc = tiles[single], cycles[single]
+        order = np.argsort(st, kind="stable")
+        st, sc = st[order], sc[order]
+        first = np.searchsorted(st, st, side="left")
+        ctx = (np.arange(st.size) - first) % W
+        ctx_sum = np.bincount(st * W + ctx, weights=sc, minlength=T * W).reshape(T, W)
+        incl += W * ctx_sum.max(axis=1)
+        excl += ctx_sum.sum(axis=1)
+    if multi.any():
+        m = np.bincount(tiles[multi], weights=cycles[multi], minlength=T)
+        incl += m
+        excl += m
+    active = np.bincount(tiles, minlength=T) > 0
+    incl = np.where(active, incl + cal.COMPUTE_SET_LAUNCH_CYCLES, 0.0)
+    excl = np.where(active, excl, 0.0)     # the supervisor's launch is idle time for the workers
+    cost.duration["compute"] = _per_ipu(spec, incl, "max")
+    cost.tile_sum["compute"] = _per_ipu(spec, incl, "sum")
+    cost.tile_sum["compute_excl"] = _per_ipu(spec, excl, "sum")
+    if type_ids is not None:
+        tile_cycles = np.where(multi, cycles, cycles * W)
+        per_type = np.bincount(type_ids, weights=tile_cycles, minlength=len(type_names))
+        counts = np.bincount(type_ids, minlength=len(type_names))
+        cost.by_vertex_type = {n: (int(counts[i]), float(per_type[i])) for i, n in enumerate(type_names) if counts[i]}
+    return cost, active
+
+
+@dataclass
+class Transfer:
+    """Elements that must reach a tile: ``addr`` in ``space`` is needed on tile ``dst`` (int arrays).
+
+    ``src`` overrides the source tile of each element (default: where ``space`` maps it; -2 means
+    the host)."""
+
+    space: object
+    addr: np.ndarray
+    dst: np.ndarray
+    src: np.ndarray | None = None
+    count_send: bool = True   # False: the same values are also sent by another Transfer (multicast)
+
+
+@dataclass
+class ExchangeVolume:
+    """Per tile: bytes and regions received and sent in one exchange phase; plus inter-IPU bytes."""
+
+    recv_bytes: np.ndarray
+    send_bytes: np.ndarray
+    recv_msgs: np.ndarray
+    send_msgs: np.ndarray
+    global_bytes: np.ndarray   # per IPU: bytes crossing IPU-Links into this IPU
+
+    def any(self) -> bool:
+        return bool(self.recv_bytes.any() or self.send_bytes.any())
+
+
+def exchange_volume(spec, transfers: list[Transfer]) -> ExchangeVolume:
+    """Bytes and messages each tile receives and sends for ``transfers`` (local elements are free).
+
+    A value needed by several tiles is sent once (the exchange multicasts) and received by each.
+    Consecutive addresses from the same source form one message (region).
+    """
+    T = spec.num_tiles
+    recv_b = np.zeros(T)
+    send_b = np.zeros(T)
+    recv_m = np.zeros(T)
+    send_m = np.zeros(T)
+    glob = np.zeros(spec.num_ipus)
+    for tr in transfers:
+        addr = np.asarray(tr.addr, np.int64).reshape(-1)
+        dst = np.broadcast_to(np.asarray(tr.dst, np.int64), addr.shape).reshape(-1)
+        src = tr.space.tile[addr].astype(np.int64) if tr.src is None else np.broadcast_to(
+            np.asarray(tr.src, np.int64), addr.shape).reshape(-1)
+        move = (src != dst) & (dst >= 0)
+        if not move.any():
+            continue
+        a, s, d = addr[move], src[move], dst[move]
+        size = tr.space.type.size
+        if a.size > 1 and np.all(a[1:] > a[:-1]):
+            # distinct, increasing addresses (a plain tensor): regions are runs in address order
+            brk = np.ones(a.size, bool)
+            brk[1:] = (d[1:] != d[:-1]) | (a[1:] != a[:-1] + 1) | (s[1:] != s[:-1])
+        else:
+            # unique (dst, addr): a tile receives an element once
+            key = d * (tr.space.size + 1) + a
+            _, keep = np.unique(key, return_index=True)
+            a, s, d = a[keep], s[keep], d[keep]          # sorted by (dst, addr)
+            brk = np.ones(a.size, bool)
+            brk[1:] = (d[1:] != d[:-1]) | (a[1:] != a[:-1] + 1) | (s[1:] != s[:-1])
+        recv_b += np.bincount(d, minlength=T) * size
+        recv_m += np.bincount(d[brk], minlength=T)
+        from_tile = s >= 0
+        if not tr.count_send:
+            continue
+        if from_tile.all() and a.size > 1 and np.all(a[1:] > a[:-1]):
+            send_b += np.bincount(s, minlength=T) * size
+            sbrk = np.ones(a.size, bool)
+            sbrk[1:] = (s[1:] != s[:-1]) | (a[1:] != a[:-1] + 1)
+            send_m += np.bincount(s[sbrk], minlength=T)
+            cross = (s // spec.tiles_per_ipu) != (d // spec.tiles_per_ipu)
+            if cross.any():
+                glob += np.bincount(d[cross] // spec.tiles_per_ipu, minlength=spec.num_ipus) * size
+        elif from_tile.any():
+            ss, aa = s[from_tile], a[from_tile]
+            skey = ss * (tr.space.size + 1) + aa
+            uk = np.unique(skey)
+            us = uk // (tr.space.size + 1)
+            send_b += np.bincount(us, minlength=T) * size
+            ua = uk % (tr.space.size + 1)
+            sbrk = np.ones(uk.size, bool)
+            sbrk[1:] = (us[1:] != us[:-1]) | (ua[1:] != ua[:-1] + 1)
+            send_m += np.bincount(us[sbrk], minlength=T)
+            cross = from_tile.copy()
+            cross[from_tile] = (ss // spec.tiles_per_ipu) != (d[from_tile] // spec.tiles_per_ipu)
+            if cross.any():
+                glob += np.bincount(d[cross] // spec.tiles_per_ipu, minlength=spec.num_ipus) * size
+    return ExchangeVolume(recv_b, send_b, recv_m, send_m, glob)
+
+
+def exchange_cost(spec, vol: ExchangeVolume) -> StepCost:
+    """Cycles of one exchange phase: per tile ``max(in, out) bytes / exchangeBytesPerCycle`` plus
+    ``EXCHANGE_CYCLES_PER_MESSAGE`` per region received, plus a fixed phase set-up; the phase lasts
+    as long as its slowest tile. Traffic between IPUs goes over IPU-Links (global exchange)."""
+    cost = StepCost(spec.num_ipus)
+    if not vol.any():
+        return cost
+    epc = spec.exchange_bytes_per_cycle
+    busy = np.maximum(vol.recv_bytes, vol.send_bytes) / epc + np.maximum(vol.recv_msgs, vol.send_msgs) * cal.EXCHANGE_CYCLES_PER_MESSAGE
+    part = (vol.recv_bytes > 0) | (vol.send_bytes > 0)
+    per_ipu_active = _per_ipu(spec, part.astype(np.float64), "sum") > 0
+    tile_t = np.where(part, np.ceil(busy) + cal.EXCHANGE_PHASE_OVERHEAD_CYCLES, 0.0)
+    cost.duration["exchange"] = _per_ipu(spec, tile_t, "max")
+    cost.tile_sum["exchange"] = _per_ipu(spec, tile_t, "sum")
+    if vol.global_bytes.any():
+        link_bpc = spec.ipu_link_bytes_per_s / spec.clock_hz
+        g = np.where(vol.global_bytes > 0, vol.global_bytes / link_bpc + spec.global_sync_cycles, 0.0)
+        cost.duration["global_exchange"] = g
+        cost.tile_sum["global_exchange"] = g * spec.tiles_per_ipu
+    cost.duration["exchange"] = np.where(per_ipu_active, cost.duration["exchange"], 0.0)
+    return cost
+
+
+def host_cost(spec, bytes_per_ipu: np.ndarray) -> StepCost:
+    """Host<->IPU stream transfer of ``bytes_per_ipu`` (array per IPU) at the calibrated host
+    bandwidth (:data:`calibration.HOST_EXCHANGE_BYTES_PER_S`). Every tile of the IPU waits."""
+    cost = StepCost(spec.num_ipus)
+    bpc = cal.HOST_EXCHANGE_BYTES_PER_S / spec.clock_hz
+    cyc = np.where(bytes_per_ipu > 0, np.ceil(bytes_per_ipu / bpc), 0.0)
+    cost.duration["host_exchange"] = cyc
+    cost.tile_sum["host_exchange"] = cyc * spec.tiles_per_ipu
+    return cost
+
+
+def on_tile_copy_cost(spec, bytes_per_tile: np.ndarray) -> StepCost:
+    """On-tile copies (a copy vertex per tile) at ``memcpyBytesPerCycle``, counted as compute."""
+    cost = StepCost(spec.num_ipus)
+    if not bytes_per_tile.any():
+        return cost
+    cyc = np.where(bytes_per_tile > 0, np.ceil(bytes_per_tile / spec.memcpy_bytes_per_cycle) + cal.COMPUTE_SET_LAUNCH_CYCLES, 0.0)
+    cost.duration["compute"] = _per_ipu(spec, cyc, "max")
+    cost.tile_sum["compute"] = _per_ipu(spec, cyc, "sum")
+    cost.tile_sum["compute_excl"] = cost.tile_sum["compute"].copy()
+    cost.by_vertex_type = {"poplar_rt::Memcpy": (int((cyc > 0).sum()), float(cyc.sum()))}
+    return cost
+
+
+def ipus_of_tiles(spec, tiles_mask: np.ndarray) -> np.ndarray:
+    """Bool per IPU: does any flagged tile lie on it."""
+    return tiles_mask.reshape(spec.num_ipus, spec.tiles_per_ipu).any(axis=1)

@@ -1,0 +1,39 @@
+"""Linear tile mapping (the rule of PopLibs' ``mapTensorLinearly`` / ``VariableMappingMethod.LINEAR``).
+
+The flattened tensor is cut into grains of ``grain_size`` elements; grains are spread evenly over
+tiles in index order, with at least ``min_elements_per_tile`` elements on each used tile. Defaults:
+grain = the target's vector width for the type, minimum = ceil(128 bytes / type size) (PopLibs
+``lib/poputil/TileMapping.cpp``, ``splitRegions``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def linear_tile_of_elements(num_elements: int, num_tiles: int, grain_size: int, min_elements_per_tile: int) -> np.ndarray:
+    """Tile (0..num_tiles-1, local) of each of ``num_elements`` elements, as an int64 array."""
+    n = int(num_elements)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    grain = max(1, int(grain_size))
+    num_grains = -(-n // grain)
+    max_g = -(-num_grains // num_tiles)
+    if min_elements_per_tile:
+        min_g = -(-int(min_elements_per_tile) // grain)
+        max_parts = max(1, num_grains // min_g)
+        max_g = max(max_g, -(-num_grains // max_parts))
+    n_parts = -(-num_grains // max_g)
+    # part v covers grains [v*G//P, (v+1)*G//P)
+    grain_idx = np.arange(num_grains, dtype=np.int64)
+    part_of_grain = ((grain_idx + 1) * n_parts - 1) // num_grains
+    return np.repeat(part_of_grain, grain)[:n]
+
+
+def linear_tile_mapping(graph, t, min_elements_per_tile: int | None = None, grain_size: int | None = None) -> np.ndarray:
+    """Per-element local tiles of ``t`` under the linear rule for ``graph``'s target."""
+    target = graph.getTarget()
+    et = t.elementType()
+    grain = grain_size or target.getVectorWidth(et)
+    min_el = -(-128 // et.size) if min_elements_per_tile is None else min_elements_per_tile
+    return linear_tile_of_elements(t.numElements(), target.getNumTiles(), grain, min_el)

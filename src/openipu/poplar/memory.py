@@ -1,0 +1,196 @@
+"""Tile memory planning: bytes per tile by category, variable liveness, out-of-memory tiles.
+
+Categories follow Poplar's summary ("By Data Type"): Variables (always live, plus the peak of
+the not-always-live ones), Constants, Stack, Vertex Instances (vertex state), Vertex Code,
+Internal Exchange Code, Control Code. Byte figures are predictions for the IPU; code and stack
+sizes are assumptions listed in :mod:`openipu.poplar.calibration`.
+
+Liveness: program steps are numbered in compile order. A variable is *not always live* when
+every program step that touches it belongs to one program, and its first touch writes it; it
+then occupies memory from its first to its last touch (widened to whole loops that touch it).
+Constants, variables with host read/write handles or initial values, and variables read before
+they are written are *always live*. Operands a compute set receives from other tiles occupy
+receive buffers on the receiving tile during that step (the "Variables" category includes them at
+the peak). Peaks are computed per tile with one sweep over sorted
+allocation events (numpy; no Python loop over tiles).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from openipu.poplar import calibration as cal
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes per tile (numpy arrays, length = tiles) by category, and what overflows.
+
+    ``total`` = sum of categories with not-always-live variables at their peak.
+    ``liveness`` = not-always-live bytes summed over tiles, per program step.
+    """
+
+    bytes_per_tile: int
+    categories: dict
+    total: np.ndarray
+    always_live_variables: np.ndarray
+    not_always_live_peak: np.ndarray
+    liveness: np.ndarray
+    out_of_memory_tiles: np.ndarray
+    vertex_state_by_type: dict
+    num_variables: int
+    num_edges: int
+
+    def worst_tiles(self, n: int = 5) -> list[tuple[int, int]]:
+        """The ``n`` tiles using most memory: [(tile, bytes)], most used first."""
+        order = np.argsort(-self.total, kind="stable")[:n]
+        return [(int(t), int(self.total[t])) for t in order]
+
+    def fits(self) -> bool:
+        return self.out_of_memory_tiles.size == 0
+
+
+def _variable_runs(space):
+    """(var index, tile, bytes) for each run of one variable's elements on one tile."""
+    n = space.size
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    tiles = space.tile[:n].astype(np.int64)
+    starts = space.starts()
+    var_of = np.zeros(n, np.int64)
+    nz = starts[1:]
+    var_of[nz[nz < n]] += 1
+    var_of = np.cumsum(var_of)
+    brk = np.ones(n, bool)
+    brk[1:] = (tiles[1:] != tiles[:-1]) | (var_of[1:] != var_of[:-1])
+    run_start = np.flatnonzero(brk)
+    run_len = np.diff(np.append(run_start, n))
+    return var_of[run_start], tiles[run_start], run_len * float(space.type.size)
+
+
+def _step_variables(comp):
+    """Per element type, per step: [(unique variable ids read, False), (written, True)]; and the
+    number of tensor connections (edges)."""
+    st = comp.state
+    out = {name: [[] for _ in comp.uses] for name in st.spaces}
+    edges = 0
+    for s_idx, uses in enumerate(comp.uses):
+        groups: dict = {}
+        for t, is_write in uses:
+            edges += 1
+            groups.setdefault((t._type.name, bool(is_write)), []).append(t.flat_addresses())
+        for (name, is_write), addrs in groups.items():
+            space = st.spaces[name]
+            mark = np.zeros(len(space.vars), bool)
+            for a in addrs:
+                mark[space.variable_index(a)] = True
+            vids = np.flatnonzero(mark)
+            # reads first so that a step that reads and writes a variable counts as a read
+            out[name][s_idx].append((vids, is_write))
+        for name in out:
+            out[name][s_idx].sort(key=lambda x: x[1])
+    return out, edges
+
+
+def plan_memory(comp, prog_ranges) -> MemoryPlan:
+    """Plan the memory of a compiled graph (``comp`` is the engine's compiler)."""
+    st, spec = comp.state, comp.spec
+    T = spec.num_tiles
+    nsteps = len(comp.steps)
+    variables = np.zeros(T)
+    constants = np.zeros(T)
+    nal_peak = np.zeros(T)
+    always = np.zeros(T)
+    liveness = np.zeros(max(nsteps, 1))
+    host_vars = {}
+    for t in list(st.host_writes.values()) + list(st.host_reads.values()) + [t for t, _ in getattr(st, "initial_values", [])]:
+        host_vars.setdefault(t._type.name, []).append(t.flat_addresses())
+    events_tile, events_step, events_bytes = [], [], []
+    prog_of_step = np.zeros(max(nsteps, 1), np.int64)
+    for i, (a, b) in enumerate(prog_ranges):
+        prog_of_step[a:b] = i
+    step_vars, num_edges = _step_variables(comp)
+    for name, space in st.spaces.items():
+        nv = len(space.vars)
+        if nv == 0:
+            continue
+        first = np.full(nv, np.iinfo(np.int64).max)
+        last = np.full(nv, -1)
+        first_is_write = np.zeros(nv, bool)
+        progs = np.full(nv, -1)
+        multi_prog = np.zeros(nv, bool)
+        for s_idx, vids_w in enumerate(step_vars.get(name, [])):
+            for vids, is_write in vids_w:
+                if vids.size == 0:
+                    continue
+                newly = first[vids] > s_idx
+                first_is_write[vids[newly]] = is_write
+                first[vids] = np.minimum(first[vids], s_idx)
+                last[vids] = np.maximum(last[vids], s_idx)
+                p = prog_of_step[s_idx]
+                multi_prog[vids] |= (progs[vids] >= 0) & (progs[vids] != p)
+                progs[vids] = p
+        for a, b in comp.loops:
+            for lo, hi in ((a, b),):
+                touched = (last >= lo) & (first <= hi)
+                first = np.where(touched, np.minimum(first, lo), first)
+                last = np.where(touched, np.maximum(last, hi), last)
+        is_const = np.array([v.constant for v in space.vars])
+        pinned = np.zeros(nv, bool)
+        for addrs in host_vars.get(name, []):
+            pinned[space.variable_index(addrs)] = True
+        pinned |= np.array([v.init is not None for v in space.vars]) & ~is_const
+        nal = (~is_const) & (~pinned) & (last >= 0) & first_is_write & (~multi_prog)
+        var_ids, tiles, nbytes = _variable_runs(space)
+        ok = tiles >= 0
+        var_ids, tiles, nbytes = var_ids[ok], tiles[ok], nbytes[ok]
+        c = is_const[var_ids]
+        constants += np.bincount(tiles[c], weights=nbytes[c], minlength=T)
+        al = ~c & ~nal[var_ids]
+        always += np.bincount(tiles[al], weights=nbytes[al], minlength=T)
+        m = nal[var_ids]
+        if m.any():
+            v, tl, nb = var_ids[m], tiles[m], nbytes[m]
+            events_tile += [tl, tl]
+            events_step += [first[v] * 2 + 1, last[v] * 2 + 2]    # alloc before use, free after
+            events_bytes += [nb, -nb]
+    # operands exchanged into a compute set live in receive buffers for that step only
+    for s_idx, recv in comp.recv_buffers.items():
+        tl = np.flatnonzero(recv)
+        events_tile += [tl, tl]
+        events_step += [np.full(tl.size, s_idx * 2 + 1), np.full(tl.size, s_idx * 2 + 2)]
+        events_bytes += [recv[tl], -recv[tl]]
+    if events_tile:
+        et = np.concatenate(events_tile)
+        es = np.concatenate(events_step)
+        eb = np.concatenate(events_bytes)
+        order = np.lexsort((eb, es, et))     # frees (negative) first at equal step
+        et, es, eb = et[order], es[order], eb[order]
+        csum = np.cumsum(eb)
+        grp_start = np.flatnonzero(np.r_[True, et[1:] != et[:-1]])
+        base = np.repeat(np.r_[0.0, csum[grp_start[1:] - 1]], np.diff(np.r_[grp_start, et.size]))
+        running = csum - base
+        peak = np.maximum.reduceat(running, grp_start)
+        nal_peak[et[grp_start]] = np.maximum(peak, 0)
+        step_delta = np.bincount(es, weights=eb, minlength=2 * nsteps + 3)
+        live_by_half = np.cumsum(step_delta)
+        liveness = live_by_half[1:2 * nsteps + 1:2] if nsteps else liveness
+    variables = always + nal_peak
+    vertex_code = np.zeros(T)
+    for tl, tname in comp.vertex_code_pairs:
+        vertex_code[tl] += comp.vertex_type_code.get(tname, cal.USER_CODELET_CODE_BYTES)
+    categories = {
+        "Variables": variables,
+        "Constants": constants,
+        "Stack": np.full(T, float(cal.STACK_BYTES_PER_TILE)),
+        "Vertex Instances": comp.vertex_state.copy(),
+        "Control Code": np.full(T, float(cal.CONTROL_CODE_BYTES_PER_STEP * nsteps)),
+        "Vertex Code": vertex_code,
+        "Internal Exchange Code": comp.exchange_code.copy(),
+    }
+    total = sum(categories.values())
+    oom = np.flatnonzero(total > spec.bytes_per_tile)
+    return MemoryPlan(spec.bytes_per_tile, categories, total, always, nal_peak, np.asarray(liveness),
+                      oom, dict(comp.vertex_state_by_type), sum(len(s.vars) for s in st.spaces.values()), num_edges)
