@@ -2,11 +2,9 @@
 
 import io
 import json
-import os
 
 import numpy as np
 import pytest
-import torch
 
 import codelets_for_tests as C
 from openipu import poplar

@@ -179,17 +179,15 @@ def exchange_volume(spec, transfers: list[Transfer]) -> ExchangeVolume:
             continue
         a, s, d = addr[move], src[move], dst[move]
         size = tr.space.type.size
-        if a.size > 1 and np.all(a[1:] > a[:-1]):
-            # distinct, increasing addresses (a plain tensor): regions are runs in address order
-            brk = np.ones(a.size, bool)
-            brk[1:] = (d[1:] != d[:-1]) | (a[1:] != a[:-1] + 1) | (s[1:] != s[:-1])
-        else:
-            # unique (dst, addr): a tile receives an element once
+        if not (a.size > 1 and np.all(a[1:] > a[:-1])):
+            # repeated or unordered addresses: a tile receives an element once, so keep unique
+            # (dst, addr) pairs, sorted. Distinct increasing addresses (a plain tensor) need no sort:
+            # its regions are the runs in address order.
             key = d * (tr.space.size + 1) + a
             _, keep = np.unique(key, return_index=True)
-            a, s, d = a[keep], s[keep], d[keep]          # sorted by (dst, addr)
-            brk = np.ones(a.size, bool)
-            brk[1:] = (d[1:] != d[:-1]) | (a[1:] != a[:-1] + 1) | (s[1:] != s[:-1])
+            a, s, d = a[keep], s[keep], d[keep]
+        brk = np.ones(a.size, bool)
+        brk[1:] = (d[1:] != d[:-1]) | (a[1:] != a[:-1] + 1) | (s[1:] != s[:-1])
         recv_b += np.bincount(d, minlength=T) * size
         recv_m += np.bincount(d[brk], minlength=T)
         from_tile = s >= 0

@@ -12,7 +12,7 @@ import dataclasses
 
 from openipu import ipu
 from openipu.poplar import errors
-from openipu.poplar.types import Type, as_type
+from openipu.poplar.types import as_type
 
 
 class TargetType:
@@ -239,5 +239,3 @@ def createOfflineTarget(version: str = "ipu2", num_ipus: int = 1, tiles_per_ipu:
         over["tiles_per_ipu"] = tiles_per_ipu
     return Target(ipu.target(_version_of(version), num_ipus, **over))
 
-
-_ = Type  # re-exported type for annotations

@@ -12,7 +12,6 @@ Predicted cycles (IPU time) and host wall time are kept apart: the profile repor
 
 from __future__ import annotations
 
-import os
 import pickle
 import sys
 import time
@@ -25,7 +24,7 @@ from openipu.poplar import calibration as cal
 from openipu.poplar import cost as costmod
 from openipu.poplar import errors
 from openipu.poplar import program as P
-from openipu.poplar.graph import DataStream, Function, Graph, HostFunction, RemoteBuffer
+from openipu.poplar.graph import DataStream, Graph, HostFunction, RemoteBuffer
 from openipu.poplar.memory import plan_memory
 from openipu.poplar.options import OptionFlags, engine_options, get_logger
 from openipu.poplar.storage import Accessor, Storage
@@ -546,12 +545,11 @@ class _Compiler:
         raise errors.control_program_error(f"Cannot compile program of type {type(prog).__name__}")
 
     def branch(self, pred: Tensor) -> _Branch:
-        tiles = self.graph.tile_of_elements(pred)
+        """A predicate read by the control flow: a sync, then the value broadcast to every tile."""
         vol = costmod.exchange_volume(self.spec, [costmod.Transfer(
             self.state.space(pred._type), np.repeat(pred.flat_addresses(), self.spec.num_tiles),
             np.arange(self.spec.num_tiles))])
         c = costmod.sync_cost(self.spec, self.all_ipus()).add(costmod.exchange_cost(self.spec, vol))
-        del tiles
         leaf = self.leaf(_Branch(Accessor(pred)), c, [(pred, False)], "Branch")
         return leaf.step
 
@@ -984,8 +982,6 @@ class Engine:
 
     def _check_loaded(self):
         if self._storage is None:
-            if self._spec.target_type == "IPU" and not self._spec.is_ipu_model and self._device is None:
-                pass
             raise errors.runtime_error("The engine is not loaded: call engine.load(device) before running it")
 
     # -- running --------------------------------------------------------------------------
@@ -1209,8 +1205,6 @@ def format_tensor(title: str, value: torch.Tensor, type_) -> str:
     def fmt(x):
         if type_.is_float:
             return np.format_float_positional(x, precision=7, unique=False, trim="k") if abs(x) < 1e8 and (abs(x) >= 1e-4 or x == 0) else f"{x:.7e}"
-        if type_.name == "bool":
-            return str(int(x))
         return str(int(x))
 
     def rec(a, indent):

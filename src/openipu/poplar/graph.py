@@ -16,7 +16,7 @@ import importlib.util
 import inspect
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -149,14 +149,8 @@ class DataStream:
     to_device: bool
     replicatedMode: str = "REPLICATE"
 
-    def handle_name(self) -> str:
-        return self.handle
-
     def elementType(self) -> Type:  # noqa: N802
         return self.type
-
-    def numElements_(self) -> int:
-        return self.numElements
 
 
 @dataclass(eq=False)
@@ -417,7 +411,6 @@ class Graph:
         from openipu.poplar.types import UNSIGNED_INT
         t = self._new_variable(UNSIGNED_INT, [], name or "replicationIndex", constant=True,
                                init=torch.zeros(1, dtype=UNSIGNED_INT.torch_dtype))
-        t._state.space(t._type).const[t.flat_addresses()] = True
         self._state.replication_index_vars = getattr(self._state, "replication_index_vars", []) + [t]
         return t
 

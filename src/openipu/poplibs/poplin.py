@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -219,5 +218,3 @@ def matMul(graph, A, B, prog, name_or_type="", name: str = "", options=None, cac
     prog.add(poplar.program.Execute(rcs))
     return out
 
-
-_ = math
