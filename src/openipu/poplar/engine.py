@@ -275,30 +275,37 @@ class _GroupRunner:
 
     def __init__(self, group):
         self.group = group
+        self.accessors: dict[int, Accessor] = {}   # the kernel's tensors live as long as the group
 
     def compute(self, ctx):
         out = []
-        self.group.kernel(_KernelCtx(ctx.storage, out))
+        self.group.kernel(_KernelCtx(ctx.storage, out, self.accessors))
         return out
 
 
 class _KernelCtx:
     """What a library kernel sees: ``read(t)`` -> torch [replicas, *shape]; ``write(t, v)``."""
 
-    __slots__ = ("storage", "pending")
+    __slots__ = ("storage", "pending", "accessors")
 
-    def __init__(self, storage, pending):
-        self.storage, self.pending = storage, pending
+    def __init__(self, storage, pending, accessors):
+        self.storage, self.pending, self.accessors = storage, pending, accessors
 
     @property
     def replicas(self):
         return self.storage.replicas
 
+    def _acc(self, t: Tensor) -> Accessor:
+        acc = self.accessors.get(id(t))
+        if acc is None:
+            acc = self.accessors[id(t)] = Accessor(t)
+        return acc
+
     def read(self, t: Tensor) -> torch.Tensor:
-        return Accessor(t).read(self.storage)
+        return self._acc(t).read(self.storage)
 
     def write(self, t: Tensor, value) -> None:
-        self.pending.append((Accessor(t), value))
+        self.pending.append((self._acc(t), value))
 
 
 class _IndexAcc:
@@ -326,11 +333,12 @@ class _UserRunner:
     def __init__(self, codelet, buckets):
         self.codelet = codelet
         self.buckets = buckets   # list of (field layout, {field: _IndexAcc or [..]}, values)
+        self.fns = [_make_vertex_fn(codelet, [f for f, _ in layout], values) for layout, _, values in buckets]
 
     def compute(self, ctx):
         pending = []
         R = ctx.storage.replicas
-        for layout, accs, values in self.buckets:
+        for (layout, accs, values), fn in zip(self.buckets, self.fns):
             names = [f for f, _ in layout]
             flat_in = []
             for f, shape in layout:
@@ -339,7 +347,7 @@ class _UserRunner:
                     flat_in.append([x.read(ctx.storage).flatten(0, 1) for x in a])
                 else:
                     flat_in.append(a.read(ctx.storage).flatten(0, 1))
-            outs = _run_codelet(self.codelet, names, flat_in, values)
+            outs = _run_codelet(self.codelet, fn, len(names), flat_in)
             for f, val in zip(names, outs):
                 if not self.codelet._fields[f].writes:
                     continue
@@ -383,8 +391,7 @@ def _make_vertex_fn(codelet, names, values):
     return fn
 
 
-def _run_codelet(codelet, names, flat_in, values):
-    fn = _make_vertex_fn(codelet, names, values)
+def _run_codelet(codelet, fn, num_fields, flat_in):
     n = flat_in[0][0].shape[0] if isinstance(flat_in[0], list) else flat_in[0].shape[0]
     if codelet.vectorize and getattr(codelet, "_vmap_ok", True) and n > 1:
         try:
@@ -394,7 +401,7 @@ def _run_codelet(codelet, names, flat_in, values):
             codelet._vmap_ok = False
     results = [fn(*[[x[i] for x in t] if isinstance(t, list) else t[i] for t in flat_in]) for i in range(n)]
     out = []
-    for k in range(len(names)):
+    for k in range(num_fields):
         col = [r[k] for r in results]
         out.append([torch.stack([c[j] for c in col]) for j in range(len(col[0]))] if isinstance(col[0], list)
                    else torch.stack(col))
