@@ -399,8 +399,7 @@ class Graph:
         else:
             src, type_ = t, as_type(t_or_type)
         out = self._new_variable(type_, src.shape(), name or "clone")
-        tiles = self._state.space(src._type).tiles_of(src.flat_addresses())
-        self._state.space(out._type).tile[out.flat_addresses()] = tiles
+        self.copy_tile_mapping(out, src)
         return out
 
     def cloneN(self, t: Tensor, n: int, name: str = "") -> Tensor:  # noqa: N802
@@ -481,6 +480,11 @@ class Graph:
 
     def getVariableTileMapping(self, t: Tensor):  # noqa: N802
         return self.getTileMapping(t)
+
+    def copy_tile_mapping(self, dst: Tensor, src: Tensor) -> None:
+        """Map each element of ``dst`` to the tile of the same element of ``src`` (equal element
+        counts; unmapped stays unmapped). openipu extension, used by ``clone`` and PopLibs."""
+        self._state.space(dst._type).tile[dst.flat_addresses()] = self.tile_of_elements(src)
 
     def tile_of_elements(self, t: Tensor) -> np.ndarray:
         """Global tile of each flattened element of ``t`` (-1 when unmapped). openipu extension."""

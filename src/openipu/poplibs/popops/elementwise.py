@@ -16,6 +16,9 @@ import torch
 
 from openipu import poplar
 from openipu.poplar.graph import VertexGroup
+from openipu.poplibs.popops._common import broadcast_view, output_like, tile_counts
+
+__all__ = ["BINARY_OPS", "binary_op", "binary_op_cycles", "add", "sub", "mul", "div", "max", "min"]
 
 #: op -> (torch function, cycles per vector loop, worker overhead float, half). PopLibs tables.
 BINARY_OPS = {
@@ -23,10 +26,6 @@ BINARY_OPS = {
     "DIVIDE": (torch.div, 10), "MAXIMUM": (torch.maximum, 1), "MINIMUM": (torch.minimum, 1),
     "POWER": (torch.pow, 40),
 }
-
-
-def addCodelets(graph) -> None:  # noqa: N802
-    """Register popops' codelets (library vertices are built in; kept for API compatibility)."""
 
 
 def _binary_kernel(fn, out, a, b, ctx):
@@ -42,20 +41,6 @@ def binary_op_cycles(n_per_tile: np.ndarray, type_, cycles_per_loop: int, target
     return 6 * (overhead + inner) + 11
 
 
-def _output_like(graph, a, b, shape, name):
-    """Output tensor mapped like the operand that has the output's shape (else linearly)."""
-    out = graph.addVariable(a.elementType(), shape, name)
-    for src in (a, b):
-        if list(src.shape()) == list(shape):
-            tiles = graph.tile_of_elements(src)
-            if (tiles >= 0).all():
-                graph._state.space(out._type).tile[out.flat_addresses()] = tiles
-                return out
-    from openipu.poplibs.poputil import mapTensorLinearly
-    mapTensorLinearly(graph, out)
-    return out
-
-
 def binary_op(graph, op: str, a, b, prog, name: str = ""):
     """``out = op(a, b)`` with numpy broadcasting; appends one compute set to ``prog``."""
     if a.elementType() != b.elementType():
@@ -65,14 +50,11 @@ def binary_op(graph, op: str, a, b, prog, name: str = ""):
     except ValueError:
         raise poplar.index_error(f"{op}: shapes {a.shape()} and {b.shape()} cannot be broadcast together") from None
     fn, cpl = BINARY_OPS[op]
-    out = _output_like(graph, a, b, shape, name or op.lower())
-    otiles = graph.tile_of_elements(out).astype(np.int64)
-    target = graph.getTarget()
-    counts = np.bincount(otiles, minlength=graph._top._target.getNumTiles())
-    used = np.flatnonzero(counts)
-    cycles = binary_op_cycles(counts[used], a.elementType(), cpl, target)
-    a_b, b_b = (np.broadcast_to(x._addr, shape) for x in (a, b))
-    a_v, b_v = (poplar.Tensor(x._state, x._type, addr, x._view_type) for x, addr in ((a, a_b), (b, b_b)))
+    out = output_like(graph, a.elementType(), shape, (a, b), name or op.lower())
+    otiles = graph.tile_of_elements(out)
+    used, counts = tile_counts(graph, otiles)
+    cycles = binary_op_cycles(counts, a.elementType(), cpl, graph.getTarget())
+    a_v, b_v = broadcast_view(a, shape), broadcast_view(b, shape)
     cs = graph.addComputeSet(name or op.lower())
     vname = f"popops::BinaryOp1D<popops::expr::BinaryOpType::{op},{a.elementType()}>"
     graph.add_vertex_group(cs, VertexGroup(

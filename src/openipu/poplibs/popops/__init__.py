@@ -1,0 +1,14 @@
+"""``popops``: PopLibs' general operations (``include/popops/*.hpp``), one op family per module.
+
+- ``elementwise``: binary and unary elementwise ops (``ElementWise.hpp``).
+"""
+
+from openipu.poplibs.popops.elementwise import *  # noqa: F401,F403
+from openipu.poplibs.popops.elementwise import __all__ as _ew_all
+
+
+def addCodelets(graph) -> None:  # noqa: N802
+    """Register popops' codelets (library vertices are built in; kept for API compatibility)."""
+
+
+__all__ = ["addCodelets", *_ew_all]
