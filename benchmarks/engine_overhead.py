@@ -56,7 +56,7 @@ def bench_steps(n: int):
     print(f"  openipu host time per step:  {t_ipu / steps * 1e6:9.2f} us")
     print(f"  torch eager per same op:     {t_torch / steps * 1e6:9.2f} us")
     print(f"  ratio openipu / torch:       {t_ipu / t_torch:9.1f}x")
-    print(f"  predicted IPU cycles per iteration: {e.lastRunCycles / n:,.0f} (IPU time, not host time)")
+    print(f"  predicted IPU cycles per iteration: {e.last_run_cycles / n:,.0f} (IPU time, not host time)")
 
 
 def bench_compile():

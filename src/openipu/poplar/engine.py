@@ -1029,7 +1029,7 @@ class Engine:
                                               self._compiled, self)
 
     @property
-    def lastRunCycles(self) -> int:  # noqa: N802
+    def last_run_cycles(self) -> int:
         """Predicted IPU cycles of the last run (max over IPUs). openipu extension."""
         return int(round(self._runs[-1]["cycles_per_ipu"].max())) if self._runs else 0
 
