@@ -200,3 +200,26 @@ def write_profile(directory: str, graph, compiled, engine=None) -> str:
     with open(path, "w") as f:
         json.dump(profile_dict(graph, compiled, engine), f)
     return path
+
+
+def run_breakdown(engine, run: int = -1) -> dict:
+    """Predicted IPU cycles of one run of ``engine`` (default: the last), split by category.
+
+    Returns ``{"cycles": c, "seconds": s, "by_category": {category: cycles}, "flops": f}`` where
+    ``cycles`` is the run's length on the slowest IPU (predicted IPU cycles, not host time),
+    ``seconds`` = cycles / clock, and ``by_category`` sums each step's category durations on that
+    IPU (compute, exchange, global_exchange, host_exchange, sync). Raises ``IndexError`` when the
+    engine has no profiled run.
+    """
+    rec = engine._runs[run]
+    comp = engine._compiled.compiler
+    ipu = int(np.argmax(rec["cycles_per_ipu"]))
+    by_cat = {c: 0.0 for c in CATEGORIES}
+    flops = 0.0
+    for step, n in zip(comp.steps, rec["counts"]):
+        if n:
+            for c in CATEGORIES:
+                by_cat[c] += n * float(step.cost.duration[c][ipu])
+            flops += n * step.cost.flops
+    cycles = float(rec["cycles_per_ipu"].max())
+    return {"cycles": cycles, "seconds": cycles / engine._spec.clock_hz, "by_category": by_cat, "flops": flops}

@@ -1,0 +1,124 @@
+"""``openipu`` command line. ``openipu run MODEL.onnx`` is the main job (see :mod:`openipu.runner`).
+
+Exit status: 0 on success, 2 when the model does not fit in tile memory, 1 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+_CATEGORY_LABELS = {"compute": "compute", "exchange": "exchange", "global_exchange": "IPU-Link",
+                    "host_exchange": "host I/O", "sync": "sync"}
+
+
+def _kib(b: float) -> str:
+    return f"{b / 1024:,.1f} KiB"
+
+
+def _si(x: float, unit: str) -> str:
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:,.2f} {prefix}{unit}"
+    return f"{x:,.2f} {unit}"
+
+
+def _seconds(s: float) -> str:
+    if s >= 1:
+        return f"{s:,.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:,.3f} ms"
+    return f"{s * 1e6:,.1f} us"
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="openipu", description="Graphcore IPU software stack on a simulated IPU.")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="compile and run an ONNX model on a simulated IPU and predict its IPU performance",
+                       description="Compile MODEL for a simulated IPU, run one step, print the outputs and "
+                                   "the predicted IPU latency, throughput and tile memory.")
+    r.add_argument("model", help="path of an .onnx file, or a bundled model name (e.g. light_resnet50)")
+    r.add_argument("--ipu", default="ipu2", choices=["ipu1", "ipu2", "bow", "ipu21"], help="IPU generation (default ipu2)")
+    r.add_argument("--num-ipus", type=int, default=1, help="IPUs to shard the model over (default 1)")
+    r.add_argument("--batch-size", type=int, default=None, help="override the model's batch dimension")
+    r.add_argument("--batches-per-step", type=int, default=1, help="PopART batches per step (default 1)")
+    r.add_argument("--precision", default="fp32", choices=["fp32", "fp16"], help="model precision (default fp32)")
+    r.add_argument("--input", metavar="FILE", help=".npz of input arrays keyed by input name (default: random)")
+    r.add_argument("--output", metavar="FILE", help="write the outputs to this .npz")
+    r.add_argument("--report", metavar="DIR", help="write the profile (profile.json, summary.txt) to DIR")
+    r.add_argument("--available-memory-proportion", type=float, default=None,
+                   help="temporary-memory budget of matmuls and convolutions (default 0.6)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    return p
+
+
+def _print_run(res, out) -> None:
+    w = lambda s="": print(s, file=out)  # noqa: E731
+    w(f"Model     {res.model_path}  ({res.num_nodes} nodes)")
+    w(f"Target    {res.target}: {res.num_ipus} IPU(s) x {res.tiles_per_ipu:,} tiles, {_kib(res.bytes_per_tile)} per tile, "
+      f"{res.clock_hz / 1e9:.2f} GHz; batch {res.batch_size}, batches per step {res.batches_per_step}, {res.precision}")
+    w()
+    if res.outputs:
+        w("Outputs (computed on this host by the simulated IPU)")
+        for k, v in res.outputs.items():
+            a = np.asarray(v, dtype=np.float64) if v.dtype != np.bool_ else v.astype(np.float64)
+            w(f"  {k:<28} {str(v.dtype):<8} {list(v.shape)}  mean {a.mean():.6g}  std {a.std():.6g}  "
+              f"min {a.min():.6g}  max {a.max():.6g}")
+        w()
+    w("Prediction for the IPU (cost model of the simulated target; not host time)")
+    fit = "yes" if res.fits else f"NO ({res.out_of_memory_tiles:,} tiles over)"
+    w(f"  tile memory         max {_kib(res.tile_bytes_max)} ({res.tile_bytes_max / res.bytes_per_tile:.0%} of a tile), "
+      f"mean {_kib(res.tile_bytes_mean)}; fits: {fit}")
+    if not res.fits:
+        w("  worst tiles         " + ", ".join(f"tile {t}: {_kib(b)}" for t, b in res.worst_tiles))
+        w()
+        w("The model does not fit in tile memory, so it was not run. Try:")
+        w(f"  --num-ipus {res.num_ipus * 2}            shard over more IPUs")
+        if res.precision == "fp32":
+            w("  --precision fp16         halve weights and activations")
+        if res.batch_size > 1:
+            w(f"  --batch-size {max(1, res.batch_size // 2):<11} a smaller batch")
+        w("  --available-memory-proportion 0.3   less temporary memory per matmul/convolution")
+        return
+    w(f"  latency             {_seconds(res.latency)} per batch  ({res.step_cycles:,.0f} cycles per step)")
+    w(f"  throughput          {res.throughput:,.1f} samples/s")
+    total = sum(res.by_category.values()) or 1.0
+    shares = "  ".join(f"{_CATEGORY_LABELS[c]} {v / total:.1%}" for c, v in res.by_category.items() if v)
+    w(f"  time shares         {shares}")
+    if res.flops:
+        w(f"  arithmetic          {_si(res.flops, 'FLOP')} per step, {_si(res.flops / res.step_seconds, 'FLOP/s')} achieved")
+    w()
+    w("Host (this machine running the simulation; not an IPU figure)")
+    w(f"  compile {res.host_compile_seconds:,.2f} s, run {res.host_run_seconds:,.2f} s per step")
+    if res.report_dir:
+        w(f"  profile written to {res.report_dir}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``openipu`` script. Returns the exit status."""
+    args = _build_parser().parse_args(argv)
+    from openipu import runner
+
+    inputs = None
+    if args.input:
+        with np.load(args.input) as f:
+            inputs = {k: f[k] for k in f.files}
+    try:
+        res = runner.run_model(args.model, ipu=args.ipu, num_ipus=args.num_ipus, batch_size=args.batch_size,
+                               batches_per_step=args.batches_per_step, precision=args.precision, inputs=inputs,
+                               seed=args.seed, report_dir=args.report,
+                               available_memory_proportion=args.available_memory_proportion)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"openipu run: {e}", file=sys.stderr)
+        return 1
+    _print_run(res, sys.stdout)
+    if args.output and res.outputs:
+        np.savez(args.output, **res.outputs)
+        print(f"Outputs written to {args.output}")
+    return 0 if res.fits else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

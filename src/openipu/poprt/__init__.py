@@ -1,0 +1,5 @@
+"""``openipu.poprt``: ONNX converter passes in the manner of PopRT (``poprt.converter``)."""
+
+from openipu.poprt.converter import convert_float_to_half
+
+__all__ = ["convert_float_to_half"]
