@@ -1,10 +1,12 @@
 """``popops``: PopLibs' general operations (``include/popops/*.hpp``), one op family per module.
 
 - ``elementwise``: binary and unary elementwise ops (``ElementWise.hpp``).
+- ``reduce``: reductions (``Reduce.hpp``).
 """
 
 from openipu.poplibs.popops.elementwise import *  # noqa: F401,F403
 from openipu.poplibs.popops.elementwise import __all__ as _ew_all
+from openipu.poplibs.popops.reduce import *  # noqa: F401,F403,E402
 
 
 def addCodelets(graph) -> None:  # noqa: N802
