@@ -415,12 +415,13 @@ def _slice_impl(graph, out, t, offset, dims, sizes, prog, name, options):
     used, cyc = _slice_tile_cycles(col_tile, nsub, t.elementType(), graph.getTarget(), T)
     rows = view.numElements() // cols
     ob, ot = _bcast(offset, used)
+    out_tiles = np.broadcast_to(col_tile, (nsub, cols)).reshape(-1)
     cs = graph.addComputeSet(name)
     graph.add_vertex_group(cs, VertexGroup(
         f"popops::DynamicSlice2D<{t.elementType()}>", used, cyc,
         functools.partial(_slice_kernel, view, oview, offset, [t.dim(d) for d in dims], sizes, remap),
-        reads=[(view, np.broadcast_to(col_tile, (rows, cols)).reshape(-1)), (ob, ot), (oview, np.broadcast_to(col_tile, (nsub, cols)).reshape(-1))],
-        writes=[(oview, np.broadcast_to(col_tile, (nsub, cols)).reshape(-1))], multi=True, flops=0.0, state_bytes=24))
+        reads=[(view, np.broadcast_to(col_tile, (rows, cols)).reshape(-1)), (ob, ot), (oview, out_tiles)],
+        writes=[(oview, out_tiles)], multi=True, flops=0.0, state_bytes=24))
     prog.add(poplar.program.Execute(cs))
     return out
 

@@ -485,9 +485,11 @@ def _stage(graph, src, cons_tiles, dst, index, dst_tiles, n_dst, op, compute, fi
         runs = -(-E[used] // np.maximum(K[used], 1))
     upd = bool(update) and final is not None
     cyc = _stage_tile_cycles(E[used], K[used], runs, continuous, ptype, out_type, op, upd, target)
-    vt = "ContinuousReduce" if continuous else "Reduce"
-    vname = f"popops::{'Scaled' if final is not None and final[:2] != (None, None) else ''}{vt}<popops::Reduce{op.value.title().replace('_', '')},{ptype},{out_type},{str(upd).lower()}>"
-    flops = float(max(0, src.numElements() - n_dst) * _FLOPS[op] + (n_dst if final is not None and final[:2] != (None, None) else 0))
+    scaled = final is not None and final[:2] != (None, None)
+    vt = ("Scaled" if scaled else "") + ("ContinuousReduce" if continuous else "Reduce")
+    op_name = "Reduce" + op.value.title().replace("_", "")
+    vname = f"popops::{vt}<popops::{op_name},{ptype},{out_type},{str(upd).lower()}>"
+    flops = float(max(0, src.numElements() - n_dst) * _FLOPS[op] + (n_dst if scaled else 0))
     return _group(vname, used, cyc, src, dst, np.ascontiguousarray(index, np.int64), n_dst, op, compute, first, final,
                   reads=[(src.reshape([src.numElements()]), cons_tiles)], writes=[(dst, dst_tiles)], flops=flops,
                   scale_t=scale_t, update=upd)
