@@ -1,10 +1,20 @@
 """``popops``: PopLibs' general operations (``include/popops/*.hpp``), one op family per module.
 
 - ``elementwise``: binary and unary elementwise ops (``ElementWise.hpp``).
+- ``reduce``: reductions (``Reduce.hpp``).
+- ``dynamic_slice``: slicing at run-time offsets (``DynamicSlice.hpp``).
+- ``gather``: XLA gather and scatter (``Gather.hpp``, ``Scatter.hpp``).
+- ``sort``: sort and top-k (``Sort.hpp``, ``TopK.hpp``).
+- ``loop``: counted loops (``Loop.hpp``).
 """
 
 from openipu.poplibs.popops.elementwise import *  # noqa: F401,F403
 from openipu.poplibs.popops.elementwise import __all__ as _ew_all
+from openipu.poplibs.popops.reduce import *  # noqa: F401,F403,E402
+from openipu.poplibs.popops.dynamic_slice import *  # noqa: F401,F403,E402
+from openipu.poplibs.popops.gather import *  # noqa: F401,F403,E402
+from openipu.poplibs.popops.sort import *  # noqa: F401,F403,E402
+from openipu.poplibs.popops.loop import *  # noqa: F401,F403,E402
 
 
 def addCodelets(graph) -> None:  # noqa: N802

@@ -1,0 +1,613 @@
+"""``popops``: slicing at run-time offsets (PopLibs ``include/popops/DynamicSlice.hpp``).
+
+The sliced dimensions ``dims`` of ``t`` are moved to the front and the rest flattened into
+*columns*: ``t`` is viewed as ``[prod(t.dim(d) for d in dims), columns]``. Every column is sliced
+by one vertex on the tile that holds the column's first element (``t[0, ..., column]``); the
+other elements of the column are exchanged to that tile (the exchange is static: the whole
+column moves, whatever the offset), so tensors made by :func:`createSliceableTensor`, which keep
+each column on one tile, slice without exchange. Slices and updates are mapped with their column.
+
+Offsets are device tensors (``UNSIGNED_INT`` or ``INT``). Out-of-range offsets follow PopLibs:
+
+- ``dynamicSlice`` / ``dynamicUpdate``: a slice that runs past the end of a dimension wraps round
+  to its start (``(offset + i) mod size``); an offset ``>= size`` (or negative) leaves the output
+  (resp. ``t``) unchanged, unless option ``remapOutOfBoundIndices`` is true, which uses offset 0
+  (PopLibs ``DynamicSlice2D`` codelet).
+- ``multiSlice``: an out-of-range offset gives an undefined slice in PopLibs; here it is zeros (as
+  the padding index does with ``paddingIndexUsed``), or offset 0 with ``remapOutOfBoundIndices``.
+- ``multiUpdate*``: out-of-range offsets are ignored (or remapped to 0).
+
+Cycle estimates (``lib/popops/popopsCycleEstimators.cpp``, ``PerformanceEstimation.cpp``):
+``DynamicSlice2D`` / ``DynamicUpdateSlice2D`` ``23 + sum_regions((29|31|50 + nVectors x c) x
+numSubElements + 13)`` worker cycles, regions split over the 6 workers; ``MultiSlice`` /
+``MultiUpdate`` ``(30|29 + inRange x (19 + ceil(elems/vw) x 2) + outOfRange x 8) x 6``;
+``MultiUpdateOp`` ``(3 + 29|30 + scaled + inRange x (11|12 + (elems/atom - 1) x 3) + outOfRange
+x 5) x 6``. The base's dictionary rows are split over the workers, so each worker copies about
+``numOffsets / 6`` in-range offsets (PopLibs' ``indicesDistribution = uniform``) [A].
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from openipu import poplar
+from openipu.poplar.graph import VertexGroup
+from openipu.poplar.mapping import linear_tile_of_elements
+
+__all__ = ["SlicePlan", "embedding", "createSliceableTensor", "createSliceTensor", "createIndicesTensor",
+           "dynamicSlice", "dynamicSliceWithOutput", "dynamicUpdate", "multiSlice", "multiUpdate",
+           "multiUpdateAdd", "multiUpdateMax"]
+
+WORKERS = 6
+_OPTIONS = {"remapOutOfBoundIndices", "paddingIndexUsed", "usedForSlice", "usedForUpdate", "operationForUpdate",
+            "availableMemoryProportion", "indicesDistribution", "planMinimisationTarget", "indicesAreSorted",
+            "partialType"}
+
+
+@dataclass(frozen=True)
+class SlicePlan:
+    """``popops::SlicePlan``. openipu has one implementation (columns sliced where they live), so a
+    plan only records what it was made for; the default plan is ``SlicePlan()``."""
+
+    dataType: object = None  # noqa: N815 - PopLibs names
+    numEntries: int = 0  # noqa: N815
+    outputSize: int = 0  # noqa: N815
+    numLookups: tuple = ()  # noqa: N815
+    options: tuple = field(default=(), compare=False)
+
+
+class embedding:  # noqa: N801 - PopLibs namespace ``popops::embedding``
+    """``popops::embedding``: planning of embedding lookups."""
+
+    @staticmethod
+    def plan(graph, dataType, numEntries, outputSize, numLookups, options=None) -> SlicePlan:  # noqa: N803
+        """``embedding::plan(graph, dataType, numEntries, outputSize, numLookups, options)``.
+
+        Options ``usedForSlice``, ``usedForUpdate`` (not both false), ``operationForUpdate``
+        ("none", "add", "max"), ``availableMemoryProportion``, ``indicesDistribution``
+        ("uniform", "onePoint"), ``planMinimisationTarget`` ("memory", "cycles"),
+        ``indicesAreSorted``. Raises ``poplar.invalid_option`` for others or bad values."""
+        opts = _check_options(options, "embedding::plan")
+        truthy = {"true": True, "false": False, True: True, False: False}
+        try:
+            use_slice = truthy[opts.get("usedForSlice", True)]
+            use_update = truthy[opts.get("usedForUpdate", True)]
+        except KeyError:
+            raise poplar.invalid_option("embedding::plan: usedForSlice / usedForUpdate take true or false") from None
+        if not (use_slice or use_update):
+            raise poplar.invalid_option("embedding::plan: usedForSlice and usedForUpdate cannot both be false")
+        if str(opts.get("operationForUpdate", "add")) not in ("none", "add", "max", "mul"):
+            raise poplar.invalid_option("embedding::plan: operationForUpdate takes none, add or max")
+        if str(opts.get("indicesDistribution", "uniform")) not in ("uniform", "onePoint"):
+            raise poplar.invalid_option("embedding::plan: indicesDistribution takes uniform or onePoint")
+        if str(opts.get("planMinimisationTarget", "memory")) not in ("memory", "cycles"):
+            raise poplar.invalid_option("embedding::plan: planMinimisationTarget takes memory or cycles")
+        return SlicePlan(poplar.types.as_type(dataType), int(numEntries), int(outputSize),
+                         tuple(int(n) for n in np.atleast_1d(numLookups)), tuple(sorted((k, str(v)) for k, v in opts.items())))
+
+
+def _check_options(options, name) -> dict:
+    opts = dict(options or {})
+    bad = sorted(k for k in opts if k not in _OPTIONS)
+    if bad:
+        raise poplar.invalid_option(f"{name}: unknown option(s) {bad}; known options are {sorted(_OPTIONS)}")
+    return opts
+
+
+def _flag(opts, key) -> bool:
+    v = opts.get(key, False)
+    if isinstance(v, str):
+        if v.lower() not in ("true", "false"):
+            raise poplar.invalid_option(f"option {key} takes true or false, got {v!r}")
+        return v.lower() == "true"
+    return bool(v)
+
+
+# ----------------------------------------------------------------------------------------------
+# layout
+# ----------------------------------------------------------------------------------------------
+def _check_dims(shape, dims, sizes, name, sizes_one=False):
+    try:
+        dims = [int(d) for d in dims]
+        sizes = [int(s) for s in sizes]
+    except TypeError:
+        raise poplar.index_error(f"{name}: dims and sizes must be lists of integers") from None
+    if len(dims) != len(sizes):
+        raise poplar.index_error(f"{name}: {len(dims)} dims but {len(sizes)} sizes; give one size per sliced dimension")
+    rank = len(shape)
+    for d, s in zip(dims, sizes):
+        if not 0 <= d < rank:
+            raise poplar.index_error(f"{name}: dimension {d} is out of range for a tensor of shape {list(shape)}")
+        if not 1 <= s <= shape[d]:
+            raise poplar.index_error(
+                f"{name}: slice size {s} in dimension {d} must be between 1 and the dimension's size {shape[d]}")
+        if sizes_one and s != 1:
+            raise poplar.index_error(f"{name}: slice sizes must be 1 (got {s} in dimension {d})")
+    if len(set(dims)) != len(dims):
+        raise poplar.index_error(f"{name}: dims {dims} repeat a dimension")
+    return dims, sizes
+
+
+def _columns_view(t, dims):
+    """``t`` as ``[*t.dim(dims), columns]`` and the rest dims."""
+    rest = [d for d in range(t.rank()) if d not in dims]
+    cols = int(np.prod([t.dim(d) for d in rest], dtype=np.int64))
+    return t.dimShuffle(dims + rest).reshape([t.dim(d) for d in dims] + [cols]), rest, cols
+
+
+def _set_global_tiles(graph, t, glob) -> None:
+    graph._state.space(t._type).tile[t.flat_addresses()] = glob
+
+
+def _column_tiles(graph, view, name):
+    tiles = graph.tile_of_elements(view).astype(np.int64)
+    if (tiles < 0).any():
+        raise poplar.invalid_tile_mapping(
+            f"{name}: {int((tiles < 0).sum())} elements of the sliced tensor are not mapped to a tile; map it first "
+            "(createSliceableTensor makes a well-mapped one)")
+    cols = view.shape()[-1]
+    return tiles.reshape(-1, cols)[0] if cols else np.zeros(0, np.int64)
+
+
+def createSliceableTensor(graph, type_, shape, dims, sizes, minGrainSize=0, options=None,  # noqa: N802,N803
+                          debug_name: str = ""):
+    """``popops::createSliceableTensor(graph, type, shape, dims, sizes, minGrainSize=0, name)``
+    (or ``(..., sizes, plan, options, name)``): a new tensor whose columns (all elements that differ
+    only in ``dims``) each sit on one tile, the columns spread linearly over the tiles in grains
+    of ``minGrainSize`` columns. Raises ``poplar.index_error`` for bad dims or sizes."""
+    if isinstance(minGrainSize, SlicePlan):
+        _check_options(options, "createSliceableTensor")
+        minGrainSize = 0
+    elif isinstance(options, str) and not debug_name:
+        debug_name = options
+    shape = [int(s) for s in shape]
+    dims, sizes = _check_dims(shape, dims, sizes, "createSliceableTensor")
+    t = graph.addVariable(type_, shape, debug_name or "sliceable")
+    view, _, cols = _columns_view(t, dims)
+    grain = max(1, int(minGrainSize))
+    col_tile = linear_tile_of_elements(cols, graph.getTarget().getNumTiles(), grain, grain)
+    glob = graph._tiles[col_tile] if cols else np.zeros(0, np.int64)
+    rows = view.numElements() // max(cols, 1)
+    _set_global_tiles(graph, view, np.broadcast_to(glob, (rows, cols)).reshape(-1))
+    return t
+
+
+def createSliceTensor(graph, t, dims, sizes, numIndices, debug_name: str = ""):  # noqa: N802,N803
+    """``popops::createSliceTensor(graph, t, dims, sizes, numIndices, name)``: a tensor of shape
+    ``[numIndices, *t.shape with dims -> sizes]`` mapped like the columns of ``t`` it slices."""
+    dims, sizes = _check_dims(t.shape(), dims, sizes, "createSliceTensor")
+    view, rest, cols = _columns_view(t, dims)
+    col_tile = _column_tiles(graph, view, "createSliceTensor")
+    shape = list(t.shape())
+    for d, s in zip(dims, sizes):
+        shape[d] = s
+    out = graph.addVariable(t.elementType(), [int(numIndices)] + shape, debug_name or "slice")
+    if cols:
+        oview = out.dimShuffle([0] + [1 + d for d in dims] + [1 + d for d in rest]).reshape(
+            [out.numElements() // cols, cols])
+        _set_global_tiles(graph, oview, np.broadcast_to(col_tile, (oview.numElements() // cols, cols)).reshape(-1))
+    return out
+
+
+def createIndicesTensor(graph, dims, numIndices, plan=None, options=None, debug_name: str = ""):  # noqa: N802,N803
+    """``popops::createIndicesTensor``: an UNSIGNED_INT tensor ``[numIndices, len(dims)]`` mapped
+    linearly."""
+    _check_options(options, "createIndicesTensor")
+    t = graph.addVariable(poplar.UNSIGNED_INT, [int(numIndices), len(dims)], debug_name or "indices")
+    from openipu.poplibs.poputil import mapTensorLinearly
+    mapTensorLinearly(graph, t)
+    return t
+
+
+# ----------------------------------------------------------------------------------------------
+# cycle estimates
+# ----------------------------------------------------------------------------------------------
+def dynamic_slice_worker_cycles(regions, region_elems, num_sub, type_, target):
+    """``DynamicSlice2D`` worker cycles for ``regions`` regions of ``region_elems`` elements each
+    sliced ``num_sub`` times (popopsCycleEstimators.cpp): ``23 + regions x ((29|31|50 + nVectors
+    x c) x numSubElements + 13)``; c = 1 for 4-byte types, 2 for half and 1-byte types."""
+    regions = np.asarray(regions, np.int64)
+    size = type_.size
+    if size == 1:
+        base, vw, c = 50, 4, 2
+    elif size == 2:
+        base, vw, c = 31, target.getDataPathWidth() // 16, 2
+    else:
+        base, vw, c = 29, max(1, target.getDataPathWidth() // (8 * min(size, 4))), 1
+    nvec = -(-np.asarray(region_elems, np.int64) // vw)
+    return 23 + regions * ((base + nvec * c) * num_sub + 13)
+
+
+def _slice_tile_cycles(col_tile, num_sub, type_, target, T):
+    """Tile cycles of the DynamicSlice2D vertices on each tile (regions split over workers)."""
+    used, inv = np.unique(col_tile, return_inverse=True)
+    ncols = np.bincount(inv, minlength=used.size)
+    brk = np.ones(col_tile.size, bool)
+    brk[1:] = col_tile[1:] != col_tile[:-1]
+    regions = np.bincount(inv[brk], minlength=used.size)
+    r_w = -(-regions // WORKERS)
+    e_w = -(-ncols // np.maximum(np.minimum(WORKERS, ncols), 1))       # elements per worker's region
+    e_w = np.where(regions >= WORKERS, -(-ncols // regions), e_w)
+    return used, WORKERS * dynamic_slice_worker_cycles(r_w, e_w, num_sub, type_, target)
+
+
+def _elem_params(type_, target):
+    if type_.size == 1:
+        return 4, 3
+    if type_.size == 2:
+        return 2, 2
+    return max(1, target.getDataPathWidth() // 32), 2
+
+
+def multi_slice_tile_cycles(elems_per_slice, num_offsets, type_, target, update=False):
+    """Tile cycles of ``MultiSlice`` / ``MultiUpdate`` (getMultiSliceCycleEstimate) with the
+    dictionary rows split over the workers (about numOffsets/6 in range per worker [A])."""
+    vw, cpv = _elem_params(type_, target)
+    in_range = -(-num_offsets // WORKERS)
+    out_range = num_offsets - in_range
+    vec = -(-np.asarray(elems_per_slice, np.int64) // vw)
+    per_worker = (29 if update else 30) + in_range * (19 + vec * cpv) + out_range * 8
+    return WORKERS * per_worker
+
+
+def multi_update_op_tile_cycles(elems_per_slice, num_offsets, type_, target, scaled, scale_wider):
+    """Tile cycles of ``MultiUpdateOp`` (getMultiUpdateOpCycleEstimate)."""
+    four = type_.size == 4
+    cycles = 3 + (29 if four else 30) + ((2 + 2 + 2 * four) if scaled else 0)
+    in_range = -(-num_offsets // WORKERS)
+    per_in = (11 if four else 12) + (1 if (not four and scaled) else 0)
+    atom = math.lcm(target.getAtomicStoreGranularity(), type_.size) // type_.size
+    e = np.maximum(np.asarray(elems_per_slice, np.int64), atom)
+    per_in = per_in + (e // atom - 1) * (3 + int(scale_wider))
+    return WORKERS * (cycles + in_range * per_in + (num_offsets - in_range) * 5)
+
+
+# ----------------------------------------------------------------------------------------------
+# kernels
+# ----------------------------------------------------------------------------------------------
+def _offsets(ctx, offset, k):
+    return ctx.read(offset).reshape(ctx.replicas, -1, k).to(torch.int64) if k else None
+
+
+def _dyn_index(o, D, S, remap):
+    """Per-dimension indices of a wrapping slice: ``(o + i) mod D``; validity of ``o``."""
+    valid = (o >= 0) & (o < D)
+    if remap:
+        o = torch.where(valid, o, torch.zeros_like(o))
+        valid = torch.ones_like(valid)
+    return (o.clamp(0, D - 1)[..., None] + torch.arange(S)) % D, valid
+
+
+def _slice_kernel(view, out_view, offset, Ds, Ss, remap, ctx):
+    base = ctx.read(view)                              # [R, *Ds, cols]
+    R = base.shape[0]
+    k = len(Ds)
+    offs = _offsets(ctx, offset, k)
+    old = ctx.read(out_view)
+    res = []
+    for r in range(R):                                 # replicas (not data-size scaling)
+        x = base[r]
+        ok = True
+        for j in range(k):
+            idx, valid = _dyn_index(offs[r, 0, j], Ds[j], Ss[j], remap)
+            x = x.index_select(j, idx)
+            ok = ok and bool(valid)
+        res.append(x if ok else old[r])
+    ctx.write(out_view, torch.stack(res))
+
+
+def _update_kernel(view, s_view, offset, Ds, Ss, remap, ctx):
+    base = ctx.read(view).clone()
+    upd = ctx.read(s_view)
+    k = len(Ds)
+    offs = _offsets(ctx, offset, k)
+    for r in range(base.shape[0]):
+        idxs, ok = [], True
+        for j in range(k):
+            idx, valid = _dyn_index(offs[r, 0, j], Ds[j], Ss[j], remap)
+            idxs.append(idx)
+            ok = ok and bool(valid)
+        if ok:
+            grids = torch.meshgrid(*idxs, indexing="ij") if k else ()
+            base[r][grids] = upd[r].to(base.dtype)
+    ctx.write(view, base)
+
+
+def _multi_rows(offs, Ds, remap, padding):
+    """Linear dictionary row of each offset ``[R, N, k]`` and its validity; padding rows are invalid."""
+    valid = torch.ones(offs.shape[:2], dtype=torch.bool)
+    lin = torch.zeros(offs.shape[:2], dtype=torch.int64)
+    for j, D in enumerate(Ds):
+        o = offs[..., j]
+        ok = (o >= 0) & (o < D)
+        if remap:
+            o = torch.where(ok | (padding & (o == D)), o, torch.zeros_like(o))
+            ok = (o >= 0) & (o < D)
+        valid &= ok
+        lin = lin * D + o.clamp(0, D - 1)
+    return lin, valid
+
+
+def _multi_slice_kernel(view, out_view, offsets, Ds, remap, padding, ctx):
+    base = ctx.read(view)
+    R = base.shape[0]
+    flat = base.reshape(R, -1, base.shape[-1])          # [R, rows, cols]
+    lin, valid = _multi_rows(ctx.read(offsets).reshape(R, -1, len(Ds)).to(torch.int64), Ds, remap, padding)
+    out = torch.gather(flat, 1, lin[..., None].expand(-1, -1, flat.shape[2]))
+    ctx.write(out_view, torch.where(valid[..., None], out, torch.zeros((), dtype=out.dtype)))
+
+
+def _multi_update_kernel(view, s_view, offsets, Ds, remap, padding, op, scale, scale_t, ctx):
+    base = ctx.read(view)
+    R = base.shape[0]
+    flat = base.reshape(R, -1, base.shape[-1]).clone()
+    s = ctx.read(s_view).reshape(R, -1, flat.shape[2])
+    lin, valid = _multi_rows(ctx.read(offsets).reshape(R, -1, len(Ds)).to(torch.int64), Ds, remap, padding)
+    rows = flat.shape[1]
+    for r in range(R):
+        li, sv = lin[r][valid[r]], s[r][valid[r]]
+        if op == "none":
+            # duplicates: the last offset wins (deterministic)
+            last = torch.full((rows,), -1, dtype=torch.int64).scatter_reduce_(
+                0, li, torch.arange(li.numel()), "amax", include_self=True)
+            hit = last >= 0
+            flat[r][hit] = sv[last[hit]].to(flat.dtype)
+        elif op == "add":
+            k = ctx.read(scale_t).reshape(R)[r].to(torch.float32) if scale_t is not None else torch.tensor(float(scale))
+            acc = torch.float32 if flat.is_floating_point() else flat.dtype
+            delta = (sv.to(acc) * k.to(acc)) if flat.is_floating_point() else (sv * k.to(sv.dtype))
+            flat[r] = flat[r].to(acc).index_add_(0, li, delta).to(flat.dtype)
+        else:                                             # max
+            flat[r] = flat[r].scatter_reduce(0, li[:, None].expand(-1, flat.shape[2]), sv.to(flat.dtype), "amax",
+                                             include_self=True)
+    ctx.write(view, flat.reshape(base.shape))
+
+
+# ----------------------------------------------------------------------------------------------
+# dynamic slice / update
+# ----------------------------------------------------------------------------------------------
+def _check_offset(offset, n, name, rank_two=False):
+    if not isinstance(offset, poplar.Tensor):
+        raise poplar.graph_connection_error(f"{name}: offsets must be a Tensor, got {type(offset).__name__}")
+    if offset.elementType() not in (poplar.UNSIGNED_INT, poplar.INT):
+        raise poplar.graph_connection_error(
+            f"{name}: offsets must be UNSIGNED_INT or INT, got {offset.elementType()}; cast them first")
+    if not rank_two and offset.numElements() != n:
+        raise poplar.graph_connection_error(
+            f"{name}: the offset tensor has {offset.numElements()} elements (shape {offset.shape()}) but {n} "
+            "dimensions are sliced; give one offset per sliced dimension")
+
+
+def _bcast(t, used):
+    from openipu.poplibs.popops._common import broadcast_view
+    flat = t.reshape([1, t.numElements()])
+    return broadcast_view(flat, [used.size, t.numElements()]), np.repeat(used, t.numElements())
+
+
+def _slice_impl(graph, out, t, offset, dims, sizes, prog, name, options):
+    opts = _check_options(options, name)
+    remap = _flag(opts, "remapOutOfBoundIndices")
+    dims, sizes = _check_dims(t.shape(), dims, sizes, name)
+    _check_offset(offset, len(dims), name)
+    shape = list(t.shape())
+    for d, s in zip(dims, sizes):
+        shape[d] = s
+    view, rest, cols = _columns_view(t, dims)
+    col_tile = _column_tiles(graph, view, name)
+    if out is not None:
+        if out.elementType() != t.elementType() or list(out.shape()) != shape:
+            raise poplar.graph_connection_error(
+                f"{name}: the output must be {t.elementType()} of shape {shape}, got {out.elementType()} {out.shape()}")
+    else:
+        out = graph.addVariable(t.elementType(), shape, name)
+    oview = out.dimShuffle(dims + rest).reshape(sizes + [cols])
+    nsub = int(np.prod(sizes, dtype=np.int64))
+    if (graph.tile_of_elements(out) < 0).any() and cols:
+        _set_global_tiles(graph, oview, np.broadcast_to(col_tile, (nsub, cols)).reshape(-1))
+    if t.numElements() == 0:
+        return out
+    T = graph._top._target.getNumTiles()
+    used, cyc = _slice_tile_cycles(col_tile, nsub, t.elementType(), graph.getTarget(), T)
+    rows = view.numElements() // cols
+    ob, ot = _bcast(offset, used)
+    out_tiles = np.broadcast_to(col_tile, (nsub, cols)).reshape(-1)
+    cs = graph.addComputeSet(name)
+    graph.add_vertex_group(cs, VertexGroup(
+        f"popops::DynamicSlice2D<{t.elementType()}>", used, cyc,
+        functools.partial(_slice_kernel, view, oview, offset, [t.dim(d) for d in dims], sizes, remap),
+        reads=[(view, np.broadcast_to(col_tile, (rows, cols)).reshape(-1)), (ob, ot), (oview, out_tiles)],
+        writes=[(oview, out_tiles)], multi=True, flops=0.0, state_bytes=24))
+    prog.add(poplar.program.Execute(cs))
+    return out
+
+
+def dynamicSlice(graph, t, offset, dims, sizes, prog, debug_name: str = "", options=None):  # noqa: N802
+    """``popops::dynamicSlice(graph, t, offset, dims, sizes, prog, debugContext, options)``.
+
+    Returns ``t`` sliced to ``sizes[i]`` elements from ``offset[i]`` in each ``dims[i]`` (a new
+    tensor, mapped with the columns it came from). ``offset`` holds ``len(dims)`` UNSIGNED_INT or
+    INT values. See the module docstring for wrapping and out-of-range offsets.
+    Raises ``poplar.index_error`` (bad dims / sizes), ``poplar.graph_connection_error`` (offset
+    type or size), ``poplar.invalid_option``, ``poplar.invalid_tile_mapping`` (unmapped ``t``)."""
+    return _slice_impl(graph, None, t, offset, dims, sizes, prog, debug_name or "dynamicSlice", options)
+
+
+def dynamicSliceWithOutput(graph, output, t, offset, dims, sizes, prog, debug_name: str = "", options=None):  # noqa: N802
+    """``popops::dynamicSliceWithOutput``: :func:`dynamicSlice` into ``output``."""
+    _slice_impl(graph, output, t, offset, dims, sizes, prog, debug_name or "dynamicSlice", options)
+
+
+def dynamicUpdate(graph, t, s, offset, dims, sizes, prog, debug_name: str = "", options=None):  # noqa: N802
+    """``popops::dynamicUpdate(graph, t, s, offset, dims, sizes, prog, debugContext, options)``:
+    writes ``s`` (shape of the slice) into ``t`` at ``offset`` (in place; wraps like
+    :func:`dynamicSlice`; an out-of-range offset leaves ``t`` unchanged).
+    Raises as :func:`dynamicSlice`, plus ``poplar.graph_connection_error`` when ``s`` has the
+    wrong type or shape."""
+    name = debug_name or "dynamicUpdate"
+    opts = _check_options(options, name)
+    remap = _flag(opts, "remapOutOfBoundIndices")
+    dims, sizes = _check_dims(t.shape(), dims, sizes, name)
+    _check_offset(offset, len(dims), name)
+    shape = list(t.shape())
+    for d, sz in zip(dims, sizes):
+        shape[d] = sz
+    if not isinstance(s, poplar.Tensor) or s.elementType() != t.elementType() or list(s.shape()) != shape:
+        raise poplar.graph_connection_error(
+            f"{name}: the update must be {t.elementType()} of shape {shape}, got "
+            f"{getattr(s, 'elementType', lambda: type(s).__name__)()} {getattr(s, 'shape', lambda: '')()}")
+    view, rest, cols = _columns_view(t, dims)
+    col_tile = _column_tiles(graph, view, name)
+    if t.numElements() == 0:
+        return
+    sview = s.dimShuffle(dims + rest).reshape(sizes + [cols])
+    nsub = int(np.prod(sizes, dtype=np.int64))
+    rows = view.numElements() // cols
+    T = graph._top._target.getNumTiles()
+    used, cyc = _slice_tile_cycles(col_tile, nsub, t.elementType(), graph.getTarget(), T)
+    ob, ot = _bcast(offset, used)
+    base_cons = np.broadcast_to(col_tile, (rows, cols)).reshape(-1)
+    cs = graph.addComputeSet(name)
+    graph.add_vertex_group(cs, VertexGroup(
+        f"popops::DynamicUpdateSlice2D<{t.elementType()}>", used, cyc,
+        functools.partial(_update_kernel, view, sview, offset, [t.dim(d) for d in dims], sizes, remap),
+        reads=[(view, base_cons), (sview, np.broadcast_to(col_tile, (nsub, cols)).reshape(-1)), (ob, ot)],
+        writes=[(view, base_cons)], multi=True, flops=0.0, state_bytes=24))
+    prog.add(poplar.program.Execute(cs))
+
+
+# ----------------------------------------------------------------------------------------------
+# multi slice / update
+# ----------------------------------------------------------------------------------------------
+def _multi_common(graph, t, offsets, dims, sizes, name, options):
+    opts = _check_options(options, name)
+    remap, padding = _flag(opts, "remapOutOfBoundIndices"), _flag(opts, "paddingIndexUsed")
+    dims, sizes = _check_dims(t.shape(), dims, sizes, name, sizes_one=True)
+    _check_offset(offsets, 0, name, rank_two=True)
+    k = len(dims)
+    if offsets.rank() == 1 and k == 1:
+        offsets = offsets.reshape([offsets.dim(0), 1])
+    if offsets.rank() != 2 or offsets.dim(1) != k:
+        raise poplar.graph_connection_error(
+            f"{name}: offsets must have shape [numOffsets, {k}] (one row per slice), got {offsets.shape()}")
+    view, rest, cols = _columns_view(t, dims)
+    col_tile = _column_tiles(graph, view, name)
+    return offsets, dims, sizes, view, rest, cols, col_tile, remap, padding
+
+
+def _slice_shape(t, dims, n):
+    shape = list(t.shape())
+    for d in dims:
+        shape[d] = 1
+    return [n] + shape
+
+
+def multiSlice(graph, t, offsets, dims, sizes, prog, plan=None, options=None, debug_name: str = ""):  # noqa: N802
+    """``popops::multiSlice(graph, t, offsets, dims, sizes, prog, plan, options, debugContext)``.
+
+    ``offsets`` is ``[N, len(dims)]`` UNSIGNED_INT/INT (``[N]`` accepted for one dim); sizes must
+    be 1. Returns ``[N, *t.shape with dims -> 1]``: slice i is ``t`` at ``offsets[i]``. Options
+    ``remapOutOfBoundIndices``, ``paddingIndexUsed`` (offset == size gives zeros).
+    Raises like :func:`dynamicSlice`."""
+    name = debug_name or "multiSlice"
+    offsets, dims, sizes, view, rest, cols, col_tile, remap, padding = _multi_common(
+        graph, t, offsets, dims, sizes, name, options)
+    N = offsets.dim(0)
+    out = graph.addVariable(t.elementType(), _slice_shape(t, dims, N), name)
+    oview = out.dimShuffle([0] + [1 + d for d in dims] + [1 + d for d in rest]).reshape([N, cols])
+    ocons = np.broadcast_to(col_tile, (N, cols)).reshape(-1)
+    if cols:
+        _set_global_tiles(graph, oview, ocons)
+    if N == 0 or t.numElements() == 0:
+        return out
+    used, inv = np.unique(col_tile, return_inverse=True)
+    ncols = np.bincount(inv, minlength=used.size)
+    cyc = multi_slice_tile_cycles(ncols, N, t.elementType(), graph.getTarget())
+    ob, ot = _bcast(offsets, used)
+    rows = view.numElements() // cols
+    cs = graph.addComputeSet(name)
+    graph.add_vertex_group(cs, VertexGroup(
+        f"popops::MultiSlice<{t.elementType()}>", used, cyc,
+        functools.partial(_multi_slice_kernel, view, oview, offsets, [t.dim(d) for d in dims], remap, padding),
+        reads=[(view, np.broadcast_to(col_tile, (rows, cols)).reshape(-1)), (ob, ot)],
+        writes=[(oview, ocons)], multi=True, flops=0.0, state_bytes=32))
+    prog.add(poplar.program.Execute(cs))
+    return out
+
+
+def _multi_update(graph, t, s, offsets, dims, sizes, prog, options, name, op, scale=None):
+    offsets, dims, sizes, view, rest, cols, col_tile, remap, padding = _multi_common(
+        graph, t, offsets, dims, sizes, name, options)
+    N = offsets.dim(0)
+    want = _slice_shape(t, dims, N)
+    if not isinstance(s, poplar.Tensor) or s.elementType() != t.elementType() or \
+            (list(s.shape()) != want and s.numElements() != int(np.prod(want, dtype=np.int64))):
+        raise poplar.graph_connection_error(
+            f"{name}: the slices must be {t.elementType()} of shape {want}, got "
+            f"{getattr(s, 'elementType', lambda: type(s).__name__)()} {getattr(s, 'shape', lambda: '')()}")
+    scale_t, scale_v = None, None
+    if op == "add":
+        if isinstance(scale, poplar.Tensor):
+            ok = scale.numElements() == 1 and (scale.elementType() == t.elementType() or
+                                               (t.elementType() == poplar.HALF and scale.elementType() == poplar.FLOAT))
+            if not ok:
+                raise poplar.graph_connection_error(
+                    f"{name}: scale must be one element of {t.elementType()} (or FLOAT for HALF data), got "
+                    f"{scale.elementType()} of shape {scale.shape()}")
+            scale_t = scale
+        else:
+            try:
+                scale_v = float(scale)
+            except (TypeError, ValueError):
+                raise poplar.graph_connection_error(f"{name}: scale must be a tensor or a number, got {scale!r}") from None
+    if N == 0 or t.numElements() == 0:
+        return
+    s = s.reshape(want)
+    sview = s.dimShuffle([0] + [1 + d for d in dims] + [1 + d for d in rest]).reshape([N, cols])
+    used, inv = np.unique(col_tile, return_inverse=True)
+    ncols = np.bincount(inv, minlength=used.size)
+    target = graph.getTarget()
+    if op == "none":
+        cyc = multi_slice_tile_cycles(ncols, N, t.elementType(), target, update=True)
+        vname = f"popops::MultiUpdate<{t.elementType()}>"
+    else:
+        wider = scale_t is not None and scale_t.elementType().size > t.elementType().size
+        cyc = multi_update_op_tile_cycles(ncols, N, t.elementType(), target, op == "add", wider)
+        vname = f"popops::{'Scaled' if op == 'add' else ''}MultiUpdateOp<{t.elementType()},{op}>"
+    ob, ot = _bcast(offsets, used)
+    rows = view.numElements() // cols
+    base_cons = np.broadcast_to(col_tile, (rows, cols)).reshape(-1)
+    reads = [(view, base_cons), (sview, np.broadcast_to(col_tile, (N, cols)).reshape(-1)), (ob, ot)]
+    if scale_t is not None:
+        sb, st_ = _bcast(scale_t, used)
+        reads.append((sb, st_))
+    cs = graph.addComputeSet(name)
+    graph.add_vertex_group(cs, VertexGroup(
+        vname, used, cyc,
+        functools.partial(_multi_update_kernel, view, sview, offsets, [t.dim(d) for d in dims], remap, padding, op,
+                          scale_v, scale_t),
+        reads=reads, writes=[(view, base_cons)], multi=True,
+        flops=float(N * cols * (2 if op == "add" else 1 if op == "max" else 0)), state_bytes=32))
+    prog.add(poplar.program.Execute(cs))
+
+
+def multiUpdate(graph, t, s, offsets, dims, sizes, prog, plan=None, options=None, debug_name: str = ""):  # noqa: N802
+    """``popops::multiUpdate``: ``t[offsets[i]] = s[i]`` (in place); ``s`` is ``[N, *slice]``.
+    Out-of-range offsets are ignored; with repeated offsets the last one wins."""
+    _multi_update(graph, t, s, offsets, dims, sizes, prog, options, debug_name or "multiUpdate", "none")
+
+
+def multiUpdateAdd(graph, t, s, offsets, scale, dims, sizes, prog, plan=None, options=None,  # noqa: N802
+                   debug_name: str = ""):
+    """``popops::multiUpdateAdd``: ``t[offsets[i]] += scale * s[i]`` for every i (repeats add up).
+    ``scale`` is a one-element tensor of t's type (or FLOAT for HALF ``t``), or a number."""
+    _multi_update(graph, t, s, offsets, dims, sizes, prog, options, debug_name or "multiUpdateAdd", "add", scale)
+
+
+def multiUpdateMax(graph, t, s, offsets, dims, sizes, prog, plan=None, options=None, debug_name: str = ""):  # noqa: N802
+    """``popops::multiUpdateMax``: ``t[offsets[i]] = max(t[offsets[i]], s[i])``."""
+    _multi_update(graph, t, s, offsets, dims, sizes, prog, options, debug_name or "multiUpdateMax", "max")
