@@ -69,6 +69,8 @@ class Accessor:
         elif value.dtype != buf.dtype or self.type.wrap_bits:
             value = self.type.wrap(value)
         n = self.stop - self.start if self.index is None else self.index.numel()
+        if n == 0:
+            return
         value = value.reshape(-1, n) if value.numel() == storage.replicas * n else value.reshape(1, n).expand(storage.replicas, n)
         if self.index is None:
             buf[:, self.start:self.stop] = value
