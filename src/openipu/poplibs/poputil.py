@@ -120,13 +120,16 @@ def _linear_tiles(graph, num_elements: int, min_el: int, grain: int) -> np.ndarr
 
 
 def calcLinearTileMapping(graph, t, minElementsPerTile: int | None = None, grainSize: int | None = None,  # noqa: N802,N803
-                          type_=None):
+                          type_=None, *, min_elements_per_tile: int | None = None, grain_size: int | None = None):
     """``poputil::calcLinearTileMapping(graph, t)`` or ``(graph, shape, minElementsPerTile, grainSize)``.
 
     ``t`` is a :class:`Tensor` or a shape (then give ``minElementsPerTile`` and ``grainSize``, or
     ``type_`` for the defaults). Returns per tile of ``graph`` a list of :class:`Interval` of the
     flattened elements. Defaults: grain = vector width of the type, minimum = ceil(128 / type size).
+    ``min_elements_per_tile`` / ``grain_size`` are PEP 8 aliases of the PopLibs arguments.
     """
+    minElementsPerTile = minElementsPerTile if min_elements_per_tile is None else min_elements_per_tile  # noqa: N806
+    grainSize = grainSize if grain_size is None else grain_size  # noqa: N806
     if isinstance(t, Tensor):
         n, et = t.numElements(), t.elementType()
     else:
@@ -142,9 +145,12 @@ def calcLinearTileMapping(graph, t, minElementsPerTile: int | None = None, grain
     return _mapping_from_tiles(tiles, graph.getTarget().getNumTiles())
 
 
-def mapTensorLinearly(graph, t, minElementsPerTile: int | None = None, grainSize: int | None = None) -> None:  # noqa: N802,N803
+def mapTensorLinearly(graph, t, minElementsPerTile: int | None = None, grainSize: int | None = None,  # noqa: N802,N803
+                      *, min_elements_per_tile: int | None = None, grain_size: int | None = None) -> None:
     """``poputil::mapTensorLinearly``: map ``t``'s flattened elements over every tile of ``graph`` in
-    index order (see :func:`calcLinearTileMapping` for the rule and defaults)."""
+    index order (see :func:`calcLinearTileMapping` for the rule, defaults and aliases)."""
+    minElementsPerTile = minElementsPerTile if min_elements_per_tile is None else min_elements_per_tile  # noqa: N806
+    grainSize = grainSize if grain_size is None else grain_size  # noqa: N806
     min_el, grain = _linear_defaults(graph, t.elementType(), minElementsPerTile, grainSize)
     graph.setTileMapping(t, _linear_tiles(graph, t.numElements(), min_el, grain))
 
