@@ -232,6 +232,22 @@ class _CrossReplicaStep(_Step):
         self.dst.write(ctx.storage, cur)
 
 
+class _CollectiveStep(_Step):
+    """A library collective (``program.Collective``): one kernel over all replicas' storage."""
+
+    kind = "GlobalExchange"
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.accessors: dict[int, Accessor] = {}
+
+    def run(self, ctx):
+        pending = []
+        self.kernel(_KernelCtx(ctx.storage, pending, self.accessors))
+        for acc, val in pending:
+            acc.write(ctx.storage, val)
+
+
 class _HostCallStep(_Step):
     kind = "HostFunction"
 
@@ -547,6 +563,12 @@ class _Compiler:
             c.duration["global_exchange"] += nb / (self.spec.ipu_link_bytes_per_s / self.spec.clock_hz)
             return self.leaf(_CrossReplicaStep(Accessor(prog.src), Accessor(prog.dst), prog.replica_map), c,
                              [(prog.src, False), (prog.dst, True)], "CrossReplicaCopy")
+        if isinstance(prog, P.Collective):
+            uses = [(t, False) for t in prog.reads] + [(t, True) for t in prog.writes]
+            leaf = self.leaf(_CollectiveStep(prog.kernel), prog.cost, uses, prog.debug_name or "Collective")
+            if prog.recv_bytes_per_tile is not None and np.any(prog.recv_bytes_per_tile):
+                self.recv_buffers[leaf.step.idx] = np.asarray(prog.recv_bytes_per_tile, np.float64)
+            return leaf
         if isinstance(prog, P.Program) and type(prog) is P.Program:
             return _Seq([])
         raise errors.control_program_error(f"Cannot compile program of type {type(prog).__name__}")

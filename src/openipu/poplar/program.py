@@ -260,3 +260,23 @@ class CrossReplicaCopy(Program):
         if src.numElements() != dst.numElements() or src.elementType() != dst.elementType():
             raise errors.graph_connection_error("CrossReplicaCopy: source and destination differ in type or size")
         self.src, self.dst, self.replica_map, self.debug_name = src, dst, dict(replica_map), debugContext
+
+
+class Collective(Program):
+    """openipu extension (no Poplar counterpart): one step of data movement across replicas or
+    IPUs, run by one library kernel and costed by the library that built it (``gcl``).
+
+    Args:
+        kernel: ``kernel(ctx)``; ``ctx.read(t)`` gives ``[replicas, *shape]`` torch values and
+            ``ctx.write(t, v)`` stores them (as in a ``VertexGroup`` kernel). Module-level function
+            or ``functools.partial`` of one (executables pickle).
+        reads / writes: tensors the step reads and writes (liveness and memory planning).
+        cost: a :class:`openipu.poplar.cost.StepCost` over the IPUs of the graph's target.
+        recv_bytes_per_tile: optional per-tile receive buffer bytes (global tile index), live for
+            this step only.
+    """
+
+    def __init__(self, kernel, reads, writes, cost, recv_bytes_per_tile=None, debugContext: str = ""):  # noqa: N803
+        self.kernel, self.reads, self.writes, self.cost = kernel, list(reads), list(writes), cost
+        self.recv_bytes_per_tile = recv_bytes_per_tile
+        self.debug_name = debugContext

@@ -6,5 +6,6 @@ and one torch kernel for the whole group.
 """
 
 from openipu.poplibs import poplin, popops, poputil
+from openipu.poplibs import gcl
 
 __all__ = ["poplin", "popops", "poputil"]

@@ -1,37 +1,344 @@
-"""``poputil``: tile-mapping helpers (PopLibs ``include/poputil/TileMapping.hpp``)."""
+"""``poputil``: tile-mapping helpers (PopLibs ``include/poputil/TileMapping.hpp``, ``Util.hpp``).
+
+The rules follow PopLibs ``lib/poputil/TileMapping.cpp``, ``Util.cpp`` and ``TensorUseTracker.cpp``
+(SDK 3.4):
+
+- ``splitRegions``: cut a sequence of regions into at most ``maxPartitions`` parts of whole grains,
+  each part at least ``minElementsPerPartition`` elements where possible, using as few parts as
+  the largest part allows; part ``v`` takes grains ``[v*G//P, (v+1)*G//P)``.
+- ``calcLinearTileMapping`` / ``mapTensorLinearly``: ``splitRegions`` of the flattened tensor over
+  every tile of the graph; defaults grain = ``target.getVectorWidth(type)`` (float 2, half 4) and
+  ``minElementsPerTile = ceil(128 bytes / type size)`` (float 32, half 64).
+- ``getTileImbalance``: elements on the fullest tile minus the balanced count
+  ``max(ceil(total / numTiles), minElementsPerTile, grainSize)`` (0 if below it).
+
+All mapping work is numpy over elements; the only Python loops run over runs of equal tile sets
+(``createBroadcastOperand``), at most a few per tile.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from openipu.poplar.mapping import linear_tile_mapping
+from openipu.poplar import errors
+from openipu.poplar.graph import TensorCloneMethod
+from openipu.poplar.mapping import linear_tile_of_elements
+from openipu.poplar.tensor import Interval, Tensor
+
+__all__ = ["poplibs_error", "splitRegions", "calcLinearTileMapping", "mapTensorLinearly", "getTileImbalance",
+           "cloneToIpu", "createIpuCopy", "copyToIpu", "cloneToGraph", "createBroadcastOperand",
+           "dimIsSplitOverTiles", "dimIsSplitOverIPUs"]
+
+#: PopLibs ``calcLinearTileMapping``: at least this many bytes per used tile by default.
+MIN_BYTES_PER_TILE = 128
 
 
-def mapTensorLinearly(graph, t, min_elements_per_tile: int | None = None, grain_size: int | None = None) -> None:  # noqa: N802
-    """Spread ``t``'s flattened elements evenly over ``graph``'s tiles in index order.
-
-    Grain: the target's vector width for the type (float 2, half 4); at least
-    ceil(128 bytes / type size) elements per used tile (PopLibs defaults).
-    """
-    graph.setTileMapping(t, linear_tile_mapping(graph, t, min_elements_per_tile, grain_size))
+class poplibs_error(errors.poplar_error):  # noqa: N801 - PopLibs spelling
+    """``poputil::poplibs_error``: a PopLibs function was called with arguments it cannot use."""
 
 
-def calcLinearTileMapping(graph, t, min_elements_per_tile: int | None = None, grain_size: int | None = None):  # noqa: N802
-    """The mapping ``mapTensorLinearly`` would set: per tile, a list of ``Interval``."""
-    from openipu.poplar.tensor import Interval
-    tiles = linear_tile_mapping(graph, t, min_elements_per_tile, grain_size)
-    out = [[] for _ in range(graph.getTarget().getNumTiles())]
-    if tiles.size:
-        brk = np.flatnonzero(np.diff(tiles)) + 1
-        starts, ends = np.r_[0, brk], np.r_[brk, tiles.size]
-        for s, e in zip(starts.tolist(), ends.tolist()):
-            out[int(tiles[s])].append(Interval(s, e))
+# ----------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------
+def _local_tiles(graph, t: Tensor) -> np.ndarray:
+    """Graph-local tile of each flattened element of ``t`` (-1 where unmapped)."""
+    glob = graph.tile_of_elements(t).astype(np.int64)
+    return graph._local_tiles(glob) if glob.size else glob
+
+
+def _mapping_from_tiles(tiles: np.ndarray, num_tiles: int) -> list[list[Interval]]:
+    """Per tile, the intervals of positions whose entry in ``tiles`` is that tile."""
+    out: list[list[Interval]] = [[] for _ in range(num_tiles)]
+    if tiles.size == 0:
+        return out
+    brk = np.flatnonzero(np.diff(tiles)) + 1
+    starts, ends = np.r_[0, brk], np.r_[brk, tiles.size]
+    for s, e, tl in zip(starts.tolist(), ends.tolist(), tiles[starts].tolist()):
+        if tl >= 0:
+            out[tl].append(Interval(s, e))
     return out
 
 
-def getTileImbalance(graph, t) -> int:  # noqa: N802
-    """Elements on the most loaded tile minus the mean per used tile (PopLibs' measure)."""
-    tiles = graph.tile_of_elements(t)
-    counts = np.bincount(tiles[tiles >= 0])
-    used = counts[counts > 0]
-    return int(used.max() - t.numElements() // max(used.size, 1)) if used.size else 0
+def _interval_bounds(regions) -> tuple[np.ndarray, np.ndarray]:
+    b = np.array([r.begin() if isinstance(r, Interval) else r[0] for r in regions], np.int64)
+    e = np.array([r.end() if isinstance(r, Interval) else r[1] for r in regions], np.int64)
+    if b.size and np.any(e < b):
+        raise poplibs_error("splitRegions: an interval ends before it begins")
+    return b, e
+
+
+def _positions(begins: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The element indices covered by the intervals, in order (vectorised ``concat(ranges)``)."""
+    sizes = ends - begins
+    total = int(sizes.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    first = np.repeat(begins - np.r_[0, np.cumsum(sizes)[:-1]], sizes)
+    return first + np.arange(total, dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------------------------
+# splitting and linear mapping
+# ----------------------------------------------------------------------------------------------
+def splitRegions(regions, grainSize: int, maxPartitions: int, minElementsPerPartition: int = 0):  # noqa: N802,N803
+    """``poputil::splitRegions``: split ``regions`` (a list of :class:`Interval` or ``(begin, end)``)
+    into at most ``maxPartitions`` lists of intervals of whole grains of ``grainSize`` elements
+    (the last grain may be short), each at least ``minElementsPerPartition`` elements where there
+    are enough. Returns ``list[list[Interval]]`` (one list per partition; empty if no elements).
+
+    Raises :class:`poplibs_error` for a zero grain size or partition count.
+    """
+    if grainSize < 1 or maxPartitions < 1:
+        raise poplibs_error(f"splitRegions needs grainSize >= 1 and maxPartitions >= 1, got {grainSize}, {maxPartitions}")
+    b, e = _interval_bounds(regions)
+    pos = _positions(b, e)
+    if pos.size == 0:
+        return []
+    part = linear_tile_of_elements(pos.size, maxPartitions, grainSize, minElementsPerPartition)
+    n_parts = int(part[-1]) + 1
+    # a new interval starts where the partition changes or the positions stop being consecutive
+    brk = np.flatnonzero((np.diff(part) != 0) | (np.diff(pos) != 1)) + 1
+    starts, ends = np.r_[0, brk], np.r_[brk, pos.size]
+    out: list[list[Interval]] = [[] for _ in range(n_parts)]
+    for s, en in zip(starts.tolist(), ends.tolist()):
+        out[int(part[s])].append(Interval(int(pos[s]), int(pos[en - 1]) + 1))
+    return out
+
+
+def _linear_defaults(graph, type_, min_elements_per_tile, grain_size):
+    target = graph.getTarget()
+    grain = target.getVectorWidth(type_) if grain_size is None else int(grain_size)
+    size = target.getTypeSize(type_)
+    min_el = -(-MIN_BYTES_PER_TILE // size) if min_elements_per_tile is None else int(min_elements_per_tile)
+    if grain < 1:
+        raise poplibs_error(f"grainSize must be at least 1, got {grain}")
+    return min_el, grain
+
+
+def _linear_tiles(graph, num_elements: int, min_el: int, grain: int) -> np.ndarray:
+    return linear_tile_of_elements(num_elements, graph.getTarget().getNumTiles(), grain, min_el)
+
+
+def calcLinearTileMapping(graph, t, minElementsPerTile: int | None = None, grainSize: int | None = None,  # noqa: N802,N803
+                          type_=None, *, min_elements_per_tile: int | None = None, grain_size: int | None = None):
+    """``poputil::calcLinearTileMapping(graph, t)`` or ``(graph, shape, minElementsPerTile, grainSize)``.
+
+    ``t`` is a :class:`Tensor` or a shape (then give ``minElementsPerTile`` and ``grainSize``, or
+    ``type_`` for the defaults). Returns per tile of ``graph`` a list of :class:`Interval` of the
+    flattened elements. Defaults: grain = vector width of the type, minimum = ceil(128 / type size).
+    ``min_elements_per_tile`` / ``grain_size`` are PEP 8 aliases of the PopLibs arguments.
+    """
+    minElementsPerTile = minElementsPerTile if min_elements_per_tile is None else min_elements_per_tile  # noqa: N806
+    grainSize = grainSize if grain_size is None else grain_size  # noqa: N806
+    if isinstance(t, Tensor):
+        n, et = t.numElements(), t.elementType()
+    else:
+        n = int(np.prod([int(s) for s in t], dtype=np.int64))
+        et = type_
+        if et is None and (minElementsPerTile is None or grainSize is None):
+            raise poplibs_error("calcLinearTileMapping(graph, shape, ...) needs minElementsPerTile and grainSize")
+    if et is None:
+        min_el, grain = int(minElementsPerTile), int(grainSize)
+    else:
+        min_el, grain = _linear_defaults(graph, et, minElementsPerTile, grainSize)
+    tiles = _linear_tiles(graph, n, min_el, grain)
+    return _mapping_from_tiles(tiles, graph.getTarget().getNumTiles())
+
+
+def mapTensorLinearly(graph, t, minElementsPerTile: int | None = None, grainSize: int | None = None,  # noqa: N802,N803
+                      *, min_elements_per_tile: int | None = None, grain_size: int | None = None) -> None:
+    """``poputil::mapTensorLinearly``: map ``t``'s flattened elements over every tile of ``graph`` in
+    index order (see :func:`calcLinearTileMapping` for the rule, defaults and aliases)."""
+    minElementsPerTile = minElementsPerTile if min_elements_per_tile is None else min_elements_per_tile  # noqa: N806
+    grainSize = grainSize if grain_size is None else grain_size  # noqa: N806
+    min_el, grain = _linear_defaults(graph, t.elementType(), minElementsPerTile, grainSize)
+    graph.setTileMapping(t, _linear_tiles(graph, t.numElements(), min_el, grain))
+
+
+def getTileImbalance(graph, t, minElementsPerTile: int = 0, grainSize: int = 1) -> int:  # noqa: N802,N803
+    """``poputil::getTileImbalance``: elements on the fullest tile of ``graph`` minus the balanced
+    count ``max(ceil(numElements / numTiles), minElementsPerTile, grainSize)``; 0 if no tile holds
+    more. Raises ``invalid_tile_mapping`` if ``t`` is not completely mapped."""
+    tiles = _local_tiles(graph, t)
+    if (tiles < 0).any():
+        raise errors.invalid_tile_mapping(f"getTileImbalance: tensor {t.shortString()} is not completely mapped")
+    num_tiles = graph.getTarget().getNumTiles()
+    counts = np.bincount(tiles, minlength=num_tiles)
+    total = int(counts.sum())
+    balanced = max(-(-total // num_tiles), int(minElementsPerTile), int(grainSize))
+    worst = int(counts.max()) if counts.size else 0
+    return 0 if worst < balanced else worst - balanced
+
+
+# ----------------------------------------------------------------------------------------------
+# multi-IPU copies and graph clones
+# ----------------------------------------------------------------------------------------------
+def cloneToIpu(graph, t, dstIPU: int, name: str = "",  # noqa: N802,N803
+               method=TensorCloneMethod.PRESERVE_ORDER_UNLESS_ALIASES):
+    """``poputil::cloneToIpu``: a new tensor like ``t`` whose elements sit on IPU ``dstIPU`` of
+    ``graph``'s target, each on the same tile index within the IPU as in ``t`` (elements already on
+    ``dstIPU`` stay put). Raises :class:`poplibs_error` for an IPU out of range and
+    ``invalid_tile_mapping`` if ``t`` is not completely mapped."""
+    target = graph.getTarget()
+    if not 0 <= int(dstIPU) < target.getNumIPUs():
+        raise poplibs_error(f"cloneToIpu: IPU {dstIPU} does not exist; the graph's target has "
+                            f"{target.getNumIPUs()} IPU(s)")
+    tiles = _local_tiles(graph, t)
+    if (tiles < 0).any():
+        raise errors.invalid_tile_mapping(f"cloneToIpu: tensor {t.shortString()} is not completely mapped")
+    out = graph.clone(t, name=name or "cloneToIpu", method=method)
+    tpi = target.getTilesPerIPU()
+    graph.setTileMapping(out, int(dstIPU) * tpi + tiles % tpi)
+    return out
+
+
+def createIpuCopy(graph, t, dstIpu: int, name: str = "",  # noqa: N802,N803
+                  method=TensorCloneMethod.PRESERVE_ORDER_UNLESS_ALIASES):
+    """``poputil::createIpuCopy``: ``(tLocal, copySrc, copyDst)``: the clone on ``dstIpu`` and the
+    tensors to copy between (here ``t`` and the clone itself)."""
+    out = cloneToIpu(graph, t, dstIpu, name, method)
+    return out, t, out
+
+
+def copyToIpu(graph, t, prog, dstIPU: int, name: str = "",  # noqa: N802,N803
+              method=TensorCloneMethod.PRESERVE_ORDER_UNLESS_ALIASES):
+    """``poputil::copyToIpu``: :func:`cloneToIpu` plus a ``Copy(t, clone)`` appended to ``prog``
+    (the engine costs it as an inter-IPU exchange). Returns the clone."""
+    from openipu.poplar.program import Copy
+    out, src, dst = createIpuCopy(graph, t, dstIPU, name or "copyToIpu", method)
+    prog.add(Copy(src, dst))
+    return out
+
+
+def cloneToGraph(srcGraph, dstGraph, t, name: str = "",  # noqa: N802,N803
+                 method=TensorCloneMethod.PRESERVE_ORDER_UNLESS_ALIASES):
+    """``poputil::cloneToGraph``: a clone of ``t`` (of ``srcGraph``) mapped in ``dstGraph`` to the
+    same local tile numbers it has in ``srcGraph``.
+
+    Raises :class:`poplibs_error` if the replication factors differ, if the graphs do not share a
+    top-level graph, or if ``t`` uses a tile number ``dstGraph`` does not have.
+    """
+    if srcGraph.getReplicationFactor() != dstGraph.getReplicationFactor():
+        raise poplibs_error(
+            "Cannot clone a tensor to a graph with a different replication factor: the source graph has "
+            f"replication factor {srcGraph.getReplicationFactor()} and the destination graph "
+            f"{dstGraph.getReplicationFactor()}")
+    if srcGraph._state is not dstGraph._state:
+        raise poplibs_error("cloneToGraph: the graphs must be virtual graphs of one top-level graph")
+    tiles = _local_tiles(srcGraph, t)
+    if (tiles < 0).any():
+        raise errors.invalid_tile_mapping(f"cloneToGraph: tensor {t.shortString()} is not completely mapped")
+    n_dst = dstGraph.getTarget().getNumTiles()
+    if tiles.size and tiles.max() >= n_dst:
+        raise poplibs_error(
+            "Cannot clone a tensor to a graph with fewer tiles than required by the input tensor mapping: "
+            f"elements are mapped to tile {int(tiles.max())} of the source graph, but the destination graph "
+            f"only has {n_dst} tiles")
+    out = srcGraph.clone(t, name=name or "cloneToGraph", method=method)
+    dstGraph.setTileMapping(out, tiles)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# broadcast operands
+# ----------------------------------------------------------------------------------------------
+def _boost_hash_range(values, seed: int = 0x9E3779B9) -> int:
+    """``boost::hash_range`` over size_t values with the classic ``hash_combine`` (64-bit)."""
+    mask = (1 << 64) - 1
+    for v in values:
+        seed ^= (int(v) + 0x9E3779B9 + ((seed << 6) & mask) + (seed >> 2)) & mask
+        seed &= mask
+    return seed
+
+
+def createBroadcastOperand(graph, fullTensor, type_, dim: int, ditherMapping: bool = False,  # noqa: N802,N803
+                           name: str = ""):
+    """``poputil::createBroadcastOperand``: a 1-D tensor of ``fullTensor.dim(dim)`` elements of
+    ``type_``, mapped for broadcasting along ``dim`` of ``fullTensor``.
+
+    PopLibs' rule (TileMapping.cpp, TensorUseTracker ``ConstrainMappingToUsedTiles``): element ``c``
+    is *used* on every tile that holds some element of ``fullTensor`` with index ``c`` along
+    ``dim``. Runs of elements with the same set of using tiles are merged with their neighbours
+    while the sets intersect; each merged group is split (grain = data-path width / type size:
+    float 2, half 4) over the tiles of its set, in tile order. With ``ditherMapping`` the whole
+    mapping is rotated by a start tile hashed from ``fullTensor``'s shape.
+
+    Raises ``index_error`` for a bad ``dim`` and ``invalid_tile_mapping`` if ``fullTensor`` is not
+    completely mapped.
+    """
+    from openipu.poplar.types import as_type
+    type_ = as_type(type_)
+    rank = fullTensor.rank()
+    if not 0 <= int(dim) < rank:
+        raise errors.index_error(f"createBroadcastOperand: dim {dim} is out of range for a tensor of rank {rank}")
+    C = fullTensor.dim(dim)
+    out = graph.addVariable(type_, [C], name or "broadcastOperand")
+    target = graph.getTarget()
+    num_tiles = target.getNumTiles()
+    t = fullTensor.dimRoll(dim, rank - 1)
+    tiles = _local_tiles(graph, t)
+    if (tiles < 0).any():
+        raise errors.invalid_tile_mapping(
+            f"createBroadcastOperand: tensor {fullTensor.shortString()} is not completely mapped")
+    if tiles.size == 0 or C == 0:
+        mapTensorLinearly(graph, out)
+        return out
+    chan = np.arange(tiles.size, dtype=np.int64) % C
+    pairs = np.unique(chan * num_tiles + tiles)              # (channel, tile) uses, sorted
+    pc, pt = pairs // num_tiles, pairs % num_tiles
+    # runs of channels with identical tile sets (set identity via a 64-bit random signature)
+    w = np.random.default_rng(0x5EED).integers(1, 2**63, num_tiles, dtype=np.uint64)
+    starts = np.r_[0, np.flatnonzero(np.diff(pc)) + 1]
+    with np.errstate(over="ignore"):
+        sig = np.add.reduceat(w[pt], starts)
+    cnt = np.diff(np.r_[starts, pc.size])
+    chans = pc[starts]                                        # every channel is used (full mapping)
+    run_brk = np.r_[0, np.flatnonzero((sig[1:] != sig[:-1]) | (cnt[1:] != cnt[:-1])) + 1]
+    run_lo = chans[run_brk]
+    run_hi = np.r_[chans[run_brk[1:]], C]
+    run_sets = [frozenset(pt[starts[i]:starts[i] + cnt[i]].tolist()) for i in run_brk.tolist()]
+    # merge neighbouring runs whose tile sets intersect the group's union (mergeIntersectingTileGroups)
+    groups: dict[frozenset, list[tuple[int, int]]] = {}
+    cur, lo, hi = set(run_sets[0]), int(run_lo[0]), int(run_hi[0])
+    for s, a, b in zip(run_sets[1:], run_lo[1:].tolist(), run_hi[1:].tolist()):
+        if cur.isdisjoint(s):
+            groups.setdefault(frozenset(cur), []).append((lo, hi))
+            cur, lo, hi = set(s), a, b
+        else:
+            cur |= s
+            hi = b
+    groups.setdefault(frozenset(cur), []).append((lo, hi))
+    grain = max(1, target.getDataPathWidth() // (8 * type_.size))
+    elem_tile = np.full(C, -1, np.int64)
+    for tile_set, ivs in groups.items():
+        tl = np.array(sorted(tile_set), np.int64)
+        b = np.array([i[0] for i in ivs], np.int64)
+        e = np.array([i[1] for i in ivs], np.int64)
+        pos = _positions(b, e)
+        part = linear_tile_of_elements(pos.size, tl.size, grain, 0)
+        elem_tile[pos] = tl[part]
+    if ditherMapping:
+        start = _boost_hash_range(fullTensor.shape()) % num_tiles
+        elem_tile = (elem_tile + start) % num_tiles
+    graph.setTileMapping(out, elem_tile)
+    return out
+
+
+def dimIsSplitOverTiles(graph, t, dimension: int) -> bool:  # noqa: N802
+    """``poputil::dimIsSplitOverTiles``: do slices of ``t`` along ``dimension`` have different tile
+    mappings?"""
+    n = t.dim(dimension)
+    if n == 0:
+        return False
+    tl = _local_tiles(graph, t.dimRoll(dimension, 0)).reshape(n, -1)
+    return bool((tl != tl[:1]).any())
+
+
+def dimIsSplitOverIPUs(graph, t, dimension: int) -> bool:  # noqa: N802
+    """``poputil::dimIsSplitOverIPUs``: does some slice of ``t`` along ``dimension`` (all its
+    other indices fixed) span more than one IPU?"""
+    target = graph.getTarget()
+    if target.getNumIPUs() == 1 or t.numElements() == 0:
+        return False
+    ipu = _local_tiles(graph, t.dimRoll(dimension, t.rank() - 1)).reshape(-1, t.dim(dimension)) // target.getTilesPerIPU()
+    return bool((ipu != ipu[:, :1]).any())
