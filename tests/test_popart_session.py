@@ -361,6 +361,21 @@ def test_progress_bar_only_on_terminal(capfd):
     assert "Graph compilation" not in capfd.readouterr().err
 
 
+def test_progress_bar_on_terminal(monkeypatch):
+    import io
+    import sys
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    fake = Tty()
+    monkeypatch.setattr(sys, "stderr", fake)
+    proto, x, y, r = _add_relu_model()
+    _session(proto, {r: popart.AnchorReturnType("ALL")})
+    text = fake.getvalue()
+    assert "Graph compilation" in text and "100%" in text
+
+
 def test_logging_env(monkeypatch, capfd):
     monkeypatch.setenv("POPART_LOG_LEVEL", "INFO")
     popart.getLogger().info("hello from the test")

@@ -5,7 +5,6 @@ import sys as _sys
 
 import openipu.popart as _impl
 from openipu.popart import *  # noqa: F401,F403
-from openipu.popart import __doc__ as _doc  # noqa: F401
 
 for _name in dir(_impl):
     if not _name.startswith("__"):

@@ -9,8 +9,6 @@ Every device is simulated by :mod:`openipu.poplar`. ``acquireAvailableDevice`` /
 
 from __future__ import annotations
 
-import dataclasses
-
 from openipu import ipu, poplar
 from openipu.poplar.device import Target, TargetType
 from openipu.popart.errors import popart_exception
@@ -215,6 +213,3 @@ def target_of(info) -> poplar.Target:
     """The poplar Target of a DeviceInfo (or a poplar Device)."""
     return info.device.getTarget() if isinstance(info, DeviceInfo) else info.getTarget()
 
-
-def with_tiles(target: poplar.Target, tiles_per_ipu: int) -> poplar.Target:
-    return Target(dataclasses.replace(target.spec, tiles_per_ipu=tiles_per_ipu))

@@ -168,7 +168,7 @@ class _SessionBase:
         if isinstance(stepio, str) and not isinstance(debugName, str):   # run(programHandle, stepio)
             stepio, debugName = debugName, ""
         self._check_runnable()
-        eng, low = self._engine, self._lowered
+        eng = self._engine
         if isinstance(stepio, PyStepIOCallback):
             self._connect_callbacks(stepio)
         elif isinstance(stepio, PyStepIO):
@@ -182,7 +182,7 @@ class _SessionBase:
         except poplar.poplar_error as e:
             raise poplar_exception(str(e), e) from None
         self._last_run = True
-        del low
+        self._last_cycles = eng.last_run_cycles
 
     def _expected_in(self, tid):
         o = self.options
@@ -332,7 +332,7 @@ class _SessionBase:
                                    "cycle count per run")
         if self._engine is None or not self._last_run:
             raise popart_exception("Must call run before getCycleCount.")
-        return self._engine.last_run_cycles
+        return self._last_cycles
 
     def getSummaryReport(self, resetProfile: bool = True) -> str:  # noqa: N802,N803
         """Poplar's profile summary (predicted cycles and tile memory) as text."""
