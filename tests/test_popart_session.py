@@ -392,3 +392,22 @@ def test_drop_in_module_and_submodules():
     assert popart.Builder is popart.builder.Builder
     assert os.path.basename(popart.__file__) == "__init__.py"
     assert ("ai.onnx", "MatMul") in popart.getSupportedOperations(False)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.int64, np.int8, np.uint8, np.int16, np.uint16,
+                                   np.uint32])
+def test_add_over_element_types(dtype):
+    b = popart.Builder()
+    name = popart.TensorInfo(np.zeros(1, dtype)).data_type()
+    x = b.addInputTensor(popart.TensorInfo(name, [2, 5]))
+    y = b.addInputTensor(popart.TensorInfo(name, [5]))
+    o = b.aiOnnx.add([x, y])
+    s = _session(b.getModelProto(), {o: popart.AnchorReturnType("ALL")}, bps=2)
+    anchors = s.initAnchorArrays()
+    assert anchors[o].dtype == dtype and anchors[o].shape == (2, 2, 5)
+    xv = (np.arange(20) % 7).astype(dtype).reshape(2, 2, 5)
+    yv = (np.arange(10) % 3 + 1).astype(dtype).reshape(2, 5)
+    s.run(popart.PyStepIO({x: xv, y: yv}, anchors))
+    np.testing.assert_array_equal(anchors[o], xv + yv[:, None, :])
+    expect = "precise" if name in ("FLOAT", "FLOAT16", "INT32") else "generic"
+    assert s.ops()[0].lowering == expect

@@ -67,7 +67,14 @@ def probe(kernel, in_infos, attrs: dict, opset: int, const_values=None):
         ins.append(cv if cv is not None else (None if info is None else zeros(info[0], info[1])))
     with torch.no_grad():
         outs = kernel.fn(ins, attrs, opset)
-    return [(NAME_OF_TORCH.get(o.dtype, "FLOAT"), list(o.shape)) for o in outs]
+    # storage dtypes shared by several ONNX types (uint16 held in int32 ...): when all inputs have
+    # one type, an output of its storage dtype has that type
+    names = dict(NAME_OF_TORCH)
+    in_types = {i[0] for i in in_infos if i is not None}
+    if len(in_types) == 1:
+        t = in_types.pop()
+        names[TORCH_OF.get(t, torch.float32)] = t
+    return [(names.get(o.dtype, "FLOAT"), list(o.shape)) for o in outs]
 
 
 def value_info_of(vi: onnx.ValueInfoProto):
