@@ -245,3 +245,15 @@ def test_out_of_memory_exception():
     assert str(e.value).startswith("Out of memory")
     assert "Memory Usage" in e.value.getSummaryReport()
     assert isinstance(e.value.error, Exception)
+
+
+def test_precise_only_op_with_unsupported_types(monkeypatch):
+    """Mul lowers through popops for floats; with int64 it needs a host kernel (hidden here)."""
+    from openipu.popart import graphcore_ops, ir
+    monkeypatch.setattr(ir, "find_kernel", lambda d, t: None if t == "Mul" else graphcore_ops.find_kernel(d, t))
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("INT64", [4]))
+    o = b.aiOnnx.mul([x, x])
+    with pytest.raises(popart.popart_exception, match=r"^No class for ai\.onnx\.Mul:0"):
+        popart.InferenceSession(fnModel=b.getModelProto(), deviceInfo=_device(),
+                                dataFlow=popart.DataFlow(1, {o: popart.AnchorReturnType("ALL")}))

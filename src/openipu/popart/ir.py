@@ -110,6 +110,11 @@ class Ir:
         self._virtual_graphs()
         for op in self.ops:
             op.lowering = "precise" if lowering.precise_lowering(op, self) is not None else "generic"
+            if op.lowering == "generic" and find_kernel(op.domain, op.op_type) is None:
+                types = ", ".join(self.tensors[x].info.data_type() for x in op.inputs if x)
+                raise popart_exception(f"No class for {op.domain or 'ai.onnx'}.{op.op_type}:0. openipu lowers "
+                                       f"{op.op_type} only for some element types (not {types}) and has no host "
+                                       "kernel for it")
 
     # -- 1-3 ------------------------------------------------------------------------------
     def _check_model(self):
