@@ -411,3 +411,36 @@ def test_add_over_element_types(dtype):
     np.testing.assert_array_equal(anchors[o], xv + yv[:, None, :])
     expect = "precise" if name in ("FLOAT", "FLOAT16", "INT32") else "generic"
     assert s.ops()[0].lowering == expect
+
+
+def test_two_everyn_periods_and_all_in_one_step():
+    proto, x, y, r = _add_relu_model()
+    b = popart.Builder(proto)
+    r2 = b.aiOnnx.relu([r])
+    anchors_spec = {r: popart.AnchorReturnType("EVERYN", 2), r2: popart.AnchorReturnType("EVERYN", 3),
+                    y: popart.AnchorReturnType("SUM")}
+    s = _session(b.getModelProto(), anchors_spec, bps=6)
+    anchors = s.initAnchorArrays()
+    assert anchors[r].shape == (3, 2, 3) and anchors[r2].shape == (2, 2, 3) and anchors[y].shape == (2, 3)
+    rng = np.random.default_rng(7)
+    xv, yv = rng.standard_normal((6, 2, 3)).astype(np.float32), rng.standard_normal((6, 2, 3)).astype(np.float32)
+    s.run(popart.PyStepIO({x: xv, y: yv}, anchors))
+    per = np.maximum(xv + yv, 0)
+    np.testing.assert_allclose(anchors[r], per[1::2], rtol=1e-6)
+    np.testing.assert_allclose(anchors[r2], per[2::3], rtol=1e-6)
+    np.testing.assert_allclose(anchors[y], yv.sum(0), rtol=1e-5)
+    # a second run starts the SUM afresh
+    s.run(popart.PyStepIO({x: xv, y: yv}, anchors))
+    np.testing.assert_allclose(anchors[y], yv.sum(0), rtol=1e-5)
+
+
+def test_cycles_grow_with_batches_per_step():
+    proto, x, y, r = _add_relu_model((8, 16))
+    cyc = {}
+    for bps in (1, 4):
+        s = _session(proto, {r: popart.AnchorReturnType("ALL")}, bps=bps)
+        anchors = s.initAnchorArrays()
+        z = np.zeros(bps * 128, np.float32)
+        s.run(popart.PyStepIO({x: z, y: z}, anchors))
+        cyc[bps] = s.getCycleCount()
+    assert 3.5 * cyc[1] < cyc[4] < 4.5 * cyc[1]

@@ -15,6 +15,8 @@ Steps, in the session constructor as in PopART:
 6. virtual graphs (``VirtualGraphMode.Manual``: all ops or none annotated).
 
 An op no kernel and no lowering can run raises PopART's "No class for ai.onnx.X:0".
+Unlike PopART (ai.onnx opsets 6-11 only), models of newer opsets are accepted: the onnx_ops
+kernels branch on the opset where semantics changed.
 Tensor kinds: ``Stream`` (model inputs), ``Const``, ``Variable`` (initializers with
 ``constantWeights=False``), ``ActGrad`` (op outputs).
 """
