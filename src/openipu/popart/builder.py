@@ -1,0 +1,856 @@
+"""``popart.Builder``: build an ONNX model op by op, with PopART's tensor ids and annotations.
+
+Tensor ids are PopART's (``builder_impl.cpp`` ``getNextId``): op outputs are
+``<scope/>OpType:<outIndex>`` with ``/<n>`` appended on collision (``Add:0``, ``Add:0/1``);
+inputs are ``input``, ``input/1`` ... or the debug prefix given; initialised inputs
+``init_input``, ``init_input/1`` ... The ``debugContext`` of an op names the *node*, not its
+output tensor.
+
+``builder.aiOnnx`` is the ai.onnx opset (default 10, or ``opsets["ai.onnx"]``);
+``builder.aiOnnxOpsetN`` (N = 6 .. the installed onnx's newest) selects a version, and the first
+opset used fixes it (PopART's rule). Their op methods are generated from ``onnx.defs`` schemas:
+``op(args, [num_outputs,] <attributes with ONNX defaults>, debugContext="")``, lower-case names,
+``And/Or/Xor/Not/If`` as ``logical_and`` ... ``logical_if``. ``builder.aiGraphcore`` holds the
+ai.graphcore ops that run at inference.
+
+Annotations are node attributes, as in PopART: ``__ipu_number`` (virtualGraph),
+``__pipeline_stage``, ``__execution_phase``, ``__available_memory_proportion``,
+``__partials_type``, ``__serialize_matmul_mode`` / ``_factor`` / ``_precision``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import os
+
+import numpy as np
+import onnx
+from onnx import defs, helper, numpy_helper
+
+from openipu.popart.errors import popart_exception
+from openipu.popart.graphcore_ops import GRAPHCORE, find_kernel
+from openipu.popart.log import log
+from openipu.popart.shapes import decode_attrs, probe, to_torch, value_info_of
+from openipu.popart.tensorinfo import NUMPY_OF, ONNX_OF, TensorInfo, dtype_name
+
+DEFAULT_AI_ONNX_OPSET = 10
+DEFAULT_AI_GRAPHCORE_OPSET = 1
+MIN_AI_ONNX_OPSET = 6
+MAX_AI_ONNX_OPSET = defs.onnx_opset_version()
+
+VGRAPH_ATTR = "__ipu_number"
+PIPELINE_ATTR = "__pipeline_stage"
+PHASE_ATTR = "__execution_phase"
+AMP_ATTR = "__available_memory_proportion"
+PARTIALS_ATTR = "__partials_type"
+SERIALIZE_MODE_ATTR = "__serialize_matmul_mode"
+SERIALIZE_FACTOR_ATTR = "__serialize_matmul_factor"
+SERIALIZE_PRECISION_ATTR = "__serialize_matmul_precision"
+RECOMPUTE_ATTR = "__recompute_output_in_backward_pass"
+PRIORITY_ATTR = "__schedule_priority"
+
+_RENAMED = {"And": "logical_and", "Or": "logical_or", "Xor": "logical_xor", "Not": "logical_not", "If": "logical_if"}
+_SEP = "/"
+_graph_uid = itertools.count()
+_INF = 2147483647
+
+
+def _load_model(model_or_path) -> onnx.ModelProto:
+    """ModelProto from a path, serialized bytes or a ModelProto; PopART's error texts."""
+    if isinstance(model_or_path, onnx.ModelProto):
+        return model_or_path
+    if isinstance(model_or_path, (str, os.PathLike)) and len(str(model_or_path)) < 10000 \
+            and os.path.isfile(str(model_or_path)):
+        path = str(model_or_path)
+        with open(path, "rb") as f:
+            data = f.read()
+        m = onnx.ModelProto()
+        try:
+            m.ParseFromString(data)
+        except Exception:
+            raise popart_exception(f"Failed to parse ModelProto from file {path}") from None
+        if not m.HasField("graph"):
+            raise popart_exception(f"Failed to parse ModelProto from file {path}. The file holds no ONNX graph: "
+                                   "is it an ONNX model, and was it written completely?")
+        return m
+    data = model_or_path.encode() if isinstance(model_or_path, str) else bytes(model_or_path)
+    m = onnx.ModelProto()
+    try:
+        m.ParseFromString(data)
+        ok = m.HasField("graph")
+    except Exception:
+        ok = False
+    if not ok:
+        raise popart_exception(
+            f"Failed to load a ModelProto from the string '{_format_proto_string(data, 100)}'.\nCheck that it is "
+            "either a valid path to an existing onnx model file, or is a valid onnx ModelProto string.")
+    return m
+
+
+def _format_proto_string(data: bytes, max_len: int) -> str:
+    out = []
+    for i, c in enumerate(data):
+        ch = chr(c)
+        if " " <= ch <= "~":
+            out.append("\\" + ch if ch in "\\'" else ch)
+        else:
+            out.append({10: "\\n", 9: "\\t", 13: "\\r"}.get(c, f"\\x{c:02x}"))
+        if i >= max_len:
+            out.append("...")
+            break
+    return "".join(out)
+
+
+def _to_attr_value(name, value, attr_type=None):
+    """A Python / numpy value as something ``helper.make_attribute`` takes; ``None`` = omit."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)) and len(value) == 0:
+        return None
+    if isinstance(value, np.ndarray):
+        return numpy_helper.from_array(np.ascontiguousarray(value), name)
+    if isinstance(value, (np.integer, bool)):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, Builder):
+        return value._model.graph
+    if attr_type == onnx.AttributeProto.FLOAT and isinstance(value, int):
+        return float(value)
+    if attr_type == onnx.AttributeProto.FLOATS and isinstance(value, (list, tuple)):
+        return [float(v) for v in value]
+    if attr_type == onnx.AttributeProto.TENSOR and not isinstance(value, onnx.TensorProto):
+        return numpy_helper.from_array(np.asarray(value), name)
+    return value
+
+
+# ----------------------------------------------------------------------------------------------
+# opset classes generated from onnx.defs
+# ----------------------------------------------------------------------------------------------
+def _schemas_for(version: int) -> dict[str, defs.OpSchema]:
+    """Latest ai.onnx schema of each op with since_version <= version (deprecated ones left out)."""
+    best: dict[str, defs.OpSchema] = {}
+    for s in defs.get_all_schemas_with_history():
+        if s.domain not in ("", "ai.onnx") or s.since_version > version:
+            continue
+        cur = best.get(s.name)
+        if cur is None or s.since_version > cur.since_version:
+            best[s.name] = s
+    return {k: s for k, s in best.items() if not s.deprecated}
+
+
+def _output_arity(schema) -> tuple[bool, int]:
+    """``(takes_num_outputs, fixed_count)``."""
+    outs = schema.outputs
+    if schema.max_output == 1:
+        return False, 1
+    fixed = all(o.option == defs.OpSchema.FormalParameterOption.Single for o in outs)
+    return (not fixed), len(outs)
+
+
+def _make_onnx_method(schema):
+    op = schema.name
+    takes_args = schema.max_input > 0
+    takes_n, n_fixed = _output_arity(schema)
+    attrs = schema.attributes
+    P = inspect.Parameter
+    params = [P("self", P.POSITIONAL_OR_KEYWORD)]
+    if op == "Constant":
+        params += [P("value", P.POSITIONAL_OR_KEYWORD), P("is_value_sparse", P.POSITIONAL_OR_KEYWORD, default=False)]
+        attr_names = []
+    else:
+        if takes_args:
+            params.append(P("args", P.POSITIONAL_OR_KEYWORD))
+        if takes_n:
+            params.append(P("num_outputs", P.POSITIONAL_OR_KEYWORD))
+        required = sorted(n for n, a in attrs.items() if a.required and a.type != onnx.AttributeProto.GRAPH)
+        optional = sorted(n for n, a in attrs.items() if not a.required)
+        graphs = sorted(n for n, a in attrs.items() if a.required and a.type == onnx.AttributeProto.GRAPH)
+        attr_names = required + graphs + optional
+        for n in required + graphs:
+            params.append(P(n, P.POSITIONAL_OR_KEYWORD))
+        for n in optional:
+            a = attrs[n]
+            dv = helper.get_attribute_value(a.default_value) if a.default_value.name else None
+            if isinstance(dv, bytes):
+                dv = dv.decode()
+            if isinstance(dv, onnx.TensorProto):
+                dv = None
+            params.append(P(n, P.POSITIONAL_OR_KEYWORD, default=dv))
+    params.append(P("debugContext", P.POSITIONAL_OR_KEYWORD, default=""))
+    sig = inspect.Signature(params)
+
+    def method(self, *a, **kw):
+        b = sig.bind(self, *a, **kw)
+        b.apply_defaults()
+        v = b.arguments
+        if op == "Constant":
+            value = v["value"]
+            if not isinstance(value, np.ndarray):
+                value = np.asarray(value)
+            at = {"value": numpy_helper.from_array(np.ascontiguousarray(value), "value")}
+            return self._builder._op(op, "", self._version, [], 1, at, v["debugContext"])[0]
+        at = {}
+        for n in attr_names:
+            val = v[n]
+            if op == "Cast" and n == "to" and not isinstance(val, (int, np.integer)):
+                val = ONNX_OF[dtype_name(val)]
+            at[n] = _to_attr_value(n, val, attrs[n].type)
+        inputs = list(v["args"]) if takes_args else []
+        n_out = int(v["num_outputs"]) if takes_n else n_fixed
+        outs = self._builder._op(op, "", self._version, inputs, n_out, at, v["debugContext"], schema=schema)
+        return outs if (takes_n or n_fixed > 1) else outs[0]
+
+    name = _RENAMED.get(op, op.lower())
+    method.__name__ = name
+    method.__qualname__ = name
+    method.__signature__ = sig
+    method.__doc__ = f"ONNX ``{op}`` (opset {schema.since_version} definition) added to the graph."
+    return name, method
+
+
+class _Opset:
+    """Base of the ``aiOnnxOpsetN`` op tables."""
+
+    domain = ""
+    _version = DEFAULT_AI_ONNX_OPSET
+
+    def __init__(self, builder: "Builder"):
+        self._builder = builder
+
+    def getOpsetVersion(self) -> int:  # noqa: N802
+        return self._version
+
+
+_OPSET_CLASSES: dict[int, type] = {}
+
+
+def opset_class(version: int) -> type:
+    """The generated op-table class for ai.onnx opset ``version`` (cached)."""
+    cls = _OPSET_CLASSES.get(version)
+    if cls is None:
+        methods = {"_version": version}
+        for schema in _schemas_for(version).values():
+            name, fn = _make_onnx_method(schema)
+            methods[name] = fn
+        cls = type(f"AiOnnxOpset{version}", (_Opset,), methods)
+        _OPSET_CLASSES[version] = cls
+    return cls
+
+
+# ----------------------------------------------------------------------------------------------
+# ai.graphcore
+# ----------------------------------------------------------------------------------------------
+_REDUCTION = {"Sum": 0, "Mean": 1, "NoReduction": 2}
+
+
+class AiGraphcoreOpset1:
+    """``builder.aiGraphcore``: the ai.graphcore ops that run in inference sessions."""
+
+    _version = 1
+
+    def __init__(self, builder: "Builder"):
+        self._builder = builder
+
+    def _op(self, op, args, attrs, debugContext="", n=1):  # noqa: N803
+        at = {k: _to_attr_value(k, v) for k, v in attrs.items()}
+        return self._builder._op(op, GRAPHCORE, 1, list(args), n, at, debugContext)
+
+    def getOpsetVersion(self) -> int:  # noqa: N802
+        return 1
+
+    def gelu(self, args, debugContext=""):  # noqa: N803
+        """GELU, tanh approximation (``popnn`` GELU)."""
+        return self._op("Gelu", args, {}, debugContext)[0]
+
+    def geluerf(self, args, debugContext=""):  # noqa: N803
+        """GELU with the exact erf."""
+        return self._op("GeluErf", args, {}, debugContext)[0]
+
+    def swish(self, args, debugContext=""):  # noqa: N803
+        return self._op("Swish", args, {}, debugContext)[0]
+
+    def scale(self, args, scale, debugContext=""):  # noqa: N803
+        """``x * scale`` (scale a float)."""
+        return self._op("Scale", args, {"scale": float(scale)}, debugContext)[0]
+
+    def scaledadd(self, args, scale0=1.0, scale1=1.0, debugContext=""):  # noqa: N803
+        """``scale0 * a + scale1 * b`` (optional 3rd/4th inputs give the scales as tensors)."""
+        return self._op("ScaledAdd", args, {"scale0": float(scale0), "scale1": float(scale1)}, debugContext)[0]
+
+    def detach(self, args, debugContext=""):  # noqa: N803
+        return self._op("Detach", args, {}, debugContext)[0]
+
+    def nop(self, args, debugContext=""):  # noqa: N803
+        return self._op("Nop", args, {}, debugContext)[0]
+
+    def printtensor(self, args, print_gradient=1, debugContext="", title=""):  # noqa: N803
+        return self._op("PrintTensor", args, {"print_gradient": int(print_gradient), "title": title or None},
+                        debugContext)[0]
+
+    def identityloss(self, args, reduction="Mean", debugContext=""):  # noqa: N803
+        return self._op("IdentityLoss", args, {"reduction": _REDUCTION[str(reduction).split(".")[-1]]},
+                        debugContext)[0]
+
+    def reshape(self, args, shape, debugContext=""):  # noqa: N803
+        return self._op("Reshape", args, {"shape": [int(s) for s in shape]}, debugContext)[0]
+
+    def subsample(self, args, strides, debugContext=""):  # noqa: N803
+        return self._op("Subsample", args, {"strides": [int(s) for s in strides]}, debugContext)[0]
+
+    def reverse(self, args, dimensions, debugContext=""):  # noqa: N803
+        return self._op("Reverse", args, {"dimensions": [int(d) for d in dimensions]}, debugContext)[0]
+
+    def slice(self, args, ends, starts, axes=(), debugContext=""):  # noqa: N803
+        return self._op("Slice", args, {"ends": list(ends), "starts": list(starts), "axes": list(axes)},
+                        debugContext)[0]
+
+    def round(self, args, debugContext=""):  # noqa: N803
+        return self._op("Round", args, {}, debugContext)[0]
+
+    def nearbyint(self, args, debugContext=""):  # noqa: N803
+        return self._op("Nearbyint", args, {}, debugContext)[0]
+
+    def fmod(self, args, debugContext=""):  # noqa: N803
+        return self._op("Fmod", args, {}, debugContext)[0]
+
+    def remainder(self, args, debugContext=""):  # noqa: N803
+        return self._op("Remainder", args, {}, debugContext)[0]
+
+    def atan2(self, args, debugContext=""):  # noqa: N803
+        return self._op("Atan2", args, {}, debugContext)[0]
+
+    def expm1(self, args, debugContext=""):  # noqa: N803
+        return self._op("Expm1", args, {}, debugContext)[0]
+
+    def log1p(self, args, debugContext=""):  # noqa: N803
+        return self._op("Log1p", args, {}, debugContext)[0]
+
+    def bitwisenot(self, args, debugContext=""):  # noqa: N803
+        return self._op("BitwiseNot", args, {}, debugContext)[0]
+
+    def bitwiseand(self, args, debugContext=""):  # noqa: N803
+        return self._op("BitwiseAnd", args, {}, debugContext)[0]
+
+    def bitwiseor(self, args, debugContext=""):  # noqa: N803
+        return self._op("BitwiseOr", args, {}, debugContext)[0]
+
+    def bitwisexor(self, args, debugContext=""):  # noqa: N803
+        return self._op("BitwiseXor", args, {}, debugContext)[0]
+
+    def bitwisexnor(self, args, debugContext=""):  # noqa: N803
+        return self._op("BitwiseXnor", args, {}, debugContext)[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# context managers
+# ----------------------------------------------------------------------------------------------
+class _AttributeContext:
+    """``with builder.virtualGraph(i):`` and friends: annotate every node created inside."""
+
+    def __init__(self, builder, attr, value):
+        self.builder, self.attr, self.value = builder, attr, value
+
+    def __enter__(self):
+        self.builder._attr_stack.setdefault(self.attr, []).append(self.value)
+        return self
+
+    def __exit__(self, *exc):
+        self.builder._attr_stack[self.attr].pop()
+        return False
+
+
+class _NameContext:
+    def __init__(self, builder, name):
+        self.builder, self.name = builder, name
+
+    def __enter__(self):
+        self.builder._scopes.append(self.name)
+        return self
+
+    def __exit__(self, *exc):
+        self.builder._scopes.pop()
+        return False
+
+
+# ----------------------------------------------------------------------------------------------
+class Builder:
+    """``popart.Builder(modelProtoOrFilename=None, opsets=None)``.
+
+    ``opsets``: ``{"ai.onnx": N, "ai.graphcore": 1}`` fixes the opset of ``aiOnnx``.
+    Raises ``popart_exception`` (PopART's messages) for bad models, unknown input tensors, wrong
+    input counts and mixed opsets; ``RuntimeError`` for selecting a second ai.onnx opset.
+    """
+
+    def __init__(self, modelProtoOrFilename=None, opsets=None, builderCore=None):  # noqa: N803
+        self._scopes: list[str] = []
+        self._attr_stack: dict[str, list] = {}
+        self._ids: set[str] = set()
+        self._infos: dict[str, tuple] = {}          # id -> (dtype name, shape list)
+        self._consts: dict[str, np.ndarray] = {}    # constant / initializer values (for shape inference)
+        self._opset_versions: dict[str, int] = {}
+        self._default_onnx = DEFAULT_AI_ONNX_OPSET
+        if opsets:
+            if "ai.onnx" not in opsets or "ai.graphcore" not in opsets:
+                raise popart_exception("Builder opsets must give versions for both 'ai.onnx' and 'ai.graphcore'")
+            self._default_onnx = int(opsets["ai.onnx"])
+        if modelProtoOrFilename is not None:
+            self._model = _load_model(modelProtoOrFilename)
+            self._adopt_model()
+        else:
+            self._model = onnx.ModelProto()
+            self._model.ir_version = 4
+            self._model.producer_name = "openipu.popart"
+            self._model.graph.name = f"BuilderGraph_{next(_graph_uid)}"
+
+    def _adopt_model(self):
+        m = self._model
+        for o in m.opset_import:
+            self._opset_versions["ai.onnx" if o.domain in ("", "ai.onnx") else o.domain] = int(o.version)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(m)
+        except Exception:
+            inferred = m
+        g = inferred.graph
+        for vi in itertools.chain(g.input, g.value_info, g.output):
+            info = value_info_of(vi)
+            self._ids.add(vi.name)
+            if info is not None and info[1] is not None:
+                self._infos[vi.name] = info
+        for init in g.initializer:
+            self._ids.add(init.name)
+            arr = numpy_helper.to_array(init)
+            self._consts[init.name] = arr
+            self._infos[init.name] = (dtype_name(init.data_type), list(arr.shape))
+        for n in g.node:
+            self._ids.update(x for x in n.output if x)
+
+    # -- opsets ---------------------------------------------------------------------------
+    def _opset(self, version: int, prop: str):
+        cur = self._opset_versions.get("ai.onnx")
+        if cur is not None and cur != version:
+            raise RuntimeError(f"Invalid opset '{prop}' selected. Opset for domain ai.onnx already defined as {cur}")
+        if not MIN_AI_ONNX_OPSET <= version <= MAX_AI_ONNX_OPSET:
+            raise popart_exception(f"Encountered ONNX opset version {version}, Maximimum supported opset is "
+                                   f"{MAX_AI_ONNX_OPSET}, minimum {MIN_AI_ONNX_OPSET} and default "
+                                   f"{DEFAULT_AI_ONNX_OPSET}.")
+        return opset_class(version)(self)
+
+    @property
+    def aiOnnx(self):  # noqa: N802
+        """The ai.onnx op table (opset 10 unless ``opsets`` or an earlier op chose another)."""
+        v = self._opset_versions.get("ai.onnx", self._default_onnx)
+        return self._opset(v, f"aiOnnxOpset{v}")
+
+    def aiOnnxOpsetVersion(self, version: int) -> None:  # noqa: N802
+        self._default_onnx = int(version)
+
+    @property
+    def aiGraphcore(self):  # noqa: N802
+        return AiGraphcoreOpset1(self)
+
+    aiGraphcoreOpset1 = aiGraphcore
+
+    # -- ids ------------------------------------------------------------------------------
+    def _next_id(self, name: str, n: int = -1) -> str:
+        base = "".join(s + _SEP for s in self._scopes) + name + (f":{n}" if n >= 0 else "")
+        proposed, counter = base, 0
+        while proposed in self._ids:
+            counter += 1
+            proposed = f"{base}{_SEP}{counter}"
+        self._ids.add(proposed)
+        return proposed
+
+    # -- inputs ---------------------------------------------------------------------------
+    def addInputTensor(self, tensorInfo, shape_or_debug=None, debugContext="", settings=None):  # noqa: N802,N803
+        """``addInputTensor(TensorInfo, debugContext="")`` or ``addInputTensor("FLOAT", shape,
+        debugContext="")`` -> the new input's id (``input``, ``input/1`` ... or the prefix given)."""
+        if isinstance(tensorInfo, TensorInfo):
+            info = tensorInfo
+            if isinstance(shape_or_debug, str):
+                debugContext = shape_or_debug
+        elif isinstance(tensorInfo, np.ndarray):
+            info = TensorInfo(tensorInfo)
+            if isinstance(shape_or_debug, str):
+                debugContext = shape_or_debug
+        else:
+            if shape_or_debug is None:
+                raise popart_exception("addInputTensor needs a TensorInfo, or a data type and a shape")
+            info = TensorInfo(tensorInfo, shape_or_debug)
+        tid = self._next_id(str(debugContext) or "input")
+        vi = helper.make_tensor_value_info(tid, info.onnx_type(), info.shape())
+        self._model.graph.input.append(vi)
+        self._infos[tid] = (info.data_type(), info.shape())
+        return tid
+
+    def addUntypedInputTensor(self, debugContext=""):  # noqa: N802,N803
+        raise popart_exception("Can not add untyped tensors to the top-level graph. Use Builder::addInputTensor("
+                               "const TensorInfo &tensorInfo, const std::string &debugPrefix) instead.")
+
+    def addInitializedInputTensor(self, initVal, variableSettings=None, debugContext=""):  # noqa: N802,N803
+        """A weight with value ``initVal`` (numpy array, made C-contiguous) -> its id
+        (``init_input``, ``init_input/1`` ... or the prefix given)."""
+        if isinstance(variableSettings, str):
+            variableSettings, debugContext = None, variableSettings
+        arr = np.ascontiguousarray(np.asarray(initVal))
+        name = dtype_name(arr.dtype)
+        if name in ("DOUBLE", "UINT64", "STRING", "COMPLEX64", "COMPLEX128"):
+            raise popart_exception(f"Unsupported data type for initialized data ({TensorInfo(arr)})")
+        tid = self._next_id(str(debugContext) or "init_input")
+        self._model.graph.input.append(helper.make_tensor_value_info(tid, ONNX_OF[name], list(arr.shape)))
+        self._model.graph.initializer.append(numpy_helper.from_array(arr, tid))
+        self._infos[tid] = (name, list(arr.shape))
+        self._consts[tid] = arr
+        return tid
+
+    def addOutputTensor(self, outputName: str) -> None:  # noqa: N802,N803
+        info = self._infos.get(outputName)
+        if info is not None:
+            vi = helper.make_tensor_value_info(outputName, ONNX_OF[info[0]], info[1])
+        else:
+            vi = onnx.ValueInfoProto(name=outputName)
+        self._model.graph.output.append(vi)
+
+    # -- ops ------------------------------------------------------------------------------
+    def _op(self, op_type, domain, version, inputs, num_outputs, attrs, debugContext="", schema=None):  # noqa: N803
+        dkey = "ai.onnx" if domain in ("", "ai.onnx") else domain
+        if schema is not None and schema.min_input > 0:
+            mx = schema.max_input
+            if len(inputs) < schema.min_input or (mx < _INF and len(inputs) > mx):
+                raise popart_exception(f"{op_type} has invalid number of inputs {len(inputs)}. Must be between "
+                                       f"{schema.min_input}..{mx if mx < _INF else 'inf'}")
+        for i, x in enumerate(inputs):
+            if x == "" and schema is not None and i >= schema.min_input:
+                continue
+            if x not in self._ids:
+                valid = sorted(self._ids)
+                raise popart_exception(f"Unknown tensor '{x}' (" + (
+                    "there are no valid tensors yet" if not valid else "valid tensors are " + ", ".join(valid)) + ").")
+        cur = self._opset_versions.get(dkey)
+        if cur is None:
+            self._opset_versions[dkey] = version
+            self._model.opset_import.append(helper.make_opsetid("" if dkey == "ai.onnx" else dkey, version))
+            if dkey == "ai.onnx":
+                self._model.ir_version = 3 if version <= 8 else 4 if version <= 11 else \
+                    helper.find_min_ir_version_for([helper.make_opsetid("", version)])
+        elif cur != version:
+            raise popart_exception(f"Invalid opset {version} used to add an operation. Opset for domain {dkey} "
+                                   f"already defined as {cur}")
+        outputs = [self._next_id(op_type, i) for i in range(num_outputs)]
+        node = onnx.NodeProto(op_type=op_type, input=list(inputs), output=outputs)
+        if domain:
+            node.domain = domain
+        name = str(debugContext)
+        if name or self._scopes:
+            node.name = "".join(s + _SEP for s in self._scopes) + (name or op_type)
+        for k, v in attrs.items():
+            if v is not None:
+                node.attribute.append(helper.make_attribute(k, v))
+        for k, stack in self._attr_stack.items():
+            if stack:
+                node.attribute.append(helper.make_attribute(k, stack[-1]))
+        self._model.graph.node.append(node)
+        self._infer(node, version)
+        return outputs
+
+    def _infer(self, node: onnx.NodeProto, version: int) -> None:
+        """Output types/shapes of ``node``: ONNX per-node inference, else the host kernel on zeros."""
+        outs = None
+        if node.domain in ("", "ai.onnx"):
+            try:
+                schema = defs.get_schema(node.op_type, version, "")
+                types, data = {}, {}
+                for x in node.input:
+                    if x and x in self._infos:
+                        dt, sh = self._infos[x]
+                        types[x] = helper.make_tensor_type_proto(ONNX_OF[dt], sh)
+                    if x in self._consts:
+                        data[x] = numpy_helper.from_array(self._consts[x], x)
+                res = onnx.shape_inference.infer_node_outputs(schema, node, types, data)
+                outs = []
+                for o in node.output:
+                    info = value_info_of(onnx.ValueInfoProto(name=o, type=res[o])) if o in res else None
+                    outs.append(info if info and info[1] is not None and all(isinstance(d, int) for d in info[1])
+                                else None)
+            except Exception as e:  # inference failure: fall back to the kernel
+                log("builder").debug("ONNX shape inference failed for %s: %s", node.op_type, e)
+                outs = None
+        if outs is None or any(o is None for o in outs):
+            kernel = find_kernel(node.domain, node.op_type)
+            if kernel is not None and all(x == "" or x in self._infos for x in node.input):
+                try:
+                    ins = [None if x == "" else self._infos[x] for x in node.input]
+                    cvs = [None if x not in self._consts else to_torch(self._consts[x]) for x in node.input]
+                    probed = probe(kernel, ins, decode_attrs(node), version, cvs)
+                    outs = [o if o is not None else p for o, p in zip(outs or [None] * len(probed), probed)]
+                except Exception as e:
+                    log("builder").warning("Shape inference failed for output '%s' of node '%s' (%s)",
+                                           node.output[0], node.op_type, e)
+        if outs is None:
+            log("builder").warning("Shape inference failed for output '%s' of node '%s'", node.output[0], node.op_type)
+            return
+        for o, info in zip(node.output, outs):
+            if info is not None:
+                self._infos[o] = (info[0], list(info[1]))
+                self._model.graph.value_info.append(helper.make_tensor_value_info(o, ONNX_OF[info[0]], info[1]))
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for a in node.attribute:
+                if a.name == "value":
+                    self._consts[node.output[0]] = numpy_helper.to_array(a.t)
+
+    def customOp(self, opName, opVersion, domain, inputs, attributes, numOutputs=1, name=""):  # noqa: N802,N803
+        """A node of any op type (no schema checks): returns its output ids."""
+        at = {k: _to_attr_value(k, v) for k, v in dict(attributes).items()}
+        return self._op(opName, domain, int(opVersion), list(inputs), int(numOutputs), at, name)
+
+    def reshape_const(self, aiOnnx, args, shape, debugContext=""):  # noqa: N802,N803
+        """``reshape(args[0], constant(shape))`` (PopART's Python helper)."""
+        c = aiOnnx.constant(np.asarray(shape, np.int64), debugContext + "_const")
+        return aiOnnx.reshape([args[0], c], debugContext)
+
+    # -- model ----------------------------------------------------------------------------
+    def getModelProto(self, humanReadable: bool = False) -> bytes:  # noqa: N802,N803
+        """The ONNX model as serialized bytes (text when ``humanReadable``)."""
+        return str(self._model).encode() if humanReadable else self._model.SerializeToString()
+
+    def saveModelProto(self, filename: str) -> None:  # noqa: N802
+        onnx.save(self._model, filename)
+
+    def setGraphName(self, name: str) -> None:  # noqa: N802
+        self._model.graph.name = name or f"_{next(_graph_uid)}"
+
+    def getInputTensorIds(self) -> list[str]:  # noqa: N802
+        inits = {i.name for i in self._model.graph.initializer}
+        return [i.name for i in self._model.graph.input if i.name not in inits]
+
+    def getOutputTensorIds(self) -> list[str]:  # noqa: N802
+        return [o.name for o in self._model.graph.output]
+
+    def getValueTensorIds(self) -> list[str]:  # noqa: N802
+        return [v.name for v in self._model.graph.value_info]
+
+    def getTrainableTensorIds(self) -> list[str]:  # noqa: N802
+        return [i.name for i in self._model.graph.initializer
+                if dtype_name(i.data_type) in ("FLOAT", "FLOAT16")]
+
+    def isInitializer(self, tid: str) -> bool:  # noqa: N802
+        return any(i.name == tid for i in self._model.graph.initializer)
+
+    def hasValueInfo(self, tid: str) -> bool:  # noqa: N802
+        return tid in self._infos
+
+    def _info(self, tid: str):
+        if tid not in self._infos:
+            if tid not in self._ids:
+                raise popart_exception(f"{tid} is not an input, output or value tensor of the graph; no tensor "
+                                       "of that id exists")
+            raise popart_exception(f"No shape information for tensor {tid}: shape inference could not infer it")
+        return self._infos[tid]
+
+    def getTensorShape(self, tid: str) -> list[int]:  # noqa: N802
+        return list(self._info(tid)[1])
+
+    def getTensorDtypeString(self, tid: str) -> str:  # noqa: N802
+        """The tensor's element type as a lower-case numpy-style name (``"float32"``, ``"float16"``)."""
+        name = self._info(tid)[0]
+        return np.dtype(NUMPY_OF[name]).name if name in NUMPY_OF else name.lower()
+
+    def getTensorDataType(self, tid: str):  # noqa: N802
+        return TensorInfo(self._info(tid)[0], []).dataType()
+
+    def embedReplicationFactor(self, n: int) -> None:  # noqa: N802
+        self._model.metadata_props.append(onnx.StringStringEntryProto(key="replicationFactor", value=str(n)))
+
+    # -- annotations ----------------------------------------------------------------------
+    def _find_node(self, ids) -> onnx.NodeProto:
+        want = {ids} if isinstance(ids, str) else set(ids)
+        for n in self._model.graph.node:
+            if set(n.output) >= want and want:
+                return n
+        raise popart_exception(f"Could not find a node with outputs {', '.join(sorted(want))}. "
+                               "Must specify all outputs of a node")
+
+    def _set_attr(self, ids, name, value):
+        node = self._find_node(ids)
+        for a in list(node.attribute):
+            if a.name == name:
+                node.attribute.remove(a)
+        node.attribute.append(helper.make_attribute(name, value))
+
+    def _get_attr(self, ids, name):
+        node = self._find_node(ids)
+        for a in node.attribute:
+            if a.name == name:
+                return helper.get_attribute_value(a)
+        raise popart_exception(f"Node does not have an attribute {name}.")
+
+    def _annotate(self, attr, first, value):
+        """Setter (``f(ids, value)``) or context-manager (``with f(value):``) form."""
+        if isinstance(first, (str, set, list, tuple)) and not isinstance(first, bool):
+            ids = [first] if isinstance(first, str) else list(first)
+            for tid in ids:
+                self._set_attr(tid, attr, value)
+            return None
+        return _AttributeContext(self, attr, first)
+
+    def virtualGraph(self, idOrValue, value: int = 0):  # noqa: N802,N803
+        """``virtualGraph(tensorId(s), ipu)`` or ``with builder.virtualGraph(ipu):``."""
+        return self._annotate(VGRAPH_ATTR, idOrValue, int(value))
+
+    def pipelineStage(self, idOrValue, value: int = 0):  # noqa: N802,N803
+        return self._annotate(PIPELINE_ATTR, idOrValue, int(value))
+
+    def executionPhase(self, idOrValue, value: int = 0):  # noqa: N802,N803
+        return self._annotate(PHASE_ATTR, idOrValue, int(value))
+
+    def schedulePriority(self, value: float):  # noqa: N802
+        return _AttributeContext(self, PRIORITY_ATTR, float(value))
+
+    def recomputeOutput(self, idOrValue, value=None):  # noqa: N802,N803
+        return self._annotate(RECOMPUTE_ATTR, idOrValue, str(value if value is not None else idOrValue))
+
+    def recomputeOutputInBackwardPass(self, ids, value="Recompute"):  # noqa: N802
+        self._annotate(RECOMPUTE_ATTR, ids, str(value))
+
+    def getRecomputeOutputInBackwardPass(self, ids) -> bool:  # noqa: N802
+        try:
+            return self._get_attr(ids, RECOMPUTE_ATTR) not in (b"Undefined", "Undefined")
+        except popart_exception:
+            return False
+
+    def outputTensorLocation(self, idOrValue, value=None):  # noqa: N802,N803
+        return self._annotate("__output_tensor_location", idOrValue, str(value))
+
+    def getVirtualGraph(self, ids=None) -> int:  # noqa: N802
+        if ids is None:
+            stack = self._attr_stack.get(VGRAPH_ATTR)
+            if not stack:
+                raise popart_exception("Virtual graph not set in current scope")
+            return stack[-1]
+        return int(self._get_attr(ids, VGRAPH_ATTR))
+
+    def hasVirtualGraph(self, ids=None) -> bool:  # noqa: N802
+        try:
+            self.getVirtualGraph(ids)
+            return True
+        except popart_exception:
+            return False
+
+    def getPipelineStage(self, ids=None) -> int:  # noqa: N802
+        if ids is None:
+            stack = self._attr_stack.get(PIPELINE_ATTR)
+            if not stack:
+                raise popart_exception("Pipeline stage not set in current scope.")
+            return stack[-1]
+        return int(self._get_attr(ids, PIPELINE_ATTR))
+
+    def hasPipelineStage(self, ids=None) -> bool:  # noqa: N802
+        try:
+            self.getPipelineStage(ids)
+            return True
+        except popart_exception:
+            return False
+
+    def getExecutionPhase(self, ids=None) -> int:  # noqa: N802
+        if ids is None:
+            stack = self._attr_stack.get(PHASE_ATTR)
+            if not stack:
+                raise popart_exception("Execution phase not set in current scope.")
+            return stack[-1]
+        return int(self._get_attr(ids, PHASE_ATTR))
+
+    def hasExecutionPhase(self, ids=None) -> bool:  # noqa: N802
+        try:
+            self.getExecutionPhase(ids)
+            return True
+        except popart_exception:
+            return False
+
+    def nameScope(self, name: str):  # noqa: N802
+        """``with builder.nameScope("layer1"):`` prefixes ids and node names with ``layer1/``."""
+        return _NameContext(self, name)
+
+    def getNameScope(self, name: str = "") -> str:  # noqa: N802
+        return "".join(s + _SEP for s in self._scopes) + name
+
+    def setAvailableMemoryProportion(self, ids, proportion: float) -> None:  # noqa: N802
+        """Temporary-memory budget of a MatMul / Conv, in [0, 1) of tile memory (used by poplin)."""
+        if not 0 <= float(proportion) <= 1:
+            raise popart_exception(f"availableMemoryProportion must be in (0,1]. Got {proportion}")
+        self._annotate(AMP_ATTR, ids, float(proportion))
+
+    def setPartialsType(self, tid: str, partialsType: str) -> None:  # noqa: N802,N803
+        """Accumulation type of a MatMul / Conv: ``"FLOAT"`` or ``"HALF"``."""
+        p = str(partialsType).upper()
+        if p not in ("FLOAT", "HALF"):
+            raise popart_exception(f"Unsupported partials type '{partialsType}': use 'FLOAT' or 'HALF'")
+        self._set_attr(tid, PARTIALS_ATTR, p)
+
+    def getPartialsType(self, tid: str) -> str:  # noqa: N802
+        try:
+            v = self._get_attr(tid, PARTIALS_ATTR)
+            return v.decode() if isinstance(v, bytes) else v
+        except popart_exception:
+            return "FLOAT"
+
+    def setSerializeMatMul(self, ids, mode: str, factor: int = 0, keep_precision: bool = False) -> None:  # noqa: N802
+        """Accepted and recorded (``input_channels``, ``output_channels``, ``reducing_dim``, ``none``)."""
+        if mode not in ("input_channels", "output_channels", "reducing_dim", "none"):
+            raise popart_exception(f"Unsupported mat mul serialization mode '{mode}'. Supported modes are "
+                                   "'input_channels', 'reducing_dim', 'output_channels' or 'none'")
+        for tid in ([ids] if isinstance(ids, str) else list(ids)):
+            self._set_attr(tid, SERIALIZE_MODE_ATTR, mode)
+            self._set_attr(tid, SERIALIZE_FACTOR_ATTR, int(factor))
+            self._set_attr(tid, SERIALIZE_PRECISION_ATTR, int(bool(keep_precision)))
+
+    def setEnableConvDithering(self, tid, value) -> None:  # noqa: N802
+        self._set_attr(tid, "__enable_conv_dithering", int(value))
+
+    def excludePatterns(self, tid, patterns) -> None:  # noqa: N802
+        self._set_attr(tid, "__exclude_patterns", list(patterns))
+
+    def setInplacePreferences(self, tid, prefs: dict) -> None:  # noqa: N802
+        pass
+
+    # generic node attributes
+    def addNodeAttribute(self, name: str, value, nodeOutputNames) -> None:  # noqa: N802,N803
+        node = self._find_node(nodeOutputNames)
+        if any(a.name == name for a in node.attribute):
+            raise popart_exception(f"Node already has attribute {name}.")
+        node.attribute.append(helper.make_attribute(name, _to_attr_value(name, value)))
+
+    def nodeHasAttribute(self, name: str, nodeOutputNames) -> bool:  # noqa: N802,N803
+        return any(a.name == name for a in self._find_node(nodeOutputNames).attribute)
+
+    def _typed_attr(self, name, ids, kind):
+        v = self._get_attr(ids, name)
+        return v.decode() if isinstance(v, bytes) else [x.decode() for x in v] if kind == "strs" else v
+
+    def getInt64NodeAttribute(self, name, ids): return int(self._typed_attr(name, ids, "int"))  # noqa: E704,N802
+    def getInt64VectorNodeAttribute(self, name, ids): return list(self._typed_attr(name, ids, "ints"))  # noqa: E704,N802
+    def getFloatNodeAttribute(self, name, ids): return float(self._typed_attr(name, ids, "float"))  # noqa: E704,N802
+    def getFloatVectorNodeAttribute(self, name, ids): return list(self._typed_attr(name, ids, "floats"))  # noqa: E704,N802
+    def getStringNodeAttribute(self, name, ids): return self._typed_attr(name, ids, "str")  # noqa: E704,N802
+    def getStringVectorNodeAttribute(self, name, ids): return self._typed_attr(name, ids, "strs")  # noqa: E704,N802
+
+    def removeNodeAttribute(self, name: str, nodeOutputNames) -> None:  # noqa: N802,N803
+        node = self._find_node(nodeOutputNames)
+        for a in list(node.attribute):
+            if a.name == name:
+                node.attribute.remove(a)
+                return
+        raise popart_exception(f"Cannot remove attribute {name} as it does not exist.")
+
+    def getAllNodeAttributeNames(self, nodeOutputNames) -> list[str]:  # noqa: N802,N803
+        return [a.name for a in self._find_node(nodeOutputNames).attribute]
+
+
+def _add_opset_properties():
+    for v in range(MIN_AI_ONNX_OPSET, MAX_AI_ONNX_OPSET + 1):
+        def prop(self, v=v):
+            return self._opset(v, f"aiOnnxOpset{v}")
+        setattr(Builder, f"aiOnnxOpset{v}", property(prop, doc=f"The ai.onnx opset {v} op table."))
+
+
+_add_opset_properties()

@@ -1,0 +1,363 @@
+"""The PopART IR of an inference session: ONNX model -> checked, shape-inferred, constant-folded,
+pruned list of ops over named tensors (PopART's ids, section 3 of ``research/popart.md``).
+
+Steps, in the session constructor as in PopART:
+
+1. load (bytes or path; PopART's "Failed to load a ModelProto ..." texts), ``onnx.checker``;
+2. fix input shapes from ``InputShapeInfo``; inputs with unknown dims are an error;
+3. ``onnx.shape_inference.infer_shapes(model, data_prop=True)``;
+4. walk the nodes in order: a node whose inputs are all constants (``Constant``, initializers
+   when ``constantWeights`` is true, earlier folded results) is run on the host with its
+   onnx_ops kernel and becomes a constant (PopART's ConstExpr folding); so do ``Shape`` /
+   ``Size`` of statically shaped tensors. Other nodes become ops; their output shapes come from
+   ONNX inference or, where it has none, from running the kernel on zeros;
+5. check anchors ("Anchor tensor `x' not in Ir Tensors."), prune ops no anchor needs;
+6. virtual graphs (``VirtualGraphMode.Manual``: all ops or none annotated).
+
+An op no kernel and no lowering can run raises PopART's "No class for ai.onnx.X:0".
+Unlike PopART (ai.onnx opsets 6-11 only), models of newer opsets are accepted: the onnx_ops
+kernels branch on the opset where semantics changed.
+Tensor kinds: ``Stream`` (model inputs), ``Const``, ``Variable`` (initializers with
+``constantWeights=False``), ``ActGrad`` (op outputs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+
+from openipu.popart import lowering
+from openipu.popart.builder import VGRAPH_ATTR, PIPELINE_ATTR, _load_model
+from openipu.popart.errors import popart_exception
+from openipu.popart.graphcore_ops import find_kernel
+from openipu.popart.log import log
+from openipu.popart.options import VirtualGraphMode
+from openipu.popart.shapes import NAME_OF_TORCH, annotations, decode_attrs, is_static, probe, to_torch, value_info_of
+from openipu.popart.tensorinfo import NUMPY_OF, TensorInfo, dtype_name
+
+#: ops never folded on the host (random results differ per run)
+NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
+           "Dropout", "PrintTensor"}
+
+
+@dataclass(eq=False)
+class IrTensor:
+    """One tensor of the IR: PopART id, :class:`TensorInfo`, kind, and value (Const/Variable)."""
+
+    id: str
+    info: TensorInfo
+    kind: str                      # "Stream" | "Const" | "Variable" | "ActGrad"
+    value: np.ndarray | None = None
+    producer: "IrOp | None" = None
+    consumers: list = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class IrOp:
+    """One op: ONNX node plus its IR placement. ``lowering`` is ``"precise"`` (a PopLibs
+    lowering) or ``"generic"`` (the costed generic vertex group), set when the IR is built."""
+
+    id: int
+    op_type: str
+    domain: str
+    opset: int
+    name: str
+    inputs: list
+    outputs: list
+    attrs: dict
+    annotations: dict
+    vgraph: int | None = None
+    pipeline_stage: int | None = None
+    lowering: str = ""
+
+    @property
+    def opid(self) -> str:
+        return f"{self.domain or 'ai.onnx'}.{self.op_type}:{self.opset}"
+
+    def __repr__(self):
+        return f"IrOp({self.id}, {self.op_type}, {self.inputs} -> {self.outputs}, {self.lowering})"
+
+
+class Ir:
+    """Build the IR of ``model`` (bytes, path or ModelProto) for inference.
+
+    Args: ``data_flow`` (:class:`DataFlow`), ``input_shape_info`` (:class:`InputShapeInfo` or
+    None), ``options`` (:class:`SessionOptions`), ``num_vgraphs`` (IPUs per replica).
+    Raises ``popart_exception`` with PopART's messages (see module docstring).
+    """
+
+    def __init__(self, model, data_flow, input_shape_info, options, num_vgraphs: int = 1):
+        self.model = _load_model(model)
+        self.data_flow = data_flow
+        self.options = options
+        self.num_vgraphs = num_vgraphs
+        self.tensors: dict[str, IrTensor] = {}
+        self.ops: list[IrOp] = []
+        self.stream_inputs: list[str] = []      # ONNX model inputs (non-initializer), in order
+        self.model_input_ids: set[str] = set()
+        self.onnx_tensor_ids: set[str] = set()
+        self.opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): int(o.version)
+                       for o in self.model.opset_import}
+        self._check_model()
+        self._fix_inputs(input_shape_info)
+        inferred = self._infer()
+        self._build(inferred)
+        self._validate_anchors()
+        self._prune()
+        self._virtual_graphs()
+        for op in self.ops:
+            op.lowering = "precise" if lowering.precise_lowering(op, self) is not None else "generic"
+            if op.lowering == "generic" and find_kernel(op.domain, op.op_type) is None:
+                types = ", ".join(self.tensors[x].info.data_type() for x in op.inputs if x)
+                raise popart_exception(f"No class for {op.domain or 'ai.onnx'}.{op.op_type}:0. openipu lowers "
+                                       f"{op.op_type} only for some element types (not {types}) and has no host "
+                                       "kernel for it")
+
+    # -- 1-3 ------------------------------------------------------------------------------
+    def _check_model(self):
+        if "" not in self.opsets:
+            self.opsets[""] = 10
+        try:
+            onnx.checker.check_model(self.model)
+        except onnx.checker.ValidationError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else "invalid model"
+            raise popart_exception(f"The ONNX model is not valid (onnx.checker): {first}. Check the exporter that "
+                                   "wrote it, or re-export it") from None
+
+    def _fix_inputs(self, input_shape_info):
+        g = self.model.graph
+        inits = {i.name for i in g.initializer}
+        infos = input_shape_info.getInfos() if input_shape_info is not None else {}
+        for vi in g.input:
+            if vi.name in inits:
+                continue
+            if vi.name in infos:
+                ti = infos[vi.name]
+                vi.type.CopyFrom(onnx.helper.make_tensor_type_proto(ti.onnx_type(), ti.shape()))
+                continue
+            info = value_info_of(vi)
+            if info is None or info[1] is None:
+                raise popart_exception(f"Input tensor '{vi.name}' must be specified in InputShapeInfo, as it has no "
+                                       "shape in the model")
+            for d in info[1]:
+                if not isinstance(d, int) or d < 0:
+                    raise popart_exception(
+                        f"Input tensor '{vi.name}' must be specified in InputShapeInfo, as it has shape "
+                        f"[{' '.join(str(x) for x in info[1])}], which uses an unknown value '{d}'.")
+
+    def _infer(self) -> dict:
+        try:
+            m = onnx.shape_inference.infer_shapes(self.model, data_prop=True)
+        except Exception as e:
+            log("ir").warning("ONNX shape inference failed (%s); shapes come from the kernels", e)
+            m = self.model
+        out = {}
+        for vi in list(m.graph.value_info) + list(m.graph.output) + list(m.graph.input):
+            info = value_info_of(vi)
+            if info is not None:
+                out[vi.name] = info
+        return out
+
+    # -- 4 --------------------------------------------------------------------------------
+    def _add_tensor(self, tid, dtype, shape, kind, value=None, producer=None):
+        t = IrTensor(tid, TensorInfo(dtype, shape), kind, value, producer)
+        self.tensors[tid] = t
+        return t
+
+    def _build(self, inferred: dict):
+        g = self.model.graph
+        const_weights = bool(self.options.constantWeights)
+        for init in g.initializer:
+            arr = numpy_helper.to_array(init)
+            self.onnx_tensor_ids.add(init.name)
+            self._add_tensor(init.name, dtype_name(init.data_type), arr.shape,
+                             "Const" if const_weights else "Variable", np.array(arr))
+        for vi in g.input:
+            self.onnx_tensor_ids.add(vi.name)
+            if vi.name in self.tensors:
+                continue
+            dtype, shape = value_info_of(vi)
+            self._add_tensor(vi.name, dtype, shape, "Stream")
+            self.stream_inputs.append(vi.name)
+            self.model_input_ids.add(vi.name)
+        for idx, node in enumerate(g.node):
+            self.onnx_tensor_ids.update(o for o in node.output if o)
+            self._node(idx, node, inferred)
+
+    def _node(self, idx, node, inferred):
+        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        opset = self.opsets.get(domain, 1)
+        attrs = decode_attrs(node)
+        kernel = find_kernel(domain, node.op_type)
+        for x in node.input:
+            if x and x not in self.tensors:
+                raise popart_exception(f"Node '{node.name or node.op_type}' ({node.op_type}) uses tensor '{x}', which "
+                                       "no earlier node, input or initializer produces (the graph is not "
+                                       "topologically sorted, or a tensor is missing)")
+        ins = [self.tensors[x] if x else None for x in node.input]
+        # constant folding
+        if node.op_type == "Constant" and domain == "":
+            if kernel is None:
+                val = self._constant_value(attrs)
+            else:
+                val = kernel.fn([], attrs, opset)[0]
+            return self._fold(node, [val], inferred)
+        if domain == "" and node.op_type in ("Shape", "Size") and ins[0] is not None:
+            shape = ins[0].info.shape()
+            if node.op_type == "Shape":
+                r = len(shape)
+                start, end = int(attrs.get("start", 0)), int(attrs.get("end", r))
+                start, end = (start + r if start < 0 else start), (end + r if end < 0 else end)
+                val = torch.tensor(shape[max(0, start):min(r, end)], dtype=torch.int64)
+            else:
+                val = torch.tensor(math.prod(shape), dtype=torch.int64)
+            return self._fold(node, [val], inferred)
+        foldable = (kernel is not None and node.op_type not in NO_FOLD and node.input
+                    and all(t is None or t.kind == "Const" for t in ins))
+        if foldable:
+            vals = [None if t is None else to_torch(t.value) for t in ins]
+            try:
+                with torch.no_grad():
+                    outs = kernel.fn(vals, attrs, opset)
+            except Exception as e:
+                raise popart_exception(f"Constant folding of {node.op_type} node '{node.name}' failed: {e}") from None
+            return self._fold(node, outs, inferred)
+        op = IrOp(len(self.ops), node.op_type, domain, opset, node.name, list(node.input), list(node.output), attrs,
+                  annotations(node))
+        if kernel is None and not lowering.has_lowering(op):
+            raise popart_exception(f"No class for {domain or 'ai.onnx'}.{node.op_type}:0. openipu has no kernel or "
+                                   "lowering for this operator; replace it in the model (see popart."
+                                   "getSupportedOperations())")
+        out_infos = [inferred.get(o) for o in node.output]
+        if any(o and (i is None or not is_static(i[1]) or i[0] == "UNDEFINED") for o, i in zip(node.output, out_infos)):
+            if kernel is None:
+                raise popart_exception(f"Could not infer the output shapes of {node.op_type} node '{node.name}'")
+            in_infos = [None if t is None else (t.info.data_type(), t.info.shape()) for t in ins]
+            cvs = [None if t is None or t.kind != "Const" else to_torch(t.value) for t in ins]
+            try:
+                probed = probe(kernel, in_infos, attrs, opset, cvs)
+            except Exception as e:
+                raise popart_exception(f"Could not infer the output shapes of {node.op_type} node '{node.name}': "
+                                       f"{e}") from None
+            out_infos = [i if (i is not None and is_static(i[1]) and i[0] != "UNDEFINED") else p
+                         for i, p in zip(out_infos, probed)]
+        for o, info in zip(node.output, out_infos):
+            if o:
+                t = self._add_tensor(o, info[0], info[1], "ActGrad", producer=op)
+                t.producer = op
+        for t in ins:
+            if t is not None:
+                t.consumers.append(op)
+        self.ops.append(op)
+
+    @staticmethod
+    def _constant_value(attrs):
+        if "value" in attrs:
+            return attrs["value"]
+        for k, dt in (("value_float", torch.float32), ("value_int", torch.int64)):
+            if k in attrs:
+                return torch.tensor(attrs[k], dtype=dt)
+        for k, dt in (("value_floats", torch.float32), ("value_ints", torch.int64)):
+            if k in attrs:
+                return torch.tensor(attrs[k], dtype=dt)
+        raise popart_exception("Constant node without a value attribute")
+
+    def _fold(self, node, values, inferred):
+        for o, v in zip(node.output, values):
+            if not o:
+                continue
+            v = v.detach() if isinstance(v, torch.Tensor) else torch.as_tensor(v)
+            dtype = NAME_OF_TORCH.get(v.dtype, "FLOAT")
+            inf = inferred.get(o)
+            if inf is not None and inf[0] in NUMPY_OF and inf[0] != dtype:
+                dtype = inf[0]
+            arr = v.cpu().numpy()
+            if dtype in NUMPY_OF:
+                arr = arr.astype(NUMPY_OF[dtype])
+            self._add_tensor(o, dtype, list(arr.shape), "Const", np.ascontiguousarray(arr))
+
+    # -- 5 --------------------------------------------------------------------------------
+    def _validate_anchors(self):
+        anchors = self.data_flow.anchors()
+        if not anchors:
+            raise popart_exception("User must specify an anchor tensor when doing inference.")
+        for a in anchors:
+            if a not in self.tensors:
+                hint = ""
+                outs = [o.name for o in self.model.graph.output]
+                if outs:
+                    hint = (f" The model's outputs are {', '.join(outs)}; note that a Builder op's debugContext names "
+                            "the node, not its output tensor (use the id the op returns).")
+                raise popart_exception(f"Anchor tensor `{a}' not in Ir Tensors. {hint}".rstrip())
+
+    def _prune(self):
+        needed = set(self.data_flow.anchors())
+        keep = []
+        for op in reversed(self.ops):
+            if any(o in needed for o in op.outputs):
+                keep.append(op)
+                needed.update(x for x in op.inputs if x)
+        keep.reverse()
+        if len(keep) != len(self.ops):
+            log("ir").info("Pruned %d ops that no anchor needs", len(self.ops) - len(keep))
+        self.ops = keep
+        for i, op in enumerate(self.ops):
+            op.id = i
+        kept = set(id(o) for o in self.ops)
+        for t in self.tensors.values():
+            t.consumers = [c for c in t.consumers if id(c) in kept]
+        self.used = needed
+
+    # -- 6 --------------------------------------------------------------------------------
+    def _virtual_graphs(self):
+        mode = self.options.virtualGraphMode
+        for op in self.ops:
+            ann = op.annotations
+            if PIPELINE_ATTR in ann:
+                op.pipeline_stage = int(ann[PIPELINE_ATTR])
+            if mode == VirtualGraphMode.Manual and VGRAPH_ATTR in ann:
+                op.vgraph = int(ann[VGRAPH_ATTR])
+        if mode == VirtualGraphMode.Manual:
+            have = [op for op in self.ops if op.vgraph is not None]
+            if not have:
+                raise popart_exception("SessionOptions flag virtualGraphMode is Manual, but no Ops have been annotated "
+                                       "with virtual graph information. Annotate the ops with builder.virtualGraph, "
+                                       "or set virtualGraphMode to VirtualGraphMode.Off")
+            if len(have) != len(self.ops):
+                missing = [op.op_type for op in self.ops if op.vgraph is None][:5]
+                raise popart_exception("Either all Ops must have their virtual graph ids set, or none must. "
+                                       f"{len(self.ops) - len(have)} of {len(self.ops)} ops have none (e.g. "
+                                       f"{', '.join(missing)}).")
+            for op in have:
+                if not 0 <= op.vgraph < self.num_vgraphs:
+                    raise popart_exception(
+                        f"Op {op.op_type} ('{op.name}') has virtual graph id {op.vgraph}, but the device has only "
+                        f"{self.num_vgraphs} virtual graph(s) (IPUs / replication factor). Acquire more IPUs")
+        elif mode not in (VirtualGraphMode.Off,):
+            log("ir").warning("virtualGraphMode %s is not supported by openipu inference sessions; running as Off",
+                              mode)
+
+    # -- queries --------------------------------------------------------------------------
+    def home_vgraph(self, tid: str) -> int:
+        """The virtual graph a tensor lives on: its producer's, else its first consumer's."""
+        t = self.tensors[tid]
+        if t.producer is not None and t.producer.vgraph is not None:
+            return t.producer.vgraph
+        for c in t.consumers:
+            if c.vgraph is not None:
+                return c.vgraph
+        return 0
+
+    def info(self, tid: str) -> TensorInfo:
+        if tid not in self.tensors:
+            raise popart_exception(f"No tensor '{tid}' in the Ir (getInfo): it is neither a model input, an "
+                                   "initializer nor an op output")
+        return self.tensors[tid].info
+
+    def variables(self) -> list[str]:
+        return [t.id for t in self.tensors.values() if t.kind == "Variable"]

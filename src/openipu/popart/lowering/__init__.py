@@ -1,0 +1,56 @@
+"""Lowering of IR ops onto Poplar / PopLibs (PopART's ``popx`` "Opx" layer).
+
+A *precise* lowering builds the op from PopLibs calls (``popops`` elementwise ops, ``poplin``
+matMul) and is registered with :func:`lowering`; it may decline an op through its ``accepts``
+predicate (e.g. integer division). Every other op with a host kernel goes through the one
+*generic* costed vertex group (:mod:`.generic`). One op family per module:
+
+- :mod:`.elementwise`: Add, Sub, Mul, Div, Pow, Max, Min -> ``popops`` binary ops;
+- :mod:`.matmul`: MatMul, Gemm -> ``poplin.matMul``;
+- :mod:`.generic`: everything else with an onnx_ops kernel;
+- :mod:`.program`: the session programs (host streams, ``Repeat(batchesPerStep)``, anchor copies
+  by return type, weight transfers, inter-IPU copies via :class:`.context.LoweringContext`).
+
+A lowering function is ``fn(ctx, op) -> list of poplar Tensors`` (one per op output), appending
+its programs to ``ctx.prog``; ``ctx.input(op, i)`` gives input ``i`` on the op's virtual graph.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_PRECISE: dict[tuple[str, str], list] = {}
+_LOADED = False
+
+
+def lowering(*op_types: str, domain: str = "", accepts=None):
+    """Register ``fn(ctx, op)`` as the precise lowering of ``op_types``; ``accepts(op, ir)``
+    (optional) says whether it handles a given op (else the generic lowering is used)."""
+    def reg(fn):
+        for t in op_types:
+            _PRECISE.setdefault((domain, t), []).append((accepts, fn))
+        return fn
+    return reg
+
+
+def _load():
+    global _LOADED
+    if not _LOADED:
+        for m in ("elementwise", "matmul"):
+            importlib.import_module(f"{__name__}.{m}")
+        _LOADED = True
+
+
+def has_lowering(op) -> bool:
+    """Whether a precise lowering is registered for the op's type (it may still decline)."""
+    _load()
+    return (op.domain, op.op_type) in _PRECISE
+
+
+def precise_lowering(op, ir):
+    """The precise lowering function that accepts ``op``, or ``None``."""
+    _load()
+    for accepts, fn in _PRECISE.get((op.domain, op.op_type), []):
+        if accepts is None or accepts(op, ir):
+            return fn
+    return None

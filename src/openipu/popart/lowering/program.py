@@ -1,0 +1,185 @@
+"""Session programs of an inference session (PopART's ``IrLowering`` for the implicit IR).
+
+Engine programs:
+
+0. the step: ``Repeat(batchesPerStep)`` around the host -> device input copies, the model and
+   the per-batch anchor work; then the FINAL / SUM anchor copies. Anchors by return type:
+
+   - ALL: copied to the host every batch (inside the repeated body);
+   - EVERYN(N): copied after every N-th batch: the loop is cut into segments
+     ``Repeat(gap, body)`` ending at each multiple of a return period (one segment of N batches
+     repeated ``bps / N`` times when all EVERYN anchors share N);
+   - FINAL: copied once after the loop (the device tensor then holds the last batch);
+   - SUM: an accumulator zeroed before the loop, ``acc += t`` each batch (``popops.add``), copied
+     after the loop.
+1. weightsFromHost: host -> device copies of every variable (``constantWeights=False``);
+2. weightsToHost: device -> host copies of every variable.
+
+Stream handles: ``h2d:<id>`` inputs and weights in, ``d2h:<id>`` anchors and weights out.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+
+from openipu import poplar
+from openipu.poplar import program as P
+from openipu.poplar.graph import VertexGroup
+from openipu.poplibs import popops, poputil
+from openipu.popart.dataflow import AnchorReturnTypeId
+from openipu.popart.lowering import precise_lowering
+from openipu.popart.lowering.context import LoweringContext
+from openipu.popart.lowering.generic import lower_generic
+
+#: Tile cycles to zero a SUM accumulator's elements on one tile (popops::Fill-like). [A] 20 fixed
+#: plus one 64-bit store per vector.
+ZERO_VERTEX_OVERHEAD_CYCLES = 20
+
+
+class Lowered:
+    """The result of lowering: ``graph``, ``programs`` [step, weightsFromHost, weightsToHost],
+    and the stream handles by IR tensor id."""
+
+    def __init__(self):
+        self.graph = None
+        self.programs = []
+        self.inputs: dict[str, str] = {}       # IR input id -> stream handle
+        self.anchors: dict[str, str] = {}      # anchor id -> stream handle
+        self.weights_in: dict[str, str] = {}
+        self.weights_out: dict[str, str] = {}
+        self.kinds: dict[int, str] = {}        # op id -> "precise" | "generic"
+
+
+def _zero_kernel(t, ctx):
+    ctx.write(t, torch.zeros((ctx.replicas,) + tuple(t.shape()), dtype=t.elementType().torch_dtype))
+
+
+def _zero(graph, t, prog, name):
+    tiles = graph.tile_of_elements(t)
+    counts_all = np.bincount(tiles, minlength=graph._top._target.getNumTiles())
+    used = np.flatnonzero(counts_all)
+    vw = graph.getTarget().getVectorWidth(t.elementType())
+    cycles = ZERO_VERTEX_OVERHEAD_CYCLES + np.ceil(counts_all[used] / vw)
+    cs = graph.addComputeSet(f"{name}/zero")
+    graph.add_vertex_group(cs, VertexGroup(f"popops::Fill<{t.elementType()}>", used, cycles,
+                                           functools.partial(_zero_kernel, t), writes=[(t, tiles)], multi=True))
+    prog.add(P.Execute(cs))
+
+
+def build(ir, target, options, progress=None) -> Lowered:
+    """Lower ``ir`` for ``target`` (a poplar Target). ``progress()`` is called once per op.
+
+    Raises ``popart_exception`` ("Is there a poplar type for DOUBLE?") for types the IPU lacks.
+    """
+    out = Lowered()
+    repl = options.replication_factor()
+    graph = poplar.Graph(target, replication_factor=repl) if repl > 1 else poplar.Graph(target)
+    out.graph = graph
+    nvg = ir.num_vgraphs
+    if nvg > 1:
+        tpi = graph.getTarget().getTilesPerIPU()
+        vgraphs = [graph.createVirtualGraph(i * tpi, (i + 1) * tpi) for i in range(nvg)]
+    else:
+        vgraphs = [graph]
+    ctx = LoweringContext(ir, graph, vgraphs, options)
+    used_ids = set(ir.used) | {x for op in ir.ops for x in op.inputs if x}
+    input_copies = []
+
+    # inputs, constants, variables
+    for tid, t in ir.tensors.items():
+        if tid not in used_ids or t.producer is not None:
+            continue
+        vg = ir.home_vgraph(tid)
+        g = ctx.graph_of(vg)
+        ptype = ctx.ptype(tid)
+        shape = t.info.shape()
+        if t.kind == "Stream":
+            dev = g.addVariable(ptype, shape, tid)
+            poputil.mapTensorLinearly(g, dev)
+            h = f"h2d:{tid}"
+            s = graph.addHostToDeviceFIFO(h, ptype, t.info.nelms())
+            input_copies.append(P.Copy(s, dev, debugContext=f"fromHost({tid})"))
+            out.inputs[tid] = h
+        elif t.kind == "Const":
+            dev = g.addConstant(ptype, shape, np.asarray(t.value), tid)
+            poputil.mapTensorLinearly(g, dev)
+        else:  # Variable
+            dev = g.addVariable(ptype, shape, tid)
+            poputil.mapTensorLinearly(g, dev)
+            g.setInitialValue(dev, np.asarray(t.value))
+            hi, ho = f"h2d:{tid}", f"d2h:{tid}"
+            out.weights_in[tid] = hi
+            out.weights_out[tid] = ho
+            graph.addHostToDeviceFIFO(hi, ptype, t.info.nelms(), "BROADCAST")
+            graph.addDeviceToHostFIFO(ho, ptype, t.info.nelms())
+        ctx.set(tid, vg, dev)
+
+    # the model
+    for op in ir.ops:
+        fn = precise_lowering(op, ir)
+        kind = "precise" if fn is not None else "generic"
+        outs = fn(ctx, op) if fn is not None else lower_generic(ctx, op)
+        op.lowering = kind
+        out.kinds[op.id] = kind
+        for o, t in zip(op.outputs, outs):
+            if o and t is not None:
+                ctx.set(o, ctx.vgraph_of(op), t)
+        if progress:
+            progress()
+
+    # anchors
+    df = ir.data_flow
+    bps = df.batchesPerStep()
+    body = P.Sequence([*input_copies, ctx.prog], name="step")
+    pre, post = P.Sequence(), P.Sequence()
+    everyn: dict[int, list] = {}
+    for a in df.anchors():
+        art = df.art(a)
+        vg = ctx._home.get(a, ir.home_vgraph(a))
+        t = ctx.get(a, vg)
+        h = f"d2h:{a}"
+        s = graph.addDeviceToHostFIFO(h, t.elementType(), t.numElements())
+        out.anchors[a] = h
+        kind = art.id()
+        if kind == AnchorReturnTypeId.All:
+            body.add(P.Copy(t, s, debugContext=f"anchor({a})"))
+        elif kind == AnchorReturnTypeId.Final:
+            post.add(P.Copy(t, s, debugContext=f"anchor({a})"))
+        elif kind == AnchorReturnTypeId.Sum:
+            g = ctx.graph_of(vg)
+            acc = g.addVariable(t.elementType(), t.shape(), f"{a}/sum")
+            g.copy_tile_mapping(acc, t) if (g.tile_of_elements(t) >= 0).all() else poputil.mapTensorLinearly(g, acc)
+            _zero(g, acc, pre, f"{a}/sum")
+            acc_prog = P.Sequence()
+            tot = popops.add(g, acc, t, acc_prog, f"{a}/sum/add")
+            acc_prog.add(P.Copy(tot, acc))
+            body.add(acc_prog)
+            post.add(P.Copy(acc, s, debugContext=f"anchor({a})"))
+        else:
+            everyn.setdefault(art.rp(), []).append(P.Copy(t, s, debugContext=f"anchor({a})"))
+    step = P.Sequence([pre])
+    if not everyn:
+        step.add(P.Repeat(bps, body, debugContext="batchesPerStep"))
+    else:
+        period = math.lcm(*everyn)
+        marks = sorted({m for n in everyn for m in range(n, period + 1, n)})
+        seg = P.Sequence()
+        prev = 0
+        for m in marks:
+            seg.add(P.Repeat(m - prev, body))
+            for n, copies in everyn.items():
+                if m % n == 0:
+                    seg.add(P.Sequence(copies))
+            prev = m
+        step.add(P.Repeat(bps // period, seg, debugContext="batchesPerStep"))
+    step.add(post)
+    wfh = P.Sequence([P.Copy(graph._state.streams[h], ctx.get(tid, ctx._home[tid]))
+                      for tid, h in out.weights_in.items()], name="weightsFromHost")
+    wth = P.Sequence([P.Copy(ctx.get(tid, ctx._home[tid]), graph._state.streams[h])
+                      for tid, h in out.weights_out.items()], name="weightsToHost")
+    out.programs = [step, wfh, wth]
+    return out

@@ -1,0 +1,258 @@
+"""``popart.SessionOptions``, its enums and settings structs, ``Patterns`` and ``InputShapeInfo``.
+
+Every field of PopART's ``SessionOptions`` (``research/popart.md`` section 1.10) exists with
+PopART's default. Inference sessions honour: ``enableReplicatedGraphs`` /
+``replicatedGraphCount``, ``virtualGraphMode`` (Off, Manual), ``constantWeights``,
+``engineOptions`` (passed to the Poplar Engine), ``partialsTypeMatMuls``,
+``enableSupportedDataTypeCasting``, ``enableStochasticRounding`` (accepted; sets no numerics),
+``compileEngine``; the rest are stored and ignored. Setting an unknown field raises
+``AttributeError``, as PopART's pybind object does.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from openipu.popart.errors import popart_exception
+
+
+class _Enum:
+    """Base for PopART's enums: class attributes whose values are their own names."""
+
+    @classmethod
+    def names(cls):
+        return [k for k in vars(cls) if not k.startswith("_") and k != "names"]
+
+
+def _enum(name, members):
+    return type(name, (_Enum,), {m: m for m in members})
+
+
+VirtualGraphMode = _enum("VirtualGraphMode", ["Off", "Manual", "Auto", "ExecutionPhases"])
+RecomputationType = _enum("RecomputationType", ["NoRecompute", "Standard", "NormOnly", "RecomputeAll", "Pipeline"])
+RecomputeType = _enum("RecomputeType", ["Undefined", "Checkpoint", "Recompute", "Recomputed"])
+MergeVarUpdateType = _enum("MergeVarUpdateType", ["Off", "All", "AutoTight", "AutoLoose"])
+ReductionType = _enum("ReductionType", ["Mean", "NoReduction", "Sum"])
+MeanReductionStrategy = _enum("MeanReductionStrategy", ["Running", "Post", "PostAndLoss"])
+TensorStorage = _enum("TensorStorage", ["OnChip", "OffChip"])
+ReplicatedTensorSharding = _enum("ReplicatedTensorSharding", ["Off", "On"])
+ReplicatedStreamMode = _enum("ReplicatedStreamMode", ["Replicate", "Broadcast"])
+ExecutionPhaseIOSchedule = _enum("ExecutionPhaseIOSchedule", ["Preload", "OnDemand"])
+ExecutionPhaseSchedule = _enum("ExecutionPhaseSchedule", ["Interleaving", "Batch", "BatchClusteredIO"])
+BatchSerializationMethod = _enum("BatchSerializationMethod", ["UnrollDynamic", "UnrollStatic", "Loop"])
+BatchSerializationTransformContext = _enum("BatchSerializationTransformContext", ["Fwd", "Bwd"])
+BatchSerializationBatchSchedule = _enum("BatchSerializationBatchSchedule",
+                                        ["Scheduler", "Isomorphic", "OverlapOnIo", "OverlapOnCompute"])
+PatternsLevel = _enum("PatternsLevel", ["All", "Default", "Minimal", "NoPatterns"])
+SyntheticDataMode = _enum("SyntheticDataMode", ["Off", "Zeros", "RandomNormal", "RandomUniform"])
+Instrumentation = _enum("Instrumentation", ["Outer", "Inner"])
+SubgraphCopyingStrategy = _enum("SubgraphCopyingStrategy", ["OnEnterAndExit", "JustInTime"])
+AccumulateOuterFragmentSchedule = _enum("AccumulateOuterFragmentSchedule",
+                                        ["Scheduler", "Serial", "OverlapCycleOptimized", "OverlapMemoryOptimized"])
+SyncPattern = _enum("SyncPattern", ["Full", "SinglePipeline", "ReplicaAndLadder"])
+InitType = _enum("InitType", ["NoInit", "Zero"])
+ScatterReduction = _enum("ScatterReduction", ["Sum", "Max", "Min", "Mul", "NoReduction"])
+VariableRetrievalMode = _enum("VariableRetrievalMode", ["OnePerGroup", "AllReduceReplicas", "AllReplicas"])
+CommGroupType = _enum("CommGroupType", ["All", "Consecutive", "Orthogonal", "Ungrouped"])
+GradientTensorTrackingMethod = _enum("GradientTensorTrackingMethod",
+                                     ["AllNonViewChangingGradientTensors", "ConvAndMatmulGradients",
+                                      "GradientsOfUserSpecifiedTensors"])
+AutodiffStitchStrategy = _enum("AutodiffStitchStrategy",
+                               ["RecomputeMinimal", "RecomputeAllNonInputs", "AddFwdOutputs", "SafeAddFwdOutputs"])
+DotCheck = _enum("DotCheck", ["Fwd0", "Fwd1", "Bwd0", "PreAlias", "Final", "All"])
+IrSerializationFormat = _enum("IrSerializationFormat", ["JSON"])
+
+
+class _Struct:
+    """A settings struct: keyword constructor over its defaults; unknown fields raise."""
+
+    _defaults: dict = {}
+
+    def __init__(self, *args, **kwargs):
+        for k, v in self._defaults.items():
+            object.__setattr__(self, k, copy.deepcopy(v))
+        for k, v in zip(self._defaults, args):
+            setattr(self, k, v)
+        for k, v in kwargs.items():
+            setattr(self, k, v)
+
+    def __setattr__(self, k, v):
+        if k not in self._defaults:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{k}'")
+        object.__setattr__(self, k, v)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self._defaults)})"
+
+
+def _struct(name, defaults):
+    return type(name, (_Struct,), {"_defaults": defaults})
+
+
+class TensorLocation(_Struct):
+    _defaults = {"storage": TensorStorage.OnChip, "loadTileSet": "Compute", "storageTileSet": "Compute",
+                 "replicatedTensorSharding": ReplicatedTensorSharding.Off, "shardingDomain": None}
+
+
+TensorLocationSettings = _struct("TensorLocationSettings", {
+    "location": TensorLocation(), "minElementsForOffChip": 2, "minElementsForReplicatedTensorSharding": 8192})
+BatchSerializationSettings = _struct("BatchSerializationSettings", {
+    "factor": 0, "concatOnVirtualGraphChange": True, "concatOnExecutionPhaseChange": True,
+    "concatOnPipelineStageChange": True, "transformContext": BatchSerializationTransformContext.Fwd,
+    "method": BatchSerializationMethod.UnrollDynamic, "batchSchedule": BatchSerializationBatchSchedule.Isomorphic})
+ExecutionPhaseSettings = _struct("ExecutionPhaseSettings", {
+    "phases": 0, "stages": 2, "weightIOSchedule": ExecutionPhaseIOSchedule.Preload,
+    "activationIOSchedule": ExecutionPhaseIOSchedule.Preload,
+    "optimizerStateIOSchedule": ExecutionPhaseIOSchedule.OnDemand,
+    "accumulatorIOSchedule": ExecutionPhaseIOSchedule.Preload, "schedule": ExecutionPhaseSchedule.Interleaving})
+AccumulateOuterFragmentSettings = _struct("AccumulateOuterFragmentSettings", {
+    "schedule": AccumulateOuterFragmentSchedule.Serial, "excludedVirtualGraphs": []})
+AutomaticLossScalingSettings = _struct("AutomaticLossScalingSettings", {
+    "enabled": False, "toTrackTensors": None, "binEdgeLocation": 0.125, "thresholdUpperCountProportion": 1e-7,
+    "updatePeriod": 1, "gradientTensorTrackingMethod": GradientTensorTrackingMethod.AllNonViewChangingGradientTensors})
+ReplicatedCollectivesSettings = _struct("ReplicatedCollectivesSettings", {
+    "prepareScheduleForMergingCollectives": False, "mergeAllReduceCollectives": False,
+    "mergeReduceScatterCollectives": False, "mergeAllGatherCollectives": False})
+AutodiffSettings = _struct("AutodiffSettings", {"stitchStrategy": AutodiffStitchStrategy.RecomputeAllNonInputs})
+DeveloperSettings = _struct("DeveloperSettings", {"timePartitionLoggerThresholdPercentage": 1.0})
+ExperimentalSettings = _struct("ExperimentalSettings", {"customTransformApplierSettings": {}})
+
+#: SessionOptions fields and PopART's defaults (``sessionoptions.hpp``).
+SESSION_OPTION_DEFAULTS = {
+    "virtualGraphMode": VirtualGraphMode.Off, "virtualGraphSplitRatios": [],
+    "enablePipelining": False,
+    "enableReplicatedGraphs": False, "replicatedGraphCount": 1,
+    "enableDistributedReplicatedGraphs": False, "globalReplicationFactor": 1, "globalReplicaOffset": 0,
+    "enableGradientAccumulation": False, "accumulationFactor": 1,
+    "accumulationAndReplicationReductionType": ReductionType.Sum,
+    "meanAccumulationAndReplicationReductionStrategy": MeanReductionStrategy.Post,
+    "autoRecomputation": RecomputationType.NoRecompute, "explicitRecomputation": False,
+    "enableOutlining": True, "outlineThreshold": 1.0, "outlineSequenceBreakCost": 10000.0,
+    "enableOutliningCopyCostPruning": True, "subgraphCopyingStrategy": SubgraphCopyingStrategy.OnEnterAndExit,
+    "enableStochasticRounding": False, "enableFloatingPointChecks": False,
+    "enableEngineCaching": False, "cachePath": "session_cache", "enableVariablesCaching": True,
+    "engineOptions": {}, "reportOptions": {}, "convolutionOptions": {}, "lstmOptions": {}, "matmulOptions": {},
+    "gclOptions": {}, "partialsTypeMatMuls": "",
+    "batchSerializationSettings": BatchSerializationSettings(),
+    "executionPhaseSettings": ExecutionPhaseSettings(),
+    "weightTensorLocationSettings": TensorLocationSettings(),
+    "activationTensorLocationSettings": TensorLocationSettings(),
+    "optimizerStateTensorLocationSettings": TensorLocationSettings(),
+    "accumulatorTensorLocationSettings": TensorLocationSettings(),
+    "tensorLocationSettingsOverride": {},
+    "numIOTiles": 0,
+    "instrumentWithHardwareCycleCounter": False, "hardwareInstrumentations": {Instrumentation.Outer},
+    "logDir": "", "syntheticDataMode": SyntheticDataMode.Off, "constantWeights": True, "compileEngine": True,
+    "enableNonStableSoftmax": False, "enableStableNorm": False,
+    "mergeVarUpdate": MergeVarUpdateType.Off, "mergeVarUpdateMemThreshold": 1000000,
+    "looseThresholdAtPeak": 8000, "decomposeGradSum": False, "delayVarUpdates": True,
+    "enableFullyConnectedPass": True, "enableSerializedMatmuls": True,
+    "defaultBufferingDepth": 1, "bufferingDepthMap": {}, "enablePrefetchDatastreams": True,
+    "rearrangeAnchorsOnHost": True, "rearrangeStreamsOnHost": False,
+    "automaticLossScalingSettings": AutomaticLossScalingSettings(),
+    "replicatedCollectivesSettings": ReplicatedCollectivesSettings(),
+    "accumulateOuterFragmentSettings": AccumulateOuterFragmentSettings(),
+    "autodiffSettings": AutodiffSettings(), "developerSettings": DeveloperSettings(),
+    "experimentalSettings": ExperimentalSettings(),
+    "useHostCopyOps": False, "enableExplicitMainLoops": False, "aliasZeroCopy": False, "groupHostSync": False,
+    "strictOpVersions": True, "opxAliasChecking": False, "opxModifyChecking": False,
+    "enableLoadAndOffloadRNGState": False, "enableSupportedDataTypeCasting": True,
+    "ensureFp32LossScaleTensor": False, "enableMergeExchange": True, "dotChecks": set(), "firstDotOp": 0,
+    "finalDotOp": 10000, "dotOpNames": False, "exportPoplarComputationGraph": False,
+    "exportPoplarVertexGraph": False, "kahnTieBreaker": "greedy", "timeLimitScheduler": 1e9,
+    "swapLimitScheduler": 1000000000, "serializedPoprithmsShiftGraphsDir": "", "customCodelets": [],
+    "customCodeletCompileFlags": "", "updatableNamedBuffers": [], "disableGradAccumulationTensorStreams": False,
+    "disableOptimizerStateTensorStreams": False, "createImplicitPipeliningFwdOnlyProgram": False,
+    "throwIfLog2ScaleTensorNotInRange": True, "enableInplaceAmbiguityChecking": False,
+    "scheduleNonWeightUpdateGradientConsumersEarly": False, "groupNormStridedChannelGrouping": False,
+    "compilationProgressLogger": None, "compilationProgressTotal": 100,
+    "prefetchBufferingDepthMap": {}, "defaultPrefetchBufferingDepth": 1,
+}
+
+
+class SessionOptions:
+    """``popart.SessionOptions()``: every PopART field with its default (see module docstring).
+
+    Map-valued fields (``engineOptions`` ...) are plain dicts, so ``opts.engineOptions["k"] = "v"``
+    persists as in PopART. ``enableExplicitIR(bool)`` sets the three explicit-IR flags.
+    """
+
+    def __init__(self):
+        for k, v in SESSION_OPTION_DEFAULTS.items():
+            object.__setattr__(self, k, copy.deepcopy(v))
+
+    def __setattr__(self, k, v):
+        if k not in SESSION_OPTION_DEFAULTS:
+            raise AttributeError(f"'popart_core.SessionOptions' object has no attribute '{k}'")
+        object.__setattr__(self, k, v)
+
+    def enableExplicitIR(self, enable: bool) -> None:  # noqa: N802
+        self.useHostCopyOps = self.enableExplicitMainLoops = bool(enable)
+
+    def explicitRecomputationEnabled(self) -> bool:  # noqa: N802
+        return bool(self.explicitRecomputation)
+
+    def getGlobalReplicationFactor(self) -> int:  # noqa: N802
+        return self.globalReplicationFactor if self.enableDistributedReplicatedGraphs else self.replication_factor()
+
+    def replication_factor(self) -> int:
+        """The local replication factor in effect (openipu helper)."""
+        return int(self.replicatedGraphCount) if self.enableReplicatedGraphs else 1
+
+    def accumulation_factor(self) -> int:
+        return int(self.accumulationFactor) if self.enableGradientAccumulation else 1
+
+    def __repr__(self):
+        changed = {k: getattr(self, k) for k, v in SESSION_OPTION_DEFAULTS.items() if getattr(self, k) != v}
+        return f"SessionOptions({changed})"
+
+
+class Patterns:
+    """``popart.Patterns()`` / ``Patterns(PatternsLevel.X)`` / ``Patterns([names])``: accepted and
+    stored (openipu's IR applies no graph rewrites)."""
+
+    _MANDATORY = {"AllReduceToIdentity", "ConvFlipWeightsGradOp", "ConvTranspose", "ExpGradOp", "Expm1GradOp",
+                  "Log1pGradOp", "LogGradOp", "MatMulOp", "MatMulLhsGradOp", "MatMulRhsGradOp", "SqrtGradOp"}
+
+    def __init__(self, level_or_names=PatternsLevel.Default):
+        self.level = level_or_names if isinstance(level_or_names, str) else PatternsLevel.Default
+        self._enabled = {n: True for n in (level_or_names if isinstance(level_or_names, (list, tuple)) else [])}
+        self.InPlace = self.level != PatternsLevel.Minimal
+        self._runtime_asserts = True
+
+    def isPatternEnabled(self, name: str) -> bool:  # noqa: N802
+        return self._enabled.get(name, self.level in (PatternsLevel.All, PatternsLevel.Default)
+                                 or name in self._MANDATORY)
+
+    def enablePattern(self, name: str, enable: bool) -> "Patterns":  # noqa: N802
+        if not enable and name in self._MANDATORY:
+            raise popart_exception(f"Pattern '{name}' is mandatory and cannot be disabled")
+        self._enabled[name] = bool(enable)
+        return self
+
+    def enableRuntimeAsserts(self, enable: bool) -> "Patterns":  # noqa: N802
+        self._runtime_asserts = bool(enable)
+        return self
+
+    def __repr__(self):
+        return f"Patterns({self.level})"
+
+
+class InputShapeInfo:
+    """``popart.InputShapeInfo()``: ``add(id, TensorInfo)`` fixes the shape of an ONNX input with
+    symbolic or unknown dimensions."""
+
+    def __init__(self):
+        self._infos = {}
+
+    def add(self, tid: str, info) -> None:
+        self._infos[tid] = info
+
+    def get(self, tid: str):
+        return self._infos[tid]
+
+    def has(self, tid: str) -> bool:
+        return tid in self._infos
+
+    def getInfos(self) -> dict:  # noqa: N802
+        return dict(self._infos)

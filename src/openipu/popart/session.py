@@ -1,0 +1,465 @@
+"""``popart.InferenceSession``: IR in the constructor, ``prepareDevice`` compiles, ``run`` streams.
+
+For tools (the ``openipu run`` CLI) after ``prepareDevice()``:
+
+- ``session._engine``: the :class:`openipu.poplar.Engine` (``engine.memory`` is the tile memory
+  plan, ``engine.printProfileSummary()`` / ``getProfile()`` the profile);
+- ``session.ops()``: the IR ops in execution order, each with ``op_type``, ``inputs``,
+  ``outputs``, ``vgraph`` and ``lowering`` (``"precise"`` or ``"generic"``);
+- ``session.getCycleCount()``: predicted IPU cycles of the last ``run`` (max over IPUs).
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from openipu import poplar
+from openipu.popart.dataflow import AnchorReturnTypeId, DataFlow, anchor_elements, anchor_shape
+from openipu.popart.devices import DeviceInfo, DeviceType
+from openipu.popart.errors import (OutOfMemoryException, popart_exception, popart_runtime_error, poplar_exception,
+                                   poplar_application_runtime_error)
+from openipu.popart.ir import Ir
+from openipu.popart.log import log
+from openipu.popart.options import SessionOptions
+from openipu.popart.stepio import PyStepIO, PyStepIOCallback
+from openipu.popart.tensorinfo import TensorInfo, dtype_name
+
+
+def _progress_bar(total: int):
+    """tqdm "Graph compilation" bar on stderr, only when stderr is a terminal."""
+    if not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()):
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="Graph compilation", file=sys.stderr, unit="step", leave=True)
+
+
+class _SessionBase:
+    def __init__(self, fnModel, dataFlow, deviceInfo, inputShapeInfo, patterns, userOptions, name):  # noqa: N803
+        if deviceInfo is None or not isinstance(deviceInfo, DeviceInfo):
+            raise popart_exception("Must pass a valid deviceInfo to InferenceSession::createFromOnnxModel")
+        if not isinstance(dataFlow, DataFlow):
+            raise popart_exception("dataFlow must be a popart.DataFlow")
+        self.options = userOptions if userOptions is not None else SessionOptions()
+        self.patterns = patterns
+        self.name = name
+        self._dataflow = dataFlow
+        self.deviceInfo = deviceInfo
+        o = self.options
+        if not o.enableReplicatedGraphs and int(o.replicatedGraphCount) > 1:
+            raise popart_exception("enableReplicatedGraphs is false, but replicatedGraphCount > 1. Either enable "
+                                   "replicated graphs, or set the replicated graph count to 1")
+        if not o.enableGradientAccumulation and int(o.accumulationFactor) > 1:
+            raise popart_exception("enableGradientAccumulation is false, but accumulationFactor > 1. Either enable "
+                                   "gradient accumulation, or set the accumulation factor to 1")
+        if o.enableGradientAccumulation:
+            raise popart_exception("Gradient Accumulation only available when training.")
+        n_ipus = deviceInfo.numIpus
+        repl = o.replication_factor()
+        if n_ipus % repl:
+            raise popart_exception("For replicated graphs, the number of IPUs must be divisible by the replication "
+                                   "factor.")
+        from openipu.popart.options import VirtualGraphMode
+        if o.virtualGraphMode == VirtualGraphMode.Off and repl > 1 and repl != n_ipus:
+            raise popart_exception(f"If virtual graphs are disabled, the replicated graph count ({repl}) needs to be "
+                                   f"equal to the number of IPUs ({n_ipus})")
+        self._num_vgraphs = n_ipus // repl if o.virtualGraphMode == VirtualGraphMode.Manual else 1
+        self._ir = Ir(fnModel, dataFlow, inputShapeInfo, o, self._num_vgraphs)
+        self._engine = None
+        self._lowered = None
+        self._host_weights = {tid: np.ascontiguousarray(self._ir.tensors[tid].value) for tid in self._ir.variables()}
+        self._warned_int64 = False
+        self._last_run = False
+
+    # -- PopART properties ----------------------------------------------------------------
+    @property
+    def dataFlow(self):  # noqa: N802
+        return self._dataflow
+
+    @property
+    def replicationFactor(self) -> int:  # noqa: N802
+        return self.options.replication_factor()
+
+    @property
+    def accumulationFactor(self) -> int:  # noqa: N802
+        return self.options.accumulation_factor()
+
+    # -- compile --------------------------------------------------------------------------
+    def prepareDevice(self, loadEngine: bool = True) -> None:  # noqa: N802,N803
+        """Lower the IR to Poplar and compile it (a "Graph compilation" progress bar on a
+        terminal). Raises :class:`OutOfMemoryException` when the graph does not fit,
+        ``poplar_exception`` for other Poplar errors, ``popart_exception`` for types the IPU
+        lacks (DOUBLE)."""
+        from openipu.popart.lowering import program as lowering_program
+        bar = _progress_bar(len(self._ir.ops) + 3)
+        target = self.deviceInfo.device.getTarget()
+        try:
+            lowered = lowering_program.build(self._ir, target, self.options,
+                                             progress=(lambda: bar.update(1)) if bar else None)
+            state = {"done": 0}
+
+            def engine_progress(i, n):
+                if bar:
+                    bar.update(i - state["done"])
+                    state["done"] = i
+            opts = {k: str(v) for k, v in dict(self.options.engineOptions).items()}
+            try:
+                engine = poplar.Engine(lowered.graph, lowered.programs, opts, progress=engine_progress)
+            except poplar.graph_memory_allocation_error as e:
+                raise self._oom(e, lowered, opts) from None
+            except poplar.poplar_error as e:
+                raise poplar_exception(str(e), e) from None
+        finally:
+            if bar:
+                bar.close()
+        self._lowered = lowered
+        self._engine = engine
+        if loadEngine:
+            self.loadEngineAndConnectStreams()
+
+    def _oom(self, e, lowered, opts):
+        summary = ""
+        try:
+            eng = poplar.Engine(lowered.graph, lowered.programs, {**opts, "debug.allowOutOfMemory": "true"})
+            buf = io.StringIO()
+            eng.printProfileSummary(buf)
+            summary = buf.getvalue()
+        except Exception:  # the summary is best effort
+            pass
+        return OutOfMemoryException(e, summary, getattr(e, "profilePath", None))
+
+    def loadEngineAndConnectStreams(self) -> None:  # noqa: N802
+        if self._engine is None:
+            raise popart_exception("There is no executatable. Try calling Session::prepareDevice first.")
+        if self.deviceInfo.type == DeviceType.OfflineIpu:
+            return
+        self.deviceInfo.attach()
+        self._engine.load(self.deviceInfo.device)
+
+    def compileAndExport(self, filename) -> None:  # noqa: N802
+        if self._engine is None:
+            self.prepareDevice(loadEngine=False)
+        self._engine.serializeExecutable(filename)
+
+    def _check_runnable(self):
+        if self._engine is None:
+            raise popart_exception("There is no executatable. Try calling Session::prepareDevice first.")
+        if self.deviceInfo.type == DeviceType.OfflineIpu:
+            raise popart_exception("Cannot run on an offline IPU device: it can only compile. Acquire a device with "
+                                   "DeviceManager().acquireAvailableDevice() to run")
+        if self._engine._storage is None:
+            self.loadEngineAndConnectStreams()
+
+    # -- run ------------------------------------------------------------------------------
+    def run(self, stepio, debugName: str = "") -> None:  # noqa: N803
+        """Run ``batchesPerStep`` batches with ``stepio`` (PyStepIO or PyStepIOCallback).
+
+        Raises ``popart_exception`` / ``popart_runtime_error`` with PopART's messages for a
+        missing, unknown, non-contiguous, wrongly sized or wrongly typed buffer; nothing runs
+        then, and the session stays usable.
+        """
+        if isinstance(stepio, str) and not isinstance(debugName, str):   # run(programHandle, stepio)
+            stepio, debugName = debugName, ""
+        self._check_runnable()
+        eng = self._engine
+        if isinstance(stepio, PyStepIOCallback):
+            self._connect_callbacks(stepio)
+        elif isinstance(stepio, PyStepIO):
+            self._connect_buffers(stepio)
+        else:
+            raise popart_exception(f"run expects a popart.PyStepIO or PyStepIOCallback, got {type(stepio).__name__}")
+        try:
+            eng.run(0, debugName)
+        except poplar.application_runtime_error as e:
+            raise poplar_application_runtime_error(str(e), e) from None
+        except poplar.poplar_error as e:
+            raise poplar_exception(str(e), e) from None
+        self._last_run = True
+        self._last_cycles = eng.last_run_cycles
+
+    def _expected_in(self, tid):
+        o = self.options
+        return self._ir.tensors[tid].info.nelms() * int(o.accumulationFactor) * self._dataflow.batchesPerStep() * \
+            int(o.replicatedGraphCount)
+
+    def _size_message(self, tid, what, expected, got, art=None):
+        o = self.options
+        msg = (f"Unexpected number of {what} elements for Tensor {tid}. Expected {expected}, but received {got}.\n"
+               "To disable this check at your own risk, use IStepIO::enableRuntimeAsserts.\nThis with, "
+               f"\n   replication  factor = {int(o.replicatedGraphCount)}"
+               f"\n   accumulation factor = {int(o.accumulationFactor)}"
+               f"\n   batches per step    = {self._dataflow.batchesPerStep()}"
+               f"\n   Tensor nelms        = {self._ir.tensors[tid].info.nelms()}")
+        if art is not None:
+            msg += f"\nThe anchor return type is  {art.str()}"
+            if art.id() == AnchorReturnTypeId.EveryN:
+                msg += f"\nThe return period is {art.rp()}"
+        return msg
+
+    def _check_array(self, tid, arr, what):
+        info = self._ir.tensors[tid].info
+        if not isinstance(arr, np.ndarray):
+            raise popart_exception(f"PyStepIO {what} for tensor '{tid}' must be a numpy array, got "
+                                   f"{type(arr).__name__}")
+        if not arr.flags["C_CONTIGUOUS"]:
+            raise popart_exception(
+                f"PyStepIO is unable to use the numpy {what} array for tensor '{tid}' as it is not c-contiguous (a "
+                "data conversion here could have a significant impact on performance and hence is not allowed)")
+        try:
+            user = dtype_name(arr.dtype)
+        except popart_exception:
+            user = str(arr.dtype).upper()
+        if user != info.data_type():
+            raise popart_exception(f"Type discrepancy for tensor {tid}. User provided : {user} and expected : "
+                                   f"{info.data_type()}. Consider a custom copy here (as memcpy cannot be used)")
+        if user in ("INT64", "UINT64") and self.options.enableSupportedDataTypeCasting and not self._warned_int64:
+            log("devicex").warning("Tensor %s: %s host data is narrowed to %s32 on the device "
+                                   "(enableSupportedDataTypeCasting)", tid, user, user[:-2])
+            self._warned_int64 = True
+
+    def _connect_buffers(self, stepio: PyStepIO):
+        ir, low, eng = self._ir, self._lowered, self._engine
+        for tid in stepio.inputs:
+            if tid not in ir.tensors and tid not in ir.onnx_tensor_ids:
+                raise popart_runtime_error(
+                    f"Testing that the buffer provided by user for input Tensor {tid} has the correct number of "
+                    f"elements, But there is no Tensor named {tid} in the Ir's main Graph, and it does not exist in "
+                    "the original ONNX Model.")
+            if tid not in ir.model_input_ids:
+                raise popart_exception(
+                    f"The tensor '{tid}' has been provided as one of the inputs to the stepIO, but it is not "
+                    "registered as one of the inputs to the model. Please check this tensor and your stepIO.")
+        plan = []
+        for tid in ir.stream_inputs:
+            if tid not in low.inputs:
+                if tid in stepio.inputs:
+                    log("session").warning(
+                        "The input Tensor %s to the ONNX Model does not appear in the optimized PopART Ir, possibly "
+                        "due to constant folding. Therefore, the input buffer provided will not be used. ", tid)
+                continue
+            if tid not in stepio.inputs:
+                raise popart_runtime_error(f"No tensor {tid} provided in PyStepIO's inputs")
+            arr = stepio.inputs[tid]
+            self._check_array(tid, arr, "input")
+            exp = self._expected_in(tid)
+            if stepio._runtime_asserts and arr.size != exp:
+                raise popart_runtime_error(self._size_message(tid, "input", exp, arr.size))
+            if arr.size % max(ir.tensors[tid].info.nelms(), 1) or arr.size == 0 and exp:
+                raise popart_runtime_error(self._size_message(tid, "input", exp, arr.size))
+            plan.append((low.inputs[tid], arr))
+        bps, repl, accl = self._dataflow.batchesPerStep(), int(self.options.replicatedGraphCount), \
+            int(self.options.accumulationFactor)
+        for tid in stepio.outputs:
+            if tid not in ir.tensors:
+                raise popart_runtime_error(
+                    f"Testing that the buffer provided by user for output Tensor {tid} has the correct number of "
+                    f"elements, But there is no Tensor named {tid} in the Ir's tensors. ")
+        for tid, h in low.anchors.items():
+            if tid not in stepio.outputs:
+                raise popart_runtime_error(f"No tensor {tid} provided in PyStepIO's outputs")
+            arr = stepio.outputs[tid]
+            self._check_array(tid, arr, "output")
+            art = self._dataflow.art(tid)
+            exp = anchor_elements(art, ir.tensors[tid].info.nelms(), bps, accl, repl)
+            if arr.size != exp:
+                raise popart_runtime_error(self._size_message(tid, "output", exp, arr.size, art))
+            if not arr.flags["WRITEABLE"]:
+                raise popart_exception(f"The output array for anchor '{tid}' is read-only")
+            plan.append((h, arr))
+        for h, arr in plan:
+            if arr.size:
+                eng.connectStream(h, arr.reshape(-1))
+
+    def _connect_callbacks(self, cb: PyStepIOCallback):
+        eng, low = self._engine, self._lowered
+
+        def make_in(tid):
+            def fill(arr):
+                data = cb.input_callback(tid, False)
+                if data is None:
+                    raise popart_runtime_error(f"The input callback for tensor {tid} returned no data")
+                arr.reshape(-1)[:] = np.asarray(data).reshape(-1)[:arr.size]
+                cb.input_complete_callback(tid)
+            return fill
+
+        def make_out(tid):
+            def take(arr):
+                dst = cb.output_callback(tid)
+                np.asarray(dst).reshape(-1)[:arr.size] = arr.reshape(-1)
+                cb.output_complete_callback(tid)
+            return take
+
+        for tid, h in low.inputs.items():
+            eng.connectStreamToCallback(h, make_in(tid))
+        for tid, h in low.anchors.items():
+            eng.connectStreamToCallback(h, make_out(tid))
+
+    # -- anchors and info -----------------------------------------------------------------
+    def initAnchorArrays(self) -> dict:  # noqa: N802
+        """Zeroed numpy arrays for every anchor, shaped by PopART's rule
+        (:func:`openipu.popart.dataflow.anchor_shape`)."""
+        out = {}
+        bps = self._dataflow.batchesPerStep()
+        for a in self._dataflow.anchors():
+            info = self.getInfo(a)
+            shape = anchor_shape(self._dataflow.art(a), info.shape(), bps, self.accumulationFactor,
+                                 self.replicationFactor)
+            out[a] = np.zeros(shape, dtype=info.numpy_dtype())
+        return out
+
+    def getInfo(self, tid: str) -> TensorInfo:  # noqa: N802
+        return self._ir.info(tid)
+
+    def getAllTensorIds(self) -> set:  # noqa: N802
+        return set(self._ir.tensors)
+
+    def ops(self) -> list:
+        """The IR ops in execution order (openipu extension; see the module docstring)."""
+        return list(self._ir.ops)
+
+    def getCycleCount(self, id: str = "") -> int:  # noqa: A002,N802
+        """Predicted IPU cycles of the last ``run`` (max over IPUs). PopART needs
+        ``instrumentWithHardwareCycleCounter``; the simulator always has the count."""
+        if id:
+            raise popart_exception(f"Invalid id for cycle counter, '{id}'. The simulator keeps one (the default) "
+                                   "cycle count per run")
+        if self._engine is None or not self._last_run:
+            raise popart_exception("Must call run before getCycleCount.")
+        return self._last_cycles
+
+    def getSummaryReport(self, resetProfile: bool = True) -> str:  # noqa: N802,N803
+        """Poplar's profile summary (predicted cycles and tile memory) as text."""
+        if self._engine is None:
+            raise popart_exception("Session must have been prepared before a report can be fetched")
+        buf = io.StringIO()
+        self._engine.printProfileSummary(buf)
+        if resetProfile:
+            self._engine.resetExecutionProfiling()
+        return buf.getvalue()
+
+    def getReport(self):  # noqa: N802
+        if self._engine is None:
+            raise popart_exception("Session must have been prepared before a report can be fetched")
+        return self._engine.getProfile()
+
+    def getRandomSeed(self) -> int:  # noqa: N802
+        return getattr(self, "_seed", 0)
+
+    def setRandomSeed(self, seed: int) -> None:  # noqa: N802
+        log("session").warning("Trying to set the random seed, but this session has no random behaviour. Doing "
+                               "nothing.")
+        self._seed = int(seed)
+
+    # -- weights --------------------------------------------------------------------------
+    def weightsFromHost(self) -> None:  # noqa: N802
+        """Copy the host copies of the weights (``constantWeights=False``) to the device."""
+        self._check_runnable()
+        if not self._lowered.weights_in:
+            return
+        for tid, h in self._lowered.weights_in.items():
+            self._engine.connectStream(h, self._host_weights[tid].reshape(-1))
+        self._engine.run(1, "weightsFromHost")
+
+    def weightsToHost(self) -> None:  # noqa: N802
+        """Copy the device weights back to their host copies."""
+        self._check_runnable()
+        if not self._lowered.weights_out:
+            return
+        repl = self.replicationFactor
+        bufs = {tid: np.zeros((repl,) + self._host_weights[tid].shape, self._host_weights[tid].dtype)
+                for tid in self._lowered.weights_out}
+        for tid, h in self._lowered.weights_out.items():
+            self._engine.connectStream(h, bufs[tid].reshape(-1))
+        self._engine.run(2, "weightsToHost")
+        for tid, b in bufs.items():
+            self._host_weights[tid][...] = b[0]
+
+    def _check_writable_weights(self, what: str):
+        if self.options.constantWeights:
+            raise popart_exception(f"Cannot call {what} when constantWeights is set. Set "
+                                   "SessionOptions.constantWeights = False so that weights are device variables")
+
+    def writeWeights(self, weightsIo) -> None:  # noqa: N802,N803
+        """Set weights from ``PyWeightsIO``: the host copies, and the device too once prepared."""
+        self._check_writable_weights("writeWeights")
+        for tid, arr in weightsIo.weights.items():
+            if tid not in self._host_weights:
+                raise popart_exception(f"Tensor {tid} is not a weight of this session: weights are "
+                                       f"{', '.join(sorted(self._host_weights)) or 'none'}")
+            dst = self._host_weights[tid]
+            arr = np.asarray(arr)
+            if arr.size != dst.size:
+                raise popart_exception(f"writeWeights: tensor {tid} has {dst.size} elements but the buffer has "
+                                       f"{arr.size}")
+            dst.reshape(-1)[:] = arr.reshape(-1).astype(dst.dtype)
+        if self._engine is not None and self._engine._storage is not None:
+            self.weightsFromHost()
+
+    def readWeights(self, weightsIo) -> None:  # noqa: N802,N803
+        """Fill ``PyWeightsIO`` arrays from the host copies (call ``weightsToHost`` first)."""
+        for tid, arr in weightsIo.weights.items():
+            if tid in self._host_weights:
+                src = self._host_weights[tid]
+            elif tid in self._ir.tensors and self._ir.tensors[tid].kind == "Const" and tid in self._initializers():
+                src = self._ir.tensors[tid].value
+            else:
+                raise popart_exception(f"Tensor {tid} is not a weight of this session")
+            if arr.size != src.size:
+                raise popart_exception(f"readWeights: tensor {tid} has {src.size} elements but the buffer has "
+                                       f"{arr.size}")
+            arr.reshape(-1)[:] = src.reshape(-1)
+
+    def _initializers(self) -> set:
+        return {i.name for i in self._ir.model.graph.initializer}
+
+    def modelToHost(self, fn: str) -> None:  # noqa: N802
+        """Write the ONNX model with the current weights (fetched from the device) to ``fn``."""
+        if self._engine is not None and self._engine._storage is not None and self._host_weights:
+            self.weightsToHost()
+        m = onnx.ModelProto()
+        m.CopyFrom(self._ir.model)
+        for init in m.graph.initializer:
+            if init.name in self._host_weights:
+                init.CopyFrom(numpy_helper.from_array(self._host_weights[init.name], init.name))
+        onnx.save(m, fn)
+
+    def resetHostWeights(self, modelProtoOrFilename, ignoreWeightsInModelWithoutCorrespondingHostWeight=False):  # noqa: N802,N803
+        self._check_writable_weights("resetHostWeights")
+        from openipu.popart.builder import _load_model
+        m = _load_model(modelProtoOrFilename)
+        for init in m.graph.initializer:
+            if init.name in self._host_weights:
+                self._host_weights[init.name][...] = numpy_helper.to_array(init)
+            elif not ignoreWeightsInModelWithoutCorrespondingHostWeight:
+                raise popart_exception(f"resetWeights, no tensor '{init.name}' in tensors")
+
+
+class InferenceSession(_SessionBase):
+    """``popart.InferenceSession(fnModel, dataFlow, deviceInfo, inputShapeInfo=InputShapeInfo(),
+    patterns=None, userOptions=SessionOptions(), name="inference")``.
+
+    ``fnModel``: ONNX bytes or a file path. The IR is built here (errors: bad model, unsupported
+    op, no anchors, option conflicts); ``prepareDevice()`` compiles; ``run(PyStepIO)`` runs
+    ``batchesPerStep`` batches. ``dataFeed=`` is accepted as the SDK 1.x name of ``dataFlow``.
+    """
+
+    def __init__(self, fnModel, dataFlow=None, deviceInfo=None, inputShapeInfo=None, patterns=None,  # noqa: N803
+                 userOptions=None, name: str = "inference", dataFeed=None):  # noqa: N803
+        if dataFlow is None and dataFeed is not None:
+            dataFlow = dataFeed
+        super().__init__(fnModel, dataFlow, deviceInfo, inputShapeInfo, patterns, userOptions, name)
+
+    @classmethod
+    def fromIr(cls, ir, deviceInfo, name="fromIr"):  # noqa: N802,N803
+        raise popart_exception("InferenceSession.fromIr (PopXL) is not supported by openipu")
+
+    def checkInplacingAmbiguity(self) -> None:  # noqa: N802
+        pass
+

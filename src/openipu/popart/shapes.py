@@ -1,0 +1,99 @@
+"""Node attributes and output shapes: decoding ONNX attributes for kernels, and the fallback
+that runs an op's host kernel on zero tensors to learn output shapes and types when ONNX shape
+inference cannot (ai.graphcore ops, data-dependent shapes with constant inputs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+
+from openipu.popart.tensorinfo import NAME_OF_ONNX, TORCH_OF
+
+NAME_OF_TORCH = {torch.float32: "FLOAT", torch.float16: "FLOAT16", torch.int32: "INT32", torch.int64: "INT64",
+                 torch.bool: "BOOL", torch.uint8: "UINT8", torch.int8: "INT8", torch.int16: "INT16",
+                 torch.float64: "DOUBLE", torch.bfloat16: "BFLOAT16"}
+
+
+def decode_attrs(node: onnx.NodeProto) -> dict:
+    """Attributes of ``node`` as the onnx_ops kernels take them (PopART's ``__*`` annotations
+    such as ``__ipu_number`` are left out)."""
+    out = {}
+    for a in node.attribute:
+        if a.name.startswith("__"):
+            continue
+        v = onnx.helper.get_attribute_value(a)
+        if a.type == onnx.AttributeProto.TENSOR:
+            v = to_torch(numpy_helper.to_array(v))
+        elif a.type == onnx.AttributeProto.STRING:
+            v = v.decode() if isinstance(v, bytes) else v
+        elif a.type == onnx.AttributeProto.STRINGS:
+            v = [x.decode() if isinstance(x, bytes) else x for x in v]
+        elif a.type == onnx.AttributeProto.INTS:
+            v = [int(x) for x in v]
+        elif a.type == onnx.AttributeProto.FLOATS:
+            v = [float(x) for x in v]
+        out[a.name] = v
+    return out
+
+
+def annotations(node: onnx.NodeProto) -> dict:
+    """PopART's ``__*`` node annotations (``__ipu_number``, ``__pipeline_stage`` ...)."""
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.name.startswith("__")}
+
+
+def to_torch(arr: np.ndarray) -> torch.Tensor:
+    """A numpy array as a torch tensor (unsigned 16/32/64-bit types widened to signed)."""
+    a = np.ascontiguousarray(arr)
+    if a.dtype == np.uint16:
+        a = a.astype(np.int32)
+    elif a.dtype in (np.uint32, np.uint64):
+        a = a.astype(np.int64)
+    return torch.from_numpy(a.copy())
+
+
+def zeros(dtype: str, shape) -> torch.Tensor:
+    return torch.zeros([int(s) for s in shape], dtype=TORCH_OF.get(dtype, torch.float32))
+
+
+def probe(kernel, in_infos, attrs: dict, opset: int, const_values=None):
+    """Run ``kernel`` on zeros (or the known constant values) of ``in_infos`` (list of
+    ``(dtype name, shape)`` or ``None``). Returns ``[(dtype name, shape)]`` per output."""
+    const_values = const_values or [None] * len(in_infos)
+    ins = []
+    for info, cv in zip(in_infos, const_values):
+        ins.append(cv if cv is not None else (None if info is None else zeros(info[0], info[1])))
+    with torch.no_grad():
+        outs = kernel.fn(ins, attrs, opset)
+    # storage dtypes shared by several ONNX types (uint16 held in int32 ...): when all inputs have
+    # one type, an output of its storage dtype has that type
+    names = dict(NAME_OF_TORCH)
+    in_types = {i[0] for i in in_infos if i is not None}
+    if len(in_types) == 1:
+        t = in_types.pop()
+        names[TORCH_OF.get(t, torch.float32)] = t
+    return [(names.get(o.dtype, "FLOAT"), list(o.shape)) for o in outs]
+
+
+def value_info_of(vi: onnx.ValueInfoProto):
+    """``(dtype name, shape)`` of a ValueInfoProto; shape ``None`` if unknown, and dims that are
+    symbolic or unknown given as their ``dim_param`` string (or ``"?"``)."""
+    if not vi.type.HasField("tensor_type"):
+        return None
+    tt = vi.type.tensor_type
+    dtype = NAME_OF_ONNX.get(tt.elem_type, "UNDEFINED")
+    if not tt.HasField("shape"):
+        return (dtype, None)
+    dims = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        else:
+            dims.append(d.dim_param or "?")
+    return (dtype, dims)
+
+
+def is_static(shape) -> bool:
+    return shape is not None and all(isinstance(d, int) and d >= 0 for d in shape)
