@@ -234,9 +234,9 @@ def run_model(model: str, *, ipu: str = "ipu2", num_ipus: int = 1, batch_size: i
         opts.matmulOptions = {"availableMemoryProportion": amp}
     if num_ipus > 1:
         opts.virtualGraphMode = popart.VirtualGraphMode.Auto
-    dev_opts = {"numIPUs": num_ipus, "ipuVersion": ipu}
-    if tiles_per_ipu:
-        dev_opts["tilesPerIPU"] = tiles_per_ipu
+    from openipu.ipu import target as ipu_target
+    dev_opts = {"numIPUs": num_ipus, "ipuVersion": ipu,
+                "tilesPerIPU": tiles_per_ipu or ipu_target(ipu).tiles_per_ipu}
     device = popart.DeviceManager().createIpuModelDevice(dev_opts)
     outputs = [o.name for o in proto.graph.output]
     flow = popart.DataFlow(batches_per_step, {o: popart.AnchorReturnType("ALL") for o in outputs})

@@ -338,9 +338,32 @@ class Ir:
                     raise popart_exception(
                         f"Op {op.op_type} ('{op.name}') has virtual graph id {op.vgraph}, but the device has only "
                         f"{self.num_vgraphs} virtual graph(s) (IPUs / replication factor). Acquire more IPUs")
+        elif mode == VirtualGraphMode.Auto:
+            self._auto_virtual_graphs()
         elif mode not in (VirtualGraphMode.Off,):
             log("ir").warning("virtualGraphMode %s is not supported by openipu inference sessions; running as Off",
                               mode)
+
+    def _auto_virtual_graphs(self):
+        """``VirtualGraphMode.Auto``: cut the op list (topological order) into ``num_vgraphs``
+        contiguous shards of about equal memory (bytes of the weights an op reads plus bytes of
+        its outputs), or in ``virtualGraphSplitRatios`` if set. A tensor used on another shard is
+        copied over the IPU-Links by the lowering. [A]: PopART's own Auto split is a cost-based
+        graph partition; this is a memory-balanced contiguous split."""
+        n = self.num_vgraphs
+        ratios = [float(r) for r in (self.options.virtualGraphSplitRatios or [])]
+        if ratios and len(ratios) != n:
+            raise popart_exception(f"virtualGraphSplitRatios has {len(ratios)} entries but there are {n} virtual "
+                                   "graphs. Give one ratio per IPU, or leave it empty")
+        ratios = np.asarray(ratios or [1.0] * n, np.float64)
+        cost = np.zeros(len(self.ops))
+        for i, op in enumerate(self.ops):
+            w = sum(self.tensors[x].info.nbytes() for x in op.inputs if x and self.tensors[x].kind in ("Const", "Variable"))
+            cost[i] = w + sum(self.tensors[x].info.nbytes() for x in op.outputs if x in self.tensors)
+        cum = np.cumsum(cost) - cost / 2
+        bounds = np.cumsum(ratios / ratios.sum())[:-1] * (cost.sum() or 1.0)
+        for op, vg in zip(self.ops, np.searchsorted(bounds, cum, side="right")):
+            op.vgraph = int(min(vg, n - 1))
 
     # -- queries --------------------------------------------------------------------------
     def home_vgraph(self, tid: str) -> int:

@@ -70,7 +70,7 @@ class _SessionBase:
         if o.virtualGraphMode == VirtualGraphMode.Off and repl > 1 and repl != n_ipus:
             raise popart_exception(f"If virtual graphs are disabled, the replicated graph count ({repl}) needs to be "
                                    f"equal to the number of IPUs ({n_ipus})")
-        self._num_vgraphs = n_ipus // repl if o.virtualGraphMode == VirtualGraphMode.Manual else 1
+        self._num_vgraphs = n_ipus // repl if o.virtualGraphMode in (VirtualGraphMode.Manual, VirtualGraphMode.Auto) else 1
         self._ir = Ir(fnModel, dataFlow, inputShapeInfo, o, self._num_vgraphs)
         self._engine = None
         self._lowered = None
