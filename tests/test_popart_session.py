@@ -444,3 +444,23 @@ def test_cycles_grow_with_batches_per_step():
         s.run(popart.PyStepIO({x: z, y: z}, anchors))
         cyc[bps] = s.getCycleCount()
     assert 3.5 * cyc[1] < cyc[4] < 4.5 * cyc[1]
+
+
+def test_seed_anchor_named_by_debug_context(tmp_path, caplog):
+    """The seed as written in issue 4: the anchor is the add's debugContext, "sum". openipu
+    resolves a node name to the node's output (PopART would raise) and warns."""
+    builder = popart.Builder()
+    info = popart.TensorInfo("FLOAT", [3, 4, 5])
+    x = builder.addInputTensor(info, "x")
+    y = builder.addInputTensor(info, "y")
+    builder.addOutputTensor(builder.aiOnnx.add([x, y], "sum"))
+    path = tmp_path / "add.onnx"
+    path.write_bytes(builder.getModelProto())
+    session = popart.InferenceSession(fnModel=str(path), dataFlow=popart.DataFlow(1, {"sum": popart.AnchorReturnType("FINAL")}),
+                                      deviceInfo=popart.DeviceManager().acquireAvailableDevice(numIpus=1))
+    anchors = session.initAnchorArrays()
+    session.prepareDevice()
+    rng = np.random.default_rng(1)
+    xv, yv = rng.random((3, 4, 5), np.float32), rng.random((3, 4, 5), np.float32)
+    session.run(popart.PyStepIO({"x": xv, "y": yv}, anchors))
+    np.testing.assert_array_equal(anchors["sum"], xv + yv)

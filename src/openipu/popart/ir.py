@@ -286,7 +286,18 @@ class Ir:
         anchors = self.data_flow.anchors()
         if not anchors:
             raise popart_exception("User must specify an anchor tensor when doing inference.")
+        self.anchor_alias: dict[str, str] = {}
         for a in anchors:
+            named = [n for n in self.model.graph.node if n.name == a and n.output and n.output[0] in self.tensors]
+            if a not in self.tensors and len(named) == 1:
+                # openipu extension: an anchor naming a node (a Builder op's debugContext) stands for
+                # that node's first output. PopART itself raises here; scripts written against
+                # ids like "sum" then still run, with this warning.
+                self.anchor_alias[a] = named[0].output[0]
+                self.tensors[a] = self.tensors[named[0].output[0]]
+                log("ir").warning("Anchor '%s' names a node, not a tensor; anchoring its output '%s' (PopART "
+                                  "would raise 'Anchor tensor `%s' not in Ir Tensors.')", a, named[0].output[0], a)
+                continue
             if a not in self.tensors:
                 hint = ""
                 outs = [o.name for o in self.model.graph.output]
@@ -296,7 +307,7 @@ class Ir:
                 raise popart_exception(f"Anchor tensor `{a}' not in Ir Tensors. {hint}".rstrip())
 
     def _prune(self):
-        needed = set(self.data_flow.anchors())
+        needed = {self.anchor_alias.get(a, a) for a in self.data_flow.anchors()}
         keep = []
         for op in reversed(self.ops):
             if any(o in needed for o in op.outputs):

@@ -139,8 +139,9 @@ def build(ir, target, options, progress=None) -> Lowered:
     everyn: dict[int, list] = {}
     for a in df.anchors():
         art = df.art(a)
-        vg = ctx._home.get(a, ir.home_vgraph(a))
-        t = ctx.get(a, vg)
+        src = ir.anchor_alias.get(a, a)
+        vg = ctx._home.get(src, ir.home_vgraph(src))
+        t = ctx.get(src, vg)
         h = f"d2h:{a}"
         s = graph.addDeviceToHostFIFO(h, t.elementType(), t.numElements())
         out.anchors[a] = h
