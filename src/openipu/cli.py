@@ -42,6 +42,7 @@ def _build_parser() -> argparse.ArgumentParser:
     r.add_argument("model", help="path of an .onnx file, or a bundled model name (e.g. light_resnet50)")
     r.add_argument("--ipu", default="ipu2", choices=["ipu1", "ipu2", "bow", "ipu21"], help="IPU generation (default ipu2)")
     r.add_argument("--num-ipus", type=int, default=1, help="IPUs to shard the model over (default 1)")
+    r.add_argument("--tiles-per-ipu", type=int, default=None, help="override the target's tiles per IPU")
     r.add_argument("--batch-size", type=int, default=None, help="override the model's batch dimension")
     r.add_argument("--batches-per-step", type=int, default=1, help="PopART batches per step (default 1)")
     r.add_argument("--precision", default="fp32", choices=["fp32", "fp16"], help="model precision (default fp32)")
@@ -109,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         res = runner.run_model(args.model, ipu=args.ipu, num_ipus=args.num_ipus, batch_size=args.batch_size,
                                batches_per_step=args.batches_per_step, precision=args.precision, inputs=inputs,
                                seed=args.seed, report_dir=args.report,
-                               available_memory_proportion=args.available_memory_proportion)
+                               available_memory_proportion=args.available_memory_proportion,
+                               tiles_per_ipu=args.tiles_per_ipu)
     except (FileNotFoundError, ValueError) as e:
         print(f"openipu run: {e}", file=sys.stderr)
         return 1
