@@ -5,6 +5,8 @@
 
 from openipu.poplibs.popops.elementwise import *  # noqa: F401,F403
 from openipu.poplibs.popops.elementwise import __all__ as _ew_all
+from openipu.poplibs.popops import expr  # noqa: F401,E402
+from openipu.poplibs.popops.cast import *  # noqa: F401,F403,E402
 
 
 def addCodelets(graph) -> None:  # noqa: N802
