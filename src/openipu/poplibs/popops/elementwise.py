@@ -359,7 +359,7 @@ class _Compiler:
         return len(self.code) - 1
 
     def typeof(self, e, hint=None):
-        """The type ``e`` evaluates to (without emitting)."""
+        """The type ``e`` evaluates to (without emitting); ``hint`` types untyped constants."""
         if isinstance(e, E.PlaceHolder):
             return self.in_types[e.index - 1]
         if isinstance(e, E.Const):
@@ -367,18 +367,23 @@ class _Compiler:
         if isinstance(e, E.Cast):
             return e.type
         if isinstance(e, E.UnaryOp):
-            return poplar.BOOL if e.op in _U_BOOL_OUT else self.typeof(e.a)
+            return poplar.BOOL if e.op in _U_BOOL_OUT else self.typeof(e.a, hint)
         if isinstance(e, E.BinaryOp):
             if e.op in _B_COMPARE or e.op in _B_LOGICAL:
                 return poplar.BOOL
-            return self._operand_types(e.a, e.b)[0]
+            return self._operand_types(e.a, e.b, hint=hint)[0]
         if isinstance(e, E.TernaryOp):
-            return self._operand_types(e.a, e.b)[0]
+            return self._operand_types(e.a, e.b, hint=hint)[0]
         raise TypeError(f"not a popops expression node: {e!r}")
 
-    def _operand_types(self, *args):
-        """Types of sibling operands: an untyped constant takes the type of a non-constant sibling."""
-        anchor = next((self.typeof(a) for a in args if not (isinstance(a, E.Const) and not a.explicit)), None)
+    @staticmethod
+    def _typed(e) -> bool:
+        return bool(e.placeholders()) or isinstance(e, E.Cast) or (isinstance(e, E.Const) and e.explicit)
+
+    def _operand_types(self, *args, hint=None):
+        """Types of sibling operands: untyped constants (and constant-only subtrees) take the type
+        of the first sibling that has one (PopLibs infers constant types from the context)."""
+        anchor = next((self.typeof(a) for a in args if self._typed(a)), hint)
         return [self.typeof(a, anchor) for a in args]
 
     def compile(self, e, hint=None) -> int:
@@ -393,14 +398,15 @@ class _Compiler:
             r = self.compile(e.a)
             return self.emit(("cast", r, self.types[r], e.type), e.type)
         if isinstance(e, E.UnaryOp):
-            r = self.compile(e.a)
+            r = self.compile(e.a, poplar.BOOL if e.op == U.LOGICAL_NOT else None if e.op in _U_BOOL_OUT else hint)
             t = self.types[r]
             if t not in _allowed(e.op):
                 raise _bad_type(e.op, t)
             out_t = poplar.BOOL if e.op in _U_BOOL_OUT else t
             return self.emit(("u", e.op, r, t, out_t), out_t)
         if isinstance(e, E.BinaryOp):
-            ta, tb = self._operand_types(e.a, e.b)
+            cmp = e.op in _B_COMPARE or e.op in _B_LOGICAL
+            ta, tb = self._operand_types(e.a, e.b, hint=poplar.BOOL if e.op in _B_LOGICAL else None if cmp else hint)
             if ta != tb:
                 raise poplar.graph_connection_error(
                     f"{e.op.name}: operand types differ ({ta} and {tb}); both operands of a binary op must "
@@ -412,13 +418,13 @@ class _Compiler:
             return self.emit(("b", e.op, ra, rb, ta, out_t), out_t)
         if isinstance(e, E.TernaryOp):
             if e.op == T.SELECT:
-                ta, tb = self._operand_types(e.a, e.b)
+                ta, tb = self._operand_types(e.a, e.b, hint=hint)
                 tc = self.typeof(e.c, poplar.BOOL)
                 if tc != poplar.BOOL:
                     raise poplar.graph_connection_error(
                         f"SELECT: the condition (third operand) must be bool, got {tc}")
             else:
-                ta, tb, tc = self._operand_types(e.a, e.b, e.c)
+                ta, tb, tc = self._operand_types(e.a, e.b, e.c, hint=hint)
                 if tc != ta:
                     raise poplar.graph_connection_error(f"CLAMP: operand types differ ({ta}, {tb}, {tc})")
             if ta != tb:
