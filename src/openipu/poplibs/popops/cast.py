@@ -121,11 +121,15 @@ def _cast_kernel(src, dst, from_t, to_t, ctx):
     ctx.write(dst, _cast_values(ctx.read(src), from_t, to_t))
 
 
-def _add_cast(graph, src, dst, cs):
+def _check_cast(graph, src, dst):
     if list(src.shape()) != list(dst.shape()) and src.numElements() != dst.numElements():
         raise poplar.index_error(f"cast: source shape {src.shape()} and destination shape {dst.shape()} differ")
     _require_writeable(dst, "cast")
-    dtiles = _require_mapped(graph, dst, "cast")
+    return _require_mapped(graph, dst, "cast")
+
+
+def _add_cast(graph, src, dst, cs):
+    dtiles = _check_cast(graph, src, dst)
     tiles, counts = tile_counts(graph, dtiles)
     ft, tt = src.elementType(), dst.elementType()
     s = src.reshape(dst.shape()) if list(src.shape()) != list(dst.shape()) else src
@@ -182,6 +186,7 @@ def castWithOutput(graph, src, dst, prog, debug_name: str = "") -> None:  # noqa
         _require_writeable(dst, "castWithOutput")
         prog.add(poplar.program.Copy(src, dst))
         return
+    _check_cast(graph, src, dst)
     cs = graph.addComputeSet(debug_name or "cast")
     _add_cast(graph, src, dst, cs)
     prog.add(poplar.program.Execute(cs))

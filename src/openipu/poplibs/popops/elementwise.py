@@ -352,6 +352,7 @@ class _Compiler:
         self.in_types = in_types
         self.code: list = []
         self.types: list = []
+        self.node_types: dict = {}     # id(node) -> type (to re-type constants when lowering)
 
     def emit(self, ins, t):
         self.code.append(ins)
@@ -373,12 +374,24 @@ class _Compiler:
                 return poplar.BOOL
             return self._operand_types(e.a, e.b, hint=hint)[0]
         if isinstance(e, E.TernaryOp):
-            return self._operand_types(e.a, e.b, hint=hint)[0]
+            return self._operand_types(*(e.children()[:2] if e.op == T.SELECT else e.children()), hint=hint)[0]
         raise TypeError(f"not a popops expression node: {e!r}")
 
-    @staticmethod
-    def _typed(e) -> bool:
-        return bool(e.placeholders()) or isinstance(e, E.Cast) or (isinstance(e, E.Const) and e.explicit)
+    @classmethod
+    def _typed(cls, e) -> bool:
+        """Whether ``e``'s value type is fixed without context (it comes from a placeholder, a cast,
+        an explicitly typed constant, or is a bool result)."""
+        if isinstance(e, (E.PlaceHolder, E.Cast)):
+            return True
+        if isinstance(e, E.Const):
+            return e.explicit
+        if isinstance(e, E.UnaryOp):
+            return e.op in _U_BOOL_OUT or cls._typed(e.a)
+        if isinstance(e, E.BinaryOp):
+            return e.op in _B_COMPARE or e.op in _B_LOGICAL or cls._typed(e.a) or cls._typed(e.b)
+        if isinstance(e, E.TernaryOp):
+            return any(cls._typed(c) for c in (e.children()[:2] if e.op == T.SELECT else e.children()))
+        return False
 
     def _operand_types(self, *args, hint=None):
         """Types of sibling operands: untyped constants (and constant-only subtrees) take the type
@@ -393,6 +406,7 @@ class _Compiler:
             t = self.typeof(e, hint)
             if t not in _ANY:
                 raise poplar.unknown_vertex_type(f"constant {e.value!r} of type {t} is not supported in popops.map")
+            self.node_types[id(e)] = t
             return self.emit(("const", e.value, t), t)
         if isinstance(e, E.Cast):
             r = self.compile(e.a)
@@ -689,7 +703,7 @@ def _prepare(expr, tensors, name):
         raise poplar.index_error(
             f"{name or 'map'}: operand shapes {[list(s) for s in shapes]} cannot be broadcast together "
             f"(numpy rules: trailing dimensions must match or be 1)") from None
-    return comp.code, comp.types[-1], shape, used
+    return comp.code, comp.types[-1], shape, used, comp.node_types
 
 
 def _vertex_name(expr, code, out_type, in_place):
@@ -736,13 +750,25 @@ def _fused_cycles(code, tensors, used, counts, target):
     return 24 + W * np.ceil(_ceil(vectors, W) * per_vector).astype(np.int64)
 
 
-def _lower_unfused(graph, expr, tensors, prog, name, options, out, in_place):
+def _retyped(e, node_types):
+    """``e`` with every constant given the type the whole-expression inference chose."""
+    if isinstance(e, E.Const):
+        return E.Const(e.value, node_types.get(id(e), e.type))
+    if isinstance(e, E.PlaceHolder):
+        return e
+    kids = [_retyped(c, node_types) for c in e.children()]
+    if isinstance(e, E.Cast):
+        return E.Cast(kids[0], e.type)
+    return type(e)(e.op, *kids) if type(e).OP is None else type(e)(*kids)
+
+
+def _lower_unfused(graph, expr, tensors, prog, name, options, out, in_place, node_types):
     """Run ``expr`` one operator per compute set (PopLibs without codelet generation)."""
     def leaf(e):
         if isinstance(e, E.PlaceHolder):
             return tensors[e.index - 1]
         if isinstance(e, E.Const) or not e.placeholders():
-            return e
+            return _retyped(e, node_types)
         return lower(e, None)
 
     def lower(e, dst):
@@ -769,7 +795,7 @@ def _lower_unfused(graph, expr, tensors, prog, name, options, out, in_place):
 def _map_impl(graph, expr, tensors, prog, name="", options=None, out=None, in_place=False, _fuse=True):
     tensors = _check_tensors(tensors)
     opts = _options(options)
-    code, rtype, shape, used = _prepare(expr, tensors, name)
+    code, rtype, shape, used, node_types = _prepare(expr, tensors, name)
     if in_place:
         if not tensors:
             raise poplar.index_error("mapInPlace needs at least one tensor (the one written)")
@@ -796,7 +822,7 @@ def _map_impl(graph, expr, tensors, prog, name="", options=None, out=None, in_pl
     force = opts.get_bool("forceGenerateCodelet", False)
     progress = any(not _is_leaf(c) and c.placeholders() for c in expr.children())
     if not simple and not force and n_nodes > 1 and progress and not (generate and fusable):
-        return _lower_unfused(graph, expr, tensors, prog, name, options, out, in_place)
+        return _lower_unfused(graph, expr, tensors, prog, name, options, out, in_place, node_types)
 
     if out is None:
         first = [tensors[i - 1] for i in used]
