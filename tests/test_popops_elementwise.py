@@ -467,3 +467,16 @@ def test_legacy_binary_op_and_tut2_style_add():
     res = h.run(o=o, o2=o2)
     np.testing.assert_array_equal(res["o"], np.maximum(np.arange(16).reshape(4, 4), 1))
     np.testing.assert_array_equal(res["o2"], np.arange(16).reshape(4, 4) + 1)
+
+
+def test_kernels_pickle_and_expressions_print():
+    import pickle
+    h = OpHarness(tiles=4)
+    a = h.input("a", np.arange(10, dtype=np.float32))
+    e = pe.Select(pe.Exp(pe._1), pe.Const(1.0) * 0 + 2.0, pe._1 > 3)
+    popops.map(h.graph, e, [a], h.prog)
+    popops.map(h.graph, pe.UnaryOp(U.POPCOUNT, pe._1), [h.input("i", np.arange(10, dtype=np.int32))], h.prog)
+    for cs in h.graph.getComputeSets():
+        for g in cs.groups:
+            pickle.loads(pickle.dumps(g.kernel))
+    assert repr(e) == "Select(Exp(_1), Add(Mul(Const(1.0), Const(0)), Const(2.0)), Gt(_1, Const(3)))"

@@ -334,7 +334,8 @@ def _pad_lists(t, lower, upper, dim):
     lo, up = [int(x) for x in lower], [int(x) for x in upper]
     if len(lo) != t.rank() or len(up) != t.rank():
         raise poplar.index_error(
-            f"pad: paddingLower and paddingUpper need {t.rank()} entries (one per dimension), got {len(lo)} and {len(up)}")
+            f"pad: paddingLower and paddingUpper need {t.rank()} entries (one per dimension), "
+            f"got {len(lo)} and {len(up)}")
     return lo, up
 
 
@@ -462,13 +463,16 @@ def encodeOneHot(graph, indices, encoded, prog, *args, **kwargs) -> None:  # noq
     name = kwargs.get("debug_name", rest[0] if rest else "")
     if indices.rank() != 1 or encoded.rank() != 2 or encoded.dim(0) != indices.dim(0):
         raise poplar.index_error(
-            f"encodeOneHot: indices must be 1-D [N] and encoded 2-D [N, C]; got {indices.shape()} and {encoded.shape()}")
+            f"encodeOneHot: indices must be 1-D [N] and encoded 2-D [N, C]; "
+            f"got {indices.shape()} and {encoded.shape()}")
     if indices.elementType().is_float or indices.elementType() == poplar.BOOL:
-        raise poplar.graph_connection_error(f"encodeOneHot: indices must be an integer type, got {indices.elementType()}")
+        raise poplar.graph_connection_error(
+            f"encodeOneHot: indices must be an integer type, got {indices.elementType()}")
     et = encoded.elementType()
     for x, nm in ((on, "on"), (off, "off")):
         if x is not None and (x.numElements() != 1 or x.elementType() != et):
-            raise poplar.graph_connection_error(f"encodeOneHot: '{nm}' must be a scalar {et} tensor, got {x.shortString()}")
+            raise poplar.graph_connection_error(
+                f"encodeOneHot: '{nm}' must be a scalar {et} tensor, got {x.shortString()}")
     _require_writeable(encoded, "encodeOneHot")
     etiles = _require_mapped(graph, encoded, "encodeOneHot")
     N, C = encoded.shape()

@@ -275,6 +275,11 @@ _1, _2, _3, _4, _5, _6, _7, _8, _9, _10 = (PlaceHolder(i) for i in range(1, 11))
 _11, _12, _13, _14, _15, _16, _17, _18, _19, _20 = (PlaceHolder(i) for i in range(11, 21))
 
 
+def _op_repr(e) -> str:
+    args = ", ".join(repr(c) for c in e.children())
+    return f"{type(e).__name__}({args})" if e.OP else f"{type(e).__name__}({e.op.name}, {args})"
+
+
 class UnaryOp(Expr):
     """``UnaryOp(UnaryOpType.X, a)`` (``expr::UnaryOp``)."""
 
@@ -304,7 +309,7 @@ class UnaryOp(Expr):
         return (self.op,)
 
     def __repr__(self):
-        return f"{type(self).__name__ if self.OP else 'UnaryOp'}({'' if self.OP else self.op.name + ', '}{self.a!r})"
+        return _op_repr(self)
 
 
 class BinaryOp(Expr):
@@ -339,7 +344,7 @@ class BinaryOp(Expr):
         return (self.op,)
 
     def __repr__(self):
-        return f"{type(self).__name__ if self.OP else 'BinaryOp'}({'' if self.OP else self.op.name + ', '}{self.a!r}, {self.b!r})"
+        return _op_repr(self)
 
 
 class TernaryOp(Expr):
@@ -378,55 +383,93 @@ class TernaryOp(Expr):
         return (self.op,)
 
     def __repr__(self):
-        return f"{type(self).__name__}({self.a!r}, {self.b!r}, {self.c!r})"
+        return _op_repr(self)
 
 
-#: PopLibs' named node classes: class name -> operator (Expr.hpp POPLIBS_DEFINE_EXPR_*).
-UNARY_NODES = {
-    "Abs": UnaryOpType.ABSOLUTE, "Asin": UnaryOpType.ASIN, "BitwiseNot": UnaryOpType.BITWISE_NOT,
-    "Cbrt": UnaryOpType.CBRT, "Erf": UnaryOpType.ERF, "Ceil": UnaryOpType.CEIL, "Cos": UnaryOpType.COS,
-    "Exp": UnaryOpType.EXPONENT, "Expm1": UnaryOpType.EXPONENT_MINUS_ONE, "Exp2": UnaryOpType.EXPONENT2,
-    "Floor": UnaryOpType.FLOOR, "GeluErf": UnaryOpType.GELU_ERF, "Inv": UnaryOpType.INVERSE,
-    "IsFinite": UnaryOpType.IS_FINITE, "IsInf": UnaryOpType.IS_INF, "IsNaN": UnaryOpType.IS_NAN,
-    "Log": UnaryOpType.LOGARITHM, "Log1p": UnaryOpType.LOGARITHM_ONE_PLUS, "Not": UnaryOpType.LOGICAL_NOT,
-    "Neg": UnaryOpType.NEGATE, "Signum": UnaryOpType.SIGNUM, "Sin": UnaryOpType.SIN, "Tan": UnaryOpType.TAN,
-    "Tanh": UnaryOpType.TANH, "Round": UnaryOpType.ROUND, "Trunc": UnaryOpType.TRUNC, "Sqrt": UnaryOpType.SQRT,
-    "Square": UnaryOpType.SQUARE, "Sigmoid": UnaryOpType.SIGMOID, "Rsqrt": UnaryOpType.RSQRT,
-    # openipu additions (PopLibs reaches these only through UnaryOp(UnaryOpType.X, e))
-    "Relu": UnaryOpType.RELU, "Popcount": UnaryOpType.POPCOUNT,
-    "CountLeadingZeros": UnaryOpType.COUNT_LEADING_ZEROS, "NearbyInt": UnaryOpType.NEARBY_INT,
-}
-BINARY_NODES = {
-    "Add": BinaryOpType.ADD, "Atan2": BinaryOpType.ATAN2, "BitwiseAnd": BinaryOpType.BITWISE_AND,
-    "BitwiseOr": BinaryOpType.BITWISE_OR, "BitwiseXor": BinaryOpType.BITWISE_XOR,
-    "BitwiseXnor": BinaryOpType.BITWISE_XNOR, "Divide": BinaryOpType.DIVIDE, "Equal": BinaryOpType.EQUAL,
-    "Gte": BinaryOpType.GREATER_THAN_EQUAL, "Gt": BinaryOpType.GREATER_THAN, "Lte": BinaryOpType.LESS_THAN_EQUAL,
-    "And": BinaryOpType.LOGICAL_AND, "Or": BinaryOpType.LOGICAL_OR, "Lt": BinaryOpType.LESS_THAN,
-    "InvStdDevToVariance": BinaryOpType.INV_STD_DEV_TO_VARIANCE, "Max": BinaryOpType.MAXIMUM,
-    "Min": BinaryOpType.MINIMUM, "Mul": BinaryOpType.MULTIPLY, "NotEqual": BinaryOpType.NOT_EQUAL,
-    "Pow": BinaryOpType.POWER, "Rem": BinaryOpType.REMAINDER, "Shl": BinaryOpType.SHIFT_LEFT,
-    "Shr": BinaryOpType.SHIFT_RIGHT, "ShrSE": BinaryOpType.SHIFT_RIGHT_SIGN_EXTEND, "Sub": BinaryOpType.SUBTRACT,
-    "VarianceToInvStdDev": BinaryOpType.VARIANCE_TO_INV_STD_DEV,
-}
-TERNARY_NODES = {"Select": TernaryOpType.SELECT, "Clamp": TernaryOpType.CLAMP}
+def _node_class(name: str, base: type, op) -> type:
+    """A PopLibs named node class (Expr.hpp ``POPLIBS_DEFINE_EXPR_*_OP``): ``base`` fixed to ``op``."""
+    return type(name, (base,), {"__slots__": (), "OP": op, "__module__": __name__,
+                                "__doc__": f"``{name}``: ``{base.__name__}({type(op).__name__}.{op.name}, ...)``."})
 
 
-def _make_nodes():
-    made = {}
-    for table, base in ((UNARY_NODES, UnaryOp), (BINARY_NODES, BinaryOp), (TERNARY_NODES, TernaryOp)):
-        for name, op in table.items():
-            made[name] = type(name, (base,), {"__slots__": (), "OP": op, "__module__": __name__,
-                                              "__doc__": f"``{name}``: ``{base.__name__}({type(op).__name__}.{op.name}, ...)``."})
-    return made
+# PopLibs' named node classes (Expr.hpp).
+Abs = _node_class("Abs", UnaryOp, UnaryOpType.ABSOLUTE)
+Asin = _node_class("Asin", UnaryOp, UnaryOpType.ASIN)
+BitwiseNot = _node_class("BitwiseNot", UnaryOp, UnaryOpType.BITWISE_NOT)
+Cbrt = _node_class("Cbrt", UnaryOp, UnaryOpType.CBRT)
+Erf = _node_class("Erf", UnaryOp, UnaryOpType.ERF)
+Ceil = _node_class("Ceil", UnaryOp, UnaryOpType.CEIL)
+Cos = _node_class("Cos", UnaryOp, UnaryOpType.COS)
+Exp = _node_class("Exp", UnaryOp, UnaryOpType.EXPONENT)
+Expm1 = _node_class("Expm1", UnaryOp, UnaryOpType.EXPONENT_MINUS_ONE)
+Exp2 = _node_class("Exp2", UnaryOp, UnaryOpType.EXPONENT2)
+Floor = _node_class("Floor", UnaryOp, UnaryOpType.FLOOR)
+GeluErf = _node_class("GeluErf", UnaryOp, UnaryOpType.GELU_ERF)
+Inv = _node_class("Inv", UnaryOp, UnaryOpType.INVERSE)
+IsFinite = _node_class("IsFinite", UnaryOp, UnaryOpType.IS_FINITE)
+IsInf = _node_class("IsInf", UnaryOp, UnaryOpType.IS_INF)
+IsNaN = _node_class("IsNaN", UnaryOp, UnaryOpType.IS_NAN)
+Log = _node_class("Log", UnaryOp, UnaryOpType.LOGARITHM)
+Log1p = _node_class("Log1p", UnaryOp, UnaryOpType.LOGARITHM_ONE_PLUS)
+Not = _node_class("Not", UnaryOp, UnaryOpType.LOGICAL_NOT)
+Neg = _node_class("Neg", UnaryOp, UnaryOpType.NEGATE)
+Signum = _node_class("Signum", UnaryOp, UnaryOpType.SIGNUM)
+Sin = _node_class("Sin", UnaryOp, UnaryOpType.SIN)
+Tan = _node_class("Tan", UnaryOp, UnaryOpType.TAN)
+Tanh = _node_class("Tanh", UnaryOp, UnaryOpType.TANH)
+Round = _node_class("Round", UnaryOp, UnaryOpType.ROUND)
+Trunc = _node_class("Trunc", UnaryOp, UnaryOpType.TRUNC)
+Sqrt = _node_class("Sqrt", UnaryOp, UnaryOpType.SQRT)
+Square = _node_class("Square", UnaryOp, UnaryOpType.SQUARE)
+Sigmoid = _node_class("Sigmoid", UnaryOp, UnaryOpType.SIGMOID)
+Rsqrt = _node_class("Rsqrt", UnaryOp, UnaryOpType.RSQRT)
+# openipu additions: PopLibs reaches these only through UnaryOp(UnaryOpType.X, e).
+Relu = _node_class("Relu", UnaryOp, UnaryOpType.RELU)
+Popcount = _node_class("Popcount", UnaryOp, UnaryOpType.POPCOUNT)
+CountLeadingZeros = _node_class("CountLeadingZeros", UnaryOp, UnaryOpType.COUNT_LEADING_ZEROS)
+NearbyInt = _node_class("NearbyInt", UnaryOp, UnaryOpType.NEARBY_INT)
+Add = _node_class("Add", BinaryOp, BinaryOpType.ADD)
+Atan2 = _node_class("Atan2", BinaryOp, BinaryOpType.ATAN2)
+BitwiseAnd = _node_class("BitwiseAnd", BinaryOp, BinaryOpType.BITWISE_AND)
+BitwiseOr = _node_class("BitwiseOr", BinaryOp, BinaryOpType.BITWISE_OR)
+BitwiseXor = _node_class("BitwiseXor", BinaryOp, BinaryOpType.BITWISE_XOR)
+BitwiseXnor = _node_class("BitwiseXnor", BinaryOp, BinaryOpType.BITWISE_XNOR)
+Divide = _node_class("Divide", BinaryOp, BinaryOpType.DIVIDE)
+Equal = _node_class("Equal", BinaryOp, BinaryOpType.EQUAL)
+Gte = _node_class("Gte", BinaryOp, BinaryOpType.GREATER_THAN_EQUAL)
+Gt = _node_class("Gt", BinaryOp, BinaryOpType.GREATER_THAN)
+Lte = _node_class("Lte", BinaryOp, BinaryOpType.LESS_THAN_EQUAL)
+And = _node_class("And", BinaryOp, BinaryOpType.LOGICAL_AND)
+Or = _node_class("Or", BinaryOp, BinaryOpType.LOGICAL_OR)
+Lt = _node_class("Lt", BinaryOp, BinaryOpType.LESS_THAN)
+InvStdDevToVariance = _node_class("InvStdDevToVariance", BinaryOp, BinaryOpType.INV_STD_DEV_TO_VARIANCE)
+Max = _node_class("Max", BinaryOp, BinaryOpType.MAXIMUM)
+Min = _node_class("Min", BinaryOp, BinaryOpType.MINIMUM)
+Mul = _node_class("Mul", BinaryOp, BinaryOpType.MULTIPLY)
+NotEqual = _node_class("NotEqual", BinaryOp, BinaryOpType.NOT_EQUAL)
+Pow = _node_class("Pow", BinaryOp, BinaryOpType.POWER)
+Rem = _node_class("Rem", BinaryOp, BinaryOpType.REMAINDER)
+Shl = _node_class("Shl", BinaryOp, BinaryOpType.SHIFT_LEFT)
+Shr = _node_class("Shr", BinaryOp, BinaryOpType.SHIFT_RIGHT)
+ShrSE = _node_class("ShrSE", BinaryOp, BinaryOpType.SHIFT_RIGHT_SIGN_EXTEND)
+Sub = _node_class("Sub", BinaryOp, BinaryOpType.SUBTRACT)
+VarianceToInvStdDev = _node_class("VarianceToInvStdDev", BinaryOp, BinaryOpType.VARIANCE_TO_INV_STD_DEV)
+Select = _node_class("Select", TernaryOp, TernaryOpType.SELECT)
+Clamp = _node_class("Clamp", TernaryOp, TernaryOpType.CLAMP)
 
-
-globals().update(_make_nodes())
-#: The node class of each operator (the first name in the tables above).
-NODE_OF_OP = {}
-for _t in (UNARY_NODES, BINARY_NODES, TERNARY_NODES):
-    for _n, _op in _t.items():
-        NODE_OF_OP.setdefault(_op, globals()[_n])
-del _t, _n, _op
+#: Node class name -> operator, per arity.
+UNARY_NODES = {c.__name__: c.OP for c in (
+    Abs, Asin, BitwiseNot, Cbrt, Erf, Ceil, Cos, Exp, Expm1, Exp2, Floor, GeluErf, Inv, IsFinite,
+    IsInf, IsNaN, Log, Log1p, Not, Neg, Signum, Sin, Tan, Tanh, Round, Trunc, Sqrt, Square, Sigmoid,
+    Rsqrt, Relu, Popcount, CountLeadingZeros, NearbyInt)}
+BINARY_NODES = {c.__name__: c.OP for c in (
+    Add, Atan2, BitwiseAnd, BitwiseOr, BitwiseXor, BitwiseXnor, Divide, Equal, Gte, Gt, Lte, And,
+    Or, Lt, InvStdDevToVariance, Max, Min, Mul, NotEqual, Pow, Rem, Shl, Shr, ShrSE, Sub,
+    VarianceToInvStdDev)}
+TERNARY_NODES = {c.__name__: c.OP for c in (Select, Clamp)}
+#: The node class of each operator.
+NODE_OF_OP = {op: globals()[name] for table in (UNARY_NODES, BINARY_NODES, TERNARY_NODES)
+              for name, op in table.items()}
 
 __all__ = ["Expr", "Const", "ConstHalf", "Cast", "PlaceHolder", "UnaryOp", "BinaryOp", "TernaryOp",
            "UnaryOpType", "BinaryOpType", "TernaryOpType", *[f"_{i}" for i in range(1, 21)],
