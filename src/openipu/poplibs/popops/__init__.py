@@ -15,6 +15,8 @@ from openipu.poplibs.popops.dynamic_slice import *  # noqa: F401,F403,E402
 from openipu.poplibs.popops.gather import *  # noqa: F401,F403,E402
 from openipu.poplibs.popops.sort import *  # noqa: F401,F403,E402
 from openipu.poplibs.popops.loop import *  # noqa: F401,F403,E402
+from openipu.poplibs.popops import expr  # noqa: F401,E402
+from openipu.poplibs.popops.cast import *  # noqa: F401,F403,E402
 
 
 def addCodelets(graph) -> None:  # noqa: N802
