@@ -1,6 +1,7 @@
 """``popops``: PopLibs' general operations (``include/popops/*.hpp``), one op family per module.
 
 - ``elementwise``: binary and unary elementwise ops (``ElementWise.hpp``).
+- ``expr``: the expression API of ``map`` (``Expr.hpp``); ``cast``: cast, fill, zero, iota, pad, encodeOneHot.
 - ``reduce``: reductions (``Reduce.hpp``).
 - ``dynamic_slice``: slicing at run-time offsets (``DynamicSlice.hpp``).
 - ``gather``: XLA gather and scatter (``Gather.hpp``, ``Scatter.hpp``).
