@@ -169,14 +169,15 @@ def _batch_of(model) -> int:
     return 1
 
 
-def run_model(model: str, *, ipu: str = "ipu2", num_ipus: int = 1, batch_size: int | None = None,
+def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: int = 1, batch_size: int | None = None,
               batches_per_step: int = 1, precision: str = "fp32", inputs: dict | None = None,
               seed: int = 0, report_dir: str | None = None, available_memory_proportion: float | None = None,
               tiles_per_ipu: int | None = None) -> ModelRun:
     """Compile ``model`` for the simulated target and run one step on ``inputs`` (or random ones).
 
     Args:
-        model: path of an ONNX file, or a bundled model name (see :data:`LIGHT_MODELS`).
+        model: path of an ONNX file, a bundled model name (see :data:`LIGHT_MODELS`), or a
+            ``ModelProto``.
         ipu: target generation: ``ipu1``, ``ipu2``, ``bow`` or ``ipu21``.
         num_ipus: IPUs the model is sharded over (PopART's automatic virtual-graph split).
         batch_size: overrides the first dimension of every run-time input.
@@ -201,8 +202,11 @@ def run_model(model: str, *, ipu: str = "ipu2", num_ipus: int = 1, batch_size: i
         raise ValueError(f"precision must be fp32 or fp16, not '{precision}'")
     if batches_per_step < 1 or num_ipus < 1:
         raise ValueError("batches per step and the number of IPUs must be at least 1")
-    path = resolve_model(model)
-    proto = onnx.load(str(path))
+    if isinstance(model, onnx.ModelProto):
+        path, proto = f"<ModelProto {model.graph.name}>", model
+    else:
+        path = resolve_model(model)
+        proto = onnx.load(str(path))
     if batch_size is not None:
         proto = set_batch_size(proto, batch_size)
     if precision == "fp16":
