@@ -5,6 +5,7 @@
 
 from openipu.poplibs.popops.elementwise import *  # noqa: F401,F403
 from openipu.poplibs.popops.elementwise import __all__ as _ew_all
+from openipu.poplibs.popops.scaled_add import ScaledAddSpecialisation, scaledAddTo, scaledSubtractFrom  # noqa: F401
 
 
 def addCodelets(graph) -> None:  # noqa: N802
