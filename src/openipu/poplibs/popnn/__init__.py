@@ -18,10 +18,12 @@ Errors that PopLibs raises as ``poputil::poplibs_error`` are :class:`poplibs_err
 from openipu.poplibs.popnn._common import poplibs_error
 from openipu.poplibs.popnn.non_linearity import *  # noqa: F401,F403
 from openipu.poplibs.popnn.non_linearity import __all__ as _nl_all
+from openipu.poplibs.popnn.loss import *  # noqa: F401,F403
+from openipu.poplibs.popnn.loss import __all__ as _loss_all
 
 
 def addCodelets(graph) -> None:  # noqa: N802
     """Register popnn's codelets (library vertices are built in; kept for API compatibility)."""
 
 
-__all__ = ["addCodelets", "poplibs_error", *_nl_all]
+__all__ = ["addCodelets", "poplibs_error", *_nl_all, *_loss_all]
