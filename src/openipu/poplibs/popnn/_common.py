@@ -106,12 +106,13 @@ def check_mapped(graph, t, what: str) -> np.ndarray:
 
 
 def add_elementwise(graph, prog, name: str, vertex: str, out, reads, kernel, op: str | tuple,
-                    flops_per_element: float = 1.0, state_bytes: int = 16):
+                    flops_per_element: float = 1.0, state_bytes: int = 16, also_writes=()):
     """Append one compute set: a MultiVertex per tile of ``out`` running ``kernel`` (whole tensors).
 
     ``reads``: tensors whose elements each tile needs, as views broadcastable to ``out``'s shape
     (each element is consumed on the tile of the output element it feeds). ``op`` names an entry
-    of :data:`OP_CYCLES` or is a (scalar, vector) cycles pair.
+    of :data:`OP_CYCLES` or is a (scalar, vector) cycles pair. ``also_writes``: more outputs of
+    ``out``'s shape the kernel writes (each costed where it is mapped).
     """
     otiles = check_mapped(graph, out, name)
     used, counts = tile_counts(graph, otiles)
@@ -122,7 +123,8 @@ def add_elementwise(graph, prog, name: str, vertex: str, out, reads, kernel, op:
     rd = [(broadcast_view(r, shape) if list(r.shape()) != list(shape) else r, otiles) for r in reads]
     cs = graph.addComputeSet(name)
     graph.add_vertex_group(cs, VertexGroup(
-        vertex, used, cycles, kernel, reads=rd, writes=[(out, otiles)], multi=True,
+        vertex, used, cycles, kernel, reads=rd,
+        writes=[(out, otiles)] + [(w, check_mapped(graph, w, name)) for w in also_writes], multi=True,
         flops=float(flops_per_element * out.numElements()), state_bytes=state_bytes))
     prog.add(poplar.program.Execute(cs, name))
     return out
