@@ -21,11 +21,12 @@ from openipu.poplibs.popnn.non_linearity import __all__ as _nl_all
 from openipu.poplibs.popnn.loss import *  # noqa: F401,F403
 from openipu.poplibs.popnn.loss import __all__ as _loss_all
 from openipu.poplibs.popnn.norms import bn, gn, in_, ln  # noqa: F401
+from openipu.poplibs.popnn import pooling  # noqa: F401,E402
 
 
 def addCodelets(graph) -> None:  # noqa: N802
     """Register popnn's codelets (library vertices are built in; kept for API compatibility)."""
 
 
-__all__ = ["addCodelets", "poplibs_error", *_nl_all, *_loss_all, "bn", "gn", "ln", "in_"]
+__all__ = ["addCodelets", "poplibs_error", *_nl_all, *_loss_all, "bn", "gn", "ln", "in_", "pooling"]
 globals()["in"] = in_   # popnn::in (a Python keyword): getattr(popnn, "in")
