@@ -1,6 +1,5 @@
 """popnn non-linearities, softmax and logSoftmax: forward and input gradients against torch.autograd."""
 
-import math
 
 import numpy as np
 import pytest

@@ -9,7 +9,6 @@
 - ``norms``: ``popnn.bn``, ``popnn.gn``, ``popnn.ln``, ``popnn.in_`` (``popnn::in``; ``in`` is a
   Python keyword, ``getattr(popnn, "in")`` also works) (``BatchNorm.hpp``, ``GroupNorm.hpp``,
   ``LayerNorm.hpp``, ``InstanceNorm.hpp``).
-- ``rnn``: ``popnn.lstm`` and ``popnn.gru`` (``Lstm.hpp``, ``Gru.hpp``).
 
 Errors that PopLibs raises as ``poputil::poplibs_error`` are :class:`poplibs_error` (a
 ``poplar.poplar_error``).
