@@ -8,4 +8,4 @@ and one torch kernel for the whole group.
 from openipu.poplibs import poplin, popops, poputil
 from openipu.poplibs import popnn, poprand  # noqa: E402,F401
 
-__all__ = ["poplin", "popnn", "popops", "poprand", "poputil"]
+__all__ = ["poplin", "popops", "poputil"]
