@@ -1223,7 +1223,7 @@ def _to_torch(arr: np.ndarray, t) -> torch.Tensor:
 def _to_numpy(v: torch.Tensor, t) -> np.ndarray:
     if t.name == "quarter":
         return v.to(torch.float32).numpy()
-    return v.detach().cpu().numpy().astype(t.numpy_dtype, copy=False)
+    return v.detach().cpu().numpy().astype(t.numpy_dtype)  # a copy: later runs must not change what the host read
 
 
 def format_tensor(title: str, value: torch.Tensor, type_) -> str:

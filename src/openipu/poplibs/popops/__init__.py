@@ -18,6 +18,7 @@ from openipu.poplibs.popops.sort import *  # noqa: F401,F403,E402
 from openipu.poplibs.popops.loop import *  # noqa: F401,F403,E402
 from openipu.poplibs.popops import expr  # noqa: F401,E402
 from openipu.poplibs.popops.cast import *  # noqa: F401,F403,E402
+from openipu.poplibs.popops.scaled_add import ScaledAddSpecialisation, scaledAddTo, scaledSubtractFrom  # noqa: F401
 
 
 def addCodelets(graph) -> None:  # noqa: N802

@@ -1,0 +1,354 @@
+"""``popnn``: batch, group, layer and instance normalisation (PopLibs ``BatchNorm.hpp``,
+``GroupNorm.hpp``, ``LayerNorm.hpp``, ``InstanceNorm.hpp``; namespaces ``popnn::bn``, ``gn``,
+``ln``, ``in``).
+
+Activations are ``[B][C][..F..]`` (batch, channels, any field dims). Statistics are taken over
+*statistic groups*: per channel over batch and field for batch norm (``mean`` is ``[C]``); per
+(batch element, channel group) for group norm (``mean`` is ``[B * G]``, index ``b * G + g`` [A]),
+with layer norm = group norm with ``G = 1`` and instance norm = ``G = C``. ``gamma``/``beta`` are
+``[C]``. Group norm's ``groupNormStridedChannelGrouping`` option (default true, as PopLibs) puts
+channel ``c`` in group ``c % G``; false gives contiguous groups (``c // (C / G)``, as torch).
+
+Work: statistics are two row reductions (sum and sum of squares, float partials; the stable
+algorithm subtracts the mean first) costed as PopLibs' reduce vertices, then one elementwise
+compute set for ``invStdDev = 1 / sqrt(var + eps)``; whitening, normalising and the gradients are
+elementwise compute sets over the activations' tile mapping (``NonLinearity1D``-shaped estimates,
+see :mod:`openipu.poplibs.popnn._common`) and row reductions.
+
+Gradients (PopLibs' formulas): ``gammaDelta[c] = sum(gradsIn * whitened)``, ``betaDelta[c] =
+sum(gradsIn)``; ``gradsOut = invStdDev * (g - mean_S(g) - whitened * mean_S(g * whitened))`` with
+``g = gradsIn * gamma`` and ``mean_S`` over each statistic group.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from openipu import poplar
+from openipu.poplibs.popnn._common import (add_elementwise, check_mapped, gather_view, new_mapped, output_like,
+                                           poplibs_error, row_reduce)
+
+__all__ = ["bn", "gn", "ln", "in_"]
+
+
+class _Layout:
+    """Which statistic group each activation element belongs to."""
+
+    def __init__(self, acts, kind: str, groups: int, strided: bool, what: str):
+        shape = acts.shape()
+        if len(shape) < 2:
+            raise poplibs_error(f"{what}: activations must be [B][C][..F..] (rank >= 2), got {shape}")
+        self.shape = shape
+        B, C = shape[0], shape[1]
+        F = int(np.prod(shape[2:], dtype=np.int64))
+        c = np.broadcast_to(np.arange(C).reshape(1, C, 1), (B, C, F))
+        if kind == "bn":
+            stat, S = c, C
+        else:
+            if groups < 1 or C % groups:
+                raise poplibs_error(f"{what}: {C} channels cannot be split into {groups} groups; numGroups must "
+                                    "divide the channel count")
+            g = c % groups if strided else c // (C // groups)
+            stat, S = np.arange(B).reshape(B, 1, 1) * groups + g, B * groups
+        self.stat = np.ascontiguousarray(stat).reshape(-1)           # per element, its statistic group
+        self.chan = np.ascontiguousarray(c).reshape(-1)
+        self.S = S
+        self.N = acts.numElements() // max(S, 1)
+        self.order = np.argsort(self.stat, kind="stable").reshape(S, self.N)   # rows of each group
+
+    def rows(self, t):
+        return gather_view(t, self.order)
+
+    def per_element(self, stat_tensor):
+        return gather_view(stat_tensor, self.stat.reshape(self.shape))
+
+    def per_channel(self, chan_tensor):
+        return gather_view(chan_tensor, self.chan.reshape(self.shape))
+
+
+# -- kernels -----------------------------------------------------------------------------------
+def _stats_kernel(s1, s2, n, eps, unbiased, mean, inv, ctx):
+    m = ctx.read(s1).to(torch.float32) / n
+    var = ctx.read(s2).to(torch.float32) / n - m * m
+    if unbiased and n > 1:
+        var = var * (n / (n - 1))
+    ctx.write(mean, m)
+    ctx.write(inv, torch.rsqrt(torch.clamp(var, min=0) + eps))
+
+
+def _stable_stats_kernel(s1, sc, n, eps, unbiased, mean, inv, ctx):
+    m = ctx.read(s1).to(torch.float32) / n
+    var = ctx.read(sc).to(torch.float32) / (n - 1 if unbiased and n > 1 else n)
+    ctx.write(mean, m)
+    ctx.write(inv, torch.rsqrt(var + eps))
+
+
+def _center_kernel(x, mean, out, ctx):
+    v = ctx.read(x)
+    ctx.write(out, v.to(torch.float32) - ctx.read(mean).to(torch.float32) / 1.0)
+
+
+def _mean_kernel(s1, n, mean, ctx):
+    ctx.write(mean, ctx.read(s1).to(torch.float32) / n)
+
+
+def _whiten_kernel(x, mean, inv, out, ctx):
+    v = ctx.read(x)
+    ctx.write(out, (v - ctx.read(mean).to(v.dtype)) * ctx.read(inv).to(v.dtype))
+
+
+def _normalise_kernel(x, mean, inv, gamma, beta, out, white, ctx):
+    v = ctx.read(x)
+    w = (v - ctx.read(mean).to(v.dtype)) * ctx.read(inv).to(v.dtype)
+    ctx.write(white, w)
+    ctx.write(out, w * ctx.read(gamma).to(v.dtype) + ctx.read(beta).to(v.dtype))
+
+
+def _affine_kernel(x, mul, add, out, ctx):
+    v = ctx.read(x)
+    ctx.write(out, v * ctx.read(mul).to(v.dtype) + ctx.read(add).to(v.dtype))
+
+
+def _prod_kernel(a, b, gamma, out, out2, ctx):
+    ga = ctx.read(a)
+    if gamma is not None:
+        ga = ga * ctx.read(gamma).to(ga.dtype)
+        ctx.write(out2, ga)
+    ctx.write(out, ga * ctx.read(b).to(ga.dtype))
+
+
+def _grad_final_kernel(g, white, s1, s2, inv, n, out, ctx):
+    gv = ctx.read(g).to(torch.float32)
+    w = ctx.read(white).to(torch.float32)
+    r = ctx.read(inv).to(torch.float32) * (gv - ctx.read(s1).to(torch.float32) / n -
+                                           w * ctx.read(s2).to(torch.float32) / n)
+    ctx.write(out, r)
+
+
+# -- the generic implementation ----------------------------------------------------------------
+class _Norm:
+    def __init__(self, kind: str, prefix: str):
+        self.kind, self.prefix = kind, prefix
+
+    def _layout(self, acts, groups, options, what):
+        strided = str(dict(options or {}).get("groupNormStridedChannelGrouping", "true")).lower() in ("true", "1")
+        for k in dict(options or {}):
+            if k != "groupNormStridedChannelGrouping":
+                raise poplar.invalid_option(f"{what}: unknown option '{k}' (valid: groupNormStridedChannelGrouping)")
+        if self.kind == "ln":
+            groups, strided = 1, False
+        elif self.kind == "in":
+            groups, strided = acts.dim(1) if acts.rank() > 1 else 1, False
+        return _Layout(acts, "bn" if self.kind == "bn" else "gn", groups, strided, what)
+
+    def _groups_from(self, acts, mean):
+        return mean.numElements() // acts.dim(0) if self.kind == "gn" else 0
+
+    @staticmethod
+    def _check_acts(acts, what):
+        if not isinstance(acts, poplar.Tensor) or acts.elementType() not in (poplar.FLOAT, poplar.HALF):
+            raise poplibs_error(f"{what}: activations must be a float or half tensor")
+
+    def statistics(self, graph, acts, eps, prog, groups, unbiased, stable, partials_type, debug_name, options):
+        what = debug_name or f"{self.prefix}Statistics"
+        self._check_acts(acts, what)
+        check_mapped(graph, acts, what)
+        lay = self._layout(acts, groups, options, what)
+        if lay.N == 0:
+            raise poplibs_error(f"{what}: statistics over groups of 0 elements (shape {acts.shape()})")
+        rows = lay.rows(acts)
+        et = acts.elementType()
+        if not stable:
+            s1, s2 = row_reduce(graph, prog, f"{what}/ReduceSums", [rows, rows], ["add", "square_add"], poplar.FLOAT)
+            tiles = graph.tile_of_elements(s1)
+            mean = new_mapped(graph, et, [lay.S], f"{what}/mean", tiles)
+            inv = new_mapped(graph, et, [lay.S], f"{what}/iStdDev", tiles)
+            add_elementwise(graph, prog, f"{what}/iStdDev", f"popops::Map<INV_STD_DEV,{et}>", inv, [s1, s2],
+                            functools.partial(_stats_kernel, s1, s2, lay.N, float(eps), bool(unbiased), mean, inv),
+                            "SQRT", 5, also_writes=[mean])
+            return mean, inv
+        (s1,) = row_reduce(graph, prog, f"{what}/ReduceMean", [rows], ["add"], poplar.FLOAT)
+        tiles = graph.tile_of_elements(s1)
+        mean = new_mapped(graph, et, [lay.S], f"{what}/mean", tiles)
+        add_elementwise(graph, prog, f"{what}/mean", f"popops::Map<DIVIDE,{et}>", mean, [s1],
+                        functools.partial(_mean_kernel, s1, lay.N, mean), "MUL", 1)
+        centered = graph.addVariable(poplar.FLOAT, acts.shape(), f"{what}/centered")
+        graph.setTileMapping(centered, graph._local_tiles(graph.tile_of_elements(acts).astype(np.int64)))
+        add_elementwise(graph, prog, f"{what}/center", f"popops::BinaryOp1D<SUBTRACT,{et}>", centered,
+                        [acts, lay.per_element(mean)],
+                        functools.partial(_center_kernel, acts, lay.per_element(mean), centered), "ADD", 1)
+        (sc,) = row_reduce(graph, prog, f"{what}/ReduceVar", [lay.rows(centered)], ["square_add"], poplar.FLOAT)
+        inv = new_mapped(graph, et, [lay.S], f"{what}/iStdDev", tiles)
+        add_elementwise(graph, prog, f"{what}/iStdDev", f"popops::Map<INV_STD_DEV,{et}>", inv, [s1, sc],
+                        functools.partial(_stable_stats_kernel, s1, sc, lay.N, float(eps), bool(unbiased), mean, inv),
+                        "SQRT", 4, also_writes=[mean])
+        return mean, inv
+
+    def _check_stats(self, acts, mean, inv, lay, what):
+        if mean.numElements() != lay.S or inv.numElements() != lay.S:
+            raise poplibs_error(f"{what}: mean and invStdDev must have {lay.S} elements for activations "
+                                f"{acts.shape()}, got {mean.shape()} and {inv.shape()}")
+
+    def whiten(self, graph, acts, mean, inv, prog, debug_name, options):
+        what = debug_name or f"{self.prefix}Whiten"
+        self._check_acts(acts, what)
+        lay = self._layout(acts, self._groups_from(acts, mean), options, what)
+        self._check_stats(acts, mean, inv, lay, what)
+        out = output_like(graph, acts.elementType(), acts.shape(), (acts,), f"{what}/whitened")
+        m, i = lay.per_element(mean), lay.per_element(inv)
+        add_elementwise(graph, prog, what, f"popops::Map<WHITEN,{acts.elementType()}>", out, [acts, m, i],
+                        functools.partial(_whiten_kernel, acts, m, i, out), "AXPBY", 2)
+        return out
+
+    def normalise(self, graph, acts, gamma, beta, mean, inv, prog, debug_name, options):
+        what = debug_name or f"{self.prefix}alise"
+        self._check_acts(acts, what)
+        lay = self._layout(acts, self._groups_from(acts, mean), options, what)
+        self._check_stats(acts, mean, inv, lay, what)
+        self._check_params(acts, [gamma, beta], what)
+        out = output_like(graph, acts.elementType(), acts.shape(), (acts,), f"{what}/out")
+        white = output_like(graph, acts.elementType(), acts.shape(), (acts,), f"{what}/whitened")
+        m, i, g, b = lay.per_element(mean), lay.per_element(inv), lay.per_channel(gamma), lay.per_channel(beta)
+        add_elementwise(graph, prog, what, f"popops::Map<NORMALISE,{acts.elementType()}>", out, [acts, m, i, g, b],
+                        functools.partial(_normalise_kernel, acts, m, i, g, b, out, white), "AXPBY", 4,
+                        also_writes=[white])
+        return out, white
+
+    @staticmethod
+    def _check_params(acts, params, what):
+        C = acts.dim(1)
+        for p in params:
+            if not isinstance(p, poplar.Tensor) or p.numElements() != C:
+                raise poplibs_error(f"{what}: gamma/beta/deltas must have {C} elements (one per channel), got "
+                                    f"{p.shape() if isinstance(p, poplar.Tensor) else p!r}")
+
+    def param_gradients(self, graph, a, grads, rest, prog_default, what, options):
+        what = what or f"{self.prefix}ParamGradients"
+        if len(rest) >= 3 and isinstance(rest[0], poplar.Tensor):      # (acts, gradsIn, mean, iStdDev, prog, ...)
+            mean, inv, prog = rest[0], rest[1], rest[2]
+            white = self.whiten(graph, a, mean, inv, prog, f"{what}/whiten", options)
+        else:
+            prog, white = rest[0], a
+        self._check_acts(white, what)
+        if list(grads.shape()) != list(white.shape()):
+            raise poplibs_error(f"{what}: gradsIn {grads.shape()} must match the activations {white.shape()}")
+        lay = _Layout(white, "bn", 0, False, what)                   # per-channel rows
+        prod = output_like(graph, white.elementType(), white.shape(), (grads, white), f"{what}/gradsXwhitened")
+        add_elementwise(graph, prog, f"{what}/mul", f"popops::BinaryOp1D<MULTIPLY,{white.elementType()}>", prod,
+                        [grads, white], functools.partial(_prod_kernel, grads, white, None, prod, None), "MUL")
+        gd, bd = row_reduce(graph, prog, f"{what}/reduce", [lay.rows(prod), lay.rows(grads)], ["add", "add"],
+                            white.elementType())
+        return gd, bd
+
+    def gradients(self, graph, a, grads, rest, what, options):
+        what = what or f"{self.prefix}Gradients"
+        if len(rest) >= 4 and isinstance(rest[2], poplar.Tensor):       # (acts, gradsIn, mean, invStdDev, gamma, prog)
+            mean, inv, gamma, prog = rest[0], rest[1], rest[2], rest[3]
+            white = self.whiten(graph, a, mean, inv, prog, f"{what}/whiten", options)
+        else:                                                            # (actsWhitened, gradsIn, invStdDev, gamma, prog)
+            inv, gamma, prog = rest[0], rest[1], rest[2]
+            white, mean = a, inv
+        self._check_acts(white, what)
+        if list(grads.shape()) != list(white.shape()):
+            raise poplibs_error(f"{what}: gradsIn {grads.shape()} must match the activations {white.shape()}")
+        self._check_params(white, [gamma], what)
+        lay = self._layout(white, self._groups_from(white, inv), options, what)
+        self._check_stats(white, mean, inv, lay, what)
+        et = white.elementType()
+        g = output_like(graph, et, white.shape(), (grads,), f"{what}/gXgamma")
+        gw = output_like(graph, et, white.shape(), (grads,), f"{what}/gXgammaXwhitened")
+        gam = lay.per_channel(gamma)
+        add_elementwise(graph, prog, f"{what}/mul", f"popops::Map<GAMMA_MUL,{et}>", gw, [grads, white, gam],
+                        functools.partial(_prod_kernel, grads, white, gam, gw, g), "MUL", 2, also_writes=[g])
+        s1, s2 = row_reduce(graph, prog, f"{what}/reduce", [lay.rows(g), lay.rows(gw)], ["add", "add"], poplar.FLOAT)
+        out = output_like(graph, et, white.shape(), (grads, white), f"{what}/gradsOut")
+        i_e, s1_e, s2_e = lay.per_element(inv), lay.per_element(s1), lay.per_element(s2)
+        add_elementwise(graph, prog, f"{what}/final", f"popops::Map<NORM_GRAD,{et}>", out, [g, white, s1_e, s2_e, i_e],
+                        functools.partial(_grad_final_kernel, g, white, s1_e, s2_e, i_e, lay.N, out), "AXPBY", 5)
+        return out
+
+    def param_update(self, graph, gamma_delta, beta_delta, scale, gamma, beta, prog, what):
+        from openipu.poplibs.popops.scaled_add import scaledAddTo
+        what = what or f"{self.prefix}ParamUpdate"
+        scaledAddTo(graph, gamma, gamma_delta, scale, prog, f"{what}/gamma")
+        scaledAddTo(graph, beta, beta_delta, scale, prog, f"{what}/beta")
+
+
+def _namespace(kind: str, prefix: str, has_groups: bool):
+    impl = _Norm(kind, prefix)
+
+    def statistics(graph, acts, eps, prog, *args, debug_name: str = "", options=None):
+        args = list(args)
+        groups = args.pop(0) if has_groups else 0
+        unbiased = args.pop(0) if args else False
+        stable = args.pop(0) if args else False
+        ptype = args.pop(0) if args else poplar.FLOAT
+        name = args.pop(0) if args else debug_name
+        opts = args.pop(0) if args else options
+        return impl.statistics(graph, acts, eps, prog, int(groups), unbiased, stable, ptype, name, opts)
+
+    def whiten(graph, acts, mean, invStdDev, prog, debug_name: str = "", options=None):  # noqa: N803
+        return impl.whiten(graph, acts, mean, invStdDev, prog, debug_name, options)
+
+    def normalise(graph, acts, *args, debug_name: str = "", options=None):
+        if kind == "bn" and len(args) >= 3 and not isinstance(args[3] if len(args) > 3 else None, poplar.Tensor):
+            mul, add, prog = args[0], args[1], args[2]
+            name = args[3] if len(args) > 3 else debug_name
+            impl._check_params(acts, [mul, add], "batchNormalise")
+            out = output_like(graph, acts.elementType(), acts.shape(), (acts,), "batchNormalise/out")
+            lay = _Layout(acts, "bn", 0, False, "batchNormalise")
+            m, a = lay.per_channel(mul), lay.per_channel(add)
+            add_elementwise(graph, prog, name or "batchNormalise", f"popops::Map<AFFINE,{acts.elementType()}>", out,
+                            [acts, m, a], functools.partial(_affine_kernel, acts, m, a, out), "AXPBY", 2)
+            return out
+        gamma, beta, mean, inv, prog, *rest = args
+        return impl.normalise(graph, acts, gamma, beta, mean, inv, prog, rest[0] if rest else debug_name,
+                              rest[1] if len(rest) > 1 else options)
+
+    def param_gradients(graph, a, gradsIn, *args, debug_name: str = "", options=None):  # noqa: N803
+        rest = list(args)
+        return impl.param_gradients(graph, a, gradsIn, rest, None, debug_name, options)
+
+    def gradients(graph, a, gradsIn, *args, debug_name: str = "", options=None):  # noqa: N803
+        return impl.gradients(graph, a, gradsIn, list(args), debug_name, options)
+
+    def param_update(graph, gammaDelta, betaDelta, scale, gamma, beta, prog, debug_name: str = "",  # noqa: N803
+                     options=None):
+        impl.param_update(graph, gammaDelta, betaDelta, scale, gamma, beta, prog, debug_name)
+
+    ns = {
+        f"{prefix}Statistics": statistics, f"{prefix}Whiten": whiten, f"{prefix}alise": normalise,
+        f"{prefix}ParamGradients": param_gradients, f"{prefix}Gradients": gradients,
+        f"{prefix}ParamUpdate": param_update,
+    }
+    sig = ("(graph, acts, eps, prog, numGroups, unbiasedVarEstimate, stableAlgo=False, partialsType=FLOAT, "
+           "debug_name='', options=None)" if has_groups else
+           "(graph, acts, eps, prog, unbiasedVarEstimate, stableAlgo=False, partialsType=FLOAT, debug_name='')")
+    statistics.__doc__ = (f"``{prefix}Statistics{sig}`` -> ``(mean, invStdDev)`` (``popnn::{kind}::{prefix}Statistics``).\n\n"
+                          "Statistic tensors have the activations' type; see the module docstring for their layout.\n\n"
+                          "Raises:\n    poplibs_error: bad rank, type or group count.")
+    whiten.__doc__ = f"``{prefix}Whiten(graph, acts, mean, invStdDev, prog)``: ``(acts - mean) * invStdDev``."
+    normalise.__doc__ = (f"``{prefix}alise(graph, acts, gamma, beta, mean, invStdDev, prog)`` -> ``(out, whitened)``"
+                         f" with ``out = whitened * gamma + beta``" +
+                         (" ; or ``batchNormalise(graph, acts, combinedMultiplicand, addend, prog)`` -> "
+                          "``acts * combinedMultiplicand + addend`` (per channel)." if kind == "bn" else "."))
+    param_gradients.__doc__ = (f"``{prefix}ParamGradients(graph, actsWhitened, gradsIn, prog[, partialsType])`` or "
+                               f"``(graph, acts, gradsIn, mean, iStdDev, prog[, partialsType])`` -> "
+                               "``(gammaDelta, betaDelta)`` ``[C]``.")
+    gradients.__doc__ = (f"``{prefix}Gradients(graph, actsWhitened, gradsIn, invStdDev, gamma, prog)`` or "
+                         "``(graph, acts, gradsIn, mean, invStdDev, gamma, prog)`` -> gradient w.r.t. the input "
+                         "activations (through the statistics).")
+    param_update.__doc__ = (f"``{prefix}ParamUpdate(graph, gammaDelta, betaDelta, scale, gamma, beta, prog)``: "
+                            "``gamma += scale * gammaDelta``, ``beta += scale * betaDelta`` (``scale`` a float or a "
+                            "one-element tensor).")
+    return SimpleNamespace(**ns)
+
+
+bn = _namespace("bn", "batchNorm", False)
+gn = _namespace("gn", "groupNorm", True)
+ln = _namespace("ln", "layerNorm", False)
+in_ = _namespace("in", "instanceNorm", False)
