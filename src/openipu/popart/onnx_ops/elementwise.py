@@ -120,6 +120,8 @@ def shrink(inputs, attrs, opset):
 @onnx_op("PRelu")
 def prelu(inputs, attrs, opset):
     x, slope = widen(inputs[0]), widen(inputs[1])
+    if opset < 7 and slope.dim() == 1 and x.dim() > 2 and slope.numel() == x.shape[1] > 1:
+        slope = slope.reshape((-1,) + (1,) * (x.dim() - 2))  # per channel (axis 1)
     return [narrow(torch.where(x < 0, x * slope, x).to(x.dtype), inputs[0].dtype)]
 
 
