@@ -45,13 +45,33 @@ def run(cases):
     return failures
 
 
+def reason(name: str, msg: str) -> str:
+    """A short, honest reason for a failure, from the error it raised."""
+    import re
+    m = re.search(r"no host kernel for (\S+)", msg)
+    if m:
+        return f"no host kernel for {m.group(1)}"
+    if re.search(r"\b(u?int[24]|float4\w*)\b|INT[24]|FLOAT4", msg + name):
+        return "sub-byte element type (int4/uint4/int2/uint2/float4) has no torch dtype"
+    if "object" in msg or "string" in msg.lower():
+        return "string tensors have no torch dtype"
+    if "bernoulli" in name or "dropout" in name:
+        return "random values come from torch's generator, not numpy's"
+    if "fp16" in name and "Not equal" in msg:
+        return "fp16 rounding of intermediates differs from the reference by ~1 ulp (rtol 1e-3)"
+    return "TODO " + msg[:80]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--failures", action="store_true", help="list failing tests and errors")
     ap.add_argument("--kind", action="append",
                     help="node, node-multi, simple, pytorch-converted, pytorch-operator")
     ap.add_argument("-k", default="", help="only tests whose name contains this")
+    ap.add_argument("--write-expected", metavar="FILE",
+                    help="write the failures as an expected-failures list with reasons")
     args = ap.parse_args()
+    collected = {}
     kinds = args.kind or ["node", "node-multi", "simple", "pytorch-converted", "pytorch-operator"]
     for kind in kinds:
         t = time.time()
@@ -63,10 +83,18 @@ def main() -> int:
             cases, label = model_cases(kind), f"{kind} model tests pass on the host executor"
         cases = [c for c in cases if args.k in c.name]
         fails = run(cases)
+        collected.update(fails)
         print(f"{len(cases) - len(fails)} of {len(cases)} {label} ({time.time() - t:.1f} s)")
         if args.failures:
             for name, msg in sorted(fails.items()):
                 print(f"  {name}  # {msg}")
+    if args.write_expected:
+        with open(args.write_expected, "w") as f:
+            f.write("# ONNX backend tests that fail on the host kernels (tests/test_onnx_ops.py).\n"
+                    "# One line per test: name  # reason. A listed test that passes fails the\n"
+                    "# suite until it is removed here.\n")
+            for name, msg in sorted(collected.items()):
+                f.write(f"{name}  # {reason(name, msg)}\n")
     return 0
 
 

@@ -53,7 +53,7 @@ CASES = _cases()
 EXPECTED = _expected_failures()
 # The bulk of the multi-node and model tests is marked slow; single-node tests are the fast set.
 PARAMS = [pytest.param(c, id=c.name,
-                       marks=[pytest.mark.slow] if kind in ("pytorch-converted",) else [])
+                       marks=[pytest.mark.slow] if kind in ("node-multi", "pytorch-converted") else [])
           for c, kind in CASES]
 
 
