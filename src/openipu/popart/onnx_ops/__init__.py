@@ -9,7 +9,12 @@ A kernel receives:
 - ``inputs``: list of ``torch.Tensor`` (``None`` for an omitted optional input), without a
   replica dimension;
 - ``attrs``: dict of the node's attributes, decoded (ints, floats, strings as ``str``, lists,
-  tensors as ``torch.Tensor``, graphs as ``onnx.GraphProto``), defaults *not* filled in;
+  tensors as ``torch.Tensor``, graphs as ``onnx.GraphProto``), defaults *not* filled in; plus
+  ``attrs["__num_outputs__"]``: the node's output count including empty optional names (callers
+  set it; ``Split`` without ``split``/``num_outputs`` needs it, and kernels with optional outputs,
+  e.g. Dropout's mask or MaxPool's indices, may skip work when it is smaller). Control-flow kernels
+  (If, Loop, Scan) also read ``attrs["__opsets__"]`` (domain -> version for the subgraphs) and
+  ``attrs["__outer__"]`` (name -> tensor of the enclosing scope), which :mod:`._reference` sets;
 - ``opset``: the model's opset version for the op's domain (semantics that changed between
   versions, e.g. ``Split``'s ``split`` attribute becoming an input in opset 13, branch on it);
 
