@@ -58,7 +58,7 @@ def reason(name: str, msg: str) -> str:
     if "bernoulli" in name or "dropout" in name:
         return "random values come from torch's generator, not numpy's"
     if "fp16" in name and "Not equal" in msg:
-        return "fp16 rounding of intermediates differs from the reference by ~1 ulp (rtol 1e-3)"
+        return "fp16 rounding of intermediates differs from the reference by 1-2 ulps (over rtol 1e-3)"
     return "TODO " + msg[:80]
 
 

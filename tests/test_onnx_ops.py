@@ -144,3 +144,13 @@ def test_run_model_on_host_small_graph():
     assert_outputs_close([np.maximum(xv, 0).sum(0)], [out])
     with pytest.raises(AssertionError):
         assert_outputs_close([np.maximum(xv, 0).sum(0) + 1], [out])
+
+
+def test_kernels_pickle():
+    # Executables pickle their vertex-group kernels: every registered kernel and flops hint must.
+    import pickle
+    for domain, op in supported_ops():
+        k = get_kernel(domain, op)
+        assert pickle.loads(pickle.dumps(k.fn)) is not None, op
+        if k.flops is not None:
+            pickle.dumps(k.flops)

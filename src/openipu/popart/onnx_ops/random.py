@@ -77,7 +77,8 @@ def dropout(inputs, attrs, opset):
     x = inputs[0]
     if opset < 12:
         ratio = attrs.get("ratio", 0.5)
-        training = opset >= 7 and False or (opset < 7 and not attrs.get("is_test", 0))
+        # Dropout-7..11 has no training input (inference graphs: identity); Dropout-6 has is_test.
+        training = opset < 7 and not attrs.get("is_test", 0)
     else:
         ratio = float(scalar(opt(inputs, 1), 0.5))
         training = bool(scalar(opt(inputs, 2), False))

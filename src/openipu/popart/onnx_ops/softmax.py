@@ -44,17 +44,12 @@ onnx_op("Hardmax")(functools.partial(_kernel, _hardmax))
 
 def _nll(logp, target, weight, reduction, ignore_index):
     target = target.to(torch.int64)
-    kw = {"reduction": reduction}
-    if ignore_index is not None:
-        kw["ignore_index"] = ignore_index
-        if ignore_index < 0 or ignore_index >= logp.shape[1]:
-            pass
-        # torch requires targets in range unless ignored: clamp ignored ones harmlessly
     dt = logp.dtype
     lp = logp.float() if dt in (torch.float16, torch.bfloat16) else logp
     w = weight.to(lp.dtype) if weight is not None else None
     if ignore_index is None:
         return F.nll_loss(lp, target, weight=w, reduction=reduction).to(dt)
+    # ignore_index may lie outside [0, C): gather at class 0 there and weight it 0.
     mask = target == ignore_index
     safe_t = torch.where(mask, torch.zeros_like(target), target)
     per = -torch.gather(lp, 1, safe_t.unsqueeze(1)).squeeze(1)
