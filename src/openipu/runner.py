@@ -311,6 +311,9 @@ def randomize_constant_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.Mo
                 fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
                 arr = rng.standard_normal(shape) / np.sqrt(max(fan_in, 1))
             g.initializer.append(numpy_helper.from_array(arr.astype(dtype), name))
+            if out.ir_version < 4:   # IR < 4: every initializer must also be a graph input
+                g.input.append(onnx.helper.make_tensor_value_info(
+                    name, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape))
         else:
             keep.append(n)
     del g.node[:]

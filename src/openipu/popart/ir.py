@@ -193,6 +193,10 @@ class Ir:
         domain = "" if node.domain in ("", "ai.onnx") else node.domain
         opset = self.opsets.get(domain, 1)
         attrs = decode_attrs(node)
+        attrs["__num_outputs__"] = len(node.output)     # the onnx_ops kernel contract
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            attrs["__opsets__"] = dict(self.opsets)
+            attrs["__outer__"] = {}
         kernel = find_kernel(domain, node.op_type)
         for x in node.input:
             if x and x not in self.tensors:
