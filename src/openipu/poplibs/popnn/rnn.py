@@ -65,10 +65,13 @@ def validate(params, kind: str, units, what: str) -> None:
                   ("inputSize", sizes[0]), ("outputSize", sizes[1])):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
             raise poplibs_error(f"{what}: {kind} {nm} must be a positive integer, got {v!r}")
-    order = list(params.cellOrder)
-    if sorted(int(u) for u in order) != list(range(len(units))):
+    try:
+        order = sorted(int(u) for u in params.cellOrder)
+    except (TypeError, ValueError):
+        order = None
+    if order != list(range(len(units))):
         raise poplibs_error(f"{what}: {kind} cellOrder must be a permutation of {[u.name for u in units]}, "
-                            f"got {order!r}")
+                            f"got {params.cellOrder!r}")
     for nm in ("activation", "recurrentActivation"):
         nl = _as_type(getattr(params, nm))
         if nl in (NonLinearityType.SOFTMAX, NonLinearityType.SOFTMAX_STABLE, NonLinearityType.SOFTMAX_SCALED):
