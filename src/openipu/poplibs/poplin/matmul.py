@@ -23,10 +23,19 @@ __all__ = ["matMul", "matMulGrouped", "matMulAcc", "matMulGroupedAcc", "createMa
            "createMatMulOutput", "createMatMulGroupedOutput", "matMulReportPlan", "preplanMatMuls"]
 
 
-def _args(name_or_type, name):
-    if isinstance(name_or_type, poplar.Type):
-        return name_or_type, name
-    return None, name or name_or_type
+def _args(op, args, kw):
+    """Parse ``[outputType,] debugName, options, cache`` (PopLibs' two overload forms)."""
+    args = list(args)
+    out_type = args.pop(0) if args and isinstance(args[0], poplar.Type) else kw.pop("outputType", None)
+    names = ("name", "options", "cache")
+    if len(args) > 3:
+        raise TypeError(f"{op}: too many arguments")
+    vals = dict(zip(names, args))
+    for k, v in kw.items():
+        if k not in names or k in vals:
+            raise TypeError(f"{op}: unexpected or repeated argument '{k}'")
+        vals[k] = v
+    return out_type, vals.get("name") or "", vals.get("options"), vals.get("cache")
 
 
 def _params(g, m, k, n, in_type, out_type) -> ConvParams:
@@ -66,10 +75,11 @@ def _grouped(graph, A, B, prog, out_type, name, options, cache, op):
     return out.reshape([g, m, n])
 
 
-def matMul(graph, A, B, prog, name_or_type="", name: str = "", options=None, cache=None):  # noqa: N802
+def matMul(graph, A, B, prog, *args, **kw):  # noqa: N802
     """``C = A @ B`` for ``A[m, k]``, ``B[k, n]`` (``poplin::matMul``); appends to ``prog``.
 
-    Forms: ``matMul(graph, A, B, prog, debugName, options, cache)`` and
+    Forms (positional or keyword ``name``, ``options``, ``cache``, ``outputType``):
+    ``matMul(graph, A, B, prog, debugName, options, cache)`` and
     ``matMul(graph, A, B, prog, outputType, debugName, options, cache)``. Types: float or half
     operands; the output type defaults to the operands'. Options: ``availableMemoryProportion``
     (default 0.6), ``partialsType`` ("float" default, or "half"), ``fullyConnectedPass``.
@@ -78,16 +88,16 @@ def matMul(graph, A, B, prog, name_or_type="", name: str = "", options=None, cac
     Raises ``poplar.graph_connection_error`` (shapes or types), ``poplar.invalid_option``, and
     :class:`~openipu.poplibs.poplin.params.poplibs_error` when no plan fits the memory budget.
     """
-    out_type, name = _args(name_or_type, name)
+    out_type, name, options, cache = _args("matMul", args, kw)
     _check("matMul", A, B, False)
     return _grouped(graph, A.expand([0]), B.expand([0]), prog, out_type, name, options, cache,
                     "matMul").reshape([A.dim(0), B.dim(1)])
 
 
-def matMulGrouped(graph, A, B, prog, name_or_type="", name: str = "", options=None, cache=None):  # noqa: N802
+def matMulGrouped(graph, A, B, prog, *args, **kw):  # noqa: N802
     """``C[g] = A[g] @ B[g]`` for ``A[g, m, k]``, ``B[g, k, n]`` (``poplin::matMulGrouped``).
     Returns ``[g, m, n]``; errors as :func:`matMul`."""
-    out_type, name = _args(name_or_type, name)
+    out_type, name, options, cache = _args("matMulGrouped", args, kw)
     _check("matMulGrouped", A, B, True)
     return _grouped(graph, A, B, prog, out_type, name, options, cache, "matMulGrouped")
 
