@@ -328,3 +328,28 @@ def test_report_plan_info():
     buf = io.StringIO()
     poplin.reportPlanInfo(buf, g, _resnet_params(2))
     assert "parallel splits" in buf.getvalue() and "temporary memory" in buf.getvalue()
+
+
+def test_conv_serial_and_input_channel_splits():
+    """Small budgets force serial steps; a wide input forces an input-channel split with a
+    reduction; results stay exact."""
+    p = poplin.ConvParams(poplar.FLOAT, 6, [10, 10], [3, 3], 40, 24, 1,
+                          inputTransform=IT(paddingLower=[1, 1], paddingUpper=[1, 1]))
+    m = poplar.IPUModel("ipu2")
+    m.tilesPerIPU = 8
+    t = m.createDevice().getTarget()
+    plan = poplin.plan_convolution(p, t, {"availableMemoryProportion": 0.02})
+    assert plan.serial_steps > 1
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal(p.getInputShape()).astype(np.float32)
+    W = rng.standard_normal(p.getWeightsShape()).astype(np.float32)
+    out, h = run_conv(p, X, W, tiles=8, options={"availableMemoryProportion": 0.02})
+    np.testing.assert_allclose(out, ref_conv(X, W, p), atol=1e-4)
+    q = poplin.ConvParams(poplar.HALF, 1, [4], [1], 2048, 16, 1)
+    plan_q = poplin.plan_convolution(q, poplar.IPUModel("ipu2").createDevice().getTarget())
+    assert plan_q.in_chan_split > 1
+    Xq = rng.standard_normal(q.getInputShape()).astype(np.float16)
+    Wq = rng.standard_normal(q.getWeightsShape()).astype(np.float16)
+    out_q, hq = run_conv(q, Xq, Wq, tiles=1472)
+    np.testing.assert_allclose(out_q.astype(np.float64), ref_conv(Xq, Wq, q), atol=0.05)
+    assert any(cs.name.endswith("/Reduce") for cs in hq.graph.getComputeSets())

@@ -221,3 +221,25 @@ def test_plan_cache():
     buf = io.StringIO()
     poplin.matMulReportPlan(buf, g, poplar.FLOAT, poplar.FLOAT, [300, 200], [200, 100], None, cache)
     assert cache.size() == 3 and "estimated cycles" in buf.getvalue()
+
+
+def test_serial_splits_when_memory_is_short():
+    """A budget too small for any parallel plan gives a plan with serial steps, which computes
+    the same result (one compute set per step) and fits the budget."""
+    m = poplar.IPUModel("ipu2")
+    m.tilesPerIPU = 4
+    t = m.createDevice().getTarget()
+    amp = 0.02                           # 12,779 bytes per tile
+    plan = poplin.plan_matmul(1, 96, 256, 80, poplar.FLOAT, t, {"availableMemoryProportion": amp})
+    assert plan.serial_steps > 1 and plan.temp_bytes <= amp * t.getBytesPerTile()
+    with pytest.raises(poplin.poplibs_error):
+        poplin.plan_matmul(1, 96, 256, 80, poplar.FLOAT, t, {"availableMemoryProportion": 0.001})
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((96, 256)).astype(np.float32)
+    B = rng.standard_normal((256, 80)).astype(np.float32)
+    h = OpHarness(tiles=4)
+    c = poplin.matMul(h.graph, h.input("a", A), h.input("b", B), h.prog, "c", {"availableMemoryProportion": amp})
+    out = h.run(out=c)["out"]
+    np.testing.assert_allclose(out, A.astype(np.float64) @ B, atol=1e-3)
+    n_cs = len(h.graph.getComputeSets())
+    assert n_cs == plan.serial_steps * (2 if plan.in_chan_split > 1 else 1)

@@ -249,17 +249,26 @@ def _ceil(a, b):
     return -(-a // b)
 
 
-def split_candidates(d: int, limit: int, grains=()) -> np.ndarray:
+def split_candidates(d: int, limit: int, grains=(), tiles: int = 0, coarse: bool = False) -> np.ndarray:
     """Split factors worth trying for a dimension of size ``d`` over at most ``limit`` tiles:
-    powers of two, the smallest factor giving each power-of-two block, and factors giving
-    blocks that are multiples of ``grains``."""
+    powers of two and 3, 5, 7 times powers of two (``coarse``: powers of two only), the divisors
+    of ``tiles`` (so that splits can multiply up to every tile), the smallest factor giving each
+    of those block sizes, and factors giving blocks that are multiples of ``grains``."""
     lim = max(1, min(d, limit))
-    c = {1, lim}
+    base = {1, lim}
     p = 1
     while p <= lim:
-        c.add(p)
-        c.add(_ceil(d, _ceil(d, p)))
+        base.add(p)
+        if not coarse:
+            base.update(m * p for m in (3, 5, 7))
         p *= 2
+    if tiles and not coarse:
+        base.update(q for q in range(1, min(lim, tiles) + 1) if tiles % q == 0)
+    c = set()
+    for q in base:
+        if 1 <= q <= lim:
+            c.add(q)
+            c.add(_ceil(d, _ceil(d, q)))
     for g in grains:
         b = g
         while b < d:
@@ -429,19 +438,24 @@ def _evaluate(pb: Problem, c: dict, method, units, fp, in_type, out_type, target
 
 
 def _candidates(pb: Problem, T: int, serial: bool) -> dict:
+    """Candidate splits: every parallel split (product at most ``T`` tiles), without serial
+    splits; or, when ``serial``, coarser parallel splits with serial ones."""
+    kw = dict(tiles=T, coarse=serial)
     c: dict = {}
-    c = _cross(c, "gs", split_candidates(pb.G, T))
-    c = _cross(c, "bs", split_candidates(pb.N, T), T, ("gs", "bs"))
-    c = _cross(c, "fs", split_candidates(pb.out_rows, T), T, ("gs", "bs", "fs"))
-    c = _cross(c, "ics", split_candidates(pb.Ci, T, (16, 8)), T, ("gs", "bs", "fs", "ics"))
-    c = _cross(c, "ocs", split_candidates(pb.Co, T, (16, 8)), T, ("gs", "bs", "fs", "ics", "ocs"))
-    ser = np.array(SERIAL_SPLITS if serial else (1,), np.int64)
+    c = _cross(c, "gs", split_candidates(pb.G, T, **kw))
+    c = _cross(c, "bs", split_candidates(pb.N, T, **kw), T, ("gs", "bs"))
+    c = _cross(c, "fs", split_candidates(pb.out_rows, T, **kw), T, ("gs", "bs", "fs"))
+    c = _cross(c, "ics", split_candidates(pb.Ci, T, (16, 8), **kw), T, ("gs", "bs", "fs", "ics"))
+    c = _cross(c, "ocs", split_candidates(pb.Co, T, (16, 8), **kw), T, ("gs", "bs", "fs", "ics", "ocs"))
+    if not serial:
+        c["so"] = np.ones_like(c["gs"])
+        c["sb"] = np.ones_like(c["gs"])
+        return c
+    ser = np.array(SERIAL_SPLITS, np.int64)
     c = _cross(c, "so", ser[ser <= max(1, pb.Co)])
     c = _cross(c, "sb", ser[ser <= max(1, pb.N)])
-    if serial:
-        keep = (c["so"] * c["sb"] > 1) & (c["so"] <= _ceil(pb.Co, c["ocs"])) & (c["sb"] <= _ceil(pb.N, c["bs"]))
-        c = {k: v[keep] for k, v in c.items()}
-    return c
+    keep = (c["so"] * c["sb"] > 1) & (c["so"] <= _ceil(pb.Co, c["ocs"])) & (c["sb"] <= _ceil(pb.N, c["bs"]))
+    return {k: v[keep] for k, v in c.items()}
 
 
 def plan_problem(pb: Problem, in_type, partials_type, out_type, target, opts: PlanOptions, op_desc: str,
