@@ -29,8 +29,6 @@ import argparse
 import sys
 import time
 
-import numpy as np
-
 from openipu import poplar
 from openipu.poplibs import poplin
 from openipu.poplibs.poplin import InputTransform as IT

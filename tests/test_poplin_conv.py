@@ -353,3 +353,21 @@ def test_conv_serial_and_input_channel_splits():
     out_q, hq = run_conv(q, Xq, Wq, tiles=1472)
     np.testing.assert_allclose(out_q.astype(np.float64), ref_conv(Xq, Wq, q), atol=0.05)
     assert any(cs.name.endswith("/Reduce") for cs in hq.graph.getComputeSets())
+
+
+@pytest.mark.parametrize("stride,dil", [(1, 1), (2, 1), (1, 2)])
+def test_field_split_with_halos(stride, dil):
+    """A plan that splits the field over tiles: each tile reads its rows plus the halo the
+    kernel needs (exchanged from the neighbouring blocks); the result is exact."""
+    p = poplin.ConvParams(poplar.FLOAT, 1, [40, 6], [3, 3], 2, 3, 1,
+                          inputTransform=IT(paddingLower=[1, 1], paddingUpper=[1, 1], dilation=[dil, 1]),
+                          outputTransform=OT(stride=[stride, 1]))
+    m = poplar.IPUModel("ipu2")
+    m.tilesPerIPU = 16
+    plan = poplin.plan_convolution(p, m.createDevice().getTarget())
+    assert plan.field_split > 1
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal(p.getInputShape()).astype(np.float32)
+    W = rng.standard_normal(p.getWeightsShape()).astype(np.float32)
+    out, _ = run_conv(p, X, W, tiles=16)
+    np.testing.assert_allclose(out, ref_conv(X, W, p), atol=1e-4)

@@ -12,7 +12,7 @@ through the output transform: truncation, striding, padding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from openipu import poplar
 from openipu.poplar.types import as_type

@@ -23,8 +23,8 @@ candidate split and vertex type it estimates, per tile and serial step (all pred
 - the syncs and compute-set launches the engine charges (``openipu.poplar.calibration``);
 
 and the temporary memory per tile: the input and weight blocks its vertices read (counted whole,
-as work buffers), partial sums, and the partials received for the reduction (the peak of the two phases, as ``ConvModel.cpp
-addEstimates`` takes the peak of concurrent temporaries).
+as work buffers), partial sums, and the partials received for the reduction (the peak of the two
+phases, as ``ConvModel.cpp addEstimates`` takes the peak of concurrent temporaries).
 
 It keeps the fastest plan whose temporary memory fits ``availableMemoryProportion`` (default 0.6)
 of the tile's memory. Serial splits are tried only when no parallel plan fits. If no plan fits at
@@ -33,6 +33,16 @@ found and the budget (PopLibs instead retries with a doubled budget and then ign
 warning "convolution planner unable to meet memory target"; openipu makes this an error so the
 sizing question is answered at plan time). ``availableMemoryProportion`` 0 asks for the plan
 with the least temporary memory (PopLibs' MINIMIZE_TILE_TEMP_MEMORY objective).
+
+The AMP's conv units come from the target table: ``units = Target.getAmpMacsPerCycle(in,
+partials) x core cycles / weights per conv unit`` (ipu2: 16 for half with half partials, 8 for
+half with float partials, 16 for float), so a tile never exceeds the table's MACs per cycle.
+
+Not modelled: PopLibs' transforms (``expandDims``, ``swapOperands``, ``outChanFlattenDims``,
+``combineConvGroups``), so layers with few input channels (ResNet's first 7x7) use the AMP
+poorly, as they would without those transforms; SLIC, VMAC and OuterProduct vertices;
+multi-stage reductions; the multi-IPU (system) level of the plan. Positions that meet the zeros
+of a dilated input are skipped at a rate of ``1 / inputDilation`` [A].
 
 Plans are cached per (problem, types, options, target) in a :class:`PlanningCache` (one
 module-wide cache unless the caller passes its own). Candidate evaluation is vectorised with
@@ -302,11 +312,10 @@ def amp_1x1_cycles(P, nig, nog, groups, units, in_name: str, float_partials: boo
     fa = in_name == "float"
     core = AMP_CORE_CYCLES[in_name]
     ne = _ceil(P, W)
-    common = np.asarray((not fa and units == 16) | float_partials) if not fa else np.zeros_like(ne, bool)
-    common = np.broadcast_to(common, np.shape(ne))
-    zc = (8 if fa else 0) if fa else np.where(float_partials, 4, 2)
-    if fa:
-        zc = np.where(units == 16, 8, 4)
+    # "The code paths for half activations, half partials and 16 conv units is = half
+    # activations, float partials and 8 conv units" (commonHalfAndFloatPartialsCodePath)
+    common = np.broadcast_to(np.asarray(False if fa else (np.asarray(units) == 16) | float_partials), np.shape(ne))
+    zc = np.where(np.asarray(units) == 16, 8, 4) if fa else (4 if float_partials else 2)
 
     def worker(z):
         if fa:
@@ -382,7 +391,7 @@ def _evaluate(pb: Problem, c: dict, method, units, fp, in_type, out_type, target
     """Estimates for candidate arrays ``c`` (dict of int arrays). Returns (cycles, compute,
     exchange, reduce, temp, icpg, ocpg)."""
     in_name = in_type.name
-    isz, psz, osz = in_type.size, 4 if fp else 2, out_type.size
+    isz, psz = in_type.size, 4 if fp else 2
     vwp = 2 if fp else 4
     epc = target.getExchangeBytesPerCycle()
     sync = cal.INTERNAL_SYNC_CYCLES + target.spec.min_ipu_sync_delay
