@@ -252,7 +252,10 @@ def _partials_kernel(x, w, dst, spec: _Spec, ctx):
 
 
 def _reduce_kernel(partials, dst, ctx):
-    ctx.write(dst, ctx.read(partials).sum(dim=1))
+    P = ctx.read(partials)
+    # fp32 partials are summed in fp64 (see conv_partials): torch's vectorised sum over a strided
+    # dimension rounds differently per output position.
+    ctx.write(dst, P.to(torch.float64).sum(dim=1) if P.dtype == torch.float32 else P.sum(dim=1))
 
 
 def _replica_reads(t, addr: np.ndarray, base_tiles: np.ndarray, offsets, gt) -> list:
