@@ -18,9 +18,7 @@ from openipu import poplar
 from openipu.poplar.types import as_type
 
 
-class poplibs_error(poplar.poplar_error):  # noqa: N801 - PopLibs spelling
-    """PopLibs' exception (``poputil::poplibs_error``). A subclass of ``poplar_error`` here, so
-    ``except poplar.poplar_error`` catches library errors too."""
+from openipu.poplibs.poputil import poplibs_error  # noqa: E402,F401 - one class for all of PopLibs
 
 
 def _vec(v, n, default, name):
