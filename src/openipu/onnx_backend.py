@@ -41,10 +41,23 @@ from onnx import helper, numpy_helper
 from onnx.backend.base import Backend, BackendRep, namedtupledict
 
 DEVICES = ("CPU", "IPU")
+#: the device models run on unless ``prepare(..., ipu_model={...})`` says otherwise: one whole
+#: Mk2 IPU (PopART's own IPU Model default of 4 tiles cannot hold the larger test models)
+IPU_MODEL_OPTIONS = {"numIPUs": 1, "tilesPerIPU": 1216}
 
 _P = onnx.TensorProto
+#: ONNX float8 element types (held as float32 holding float8 values, see the module docstring)
+FLOAT8_TYPES = (_P.FLOAT8E4M3FN, _P.FLOAT8E4M3FNUZ, _P.FLOAT8E5M2, _P.FLOAT8E5M2FNUZ, _P.FLOAT8E8M0)
+#: sub-byte ONNX element types and the byte type that holds them
+SUBBYTE_TYPES = {_P.INT4: _P.INT8, _P.INT2: _P.INT8, _P.UINT4: _P.UINT8, _P.UINT2: _P.UINT8,
+                 _P.FLOAT4E2M1: _P.FLOAT}
 #: element types the IPU has no arithmetic for, and the type the backend computes them in
-LEGALISED_TYPES = {_P.DOUBLE: _P.FLOAT, _P.BFLOAT16: _P.FLOAT}
+LEGALISED_TYPES = {_P.DOUBLE: _P.FLOAT, _P.BFLOAT16: _P.FLOAT, **{t: _P.FLOAT for t in FLOAT8_TYPES},
+                   **SUBBYTE_TYPES}
+#: the narrow types among them: conversions to them keep their rounding (``ai.openipu`` ops)
+NARROW_TYPES = set(FLOAT8_TYPES) | set(SUBBYTE_TYPES)
+#: the domain of openipu's own ops (:mod:`openipu.popart.onnx_ops.openipu_ext`)
+OPENIPU_DOMAIN = "ai.openipu"
 
 _REDUCE = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
            "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
@@ -102,22 +115,62 @@ def _fix_type_proto(tp: onnx.TypeProto) -> None:
 def _fix_tensor(t: onnx.TensorProto) -> onnx.TensorProto:
     if t.data_type not in LEGALISED_TYPES:
         return t
-    arr = numpy_helper.to_array(t).astype(np.float32)
+    arr = numpy_helper.to_array(t).astype(helper.tensor_dtype_to_np_dtype(_legal_type(t.data_type)))
     new = numpy_helper.from_array(arr, t.name)
     return new
 
 
-def _fix_graph(g: onnx.GraphProto) -> None:
+def _elem_types(g: onnx.GraphProto) -> dict[str, int]:
+    """Element type of every tensor of ``g`` that has one (after ONNX type inference)."""
+    out = {i.name: i.data_type for i in g.initializer}
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        if vi.type.HasField("tensor_type"):
+            out.setdefault(vi.name, vi.type.tensor_type.elem_type)
+    return out
+
+
+def _fix_graph(g: onnx.GraphProto, types: dict[str, int] | None = None) -> None:
+    types = dict(types or {})
+    types.update(_elem_types(g))
     for i, init in enumerate(g.initializer):
         if init.data_type in LEGALISED_TYPES:
             g.initializer[i].CopyFrom(_fix_tensor(init))
     for vi in list(g.input) + list(g.output) + list(g.value_info):
         _fix_type_proto(vi.type)
     for n in g.node:
-        _fix_node(n)
+        _fix_narrow_cast(n, types)
+        _fix_node(n, types)
 
 
-def _fix_node(n: onnx.NodeProto) -> None:
+def _fix_narrow_cast(n: onnx.NodeProto, types: dict[str, int]) -> None:
+    """Conversions to a narrow type (float8, 4/2-bit) -> ``ai.openipu.NarrowCast`` /
+    ``NarrowQuantizeLinear`` (their result held in the legal wide type)."""
+    if n.domain not in ("", "ai.onnx") or n.op_type not in ("Cast", "CastLike", "QuantizeLinear"):
+        return
+    attrs = {a.name: a for a in n.attribute}
+    if n.op_type == "Cast":
+        to = attrs["to"].i if "to" in attrs else 0
+    elif n.op_type == "CastLike":
+        to = types.get(n.input[1], 0) if len(n.input) > 1 else 0
+    else:
+        to = types.get(n.input[2], 0) if len(n.input) > 2 and n.input[2] else \
+            attrs["output_dtype"].i if "output_dtype" in attrs else 0
+    if to not in NARROW_TYPES:
+        return
+    if n.op_type == "QuantizeLinear":
+        keep = [a for a in n.attribute if a.name != "output_dtype"]
+        n.op_type = "NarrowQuantizeLinear"
+    else:
+        keep = [a for a in n.attribute if a.name in ("saturate", "round_mode")]
+        del n.input[1:]
+        n.op_type = "NarrowCast"
+    del n.attribute[:]
+    n.attribute.extend(keep)
+    n.attribute.append(helper.make_attribute("to", to))
+    n.domain = OPENIPU_DOMAIN
+
+
+def _fix_node(n: onnx.NodeProto, types: dict[str, int] | None = None) -> None:
     for a in n.attribute:
         if a.type == onnx.AttributeProto.TENSOR:
             a.t.CopyFrom(_fix_tensor(a.t))
@@ -125,10 +178,10 @@ def _fix_node(n: onnx.NodeProto) -> None:
             for j, t in enumerate(a.tensors):
                 a.tensors[j].CopyFrom(_fix_tensor(t))
         elif a.type == onnx.AttributeProto.GRAPH:
-            _fix_graph(a.g)
+            _fix_graph(a.g, types)
         elif a.type == onnx.AttributeProto.GRAPHS:
             for sg in a.graphs:
-                _fix_graph(sg)
+                _fix_graph(sg, types)
         elif a.type == onnx.AttributeProto.INT and (
                 (n.op_type == "Cast" and a.name == "to") or a.name == "dtype"):
             a.i = _legal_type(a.i)
@@ -147,14 +200,23 @@ def _uses_type(tp: onnx.TypeProto, types) -> bool:
 
 
 def legalise_types(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` with DOUBLE and BFLOAT16 tensors, attributes and types made FLOAT
-    (PopART's ``GraphTransformer.convertDoublesToFloats``, extended to bfloat16)."""
+    """A copy of ``model`` with the element types of :data:`LEGALISED_TYPES` replaced in tensors,
+    attributes and types (PopART's ``GraphTransformer.convertDoublesToFloats``, extended), and
+    conversions to narrow types made ``ai.openipu`` ops that keep their rounding."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    _fix_graph(m.graph)
+    try:
+        types = _elem_types(onnx.shape_inference.infer_shapes(model).graph)
+    except Exception:  # noqa: BLE001 - types of CastLike targets are best effort
+        types = {}
+    _fix_graph(m.graph, types)
     for f in m.functions:
         for n in f.node:
+            _fix_narrow_cast(n, {})
             _fix_node(n)
+    used = {n.domain for n in m.graph.node}
+    if OPENIPU_DOMAIN in used and all(o.domain != OPENIPU_DOMAIN for o in m.opset_import):
+        m.opset_import.append(helper.make_opsetid(OPENIPU_DOMAIN, 1))
     return m
 
 
@@ -213,7 +275,8 @@ class OpenIPUBackendRep(BackendRep):
         popart = self._popart
         data_flow = popart.DataFlow(
             1, {name: popart.AnchorReturnType("ALL") for name in self.output_names})
-        device_info = popart.DeviceManager().createIpuModelDevice(self.kwargs.get("ipu_model", {}))
+        device_info = popart.DeviceManager().createIpuModelDevice(
+            self.kwargs.get("ipu_model", IPU_MODEL_OPTIONS))
         session_kw = {}
         if "userOptions" in self.kwargs:
             session_kw["userOptions"] = self.kwargs["userOptions"]
@@ -263,8 +326,9 @@ class OpenIPUBackendRep(BackendRep):
                 raise NotImplementedError(
                     f"input '{k}' is a sequence or optional value: PopART has only tensor inputs")
             a = np.asarray(v)
-            if helper.np_dtype_to_tensor_dtype(a.dtype) in LEGALISED_TYPES:
-                a = a.astype(np.float32)
+            et = helper.np_dtype_to_tensor_dtype(a.dtype)
+            if et in LEGALISED_TYPES:
+                a = a.astype(helper.tensor_dtype_to_np_dtype(_legal_type(et)))
             feed[k] = _c_array(a)
         session = self._session_for(feed)
         anchors = session.initAnchorArrays()

@@ -14,7 +14,11 @@ from openipu.popart.tensorinfo import NAME_OF_ONNX, TORCH_OF
 
 NAME_OF_TORCH = {torch.float32: "FLOAT", torch.float16: "FLOAT16", torch.int32: "INT32", torch.int64: "INT64",
                  torch.bool: "BOOL", torch.uint8: "UINT8", torch.int8: "INT8", torch.int16: "INT16",
-                 torch.float64: "DOUBLE", torch.bfloat16: "BFLOAT16"}
+                 torch.float64: "DOUBLE", torch.bfloat16: "BFLOAT16", torch.uint16: "UINT16",
+                 torch.uint32: "UINT32", torch.uint64: "UINT64"}
+#: the torch dtype host kernels take for each PopART type (unsigned types native, as the onnx_ops
+#: kernels expect them; device storage may be wider, see ``tensorinfo.TORCH_OF``)
+KERNEL_TORCH_OF = {**TORCH_OF, "UINT16": torch.uint16, "UINT32": torch.uint32, "UINT64": torch.uint64}
 
 
 def decode_attrs(node: onnx.NodeProto) -> dict:
@@ -45,17 +49,12 @@ def annotations(node: onnx.NodeProto) -> dict:
 
 
 def to_torch(arr: np.ndarray) -> torch.Tensor:
-    """A numpy array as a torch tensor (unsigned 16/32/64-bit types widened to signed)."""
-    a = np.ascontiguousarray(arr)
-    if a.dtype == np.uint16:
-        a = a.astype(np.int32)
-    elif a.dtype in (np.uint32, np.uint64):
-        a = a.astype(np.int64)
-    return torch.from_numpy(a.copy())
+    """A numpy array as a torch tensor of the same element type (unsigned types native)."""
+    return torch.from_numpy(np.array(arr, copy=True, order="C"))
 
 
 def zeros(dtype: str, shape) -> torch.Tensor:
-    return torch.zeros([int(s) for s in shape], dtype=TORCH_OF.get(dtype, torch.float32))
+    return torch.zeros([int(s) for s in shape], dtype=KERNEL_TORCH_OF.get(dtype, torch.float32))
 
 
 def probe(kernel, in_infos, attrs: dict, opset: int, const_values=None):
@@ -73,7 +72,7 @@ def probe(kernel, in_infos, attrs: dict, opset: int, const_values=None):
     in_types = {i[0] for i in in_infos if i is not None}
     if len(in_types) == 1:
         t = in_types.pop()
-        names[TORCH_OF.get(t, torch.float32)] = t
+        names[KERNEL_TORCH_OF.get(t, torch.float32)] = t
     return [(names.get(o.dtype, "FLOAT"), list(o.shape)) for o in outs]
 
 
