@@ -223,9 +223,20 @@ def legalise_types(model: onnx.ModelProto) -> onnx.ModelProto:
 def shape_inputs(model: onnx.ModelProto) -> list[str]:
     """Graph inputs whose values reach a shape-determining operand (:data:`SHAPE_OPERANDS`)
     through any ops except ``Shape`` / ``Size``, in graph-input order."""
+    from openipu.popart.shapes import subgraph_free_names
     g = model.graph
-    producer = {o: n for n in g.node for o in n.output if o}
-    todo = [n.input[i] for n in g.node for i in SHAPE_OPERANDS.get(n.op_type, ())
+    nodes: list[tuple[onnx.NodeProto, list[str]]] = []   # (node, inputs incl. outer-scope uses)
+
+    def collect(graph):
+        for n in graph.node:
+            nodes.append((n, list(n.input) + subgraph_free_names(n)))
+            for a in n.attribute:
+                for sg in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                           a.graphs if a.type == onnx.AttributeProto.GRAPHS else []):
+                    collect(sg)
+    collect(g)
+    producer = {o: (n, ins) for n, ins in nodes for o in n.output if o}
+    todo = [n.input[i] for n, _ in nodes for i in SHAPE_OPERANDS.get(n.op_type, ())
             if i < len(n.input) and n.input[i]]
     seen: set[str] = set()
     while todo:
@@ -234,8 +245,8 @@ def shape_inputs(model: onnx.ModelProto) -> list[str]:
             continue
         seen.add(t)
         p = producer.get(t)
-        if p is not None and p.op_type not in _VALUE_FREE:
-            todo.extend(x for x in p.input if x)
+        if p is not None and p[0].op_type not in _VALUE_FREE:
+            todo.extend(x for x in p[1] if x)
     inits = {i.name for i in g.initializer}
     return [vi.name for vi in g.input if vi.name in seen and vi.name not in inits]
 

@@ -37,7 +37,8 @@ from openipu.popart.errors import popart_exception
 from openipu.popart.graphcore_ops import find_kernel
 from openipu.popart.log import log
 from openipu.popart.options import VirtualGraphMode
-from openipu.popart.shapes import NAME_OF_TORCH, annotations, decode_attrs, is_static, probe, to_torch, value_info_of
+from openipu.popart.shapes import (NAME_OF_TORCH, annotations, call_kernel, decode_attrs, is_static, probe,
+                                  subgraph_free_names, to_torch, value_info_of)
 from openipu.popart.tensorinfo import NUMPY_OF, TensorInfo, dtype_name
 
 #: ops never folded on the host (random results differ per run)
@@ -194,16 +195,23 @@ class Ir:
         opset = self.opsets.get(domain, 1)
         attrs = decode_attrs(node)
         attrs["__num_outputs__"] = len(node.output)     # the onnx_ops kernel contract
+        node_inputs = list(node.input)
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            # subgraphs: the enclosing-scope tensors they use become trailing inputs of the op
+            # (shapes.call_kernel hands them to the kernel as attrs["__outer__"])
             attrs["__opsets__"] = dict(self.opsets)
             attrs["__outer__"] = {}
+            outer = [x for x in subgraph_free_names(node) if x in self.tensors]
+            if outer:
+                attrs["__outer_names__"] = outer
+                node_inputs += outer
         kernel = find_kernel(domain, node.op_type)
-        for x in node.input:
+        for x in node_inputs:
             if x and x not in self.tensors:
                 raise popart_exception(f"Node '{node.name or node.op_type}' ({node.op_type}) uses tensor '{x}', which "
                                        "no earlier node, input or initializer produces (the graph is not "
                                        "topologically sorted, or a tensor is missing)")
-        ins = [self.tensors[x] if x else None for x in node.input]
+        ins = [self.tensors[x] if x else None for x in node_inputs]
         # constant folding
         if node.op_type == "Constant" and domain == "":
             if kernel is None:
@@ -221,17 +229,17 @@ class Ir:
             else:
                 val = torch.tensor(math.prod(shape), dtype=torch.int64)
             return self._fold(node, [val], inferred)
-        foldable = (kernel is not None and node.op_type not in NO_FOLD and node.input
+        foldable = (kernel is not None and node.op_type not in NO_FOLD and node_inputs
                     and all(t is None or t.kind == "Const" for t in ins))
         if foldable:
             vals = [None if t is None else to_torch(t.value) for t in ins]
             try:
                 with torch.no_grad():
-                    outs = kernel.fn(vals, attrs, opset)
+                    outs = call_kernel(kernel, vals, attrs, opset)
             except Exception as e:
                 raise popart_exception(f"Constant folding of {node.op_type} node '{node.name}' failed: {e}") from None
             return self._fold(node, outs, inferred)
-        op = IrOp(len(self.ops), node.op_type, domain, opset, node.name, list(node.input), list(node.output), attrs,
+        op = IrOp(len(self.ops), node.op_type, domain, opset, node.name, node_inputs, list(node.output), attrs,
                   annotations(node))
         if kernel is None and not lowering.has_lowering(op):
             raise popart_exception(f"No class for {domain or 'ai.onnx'}.{node.op_type}:0. openipu has no kernel or "

@@ -57,6 +57,48 @@ def zeros(dtype: str, shape) -> torch.Tensor:
     return torch.zeros([int(s) for s in shape], dtype=KERNEL_TORCH_OF.get(dtype, torch.float32))
 
 
+def subgraph_free_names(node: onnx.NodeProto) -> list[str]:
+    """Names the subgraphs of ``node`` (graph attributes, nested too) use but do not define:
+    tensors of the enclosing scopes, in first-use order."""
+    out: list[str] = []
+
+    def walk(g: onnx.GraphProto, bound: set):
+        bound = bound | {i.name for i in g.input} | {i.name for i in g.initializer}
+        for n in g.node:
+            for x in n.input:
+                if x and x not in bound and x not in out:
+                    out.append(x)
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    walk(a.g, bound)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    for sg in a.graphs:
+                        walk(sg, bound)
+            bound = bound | {o for o in n.output if o}
+        for o in g.output:
+            if o.name not in bound and o.name not in out:
+                out.append(o.name)
+
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            walk(a.g, set())
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            for sg in a.graphs:
+                walk(sg, set())
+    return out
+
+
+def call_kernel(kernel, inputs: list, attrs: dict, opset: int) -> list:
+    """Run ``kernel``; for a node with subgraphs, the trailing ``attrs["__outer_names__"]``
+    inputs are the enclosing-scope tensors the subgraphs use, passed as ``attrs["__outer__"]``."""
+    names = attrs.get("__outer_names__")
+    if names:
+        n = len(inputs) - len(names)
+        attrs = {**attrs, "__outer__": {**attrs.get("__outer__", {}), **dict(zip(names, inputs[n:]))}}
+        inputs = inputs[:n]
+    return kernel.fn(inputs, attrs, opset)
+
+
 def probe(kernel, in_infos, attrs: dict, opset: int, const_values=None):
     """Run ``kernel`` on zeros (or the known constant values) of ``in_infos`` (list of
     ``(dtype name, shape)`` or ``None``). Returns ``[(dtype name, shape)]`` per output."""
@@ -65,7 +107,7 @@ def probe(kernel, in_infos, attrs: dict, opset: int, const_values=None):
     for info, cv in zip(in_infos, const_values):
         ins.append(cv if cv is not None else (None if info is None else zeros(info[0], info[1])))
     with torch.no_grad():
-        outs = kernel.fn(ins, attrs, opset)
+        outs = call_kernel(kernel, ins, attrs, opset)
     # storage dtypes shared by several ONNX types (uint16 held in int32 ...): when all inputs have
     # one type, an output of its storage dtype has that type
     names = dict(NAME_OF_TORCH)
