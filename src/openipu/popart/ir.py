@@ -256,6 +256,20 @@ class Ir:
             except Exception as e:
                 raise popart_exception(f"Could not infer the output shapes of {node.op_type} node '{node.name}': "
                                        f"{e}") from None
+            # a second probe on other values: an output shape that changes with the values of
+            # non-constant inputs cannot be compiled (the IPU runs static graphs). Values the op
+            # rejects (e.g. as shapes) say nothing, so a failing second probe is ignored.
+            again = probed
+            if any(t is not None and c is None for t, c in zip(ins, cvs)):
+                try:
+                    again = probe(kernel, in_infos, attrs, opset, cvs, fill="arange")
+                except Exception:  # noqa: BLE001
+                    pass
+            if [p[1] for p in probed] != [p[1] for p in again]:
+                raise popart_exception(
+                    f"The output shape of {node.op_type} node '{node.name}' depends on the values of its inputs "
+                    f"({', '.join(x for x, t, c in zip(node_inputs, ins, cvs) if t is not None and c is None)}), "
+                    "but PopART needs static shapes. Make those inputs constants (initializers)")
             out_infos = [i if (i is not None and is_static(i[1]) and i[0] != "UNDEFINED") else p
                          for i, p in zip(out_infos, probed)]
         for o, info in zip(node.output, out_infos):

@@ -53,8 +53,17 @@ def to_torch(arr: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(arr, copy=True, order="C"))
 
 
-def zeros(dtype: str, shape) -> torch.Tensor:
-    return torch.zeros([int(s) for s in shape], dtype=KERNEL_TORCH_OF.get(dtype, torch.float32))
+def zeros(dtype: str, shape, fill: str = "zeros") -> torch.Tensor:
+    """Zeros (``fill="zeros"``) or the distinct values 1, 2, 3, ... (``"arange"``, wrapping in
+    narrow types) of a PopART type and shape, for probing kernels."""
+    dt = KERNEL_TORCH_OF.get(dtype, torch.float32)
+    shape = [int(s) for s in shape]
+    if fill == "arange":
+        if dt == torch.bool:
+            return torch.ones(shape, dtype=dt)
+        n = max(1, int(np.prod(shape)))
+        return (torch.arange(1, n + 1, dtype=torch.int64) % 100 + 1).to(dt).reshape(shape)
+    return torch.zeros(shape, dtype=dt)
 
 
 def subgraph_free_names(node: onnx.NodeProto) -> list[str]:
@@ -99,13 +108,14 @@ def call_kernel(kernel, inputs: list, attrs: dict, opset: int) -> list:
     return kernel.fn(inputs, attrs, opset)
 
 
-def probe(kernel, in_infos, attrs: dict, opset: int, const_values=None):
-    """Run ``kernel`` on zeros (or the known constant values) of ``in_infos`` (list of
-    ``(dtype name, shape)`` or ``None``). Returns ``[(dtype name, shape)]`` per output."""
+def probe(kernel, in_infos, attrs: dict, opset: int, const_values=None, fill: str = "zeros"):
+    """Run ``kernel`` on zeros (``fill``, see :func:`zeros`) or the known constant values of
+    ``in_infos`` (list of ``(dtype name, shape)`` or ``None``). Returns ``[(dtype name, shape)]``
+    per output."""
     const_values = const_values or [None] * len(in_infos)
     ins = []
     for info, cv in zip(in_infos, const_values):
-        ins.append(cv if cv is not None else (None if info is None else zeros(info[0], info[1])))
+        ins.append(cv if cv is not None else (None if info is None else zeros(info[0], info[1], fill)))
     with torch.no_grad():
         outs = call_kernel(kernel, ins, attrs, opset)
     # storage dtypes shared by several ONNX types (uint16 held in int32 ...): when all inputs have

@@ -57,7 +57,12 @@ def _narrow(to: int) -> tuple:
     return "float8", dt
 
 
-@onnx_op("NarrowCast", domain=DOMAIN, flops=lambda i, o, a: 4.0 * math.prod(o[0]))
+def _narrow_flops(i, o, a):
+    """4 flops per element (scale, round, clamp) [A]"""
+    return 4.0 * math.prod(o[0])
+
+
+@onnx_op("NarrowCast", domain=DOMAIN, flops=_narrow_flops)
 def narrow_cast(inputs, attrs, opset):
     to = int(attrs.get("to", 0))
     kind, dt = _narrow(to)
@@ -67,7 +72,7 @@ def narrow_cast(inputs, attrs, opset):
     return [y.to(torch.float32)]
 
 
-@onnx_op("NarrowQuantizeLinear", domain=DOMAIN, flops=lambda i, o, a: 4.0 * math.prod(o[0]))
+@onnx_op("NarrowQuantizeLinear", domain=DOMAIN, flops=_narrow_flops)
 def narrow_quantize_linear(inputs, attrs, opset):
     to = int(attrs.get("to", 0))
     kind, dt = _narrow(to)

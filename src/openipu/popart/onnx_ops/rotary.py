@@ -13,7 +13,12 @@ from openipu.popart.onnx_ops import OnnxKernelError, onnx_op
 from openipu.popart.onnx_ops._common import opt
 
 
-@onnx_op("RotaryEmbedding", flops=lambda i, o, a: 3.0 * math.prod(o[0]))
+def _rotary_flops(i, o, a):
+    """3 flops per output element (2 mul, 1 add) [A]"""
+    return 3.0 * math.prod(o[0])
+
+
+@onnx_op("RotaryEmbedding", flops=_rotary_flops)
 def rotary_embedding(inputs, attrs, opset):
     x, cos, sin, pos = inputs[0], inputs[1], inputs[2], opt(inputs, 3)
     shape = x.shape

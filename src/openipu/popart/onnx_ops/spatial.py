@@ -12,7 +12,17 @@ import torch.nn.functional as F
 from openipu.popart.onnx_ops import OnnxKernelError, onnx_op
 
 
-@onnx_op("AffineGrid", flops=lambda i, o, a: 6.0 * math.prod(o[0]))
+def _affine_grid_flops(i, o, a):
+    """6 flops per grid element [A]"""
+    return 6.0 * math.prod(o[0])
+
+
+def _col2im_flops(i, o, a):
+    """one add per input element"""
+    return float(math.prod(i[0]))
+
+
+@onnx_op("AffineGrid", flops=_affine_grid_flops)
 def affine_grid(inputs, attrs, opset):
     theta, size = inputs[0], [int(v) for v in inputs[1].tolist()]
     if len(size) not in (4, 5):
@@ -22,7 +32,7 @@ def affine_grid(inputs, attrs, opset):
     return [grid.to(theta.dtype)]
 
 
-@onnx_op("Col2Im", flops=lambda i, o, a: float(math.prod(i[0])))
+@onnx_op("Col2Im", flops=_col2im_flops)
 def col2im(inputs, attrs, opset):
     x = inputs[0]
     image = [int(v) for v in inputs[1].tolist()]
