@@ -41,6 +41,9 @@ from openipu.popart.shapes import (NAME_OF_TORCH, annotations, call_kernel, deco
                                   subgraph_free_names, to_torch, value_info_of)
 from openipu.popart.tensorinfo import NUMPY_OF, TensorInfo, dtype_name
 
+#: ops whose output shapes depend on input values (PopART has no class for them): always probed
+#: twice, even when the model states a static shape, and refused unless the shapes agree
+VALUE_SHAPED = {"NonZero", "Unique"}
 #: ops never folded on the host (random results differ per run)
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
            "Dropout", "PrintTensor"}
@@ -246,7 +249,9 @@ class Ir:
                                    "lowering for this operator; replace it in the model (see popart."
                                    "getSupportedOperations())")
         out_infos = [inferred.get(o) for o in node.output]
-        if any(o and (i is None or not is_static(i[1]) or i[0] == "UNDEFINED") for o, i in zip(node.output, out_infos)):
+        value_shaped = domain == "" and node.op_type in VALUE_SHAPED
+        if value_shaped or any(o and (i is None or not is_static(i[1]) or i[0] == "UNDEFINED")
+                               for o, i in zip(node.output, out_infos)):
             if kernel is None:
                 raise popart_exception(f"Could not infer the output shapes of {node.op_type} node '{node.name}'")
             in_infos = [None if t is None else (t.info.data_type(), t.info.shape()) for t in ins]
@@ -266,8 +271,9 @@ class Ir:
                 except Exception:  # noqa: BLE001
                     pass
             if [p[1] for p in probed] != [p[1] for p in again]:
+                no_class = f"No class for ai.onnx.{node.op_type}:0. " if value_shaped else ""
                 raise popart_exception(
-                    f"The output shape of {node.op_type} node '{node.name}' depends on the values of its inputs "
+                    f"{no_class}The output shape of {node.op_type} node '{node.name}' depends on the values of its inputs "
                     f"({', '.join(x for x, t, c in zip(node_inputs, ins, cvs) if t is not None and c is None)}), "
                     "but PopART needs static shapes. Make those inputs constants (initializers)")
             out_infos = [i if (i is not None and is_static(i[1]) and i[0] != "UNDEFINED") else p
