@@ -17,7 +17,12 @@ for a CPU (PopART itself does none of it, and keeps raising its errors for such 
   and other ``dtype`` attributes, value infos, subgraphs) become FLOAT, the way PopART's
   ``GraphTransformer.convertDoublesToFloats`` does for doubles. Inputs are converted to float32
   when streamed and outputs are converted back to the declared type (float64 / bfloat16), so the
-  results carry float32 rounding, not the declared type's.
+  results carry float32 rounding, not the declared type's. The narrow types (float8 E4M3FN /
+  E4M3FNUZ / E5M2 / E5M2FNUZ / E8M0, FLOAT4E2M1, INT4 / UINT4 / INT2 / UINT2) are held in float32,
+  int8 or uint8, which hold their values exactly; conversions *to* them (``Cast``, ``CastLike``,
+  ``QuantizeLinear``) become ``ai.openipu.NarrowCast`` / ``NarrowQuantizeLinear``
+  (:mod:`openipu.popart.onnx_ops.openipu_ext`), which keep ONNX's rounding and saturation.
+  ``BitCast`` of doubles cannot survive this (their bits are not kept).
 - **Input shapes.** Inputs whose shapes the model leaves symbolic or unknown get a
   ``popart.InputShapeInfo`` entry from the arrays given to ``run``.
 - **Shape-determining inputs.** The IPU runs static graphs, and PopART needs the inputs that set

@@ -14,7 +14,13 @@ Steps, in the session constructor as in PopART:
 5. check anchors ("Anchor tensor `x' not in Ir Tensors."), prune ops no anchor needs;
 6. virtual graphs (``VirtualGraphMode.Manual``: all ops or none annotated).
 
-An op no kernel and no lowering can run raises PopART's "No class for ai.onnx.X:0".
+An op no kernel and no lowering can run raises PopART's "No class for ai.onnx.X:0"; so do
+NonZero / Unique when their output shape changes with their (non-constant) input values, and any
+op whose output shape, found by running its kernel, does ("... depends on the values of its
+inputs"). A node with subgraphs (If, Loop, Scan) gets the enclosing-scope tensors its subgraphs
+use as extra trailing inputs (``attrs["__outer_names__"]``; ``shapes.call_kernel`` passes them to
+the kernel as ``attrs["__outer__"]``), so it folds when they are constants and reads them on the
+device otherwise.
 Unlike PopART (ai.onnx opsets 6-11 only), models of newer opsets are accepted: the onnx_ops
 kernels branch on the opset where semantics changed.
 Tensor kinds: ``Stream`` (model inputs), ``Const``, ``Variable`` (initializers with
