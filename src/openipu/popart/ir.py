@@ -14,7 +14,13 @@ Steps, in the session constructor as in PopART:
 5. check anchors ("Anchor tensor `x' not in Ir Tensors."), prune ops no anchor needs;
 6. virtual graphs (``VirtualGraphMode.Manual``: all ops or none annotated).
 
-An op no kernel and no lowering can run raises PopART's "No class for ai.onnx.X:0".
+An op no kernel and no lowering can run raises PopART's "No class for ai.onnx.X:0"; so do
+NonZero / Unique when their output shape changes with their (non-constant) input values, and any
+op whose output shape, found by running its kernel, does ("... depends on the values of its
+inputs"). A node with subgraphs (If, Loop, Scan) gets the enclosing-scope tensors its subgraphs
+use as extra trailing inputs (``attrs["__outer_names__"]``; ``shapes.call_kernel`` passes them to
+the kernel as ``attrs["__outer__"]``), so it folds when they are constants and reads them on the
+device otherwise.
 Unlike PopART (ai.onnx opsets 6-11 only), models of newer opsets are accepted: the onnx_ops
 kernels branch on the opset where semantics changed.
 Tensor kinds: ``Stream`` (model inputs), ``Const``, ``Variable`` (initializers with
@@ -37,9 +43,13 @@ from openipu.popart.errors import popart_exception
 from openipu.popart.graphcore_ops import find_kernel
 from openipu.popart.log import log
 from openipu.popart.options import VirtualGraphMode
-from openipu.popart.shapes import NAME_OF_TORCH, annotations, decode_attrs, is_static, probe, to_torch, value_info_of
+from openipu.popart.shapes import (NAME_OF_TORCH, annotations, call_kernel, decode_attrs, is_static, probe,
+                                  subgraph_free_names, to_torch, value_info_of)
 from openipu.popart.tensorinfo import NUMPY_OF, TensorInfo, dtype_name
 
+#: ops whose output shapes depend on input values (PopART has no class for them): always probed
+#: twice, even when the model states a static shape, and refused unless the shapes agree
+VALUE_SHAPED = {"NonZero", "Unique"}
 #: ops never folded on the host (random results differ per run)
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
            "Dropout", "PrintTensor"}
@@ -194,16 +204,23 @@ class Ir:
         opset = self.opsets.get(domain, 1)
         attrs = decode_attrs(node)
         attrs["__num_outputs__"] = len(node.output)     # the onnx_ops kernel contract
+        node_inputs = list(node.input)
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            # subgraphs: the enclosing-scope tensors they use become trailing inputs of the op
+            # (shapes.call_kernel hands them to the kernel as attrs["__outer__"])
             attrs["__opsets__"] = dict(self.opsets)
             attrs["__outer__"] = {}
+            outer = [x for x in subgraph_free_names(node) if x in self.tensors]
+            if outer:
+                attrs["__outer_names__"] = outer
+                node_inputs += outer
         kernel = find_kernel(domain, node.op_type)
-        for x in node.input:
+        for x in node_inputs:
             if x and x not in self.tensors:
                 raise popart_exception(f"Node '{node.name or node.op_type}' ({node.op_type}) uses tensor '{x}', which "
                                        "no earlier node, input or initializer produces (the graph is not "
                                        "topologically sorted, or a tensor is missing)")
-        ins = [self.tensors[x] if x else None for x in node.input]
+        ins = [self.tensors[x] if x else None for x in node_inputs]
         # constant folding
         if node.op_type == "Constant" and domain == "":
             if kernel is None:
@@ -221,24 +238,26 @@ class Ir:
             else:
                 val = torch.tensor(math.prod(shape), dtype=torch.int64)
             return self._fold(node, [val], inferred)
-        foldable = (kernel is not None and node.op_type not in NO_FOLD and node.input
+        foldable = (kernel is not None and node.op_type not in NO_FOLD and node_inputs
                     and all(t is None or t.kind == "Const" for t in ins))
         if foldable:
             vals = [None if t is None else to_torch(t.value) for t in ins]
             try:
                 with torch.no_grad():
-                    outs = kernel.fn(vals, attrs, opset)
+                    outs = call_kernel(kernel, vals, attrs, opset)
             except Exception as e:
                 raise popart_exception(f"Constant folding of {node.op_type} node '{node.name}' failed: {e}") from None
             return self._fold(node, outs, inferred)
-        op = IrOp(len(self.ops), node.op_type, domain, opset, node.name, list(node.input), list(node.output), attrs,
+        op = IrOp(len(self.ops), node.op_type, domain, opset, node.name, node_inputs, list(node.output), attrs,
                   annotations(node))
         if kernel is None and not lowering.has_lowering(op):
             raise popart_exception(f"No class for {domain or 'ai.onnx'}.{node.op_type}:0. openipu has no kernel or "
                                    "lowering for this operator; replace it in the model (see popart."
                                    "getSupportedOperations())")
         out_infos = [inferred.get(o) for o in node.output]
-        if any(o and (i is None or not is_static(i[1]) or i[0] == "UNDEFINED") for o, i in zip(node.output, out_infos)):
+        value_shaped = domain == "" and node.op_type in VALUE_SHAPED
+        if value_shaped or any(o and (i is None or not is_static(i[1]) or i[0] == "UNDEFINED")
+                               for o, i in zip(node.output, out_infos)):
             if kernel is None:
                 raise popart_exception(f"Could not infer the output shapes of {node.op_type} node '{node.name}'")
             in_infos = [None if t is None else (t.info.data_type(), t.info.shape()) for t in ins]
@@ -248,6 +267,21 @@ class Ir:
             except Exception as e:
                 raise popart_exception(f"Could not infer the output shapes of {node.op_type} node '{node.name}': "
                                        f"{e}") from None
+            # a second probe on other values: an output shape that changes with the values of
+            # non-constant inputs cannot be compiled (the IPU runs static graphs). Values the op
+            # rejects (e.g. as shapes) say nothing, so a failing second probe is ignored.
+            again = probed
+            if any(t is not None and c is None for t, c in zip(ins, cvs)):
+                try:
+                    again = probe(kernel, in_infos, attrs, opset, cvs, fill="arange")
+                except Exception:  # noqa: BLE001
+                    pass
+            if [p[1] for p in probed] != [p[1] for p in again]:
+                no_class = f"No class for ai.onnx.{node.op_type}:0. " if value_shaped else ""
+                raise popart_exception(
+                    f"{no_class}The output shape of {node.op_type} node '{node.name}' depends on the values of its inputs "
+                    f"({', '.join(x for x, t, c in zip(node_inputs, ins, cvs) if t is not None and c is None)}), "
+                    "but PopART needs static shapes. Make those inputs constants (initializers)")
             out_infos = [i if (i is not None and is_static(i[1]) and i[0] != "UNDEFINED") else p
                          for i, p in zip(out_infos, probed)]
         for o, info in zip(node.output, out_infos):

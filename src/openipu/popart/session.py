@@ -253,7 +253,8 @@ class _SessionBase:
                 raise popart_runtime_error(self._size_message(tid, "input", exp, arr.size))
             if arr.size % max(ir.tensors[tid].info.nelms(), 1) or arr.size == 0 and exp:
                 raise popart_runtime_error(self._size_message(tid, "input", exp, arr.size))
-            plan.append((low.inputs[tid], arr))
+            if low.inputs[tid] is not None:
+                plan.append((low.inputs[tid], arr))
         bps, repl, accl = self._dataflow.batchesPerStep(), int(self.options.replicatedGraphCount), \
             int(self.options.accumulationFactor)
         for tid in stepio.outputs:
@@ -272,10 +273,10 @@ class _SessionBase:
                 raise popart_runtime_error(self._size_message(tid, "output", exp, arr.size, art))
             if not arr.flags["WRITEABLE"]:
                 raise popart_exception(f"The output array for anchor '{tid}' is read-only")
-            plan.append((h, arr))
+            if h is not None:
+                plan.append((h, arr))
         for h, arr in plan:
-            if arr.size:
-                eng.connectStream(h, arr.reshape(-1))
+            eng.connectStream(h, arr.reshape(-1))
 
     def _connect_callbacks(self, cb: PyStepIOCallback):
         eng, low = self._engine, self._lowered
@@ -297,9 +298,11 @@ class _SessionBase:
             return take
 
         for tid, h in low.inputs.items():
-            eng.connectStreamToCallback(h, make_in(tid))
+            if h is not None:
+                eng.connectStreamToCallback(h, make_in(tid))
         for tid, h in low.anchors.items():
-            eng.connectStreamToCallback(h, make_out(tid))
+            if h is not None:
+                eng.connectStreamToCallback(h, make_out(tid))
 
     # -- anchors and info -----------------------------------------------------------------
     def initAnchorArrays(self) -> dict:  # noqa: N802

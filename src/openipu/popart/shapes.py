@@ -14,7 +14,11 @@ from openipu.popart.tensorinfo import NAME_OF_ONNX, TORCH_OF
 
 NAME_OF_TORCH = {torch.float32: "FLOAT", torch.float16: "FLOAT16", torch.int32: "INT32", torch.int64: "INT64",
                  torch.bool: "BOOL", torch.uint8: "UINT8", torch.int8: "INT8", torch.int16: "INT16",
-                 torch.float64: "DOUBLE", torch.bfloat16: "BFLOAT16"}
+                 torch.float64: "DOUBLE", torch.bfloat16: "BFLOAT16", torch.uint16: "UINT16",
+                 torch.uint32: "UINT32", torch.uint64: "UINT64"}
+#: the torch dtype host kernels take for each PopART type (unsigned types native, as the onnx_ops
+#: kernels expect them; device storage may be wider, see ``tensorinfo.TORCH_OF``)
+KERNEL_TORCH_OF = {**TORCH_OF, "UINT16": torch.uint16, "UINT32": torch.uint32, "UINT64": torch.uint64}
 
 
 def decode_attrs(node: onnx.NodeProto) -> dict:
@@ -45,35 +49,82 @@ def annotations(node: onnx.NodeProto) -> dict:
 
 
 def to_torch(arr: np.ndarray) -> torch.Tensor:
-    """A numpy array as a torch tensor (unsigned 16/32/64-bit types widened to signed)."""
-    a = np.ascontiguousarray(arr)
-    if a.dtype == np.uint16:
-        a = a.astype(np.int32)
-    elif a.dtype in (np.uint32, np.uint64):
-        a = a.astype(np.int64)
-    return torch.from_numpy(a.copy())
+    """A numpy array as a torch tensor of the same element type (unsigned types native)."""
+    return torch.from_numpy(np.array(arr, copy=True, order="C"))
 
 
-def zeros(dtype: str, shape) -> torch.Tensor:
-    return torch.zeros([int(s) for s in shape], dtype=TORCH_OF.get(dtype, torch.float32))
+def zeros(dtype: str, shape, fill: str = "zeros") -> torch.Tensor:
+    """Zeros (``fill="zeros"``) or the distinct values 1, 2, 3, ... (``"arange"``, wrapping in
+    narrow types) of a PopART type and shape, for probing kernels."""
+    dt = KERNEL_TORCH_OF.get(dtype, torch.float32)
+    shape = [int(s) for s in shape]
+    if fill == "arange":
+        if dt == torch.bool:
+            return torch.ones(shape, dtype=dt)
+        n = max(1, int(np.prod(shape)))
+        return (torch.arange(1, n + 1, dtype=torch.int64) % 100 + 1).to(dt).reshape(shape)
+    return torch.zeros(shape, dtype=dt)
 
 
-def probe(kernel, in_infos, attrs: dict, opset: int, const_values=None):
-    """Run ``kernel`` on zeros (or the known constant values) of ``in_infos`` (list of
-    ``(dtype name, shape)`` or ``None``). Returns ``[(dtype name, shape)]`` per output."""
+def subgraph_free_names(node: onnx.NodeProto) -> list[str]:
+    """Names the subgraphs of ``node`` (graph attributes, nested too) use but do not define:
+    tensors of the enclosing scopes, in first-use order."""
+    out: list[str] = []
+
+    def walk(g: onnx.GraphProto, bound: set):
+        bound = bound | {i.name for i in g.input} | {i.name for i in g.initializer}
+        for n in g.node:
+            for x in n.input:
+                if x and x not in bound and x not in out:
+                    out.append(x)
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    walk(a.g, bound)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    for sg in a.graphs:
+                        walk(sg, bound)
+            bound = bound | {o for o in n.output if o}
+        for o in g.output:
+            if o.name not in bound and o.name not in out:
+                out.append(o.name)
+
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            walk(a.g, set())
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            for sg in a.graphs:
+                walk(sg, set())
+    return out
+
+
+def call_kernel(kernel, inputs: list, attrs: dict, opset: int) -> list:
+    """Run ``kernel``; for a node with subgraphs, the trailing ``attrs["__outer_names__"]``
+    inputs are the enclosing-scope tensors the subgraphs use, passed as ``attrs["__outer__"]``."""
+    names = attrs.get("__outer_names__")
+    if names:
+        n = len(inputs) - len(names)
+        attrs = {**attrs, "__outer__": {**attrs.get("__outer__", {}), **dict(zip(names, inputs[n:]))}}
+        inputs = inputs[:n]
+    return kernel.fn(inputs, attrs, opset)
+
+
+def probe(kernel, in_infos, attrs: dict, opset: int, const_values=None, fill: str = "zeros"):
+    """Run ``kernel`` on zeros (``fill``, see :func:`zeros`) or the known constant values of
+    ``in_infos`` (list of ``(dtype name, shape)`` or ``None``). Returns ``[(dtype name, shape)]``
+    per output."""
     const_values = const_values or [None] * len(in_infos)
     ins = []
     for info, cv in zip(in_infos, const_values):
-        ins.append(cv if cv is not None else (None if info is None else zeros(info[0], info[1])))
+        ins.append(cv if cv is not None else (None if info is None else zeros(info[0], info[1], fill)))
     with torch.no_grad():
-        outs = kernel.fn(ins, attrs, opset)
+        outs = call_kernel(kernel, ins, attrs, opset)
     # storage dtypes shared by several ONNX types (uint16 held in int32 ...): when all inputs have
     # one type, an output of its storage dtype has that type
     names = dict(NAME_OF_TORCH)
     in_types = {i[0] for i in in_infos if i is not None}
     if len(in_types) == 1:
         t = in_types.pop()
-        names[TORCH_OF.get(t, torch.float32)] = t
+        names[KERNEL_TORCH_OF.get(t, torch.float32)] = t
     return [(names.get(o.dtype, "FLOAT"), list(o.shape)) for o in outs]
 
 

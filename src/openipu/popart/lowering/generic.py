@@ -32,7 +32,7 @@ import torch
 from openipu import poplar
 from openipu.poplar.graph import VertexGroup
 from openipu.popart.graphcore_ops import find_kernel
-from openipu.popart.tensorinfo import TORCH_OF
+from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel
 
 #: Fixed tile cycles of one generic vertex. [A] of the order of PopLibs' BinaryOp1D MultiVertex
 #: fixed cost, 6 x (29 + 2) + 11 = 197 (popopsCycleEstimators, float: 29 worker overhead cycles,
@@ -50,7 +50,7 @@ def _generic_kernel(domain, op_type, attrs, opset, ins, in_dtypes, outs, ctx):
     for r in range(ctx.replicas):
         args = [None if v is None else v[r].to(dt) for v, dt in zip(vals, in_dtypes)]
         with torch.no_grad():
-            res = kernel.fn(args, attrs, opset)
+            res = call_kernel(kernel, args, attrs, opset)
         for k in range(len(outs)):
             results[k].append(res[k])
     for t, rs in zip(outs, results):
@@ -73,7 +73,7 @@ def lower_generic(ctx, op):
     vg = ctx.vgraph_of(op)
     g = ctx.graph_of(vg)
     ins = [ctx.input(op, i) for i in range(len(op.inputs))]
-    in_dtypes = [TORCH_OF.get(ir.tensors[x].info.data_type(), torch.float32) if x else None for x in op.inputs]
+    in_dtypes = [KERNEL_TORCH_OF.get(ir.tensors[x].info.data_type(), torch.float32) if x else None for x in op.inputs]
     outs = [ctx.new_output(op, k) if o else None for k, o in enumerate(op.outputs)]
     live = [t for t in outs if t is not None and t.numElements()]
     if not live:

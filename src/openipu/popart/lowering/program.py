@@ -15,7 +15,8 @@ Engine programs:
 1. weightsFromHost: host -> device copies of every variable (``constantWeights=False``);
 2. weightsToHost: device -> host copies of every variable.
 
-Stream handles: ``h2d:<id>`` inputs and weights in, ``d2h:<id>`` anchors and weights out.
+Stream handles: ``h2d:<id>`` inputs and weights in, ``d2h:<id>`` anchors and weights out. Inputs and
+anchors with no elements get no stream (their handle is ``None``): there is nothing to transfer.
 """
 
 from __future__ import annotations
@@ -100,6 +101,10 @@ def build(ir, target, options, progress=None) -> Lowered:
         if t.kind == "Stream":
             dev = g.addVariable(ptype, shape, tid)
             poputil.mapTensorLinearly(g, dev)
+            if t.info.nelms() == 0:
+                out.inputs[tid] = None      # an empty input: no stream, nothing to copy
+                ctx.set(tid, vg, dev)
+                continue
             h = f"h2d:{tid}"
             s = graph.addHostToDeviceFIFO(h, ptype, t.info.nelms())
             input_copies.append(P.Copy(s, dev, debugContext=f"fromHost({tid})"))
@@ -142,6 +147,9 @@ def build(ir, target, options, progress=None) -> Lowered:
         src = ir.anchor_alias.get(a, a)
         vg = ctx._home.get(src, ir.home_vgraph(src))
         t = ctx.get(src, vg)
+        if t.numElements() == 0:
+            out.anchors[a] = None           # an empty anchor: no stream, nothing to copy
+            continue
         h = f"d2h:{a}"
         s = graph.addDeviceToHostFIFO(h, t.elementType(), t.numElements())
         out.anchors[a] = h
