@@ -19,3 +19,27 @@ def run_example():
         assert p.returncode == expect_code, p.stdout
         return p.stdout
     return run
+
+
+_BACKEND_KINDS = {"OnnxBackendNodeModelTest": "node", "OnnxBackendSimpleModelTest": "simple",
+                  "OnnxBackendPyTorchConvertedModelTest": "pytorch-converted",
+                  "OnnxBackendPyTorchOperatorModelTest": "pytorch-operator"}
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the ONNX backend suite's pass count per kind (tests run on CPU; CUDA ones are skipped)."""
+    counts: dict = {}
+    for outcome in ("passed", "failed", "xfailed", "xpassed"):
+        for rep in terminalreporter.stats.get(outcome, []):
+            nodeid = getattr(rep, "nodeid", "")
+            if "test_onnx_backend.py::" not in nodeid or rep.when not in ("call", "setup"):
+                continue
+            kind = _BACKEND_KINDS.get(nodeid.split("::")[1])
+            if kind:
+                c = counts.setdefault(kind, [0, 0])
+                c[0] += outcome == "passed"
+                c[1] += 1
+    if counts:
+        terminalreporter.write_sep("-", "ONNX backend suite through openipu.onnx_backend (PopART sessions)")
+        for kind, (ok, n) in counts.items():
+            terminalreporter.write_line(f"{kind:<18} {ok:>5} of {n:<5} pass ({ok / n:.1%})")
