@@ -27,6 +27,7 @@ FACTS: dict[str, dict[str, tuple[object, str]]] = {
         "amp_macs_quarter": (0, "[P] no fp8 on Mk1"),
         "ipu_link_bytes_per_s": (3 * 32e9, "[S] 3 IPU-Links per GC2 board (third-party summary)"),
         "host_bytes_per_s": (16e9, "[A] PCIe Gen3 x16 host link"),
+        "gw_link_bytes_per_s": (0.0, "[P] no IPU-Gateway on Mk1 systems: racks are not joined by GW-Links"),
     },
     "ipu2": {
         "tiles_per_ipu": (1472, "[P] GC200; [T6] tut6 'Worst cost seen: 53807'"),
@@ -38,6 +39,7 @@ FACTS: dict[str, dict[str, tuple[object, str]]] = {
         "amp_macs_quarter": (0, "[P] fp8 arrives with ipu21"),
         "ipu_link_bytes_per_s": (320e9, "[S] 10 IPU-Links, 320 GB/s per IPU"),
         "host_bytes_per_s": (64e9, "[S] PCIe Gen4 x16, 64 GB/s"),
+        "gw_link_bytes_per_s": (2 * 100e9 / 8 / 4, "[A] 2 x 100 Gbit/s GW-Links per IPU-M2000 (as the Bow-2000 datasheet gives), shared by its 4 IPUs"),
     },
     "bow": {
         "tiles_per_ipu": (1472, "[P] Bow IPU, 5,888 cores per Bow-2000"),
@@ -49,6 +51,7 @@ FACTS: dict[str, dict[str, tuple[object, str]]] = {
         "amp_macs_quarter": (0, "[P] no fp8 on Bow"),
         "ipu_link_bytes_per_s": (320e9, "[S] as GC200"),
         "host_bytes_per_s": (2 * 12.5e9, "[P] 2 x 100 Gbps GW-Links per Bow-2000"),
+        "gw_link_bytes_per_s": (2 * 100e9 / 8 / 4, "[P] Bow-2000 datasheet: 2 x 100 Gbit/s GW-Links, shared by its 4 IPUs"),
     },
     "ipu21": {
         "tiles_per_ipu": (1472, "[P] C600 (Mk2 IPU with FP8 support)"),
@@ -60,6 +63,7 @@ FACTS: dict[str, dict[str, tuple[object, str]]] = {
         "amp_macs_quarter": (128, "[D] 560 TFLOPS fp8 at the derived clock"),
         "ipu_link_bytes_per_s": (128e9, "[P] 128 GB/s IPU-Link (64 GB/s each way)"),
         "host_bytes_per_s": (32e9, "[P] 2 x PCIe Gen4 x8"),
+        "gw_link_bytes_per_s": (0.0, "[P] C600 is a PCIe card: no GW-Links"),
     },
 }
 
@@ -119,6 +123,7 @@ class Target:
     amp_macs: dict = field(hash=False, compare=False)  # element type name -> MACs/cycle/tile
     ipu_link_bytes_per_s: float = 0.0
     host_bytes_per_s: float = 0.0
+    gw_link_bytes_per_s: float = 0.0   # per IPU, between IPU-Link domains (racks); 0 = none
     is_ipu_model: bool = True
     compile_ipu_code: bool = False
     target_type: str = "IPU_MODEL"    # "IPU" | "IPU_MODEL" | "CPU"
@@ -164,6 +169,7 @@ def target(version: str = "ipu2", num_ipus: int = 1, **overrides) -> Target:
         amp_macs={"half": f("amp_macs_half"), "half_fp32_partials": f("amp_macs_half_fp32_partials"),
                   "float": f("amp_macs_float"), "quarter": f("amp_macs_quarter")},
         ipu_link_bytes_per_s=f("ipu_link_bytes_per_s"), host_bytes_per_s=f("host_bytes_per_s"),
+        gw_link_bytes_per_s=f("gw_link_bytes_per_s"),
     )
     return dataclasses.replace(t, **overrides) if overrides else t
 

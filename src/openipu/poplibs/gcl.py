@@ -31,8 +31,7 @@ tensor's own type (fp16 sums accumulate in fp16, as the ring's on-tile reduction
 Link bandwidth is the target's ``ipu_link_bytes_per_s`` (per IPU, both directions together [A]);
 a one-directional ring uses half of it [A]. A ring whose IPUs span more than one IPU-Link domain
 (an IPU-POD64 rack) crosses GW-Links and runs at the GW-Link bandwidth per IPU
-(``gw_link_bytes_per_s`` of the target if it has one, else :data:`GW_LINK_BYTES_PER_S_PER_MACHINE`
-shared by the machine's 4 IPUs).
+(the target's ``gw_link_bytes_per_s``; a system without GW-Links keeps the IPU-Link rate).
 """
 
 from __future__ import annotations
@@ -63,10 +62,6 @@ __all__ = ["CollectiveOperator", "CommGroupType", "CommGroup", "Chunk", "Chunks"
 #: IPUs joined by IPU-Links: one IPU-POD64 rack ([P] IPU-POD64 datasheet "2D-torus IPU-Link
 #: topology"; IPU-POD128 datasheet: two POD64 racks joined by GW-Links).
 IPU_LINK_DOMAIN_IPUS = 64
-#: IPUs per IPU-Machine (M2000 / Bow-2000), which share its GW-Links ([P] datasheets).
-IPUS_PER_MACHINE = 4
-#: GW-Link bandwidth of one IPU-Machine: 2 x 100 Gbit/s ([P] Bow-2000 datasheet; M2000 the same [A]).
-GW_LINK_BYTES_PER_S_PER_MACHINE = 2 * 100e9 / 8
 #: Latency of one IPU-Link hop: 15 ns ([P] PopLibs ``poplibs_test/Util.cpp setGlobalSyncLatency``
 #: uses 15 ns per hop for the IPU Model's global sync).
 IPU_LINK_HOP_LATENCY_S = 15e-9
@@ -246,7 +241,7 @@ def _link(spec, ring_ipus: np.ndarray) -> tuple[float, float, bool]:
     """(bytes/s per IPU, hop latency in s, crosses GW-Links) for a ring through ``ring_ipus``."""
     domains = np.unique(np.asarray(ring_ipus) // IPU_LINK_DOMAIN_IPUS)
     if domains.size > 1:
-        gw = getattr(spec, "gw_link_bytes_per_s", None) or GW_LINK_BYTES_PER_S_PER_MACHINE / IPUS_PER_MACHINE
+        gw = spec.gw_link_bytes_per_s or spec.ipu_link_bytes_per_s   # no GW-Links: the IPU-Link domain is the system
         return float(min(gw, spec.ipu_link_bytes_per_s)), GW_LINK_HOP_LATENCY_S, True
     return float(spec.ipu_link_bytes_per_s), IPU_LINK_HOP_LATENCY_S, False
 
