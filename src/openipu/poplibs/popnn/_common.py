@@ -1,12 +1,11 @@
 """Vertex groups shared by popnn's op families (not PopLibs API).
 
 popnn builds its own work (PopLibs' popnn has its own NonLinearity, Loss, Pooling and norm
-vertices and calls popops for the rest); these helpers add it as vertex groups:
+vertices and calls popops for the rest: softmax, loss and norm sums are ``popops.reduce`` /
+``reduceMany`` / ``reduceWithOutput``, planned and costed there); these helpers add popnn's own
+work as vertex groups:
 
 - :func:`add_elementwise`: one MultiVertex per tile of the output (``NonLinearity1D`` shape);
-- :func:`row_reduce`: reduce each row of a 2-D view (softmax sums, loss sums, norm statistics);
-  a first stage reduces, on each tile, the elements of each row it holds; if a row spans several
-  tiles a second stage combines the partials on the row's output tile (PopLibs' two-stage reduce);
 - :func:`row_arg_reduce`: max/min and its index per row (``ReduceMaxClassGather`` then
   ``ReduceMaxClassSparse``).
 
@@ -14,9 +13,6 @@ Cycle shapes (tile cycles, MultiVertex):
 
 - elementwise, from PopLibs ``nonLinearity1DCycleEstimator`` (``popnnCycleEstimators.cpp``):
   ``9 + 6 x (20 + [v>0](3 + 2 op + (v-1) vecOp) + remainder)``, ``v = ceil(n / vw / 6)``.
-- reduce, from PopLibs ``lib/popops/reduction/CycleEstimationFunctions.cpp`` (poplar.md 4.2):
-  ``7 + 26 + 6 x ceil((regions x (22 + 2 log2 vw) + ceil(n / vw) x 2) / 6)`` [A] (regions = rows
-  reduced on the tile; 2 cycles per partials vector load).
 - arg reduce, from PopLibs ``ReduceMaxClassGather``: ``9 + 6 x (26 + 3 x ceil(n/6))`` and
   ``ReduceMaxClassSparse`` ``5 + 22 + 3 x n`` per row.
 """
@@ -31,6 +27,7 @@ import torch
 from openipu import poplar
 from openipu.poplar.graph import VertexGroup
 from openipu.poplibs.popops._common import broadcast_view, output_like, tile_counts  # noqa: F401
+from openipu.poplibs.popops.reduce import Operation, _segment_reduce
 
 
 from openipu.poplibs.poputil import poplibs_error  # noqa: E402 - one exception class for all of PopLibs
@@ -129,13 +126,26 @@ def add_elementwise(graph, prog, name: str, vertex: str, out, reads, kernel, op:
     return out
 
 
+def row_output(graph, type_, src2d, name: str):
+    """A new ``[rows]`` tensor for a per-row reduction of the 2-D view ``src2d``, each element on
+    the tile of its row's first element (rows of no elements: linearly). popnn passes it to
+    ``popops.reduceWithOutput`` / ``reduceMany`` so a row's statistic lives beside its row (popops
+    maps a fresh multi-stage output linearly, which would gather every row's partials on a few
+    tiles)."""
+    rows, cols = src2d.shape()
+    if rows == 0 or cols == 0:
+        return new_mapped(graph, type_, [rows], name)
+    first = check_mapped(graph, src2d, name).astype(np.int64).reshape(rows, cols)[:, 0]
+    return new_mapped(graph, type_, [rows], name, first)
+
+
 def scalar_read(t, tiles: np.ndarray):
     """A read of one-element ``t`` by every tile in ``tiles`` (multicast)."""
     return (broadcast_view(t.flatten(), [tiles.size]), tiles)
 
 
 # ----------------------------------------------------------------------------------------------
-# row reductions
+# arg max / min per row
 # ----------------------------------------------------------------------------------------------
 def _pairs(graph, src2d):
     """(pair index of each element, row of each pair, tile of each pair) for a 2-D view."""
@@ -147,123 +157,9 @@ def _pairs(graph, src2d):
     return pair.astype(np.int64), uniq // T, uniq % T
 
 
-def reduce_cycles(regions: np.ndarray, n: np.ndarray, type_, target) -> np.ndarray:
-    """Tile cycles of a reduce vertex: ``regions`` outputs from ``n`` partial elements (arrays)."""
-    vw = target.getVectorWidth(type_) if type_.is_float else 1
-    w = target.getNumWorkerContexts()
-    per = np.asarray(regions) * (22 + 2 * int(np.log2(max(vw, 1)))) + (-(-np.asarray(n) // vw)) * 2
-    return 7 + 26 + w * (-(-per // w))
-
-
-def _seg_reduce(values: torch.Tensor, seg: torch.Tensor, nseg: int, op: str) -> torch.Tensor:
-    R = values.shape[0]
-    if op == "add":
-        return torch.zeros(R, nseg, dtype=values.dtype).index_add_(1, seg, values)
-    fill = -torch.inf if op == "max" else torch.inf
-    if not values.is_floating_point():
-        info = torch.iinfo(values.dtype)
-        fill = info.min if op == "max" else info.max
-    out = torch.full((R, nseg), fill, dtype=values.dtype)
-    return out.scatter_reduce_(1, seg.expand(R, -1), values, "amax" if op == "max" else "amin", include_self=True)
-
-
-def _reduce_stage1(srcs, partials, ops, pair, npairs, acc_dtype, ctx):
-    for s, p, op in zip(srcs, partials, ops):
-        v = ctx.read(s)
-        v = v.reshape(v.shape[0], -1).to(acc_dtype)
-        if op == "square_add":
-            v = v * v
-        ctx.write(p, _seg_reduce(v, pair, npairs, "add" if op == "square_add" else op))
-
-
-def _reduce_stage2(partials, outs, ops, prow, nrows, scale, ctx):
-    for p, o, op in zip(partials, outs, ops):
-        v = _seg_reduce(ctx.read(p), prow, nrows, "add" if op == "square_add" else op)
-        ctx.write(o, v * scale if scale != 1.0 else v)
-
-
-def row_reduce(graph, prog, name: str, srcs, ops, out_type, outs=None, out_tiles: np.ndarray | None = None,
-               scale: float = 1.0):
-    """Reduce each row of the 2-D views ``srcs`` (same shape and mapping) with ``ops``
-    ("add", "square_add", "max", "min"); returns one ``[rows]`` tensor of ``out_type`` per op.
-
-    ``outs`` may give the destination tensors (``[rows]``); otherwise each row's result is placed
-    on the tile of the row's first element (or ``out_tiles``). Partials are kept in float for
-    float/half inputs (PopLibs' default partials type). ``scale`` multiplies the results.
-    """
-    srcs, ops = list(srcs), list(ops)
-    rows, cols = srcs[0].shape()
-    target = graph.getTarget()
-    pair, prow, ptile = _pairs(graph, srcs[0])
-    npairs = int(prow.size)
-    st = graph.tile_of_elements(srcs[0]).astype(np.int64)
-    if out_tiles is None:
-        first = np.zeros(rows, np.int64)
-        if cols:
-            first = st.reshape(rows, cols)[:, 0]
-        out_tiles = first
-    if outs is None:
-        outs = [new_mapped(graph, out_type, [rows], f"{name}/out{i}", out_tiles) for i in range(len(ops))]
-    else:
-        out_tiles = check_mapped(graph, outs[0], name).astype(np.int64)
-    in_type = srcs[0].elementType()
-    acc_type = poplar.FLOAT if in_type.is_float else poplar.INT
-    acc = acc_type.torch_dtype
-    single = npairs == rows and np.array_equal(ptile, out_tiles)
-    vname = f"popops::Reduce<popops::Reduce{'Add' if ops[0] in ('add', 'square_add') else ops[0].title()},{in_type},{acc_type}>"
-    pair_t = torch.from_numpy(pair)
-    if single:
-        # every row lies on its output tile: one stage writes the outputs directly
-        used, counts = tile_counts(graph, ptile)
-        n_el = np.bincount(st, minlength=graph._top._target.getNumTiles())[used]
-        cycles = reduce_cycles(counts, n_el * len(ops), in_type, target)
-        cs = graph.addComputeSet(name)
-        graph.add_vertex_group(cs, VertexGroup(
-            vname, used, cycles, functools.partial(_single_kernel, srcs, outs, ops, pair_t, npairs, acc, scale),
-            reads=[(s, st) for s in srcs], writes=[(o, out_tiles) for o in outs], multi=True,
-            flops=float(rows * cols * len(ops)), state_bytes=32))
-        prog.add(poplar.program.Execute(cs, name))
-        return outs
-    partials = [new_mapped(graph, acc_type, [npairs], f"{name}/partials{i}", ptile) for i in range(len(ops))]
-    used, counts = tile_counts(graph, ptile)
-    n_el = np.bincount(st, minlength=graph._top._target.getNumTiles())[used]
-    cs = graph.addComputeSet(f"{name}/stage0")
-    graph.add_vertex_group(cs, VertexGroup(
-        vname, used, reduce_cycles(counts, n_el * len(ops), in_type, target),
-        functools.partial(_reduce_stage1, srcs, partials, ops, pair_t, npairs, acc),
-        reads=[(s, st) for s in srcs], writes=[(p, ptile) for p in partials], multi=True,
-        flops=float(rows * cols * len(ops)), state_bytes=32))
-    prog.add(poplar.program.Execute(cs, f"{name}/stage0"))
-    consumer = out_tiles[prow]
-    used2, counts2 = tile_counts(graph, out_tiles)
-    n2 = np.bincount(consumer, minlength=graph._top._target.getNumTiles())[used2]
-    cs2 = graph.addComputeSet(f"{name}/stage1")
-    graph.add_vertex_group(cs2, VertexGroup(
-        f"popops::Reduce<popops::ReduceAdd,{acc_type},{out_type}>", used2,
-        reduce_cycles(counts2, n2 * len(ops), acc_type, target),
-        functools.partial(_reduce_stage2, partials, outs, ops, torch.from_numpy(prow), rows, scale),
-        reads=[(p, consumer) for p in partials], writes=[(o, out_tiles) for o in outs], multi=True,
-        flops=float(npairs * len(ops)), state_bytes=32))
-    prog.add(poplar.program.Execute(cs2, f"{name}/stage1"))
-    return outs
-
-
-def _single_kernel(srcs, outs, ops, pair, npairs, acc, scale, ctx):
-    for s, o, op in zip(srcs, outs, ops):
-        v = ctx.read(s)
-        v = v.reshape(v.shape[0], -1).to(acc)
-        if op == "square_add":
-            v = v * v
-        r = _seg_reduce(v, pair, npairs, "add" if op == "square_add" else op)
-        ctx.write(o, r * scale if scale != 1.0 else r)
-
-
-# ----------------------------------------------------------------------------------------------
-# arg max / min per row
-# ----------------------------------------------------------------------------------------------
 def _seg_arg(values, index, seg, nseg, op):
     """Per segment: the max (min) value and the smallest index attaining it."""
-    best = _seg_reduce(values, seg, nseg, op)
+    best = _segment_reduce(values, seg, nseg, Operation.MAX if op == "max" else Operation.MIN)
     hit = values == best[:, seg]
     big = torch.iinfo(torch.int64).max
     cand = torch.where(hit, index, torch.full_like(index, big))

@@ -19,7 +19,7 @@ model outputs' type (one-hot or soft targets).
 
 Cycle estimates: ``getLossTransformCycles`` (PopLibs ``lib/popnn/PerformanceEstimation.hpp``)
 ``5 + (6|5) + 5 + [half] + 2 + 1 + (9|4) x n (/2 for half) + 1`` per tile, single worker; the
-reductions as in :mod:`openipu.poplibs.popnn._common`; ``CalcAccuracy`` ``5 + 8 + 4 x batch + 1``.
+loss sum is ``popops.reduceWithOutput`` (costed there); ``CalcAccuracy`` ``5 + 8 + 4 x batch + 1``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import torch
 
 from openipu import poplar
 from openipu.poplar.graph import VertexGroup
-from openipu.poplibs.popnn._common import (check_mapped, new_mapped, poplibs_error, row_arg_reduce,
-                                           row_reduce, tile_counts)
+from openipu.poplibs.popnn._common import check_mapped, new_mapped, poplibs_error, row_arg_reduce, tile_counts
+from openipu.poplibs.popops.reduce import Operation, reduceWithOutput
 
 __all__ = ["LossType", "SUM_SQUARED_LOSS", "CROSS_ENTROPY_LOSS", "MASKED_LABEL_CODE", "calcLoss", "calcAccuracy",
            "argMax", "argMin", "maxAndArgMax", "minAndArgMin", "topK"]
@@ -178,7 +178,7 @@ def calcLoss(graph, modelOutputs, expected, loss, deltas, *args):  # noqa: N802,
         reads=reads, writes=[(deltas, graph.tile_of_elements(deltas)), (terms, otiles)], multi=False,
         flops=float(B * C * (6 if is_ce else 3)), state_bytes=24))
     prog.add(poplar.program.Execute(cs, f"{name}/LossTransform"))
-    row_reduce(graph, prog, f"{name}/ReduceLoss", [terms], ["add"], ot, outs=[loss.flatten()])
+    reduceWithOutput(graph, terms, loss.flatten(), [1], Operation.ADD, prog, f"{name}/ReduceLoss")
     if nc is not None:
         prog.add(calcAccuracy(graph, modelOutputs, expected, nc, f"{name}/Accuracy"))
     return prog

@@ -26,7 +26,8 @@ import torch
 
 from openipu import poplar
 from openipu.poplibs.popnn._common import (GRAD_OP_CYCLES, add_elementwise, as_rows, check_mapped, output_like,
-                                           poplibs_error, row_reduce)
+                                           poplibs_error, row_output)
+from openipu.poplibs.popops.reduce import Operation, reduceWithOutput
 
 __all__ = ["NonLinearityType", "SOFTMAX_SCALING", "nonLinearity", "nonLinearityInPlace", "nonLinearityInputGradient",
            "nonLinearityScaling", "sigmoid", "relu", "tanh", "gelu", "swish", "softmax", "softmaxStable",
@@ -157,6 +158,13 @@ def _scale_kernel(e, s, out, scale, ctx):
     ctx.write(out, v * inv)
 
 
+def _row_reduce(graph, rows, op, out_type, prog, name):
+    """``popops.reduceWithOutput`` of each row of ``rows`` into a new ``[rows]`` tensor of ``out_type``."""
+    out = row_output(graph, out_type, rows, f"{name}/out")
+    reduceWithOutput(graph, rows, out, [1], op, prog, name)
+    return out
+
+
 def _row_view(rows2d_stat, shape):
     """A ``[rows]`` statistic viewed with the shape of the tensor whose rows it summarises."""
     return rows2d_stat.reshape(list(shape[:-1]) + [1])
@@ -168,12 +176,12 @@ def _softmax(graph, t, out, stable: bool, scaled: bool, prog, name):
     rows = as_rows(t)
     mx = None
     if stable:
-        (mx,) = row_reduce(graph, prog, f"{name}/ReduceMax", [rows], ["max"], t.elementType())
+        mx = _row_reduce(graph, rows, Operation.MAX, t.elementType(), prog, f"{name}/ReduceMax")
         mx = _row_view(mx, t.shape())
     add_elementwise(graph, prog, f"{name}/Exp", f"popops::BinaryOp1D<SUBTRACT_EXP,{t.elementType()}>", out,
                     [t] + ([mx] if mx is not None else []), functools.partial(_exp_kernel, t, mx, out),
                     "EXP", 2 if stable else 1)
-    (s,) = row_reduce(graph, prog, f"{name}/ReduceAdd", [as_rows(out)], ["add"], poplar.FLOAT)
+    s = _row_reduce(graph, as_rows(out), Operation.ADD, poplar.FLOAT, prog, f"{name}/ReduceAdd")
     add_elementwise(graph, prog, f"{name}/invScale", f"popops::BinaryOp1DInPlace<MULTIPLY,{t.elementType()}>", out,
                     [out, _row_view(s, t.shape())],
                     functools.partial(_scale_kernel, out, _row_view(s, t.shape()), out,
@@ -197,7 +205,7 @@ def _softmax_grad(graph, out, grad, prog, name):
     gy = output_like(graph, out.elementType(), out.shape(), (grad, out), f"{name}/gXy")
     add_elementwise(graph, prog, f"{name}/gXy", f"popops::BinaryOp1D<MULTIPLY,{out.elementType()}>", gy, [out, grad],
                     functools.partial(_softmax_grad_mul, out, grad, gy), "MUL")
-    (s,) = row_reduce(graph, prog, f"{name}/sumgXy", [as_rows(gy)], ["add"], out.elementType())
+    s = _row_reduce(graph, as_rows(gy), Operation.ADD, out.elementType(), prog, f"{name}/sumgXy")
     sv = _row_view(s, out.shape())
     add_elementwise(graph, prog, f"{name}/sub", f"popops::BinaryOp1DInPlace<SUBTRACT,{out.elementType()}>", gy,
                     [gy, out, sv], functools.partial(_softmax_grad_final, gy, out, sv, gy), "AXPBY", 2)
@@ -309,12 +317,12 @@ def _log_softmax(graph, t, out, prog, name):
     if t.rank() < 1:
         raise poplibs_error(f"{name}: input to logSoftmax must have at least 1 dimension")
     rows = as_rows(t)
-    (mx,) = row_reduce(graph, prog, f"{name}/ReduceMax", [rows], ["max"], t.elementType())
+    mx = _row_reduce(graph, rows, Operation.MAX, t.elementType(), prog, f"{name}/ReduceMax")
     mxv = _row_view(mx, t.shape())
     e = output_like(graph, t.elementType(), t.shape(), (t,), f"{name}/exp")
     add_elementwise(graph, prog, f"{name}/Exp", f"popops::BinaryOp1D<SUBTRACT_EXP,{t.elementType()}>", e, [t, mxv],
                     functools.partial(_exp_kernel, t, mxv, e), "EXP", 2)
-    (s,) = row_reduce(graph, prog, f"{name}/ReduceAdd", [as_rows(e)], ["add"], poplar.FLOAT)
+    s = _row_reduce(graph, as_rows(e), Operation.ADD, poplar.FLOAT, prog, f"{name}/ReduceAdd")
     sv = _row_view(s, t.shape())
     add_elementwise(graph, prog, f"{name}/SubLog", f"popops::Map<SUB_LOG,{t.elementType()}>", out, [t, mxv, sv],
                     functools.partial(_log_softmax_final, t, mxv, sv, out), "LOG", 3)

@@ -9,11 +9,11 @@ with layer norm = group norm with ``G = 1`` and instance norm = ``G = C``. ``gam
 ``[C]``. Group norm's ``groupNormStridedChannelGrouping`` option (default true, as PopLibs) puts
 channel ``c`` in group ``c % G``; false gives contiguous groups (``c // (C / G)``, as torch).
 
-Work: statistics are two row reductions (sum and sum of squares, float partials; the stable
-algorithm subtracts the mean first) costed as PopLibs' reduce vertices, then one elementwise
-compute set for ``invStdDev = 1 / sqrt(var + eps)``; whitening, normalising and the gradients are
-elementwise compute sets over the activations' tile mapping (``NonLinearity1D``-shaped estimates,
-see :mod:`openipu.poplibs.popnn._common`) and row reductions.
+Work: statistics are two reductions of each statistic group (sum and sum of squares in one
+``popops.reduceMany``, float partials; the stable algorithm subtracts the mean first), then one
+elementwise compute set for ``invStdDev = 1 / sqrt(var + eps)``; whitening, normalising and the
+gradients are elementwise compute sets over the activations' tile mapping (``NonLinearity1D``-shaped
+estimates, see :mod:`openipu.poplibs.popnn._common`) and ``popops`` reductions.
 
 Gradients (PopLibs' formulas): ``gammaDelta[c] = sum(gradsIn * whitened)``, ``betaDelta[c] =
 sum(gradsIn)``; ``gradsOut = invStdDev * (g - mean_S(g) - whitened * mean_S(g * whitened))`` with
@@ -30,7 +30,8 @@ import torch
 
 from openipu import poplar
 from openipu.poplibs.popnn._common import (add_elementwise, check_mapped, gather_view, new_mapped, output_like,
-                                           poplibs_error, row_reduce)
+                                           poplibs_error, row_output)
+from openipu.poplibs.popops.reduce import Operation, ReduceParams, SingleReduceOp, reduceMany
 
 __all__ = ["bn", "gn", "ln", "in_"]
 
@@ -62,6 +63,16 @@ class _Layout:
 
     def rows(self, t):
         return gather_view(t, self.order)
+
+    def row_sums(self, graph, prog, name, ts, ops, out_type):
+        """``popops.reduceMany`` of each ``[S, N]`` statistic-group view of ``ts`` over its ``N``
+        elements with ``ops`` (one compute set per stage for all); returns the ``[S]`` results,
+        each group's result on the tile of the group's first element."""
+        views = [self.rows(t) for t in ts]
+        outs = [row_output(graph, out_type, v, f"{name}/out{i}") for i, v in enumerate(views)]
+        reduceMany(graph, [SingleReduceOp(v, [1], ReduceParams(op), out_type, f"{name}/{i}")
+                           for i, (v, op) in enumerate(zip(views, ops))], outs, prog, debug_name=name)
+        return outs
 
     def per_element(self, stat_tensor):
         return gather_view(stat_tensor, self.stat.reshape(self.shape))
@@ -160,10 +171,10 @@ class _Norm:
         lay = self._layout(acts, groups, options, what)
         if lay.N == 0:
             raise poplibs_error(f"{what}: statistics over groups of 0 elements (shape {acts.shape()})")
-        rows = lay.rows(acts)
         et = acts.elementType()
         if not stable:
-            s1, s2 = row_reduce(graph, prog, f"{what}/ReduceSums", [rows, rows], ["add", "square_add"], poplar.FLOAT)
+            s1, s2 = lay.row_sums(graph, prog, f"{what}/ReduceSums", [acts, acts],
+                                  [Operation.ADD, Operation.SQUARE_ADD], poplar.FLOAT)
             tiles = graph.tile_of_elements(s1)
             mean = new_mapped(graph, et, [lay.S], f"{what}/mean", tiles)
             inv = new_mapped(graph, et, [lay.S], f"{what}/iStdDev", tiles)
@@ -171,7 +182,7 @@ class _Norm:
                             functools.partial(_stats_kernel, s1, s2, lay.N, float(eps), bool(unbiased), mean, inv),
                             "SQRT", 5, also_writes=[mean])
             return mean, inv
-        (s1,) = row_reduce(graph, prog, f"{what}/ReduceMean", [rows], ["add"], poplar.FLOAT)
+        (s1,) = lay.row_sums(graph, prog, f"{what}/ReduceMean", [acts], [Operation.ADD], poplar.FLOAT)
         tiles = graph.tile_of_elements(s1)
         mean = new_mapped(graph, et, [lay.S], f"{what}/mean", tiles)
         add_elementwise(graph, prog, f"{what}/mean", f"popops::Map<DIVIDE,{et}>", mean, [s1],
@@ -181,7 +192,7 @@ class _Norm:
         add_elementwise(graph, prog, f"{what}/center", f"popops::BinaryOp1D<SUBTRACT,{et}>", centered,
                         [acts, lay.per_element(mean)],
                         functools.partial(_center_kernel, acts, lay.per_element(mean), centered), "ADD", 1)
-        (sc,) = row_reduce(graph, prog, f"{what}/ReduceVar", [lay.rows(centered)], ["square_add"], poplar.FLOAT)
+        (sc,) = lay.row_sums(graph, prog, f"{what}/ReduceVar", [centered], [Operation.SQUARE_ADD], poplar.FLOAT)
         inv = new_mapped(graph, et, [lay.S], f"{what}/iStdDev", tiles)
         add_elementwise(graph, prog, f"{what}/iStdDev", f"popops::Map<INV_STD_DEV,{et}>", inv, [s1, sc],
                         functools.partial(_stable_stats_kernel, s1, sc, lay.N, float(eps), bool(unbiased), mean, inv),
@@ -240,8 +251,8 @@ class _Norm:
         prod = output_like(graph, white.elementType(), white.shape(), (grads, white), f"{what}/gradsXwhitened")
         add_elementwise(graph, prog, f"{what}/mul", f"popops::BinaryOp1D<MULTIPLY,{white.elementType()}>", prod,
                         [grads, white], functools.partial(_prod_kernel, grads, white, None, prod, None), "MUL")
-        gd, bd = row_reduce(graph, prog, f"{what}/reduce", [lay.rows(prod), lay.rows(grads)], ["add", "add"],
-                            white.elementType())
+        gd, bd = lay.row_sums(graph, prog, f"{what}/reduce", [prod, grads], [Operation.ADD, Operation.ADD],
+                               white.elementType())
         return gd, bd
 
     def gradients(self, graph, a, grads, rest, what, options):
@@ -264,7 +275,7 @@ class _Norm:
         gam = lay.per_channel(gamma)
         add_elementwise(graph, prog, f"{what}/mul", f"popops::Map<GAMMA_MUL,{et}>", gw, [grads, white, gam],
                         functools.partial(_prod_kernel, grads, white, gam, gw, g), "MUL", 2, also_writes=[g])
-        s1, s2 = row_reduce(graph, prog, f"{what}/reduce", [lay.rows(g), lay.rows(gw)], ["add", "add"], poplar.FLOAT)
+        s1, s2 = lay.row_sums(graph, prog, f"{what}/reduce", [g, gw], [Operation.ADD, Operation.ADD], poplar.FLOAT)
         out = output_like(graph, et, white.shape(), (grads, white), f"{what}/gradsOut")
         i_e, s1_e, s2_e = lay.per_element(inv), lay.per_element(s1), lay.per_element(s2)
         add_elementwise(graph, prog, f"{what}/final", f"popops::Map<NORM_GRAD,{et}>", out, [g, white, s1_e, s2_e, i_e],
