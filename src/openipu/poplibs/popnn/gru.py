@@ -70,7 +70,7 @@ def getDefaultBasicGruCellOrder():  # noqa: N802
     return [BASIC_GRU_CELL_RESET_GATE, BASIC_GRU_CELL_UPDATE_GATE, BASIC_GRU_CELL_CANDIDATE]
 
 
-class GruParams:
+class GruParams(R.CellParams):
     """``popnn::gru::GruParams(dataType, batchSize, timeSteps, layerSizes, activation=TANH,
     recurrentActivation=SIGMOID)``; ``layerSizes = [inputSize, outputSize]``. Fields as PopLibs:
     ``rnn``, ``dataType``, ``batchSize``, ``timeSteps``, ``layerSizes``, ``outputFullSequence``
@@ -79,15 +79,9 @@ class GruParams:
 
     def __init__(self, dataType, batchSize, timeSteps, layerSizes,  # noqa: N803
                  activation=NonLinearityType.TANH, recurrentActivation=NonLinearityType.SIGMOID):  # noqa: N803
-        self.rnn = R.RnnParams(dataType, batchSize, timeSteps, layerSizes)
-        self.dataType, self.batchSize = self.rnn.dataType, batchSize
-        self.timeSteps, self.layerSizes = timeSteps, self.rnn.layerSizes
-        self.outputFullSequence = True
-        self.calcInputGradients = True
-        self.cellOrder = getDefaultBasicGruCellOrder()
+        super().__init__(dataType, batchSize, timeSteps, layerSizes, activation, recurrentActivation,
+                         getDefaultBasicGruCellOrder())
         self.resetAfter = False
-        self.activation = activation
-        self.recurrentActivation = recurrentActivation
 
     def __repr__(self):
         return (f"GruParams({self.dataType}, batchSize={self.batchSize}, timeSteps={self.timeSteps}, "
@@ -111,32 +105,19 @@ def _validate(params, what):
     R.validate(params, "GRU", list(BasicGruCellUnit), what)
 
 
-def _sizes(params):
-    return int(params.timeSteps), int(params.batchSize), int(params.layerSizes[0]), int(params.layerSizes[1])
-
-
 def _bias_shape(params):
     O = int(params.layerSizes[1])
     return [3, 2, O] if params.resetAfter else [3, O]
 
 
 def _check_weights(params, weights, what):
-    T, B, I, O = _sizes(params)
+    T, B, I, O = R.sizes(params)
     dt = params.dataType
     if not isinstance(weights, GruWeights):
         raise poplibs_error(f"{what}: weights must be a gru.GruWeights, got {type(weights).__name__}")
     R.check_tensor(weights.inputWeights, [3, I, O], dt, what, "weights.inputWeights")
     R.check_tensor(weights.outputWeights, [3, O, O], dt, what, "weights.outputWeights")
     R.check_tensor(weights.biases, _bias_shape(params), dt, what, "weights.biases")
-
-
-def _canonical(params, t):
-    order = [int(u) for u in params.cellOrder]
-    return R.units_view(t, [order.index(u) for u in range(3)])
-
-
-def _to_cell_order(params, t):
-    return R.units_view(t, [int(u) for u in params.cellOrder])
 
 
 def _n_fwd_inter(params):
@@ -148,26 +129,20 @@ def createInput(graph, params, debug_name: str = "", options=None, cache=None): 
     """``[T, B, inputSize]`` input, each step's slice columns on one tile (``popnn::gru::createInput``)."""
     what = debug_name or "gru/createInput"
     _validate(params, what)
-    R.parse_options(options, what)
-    T, B, I, O = _sizes(params)
-    return R.seq_tensor(graph, params.dataType, [T, B, I], debug_name or "gru/input")
+    return R.create_input(graph, params, options, what, debug_name or "gru/input")
 
 
 def createInitialState(graph, params, debug_name: str = "", options=None, cache=None):  # noqa: N802
     """``[B, outputSize]`` initial output, mapped linearly (``popnn::gru::createInitialState``)."""
     _validate(params, debug_name or "gru/createInitialState")
-    T, B, I, O = _sizes(params)
-    return R.linear_var(graph, params.dataType, [B, O], (debug_name or "gru") + "/initialState")
+    return R.create_state(graph, params, (debug_name or "gru") + "/initialState")
 
 
 def createWeightsKernel(graph, params, debug_name: str = "", options=None, cache=None):  # noqa: N802
     """``(inputWeights [3, in, out], outputWeights [3, out, out])``, mapped linearly [A]."""
     what = debug_name or "gru/createWeights"
     _validate(params, what)
-    R.parse_options(options, what)
-    T, B, I, O = _sizes(params)
-    return (R.linear_var(graph, params.dataType, [3, I, O], what + "/inputWeights"),
-            R.linear_var(graph, params.dataType, [3, O, O], what + "/outputWeights"))
+    return R.create_weights_kernel(graph, params, 3, options, what)
 
 
 def createWeightsBiases(graph, params, debug_name: str = "", options=None, cache=None):  # noqa: N802
@@ -186,20 +161,20 @@ def createWeights(graph, params, debug_name: str = "", options=None, cache=None)
 def getBasicGruCellFwdFlops(params) -> int:  # noqa: N802
     """Forward flops: 2 per MAC of the ``[B, in + out] x [in + out, 3 out]`` products per step plus
     ~12 element-wise flops per output element."""
-    T, B, I, O = _sizes(params)
+    T, B, I, O = R.sizes(params)
     return T * (2 * B * (I + O) * 3 * O + 12 * B * O)
 
 
 def getBasicGruCellBwdFlops(params) -> int:  # noqa: N802
     """Backward flops: the gradient products ``[B, 3 out] x [3 out, (in +) out]`` and ~16
     element-wise flops per output element per step."""
-    T, B, I, O = _sizes(params)
+    T, B, I, O = R.sizes(params)
     return T * (2 * B * 3 * O * (O + I * int(params.calcInputGradients)) + 16 * B * O)
 
 
 def getBasicGruCellWuFlops(params) -> int:  # noqa: N802
     """Weight-update flops: ``[in + out, T B] x [T B, 3 out]`` and the bias sums."""
-    T, B, I, O = _sizes(params)
+    T, B, I, O = R.sizes(params)
     return 2 * (I + O) * T * B * 3 * O + T * B * 3 * O * (2 if params.resetAfter else 1)
 
 
@@ -209,16 +184,16 @@ def _fwd(graph, params, state, in_, weights, want_inter, prog, name, options):
     from openipu.poplibs.popops import expr as E
     _validate(params, name)
     opts = R.parse_options(options, name)
-    T, B, I, O = _sizes(params)
+    T, B, I, O = R.sizes(params)
     dt = params.dataType
     R.check_tensor(state, [B, O], dt, name, "stateInit")
     _check_weights(params, weights, name)
     R.check_tensor(in_, [T, B, I], dt, name, "in")
     act, rec = _as_type(params.activation), _as_type(params.recurrentActivation)
     mmo = R.mm_options(opts)
-    Wi = _canonical(params, weights.inputWeights)       # [3, I, O]
-    Wo = _canonical(params, weights.outputWeights)      # [3, O, O]
-    bias = _canonical(params, weights.biases)
+    Wi = R.canonical(params, weights.inputWeights)       # [3, I, O]
+    Wo = R.canonical(params, weights.outputWeights)      # [3, O, O]
+    bias = R.canonical(params, weights.biases)
     full, ra = bool(params.outputFullSequence), bool(params.resetAfter)
     h = R.linear_var(graph, dt, [B, O], f"{name}/output")
     prog.add(P.Copy(state, h))
@@ -254,12 +229,9 @@ def _fwd(graph, params, state, in_, weights, want_inter, prog, name, options):
             c = popops.map(graph, E._1 + E._2 * E._3, [gx[_C], r, ghc], s, f"{name}/candidateSum")
         nonLinearityInPlace(graph, act, c, s, f"{name}/candidate")
         h_new = popops.map(graph, E._1 + E._2 * (E._3 - E._1), [c, u, h], s, f"{name}/CalcNextOutput")
-        if inter is not None:
-            parts = [r, u, c] + ([] if full else [h_new]) + ([ghc] if ra else [])
-            popops.dynamicUpdate(graph, inter, R.stack(parts).expand([0]), idx, [0], [1], s,
-                                 f"{name}/saveIntermediates")
-        if out_seq is not None:
-            popops.dynamicUpdate(graph, out_seq, h_new.expand([0]), idx, [0], [1], s, f"{name}/saveOutput")
+        R.save_step(graph, inter, R.stack([r, u, c] + ([] if full else [h_new]) + ([ghc] if ra else [])), idx, s,
+                    f"{name}/saveIntermediates")
+        R.save_step(graph, out_seq, h_new, idx, s, f"{name}/saveOutput")
         s.add(P.Copy(h_new, h))
         return s
 
@@ -296,7 +268,7 @@ def gruFwd(graph, params, stateInit, in_, weights, intermediates, fwdProg, debug
 def _check_bwd(params, init, fwd_inter, weights, in_, output, what):
     _validate(params, what)
     R.validate_bwd(params, "GRU", what)
-    T, B, I, O = _sizes(params)
+    T, B, I, O = R.sizes(params)
     dt = params.dataType
     R.check_tensor(init, [B, O], dt, what, "fwdOutputInit")
     _check_weights(params, weights, what)
@@ -307,14 +279,7 @@ def _check_bwd(params, init, fwd_inter, weights, in_, output, what):
 
 def _h_prev_seq(params, init, fwd_inter, output):
     """``[T, B, out]`` view: the output before each step."""
-    T = int(params.timeSteps)
-    if params.outputFullSequence:
-        outs = output
-    else:
-        outs = fwd_inter[:, 3]
-    if T == 1:
-        return init.expand([0])
-    return poplar.concat([init.expand([0]), outs.slice(0, T - 1, 0)], 0)
+    return R.prev_outputs(init, output if params.outputFullSequence else fwd_inter[:, 3], int(params.timeSteps))
 
 
 def _bwd(graph, params, prog, init, fwd_inter, weights, in_, output, out_grad, want_in_grad, want_bwd_inter,
@@ -323,23 +288,18 @@ def _bwd(graph, params, prog, init, fwd_inter, weights, in_, output, out_grad, w
     from openipu.poplibs.popops import expr as E
     _check_bwd(params, init, fwd_inter, weights, in_, output, name)
     opts = R.parse_options(options, name)
-    T, B, I, O = _sizes(params)
+    T, B, I, O = R.sizes(params)
     dt = params.dataType
     full, ra = bool(params.outputFullSequence), bool(params.resetAfter)
     R.check_tensor(out_grad, [T, B, O] if full else [B, O], dt, name, "outputGrad")
     act, rec = _as_type(params.activation), _as_type(params.recurrentActivation)
     mmo = R.mm_options(opts)
     want_in_grad = bool(want_in_grad) and bool(params.calcInputGradients)
-    Wi = _canonical(params, weights.inputWeights)
-    Wo = _canonical(params, weights.outputWeights)
+    Wi = R.canonical(params, weights.inputWeights)
+    Wo = R.canonical(params, weights.outputWeights)
     dh = R.linear_var(graph, dt, [B, O], f"{name}/outputGrad")
     popops.zero(graph, dh, prog, f"{name}/zeroOutputGrad")
-    if full:
-        gseq = out_grad
-    else:
-        gseq = R.seq_tensor(graph, dt, [T, B, O], f"{name}/outputGradSeq")
-        popops.zero(graph, gseq, prog, f"{name}/zeroOutputGradSeq")
-        prog.add(P.Copy(out_grad, gseq[T - 1]))
+    gseq = R.output_grad_seq(graph, params, out_grad, prog, name)
     hp_seq = _h_prev_seq(params, init, fwd_inter, output)
     in_grad = R.seq_tensor(graph, dt, [T, B, I], f"{name}/inputGrad") if want_in_grad else None
     n_bwd = 4 if ra else 3
@@ -350,6 +310,7 @@ def _bwd(graph, params, prog, init, fwd_inter, weights, in_, output, out_grad, w
 
     def body(idx):
         s = P.Sequence()
+        dx = None
         it = popops.dynamicSlice(graph, fwd_inter, idx, [0], [1], s, f"{name}/sliceIntermediates")[0]
         r, u, c = it[0], it[1], it[2]
         hp = popops.dynamicSlice(graph, hp_seq, idx, [0], [1], s, f"{name}/slicePrevOutput")[0]
@@ -393,10 +354,8 @@ def _bwd(graph, params, prog, init, fwd_inter, weights, in_, output, out_grad, w
             if in_grad is not None:
                 dx = poplin.matMul(graph, D.slice(0, 3, 0).dimShuffle([1, 0, 2]).reshape([B, 3 * O]),
                                    R.flatten_units(Wi).transpose(), s, f"{name}/inputWeightsGrads", options=mmo)
-        if in_grad is not None:
-            popops.dynamicUpdate(graph, in_grad, dx.expand([0]), idx, [0], [1], s, f"{name}/saveInputGrad")
-        if bwd_inter is not None:
-            popops.dynamicUpdate(graph, bwd_inter, D.expand([0]), idx, [0], [1], s, f"{name}/saveGateGrads")
+        R.save_step(graph, in_grad, dx, idx, s, f"{name}/saveInputGrad")
+        R.save_step(graph, bwd_inter, D, idx, s, f"{name}/saveGateGrads")
         return s
 
     prog.add(R.time_loop(graph, T, body, True, f"{name}/timeLoop"))
@@ -424,7 +383,7 @@ def _wu(graph, params, prog, init, fwd_inter, bwd_inter, weights, in_, output, n
     from openipu.poplibs import popops
     _check_bwd(params, init, fwd_inter, weights, in_, output, name)
     opts = R.parse_options(options, name)
-    T, B, I, O = _sizes(params)
+    T, B, I, O = R.sizes(params)
     dt = params.dataType
     ra = bool(params.resetAfter)
     R.check_tensor(bwd_inter, [T, 4 if ra else 3, B, O], dt, name, "bwdIntermediates")
@@ -436,9 +395,6 @@ def _wu(graph, params, prog, init, fwd_inter, bwd_inter, weights, in_, output, n
     def rows(units):     # [T, U, B, O] -> [T B, U O]
         return units.dimShuffle([0, 2, 1, 3]).reshape([T * B, units.dim(1) * O])
 
-    def bias_sum(D, nm):
-        return popops.reduce(graph, D, [0], popops.ReduceParams(popops.Operation.ADD), prog, nm)
-
     if not ra:
         RH = popops.mul(graph, fwd_inter[:, 0], hp_seq, prog, f"{name}/resetGateXPrevOutput").reshape([T * B, O])
         D_ru, D_c = rows(bwd_inter.slice(0, 2, 1)), rows(bwd_inter.slice(2, 3, 1))
@@ -447,7 +403,7 @@ def _wu(graph, params, prog, init, fwd_inter, bwd_inter, weights, in_, output, n
         dW_c = poplin.matMul(graph, poplar.concat([X, RH], 1).transpose(), D_c, prog,
                              f"{name}/candidateWeightGrads", options=mmo)       # [I+O, O]
         dW = poplar.concat([dW_ru, dW_c], 1)                                    # [I+O, 3O]
-        db = bias_sum(rows(bwd_inter), f"{name}/biasGrads")                    # [3O]
+        db = R.bias_grads(graph, rows(bwd_inter), prog, f"{name}/biasGrads")               # [3O]
         dWin, dWout = dW.slice(0, I, 0), dW.slice(I, I + O, 0)
         db_shape = [3, O]
     else:
@@ -455,20 +411,16 @@ def _wu(graph, params, prog, init, fwd_inter, bwd_inter, weights, in_, output, n
         D_h = rows(poplar.concat([bwd_inter.slice(0, 2, 1), bwd_inter.slice(3, 4, 1)], 1))
         dWin = poplin.matMul(graph, X.transpose(), D_x, prog, f"{name}/inputWeightGrads", options=mmo)
         dWout = poplin.matMul(graph, Hp.transpose(), D_h, prog, f"{name}/outputWeightGrads", options=mmo)
-        db = bias_sum(poplar.concat([D_x, D_h], 1), f"{name}/biasGrads")        # [6O]: input then recurrent
+        db = R.bias_grads(graph, poplar.concat([D_x, D_h], 1), prog, f"{name}/biasGrads")   # [6O]: input, recurrent
         db_shape = None
-    wat = opts.get("weightAccumulatorsType")
-    if wat is not None and poplar.types.as_type(wat) != dt:
-        wt = poplar.types.as_type(wat)
-        dWin = popops.cast(graph, dWin, wt, prog, f"{name}/castInputWeightGrads")
-        dWout = popops.cast(graph, dWout, wt, prog, f"{name}/castOutputWeightGrads")
-        db = popops.cast(graph, db, wt, prog, f"{name}/castBiasGrads")
+    dWin, dWout, db = R.cast_weight_grads(graph, opts, dt, {"InputWeightGrads": dWin, "OutputWeightGrads": dWout,
+                                                            "BiasGrads": db}, prog, name).values()
     if db_shape is not None:
         dbias = db.reshape(db_shape)
     else:
         dbias = db.reshape([2, 3, O]).dimShuffle([1, 0, 2])                      # [3, 2, O]
-    return GruWeights(_to_cell_order(params, R.unflatten_units(dWin, 3)),
-                      _to_cell_order(params, R.unflatten_units(dWout, 3)), _to_cell_order(params, dbias))
+    return GruWeights(R.to_cell_order(params, R.unflatten_units(dWin, 3)),
+                      R.to_cell_order(params, R.unflatten_units(dWout, 3)), R.to_cell_order(params, dbias))
 
 
 def gruWU(graph, params, prog, fwdOutputInit, fwdIntermediates, bwdIntermediates, weights, input,  # noqa: N802,N803,A002

@@ -83,7 +83,7 @@ def getDefaultBasicLstmCellOrder():  # noqa: N802
             BASIC_LSTM_CELL_OUTPUT_GATE]
 
 
-class LstmParams:
+class LstmParams(R.CellParams):
     """``popnn::lstm::LstmParams(dataType, batchSize, timeSteps, layerSizes, activation=TANH,
     recurrentActivation=SIGMOID)``; ``layerSizes = [inputSize, outputSize]``.
 
@@ -94,15 +94,9 @@ class LstmParams:
 
     def __init__(self, dataType, batchSize, timeSteps, layerSizes,  # noqa: N803
                  activation=NonLinearityType.TANH, recurrentActivation=NonLinearityType.SIGMOID):  # noqa: N803
-        self.rnn = R.RnnParams(dataType, batchSize, timeSteps, layerSizes)
-        self.dataType, self.batchSize = self.rnn.dataType, batchSize
-        self.timeSteps, self.layerSizes = timeSteps, self.rnn.layerSizes
-        self.outputFullSequence = True
+        super().__init__(dataType, batchSize, timeSteps, layerSizes, activation, recurrentActivation,
+                         getDefaultBasicLstmCellOrder())
         self.doInputWeightCalc = True
-        self.calcInputGradients = True
-        self.cellOrder = getDefaultBasicLstmCellOrder()
-        self.activation = activation
-        self.recurrentActivation = recurrentActivation
 
     def __repr__(self):
         return (f"LstmParams({self.dataType}, batchSize={self.batchSize}, timeSteps={self.timeSteps}, "
@@ -140,12 +134,8 @@ def _validate(params, what):
     R.validate(params, "LSTM", list(BasicLstmCellUnit), what)
 
 
-def _sizes(params):
-    return int(params.timeSteps), int(params.batchSize), int(params.layerSizes[0]), int(params.layerSizes[1])
-
-
 def _check_weights(params, weights, what):
-    T, B, I, O = _sizes(params)
+    T, B, I, O = R.sizes(params)
     dt = params.dataType
     if not isinstance(weights, LstmWeights):
         raise poplibs_error(f"{what}: weights must be an lstm.LstmWeights, got {type(weights).__name__}")
@@ -155,21 +145,11 @@ def _check_weights(params, weights, what):
 
 
 def _check_state(params, state, what, name="stateInit"):
-    T, B, I, O = _sizes(params)
+    T, B, I, O = R.sizes(params)
     if not isinstance(state, LstmState):
         raise poplibs_error(f"{what}: {name} must be an lstm.LstmState, got {type(state).__name__}")
     R.check_tensor(state.output, [B, O], params.dataType, what, f"{name}.output")
     R.check_tensor(state.cellState, [B, O], params.dataType, what, f"{name}.cellState")
-
-
-def _canonical(params, t):
-    """``t`` (units in ``cellOrder``) viewed with units in canonical order F, I, C, O."""
-    order = [int(u) for u in params.cellOrder]
-    return R.units_view(t, [order.index(u) for u in range(4)])
-
-
-def _to_cell_order(params, t):
-    return R.units_view(t, [int(u) for u in params.cellOrder])
 
 
 # -- creation -------------------------------------------------------------------------------------
@@ -178,23 +158,19 @@ def createInput(graph, params, debug_name: str = "", options=None, cache=None): 
     (``popnn::lstm::createInput``). Raises ``poplibs_error`` (bad params), ``poplar.invalid_option``."""
     what = debug_name or "lstm/createInput"
     _validate(params, what)
-    R.parse_options(options, what)
-    T, B, I, O = _sizes(params)
-    return R.seq_tensor(graph, params.dataType, [T, B, I], debug_name or "lstm/input")
+    return R.create_input(graph, params, options, what, debug_name or "lstm/input")
 
 
 def createInitialOutput(graph, params, debug_name: str = "", options=None, cache=None):  # noqa: N802
     """``[B, outputSize]`` initial output, mapped linearly (``popnn::lstm::createInitialOutput``)."""
     _validate(params, debug_name or "lstm/createInitialOutput")
-    T, B, I, O = _sizes(params)
-    return R.linear_var(graph, params.dataType, [B, O], (debug_name or "lstm") + "/initialOutput")
+    return R.create_state(graph, params, (debug_name or "lstm") + "/initialOutput")
 
 
 def createInitialCellState(graph, params, debug_name: str = "", options=None, cache=None):  # noqa: N802
     """``[B, outputSize]`` initial cell state, mapped linearly (``popnn::lstm::createInitialCellState``)."""
     _validate(params, debug_name or "lstm/createInitialCellState")
-    T, B, I, O = _sizes(params)
-    return R.linear_var(graph, params.dataType, [B, O], (debug_name or "lstm") + "/initialCellState")
+    return R.create_state(graph, params, (debug_name or "lstm") + "/initialCellState")
 
 
 def createInitialState(graph, params, debug_name: str = "", options=None, cache=None):  # noqa: N802
@@ -217,17 +193,14 @@ def createWeightsKernel(graph, params, debug_name: str = "", options=None, cache
     (PopLibs maps them as matmul right-hand sides) (``popnn::lstm::createWeightsKernel``)."""
     what = debug_name or "lstm/createWeights"
     _validate(params, what)
-    R.parse_options(options, what)
-    T, B, I, O = _sizes(params)
-    return (R.linear_var(graph, params.dataType, [4, I, O], what + "/inputWeights"),
-            R.linear_var(graph, params.dataType, [4, O, O], what + "/outputWeights"))
+    return R.create_weights_kernel(graph, params, 4, options, what)
 
 
 def createWeightsBiases(graph, params, debug_name: str = "", options=None, cache=None):  # noqa: N802
     """``[4, outputSize]`` biases, mapped linearly (``popnn::lstm::createWeightsBiases``)."""
     what = debug_name or "lstm/createWeights"
     _validate(params, what)
-    T, B, I, O = _sizes(params)
+    T, B, I, O = R.sizes(params)
     return R.linear_var(graph, params.dataType, [4, O], what + "/biases")
 
 
@@ -241,20 +214,20 @@ def createWeights(graph, params, debug_name: str = "", options=None, cache=None)
 def getBasicLstmCellFwdFlops(params) -> int:  # noqa: N802
     """Forward flops: 2 per MAC of ``[B, in + out] x [in + out, 4 out]`` per step, plus the
     element-wise work (bias add 4, non-linearities 5, cell and output 4 per output element)."""
-    T, B, I, O = _sizes(params)
+    T, B, I, O = R.sizes(params)
     return T * (2 * B * (I * int(params.doInputWeightCalc) + O) * 4 * O + 13 * B * O)
 
 
 def getBasicLstmCellBwdFlops(params) -> int:  # noqa: N802
     """Backward flops: the gradient matmul (``[B, 4 out] x [4 out, (in +) out]``) and ~20 element-wise
     flops per output element per step."""
-    T, B, I, O = _sizes(params)
+    T, B, I, O = R.sizes(params)
     return T * (2 * B * 4 * O * (O + I * int(params.calcInputGradients)) + 20 * B * O)
 
 
 def getBasicLstmCellWuFlops(params) -> int:  # noqa: N802
     """Weight-update flops: ``[in + out, T B] x [T B, 4 out]`` and the bias sums."""
-    T, B, I, O = _sizes(params)
+    T, B, I, O = R.sizes(params)
     return 2 * (I + O) * T * B * 4 * O + T * B * 4 * O
 
 
@@ -266,15 +239,15 @@ def _fwd(graph, params, prog, state, weights, in_, want_inter, name, options):
     opts = R.parse_options(options, name)
     _check_state(params, state, name)
     _check_weights(params, weights, name)
-    T, B, I, O = _sizes(params)
+    T, B, I, O = R.sizes(params)
     dt = params.dataType
     R.check_tensor(in_, [T, B, I], dt, name, "in")
     act, rec = _as_type(params.activation), _as_type(params.recurrentActivation)
     mmo = R.mm_options(opts)
     pre_calc = opts.get("preCalcWeights", False)
-    Win = R.flatten_units(_canonical(params, weights.inputWeights))      # [I, 4O]
-    Wout = R.flatten_units(_canonical(params, weights.outputWeights))    # [O, 4O]
-    bias = _canonical(params, weights.biases)                            # [4, O]
+    Win = R.flatten_units(R.canonical(params, weights.inputWeights))      # [I, 4O]
+    Wout = R.flatten_units(R.canonical(params, weights.outputWeights))    # [O, 4O]
+    bias = R.canonical(params, weights.biases)                            # [4, O]
     full = bool(params.outputFullSequence)
     h = R.linear_var(graph, dt, [B, O], f"{name}/output")
     c = R.linear_var(graph, dt, [B, O], f"{name}/cellState")
@@ -310,12 +283,9 @@ def _fwd(graph, params, prog, state, weights, in_, want_inter, name, options):
         c_new = popops.map(graph, E._1 * E._2 + E._3 * E._4, [f, c, i, g], s, f"{name}/cellState")
         tc = nonLinearity(graph, act, c_new, s, f"{name}/outputNonLinearity")
         h_new = popops.mul(graph, o, tc, s, f"{name}/output")
-        if inter is not None:
-            parts = [f, i, g, o, tc, c] + ([] if full else [h_new])
-            popops.dynamicUpdate(graph, inter, R.stack(parts).expand([0]), idx, [0], [1], s,
-                                 f"{name}/saveIntermediates")
-        if out_seq is not None:
-            popops.dynamicUpdate(graph, out_seq, h_new.expand([0]), idx, [0], [1], s, f"{name}/saveOutput")
+        R.save_step(graph, inter, R.stack([f, i, g, o, tc, c] + ([] if full else [h_new])), idx, s,
+                    f"{name}/saveIntermediates")
+        R.save_step(graph, out_seq, h_new, idx, s, f"{name}/saveOutput")
         s.add(P.Copy(c_new, c))
         s.add(P.Copy(h_new, h))
         return s
@@ -373,7 +343,7 @@ def _check_bwd(params, init_state, fwd_inter, weights, in_, output, what):
     R.validate_bwd(params, "LSTM", what)
     _check_state(params, init_state, what, "fwdStateInit")
     _check_weights(params, weights, what)
-    T, B, I, O = _sizes(params)
+    T, B, I, O = R.sizes(params)
     dt = params.dataType
     full = bool(params.outputFullSequence)
     R.check_tensor(in_, [T, B, I], dt, what, "input")
@@ -387,7 +357,7 @@ def _bwd(graph, params, prog, init_state, fwd_inter, weights, in_, output, out_g
     from openipu.poplibs.popops import expr as E
     _check_bwd(params, init_state, fwd_inter, weights, in_, output, name)
     opts = R.parse_options(options, name)
-    T, B, I, O = _sizes(params)
+    T, B, I, O = R.sizes(params)
     dt = params.dataType
     full = bool(params.outputFullSequence)
     R.check_tensor(out_grad, [T, B, O] if full else [B, O], dt, name, "outputGrad")
@@ -396,8 +366,8 @@ def _bwd(graph, params, prog, init_state, fwd_inter, weights, in_, output, out_g
     act, rec = _as_type(params.activation), _as_type(params.recurrentActivation)
     mmo = R.mm_options(opts)
     want_in_grad = bool(want_in_grad) and bool(params.calcInputGradients)
-    Win = R.flatten_units(_canonical(params, weights.inputWeights))
-    Wout = R.flatten_units(_canonical(params, weights.outputWeights))
+    Win = R.flatten_units(R.canonical(params, weights.inputWeights))
+    Wout = R.flatten_units(R.canonical(params, weights.outputWeights))
     Wt = (poplar.concat([Win, Wout], 0) if want_in_grad else Wout).transpose()   # [4O, (I+)O]
     off = I if want_in_grad else 0
     dh = R.linear_var(graph, dt, [B, O], f"{name}/outputGrad")
@@ -407,12 +377,7 @@ def _bwd(graph, params, prog, init_state, fwd_inter, weights, in_, output, out_g
         prog.add(P.Copy(last_c_grad, dc))
     else:
         popops.zero(graph, dc, prog, f"{name}/zeroCellStateGrad")
-    if full:
-        gseq = out_grad
-    else:
-        gseq = R.seq_tensor(graph, dt, [T, B, O], f"{name}/outputGradSeq")
-        popops.zero(graph, gseq, prog, f"{name}/zeroOutputGradSeq")
-        prog.add(P.Copy(out_grad, gseq[T - 1]))
+    gseq = R.output_grad_seq(graph, params, out_grad, prog, name)
     in_grad = R.seq_tensor(graph, dt, [T, B, I], f"{name}/inputGrad") if want_in_grad else None
     bwd_inter = R.seq_tensor(graph, dt, [T, 4, B, O], f"{name}/bwdIntermediates") if want_bwd_inter else None
 
@@ -438,11 +403,8 @@ def _bwd(graph, params, prog, init_state, fwd_inter, weights, in_, output, out_g
         dxh = poplin.matMul(graph, D.dimShuffle([1, 0, 2]).reshape([B, 4 * O]), Wt, s, f"{name}/inputGrads",
                             options=mmo)
         s.add(P.Copy(dxh.slice(off, off + O, 1), dh))
-        if in_grad is not None:
-            popops.dynamicUpdate(graph, in_grad, dxh.slice(0, I, 1).expand([0]), idx, [0], [1], s,
-                                 f"{name}/saveInputGrad")
-        if bwd_inter is not None:
-            popops.dynamicUpdate(graph, bwd_inter, D.expand([0]), idx, [0], [1], s, f"{name}/saveGateGrads")
+        R.save_step(graph, in_grad, dxh.slice(0, I, 1), idx, s, f"{name}/saveInputGrad")
+        R.save_step(graph, bwd_inter, D, idx, s, f"{name}/saveGateGrads")
         return s
 
     prog.add(R.time_loop(graph, T, body, True, f"{name}/timeLoop"))
@@ -473,28 +435,23 @@ def lstmBwd(graph, params, prog, fwdStateInit, fwdIntermediates, weights, input,
 
 
 def _wu(graph, params, prog, init_state, fwd_inter, bwd_inter, weights, in_, output, name, options):
-    from openipu.poplibs import popops
     _check_bwd(params, init_state, fwd_inter, weights, in_, output, name)
     opts = R.parse_options(options, name)
-    T, B, I, O = _sizes(params)
+    T, B, I, O = R.sizes(params)
     dt = params.dataType
     R.check_tensor(bwd_inter, [T, 4, B, O], dt, name, "bwdIntermediates")
     mmo = R.mm_options(opts)
     outs = output if params.outputFullSequence else fwd_inter.slice(_NUM_FWD_INTER, _NUM_FWD_INTER + 1, 1).squeeze([1])
-    h_prev = poplar.concat([init_state.output.expand([0]), outs.slice(0, T - 1, 0)], 0) if T > 1 \
-        else init_state.output.expand([0])
+    h_prev = R.prev_outputs(init_state.output, outs, T)
     XH = poplar.concat([in_.reshape([T * B, I]), h_prev.reshape([T * B, O])], 1)    # [TB, I+O]
     D = bwd_inter.dimShuffle([0, 2, 1, 3]).reshape([T * B, 4 * O])
     dW = poplin.matMul(graph, XH.transpose(), D, prog, f"{name}/weightGrads", options=mmo)   # [I+O, 4O]
-    db = popops.reduce(graph, D, [0], popops.ReduceParams(popops.Operation.ADD), prog, f"{name}/biasGrads")
-    wat = opts.get("weightAccumulatorsType")
-    if wat is not None and poplar.types.as_type(wat) != dt:
-        dW = popops.cast(graph, dW, poplar.types.as_type(wat), prog, f"{name}/castWeightGrads")
-        db = popops.cast(graph, db, poplar.types.as_type(wat), prog, f"{name}/castBiasGrads")
+    db = R.bias_grads(graph, D, prog, f"{name}/biasGrads")
+    dW, db = R.cast_weight_grads(graph, opts, dt, {"WeightGrads": dW, "BiasGrads": db}, prog, name).values()
     dWin = R.unflatten_units(dW.slice(0, I, 0), 4)
     dWout = R.unflatten_units(dW.slice(I, I + O, 0), 4)
-    return LstmWeights(_to_cell_order(params, dWin), _to_cell_order(params, dWout),
-                       _to_cell_order(params, db.reshape([4, O])))
+    return LstmWeights(R.to_cell_order(params, dWin), R.to_cell_order(params, dWout),
+                       R.to_cell_order(params, db.reshape([4, O])))
 
 
 def lstmWU(graph, params, prog, fwdStateInit, fwdIntermediates, bwdIntermediates, weights, input,  # noqa: N802,N803,A002

@@ -51,6 +51,24 @@ class RnnParams:
                 f"layerSizes={self.layerSizes})")
 
 
+class CellParams:
+    """The fields ``lstm.LstmParams`` and ``gru.GruParams`` share (PopLibs' ``LstmParams`` /
+    ``GruParams``): ``rnn`` (:class:`RnnParams`), ``dataType``, ``batchSize``, ``timeSteps``,
+    ``layerSizes``, ``outputFullSequence`` (True), ``calcInputGradients`` (True), ``cellOrder``,
+    ``activation``, ``recurrentActivation``. Not PopLibs API: the layers' params derive from it."""
+
+    def __init__(self, dataType, batchSize, timeSteps, layerSizes, activation, recurrentActivation,  # noqa: N803
+                 cellOrder):  # noqa: N803
+        self.rnn = RnnParams(dataType, batchSize, timeSteps, layerSizes)
+        self.dataType, self.batchSize = self.rnn.dataType, batchSize
+        self.timeSteps, self.layerSizes = timeSteps, self.rnn.layerSizes
+        self.outputFullSequence = True
+        self.calcInputGradients = True
+        self.cellOrder = cellOrder
+        self.activation = activation
+        self.recurrentActivation = recurrentActivation
+
+
 # -- validation ---------------------------------------------------------------------------------
 def validate(params, kind: str, units, what: str) -> None:
     """Raise ``poplibs_error`` unless ``params`` describe a valid single-layer ``kind`` RNN."""
@@ -150,6 +168,23 @@ def mm_options(opts: dict) -> dict:
     return mm
 
 
+def sizes(params):
+    """``(timeSteps, batchSize, inputSize, outputSize)`` of LSTM/GRU ``params``, as ints."""
+    return int(params.timeSteps), int(params.batchSize), int(params.layerSizes[0]), int(params.layerSizes[1])
+
+
+def canonical(params, t):
+    """``t`` (outer dimension = units in ``params.cellOrder``) viewed with its units in canonical
+    order 0, 1, ... (a view)."""
+    order = [int(u) for u in params.cellOrder]
+    return units_view(t, [order.index(u) for u in range(len(order))])
+
+
+def to_cell_order(params, t):
+    """``t`` (units in canonical order) viewed with its units in ``params.cellOrder``."""
+    return units_view(t, [int(u) for u in params.cellOrder])
+
+
 # -- tensors ----------------------------------------------------------------------------------
 def seq_tensor(graph, type_, shape, name):
     """A ``[T, ...]`` sequence tensor whose step slices sit on one tile per column."""
@@ -162,6 +197,72 @@ def linear_var(graph, type_, shape, name):
     t = graph.addVariable(type_, list(shape), name)
     mapTensorLinearly(graph, t)
     return t
+
+
+def create_input(graph, params, options, what: str, name: str):
+    """The ``[T, B, inputSize]`` input sequence of ``params`` (``createInput``); options checked."""
+    parse_options(options, what)
+    T, B, I, O = sizes(params)
+    return seq_tensor(graph, params.dataType, [T, B, I], name)
+
+
+def create_state(graph, params, name: str):
+    """A ``[B, outputSize]`` state tensor of ``params.dataType``, mapped linearly."""
+    T, B, I, O = sizes(params)
+    return linear_var(graph, params.dataType, [B, O], name)
+
+
+def create_weights_kernel(graph, params, units: int, options, what: str):
+    """``(inputWeights [units, in, out], outputWeights [units, out, out])``, mapped linearly [A]
+    (``createWeightsKernel``); options checked."""
+    parse_options(options, what)
+    T, B, I, O = sizes(params)
+    return (linear_var(graph, params.dataType, [units, I, O], what + "/inputWeights"),
+            linear_var(graph, params.dataType, [units, O, O], what + "/outputWeights"))
+
+
+def output_grad_seq(graph, params, out_grad, prog, name):
+    """The gradient of the layer's output as a ``[T, B, out]`` sequence: ``out_grad`` itself with
+    ``outputFullSequence``, else zeros with ``out_grad`` (``[B, out]``) at the last step."""
+    if params.outputFullSequence:
+        return out_grad
+    from openipu.poplibs import popops
+    T, B, I, O = sizes(params)
+    gseq = seq_tensor(graph, params.dataType, [T, B, O], f"{name}/outputGradSeq")
+    popops.zero(graph, gseq, prog, f"{name}/zeroOutputGradSeq")
+    prog.add(P.Copy(out_grad, gseq[T - 1]))
+    return gseq
+
+
+def prev_outputs(init, outs, steps: int):
+    """``[T, B, out]`` view: the layer's output before each step (``init``, then ``outs[:-1]``)."""
+    if steps == 1:
+        return init.expand([0])
+    return poplar.concat([init.expand([0]), outs.slice(0, steps - 1, 0)], 0)
+
+
+def save_step(graph, seq, value, idx, prog, name):
+    """``seq[idx] = value`` (``popops.dynamicUpdate`` over dimension 0); nothing when ``seq`` is None."""
+    if seq is not None:
+        from openipu.poplibs import popops
+        popops.dynamicUpdate(graph, seq, value.expand([0]), idx, [0], [1], prog, name)
+
+
+def bias_grads(graph, deltas, prog, name):
+    """The bias gradients: ``deltas`` ``[T B, n]`` summed over the sequence with ``popops.reduce``."""
+    from openipu.poplibs import popops
+    return popops.reduce(graph, deltas, [0], popops.ReduceParams(popops.Operation.ADD), prog, name)
+
+
+def cast_weight_grads(graph, opts: dict, type_, grads: dict, prog, name):
+    """``grads`` (name -> tensor) cast to the ``weightAccumulatorsType`` option when it is given
+    and differs from ``type_`` (one ``popops.cast`` each, named ``{name}/cast{Name}``)."""
+    wat = opts.get("weightAccumulatorsType")
+    if wat is None or poplar.types.as_type(wat) == type_:
+        return grads
+    from openipu.poplibs import popops
+    wt = poplar.types.as_type(wat)
+    return {k: popops.cast(graph, t, wt, prog, f"{name}/cast{k}") for k, t in grads.items()}
 
 
 def stack(ts):
