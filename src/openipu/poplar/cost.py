@@ -131,14 +131,15 @@ def compute_cost(spec, tiles: np.ndarray, cycles: np.ndarray, multi: np.ndarray,
 
 @dataclass
 class Transfer:
-    """Elements that must reach a tile: ``addr`` in ``space`` is needed on tile ``dst`` (int arrays).
+    """Elements that must reach a tile: ``addr`` in ``space`` is needed on tile ``dst`` (int arrays;
+    ``None``: the tile ``space`` maps each address to, i.e. a write back to the owner).
 
     ``src`` overrides the source tile of each element (default: where ``space`` maps it; -2 means
     the host)."""
 
     space: object
     addr: np.ndarray
-    dst: np.ndarray
+    dst: np.ndarray | None
     src: np.ndarray | None = None
     count_send: bool = True   # False: the same values are also sent by another Transfer (multicast)
 
@@ -165,10 +166,13 @@ def _runs_of_increasing(tr: Transfer, addr: np.ndarray, dst: np.ndarray, contigu
     work is a few vectorised passes over the int32 tile arrays, with no int64 copy per element;
     a contiguous address range reads its source tiles as a slice of the space (no gather)."""
     n = addr.size
-    if tr.src is None:
-        s = tr.space.tile[int(addr[0]):int(addr[0]) + n] if contiguous else tr.space.tile[addr]
-    else:
-        s = np.broadcast_to(np.asarray(tr.src), (n,))
+    owner = tr.space.tile[int(addr[0]):int(addr[0]) + n] if contiguous else None
+    if tr.src is None or dst is None:
+        if owner is None:
+            owner = tr.space.tile[addr]
+    s = owner if tr.src is None else np.broadcast_to(np.asarray(tr.src), (n,))
+    if dst is None:
+        dst = owner
     brk = s[1:] != s[:-1]
     if dst.strides[0] != 0:
         brk |= dst[1:] != dst[:-1]
@@ -205,7 +209,7 @@ def exchange_volume(spec, transfers: list[Transfer]) -> ExchangeVolume:
         if addr.size == 0:
             continue
         size = tr.space.type.size
-        dst = np.broadcast_to(np.asarray(tr.dst), addr.shape)
+        dst = None if tr.dst is None else np.broadcast_to(np.asarray(tr.dst), addr.shape)
         if addr.size > 1 and np.all(addr[1:] > addr[:-1]):
             contiguous = int(addr[-1]) - int(addr[0]) == addr.size - 1
             a0, ln, s, d = _runs_of_increasing(tr, addr, dst, contiguous)
@@ -235,7 +239,7 @@ def exchange_volume(spec, transfers: list[Transfer]) -> ExchangeVolume:
         # repeated or unordered addresses: a tile receives an element once, so keep unique
         # (dst, addr) pairs, sorted
         addr = addr.astype(np.int64, copy=False)
-        dst = dst.astype(np.int64)
+        dst = (tr.space.tile[addr] if dst is None else dst).astype(np.int64)
         src = tr.space.tile[addr].astype(np.int64) if tr.src is None else np.broadcast_to(
             np.asarray(tr.src, np.int64), addr.shape).reshape(-1)
         move = (src != dst) & (dst >= 0)

@@ -64,8 +64,11 @@ class Layout:
 
 
 def tile_index(plan, g, b, f, o, i):
-    """Local tile of block (g, b, f, o, i) (numpy arrays broadcast)."""
-    return (((g * plan.batch_split + b) * plan.field_split + f) * plan.out_chan_split + o) * plan.in_chan_split + i
+    """Local tile of block (g, b, f, o, i) (numpy arrays broadcast), as int32 (a tile number, and
+    every partial sum of one, is below the plan's tile count)."""
+    g, b, f, o, i = (np.asarray(v).astype(np.int32, copy=False) for v in (g, b, f, o, i))
+    return (((g * int(plan.batch_split) + b) * int(plan.field_split) + f) * int(plan.out_chan_split) + o) \
+        * int(plan.in_chan_split) + i
 
 
 def input_row_ranges(params: ConvParams, plan, lay: Layout):
@@ -268,6 +271,11 @@ def _replica_reads(t, addr: np.ndarray, base_tiles: np.ndarray, offsets, gt) -> 
         order = np.argsort(a, kind="stable")
         a, b = a[order], b[order]
     view = _gather(t, a)
+    n = gt.size
+    if n and int(gt[-1]) - int(gt[0]) == n - 1 and np.all(np.diff(gt) == 1):
+        # the graph's tiles are one range: tile k is gt[0] + k, so no per-element gather
+        b = b.astype(np.int32, copy=False)
+        return [(view, b + np.int32(int(gt[0]) + off), k == 0) for k, off in enumerate(offsets)]
     return [(view, gt[b + off], k == 0) for k, off in enumerate(offsets)]
 
 
