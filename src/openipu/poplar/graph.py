@@ -64,17 +64,24 @@ class _Space:
         var.start = self.size
         self.size += var.numel
         if self.size > self.tile.size:
-            # grow in place of concatenating (one new buffer each, no temporaries)
-            cap = max(self.size, 2 * self.tile.size)
+            # grow into one new buffer each (no temporaries); only [0, size) is ever written, so
+            # the spare capacity costs no page faults until a later variable uses it
+            cap = max(2 * self.size, 2 * self.tile.size)
             tile = np.empty(cap, np.int32)
-            tile[:self.tile.size] = self.tile
-            tile[self.tile.size:] = -1
+            tile[:var.start] = self.tile[:var.start]
             const = np.zeros(cap, bool)
-            const[:self.const.size] = self.const
+            const[:var.start] = self.const[:var.start]
             self.tile, self.const = tile, const
+        self.tile[var.start:self.size] = -1
         if var.constant:
             self.const[var.start:self.size] = True
         self.vars.append(var)
+
+    def __getstate__(self):
+        # pickle (serialised executables) only the used part of the arrays, not spare capacity
+        d = dict(self.__dict__)
+        d["tile"], d["const"] = self.tile[:self.size].copy(), self.const[:self.size].copy()
+        return d
 
     def starts(self) -> np.ndarray:
         if self._starts_n != len(self.vars):
