@@ -131,14 +131,15 @@ def compute_cost(spec, tiles: np.ndarray, cycles: np.ndarray, multi: np.ndarray,
 
 @dataclass
 class Transfer:
-    """Elements that must reach a tile: ``addr`` in ``space`` is needed on tile ``dst`` (int arrays).
+    """Elements that must reach a tile: ``addr`` in ``space`` is needed on tile ``dst`` (int arrays;
+    ``None``: the tile ``space`` maps each address to, i.e. a write back to the owner).
 
     ``src`` overrides the source tile of each element (default: where ``space`` maps it; -2 means
     the host)."""
 
     space: object
     addr: np.ndarray
-    dst: np.ndarray
+    dst: np.ndarray | None
     src: np.ndarray | None = None
     count_send: bool = True   # False: the same values are also sent by another Transfer (multicast)
 
@@ -157,64 +158,117 @@ class ExchangeVolume:
         return bool(self.recv_bytes.any() or self.send_bytes.any())
 
 
+def _runs_of_increasing(tr: Transfer, addr: np.ndarray, dst: np.ndarray, contiguous: bool):
+    """Maximal runs of a transfer whose addresses ``addr`` are strictly increasing: consecutive
+    addresses with one source tile and one destination tile.
+
+    Returns (first address, length, source tile, destination tile) per run (int64 arrays). The
+    work is a few vectorised passes over the int32 tile arrays, with no int64 copy per element;
+    a contiguous address range reads its source tiles as a slice of the space (no gather)."""
+    n = addr.size
+    owner = tr.space.tile[int(addr[0]):int(addr[0]) + n] if contiguous else None
+    if tr.src is None or dst is None:
+        if owner is None:
+            owner = tr.space.tile[addr]
+    s = owner if tr.src is None else np.broadcast_to(np.asarray(tr.src), (n,))
+    if dst is None:
+        dst = owner
+    brk = s[1:] != s[:-1]
+    if dst.strides[0] != 0:
+        brk |= dst[1:] != dst[:-1]
+    if not contiguous:
+        brk |= addr[1:] != addr[:-1] + 1
+    start = np.flatnonzero(brk)
+    start += 1
+    start = np.concatenate((np.zeros(1, start.dtype), start))
+    length = np.diff(np.append(start, n))
+    return addr[start].astype(np.int64), length, s[start].astype(np.int64), dst[start].astype(np.int64)
+
+
 def exchange_volume(spec, transfers: list[Transfer]) -> ExchangeVolume:
     """Bytes and messages each tile receives and sends for ``transfers`` (local elements are free).
 
     A value needed by several tiles is sent once (the exchange multicasts) and received by each.
-    Consecutive addresses from the same source form one message (region).
+    Consecutive addresses from the same source form one message (region): a tile receives one
+    message per run of consecutive addresses (of the set it receives) from one source, and a tile
+    sends one per run of consecutive addresses of the set it sends.
+
+    Transfers whose addresses are strictly increasing (a tensor, or a slice of one) are costed per
+    run of (consecutive address, source, destination), never per element; others (repeated or
+    unordered addresses) per element, after keeping unique (destination, address) pairs.
     """
     T = spec.num_tiles
+    tpi = spec.tiles_per_ipu
     recv_b = np.zeros(T)
     send_b = np.zeros(T)
     recv_m = np.zeros(T)
     send_m = np.zeros(T)
     glob = np.zeros(spec.num_ipus)
     for tr in transfers:
-        addr = np.asarray(tr.addr, np.int64).reshape(-1)
-        dst = np.broadcast_to(np.asarray(tr.dst, np.int64), addr.shape).reshape(-1)
+        addr = np.asarray(tr.addr).reshape(-1)
+        if addr.size == 0:
+            continue
+        size = tr.space.type.size
+        dst = None if tr.dst is None else np.broadcast_to(np.asarray(tr.dst), addr.shape)
+        if addr.size > 1 and np.all(addr[1:] > addr[:-1]):
+            contiguous = int(addr[-1]) - int(addr[0]) == addr.size - 1
+            a0, ln, s, d = _runs_of_increasing(tr, addr, dst, contiguous)
+            move = (s != d) & (d >= 0)
+            if not move.any():
+                continue
+            a0, ln, s, d = a0[move], ln[move], s[move], d[move]
+            # runs are maximal, so each moved run is one message to its destination
+            recv_b += np.bincount(d, weights=ln, minlength=T) * size
+            recv_m += np.bincount(d, minlength=T)
+            if not tr.count_send:
+                continue
+            ft = s >= 0
+            a0, ln, s, d = a0[ft], ln[ft], s[ft], d[ft]
+            if s.size == 0:
+                continue
+            send_b += np.bincount(s, weights=ln, minlength=T) * size
+            # a send message spans runs of one source at adjacent addresses (multicast to several
+            # destinations is one message)
+            sbrk = np.ones(s.size, bool)
+            sbrk[1:] = (s[1:] != s[:-1]) | (a0[1:] != a0[:-1] + ln[:-1])
+            send_m += np.bincount(s[sbrk], minlength=T)
+            cross = (s // tpi) != (d // tpi)
+            if cross.any():
+                glob += np.bincount(d[cross] // tpi, weights=ln[cross], minlength=spec.num_ipus) * size
+            continue
+        # repeated or unordered addresses: a tile receives an element once, so keep unique
+        # (dst, addr) pairs, sorted
+        addr = addr.astype(np.int64, copy=False)
+        dst = (tr.space.tile[addr] if dst is None else dst).astype(np.int64)
         src = tr.space.tile[addr].astype(np.int64) if tr.src is None else np.broadcast_to(
             np.asarray(tr.src, np.int64), addr.shape).reshape(-1)
         move = (src != dst) & (dst >= 0)
         if not move.any():
             continue
         a, s, d = addr[move], src[move], dst[move]
-        size = tr.space.type.size
-        if not (a.size > 1 and np.all(a[1:] > a[:-1])):
-            # repeated or unordered addresses: a tile receives an element once, so keep unique
-            # (dst, addr) pairs, sorted. Distinct increasing addresses (a plain tensor) need no sort:
-            # its regions are the runs in address order.
-            key = d * (tr.space.size + 1) + a
-            _, keep = np.unique(key, return_index=True)
-            a, s, d = a[keep], s[keep], d[keep]
+        key = d * (tr.space.size + 1) + a
+        _, keep = np.unique(key, return_index=True)
+        a, s, d = a[keep], s[keep], d[keep]
         brk = np.ones(a.size, bool)
         brk[1:] = (d[1:] != d[:-1]) | (a[1:] != a[:-1] + 1) | (s[1:] != s[:-1])
         recv_b += np.bincount(d, minlength=T) * size
         recv_m += np.bincount(d[brk], minlength=T)
         from_tile = s >= 0
-        if not tr.count_send:
+        if not tr.count_send or not from_tile.any():
             continue
-        if from_tile.all() and a.size > 1 and np.all(a[1:] > a[:-1]):
-            send_b += np.bincount(s, minlength=T) * size
-            sbrk = np.ones(a.size, bool)
-            sbrk[1:] = (s[1:] != s[:-1]) | (a[1:] != a[:-1] + 1)
-            send_m += np.bincount(s[sbrk], minlength=T)
-            cross = (s // spec.tiles_per_ipu) != (d // spec.tiles_per_ipu)
-            if cross.any():
-                glob += np.bincount(d[cross] // spec.tiles_per_ipu, minlength=spec.num_ipus) * size
-        elif from_tile.any():
-            ss, aa = s[from_tile], a[from_tile]
-            skey = ss * (tr.space.size + 1) + aa
-            uk = np.unique(skey)
-            us = uk // (tr.space.size + 1)
-            send_b += np.bincount(us, minlength=T) * size
-            ua = uk % (tr.space.size + 1)
-            sbrk = np.ones(uk.size, bool)
-            sbrk[1:] = (us[1:] != us[:-1]) | (ua[1:] != ua[:-1] + 1)
-            send_m += np.bincount(us[sbrk], minlength=T)
-            cross = from_tile.copy()
-            cross[from_tile] = (ss // spec.tiles_per_ipu) != (d[from_tile] // spec.tiles_per_ipu)
-            if cross.any():
-                glob += np.bincount(d[cross] // spec.tiles_per_ipu, minlength=spec.num_ipus) * size
+        ss, aa = s[from_tile], a[from_tile]
+        skey = ss * (tr.space.size + 1) + aa
+        uk = np.unique(skey)
+        us = uk // (tr.space.size + 1)
+        send_b += np.bincount(us, minlength=T) * size
+        ua = uk % (tr.space.size + 1)
+        sbrk = np.ones(uk.size, bool)
+        sbrk[1:] = (us[1:] != us[:-1]) | (ua[1:] != ua[:-1] + 1)
+        send_m += np.bincount(us[sbrk], minlength=T)
+        cross = from_tile.copy()
+        cross[from_tile] = (ss // tpi) != (d[from_tile] // tpi)
+        if cross.any():
+            glob += np.bincount(d[cross] // tpi, minlength=spec.num_ipus) * size
     return ExchangeVolume(recv_b, send_b, recv_m, send_m, glob)
 
 

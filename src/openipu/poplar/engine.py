@@ -719,9 +719,7 @@ class _Compiler:
         comp, active = costmod.compute_cost(spec, tiles, cyc, multi, tids, type_names)
         comp.flops = flops
         vin = costmod.exchange_volume(spec, reads)
-        out_tr = [costmod.Transfer(st.space(t._type), t.flat_addresses(),
-                                   st.space(t._type).tile[t.flat_addresses()].astype(np.int64), src=np.asarray(p, np.int64))
-                  for t, p in writes]
+        out_tr = [costmod.Transfer(st.space(t._type), t.flat_addresses(), None, src=p) for t, p in writes]
         vout = costmod.exchange_volume(spec, out_tr)
         for v in (vin, vout):
             self.exchange_code += (v.recv_msgs + v.send_msgs) * cal.EXCHANGE_CODE_BYTES_PER_MESSAGE

@@ -64,12 +64,24 @@ class _Space:
         var.start = self.size
         self.size += var.numel
         if self.size > self.tile.size:
-            cap = max(self.size, 2 * self.tile.size)
-            self.tile = np.concatenate([self.tile, np.full(cap - self.tile.size, -1, np.int32)])
-            self.const = np.concatenate([self.const, np.zeros(cap - self.const.size, bool)])
+            # grow into one new buffer each (no temporaries); only [0, size) is ever written, so
+            # the spare capacity costs no page faults until a later variable uses it
+            cap = max(2 * self.size, 2 * self.tile.size)
+            tile = np.empty(cap, np.int32)
+            tile[:var.start] = self.tile[:var.start]
+            const = np.zeros(cap, bool)
+            const[:var.start] = self.const[:var.start]
+            self.tile, self.const = tile, const
+        self.tile[var.start:self.size] = -1
         if var.constant:
             self.const[var.start:self.size] = True
         self.vars.append(var)
+
+    def __getstate__(self):
+        # pickle (serialised executables) only the used part of the arrays, not spare capacity
+        d = dict(self.__dict__)
+        d["tile"], d["const"] = self.tile[:self.size].copy(), self.const[:self.size].copy()
+        return d
 
     def starts(self) -> np.ndarray:
         if self._starts_n != len(self.vars):
@@ -329,12 +341,20 @@ class Graph:
         return int(self._tiles[local])
 
     def _global_tiles(self, local) -> np.ndarray:
-        local = np.asarray(local, np.int64)
+        local = np.asarray(local)
+        if local.dtype.kind not in "iu":
+            local = local.astype(np.int64)
         if local.size and (local.min() < 0 or local.max() >= self._tiles.size):
             bad = local[(local < 0) | (local >= self._tiles.size)][0]
             raise errors.invalid_tile_mapping(
                 f"Tile {int(bad)} is out of range: this graph has {self._tiles.size} tiles (0..{self._tiles.size - 1})")
+        if self._tiles_are_identity():
+            return local          # local tile numbers are global ones (no per-element gather)
         return self._tiles[local]
+
+    def _tiles_are_identity(self) -> bool:
+        n = self._tiles.size
+        return bool(n and self._tiles[0] == 0 and self._tiles[-1] == n - 1 and np.all(np.diff(self._tiles) == 1))
 
     def _local_tiles(self, glob: np.ndarray) -> np.ndarray:
         if self._tiles.size and self._tiles[0] == 0 and np.all(np.diff(self._tiles) == 1):
@@ -384,7 +404,11 @@ class Graph:
         elif arr.size != numel:
             raise errors.graph_object_creation_error(
                 f"Constant '{name}' of shape {shape} needs {numel} values, got {arr.size}")
-        init = t.wrap(torch.as_tensor(np.ascontiguousarray(arr).reshape(-1).astype(np.float64 if t.is_float else np.int64)))
+        if t.is_float and (arr.dtype, t.torch_dtype) in ((np.float32, torch.float32), (np.float16, torch.float16)):
+            # already the storage dtype: one copy, no round trip through float64
+            init = torch.from_numpy(np.array(arr, copy=True, order="C").reshape(-1))
+        else:
+            init = t.wrap(torch.as_tensor(np.ascontiguousarray(arr).reshape(-1).astype(np.float64 if t.is_float else np.int64)))
         return self._new_variable(t, shape, name, constant=True, init=init)
 
     def addConstantHalf(self, type_, shape, values, name: str = "") -> Tensor:  # noqa: N802
@@ -442,7 +466,12 @@ class Graph:
             space.tile[addr] = self._global_tile(mapping)
             return
         if isinstance(mapping, np.ndarray) and mapping.ndim == 1 and mapping.size == addr.size:
-            space.tile[addr] = self._global_tiles(mapping)   # per-element tiles (openipu extension)
+            tiles = self._global_tiles(mapping)   # per-element tiles (openipu extension)
+            n = addr.size
+            if n > 1 and int(addr[-1]) - int(addr[0]) == n - 1 and np.all(addr[1:] > addr[:-1]):
+                space.tile[int(addr[0]):int(addr[0]) + n] = tiles     # a contiguous range: no scatter
+            else:
+                space.tile[addr] = tiles
             return
         per_elem = np.full(addr.size, -1, np.int64)
         for tile, intervals in enumerate(mapping):

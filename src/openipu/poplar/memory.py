@@ -53,21 +53,37 @@ class MemoryPlan:
 
 
 def _variable_runs(space):
-    """(var index, tile, bytes) for each run of one variable's elements on one tile."""
+    """(var index, tile, bytes) for each run of one variable's elements on one tile.
+
+    One pass over the space's int32 tile array (a run breaks where the tile changes or a variable
+    starts); variables are found per run, not per element."""
     n = space.size
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
-    tiles = space.tile[:n].astype(np.int64)
+    tiles = space.tile[:n]
     starts = space.starts()
-    var_of = np.zeros(n, np.int64)
-    nz = starts[1:]
-    var_of[nz[nz < n]] += 1
-    var_of = np.cumsum(var_of)
-    brk = np.ones(n, bool)
-    brk[1:] = (tiles[1:] != tiles[:-1]) | (var_of[1:] != var_of[:-1])
+    brk = np.empty(n, bool)
+    brk[0] = True
+    np.not_equal(tiles[1:], tiles[:-1], out=brk[1:])
+    brk[starts[starts < n]] = True
     run_start = np.flatnonzero(brk)
     run_len = np.diff(np.append(run_start, n))
-    return var_of[run_start], tiles[run_start], run_len * float(space.type.size)
+    var_of = np.searchsorted(starts, run_start, side="right") - 1
+    return var_of, tiles[run_start].astype(np.int64), run_len * float(space.type.size)
+
+
+def _variables_touched(space, addrs: np.ndarray) -> np.ndarray:
+    """Unique indices of the variables that ``addrs`` touch. Addresses between a variable's
+    first and last address all belong to it, so one variable is found from the extremes alone."""
+    if addrs.size == 0:
+        return np.zeros(0, np.int64)
+    starts = space.starts()
+    lo, hi = np.searchsorted(starts, [addrs.min(), addrs.max()], side="right") - 1
+    if lo == hi:
+        return np.array([lo], np.int64)
+    mark = np.zeros(hi - lo + 1, bool)
+    mark[np.searchsorted(starts[lo:hi + 1], addrs, side="right") - 1] = True
+    return np.flatnonzero(mark) + lo
 
 
 def _step_variables(comp):
@@ -76,17 +92,17 @@ def _step_variables(comp):
     st = comp.state
     out = {name: [[] for _ in comp.uses] for name in st.spaces}
     edges = 0
+    touched: dict = {}      # id(tensor) -> variable ids (the tensors stay alive in comp.uses)
     for s_idx, uses in enumerate(comp.uses):
         groups: dict = {}
         for t, is_write in uses:
             edges += 1
-            groups.setdefault((t._type.name, bool(is_write)), []).append(t.flat_addresses())
-        for (name, is_write), addrs in groups.items():
-            space = st.spaces[name]
-            mark = np.zeros(len(space.vars), bool)
-            for a in addrs:
-                mark[space.variable_index(a)] = True
-            vids = np.flatnonzero(mark)
+            vids = touched.get(id(t))
+            if vids is None:
+                vids = touched[id(t)] = _variables_touched(st.spaces[t._type.name], t.flat_addresses())
+            groups.setdefault((t._type.name, bool(is_write)), []).append(vids)
+        for (name, is_write), vid_lists in groups.items():
+            vids = vid_lists[0] if len(vid_lists) == 1 else np.unique(np.concatenate(vid_lists))
             # reads first so that a step that reads and writes a variable counts as a read
             out[name][s_idx].append((vids, is_write))
         for name in out:
@@ -140,7 +156,7 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
         is_const = np.array([v.constant for v in space.vars])
         pinned = np.zeros(nv, bool)
         for addrs in host_vars.get(name, []):
-            pinned[space.variable_index(addrs)] = True
+            pinned[_variables_touched(space, addrs)] = True
         pinned |= np.array([v.init is not None for v in space.vars]) & ~is_const
         nal = (~is_const) & (~pinned) & (last >= 0) & first_is_write & (~multi_prog)
         var_ids, tiles, nbytes = _variable_runs(space)

@@ -64,8 +64,11 @@ class Layout:
 
 
 def tile_index(plan, g, b, f, o, i):
-    """Local tile of block (g, b, f, o, i) (numpy arrays broadcast)."""
-    return (((g * plan.batch_split + b) * plan.field_split + f) * plan.out_chan_split + o) * plan.in_chan_split + i
+    """Local tile of block (g, b, f, o, i) (numpy arrays broadcast), as int32 (a tile number, and
+    every partial sum of one, is below the plan's tile count)."""
+    g, b, f, o, i = (np.asarray(v).astype(np.int32, copy=False) for v in (g, b, f, o, i))
+    return (((g * int(plan.batch_split) + b) * int(plan.field_split) + f) * int(plan.out_chan_split) + o) \
+        * int(plan.in_chan_split) + i
 
 
 def input_row_ranges(params: ConvParams, plan, lay: Layout):
@@ -268,7 +271,26 @@ def _replica_reads(t, addr: np.ndarray, base_tiles: np.ndarray, offsets, gt) -> 
         order = np.argsort(a, kind="stable")
         a, b = a[order], b[order]
     view = _gather(t, a)
+    n = gt.size
+    if n and int(gt[-1]) - int(gt[0]) == n - 1 and np.all(np.diff(gt) == 1):
+        # the graph's tiles are one range: tile k is gt[0] + k, so no per-element gather
+        b = b.astype(np.int32, copy=False)
+        return [(view, b + np.int32(int(gt[0]) + off), k == 0) for k, off in enumerate(offsets)]
     return [(view, gt[b + off], k == 0) for k, off in enumerate(offsets)]
+
+
+def _take(a: np.ndarray, axis: int, idx: np.ndarray) -> np.ndarray:
+    """``a`` indexed by ``idx`` along ``axis``: ``a`` itself for the whole axis, a view for a
+    range, a copy otherwise (the same values as ``np.take``)."""
+    n = a.shape[axis]
+    if idx.size and idx[0] >= 0 and int(idx[-1]) - int(idx[0]) == idx.size - 1 and \
+            (idx.size == 1 or np.all(np.diff(idx) == 1)):
+        if idx.size == n:
+            return a
+        sl = [slice(None)] * a.ndim
+        sl[axis] = slice(int(idx[0]), int(idx[-1]) + 1)
+        return a[tuple(sl)]
+    return np.take(a, idx, axis=axis)
 
 
 def _gather(t, addr: np.ndarray):
@@ -345,11 +367,11 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
             for rows, fblk in ((prim_rows, prim_f), (halo_rows, halo_f)):
                 if rows.size == 0:
                     continue
-                a_in = xa[:, n_idx][:, :, :, rows]                              # [G, nn, Ci, P, rest]
+                a_in = _take(_take(xa, 1, n_idx), 3, rows)                              # [G, nn, Ci, P, rest]
                 base = tile_index(plan, g_t, n_t, fblk[None, None, None, :, None], 0, c_t)
                 reads += _replica_reads(x, a_in, np.broadcast_to(base, a_in.shape),
                                         [o * plan.in_chan_split for o in range(plan.out_chan_split)], gt)
-            a_w = wa[:, co_idx]                                                   # [G, cc, Ci, K]
+            a_w = _take(wa, 1, co_idx)                                                 # [G, cc, Ci, K]
             base = tile_index(plan, (g_ar // lay.gB)[:, None, None, None], 0, 0,
                               (co_idx // lay.coB)[None, :, None, None], (np.arange(lay.Ci) // lay.ciB)[None, None, :, None])
             offs = [(b * plan.field_split + f) * plan.out_chan_split * plan.in_chan_split
@@ -383,10 +405,10 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
                                           in_type.name, fp, W_ctx, target.getVectorWidth(in_type))
             step_outs = lay.G * n_idx.size * co_idx.size * pb.out_rows * pb.out_rest
             flops = 2.0 * step_outs * macs_per_out
-            o_step = oa[:, n_idx][:, :, co_idx]                                # [G, nn, cc, Fo]
+            o_step = _take(_take(oa, 1, n_idx), 2, co_idx)                                # [G, nn, cc, Fo]
             dst_out = poplar.Tensor(out._state, out._type, np.ascontiguousarray(o_step).reshape(
                 lay.G, n_idx.size, co_idx.size, *fo))
-            dst_tiles = out_tile[:, n_idx][:, :, co_idx].reshape(-1)
+            dst_tiles = _take(_take(out_tile, 1, n_idx), 2, co_idx).reshape(-1)
             spec = _Spec((tuple(it.truncationLower), tuple(it.truncationUpper), tuple(it.dilation),
                           tuple(it.paddingLower), tuple(it.paddingUpper), tuple(it.flip)),
                          (tuple(kt.truncationLower), tuple(kt.truncationUpper), tuple(kt.dilation),
