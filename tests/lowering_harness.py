@@ -46,7 +46,7 @@ def run_node(op_type, inputs, attrs=None, consts=None, opset=17, n_out=1, out_na
                                 deviceInfo=dev, userOptions=opts)
     s.prepareDevice()
     anchors = s.initAnchorArrays()
-    s.run(popart.PyStepIO({k: np.asarray(v) for k, v in inputs.items()}, anchors))
+    s.run(popart.PyStepIO({k: np.ascontiguousarray(v) for k, v in inputs.items()}, anchors))
     (op,) = [o for o in s.ops() if o.op_type == op_type]
     return [anchors[o] for o in live], s, op
 
