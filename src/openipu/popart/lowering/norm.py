@@ -94,7 +94,15 @@ def _accepts_ln(op, ir):
     c = math.prod(xs[axis:])
     if math.prod(xs) == 0 or c == 0:
         return False
-    return all(math.prod(shape(ir, x)) == c for x in op.inputs[1:3] if x)
+    return all(_strip(shape(ir, x)) == _strip(xs[axis:]) for x in op.inputs[1:3] if x)
+
+
+def _strip(s):
+    """A shape without its leading 1s (equal stripped shapes broadcast to each other elementwise)."""
+    s = list(s)
+    while s and s[0] == 1:
+        s.pop(0)
+    return s
 
 
 def _zeros(g, type_, n, nm):
