@@ -113,3 +113,23 @@ def test_dropout_inference_is_identity_training_generic():
     check("Dropout", {"x": x}, consts={"r": np.array(0.5, np.float32), "t": np.array(False)}, opset=13)
     s, op = check("Dropout", {"x": x}, {"is_test": 1}, opset=6)
     check("Dropout", {"x": x}, opset=13, n_out=2, precise=False)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16, np.int32])
+@pytest.mark.parametrize("op", ["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"])
+def test_compare(op, dt):
+    a = RNG.integers(-3, 3, (2, 3, 4)).astype(dt)
+    b = RNG.integers(-3, 3, (3, 1)).astype(dt)
+    check(op, {"a": a, "b": b}, opset=16)
+
+
+def test_logical_and_isnan():
+    a, b = RNG.random((3, 4)) > 0.5, RNG.random((4,)) > 0.5
+    for op in ("And", "Or", "Xor"):
+        check(op, {"a": a, "b": b})
+    check("Not", {"a": a})
+    x = _x((3, 5), np.float32)
+    x[1, 2] = np.nan
+    check("IsNaN", {"x": x})
+    check("IsNaN", {"x": x.astype(np.float16)})
+    check("Equal", {"a": a, "b": b}, opset=16, precise=False)       # bool compare: generic

@@ -16,6 +16,7 @@ predicate (e.g. integer division). Every other op with a host kernel goes throug
 - :mod:`.softmax`: Softmax, LogSoftmax -> ``popnn.nonLinearity(SOFTMAX_STABLE)`` / ``logSoftmax``;
 - :mod:`.reduce`: ReduceSum/Mean/Max/Min/Prod/L1/L2/SumSquare/LogSumExp -> ``popops.reduce``;
 - :mod:`.gather`: Gather -> ``popops.multiSlice`` (the embedding lookup);
+- :mod:`.compare`: Equal, Less, Greater, ..., And, Or, Xor, Not, IsNaN -> ``popops.map`` (BOOL);
 - :mod:`.variadic`: Sum, Mean -> one fused ``popops.map``;
 - :mod:`.views`: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Identity, Dropout (inference),
   Concat -> Poplar tensor views (PopART's in-place variants);
@@ -32,8 +33,8 @@ from __future__ import annotations
 import importlib
 
 _PRECISE: dict[tuple[str, str], list] = {}
-_MODULES = ("elementwise", "matmul", "unary", "variadic", "views", "pooling", "norm", "softmax", "reduce", "gather",
-            "conv")
+_MODULES = ("elementwise", "matmul", "unary", "compare", "variadic", "views", "pooling", "norm", "softmax",
+            "reduce", "gather", "conv")
 _LOADED = False
 
 
