@@ -83,6 +83,12 @@ def test_cast_float_half_precise_to_int_generic():
     check("Cast", {"x": x.astype(np.float16)}, {"to": 1})
     check("Cast", {"x": x}, {"to": 1})
     check("Cast", {"x": x}, {"to": 6}, precise=False)
+    ints = RNG.integers(-3000, 3000, (4, 5))
+    for src in (np.int64, np.int32):
+        for to in (1, 10, 9, 6, 7):
+            check("Cast", {"x": ints.astype(src)}, {"to": to})
+    check("Cast", {"x": ints > 0}, {"to": 1})
+    check("Cast", {"x": x}, {"to": 9})
 
 
 @pytest.mark.parametrize("dt", [np.float32, np.float16])

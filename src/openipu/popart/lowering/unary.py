@@ -9,7 +9,8 @@
 - LeakyRelu: ``Select(x, alpha * x, x > 0)``; Clip (min/max as attributes or constant scalar
   inputs): ``Select(x, Min(Max(x, lo), hi), IsNaN(x))`` — NaN propagates as ONNX's Clip does;
   Where: ``Select(a, b, cond)`` (float, half, int32 values): one fused ``popops.map`` each;
-- Cast between FLOAT and FLOAT16: ``popops.cast``.
+- Cast from float, half, int32/int64 (int32 on the device) and bool to float, half or bool,
+  and between the integer types: ``popops.cast`` (float to integer uses the generic lowering).
 
 Other types and attribute values use the generic lowering.
 """
@@ -121,11 +122,17 @@ def where(ctx, op):
     return [popops.map(graph(ctx, op), E.Select(E._1, E._2, E._3), [a, b, c], ctx.prog, name(op))]
 
 
+_CAST_FROM = FLOATS + ("INT32", "INT64", "BOOL")
+
+
 def _accepts_cast(op, ir):
     if len(op.inputs) != 1 or not op.inputs[0]:
         return False
     a, b = dtype(ir, op.inputs[0]), dtype(ir, op.outputs[0])
-    return a in FLOATS and b in FLOATS
+    if a not in _CAST_FROM:
+        return False
+    # float -> int (truncation, out-of-range, NaN) stays with the kernel
+    return b in FLOATS + ("BOOL",) or (a not in FLOATS and b in ("INT32", "INT64"))
 
 
 @lowering("Cast", accepts=_accepts_cast)
