@@ -15,10 +15,11 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python examples/poplar/tut6.py 10000 1000 --profile
+	$(BIN)/openipu run light_resnet50 --report build/demo-report
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_overhead.py
+	$(BIN)/python benchmarks/inference.py

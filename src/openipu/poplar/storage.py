@@ -47,7 +47,7 @@ class Accessor:
         if addr.size and addr[-1] - addr[0] == addr.size - 1 and (addr.size == 1 or np.all(np.diff(addr) == 1)):
             self.start, self.stop = int(addr[0]), int(addr[-1]) + 1
         elif addr.size:
-            self.index = torch.from_numpy(np.ascontiguousarray(addr))
+            self.index = torch.from_numpy(np.array(addr, dtype=np.int64, order="C", copy=not addr.flags.writeable or None))
 
     def read(self, storage: Storage) -> torch.Tensor:
         buf = storage.bufs[self.key]

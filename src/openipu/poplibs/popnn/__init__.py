@@ -21,6 +21,7 @@ from openipu.poplibs.popnn.loss import *  # noqa: F401,F403
 from openipu.poplibs.popnn.loss import __all__ as _loss_all
 from openipu.poplibs.popnn.norms import bn, gn, in_, ln  # noqa: F401
 from openipu.poplibs.popnn import pooling  # noqa: F401,E402
+from openipu.poplibs.popnn import gru, lstm  # noqa: F401,E402
 
 
 def addCodelets(graph) -> None:  # noqa: N802

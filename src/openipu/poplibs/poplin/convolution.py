@@ -1,0 +1,206 @@
+"""Convolutions (PopLibs ``include/poplin/Convolution.hpp``).
+
+Tensors as PopLibs: input ``[N, G*Ci, *field]``, weights ``[G, Co, Ci, *kernel]`` (per conv group:
+output channels, then input channels), output ``[N, G*Co, *outField]``, biases ``[G*Co]``.
+Forward, input-gradient (``convolution`` with ``getGradientParams`` and
+``transposeAndFlipWeights=True``) and weight-update (``calculateWeightDeltas``) passes all go
+through the planner in :mod:`openipu.poplibs.poplin.plan`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from openipu import poplar
+from openipu.poplar.graph import VertexGroup
+from openipu.poplibs.poplin import core
+from openipu.poplibs.poplin.matmul import _scaled_add_to
+from openipu.poplibs.poplin.params import ConvParams, getGradientParams, poplibs_error, weight_update_params
+from openipu.poplibs.poplin.plan import parse_options, plan_convolution
+
+__all__ = ["convolution", "createInput", "createWeights", "createBiases", "addBias", "calculateWeightDeltas",
+           "convolutionWeightUpdate", "getGradientParams", "reportPlanInfo", "getFwdFlops", "preplanConvolution"]
+
+
+def _canon_input(t, params: ConvParams):
+    n = params.getNumFieldDims()
+    return t.reshape([params.batchSize, params.numConvGroups, params.inputChannelsPerConvGroup,
+                      *params.inputFieldShape]).dimShuffle([1, 0, 2, *range(3, 3 + n)])
+
+
+def _user_output(out, params: ConvParams):
+    n = params.getNumFieldDims()
+    return out.dimShuffle([1, 0, 2, *range(3, 3 + n)]).reshape(params.getOutputShape())
+
+
+def _check_shape(op, what, t, shape):
+    if list(t.shape()) != list(shape):
+        raise poplar.graph_connection_error(f"{op}: {what} has shape {t.shape()} but the ConvParams need {list(shape)}")
+
+
+def convolution(graph, in_, weights, params: ConvParams, transposeAndFlipWeights: bool, prog,  # noqa: N803
+                name: str = "", options=None, cache=None):
+    """Convolve ``in_`` ``[N, G*Ci, *field]`` with ``weights`` (``poplin::convolution``).
+
+    ``weights`` is ``[G, Co, Ci, *kernel]``; with ``transposeAndFlipWeights`` it is
+    ``[G, Ci, Co, *kernel]`` (the forward weights, for the input-gradient pass with
+    :func:`getGradientParams`): its channel dimensions are swapped and its kernel flipped.
+    Returns a new ``[N, G*Co, *outField]`` tensor of ``params.outputType``. Options:
+    ``availableMemoryProportion`` (0.6), ``partialsType`` ("float" / "half"), ``pass``.
+
+    Raises ``poplar.graph_connection_error`` (shapes or types), ``poplar.invalid_option`` and
+    :class:`poplibs_error` (no plan fits the memory budget).
+    """
+    op = "convolution"
+    _check_shape(op, "the input", in_, params.getInputShape())
+    n = params.getNumFieldDims()
+    G, Ci, Co = params.numConvGroups, params.inputChannelsPerConvGroup, params.outputChannelsPerConvGroup
+    if transposeAndFlipWeights:
+        _check_shape(op, "the weights (transposeAndFlipWeights)", weights, [G, Ci, Co, *params.kernelShape])
+        w = weights.dimShuffle([0, 2, 1, *range(3, 3 + n)])
+        for d in range(n):
+            w = w.reverse(3 + d)
+    else:
+        _check_shape(op, "the weights", weights, params.getWeightsShape())
+        w = weights
+    for t, what in ((in_, "input"), (weights, "weights")):
+        if t.elementType() != params.inputType:
+            raise poplar.graph_connection_error(
+                f"{op}: the {what} is {t.elementType()} but the ConvParams input type is {params.inputType}")
+    out = _conv(graph, _canon_input(in_, params), w, params, prog, name or op, options, cache, op)
+    return _user_output(out, params)
+
+
+def _conv(graph, x, w, params, prog, name, options, cache, op, out=None):
+    plan = plan_convolution(params, graph.getTarget(), options, cache, op=op)
+    opts = parse_options(options, op)
+    return core.build(graph, x, w, params, plan, opts.partials_type, params.outputType, prog, name, out=out)
+
+
+def createInput(graph, params: ConvParams, name: str = "", options=None, cache=None):  # noqa: N802
+    """A new input tensor ``[N, G*Ci, *field]`` mapped the way the plan wants it
+    (``poplin::createInput``): each tile holds part of a block it convolves."""
+    plan = plan_convolution(params, graph.getTarget(), options, cache, op="createInput")
+    t = graph.addVariable(params.inputType, params.getInputShape(), name or "input")
+    graph.setTileMapping(_canon_input(t, params), core.input_tiles(params, plan, core.Layout.of(params, plan)))
+    return t
+
+
+def createWeights(graph, params: ConvParams, name: str = "", options=None, cache=None):  # noqa: N802
+    """A new weights tensor ``[G, Co, Ci, *kernel]`` laid out for the plan (``poplin::createWeights``)."""
+    plan = plan_convolution(params, graph.getTarget(), options, cache, op="createWeights")
+    t = graph.addVariable(params.inputType, params.getWeightsShape(), name or "weights")
+    graph.setTileMapping(t, core.weight_tiles(params, plan, core.Layout.of(params, plan)))
+    return t
+
+
+def createBiases(graph, acts, name: str = "biases"):  # noqa: N802
+    """A new ``[C]`` bias tensor for activations ``acts`` ``[N, C, *field]``, each channel's bias
+    on the tile that holds most of that channel's activations (``poplin::createBiases``)."""
+    if acts.rank() < 2:
+        raise poplar.graph_connection_error(f"createBiases: activations must be [N, C, ...], got {acts.shape()}")
+    C = acts.dim(1)
+    b = graph.addVariable(acts.elementType(), [C], name)
+    tiles = graph._local_tiles(graph.tile_of_elements(acts.dimShuffle([1, 0, *range(2, acts.rank())]))
+                               .astype(np.int64)).reshape(C, -1)
+    if (tiles < 0).any():
+        raise poplar.invalid_tile_mapping("createBiases: the activations are not completely mapped to tiles")
+    # most frequent tile per channel, vectorised: sort each row, count runs
+    srt = np.sort(tiles, axis=1)
+    brk = np.ones(srt.shape, bool)
+    brk[:, 1:] = srt[:, 1:] != srt[:, :-1]
+    idx = np.where(brk, np.arange(srt.shape[1])[None, :], 0)
+    start = np.maximum.accumulate(idx, axis=1)
+    run = np.arange(srt.shape[1])[None, :] - start + 1
+    best = np.argmax(run, axis=1)
+    graph.setTileMapping(b, srt[np.arange(C), best])
+    return b
+
+
+def _add_bias_kernel(acts, biases, ctx):
+    A, B = ctx.read(acts), ctx.read(biases)          # [R, N, C, rest], [R, C]
+    ctx.write(acts, (A.float() + B.float()[:, None, :, None]).to(A.dtype))
+
+
+#: AddToChannel tile cycles (``poplin::AddToChannel`` supervisor). [A] the shape of popops'
+#: broadcast add: supervisor 20, per worker 26 + 1 cycle per vector of its share.
+ADD_TO_CHANNEL_SUPERVISOR = 20
+ADD_TO_CHANNEL_WORKER_OVERHEAD = 26
+
+
+def addBias(graph, acts, biases, prog, name: str = ""):  # noqa: N802
+    """``acts[n, c, ...] += biases[c]`` in place (``poplin::addBias``), on the tiles holding ``acts``.
+    Raises ``poplar.graph_connection_error`` when ``biases`` is not ``[acts.dim(1)]`` or the types differ."""
+    if biases.rank() != 1 or acts.rank() < 2 or biases.dim(0) != acts.dim(1):
+        raise poplar.graph_connection_error(
+            f"addBias: biases {biases.shape()} must be [C] for activations {acts.shape()} ([N, C, ...])")
+    if biases.elementType() != acts.elementType():
+        raise poplar.graph_connection_error(
+            f"addBias: biases are {biases.elementType()} but activations are {acts.elementType()}")
+    target = graph.getTarget()
+    tiles = graph.tile_of_elements(acts)
+    counts = np.bincount(tiles, minlength=graph._top.getTarget().getNumTiles())
+    used = np.flatnonzero(counts)
+    vw, W = target.getVectorWidth(acts.elementType()), target.getNumWorkerContexts()
+    cyc = ADD_TO_CHANNEL_SUPERVISOR + W * (ADD_TO_CHANNEL_WORKER_OVERHEAD + -(-counts[used] // (vw * W)))
+    rest = acts.numElements() // max(1, acts.dim(0) * acts.dim(1))
+    b_view = biases.reshape([1, biases.dim(0)] + [1] * (acts.rank() - 2))
+    b_full = poplar.Tensor(biases._state, biases._type, np.broadcast_to(b_view._addr, acts.shape()).reshape(-1))
+    cs = graph.addComputeSet(f"{name or 'addBias'}/AddToChannel")
+    graph.add_vertex_group(cs, VertexGroup(
+        f"poplin::AddToChannel<{acts.elementType()}>", used, cyc,
+        functools.partial(_add_bias_kernel, acts.reshape([acts.dim(0), acts.dim(1), rest]), biases),
+        reads=[(acts, tiles), (b_full, tiles)], writes=[(acts, tiles)], multi=True,
+        flops=float(acts.numElements()), state_bytes=24))
+    prog.add(poplar.program.Execute(cs))
+
+
+def calculateWeightDeltas(graph, zDeltas, activations, params: ConvParams, prog, name: str = "",  # noqa: N802,N803
+                          options=None, cache=None):
+    """Weight gradients ``[G, Co, Ci, *kernel]`` from output gradients ``zDeltas``
+    ``[N, G*Co, *outField]`` and forward ``activations`` ``[N, G*Ci, *field]``
+    (``poplin::calculateWeightDeltas``): a convolution over the batch and output field, planned
+    as such (:func:`~openipu.poplibs.poplin.params.weight_update_params`)."""
+    op = "calculateWeightDeltas"
+    _check_shape(op, "zDeltas", zDeltas, params.getOutputShape())
+    _check_shape(op, "activations", activations, params.getInputShape())
+    wu = weight_update_params(params)
+    n = params.getNumFieldDims()
+    G, N = params.numConvGroups, params.batchSize
+    # input [G, Ci (batch), N (channels), *field]; kernel [G, Co, N, *outField]
+    x = activations.reshape([N, G, params.inputChannelsPerConvGroup, *params.inputFieldShape]) \
+        .dimShuffle([1, 2, 0, *range(3, 3 + n)])
+    w = zDeltas.reshape([N, G, params.outputChannelsPerConvGroup, *params.getOutputFieldShape()]) \
+        .dimShuffle([1, 2, 0, *range(3, 3 + n)])
+    out = _conv(graph, x, w, wu, prog, name or op, options, cache, op)       # [G, Ci, Co, *kernel]
+    return out.dimShuffle([0, 2, 1, *range(3, 3 + n)])
+
+
+def convolutionWeightUpdate(graph, zDeltas, weights, activations, params: ConvParams, scale, prog,  # noqa: N802,N803
+                            name: str = "", options=None, cache=None):
+    """``weights += scale * calculateWeightDeltas(...)`` in place (``poplin::convolutionWeightUpdate``);
+    ``scale`` is a Python number (e.g. ``-learningRate``)."""
+    if isinstance(scale, poplar.Tensor):
+        raise poplibs_error("convolutionWeightUpdate: a tensor scale is not supported here; pass a number")
+    _check_shape("convolutionWeightUpdate", "the weights", weights, params.getWeightsShape())
+    d = calculateWeightDeltas(graph, zDeltas, activations, params, prog, name, options, cache)
+    _scaled_add_to(graph, weights, d, float(scale), prog, name or "convolutionWeightUpdate")
+
+
+def reportPlanInfo(out, graph, params: ConvParams, options=None, cache=None):  # noqa: N802
+    """Write the plan for ``params`` to the text stream ``out`` (``poplin::reportPlanInfo``)."""
+    out.write(plan_convolution(params, graph.getTarget(), options, cache, op="reportPlanInfo").report() + "\n")
+
+
+def preplanConvolution(graph, params: ConvParams, options=None, cache=None):  # noqa: N802
+    """Plan ``params`` into ``cache`` ahead of building (``poplin::preplanConvolution``)."""
+    return plan_convolution(params, graph.getTarget(), options, cache, op="preplanConvolution")
+
+
+def getFwdFlops(params: ConvParams) -> int:  # noqa: N802
+    """Floating-point operations of the forward convolution, 2 per multiply-accumulate that meets
+    real (not padding) input (``poplin::getFwdFlops``, counting only non-zero taps of a dilated input)."""
+    from openipu.poplibs.poplin.plan import Problem
+    return int(round(2 * Problem.from_params(params).macs()))
