@@ -192,7 +192,7 @@ def test_helper_made_model_opset13_gemm_and_folding():
     dev = popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8})
     s = popart.InferenceSession(m.SerializeToString(), popart.DataFlow(1, {"y": popart.AnchorReturnType("ALL")}), dev)
     s.prepareDevice()
-    assert [(op.op_type, op.lowering) for op in s.ops()] == [("Gemm", "precise"), ("Relu", "generic")]
+    assert [(op.op_type, op.lowering) for op in s.ops()] == [("Gemm", "precise"), ("Relu", "precise")]
     anchors = s.initAnchorArrays()
     xv = rng.standard_normal((2, 3)).astype(np.float32)
     s.run(popart.PyStepIO({"x": xv}, anchors))

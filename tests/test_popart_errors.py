@@ -234,7 +234,7 @@ def test_symbolic_input_needs_input_shape_info():
 
 def test_out_of_memory_exception():
     b = popart.Builder()
-    x = b.addInputTensor(popart.TensorInfo("FLOAT", [64, 1024]))
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [96, 1024]))
     o = b.aiOnnx.relu([b.aiOnnx.add([x, x])])
     dev = popart.DeviceManager().createIpuModelDevice({"numIPUs": 1, "tilesPerIPU": 1})
     s = popart.InferenceSession(fnModel=b.getModelProto(), deviceInfo=dev,

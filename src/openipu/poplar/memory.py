@@ -7,7 +7,8 @@ sizes are assumptions listed in :mod:`openipu.poplar.calibration`.
 
 Liveness: program steps are numbered in compile order. A variable is *not always live* when
 every program step that touches it belongs to one program, and its first touch writes it; it
-then occupies memory from its first to its last touch (widened to whole loops that touch it).
+then occupies memory from its first to its last touch (widened to the whole of a loop that uses
+a value from before the loop; a variable first written inside a loop is not widened).
 Constants, variables with host read/write handles or initial values, and variables read before
 they are written are *always live*. Operands a compute set receives from other tiles occupy
 receive buffers on the receiving tile during that step (the "Variables" category includes them at
@@ -150,9 +151,14 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
                 progs[vids] = p
         for a, b in comp.loops:
             for lo, hi in ((a, b),):
+                # A value that crosses iterations must live for the whole loop: one defined before
+                # the loop and used in it, or one whose first touch in the loop is a read (those are
+                # always live anyway). A variable first written inside the loop holds a value made
+                # in each iteration and needs no widening.
                 touched = (last >= lo) & (first <= hi)
-                first = np.where(touched, np.minimum(first, lo), first)
-                last = np.where(touched, np.maximum(last, hi), last)
+                carried = touched & ((first < lo) | ~first_is_write)
+                first = np.where(carried, np.minimum(first, lo), first)
+                last = np.where(carried, np.maximum(last, hi), last)
         is_const = np.array([v.constant for v in space.vars])
         pinned = np.zeros(nv, bool)
         for addrs in host_vars.get(name, []):

@@ -6,7 +6,20 @@ predicate (e.g. integer division). Every other op with a host kernel goes throug
 *generic* costed vertex group (:mod:`.generic`). One op family per module:
 
 - :mod:`.elementwise`: Add, Sub, Mul, Div, Pow, Max, Min -> ``popops`` binary ops;
-- :mod:`.matmul`: MatMul, Gemm -> ``poplin.matMul``;
+- :mod:`.matmul`: MatMul, Gemm -> ``poplin.matMul`` (batched: ``poplin.matMulGrouped``);
+- :mod:`.unary`: Relu, Sigmoid, Tanh, Gelu -> ``popnn.nonLinearity``; Abs, Exp, Erf, ..., LeakyRelu,
+  Clip, Where -> ``popops.map``; Cast (float <-> half) -> ``popops.cast``;
+- :mod:`.conv`: Conv -> ``poplin.convolution`` (+ ``poplin.addBias``);
+- :mod:`.pooling`: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool -> ``popnn.pooling.pool``;
+- :mod:`.norm`: BatchNormalization (inference), LayerNormalization, InstanceNormalization,
+  GroupNormalization -> ``popnn.bn`` / ``ln`` / ``in`` / ``gn``;
+- :mod:`.softmax`: Softmax, LogSoftmax -> ``popnn.nonLinearity(SOFTMAX_STABLE)`` / ``logSoftmax``;
+- :mod:`.reduce`: ReduceSum/Mean/Max/Min/Prod/L1/L2/SumSquare/LogSumExp -> ``popops.reduce``;
+- :mod:`.gather`: Gather -> ``popops.multiSlice`` (the embedding lookup);
+- :mod:`.compare`: Equal, Less, Greater, ..., And, Or, Xor, Not, IsNaN -> ``popops.map`` (BOOL);
+- :mod:`.variadic`: Sum, Mean -> one fused ``popops.map``;
+- :mod:`.views`: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Identity, Dropout (inference),
+  Concat -> Poplar tensor views (PopART's in-place variants);
 - :mod:`.generic`: everything else with an onnx_ops kernel;
 - :mod:`.program`: the session programs (host streams, ``Repeat(batchesPerStep)``, anchor copies
   by return type, weight transfers, inter-IPU copies via :class:`.context.LoweringContext`).
@@ -20,6 +33,8 @@ from __future__ import annotations
 import importlib
 
 _PRECISE: dict[tuple[str, str], list] = {}
+_MODULES = ("elementwise", "matmul", "unary", "compare", "variadic", "views", "pooling", "norm", "softmax",
+            "reduce", "gather", "conv")
 _LOADED = False
 
 
@@ -36,7 +51,7 @@ def lowering(*op_types: str, domain: str = "", accepts=None):
 def _load():
     global _LOADED
     if not _LOADED:
-        for m in ("elementwise", "matmul"):
+        for m in _MODULES:
             importlib.import_module(f"{__name__}.{m}")
         _LOADED = True
 

@@ -5,10 +5,11 @@
 - 1-D operands are promoted (``[k] -> [1, k]`` / ``[k, 1]``) and the added dim dropped after;
 - when the right operand is 2-D, the left operand's batch dims are flattened into its rows
   (``[..., m, k] -> [prod(...) * m, k]``, a view) — one matMul;
-- otherwise both are broadcast over their batch dims and each batch element is one matMul,
-  run one after the other (up to ``MAX_BATCH_LOOP`` of them; larger batched products use the
-  generic lowering). Poplin's grouped matmul would run the groups side by side on disjoint
-  tiles, so the loop over-estimates cycles for small matrices.
+- otherwise both are broadcast over their batch dims (views) and flattened to ``[groups, m, k]``
+  / ``[groups, k, n]``: one ``poplin.matMulGrouped`` (PopART's ``MatMulOpx`` for batched
+  operands), the groups planned side by side. With a poplin that has no ``matMulGrouped``, each
+  batch element is one ``matMul``, run one after the other (up to ``MAX_BATCH_LOOP`` of them;
+  larger batched products then use the generic lowering).
 
 Options from the node: ``__available_memory_proportion`` (``builder.setAvailableMemoryProportion``)
 and ``__partials_type`` (``builder.setPartialsType``), else ``SessionOptions.partialsTypeMatMuls``
@@ -59,7 +60,7 @@ def _accepts_matmul(op, ir):
     shapes = [ir.tensors[x].info.shape() for x in op.inputs]
     if any(len(s) == 0 or 0 in s for s in shapes):
         return False
-    return _batch_count(ir, op) <= MAX_BATCH_LOOP
+    return hasattr(poplin, "matMulGrouped") or _batch_count(ir, op) <= MAX_BATCH_LOOP
 
 
 def _mm2d(ctx, g, a, b, op, name):
@@ -90,6 +91,9 @@ def matmul(ctx, op):
     nb = math.prod(batch)
     av = av.reshape([nb] + av.shape()[-2:])
     bv = bv.reshape([nb] + bv.shape()[-2:])
+    if hasattr(poplin, "matMulGrouped"):
+        c = poplin.matMulGrouped(g, av, bv, ctx.prog, name, options=_options(ctx, op))
+        return [c.reshape(out_shape)]
     parts = [_mm2d(ctx, g, av[i], bv[i], op, f"{name}/{i}").expand([0]) for i in range(nb)]
     return [poplar.concat(parts, 0).reshape(out_shape)]
 

@@ -1,0 +1,47 @@
+"""Small helpers shared by the precise op lowerings (not PopART API)."""
+
+from __future__ import annotations
+
+FLOATS = ("FLOAT", "FLOAT16")
+
+
+def dtype(ir, tid: str) -> str:
+    """ONNX element type name of IR tensor ``tid`` ("FLOAT", "FLOAT16", "INT64", ...)."""
+    return ir.tensors[tid].info.data_type()
+
+
+def shape(ir, tid: str) -> list:
+    return list(ir.tensors[tid].info.shape())
+
+
+def graph(ctx, op):
+    """The op's (virtual) graph."""
+    return ctx.graph_of(ctx.vgraph_of(op))
+
+
+def name(op) -> str:
+    return f"{op.op_type}/{op.outputs[0]}"
+
+
+def live_outputs(op) -> int:
+    """Number of outputs up to the last one the model names (empty names are omitted outputs)."""
+    n = 0
+    for k, o in enumerate(op.outputs):
+        if o:
+            n = k + 1
+    return n
+
+
+def all_float(ir, op, inputs=None, outputs=1) -> bool:
+    """Whether the given inputs (default all non-empty) and the first ``outputs`` outputs share
+    one float type (FLOAT or FLOAT16)."""
+    ids = [x for x in (op.inputs if inputs is None else [op.inputs[i] for i in inputs if i < len(op.inputs)]) if x]
+    ids += [o for o in op.outputs[:outputs] if o]
+    types = {dtype(ir, x) for x in ids}
+    return len(types) == 1 and next(iter(types)) in FLOATS
+
+
+def const_value(ir, tid: str):
+    """The numpy value of a constant IR tensor, else None."""
+    t = ir.tensors.get(tid)
+    return None if t is None or t.kind != "Const" else t.value

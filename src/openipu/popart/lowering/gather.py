@@ -1,0 +1,98 @@
+"""ONNX Gather through ``popops.multiSlice`` (PopART's ``GatherOpx``; on axis 0 of a 2-D table it
+is the embedding lookup).
+
+``data`` is sliced along ``axis`` at the ``numel(indices)`` offsets (``sizes = [1]``); the result
+``[N, *data.shape with axis -> 1]`` is viewed back as ``data.shape[:axis] + indices.shape +
+data.shape[axis+1:]`` (reshape and ``dimShuffle`` views, no copies). Negative indices count from
+the end as in ONNX: a constant index tensor is checked on the host; a run-time one goes through
+one ``popops.map`` ``Select(i + D, i, i < 0)`` first.
+
+Layout (PopART creates a Gather's weight input with ``popops::createSliceableTensor``, its
+"unwinding" of the input layout): when ``data`` is a model weight (constant or variable) and this
+op is its first consumer, the weight is re-mapped here so that each column (the elements that
+differ only in ``axis``) sits on one tile, the columns spread linearly over the tiles — the
+layout ``createSliceableTensor`` gives. Without it the linearly mapped table would be exchanged
+whole to the tiles holding its first row.
+
+Declined (generic lowering): empty tensors, index types other than int32/int64, constant indices
+out of range, value types other than float, half and int32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from openipu import poplar
+from openipu.poplar.mapping import linear_tile_of_elements
+from openipu.poplibs import popops
+from openipu.poplibs.popops import expr as E
+from openipu.popart.lowering import lowering
+from openipu.popart.lowering._util import FLOATS, const_value, dtype, graph, name, shape
+from openipu.popart.onnx_ops._common import norm_axis
+
+
+def _axis(op, ir):
+    try:
+        return norm_axis(op.attrs.get("axis", 0), len(shape(ir, op.inputs[0])), "Gather")
+    except Exception:
+        return None
+
+
+def _accepts(op, ir):
+    if len(op.inputs) != 2 or not all(op.inputs):
+        return False
+    data, idx = op.inputs
+    if dtype(ir, data) not in FLOATS + ("INT32",) or dtype(ir, op.outputs[0]) != dtype(ir, data):
+        return False
+    if dtype(ir, idx) not in ("INT32", "INT64"):
+        return False
+    xs, axis = shape(ir, data), _axis(op, ir)
+    if axis is None or math.prod(xs) == 0 or math.prod(shape(ir, idx)) == 0:
+        return False
+    v = const_value(ir, idx)
+    if v is not None:
+        v = np.asarray(v)
+        if ((v < -xs[axis]) | (v >= xs[axis])).any():
+            return False
+    return True
+
+
+def _sliceable_layout(ctx, op, g, t, axis):
+    """Re-map weight ``t`` column-wise (createSliceableTensor's layout) if this op owns its layout."""
+    tid = op.inputs[0]
+    it = ctx.ir.tensors[tid]
+    if it.producer is not None or it.kind not in ("Const", "Variable") or not it.consumers or it.consumers[0] is not op:
+        return
+    xs = t.shape()
+    rest = [d for d in range(len(xs)) if d != axis]
+    cols = math.prod(xs[d] for d in rest)
+    col_tile = linear_tile_of_elements(cols, g.getTarget().getNumTiles(), 1, 1)
+    per = np.broadcast_to(col_tile.reshape(1, cols), (xs[axis], cols)).reshape([xs[axis]] + [xs[d] for d in rest])
+    order = [0] * len(xs)
+    for k, d in enumerate([axis] + rest):
+        order[d] = k
+    g.setTileMapping(t, np.ascontiguousarray(per.transpose(order)).reshape(-1))
+
+
+@lowering("Gather", accepts=_accepts)
+def gather(ctx, op):
+    g = graph(ctx, op)
+    nm = name(op)
+    data, idx = ctx.input(op, 0), ctx.input(op, 1)
+    axis = _axis(op, ctx.ir)
+    xs = data.shape()
+    n = idx.numElements()
+    if const_value(ctx.ir, op.inputs[1]) is None or (np.asarray(const_value(ctx.ir, op.inputs[1])) < 0).any():
+        # negative indices count from the end
+        idx = popops.map(g, E.Select(E.Add(E._1, E.Const(int(xs[axis]))), E._1, E.Lt(E._1, E.Const(0))), [idx],
+                         ctx.prog, f"{nm}/wrapIndices")
+    _sliceable_layout(ctx, op, g, data, axis)
+    offsets = idx.reshape([n, 1])
+    out = popops.multiSlice(g, data, offsets, [axis], [1], ctx.prog, debug_name=nm)
+    pre, post = list(xs[:axis]), list(xs[axis + 1:])
+    out = out.reshape([n] + pre + post)
+    if pre:
+        out = out.dimShuffle(list(range(1, 1 + len(pre))) + [0] + list(range(1 + len(pre), 1 + len(pre) + len(post))))
+    return [out.reshape(shape(ctx.ir, op.outputs[0]))]

@@ -1,0 +1,72 @@
+"""Precise lowerings of reductions (popops.reduce) and Gather (popops.multiSlice): same numbers as
+the onnx_ops kernels; the embedding table gets the sliceable layout; declined cases stay generic."""
+
+import numpy as np
+import pytest
+
+from lowering_harness import check, run_node
+
+RNG = np.random.default_rng(3)
+REDUCE_OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare", "ReduceL2",
+              "ReduceL1", "ReduceLogSum", "ReduceLogSumExp"]
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+@pytest.mark.parametrize("op", REDUCE_OPS)
+def test_reduce_axes_attribute(op, dt):
+    x = RNG.uniform(0.5, 1.5, (3, 4, 5)).astype(dt)
+    tol = {} if dt == np.float16 else {"rtol": 2e-5, "atol": 1e-5}
+    for axes, keep in (([1], 1), ([0, 2], 0), ([-1], 1), (None, 0)):
+        attrs = {"keepdims": keep} if axes is None else {"axes": axes, "keepdims": keep}
+        check(op, {"x": x}, attrs, opset=11, **tol)
+
+
+def test_reduce_axes_input_and_declines():
+    x = RNG.standard_normal((4, 6, 3)).astype(np.float32)
+    check("ReduceSum", {"x": x}, consts={"a": np.array([0, 2], np.int64)}, opset=13)
+    check("ReduceMax", {"x": x}, {"keepdims": 0}, consts={"a": np.array([1], np.int64)}, opset=18)
+    check("ReduceSum", {"x": x}, opset=13)                                    # no axes: all
+    check("ReduceSum", {"x": x}, {"noop_with_empty_axes": 1}, opset=13, precise=False)
+    check("ReduceSum", {"x": x, "a": np.array([1], np.int64)}, opset=13, precise=False)   # run-time axes
+    check("ReduceSum", {"x": x.astype(np.int32)}, {"axes": [1]}, opset=11, precise=False)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16, np.int32])
+def test_gather_embedding_runtime_indices(dt):
+    table = (RNG.standard_normal((50, 8)) * 10).astype(dt)
+    ids = RNG.integers(-50, 50, (3, 7)).astype(np.int64)
+    check("Gather", {"i": ids}, consts={"d": table}, attrs={"__order__": ["d", "i"]})
+    check("Gather", {"i": ids[0, :1].reshape(())}, consts={"d": table}, attrs={"__order__": ["d", "i"]})
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+def test_gather_axes_constant_indices(axis):
+    x = RNG.standard_normal((3, 4, 5)).astype(np.float32)
+    d = x.shape[axis]
+    check("Gather", {"d": x}, {"axis": axis}, consts={"i": np.array([[0, d - 1], [-1, 1]], np.int64)})
+    check("Gather", {"d": x, "i": np.array([2, -2, 0], np.int32)}, {"axis": axis})
+
+
+def test_gather_out_of_range_constant_generic():
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    with pytest.raises(Exception):
+        run_node("Gather", {"d": x}, {}, consts={"i": np.array([5], np.int64)},
+                 out_values=[np.zeros((1, 4), np.float32)])
+
+
+def _multislice_tiles(s):
+    groups = [g for cs in s._lowered.graph._state.compute_sets for g in cs.groups if "MultiSlice" in g.type_name]
+    assert len(groups) == 1
+    return groups[0].tiles.size
+
+
+def test_gather_weight_gets_sliceable_layout():
+    """The table's columns spread over the tiles (createSliceableTensor's layout): the MultiSlice
+    vertices run on all 16 tiles, not only on the tile of the table's first row."""
+    table = RNG.standard_normal((300, 16)).astype(np.float32)
+    ids = RNG.integers(0, 300, (2, 5)).astype(np.int64)
+    s, _ = check("Gather", {"i": ids}, consts={"d": table}, attrs={"__order__": ["d", "i"]}, tiles=16)
+    assert _multislice_tiles(s) == 16
+    # a run-time table keeps its (linear) layout: its first row sits on one tile
+    s, _ = check("Gather", {"d": table, "i": ids}, tiles=16)
+    assert _multislice_tiles(s) == 1
