@@ -29,6 +29,10 @@ except ImportError:
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+#: Reasons starting with this mark tests whose expected values come from another random generator:
+#: they usually fail, and may pass by chance (small outputs), so a pass is not an error.
+RANDOM = "random values"
+
 def test_supports_device_and_node_model():
     assert OpenIPUBackend.supports_device("CPU") and OpenIPUBackend.supports_device("IPU")
     assert not OpenIPUBackend.supports_device("CUDA")
@@ -230,6 +234,8 @@ def _listed(fn, name, reason):
             fn(*args, **kwargs)
         except Exception:  # noqa: BLE001 - any failure of a listed test is the expected one
             pytest.xfail(reason)
+        if reason.startswith(RANDOM):
+            return
         pytest.fail(f"{name} unexpectedly passed, remove it from "
                     f"onnx_backend_popart_expected_failures.txt (listed: {reason})")
     test.__name__ = fn.__name__

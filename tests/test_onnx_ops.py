@@ -27,6 +27,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 EXPECTED_FILE = os.path.join(HERE, "onnx_backend_expected_failures.txt")
 
 
+#: Reasons starting with this mark tests whose expected values come from another random generator:
+#: they usually fail, and may pass by chance (small outputs), so a pass is not an error.
+RANDOM = "random values"
+
 def _expected_failures() -> dict[str, str]:
     out = {}
     with open(EXPECTED_FILE) as f:
@@ -68,7 +72,7 @@ def test_backend_case(case):
         if reason is not None:
             pytest.xfail(reason)
         raise
-    if reason is not None:
+    if reason is not None and not reason.startswith(RANDOM):
         pytest.fail(f"{case.name} unexpectedly passed, remove it from "
                     f"onnx_backend_expected_failures.txt (listed: {reason})")
 
