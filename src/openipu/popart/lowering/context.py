@@ -65,6 +65,17 @@ class LoweringContext:
         x = op.inputs[i] if i < len(op.inputs) else ""
         return self.get(x, self.vgraph_of(op)) if x else None
 
+    def owns_layout(self, op, i: int) -> bool:
+        """Whether ``op`` chooses the tile layout of its input ``i``: the input is a weight
+        (initializer, Const or Variable) that ``op`` consumes first and that lives on ``op``'s
+        virtual graph. PopART creates such tensors from their consumer ("unwinding"), e.g. with
+        ``createMatMulInputRHS`` / ``createWeights`` / ``createSliceableTensor``."""
+        tid = op.inputs[i] if i < len(op.inputs) else ""
+        it = self.ir.tensors.get(tid) if tid else None
+        return (it is not None and it.producer is None and it.kind in ("Const", "Variable")
+                and bool(it.consumers) and it.consumers[0] is op
+                and self._home.get(tid, self.vgraph_of(op)) == self.vgraph_of(op))
+
     def new_output(self, op, k: int, mapping=None):
         """A fresh variable for output ``k``, mapped linearly over the op's virtual graph."""
         tid = op.outputs[k]

@@ -86,6 +86,8 @@ def conv(ctx, op):
     p = _params(op, ctx.ir, x.elementType())
     G = p.numConvGroups
     w = w.reshape([G, w.dim(0) // G] + w.shape()[1:])
+    if ctx.owns_layout(op, 1):      # a weight this op creates: lay it out for the plan
+        poplin.map_weights(g, w, p, _options(ctx, op))
     out = poplin.convolution(g, x, w, p, False, ctx.prog, nm, _options(ctx, op))
     b = ctx.input(op, 2) if len(op.inputs) > 2 else None
     if b is not None:

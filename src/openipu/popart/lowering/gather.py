@@ -61,9 +61,7 @@ def _accepts(op, ir):
 
 def _sliceable_layout(ctx, op, g, t, axis):
     """Re-map weight ``t`` column-wise (createSliceableTensor's layout) if this op owns its layout."""
-    tid = op.inputs[0]
-    it = ctx.ir.tensors[tid]
-    if it.producer is not None or it.kind not in ("Const", "Variable") or not it.consumers or it.consumers[0] is not op:
+    if not ctx.owns_layout(op, 0):
         return
     xs = t.shape()
     rest = [d for d in range(len(xs)) if d != axis]

@@ -64,6 +64,8 @@ def _accepts_matmul(op, ir):
 
 
 def _mm2d(ctx, g, a, b, op, name):
+    if ctx.owns_layout(op, 1):      # a weight this op creates: lay it out for the plan
+        poplin.map_matmul_input_rhs(g, b, a.shape(), options=_options(ctx, op))
     return poplin.matMul(g, a, b, ctx.prog, name, options=_options(ctx, op))
 
 

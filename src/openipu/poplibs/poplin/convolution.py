@@ -20,7 +20,7 @@ from openipu.poplibs.poplin.matmul import _scaled_add_to
 from openipu.poplibs.poplin.params import ConvParams, getGradientParams, poplibs_error, weight_update_params
 from openipu.poplibs.poplin.plan import parse_options, plan_convolution
 
-__all__ = ["convolution", "createInput", "createWeights", "createBiases", "addBias", "calculateWeightDeltas",
+__all__ = ["convolution", "createInput", "createWeights", "map_weights", "createBiases", "addBias", "calculateWeightDeltas",
            "convolutionWeightUpdate", "getGradientParams", "reportPlanInfo", "getFwdFlops", "preplanConvolution"]
 
 
@@ -90,10 +90,16 @@ def createInput(graph, params: ConvParams, name: str = "", options=None, cache=N
 
 def createWeights(graph, params: ConvParams, name: str = "", options=None, cache=None):  # noqa: N802
     """A new weights tensor ``[G, Co, Ci, *kernel]`` laid out for the plan (``poplin::createWeights``)."""
-    plan = plan_convolution(params, graph.getTarget(), options, cache, op="createWeights")
     t = graph.addVariable(params.inputType, params.getWeightsShape(), name or "weights")
-    graph.setTileMapping(t, core.weight_tiles(params, plan, core.Layout.of(params, plan)))
+    map_weights(graph, t, params, options, cache)
     return t
+
+
+def map_weights(graph, weights, params: ConvParams, options=None, cache=None) -> None:
+    """Re-map existing ``weights`` ``[G, Co, Ci, *kernel]`` as :func:`createWeights` lays them out
+    for ``params`` (PopART creates weights from their consumer). openipu extension."""
+    plan = plan_convolution(params, graph.getTarget(), options, cache, op="createWeights")
+    graph.setTileMapping(weights, core.weight_tiles(params, plan, core.Layout.of(params, plan)))
 
 
 def createBiases(graph, acts, name: str = "biases"):  # noqa: N802

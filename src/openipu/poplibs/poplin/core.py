@@ -212,9 +212,10 @@ def conv_partials(X: torch.Tensor, W: torch.Tensor, spec: _Spec) -> torch.Tensor
         # give identical results, as a deterministic IPU would). The IPU accumulates in fp32: its
         # results differ from these by rounding (~1e-7 relative).
         wide = torch.float64 if acc == torch.float32 else acc
-        Xm = F.pad(X[..., 0].to(wide), (0, pad)).reshape(R, G, N, ics, ciB)
-        Wm = F.pad(W[..., 0].to(wide), (0, pad)).reshape(R, G, Co, ics, ciB)
-        return torch.einsum("rgnic,rgoic->rigno", Xm, Wm).to(acc).unsqueeze(-1)
+        nd = X.dim() - 4           # every field and kernel dim is 1 here
+        Xm = F.pad(X.reshape(R, G, N, Ci).to(wide), (0, pad)).reshape(R, G, N, ics, ciB)
+        Wm = F.pad(W.reshape(R, G, Co, Ci).to(wide), (0, pad)).reshape(R, G, Co, ics, ciB)
+        return torch.einsum("rgnic,rgoic->rigno", Xm, Wm).to(acc).reshape(R, ics, G, N, Co, *([1] * nd))
     nd = X.dim() - 4
     X = _apply_input_transform(X, spec.in_t, 4)
     W = _apply_input_transform(W, spec.k_t, 4)

@@ -18,7 +18,7 @@ from openipu.poplibs.poplin import core
 from openipu.poplibs.poplin.params import ConvParams
 from openipu.poplibs.poplin.plan import parse_options, plan_matmul
 
-__all__ = ["matMul", "matMulGrouped", "matMulAcc", "matMulGroupedAcc", "createMatMulInputLHS",
+__all__ = ["map_matmul_input_rhs", "matMul", "matMulGrouped", "matMulAcc", "matMulGroupedAcc", "createMatMulInputLHS",
            "createMatMulInputRHS", "createMatMulGroupedInputLHS", "createMatMulGroupedInputRHS",
            "createMatMulOutput", "createMatMulGroupedOutput", "matMulReportPlan", "preplanMatMuls"]
 
@@ -163,20 +163,37 @@ def _create(graph, op, type_, aShape, bShape, name, options, cache, which, group
     out_type = as_type(out_type or type_)
     plan = _plan(graph, g, m, k, n, type_, out_type, options, cache, op)
     params = _params(g, m, k, n, type_, out_type)
+    shape = {"lhs": [g, m, k], "rhs": [g, k, n], "out": [g, m, n]}[which]
+    t = graph.addVariable(out_type if which == "out" else type_, shape, name)
+    _map_as_planned(graph, t, which, params, plan)
+    return t if grouped else t.reshape(shape[1:])
+
+
+def _map_as_planned(graph, t, which, params, plan):
+    """Map ``t`` (``[g, m, k]`` lhs, ``[g, k, n]`` rhs or ``[g, m, n]`` out) as the plan lays it out."""
     lay = core.Layout.of(params, plan)
+    g, m, k, n = params.numConvGroups, params.batchSize, params.inputChannelsPerConvGroup, \
+        params.outputChannelsPerConvGroup
     if which == "lhs":
-        t = graph.addVariable(type_, [g, m, k], name)
         graph.setTileMapping(t.reshape([g, m, k, 1]), core.input_tiles(params, plan, lay))
-        shape = [m, k]
     elif which == "rhs":
-        t = graph.addVariable(type_, [g, k, n], name)
         graph.setTileMapping(t.dimShuffle([0, 2, 1]).reshape([g, n, k, 1]), core.weight_tiles(params, plan, lay))
-        shape = [k, n]
     else:
-        t = graph.addVariable(out_type, [g, m, n], name)
         graph.setTileMapping(t.reshape([g, m, n, 1]), core.output_tiles(params, plan, lay))
-        shape = [m, n]
-    return t if grouped else t.reshape(shape)
+
+
+def map_matmul_input_rhs(graph, B, aShape, options=None, cache=None, outType=None) -> None:  # noqa: N803
+    """Re-map an existing right operand ``B`` (``[k, n]``, or ``[g, k, n]`` for grouped) the way
+    :func:`createMatMulInputRHS` lays one out for ``aShape x B.shape()``, so a weight created before
+    its consumer is known gets the consumer's layout (PopART creates weights from their consumer,
+    "unwinding"). openipu extension; raises like ``createMatMulInputRHS``."""
+    grouped = B.rank() == 3
+    op = "createMatMulGroupedInputRHS" if grouped else "createMatMulInputRHS"
+    g, m, k, n = _shapes(op, list(aShape), B.shape(), grouped)
+    type_ = B.elementType()
+    out_type = as_type(outType or type_)
+    plan = _plan(graph, g, m, k, n, type_, out_type, options, cache, op)
+    _map_as_planned(graph, B if grouped else B.reshape([1, k, n]), "rhs", _params(g, m, k, n, type_, out_type), plan)
 
 
 def createMatMulInputLHS(graph, type_, aShape, bShape, name: str = "", options=None, cache=None):  # noqa: N802,N803
