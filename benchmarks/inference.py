@@ -122,8 +122,9 @@ def main() -> None:
     print(f"{'model':<38}{'':>10}{'openipu':>12}{'onnxruntime':>13}{'torch eager':>13}{'vs ort':>10}{'vs torch':>10}")
     for name, _, ipu, ort, tr, _ in rows:
         for key, label in (("compile", "compile s"), ("run", "run s")):
+            vs_torch = f"{ipu[key] / tr[key]:>9.1f}x" if tr[key] else f"{'-':>10}"
             print(f"{name:<38}{label:>10}{ipu[key]:>12.4f}{ort[key]:>13.4f}{tr[key]:>13.4f}"
-                  f"{ipu[key] / ort[key]:>9.1f}x{(ipu[key] / tr[key]) if tr[key] else float('nan'):>9.1f}x")
+                  f"{ipu[key] / ort[key]:>9.1f}x{vs_torch}")
             name = ""
     print()
     print("Predicted for one Mk2 IPU (ipu2, 1472 tiles, 1.33 GHz) by openipu's cost model")
