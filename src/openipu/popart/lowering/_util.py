@@ -45,3 +45,19 @@ def const_value(ir, tid: str):
     """The numpy value of a constant IR tensor, else None."""
     t = ir.tensors.get(tid)
     return None if t is None or t.kind != "Const" else t.value
+
+
+def poplibs_options(op, session_options, default_partials=None) -> dict:
+    """PopLibs options of a matmul or convolution op: the session's option map (``matmulOptions``
+    / ``convolutionOptions``), then the op's partials type and ``availableMemoryProportion``
+    annotations (``builder.setPartialsType`` / ``setAvailableMemoryProportion``)."""
+    from openipu.popart.builder import AMP_ATTR, PARTIALS_ATTR
+    opts = {k: str(v) for k, v in dict(session_options).items()}
+    p = op.annotations.get(PARTIALS_ATTR) or default_partials
+    if isinstance(p, bytes):
+        p = p.decode()
+    if p:
+        opts["partialsType"] = str(p).lower()
+    if AMP_ATTR in op.annotations:
+        opts["availableMemoryProportion"] = float(op.annotations[AMP_ATTR])
+    return opts

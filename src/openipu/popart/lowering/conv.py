@@ -17,9 +17,8 @@ when ``poplin`` has ``convolution``.
 from __future__ import annotations
 
 from openipu.poplibs import poplin
-from openipu.popart.builder import AMP_ATTR, PARTIALS_ATTR
 from openipu.popart.lowering import lowering
-from openipu.popart.lowering._util import all_float, graph, name, shape
+from openipu.popart.lowering._util import all_float, graph, name, poplibs_options, shape
 from openipu.popart.onnx_ops.conv import conv_geometry
 
 
@@ -67,15 +66,7 @@ def _accepts(op, ir):
 
 
 def _options(ctx, op) -> dict:
-    opts = {k: str(v) for k, v in dict(ctx.options.convolutionOptions).items()}
-    p = op.annotations.get(PARTIALS_ATTR)
-    if isinstance(p, bytes):
-        p = p.decode()
-    if p:
-        opts["partialsType"] = str(p).lower()
-    if AMP_ATTR in op.annotations:
-        opts["availableMemoryProportion"] = float(op.annotations[AMP_ATTR])
-    return opts
+    return poplibs_options(op, ctx.options.convolutionOptions)
 
 
 @lowering("Conv", accepts=_accepts)

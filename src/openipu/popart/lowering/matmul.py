@@ -25,7 +25,7 @@ import numpy as np
 
 from openipu import poplar
 from openipu.poplibs import poplin, popops
-from openipu.popart.builder import AMP_ATTR, PARTIALS_ATTR
+from openipu.popart.lowering._util import poplibs_options
 from openipu.popart.lowering import lowering
 
 MAX_BATCH_LOOP = 16
@@ -33,15 +33,7 @@ _FLOATS = ("FLOAT", "FLOAT16")
 
 
 def _options(ctx, op) -> dict:
-    opts = {k: str(v) for k, v in dict(ctx.options.matmulOptions).items()}
-    p = op.annotations.get(PARTIALS_ATTR) or ctx.options.partialsTypeMatMuls
-    if isinstance(p, bytes):
-        p = p.decode()
-    if p:
-        opts["partialsType"] = str(p).lower()
-    if AMP_ATTR in op.annotations:
-        opts["availableMemoryProportion"] = float(op.annotations[AMP_ATTR])
-    return opts
+    return poplibs_options(op, ctx.options.matmulOptions, ctx.options.partialsTypeMatMuls)
 
 
 def _batch_count(ir, op):
