@@ -67,3 +67,26 @@ def test_bad_model_path_and_bad_input_name(tmp_path, capsys):
     np.savez(tmp_path / "in.npz", nope=np.zeros(3, np.float32))
     assert cli.main(["run", str(model), "--input", str(tmp_path / "in.npz")]) == 1
     assert "not an input of the model" in capsys.readouterr().err
+
+
+def test_batch_size_follows_a_hard_coded_reshape(tmp_path):
+    """--batch-size rewrites a Reshape whose constant shape starts with the old batch (to 0)."""
+    w = np.random.default_rng(2).standard_normal((8, 3)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["flat"]), helper.make_node("MatMul", ["flat", "W"], ["y"])], "r",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 1, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+        [numpy_helper.from_array(np.array([1, 8], np.int64), "shape"), numpy_helper.from_array(w, "W")])
+    path = tmp_path / "r.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    x = np.random.default_rng(3).standard_normal((5, 8, 1, 1)).astype(np.float32)
+    res = runner.run_model(str(path), batch_size=5, inputs={"x": x})
+    np.testing.assert_allclose(res.outputs["y"], x.reshape(5, 8) @ w, rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_popart_rejects_is_reported_without_a_traceback(tmp_path, capsys):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07garbage that is not an ONNX model")
+    assert cli.main(["run", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("openipu run:") and "Traceback" not in err

@@ -115,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"openipu run: {e}", file=sys.stderr)
         return 1
+    except Exception as e:  # noqa: BLE001 - PopART / Poplar errors: report them, not a traceback
+        if type(e).__module__.startswith(("openipu.popart", "openipu.poplar", "openipu.poplibs")):
+            print(f"openipu run: the model could not be compiled or run for the IPU: {type(e).__name__}: {e}",
+                  file=sys.stderr)
+            return 1
+        raise
     _print_run(res, sys.stdout)
     if args.output and res.outputs:
         np.savez(args.output, **res.outputs)

@@ -62,14 +62,19 @@ def model_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 def set_batch_size(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
     """A copy of ``model`` whose run-time inputs have ``batch`` as their first dimension.
 
-    Output and intermediate shapes are cleared so shape inference recomputes them. Models that
-    hard-code the batch in a ``Reshape`` shape will fail to import, as they would in PopART.
+    Output and intermediate shapes are cleared so shape inference recomputes them. A ``Reshape``
+    whose constant target shape starts with the old batch size, applied to a tensor whose first
+    dimension is that batch (by ONNX shape inference on the original model), gets 0 there ("copy
+    this dimension", ONNX semantics) so it follows the new batch. Other hard-coded shapes are left
+    alone and fail to import, as they would in PopART.
     """
     out = onnx.ModelProto()
     out.CopyFrom(model)
+    old = None
     for vi in model_inputs(out):
         dims = vi.type.tensor_type.shape.dim
         if len(dims):
+            old = dims[0].dim_value if dims[0].HasField("dim_value") else old
             dims[0].Clear()
             dims[0].dim_value = int(batch)
     for vi in out.graph.output:
@@ -77,8 +82,30 @@ def set_batch_size(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
         if len(dims):
             dims[0].Clear()
             dims[0].dim_param = "batch"
+    if old and old != batch:
+        _follow_batch_in_reshapes(model, out, old)
     del out.graph.value_info[:]
     return out
+
+
+def _follow_batch_in_reshapes(original: onnx.ModelProto, out: onnx.ModelProto, old: int) -> None:
+    from onnx import numpy_helper
+    try:
+        inferred = onnx.shape_inference.infer_shapes(original)
+    except Exception:  # noqa: BLE001 - without shapes, leave the reshapes alone
+        return
+    first = {vi.name: vi.type.tensor_type.shape.dim[0].dim_value
+             for vi in list(inferred.graph.value_info) + list(inferred.graph.input)
+             if vi.type.tensor_type.shape.dim and vi.type.tensor_type.shape.dim[0].HasField("dim_value")}
+    inits = {t.name: t for t in out.graph.initializer}
+    for n in out.graph.node:
+        if n.op_type != "Reshape" or len(n.input) < 2 or n.input[1] not in inits or first.get(n.input[0]) != old:
+            continue
+        t = inits[n.input[1]]
+        shape = numpy_helper.to_array(t).copy()
+        if shape.ndim == 1 and shape.size and shape[0] == old:
+            shape[0] = 0
+            t.CopyFrom(numpy_helper.from_array(shape, t.name))
 
 
 def _dims(vi) -> list[int]:
@@ -206,7 +233,11 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
         path, proto = f"<ModelProto {model.graph.name}>", model
     else:
         path = resolve_model(model)
-        proto = onnx.load(str(path))
+        try:
+            proto = onnx.load(str(path))
+        except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
+            raise ValueError(f"'{path}' is not a readable ONNX model ({type(e).__name__}: {e}). Check that the file "
+                             "was written completely, and that weights stored beside it are there") from None
     if batch_size is not None:
         proto = set_batch_size(proto, batch_size)
     if precision == "fp16":
