@@ -222,3 +222,58 @@ def test_bad_input_raises_and_graph_stays_usable():
     assert len(h.graph._state.variables) == n_vars + 1   # only the test's own output variable "w"
     out = popops.reduce(h.graph, a, [0], Op.ADD, h.prog)
     np.testing.assert_array_equal(h.run(out=out)["out"], np.full(4, 3.0))
+
+
+def _row_tiles(h, t, rows):
+    return h.graph.tile_of_elements(t).reshape(rows, -1)
+
+
+@pytest.mark.parametrize("shape,mapping", [((64, 1000), "linear"), ((32, 384), "columns")])
+def test_multi_stage_output_spread_over_partial_tiles_and_not_slower(shape, mapping):
+    rows, cols = shape
+    x = np.random.default_rng(9).standard_normal(shape).astype(np.float32)
+    results = {}
+    for how in ("created", "unmapped", "linear"):
+        h = OpHarness(1472)
+        if mapping == "columns":       # each column on its own tile (as after an embedding lookup)
+            a = h.graph.addVariable(poplar.FLOAT, list(shape), "a")
+            h.graph.setTileMapping(a, np.tile(np.arange(cols), rows))
+            h.graph.setInitialValue(a, x)
+        else:
+            a = h.input("a", x, mapping=mapping)
+        if how == "created":
+            out = popops.reduce(h.graph, a, [1], Op.ADD, h.prog)
+        else:
+            out = h.graph.addVariable(poplar.FLOAT, [rows], "o")
+            if how == "linear":        # the mapping reduce gave a multi-stage output before
+                h.map(out, "linear")
+            popops.reduceWithOutput(h.graph, a, out, [1], Op.ADD, h.prog)
+        r = h.run(out=out)["out"]
+        np.testing.assert_allclose(r, x.sum(1), rtol=1e-4, atol=1e-4)
+        assert len(h.graph.getComputeSets()) >= 2            # a multi-stage reduction
+        results[how] = (h.cycles(), h.graph.tile_of_elements(out), _row_tiles(h, a, rows))
+    c_new, otiles, in_tiles = results["created"]
+    assert np.unique(otiles).size == rows                    # one output per tile: balanced
+    assert (in_tiles == otiles[:, None]).any(1).all()        # each beside some of its row's input
+    np.testing.assert_array_equal(results["unmapped"][1], otiles)
+    assert np.unique(results["linear"][1]).size <= 2
+    assert c_new < results["linear"][0], (c_new, results["linear"][0])
+
+
+@settings(max_examples=15, deadline=None)
+@given(M=st.integers(1, 60), T=st.integers(1, 40), fan=st.integers(1, MAX_FANIN), seed=st.integers(0, 99))
+def test_spread_outputs_picks_partial_tiles_and_balances(M, T, fan, seed):
+    from openipu.poplibs.popops.reduce import _spread_outputs
+    rng = np.random.default_rng(seed)
+    p_m = np.repeat(np.arange(M), rng.integers(1, fan + 1, M))
+    p_tile = rng.integers(0, T, p_m.size)
+    key = np.unique(p_m * T + p_tile)                       # one partial per (output, tile), by output
+    p_m, p_tile = key // T, key % T
+    got = _spread_outputs(p_m, p_tile, M, T)
+    assert got.shape == (M,)
+    assert np.isin(np.arange(M) * T + got, key).all()       # each output on a tile with its partials
+    # outputs that all share the same tiles are spread evenly over them
+    S = min(T, fan)
+    q_m, q_t = np.repeat(np.arange(M), S), np.tile(np.arange(S), M)
+    load = np.bincount(_spread_outputs(q_m, q_t, M, T), minlength=T)
+    assert load.max() == -(-M // S)

@@ -127,16 +127,11 @@ def add_elementwise(graph, prog, name: str, vertex: str, out, reads, kernel, op:
 
 
 def row_output(graph, type_, src2d, name: str):
-    """A new ``[rows]`` tensor for a per-row reduction of the 2-D view ``src2d``, each element on
-    the tile of its row's first element (rows of no elements: linearly). popnn passes it to
-    ``popops.reduceWithOutput`` / ``reduceMany`` so a row's statistic lives beside its row (popops
-    maps a fresh multi-stage output linearly, which would gather every row's partials on a few
-    tiles)."""
-    rows, cols = src2d.shape()
-    if rows == 0 or cols == 0:
-        return new_mapped(graph, type_, [rows], name)
-    first = check_mapped(graph, src2d, name).astype(np.int64).reshape(rows, cols)[:, 0]
-    return new_mapped(graph, type_, [rows], name, first)
+    """A new, unmapped ``[rows]`` tensor for a per-row reduction of the 2-D view ``src2d``. popnn
+    passes it to ``popops.reduceWithOutput`` / ``reduceMany``, which map it: beside each row when
+    the row sits on one tile, else over the tiles holding the row's partials."""
+    rows, _ = src2d.shape()
+    return graph.addVariable(type_, [rows], name)
 
 
 def scalar_read(t, tiles: np.ndarray):
