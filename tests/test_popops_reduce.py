@@ -229,7 +229,7 @@ def _row_tiles(h, t, rows):
 
 
 @pytest.mark.parametrize("shape,mapping", [((64, 1000), "linear"), ((32, 384), "columns")])
-def test_multi_stage_output_spread_over_partial_tiles_and_not_slower(shape, mapping):
+def test_multi_stage_output_mapped_as_poplibs_and_not_slower(shape, mapping):
     rows, cols = shape
     x = np.random.default_rng(9).standard_normal(shape).astype(np.float32)
     results = {}
@@ -245,35 +245,16 @@ def test_multi_stage_output_spread_over_partial_tiles_and_not_slower(shape, mapp
             out = popops.reduce(h.graph, a, [1], Op.ADD, h.prog)
         else:
             out = h.graph.addVariable(poplar.FLOAT, [rows], "o")
-            if how == "linear":        # the mapping reduce gave a multi-stage output before
+            if how == "linear":        # poputil's default (>= 128 bytes per tile): 2 tiles
                 h.map(out, "linear")
             popops.reduceWithOutput(h.graph, a, out, [1], Op.ADD, h.prog)
         r = h.run(out=out)["out"]
         np.testing.assert_allclose(r, x.sum(1), rtol=1e-4, atol=1e-4)
         assert len(h.graph.getComputeSets()) >= 2            # a multi-stage reduction
         results[how] = (h.cycles(), h.graph.tile_of_elements(out), _row_tiles(h, a, rows))
-    c_new, otiles, in_tiles = results["created"]
-    assert np.unique(otiles).size == rows                    # one output per tile: balanced
-    assert (in_tiles == otiles[:, None]).any(1).all()        # each beside some of its row's input
+    c_new, otiles, _ = results["created"]
+    # PopLibs intermediateToOutput: linear, at least 4 vectors (8 floats on ipu2) per tile
+    np.testing.assert_array_equal(np.bincount(otiles)[np.unique(otiles)], np.full(rows // 8, 8))
     np.testing.assert_array_equal(results["unmapped"][1], otiles)
     assert np.unique(results["linear"][1]).size <= 2
     assert c_new < results["linear"][0], (c_new, results["linear"][0])
-
-
-@settings(max_examples=15, deadline=None)
-@given(M=st.integers(1, 60), T=st.integers(1, 40), fan=st.integers(1, MAX_FANIN), seed=st.integers(0, 99))
-def test_spread_outputs_picks_partial_tiles_and_balances(M, T, fan, seed):
-    from openipu.poplibs.popops.reduce import _spread_outputs
-    rng = np.random.default_rng(seed)
-    p_m = np.repeat(np.arange(M), rng.integers(1, fan + 1, M))
-    p_tile = rng.integers(0, T, p_m.size)
-    key = np.unique(p_m * T + p_tile)                       # one partial per (output, tile), by output
-    p_m, p_tile = key // T, key % T
-    got = _spread_outputs(p_m, p_tile, M, T)
-    assert got.shape == (M,)
-    assert np.isin(np.arange(M) * T + got, key).all()       # each output on a tile with its partials
-    # outputs that all share the same tiles are spread evenly over them
-    S = min(T, fan)
-    q_m, q_t = np.repeat(np.arange(M), S), np.tile(np.arange(S), M)
-    load = np.bincount(_spread_outputs(q_m, q_t, M, T), minlength=T)
-    assert load.max() == -(-M // S)

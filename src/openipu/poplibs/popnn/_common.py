@@ -128,8 +128,9 @@ def add_elementwise(graph, prog, name: str, vertex: str, out, reads, kernel, op:
 
 def row_output(graph, type_, src2d, name: str):
     """A new, unmapped ``[rows]`` tensor for a per-row reduction of the 2-D view ``src2d``. popnn
-    passes it to ``popops.reduceWithOutput`` / ``reduceMany``, which map it: beside each row when
-    the row sits on one tile, else over the tiles holding the row's partials."""
+    passes it to ``popops.reduceWithOutput`` / ``reduceMany``, which map it as ``popops.reduce``
+    maps a created output: beside each row when the row sits on one tile, else linearly with at
+    least 4 vectors per tile (PopLibs)."""
     rows, _ = src2d.shape()
     return graph.addVariable(type_, [rows], name)
 

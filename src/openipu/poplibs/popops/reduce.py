@@ -11,8 +11,8 @@ A reduction is planned in stages, like PopLibs' ``lib/popops/reduction/Reduction
    groups of about ``sqrt(fan-in)`` partials are reduced on one of the group's tiles.
 3. **On the output's tiles.** The remaining partials are exchanged to the tile of their output
    element and reduced, applying ``scale`` and ``update``. An output that was not given (or not
-   completely mapped) is spread over the tiles holding its partials, balancing the outputs per
-   tile (:func:`_spread_outputs`; PopLibs maps it linearly instead, see there).
+   completely mapped) is mapped linearly with at least 4 data-path vectors per tile, as PopLibs'
+   ``intermediateToOutput`` does (``lib/popops/reduction/ReductionStages.cpp``).
 
 Each stage is one compute set holding one vertex group. Cycle estimates per tile follow the shape
 of PopLibs' reduce estimators (``lib/popops/reduction/CycleEstimationFunctions.cpp``):
@@ -459,54 +459,17 @@ def _plan(graph, in_, dims, params, out_type, out, name, options) -> _Plan:
                              False, inter, inter, target, None, False, name))
         part, p_m, p_tile = nxt, n_m, n_tile
         level += 1
-    # final stage on the output's tiles (an output without a complete mapping is spread over the
-    # tiles holding its last partials)
+    # final stage on the output's tiles. An output without a complete mapping is mapped linearly
+    # with at least 4 vectors per tile (PopLibs ReductionStages.cpp intermediateToOutput).
     if not out_mapped:
-        _set_global_tiles(graph, out_flat, _spread_outputs(p_m, p_tile, M, T))
+        from openipu.poplibs.poputil import mapTensorLinearly
+        vw = target.getVectorWidth(out_type)
+        mapTensorLinearly(graph, out_flat, 4 * vw, vw)
     out_tiles = graph.tile_of_elements(out_flat).astype(np.int64)
     cons = out_tiles[p_m]
     stages.append(_stage(graph, part, cons, out_flat, p_m, out_tiles, M, later_op, None, False, final,
                          False, inter, out_type, target, scale_t, params.update, name))
     return _Plan(out, stages)
-
-
-def _spread_outputs(p_m: np.ndarray, p_tile: np.ndarray, M: int, T: int) -> np.ndarray:
-    """Global tile of each of ``M`` outputs for the final stage: one of the tiles holding the
-    output's partials (``p_m``/``p_tile``: output and tile of each partial, sorted by output),
-    balancing the number of outputs per tile.
-
-    Rounds of proposals: every unplaced output proposes the next tile of its own partials
-    (output ``m`` starts at its ``m mod fan``-th tile and rotates); a tile accepts proposals, in
-    output order, while it holds fewer than ``cap`` outputs. ``cap`` starts at the balanced count
-    ``ceil(M / tiles holding partials)`` and grows when a whole rotation leaves outputs unplaced.
-    Each round is vectorised; the fan-in is at most ``MAX_FANIN`` here, so the rounds are few.
-
-    PopLibs' ``intermediateToOutput`` instead maps an unmapped output linearly
-    (``calcLinearTileMapping`` with at least 4 x vector width elements per tile), which puts a
-    few hundred bytes of outputs, and all their partials, on each of a few tiles. [A] this
-    placement gives every output a tile that already holds one of its partials (one fewer
-    partial exchanged) and spreads the final stage over as many tiles as there are outputs."""
-    fan = np.bincount(p_m, minlength=M)
-    first = np.r_[0, np.cumsum(fan)[:-1]]
-    cap = max(1, -(-M // np.unique(p_tile).size))
-    load = np.zeros(T, np.int64)
-    out_tile = np.full(M, -1, np.int64)
-    todo = np.arange(M, dtype=np.int64)
-    rnd = 0
-    rotation = int(fan.max())
-    while todo.size:
-        cand = p_tile[first[todo] + (todo + rnd) % fan[todo]]
-        order = np.argsort(cand, kind="stable")
-        c = cand[order]
-        rank = np.arange(c.size) - np.searchsorted(c, c)            # position among the tile's proposals
-        ok = rank < cap - load[c]
-        out_tile[todo[order[ok]]] = c[ok]
-        load += np.bincount(c[ok], minlength=T)
-        todo = todo[out_tile[todo] < 0]
-        rnd += 1
-        if rnd % rotation == 0:
-            cap += max(1, cap // 4)
-    return out_tile
 
 
 def _stage(graph, src, cons_tiles, dst, index, dst_tiles, n_dst, op, compute, first, final, continuous,
