@@ -513,7 +513,13 @@ class Graph:
     def copy_tile_mapping(self, dst: Tensor, src: Tensor) -> None:
         """Map each element of ``dst`` to the tile of the same element of ``src`` (equal element
         counts; unmapped stays unmapped). openipu extension, used by ``clone`` and PopLibs."""
-        self._state.space(dst._type).tile[dst.flat_addresses()] = self.tile_of_elements(src)
+        self.set_global_tile_mapping(dst, self.tile_of_elements(src))
+
+    def set_global_tile_mapping(self, t: Tensor, tiles) -> None:
+        """Map each flattened element of ``t`` to a *global* tile number (``tiles``: int array of
+        ``t.numElements()`` entries, or broadcastable to it), without checks. openipu extension for
+        PopLibs, which computes tiles in global numbering (see :meth:`tile_of_elements`)."""
+        self._state.space(t._type).tile[t.flat_addresses()] = tiles
 
     def tile_of_elements(self, t: Tensor) -> np.ndarray:
         """Global tile of each flattened element of ``t`` (-1 when unmapped). openipu extension."""

@@ -512,7 +512,7 @@ def allGatherCrossReplica(graph, data, prog, group=None, debug_name: str = "", o
     groups, group_of, _ = _groups(graph, group, what)
     p = groups.shape[1]
     out = graph.addVariable(data.elementType(), [p] + data.shape(), (debug_name or "allGather") + "/out")
-    graph._state.space(out._type).tile[out.flat_addresses()] = np.tile(tiles, p)
+    graph.set_global_tile_mapping(out, np.tile(tiles, p))
     rc = _cross_cost(graph, data, tiles, p, "allgather", "ADD", opts, groups)
     kernel = functools.partial(_cross_allgather_kernel, data, out, groups, group_of)
     _add(prog, kernel, [data], [out], rc, _recv_bytes(_spec(graph), tiles, data.elementType(), p, "allgather"),
@@ -554,7 +554,7 @@ def reduceScatterCrossReplica(graph, data, op, prog, group=None, debug_name: str
     index = np.where(valid, order[np.minimum(seg_start[seg_of_o][None, :] + local, n - 1)], n).astype(np.int64)
     out = graph.addVariable(data.elementType(), [out_n], (debug_name or "reduceScatter") + "/out")
     strided = seg_start[seg_of_o] + np.minimum(e_of_o * p, seg_len[seg_of_o] - 1)
-    graph._state.space(out._type).tile[out.flat_addresses()] = tiles[order[strided]]
+    graph.set_global_tile_mapping(out, tiles[order[strided]])
     rc = _cross_cost(graph, data, tiles, p, "reducescatter", op, opts, groups)
     kernel = functools.partial(_cross_reducescatter_kernel, data, out, groups, group_of, pos_of, index, op)
     _add(prog, kernel, [data], [out], rc, _recv_bytes(spec, tiles, data.elementType(), p, "reducescatter"),
@@ -631,7 +631,7 @@ def reduceScatterWithinReplica(graph, data, op, prog, debug_name: str = "", opti
     outs = []
     for i, (a, b) in enumerate(bounds):          # one chunk per IPU of the replica
         t = graph.addVariable(data.elementType(), [b - a], f"{debug_name or what}/chunk{i}")
-        graph._state.space(t._type).tile[t.flat_addresses()] = row_tiles[i, a:b]
+        graph.set_global_tile_mapping(t, row_tiles[i, a:b])
         outs.append(t)
         chunks.chunks.append(Chunk(t, i, 0))
     rc = _within_cost(graph, tiles, data.elementType(), k, "reducescatter", op, opts)

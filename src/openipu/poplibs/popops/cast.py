@@ -422,7 +422,7 @@ def pad(graph_or_t, *args, **kwargs):
                     if (ttiles < 0).any():
                         raise poplar.invalid_tile_mapping("pad: EDGE mapping needs a completely mapped tensor")
                     edge = np.take(ttiles, [0 if edge_at == 0 else t.dim(d) - 1], axis=d)
-                    graph._state.space(p._type).tile[p.flat_addresses()] = np.broadcast_to(edge, shape).reshape(-1)
+                    graph.set_global_tile_mapping(p, np.broadcast_to(edge, shape).reshape(-1))
             parts.append(p)
         if parts[0] is not None or parts[1] is not None:
             t = concat([x for x in (parts[0], t, parts[1]) if x is not None], d)

@@ -140,9 +140,6 @@ def _columns_view(t, dims):
     return t.dimShuffle(dims + rest).reshape([t.dim(d) for d in dims] + [cols]), rest, cols
 
 
-def _set_global_tiles(graph, t, glob) -> None:
-    graph._state.space(t._type).tile[t.flat_addresses()] = glob
-
 
 def _column_tiles(graph, view, name):
     tiles = graph.tile_of_elements(view).astype(np.int64)
@@ -173,7 +170,7 @@ def createSliceableTensor(graph, type_, shape, dims, sizes, minGrainSize=0, opti
     col_tile = linear_tile_of_elements(cols, graph.getTarget().getNumTiles(), grain, grain)
     glob = graph._tiles[col_tile] if cols else np.zeros(0, np.int64)
     rows = view.numElements() // max(cols, 1)
-    _set_global_tiles(graph, view, np.broadcast_to(glob, (rows, cols)).reshape(-1))
+    graph.set_global_tile_mapping(view, np.broadcast_to(glob, (rows, cols)).reshape(-1))
     return t
 
 
@@ -190,7 +187,7 @@ def createSliceTensor(graph, t, dims, sizes, numIndices, debug_name: str = ""): 
     if cols:
         oview = out.dimShuffle([0] + [1 + d for d in dims] + [1 + d for d in rest]).reshape(
             [out.numElements() // cols, cols])
-        _set_global_tiles(graph, oview, np.broadcast_to(col_tile, (oview.numElements() // cols, cols)).reshape(-1))
+        graph.set_global_tile_mapping(oview, np.broadcast_to(col_tile, (oview.numElements() // cols, cols)).reshape(-1))
     return out
 
 
@@ -389,14 +386,19 @@ def _bcast(t, used):
     return broadcast_view(flat, [used.size, t.numElements()]), np.repeat(used, t.numElements())
 
 
-def _slice_impl(graph, out, t, offset, dims, sizes, prog, name, options):
-    opts = _check_options(options, name)
-    remap = _flag(opts, "remapOutOfBoundIndices")
+def _checked_slice(t, offset, dims, sizes, options, name):
+    """Validate a dynamic slice / update of ``t``: ``(remap, dims, sizes, slice shape)``."""
+    remap = _flag(_check_options(options, name), "remapOutOfBoundIndices")
     dims, sizes = _check_dims(t.shape(), dims, sizes, name)
     _check_offset(offset, len(dims), name)
     shape = list(t.shape())
-    for d, s in zip(dims, sizes):
-        shape[d] = s
+    for d, sz in zip(dims, sizes):
+        shape[d] = sz
+    return remap, dims, sizes, shape
+
+
+def _slice_impl(graph, out, t, offset, dims, sizes, prog, name, options):
+    remap, dims, sizes, shape = _checked_slice(t, offset, dims, sizes, options, name)
     view, rest, cols = _columns_view(t, dims)
     col_tile = _column_tiles(graph, view, name)
     if out is not None:
@@ -408,7 +410,7 @@ def _slice_impl(graph, out, t, offset, dims, sizes, prog, name, options):
     oview = out.dimShuffle(dims + rest).reshape(sizes + [cols])
     nsub = int(np.prod(sizes, dtype=np.int64))
     if (graph.tile_of_elements(out) < 0).any() and cols:
-        _set_global_tiles(graph, oview, np.broadcast_to(col_tile, (nsub, cols)).reshape(-1))
+        graph.set_global_tile_mapping(oview, np.broadcast_to(col_tile, (nsub, cols)).reshape(-1))
     if t.numElements() == 0:
         return out
     T = graph._top._target.getNumTiles()
@@ -449,13 +451,7 @@ def dynamicUpdate(graph, t, s, offset, dims, sizes, prog, debug_name: str = "", 
     Raises as :func:`dynamicSlice`, plus ``poplar.graph_connection_error`` when ``s`` has the
     wrong type or shape."""
     name = debug_name or "dynamicUpdate"
-    opts = _check_options(options, name)
-    remap = _flag(opts, "remapOutOfBoundIndices")
-    dims, sizes = _check_dims(t.shape(), dims, sizes, name)
-    _check_offset(offset, len(dims), name)
-    shape = list(t.shape())
-    for d, sz in zip(dims, sizes):
-        shape[d] = sz
+    remap, dims, sizes, shape = _checked_slice(t, offset, dims, sizes, options, name)
     if not isinstance(s, poplar.Tensor) or s.elementType() != t.elementType() or list(s.shape()) != shape:
         raise poplar.graph_connection_error(
             f"{name}: the update must be {t.elementType()} of shape {shape}, got "
@@ -521,7 +517,7 @@ def multiSlice(graph, t, offsets, dims, sizes, prog, plan=None, options=None, de
     oview = out.dimShuffle([0] + [1 + d for d in dims] + [1 + d for d in rest]).reshape([N, cols])
     ocons = np.broadcast_to(col_tile, (N, cols)).reshape(-1)
     if cols:
-        _set_global_tiles(graph, oview, ocons)
+        graph.set_global_tile_mapping(oview, ocons)
     if N == 0 or t.numElements() == 0:
         return out
     used, inv = np.unique(col_tile, return_inverse=True)

@@ -290,9 +290,6 @@ def _finish(res, dst, op, final, ctx):
 # ----------------------------------------------------------------------------------------------
 # planning
 # ----------------------------------------------------------------------------------------------
-def _set_global_tiles(graph, t, glob) -> None:
-    graph._state.space(t._type).tile[t.flat_addresses()] = glob
-
 
 _FLOATS = ("float", "half")
 
@@ -423,13 +420,13 @@ def _plan(graph, in_, dims, params, out_type, out, name, options) -> _Plan:
     single = P == M and (not out_mapped or np.array_equal(graph.tile_of_elements(out_flat).astype(np.int64), g_tile))
     if single:
         if not out_mapped:
-            _set_global_tiles(graph, out_flat, g_tile)
+            graph.set_global_tile_mapping(out_flat, g_tile)
         stages.append(_stage(graph, view, tiles, out_flat, inverse, g_tile, M, op, compute, True, final,
                              continuous, in_type, out_type, target, scale_t, params.update, name))
         return _Plan(out, stages)
     # stage 1: partials per (output, tile) on the input's tiles
     part = graph.addVariable(inter, [P], f"{name}/partials0")
-    _set_global_tiles(graph, part, g_tile)
+    graph.set_global_tile_mapping(part, g_tile)
     stages.append(_stage(graph, view, tiles, part, inverse, g_tile, P, op, compute, True, None,
                          continuous, in_type, inter, target, None, False, name))
     # intermediate stages while the fan-in per output is large
@@ -454,7 +451,7 @@ def _plan(graph, in_, dims, params, out_type, out, name, options) -> _Plan:
         chosen = gfirst + (n_m % gsize)                           # rotate which member's tile reduces
         n_tile = p_tile[chosen]
         nxt = graph.addVariable(inter, [guniq.size], f"{name}/partials{level}")
-        _set_global_tiles(graph, nxt, n_tile)
+        graph.set_global_tile_mapping(nxt, n_tile)
         stages.append(_stage(graph, part, n_tile[ginv], nxt, ginv, n_tile, guniq.size, later_op, None, False, None,
                              False, inter, inter, target, None, False, name))
         part, p_m, p_tile = nxt, n_m, n_tile
