@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import torch
-from onnx import numpy_helper
 
+from openipu.popart.onnx_ops._reference import decode_attributes, to_torch  # noqa: F401 - re-exported
 from openipu.popart.tensorinfo import NAME_OF_ONNX, TORCH_OF
 
 NAME_OF_TORCH = {torch.float32: "FLOAT", torch.float16: "FLOAT16", torch.int32: "INT32", torch.int64: "INT64",
@@ -23,34 +23,14 @@ KERNEL_TORCH_OF = {**TORCH_OF, "UINT16": torch.uint16, "UINT32": torch.uint32, "
 
 def decode_attrs(node: onnx.NodeProto) -> dict:
     """Attributes of ``node`` as the onnx_ops kernels take them (PopART's ``__*`` annotations
-    such as ``__ipu_number`` are left out)."""
-    out = {}
-    for a in node.attribute:
-        if a.name.startswith("__"):
-            continue
-        v = onnx.helper.get_attribute_value(a)
-        if a.type == onnx.AttributeProto.TENSOR:
-            v = to_torch(numpy_helper.to_array(v))
-        elif a.type == onnx.AttributeProto.STRING:
-            v = v.decode() if isinstance(v, bytes) else v
-        elif a.type == onnx.AttributeProto.STRINGS:
-            v = [x.decode() if isinstance(x, bytes) else x for x in v]
-        elif a.type == onnx.AttributeProto.INTS:
-            v = [int(x) for x in v]
-        elif a.type == onnx.AttributeProto.FLOATS:
-            v = [float(x) for x in v]
-        out[a.name] = v
-    return out
+    such as ``__ipu_number`` are left out); the decoding is the kernels' own
+    (:func:`openipu.popart.onnx_ops._reference.decode_attributes`)."""
+    return {k: v for k, v in decode_attributes(node).items() if not k.startswith("__")}
 
 
 def annotations(node: onnx.NodeProto) -> dict:
     """PopART's ``__*`` node annotations (``__ipu_number``, ``__pipeline_stage`` ...)."""
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.name.startswith("__")}
-
-
-def to_torch(arr: np.ndarray) -> torch.Tensor:
-    """A numpy array as a torch tensor of the same element type (unsigned types native)."""
-    return torch.from_numpy(np.array(arr, copy=True, order="C"))
 
 
 def zeros(dtype: str, shape, fill: str = "zeros") -> torch.Tensor:
