@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from openipu.poplar import calibration as cal
+from openipu.poplar.exchange import RegionTransfer, add_volume
 
 CATEGORIES = ("compute", "exchange", "global_exchange", "host_exchange", "sync")
 
@@ -166,10 +167,9 @@ def _runs_of_increasing(tr: Transfer, addr: np.ndarray, dst: np.ndarray, contigu
     work is a few vectorised passes over the int32 tile arrays, with no int64 copy per element;
     a contiguous address range reads its source tiles as a slice of the space (no gather)."""
     n = addr.size
-    owner = tr.space.tile[int(addr[0]):int(addr[0]) + n] if contiguous else None
+    owner = None
     if tr.src is None or dst is None:
-        if owner is None:
-            owner = tr.space.tile[addr]
+        owner = tr.space.tiles_of(addr)
     s = owner if tr.src is None else np.broadcast_to(np.asarray(tr.src), (n,))
     if dst is None:
         dst = owner
@@ -185,7 +185,27 @@ def _runs_of_increasing(tr: Transfer, addr: np.ndarray, dst: np.ndarray, contigu
     return addr[start].astype(np.int64), length, s[start].astype(np.int64), dst[start].astype(np.int64)
 
 
-def exchange_volume(spec, transfers: list[Transfer]) -> ExchangeVolume:
+def _elements_of(tr) -> list[Transfer]:
+    """A region transfer as a per-element :class:`Transfer` (the fallback for views whose pieces
+    are not monotone lattices, and the reference the structural model is tested against)."""
+    view = tr.view
+    space = view._state.space(view._type)
+    addrs, tiles = [], []
+    b = tr.boxes
+    for k in range(len(b)):
+        sub = view.slice([int(x) for x in b.lo[k]], [int(x + y) for x, y in zip(b.lo[k], b.sz[k])]) if view.rank() else view
+        a = sub.flat_addresses()
+        addrs.append(a)
+        tiles.append(np.full(a.size, int(b.tile[k]), np.int64))
+    if not addrs:
+        return []
+    a, t = np.concatenate(addrs), np.concatenate(tiles)
+    if tr.to_owner:
+        return [Transfer(space, a, None, src=t, count_send=tr.count_send)]
+    return [Transfer(space, a, t, count_send=tr.count_send)]
+
+
+def exchange_volume(spec, transfers: list) -> ExchangeVolume:
     """Bytes and messages each tile receives and sends for ``transfers`` (local elements are free).
 
     A value needed by several tiles is sent once (the exchange multicasts) and received by each.
@@ -204,7 +224,14 @@ def exchange_volume(spec, transfers: list[Transfer]) -> ExchangeVolume:
     recv_m = np.zeros(T)
     send_m = np.zeros(T)
     glob = np.zeros(spec.num_ipus)
+    legacy = []
     for tr in transfers:
+        if isinstance(tr, RegionTransfer):
+            if not add_volume(spec, tr, recv_b, send_b, recv_m, send_m, glob):
+                legacy.extend(_elements_of(tr))
+        else:
+            legacy.append(tr)
+    for tr in legacy:
         addr = np.asarray(tr.addr).reshape(-1)
         if addr.size == 0:
             continue
@@ -239,8 +266,8 @@ def exchange_volume(spec, transfers: list[Transfer]) -> ExchangeVolume:
         # repeated or unordered addresses: a tile receives an element once, so keep unique
         # (dst, addr) pairs, sorted
         addr = addr.astype(np.int64, copy=False)
-        dst = (tr.space.tile[addr] if dst is None else dst).astype(np.int64)
-        src = tr.space.tile[addr].astype(np.int64) if tr.src is None else np.broadcast_to(
+        dst = (tr.space.tiles_of(addr) if dst is None else dst).astype(np.int64)
+        src = tr.space.tiles_of(addr).astype(np.int64) if tr.src is None else np.broadcast_to(
             np.asarray(tr.src, np.int64), addr.shape).reshape(-1)
         move = (src != dst) & (dst >= 0)
         if not move.any():

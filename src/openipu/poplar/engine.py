@@ -24,7 +24,8 @@ from openipu.poplar import calibration as cal
 from openipu.poplar import cost as costmod
 from openipu.poplar import errors
 from openipu.poplar import program as P
-from openipu.poplar.graph import DataStream, Graph, HostFunction, RemoteBuffer
+from openipu.poplar import exchange as X
+from openipu.poplar.graph import Access, DataStream, Graph, HostFunction, RemoteBuffer
 from openipu.poplar.memory import plan_memory
 from openipu.poplar.options import OptionFlags, engine_options, get_logger
 from openipu.poplar.storage import Accessor, Storage
@@ -480,10 +481,10 @@ class _Compiler:
     # -- checks ---------------------------------------------------------------------------
     def check_mapping(self):
         for space in self.state.spaces.values():
-            unmapped = np.flatnonzero(space.tile[: space.size] < 0)
-            if unmapped.size:
-                vids = np.unique(space.variable_index(unmapped))
-                names = [space.vars[i].name for i in vids[:5]]
+            bad = [v for v in space.vars if v.numel and (v.tile_ids < 0).any()]
+            if bad:
+                vids = bad
+                names = [v.name for v in bad[:5]]
                 raise errors.invalid_tile_mapping(
                     f"{len(vids)} variable(s) not completely mapped to tiles: {', '.join(repr(n) for n in names)}"
                     f"{' ...' if len(vids) > 5 else ''}. Map every variable and constant with graph.setTileMapping "
@@ -538,9 +539,7 @@ class _Compiler:
             return self.call(prog)
         if isinstance(prog, P.PrintTensor):
             step = _PrintStep(prog.title, Accessor(prog.tensor), prog.tensor.elementType())
-            tiles = self.graph.tile_of_elements(prog.tensor)
-            nbytes = np.zeros(self.spec.num_ipus)
-            np.add.at(nbytes, tiles[tiles >= 0] // self.spec.tiles_per_ipu, prog.tensor.elementType().size)
+            nbytes = self.bytes_per_ipu(prog.tensor)
             c = costmod.sync_cost(self.spec, nbytes > 0).add(costmod.host_cost(self.spec, nbytes))
             return self.leaf(step, c, [(prog.tensor, False)], "PrintTensor")
         if isinstance(prog, (P.Abort, P.AbortOnCondition, P.ErrorProgram)):
@@ -575,9 +574,11 @@ class _Compiler:
 
     def branch(self, pred: Tensor) -> _Branch:
         """A predicate read by the control flow: a sync, then the value broadcast to every tile."""
-        vol = costmod.exchange_volume(self.spec, [costmod.Transfer(
-            self.state.space(pred._type), np.repeat(pred.flat_addresses(), self.spec.num_tiles),
-            np.arange(self.spec.num_tiles))])
+        T = self.spec.num_tiles
+        d = pred.rank()
+        boxes = X.Boxes(np.zeros((T, d), np.int64), np.tile(np.array(pred.shape(), np.int64).reshape(1, d), (T, 1)),
+                        np.arange(T, dtype=np.int64))
+        vol = costmod.exchange_volume(self.spec, [X.RegionTransfer(pred, boxes)])
         c = costmod.sync_cost(self.spec, self.all_ipus()).add(costmod.exchange_cost(self.spec, vol))
         leaf = self.leaf(_Branch(Accessor(pred)), c, [(pred, False)], "Branch")
         return leaf.step
@@ -616,30 +617,46 @@ class _Compiler:
             return self.leaf(_RemoteStep(d, Accessor(s), False, off), self.host_copy_cost(s), [(s, False)], f"RemoteBufferCopy({d.handle})")
         raise errors.control_program_error("Copy: unsupported source and destination")
 
+    def bytes_per_ipu(self, t: Tensor) -> np.ndarray:
+        """Bytes of ``t`` held on each IPU (float64 ``[num_ipus]``)."""
+        spec = self.spec
+        counts = X.tile_counts(t, spec.num_tiles)
+        return counts.reshape(spec.num_ipus, spec.tiles_per_ipu).sum(axis=1) * float(t.elementType().size)
+
     def host_copy_cost(self, t: Tensor) -> costmod.StepCost:
         spec = self.spec
-        tiles = self.graph.tile_of_elements(t).astype(np.int64)
-        size = t.elementType().size
-        per_ipu = np.bincount(tiles // spec.tiles_per_ipu, minlength=spec.num_ipus) * float(size)
+        per_ipu = self.bytes_per_ipu(t)
         involved = per_ipu > 0
         c = costmod.sync_cost(spec, involved)
         c.add(costmod.host_cost(spec, per_ipu))
-        vol = costmod.exchange_volume(spec, [costmod.Transfer(self.state.space(t._type), t.flat_addresses(), tiles,
-                                                              src=np.full(tiles.size, -2))])
+        vol = costmod.exchange_volume(spec, [X.RegionTransfer(t, X.Boxes.whole(t.shape(), -2), to_owner=True)])
         self.exchange_code += (vol.recv_msgs + vol.send_msgs) * cal.EXCHANGE_CODE_BYTES_PER_MESSAGE
         c.add(costmod.exchange_cost(spec, vol))
         return c
 
     def tensor_copy(self, s: Tensor, d: Tensor):
         spec = self.spec
-        ss, ds = self.state.space(s._type), self.state.space(d._type)
-        sa, da = s.flat_addresses(), d.flat_addresses()
-        st, dt = ss.tile[sa].astype(np.int64), ds.tile[da].astype(np.int64)
-        local = (st == dt) & ((sa != da) | (ss is not ds))
-        on_tile = np.bincount(dt[local], minlength=spec.num_tiles) * float(s.elementType().size)
-        vol = costmod.exchange_volume(spec, [costmod.Transfer(ss, sa, dt)])
+        T = spec.num_tiles
+        d_boxes = X.tile_boxes(d)
+        tr = X.RegionTransfer(s, d_boxes)
+        moved = X.moved_elements(tr, T)
+        if moved is None or (s._type == d._type and s._state is d._state and s.intersectsWith(d)):
+            # a copy onto itself or an overlapping view: per element (small, rare)
+            ss, ds = self.state.space(s._type), self.state.space(d._type)
+            sa, da = s.flat_addresses(), d.flat_addresses()
+            st_, dt_ = ss.tiles_of(sa).astype(np.int64), ds.tiles_of(da).astype(np.int64)
+            local = (st_ == dt_) & (sa != da)
+            on_tile = np.bincount(dt_[local], minlength=T) * float(s.elementType().size)
+            vol = costmod.exchange_volume(spec, [costmod.Transfer(ss, sa, dt_)])
+        else:
+            vol = costmod.exchange_volume(spec, [tr])
+            nel = np.prod(d_boxes.sz, axis=1) if d_boxes.sz.shape[1] else np.ones(len(d_boxes), np.int64)
+            ok = d_boxes.tile >= 0
+            held = np.bincount(d_boxes.tile[ok], weights=nel[ok], minlength=T)
+            on_tile = np.maximum(held - moved, 0) * float(s.elementType().size)
         self.exchange_code += (vol.recv_msgs + vol.send_msgs) * cal.EXCHANGE_CODE_BYTES_PER_MESSAGE
-        involved = self.ipus_of(np.concatenate([st, dt]))
+        mask = (X.tile_counts(s, T) > 0) | (X.tile_counts(d, T) > 0)
+        involved = costmod.ipus_of_tiles(spec, mask)
         c = costmod.sync_cost(spec, involved)
         c.add(costmod.exchange_cost(spec, vol))
         c.add(costmod.on_tile_copy_cost(spec, on_tile))
@@ -676,13 +693,27 @@ class _Compiler:
             types_l.append(np.full(n, type_id(g.type_name)))
             flops += g.flops
             for r in g.reads:
+                if isinstance(r, Access):
+                    boxes = _boxes_of(r)
+                    if boxes is not None:
+                        reads.append(X.RegionTransfer(r.tensor, boxes, count_send=r.count_send))
+                    uses.append((r.tensor, False))
+                    continue
                 t, ct = r[0], r[1]
                 send = r[2] if len(r) > 2 else True
                 reads.append(costmod.Transfer(st.space(t._type), t.flat_addresses(),
                                               np.broadcast_to(ct, (t.numElements(),)), count_send=send))
                 uses.append((t, False))
-            for t, pt in g.writes:
-                writes.append((t, np.broadcast_to(pt, (t.numElements(),))))
+            for w in g.writes:
+                if isinstance(w, Access):
+                    boxes = _boxes_of(w)
+                    if boxes is not None:
+                        writes.append(X.RegionTransfer(w.tensor, boxes, to_owner=True))
+                    uses.append((w.tensor, True))
+                    continue
+                t, pt = w
+                writes.append(costmod.Transfer(st.space(t._type), t.flat_addresses(), None,
+                                               src=np.broadcast_to(pt, (t.numElements(),))))
                 uses.append((t, True))
             sb = np.broadcast_to(np.asarray(g.state_bytes, np.float64), (n,))
             self.vertex_state += np.bincount(g.tiles, weights=sb, minlength=spec.num_tiles)
@@ -719,8 +750,7 @@ class _Compiler:
         comp, active = costmod.compute_cost(spec, tiles, cyc, multi, tids, type_names)
         comp.flops = flops
         vin = costmod.exchange_volume(spec, reads)
-        out_tr = [costmod.Transfer(st.space(t._type), t.flat_addresses(), None, src=p) for t, p in writes]
-        vout = costmod.exchange_volume(spec, out_tr)
+        vout = costmod.exchange_volume(spec, writes)
         for v in (vin, vout):
             self.exchange_code += (v.recv_msgs + v.send_msgs) * cal.EXCHANGE_CODE_BYTES_PER_MESSAGE
         involved = costmod.ipus_of_tiles(spec, active)
@@ -811,14 +841,14 @@ class _Compiler:
                 if isinstance(n, tuple):
                     lst = []
                     for j in range(len(n)):
-                        addr = np.stack([c[j].flat_addresses() for c in conns])
+                        addr = _stack_addresses([c[j] for c in conns])
                         t0 = conns[0][j]
                         lst.append(_IndexAcc(t0._type, addr))
                         self.note_field(spec_f, t0, addr, tiles, reads, writes)
                     accs[fname] = lst
                     layout.append((fname, "list"))
                 else:
-                    addr = np.stack([c.flat_addresses() for c in conns])
+                    addr = _stack_addresses(conns)
                     if n == -1:
                         addr = addr.reshape(len(idxs))
                     t0 = conns[0]
@@ -839,21 +869,37 @@ class _Compiler:
         if spec_f.reads:
             reads.append(costmod.Transfer(space, flat, consumer))
         if spec_f.writes:
-            writes.append((_AddrTensor(space, flat), consumer))
+            writes.append(costmod.Transfer(space, flat, None, src=consumer))
 
 
-class _AddrTensor:
-    """A bare address list standing in for a Tensor in write bookkeeping."""
+def _stack_addresses(tensors) -> np.ndarray:
+    """``[len(tensors), n]`` element addresses of equally sized views (one vectorised pass when
+    every view is one contiguous-stride piece, as user vertex fields almost always are)."""
+    rows = [t.pieces.row for t in tensors]
+    if all(r is not None and len(r[3]) <= 1 for r in rows):
+        base = np.array([r[1] for r in rows], np.int64)
+        n = tensors[0].numElements()
+        if all(len(r[3]) == 0 for r in rows):
+            return base.reshape(-1, 1)
+        st = np.array([r[4][0] for r in rows], np.int64)
+        return base[:, None] + st[:, None] * np.arange(n, dtype=np.int64)[None, :]
+    return np.stack([t.flat_addresses() for t in tensors])
 
-    def __init__(self, space, addr):
-        self._type = space.type
-        self._addr = addr
 
-    def flat_addresses(self):
-        return self._addr
-
-    def numElements(self):  # noqa: N802
-        return self._addr.size
+def _boxes_of(acc: Access):
+    """The boxes (global tiles) where an Access uses its view's elements; None: on their owners."""
+    on, t = acc.on, acc.tensor
+    if on is None:
+        return None
+    if isinstance(on, X.Boxes):
+        return on
+    if isinstance(on, (int, np.integer)):
+        return X.Boxes.whole(t.shape(), int(on))
+    if isinstance(on, Tensor):
+        if on.shape() != t.shape():
+            on = on.reshape(t.shape())
+        return X.tile_boxes(on)
+    raise TypeError(f"Access.on must be None, a tile, a Tensor or Boxes, not {type(on).__name__}")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 
 from openipu.poplar import errors
+from openipu.poplar import regions as R
+from openipu.poplar import tilemap
 from openipu.poplar.tensor import Interval, Tensor
 from openipu.poplar.types import Type, as_type
 from openipu.poplar.vertex import FieldSpec, Vertex, _Shape
@@ -32,7 +34,12 @@ from openipu.poplar.vertex import FieldSpec, Vertex, _Shape
 # ----------------------------------------------------------------------------------------------
 @dataclass(eq=False)
 class Variable:
-    """A graph variable or constant: a contiguous range ``[start, start+numel)`` of its space."""
+    """A graph variable or constant: a contiguous range ``[start, start+numel)`` of its space.
+
+    Its tile mapping is run-length (:mod:`openipu.poplar.tilemap`): ``tile_starts`` / ``tile_ids``.
+    Mapping calls queue their intervals and are applied together when the mapping is next read,
+    so mapping a variable slice by slice costs one sort, not one pass per call.
+    """
 
     id: int
     name: str
@@ -42,45 +49,86 @@ class Variable:
     shape: tuple
     constant: bool = False
     init: torch.Tensor | None = None      # constant value / initial value (flat, storage dtype)
+    space_index: int = -1                  # position in its type's space
+    _ts: np.ndarray = field(default_factory=lambda: tilemap.unmapped()[0], repr=False)
+    _ti: np.ndarray = field(default_factory=lambda: tilemap.unmapped()[1], repr=False)
+    _pending: list = field(default_factory=list, repr=False)
 
     @property
     def nbytes(self) -> int:
         return self.numel * self.type.size
 
+    def _flush(self) -> None:
+        if self._pending:
+            b = np.concatenate([np.atleast_1d(p[0]) for p in self._pending]).astype(np.int64, copy=False)
+            e = np.concatenate([np.atleast_1d(p[1]) for p in self._pending]).astype(np.int64, copy=False)
+            t = np.concatenate([np.atleast_1d(p[2]) for p in self._pending]).astype(np.int32, copy=False)
+            self._pending = []
+            self._ts, self._ti = tilemap.assign(self._ts, self._ti, self.numel, b, e, t)
+
+    @property
+    def tile_starts(self) -> np.ndarray:
+        self._flush()
+        return self._ts
+
+    @property
+    def tile_ids(self) -> np.ndarray:
+        self._flush()
+        return self._ti
+
+    def map_intervals(self, b, e, t) -> None:
+        """Queue: elements ``[b[i], e[i])`` (variable indices) go to global tile ``t[i]``; later
+        calls win where intervals overlap. Scalars or arrays."""
+        if isinstance(b, int):
+            if b <= 0 and e >= self.numel:
+                self._pending = []
+                self._ts, self._ti = np.zeros(1, np.int64), np.array([t], np.int32)
+                return
+            self._pending.append((b, e, t))
+            return
+        b = np.asarray(b, np.int64).reshape(-1)
+        e = np.asarray(e, np.int64).reshape(-1)
+        t = np.asarray(t, np.int32)
+        if t.size != b.size:
+            t = np.broadcast_to(t, b.shape)
+        if b.size == 1 and b[0] <= 0 and e[0] >= self.numel:
+            self._pending = []
+            self._ts, self._ti = np.zeros(1, np.int64), t[:1].copy()
+            return
+        self._pending.append((b, e, t))
+
+    def tile_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(begin, end, tile)`` of each run of the mapping (element indices of the variable)."""
+        s = self.tile_starts
+        return s, tilemap.ends(s, self.numel), self.tile_ids
+
 
 class _Space:
-    """The address space of one element type: tile of each element, constant flag, variables."""
+    """The address space of one element type: its variables, laid end to end.
+
+    Tile mappings live in the variables (run-length); :meth:`runs` joins them into one sorted
+    index over the space, rebuilt only after a mapping changes.
+    """
 
     def __init__(self, type_: Type):
         self.type = type_
         self.size = 0
-        self.tile = np.full(64, -1, np.int32)
-        self.const = np.zeros(64, bool)
         self.vars: list[Variable] = []
         self._starts = np.zeros(0, np.int64)
         self._starts_n = 0
+        self.version = 0
+        self._runs = None
 
     def alloc(self, var: Variable) -> None:
         var.start = self.size
+        var.space_index = len(self.vars)
         self.size += var.numel
-        if self.size > self.tile.size:
-            # grow into one new buffer each (no temporaries); only [0, size) is ever written, so
-            # the spare capacity costs no page faults until a later variable uses it
-            cap = max(2 * self.size, 2 * self.tile.size)
-            tile = np.empty(cap, np.int32)
-            tile[:var.start] = self.tile[:var.start]
-            const = np.zeros(cap, bool)
-            const[:var.start] = self.const[:var.start]
-            self.tile, self.const = tile, const
-        self.tile[var.start:self.size] = -1
-        if var.constant:
-            self.const[var.start:self.size] = True
         self.vars.append(var)
+        self.version += 1
 
     def __getstate__(self):
-        # pickle (serialised executables) only the used part of the arrays, not spare capacity
         d = dict(self.__dict__)
-        d["tile"], d["const"] = self.tile[:self.size].copy(), self.const[:self.size].copy()
+        d["_runs"] = None
         return d
 
     def starts(self) -> np.ndarray:
@@ -93,6 +141,7 @@ class _Space:
         return self.vars[int(np.searchsorted(self.starts(), addr, side="right")) - 1]
 
     def variable_index(self, addrs: np.ndarray) -> np.ndarray:
+        """Index (in this space's variable list) of the variable holding each address."""
         addrs = np.asarray(addrs)
         if addrs.size and addrs.ndim == 1 and addrs[-1] - addrs[0] == addrs.size - 1:
             lo = int(np.searchsorted(self.starts(), addrs[0], side="right")) - 1
@@ -101,11 +150,35 @@ class _Space:
                 return np.full(addrs.size, lo, np.int64)
         return np.searchsorted(self.starts(), addrs, side="right") - 1
 
+    def map_intervals(self, var: Variable, b, e, t) -> None:
+        """Map elements ``[b, e)`` of ``var`` (variable indices, arrays) to global tiles ``t``."""
+        var.map_intervals(b, e, t)
+        self.version += 1
+
+    def runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every run of every variable of the space, sorted by address: ``(start address, tile,
+        index of the variable in this space)`` (int64, int32, int64)."""
+        if self._runs is None or self._runs[0] != self.version:
+            if self.vars:
+                st = np.concatenate([v.tile_starts + v.start for v in self.vars])
+                tl = np.concatenate([v.tile_ids for v in self.vars])
+                vi = np.repeat(np.arange(len(self.vars)), [v.tile_starts.size for v in self.vars])
+            else:
+                st, tl, vi = np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64)
+            self._runs = (self.version, st, tl, vi)
+        return self._runs[1:]
+
     def is_constant(self, addrs: np.ndarray) -> np.ndarray:
-        return self.const[addrs]
+        const = np.array([v.constant for v in self.vars], bool)
+        return const[self.variable_index(np.asarray(addrs))] if const.size else np.zeros(np.shape(addrs), bool)
 
     def tiles_of(self, addrs: np.ndarray) -> np.ndarray:
-        return self.tile[addrs]
+        """Global tile of each address (int32, -1 where unmapped)."""
+        st, tl, _ = self.runs()
+        addrs = np.asarray(addrs)
+        if addrs.size == 0:
+            return np.zeros(addrs.shape, np.int32)
+        return tl[np.searchsorted(st, addrs, side="right") - 1]
 
 
 @dataclass(eq=False)
@@ -123,6 +196,27 @@ class ComputeSet:
 
 
 @dataclass(eq=False)
+class Access:
+    """A tensor view a vertex group reads or writes, and where each element is used.
+
+    ``on`` places the elements (for exchange costs):
+
+    - ``None``: on the tile that owns each element (no exchange);
+    - a :class:`Tensor` with as many elements: element ``i`` is used on the tile that owns
+      element ``i`` of ``on`` (an elementwise op reads its operands where its output lives);
+    - an int: every element on that global tile;
+    - an :class:`openipu.poplar.exchange.Boxes`: boxes of the view's index space, each on a global
+      tile (boxes may overlap when several tiles read the same elements).
+
+    ``count_send`` is False when another Access sends the same values (multicast replicas).
+    """
+
+    tensor: Tensor
+    on: Any = None
+    count_send: bool = True
+
+
+@dataclass(eq=False)
 class VertexGroup:
     """Many vertices of one codelet type, described by arrays (how library ops add work).
 
@@ -133,8 +227,9 @@ class VertexGroup:
             tile cycles when ``multi`` is true).
         kernel: ``kernel(ctx)`` runs the whole group functionally; ``ctx.read(t)`` / ``ctx.write(t, v)``
             access tensors with a leading replica dimension.
-        reads / writes: ``[(tensor, consumer_tiles)]`` where ``consumer_tiles`` gives, for each
-            flattened element of ``tensor``, the tile that reads or writes it (for exchange costs).
+        reads / writes: what the vertices read and write, each an :class:`Access` (a view and the
+            tiles where its elements are used), or the older ``(tensor, consumer_tiles[, count_send])``
+            with a tile per flattened element (small tensors only).
         flops: floating-point operations of the whole group (for the profile).
         state_bytes: vertex state bytes per vertex (int array or scalar).
     """
@@ -374,8 +469,7 @@ class Graph:
         var = Variable(len(st.variables), name or f"var{len(st.variables)}", t, 0, numel, shape, constant, init)
         st.space(t).alloc(var)
         st.variables.append(var)
-        addr = np.arange(var.start, var.start + numel, dtype=np.int64).reshape(shape)
-        return Tensor(st, t, addr)
+        return Tensor(st, t, pieces=R.Pieces.of_variable(var.id, var.start, shape), shape=shape)
 
     def addVariable(self, type_, shape, mapping_or_name=None, name: str = "") -> Tensor:  # noqa: N802
         """``addVariable(type, shape[, VariableMappingMethod], debugName)`` -> Tensor.
@@ -389,8 +483,8 @@ class Graph:
             method = mapping_or_name
         t = self._new_variable(type_, shape, name)
         if method == VariableMappingMethod.LINEAR:
-            from openipu.poplar.mapping import linear_tile_mapping
-            self.setTileMapping(t, linear_tile_mapping(self, t))
+            from openipu.poplar.mapping import map_linearly
+            map_linearly(self, t)
         return t
 
     def addConstant(self, type_, shape, values, name: str = "") -> Tensor:  # noqa: N802
@@ -455,33 +549,118 @@ class Graph:
 
     # -- tile mapping ---------------------------------------------------------------------
     def setTileMapping(self, target, mapping) -> None:  # noqa: N802
-        """Map a tensor to one tile, or by a per-tile list of intervals; or map a vertex to a tile."""
+        """Map a tensor to one tile, or by a per-tile list of intervals of its flattened elements
+        (``poplar::Graph::TileToTensorMapping``); or map a vertex to a tile. A per-element numpy
+        array of tiles is accepted too (openipu extension). Raises ``invalid_tile_mapping`` for a
+        tile out of range or an interval outside the tensor."""
         if isinstance(target, VertexRef):
             self._state.v_tile[target.id] = self._global_tile(mapping)
             return
         t: Tensor = target
-        addr = t.flat_addresses()
-        space = self._state.space(t._type)
+        n = t.numElements()
         if isinstance(mapping, (int, np.integer)):
-            space.tile[addr] = self._global_tile(mapping)
+            self._assign_set(t, self._global_tile(mapping))
             return
-        if isinstance(mapping, np.ndarray) and mapping.ndim == 1 and mapping.size == addr.size:
-            tiles = self._global_tiles(mapping)   # per-element tiles (openipu extension)
-            n = addr.size
-            if n > 1 and int(addr[-1]) - int(addr[0]) == n - 1 and np.all(addr[1:] > addr[:-1]):
-                space.tile[int(addr[0]):int(addr[0]) + n] = tiles     # a contiguous range: no scatter
-            else:
-                space.tile[addr] = tiles
+        if isinstance(mapping, np.ndarray) and mapping.ndim == 1 and mapping.size == n:
+            self._assign_elements(t, self._global_tiles(mapping))   # per-element tiles (openipu extension)
             return
-        per_elem = np.full(addr.size, -1, np.int64)
+        b, e, tl = [], [], []
         for tile, intervals in enumerate(mapping):
             for iv in intervals:
-                b, e = (iv.begin(), iv.end()) if isinstance(iv, Interval) else iv
-                if not 0 <= b <= e <= addr.size:
-                    raise errors.invalid_tile_mapping(f"Interval [{b}, {e}) is outside a tensor of {addr.size} elements")
-                per_elem[b:e] = tile
-        keep = per_elem >= 0
-        space.tile[addr[keep]] = self._global_tiles(per_elem[keep])
+                lo, hi = (iv.begin(), iv.end()) if isinstance(iv, Interval) else iv
+                if not 0 <= lo <= hi <= n:
+                    raise errors.invalid_tile_mapping(f"Interval [{lo}, {hi}) is outside a tensor of {n} elements")
+                b.append(lo)
+                e.append(hi)
+                tl.append(tile)
+        if not b:
+            return
+        self.set_tile_runs(t, np.array(b, np.int64), np.array(e, np.int64), self._global_tiles(np.array(tl, np.int64)))
+
+    def set_tile_runs(self, t: Tensor, begins: np.ndarray, ends: np.ndarray, tiles: np.ndarray) -> None:
+        """Map the flattened elements ``[begins[i], ends[i])`` of ``t`` to *global* tile ``tiles[i]``
+        (int arrays; no checks). openipu extension: PopLibs' vectorised ``setTileMapping``."""
+        flat = _flat_view(t)
+        if flat is not None:
+            space = self._state.space(t._type)
+            var, off = flat
+            space.map_intervals(var, begins + off, ends + off, tiles)
+            return
+        # any view: flat ranges -> boxes -> pieces -> address runs of each variable
+        begins = np.asarray(begins, np.int64).reshape(-1)
+        ends = np.asarray(ends, np.int64).reshape(-1)
+        tiles = np.broadcast_to(np.asarray(tiles, np.int64), begins.shape)
+        owner, lo, sz = R.range_boxes(begins, ends, t.shape())
+        if owner.size == 0:
+            return
+        from openipu.poplar.exchange import Boxes, lattices
+        bi, var_ids, base, T, n, _ = lattices(t, Boxes(lo, sz, tiles[owner]))
+        o2, start, length = R.address_runs(base, n, T)
+        self._assign_address_runs(t, var_ids[o2], start, length, tiles[owner][bi][o2])
+
+    def _assign_set(self, t: Tensor, tile: int) -> None:
+        """Every element of ``t`` to one global tile (set semantics: one run per address run)."""
+        p = t.pieces
+        if len(p) == 0:
+            return
+        row = p.row
+        if row is not None and R._dense(row[3], row[4]):        # consecutive addresses: one interval
+            var = self._state.variables[row[0]]
+            b = row[1] - var.start
+            n = 1
+            for s_ in row[3]:
+                n *= s_
+            var.map_intervals(b, b + n, int(tile))
+            self._state.space(t._type).version += 1
+            return
+        var_ids, start, length = R.piece_runs(p)
+        self._assign_address_runs(t, var_ids, start, length, tile)
+
+    def _assign_address_runs(self, t: Tensor, var_ids, start, length, tiles) -> None:
+        space = self._state.space(t._type)
+        tiles = np.broadcast_to(np.asarray(tiles), np.shape(start))
+        variables = self._state.variables
+        if var_ids.size == 1:
+            var = variables[int(var_ids[0])]
+            space.map_intervals(var, start - var.start, start - var.start + length, tiles)
+            return
+        for v in np.unique(var_ids).tolist():
+            m = var_ids == v
+            var = variables[v]
+            s0 = start[m] - var.start
+            space.map_intervals(var, s0, s0 + length[m], tiles[m])
+
+    def _assign_elements(self, t: Tensor, tiles: np.ndarray) -> None:
+        """Per flattened element of ``t``, a global tile (-1: leave as it is)."""
+        n = t.numElements()
+        if n == 0:
+            return
+        tiles = np.broadcast_to(np.asarray(tiles), (n,))
+        flat = _flat_view(t)
+        if flat is not None:
+            var, off = flat
+            b, tl = tilemap.from_per_element(tiles)
+            e = np.append(b[1:], n)
+            keep = tl >= 0
+            space = self._state.space(t._type)
+            space.map_intervals(var, b[keep] + off, e[keep] + off, tl[keep])
+            return
+        addr = t.flat_addresses()
+        keep = tiles >= 0
+        addr, tiles = addr[keep], tiles[keep]
+        order = np.argsort(addr, kind="stable")
+        addr, tiles = addr[order], tiles[order]
+        space = self._state.space(t._type)
+        vi = space.variable_index(addr)
+        if addr.size == 0:
+            return
+        brk = np.flatnonzero((np.diff(addr) > 1) | (np.diff(tiles) != 0) | (np.diff(vi) != 0)) + 1
+        starts = np.concatenate(([0], brk))
+        lens = np.diff(np.append(starts, addr.size))
+        var_ids = np.array([v.id for v in space.vars], np.int64)[vi[starts]]
+        # repeated addresses (aliases) collapse: a run's length counts distinct addresses
+        dist = np.add.reduceat(np.r_[1, np.diff(addr) != 0].astype(np.int64), starts)
+        self._assign_address_runs(t, var_ids, addr[starts], np.minimum(lens, dist), tiles[starts])
 
     def getTileMapping(self, t: Tensor, is_complete: list | None = None) -> list[list[Interval]]:  # noqa: N802
         """Per tile of this graph, the intervals of ``t``'s flattened elements mapped there.
@@ -489,20 +668,16 @@ class Graph:
         Raises :class:`invalid_tile_mapping` if some element is unmapped (unless ``is_complete`` is
         given, a list whose first item is set to the answer).
         """
-        tiles = self._local_tiles(self._state.space(t._type).tiles_of(t.flat_addresses()).astype(np.int64))
-        complete = bool(np.all(tiles >= 0))
+        starts, ends, tiles = self.tile_runs_of(t)
+        tiles = self._local_tiles(tiles.astype(np.int64)) if tiles.size else tiles.astype(np.int64)
+        unmapped = int((ends - starts)[tiles < 0].sum())
         if is_complete is not None:
-            is_complete[:1] = [complete]
-        elif not complete:
+            is_complete[:1] = [unmapped == 0]
+        elif unmapped:
             raise errors.invalid_tile_mapping(
-                f"Tensor {t.shortString()} is not completely mapped to tiles ({int((tiles < 0).sum())} elements unmapped)")
+                f"Tensor {t.shortString()} is not completely mapped to tiles ({unmapped} elements unmapped)")
         out: list[list[Interval]] = [[] for _ in range(self._tiles.size)]
-        if tiles.size == 0:
-            return out
-        brk = np.flatnonzero(np.diff(tiles) != 0) + 1
-        starts = np.concatenate(([0], brk))
-        ends = np.concatenate((brk, [tiles.size]))
-        for s, e, tl in zip(starts.tolist(), ends.tolist(), tiles[starts].tolist()):
+        for s, e, tl in zip(starts.tolist(), ends.tolist(), tiles.tolist()):
             if tl >= 0:
                 out[tl].append(Interval(s, e))
         return out
@@ -510,20 +685,70 @@ class Graph:
     def getVariableTileMapping(self, t: Tensor):  # noqa: N802
         return self.getTileMapping(t)
 
+    def tile_runs_of(self, t: Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(begin, end, global tile)`` runs of ``t``'s flattened elements (-1: unmapped), adjacent
+        runs on different tiles. openipu extension."""
+        n = t.numElements()
+        if n == 0:
+            z = np.zeros(0, np.int64)
+            return z, z, np.zeros(0, np.int32)
+        flat = _flat_view(t)
+        if flat is not None:
+            var, off = flat
+            s = var.tile_starts
+            i0 = int(np.searchsorted(s, off, side="right")) - 1
+            i1 = int(np.searchsorted(s, off + n, side="left"))
+            b = np.maximum(s[i0:i1], off) - off
+            e = np.minimum(np.append(s[i0 + 1:i1], off + n), off + n) - off
+            return b, e, var.tile_ids[i0:i1]
+        from openipu.poplar.exchange import tile_boxes
+        boxes = tile_boxes(t)
+        owner, start, length = R.box_flat_runs(boxes.lo, boxes.sz, t.shape())
+        order = np.argsort(start, kind="stable")
+        start, tl = start[order], boxes.tile[owner][order].astype(np.int32)
+        b, tl = tilemap.compress(start, tl)
+        return b, np.append(b[1:], n), tl
+
     def copy_tile_mapping(self, dst: Tensor, src: Tensor) -> None:
         """Map each element of ``dst`` to the tile of the same element of ``src`` (equal element
         counts; unmapped stays unmapped). openipu extension, used by ``clone`` and PopLibs."""
-        self.set_global_tile_mapping(dst, self.tile_of_elements(src))
+        b, e, tl = self.tile_runs_of(src)
+        keep = tl >= 0
+        self.set_tile_runs(dst, b[keep], e[keep], tl[keep])
 
     def set_global_tile_mapping(self, t: Tensor, tiles) -> None:
         """Map each flattened element of ``t`` to a *global* tile number (``tiles``: int array of
         ``t.numElements()`` entries, or broadcastable to it), without checks. openipu extension for
         PopLibs, which computes tiles in global numbering (see :meth:`tile_of_elements`)."""
-        self._state.space(t._type).tile[t.flat_addresses()] = tiles
+        tiles = np.asarray(tiles)
+        if tiles.size == 1:
+            self._assign_set(t, int(tiles.reshape(-1)[0]))
+            return
+        self._assign_elements(t, tiles)
 
     def tile_of_elements(self, t: Tensor) -> np.ndarray:
-        """Global tile of each flattened element of ``t`` (-1 when unmapped). openipu extension."""
-        return self._state.space(t._type).tiles_of(t.flat_addresses())
+        """Global tile of each flattened element of ``t`` (int32, -1 when unmapped). Costs one
+        int per element: openipu extension for small tensors; PopLibs uses :meth:`tile_runs_of`."""
+        if t.numElements() == 0:
+            return np.zeros(0, np.int32)
+        b, e, tl = self.tile_runs_of(t)
+        return np.repeat(tl, e - b)
+
+    def is_mapped(self, t: Tensor) -> bool:
+        """Whether every element of ``t`` is mapped to a tile. openipu extension."""
+        if t.numElements() == 0:
+            return True
+        variables = self._state.variables
+        ids = t.variable_ids().tolist()
+        if all((variables[i].tile_ids >= 0).all() for i in ids):
+            return True
+        return bool((self.tile_runs_of(t)[2] >= 0).all())
+
+    def tile_element_counts(self, t: Tensor) -> np.ndarray:
+        """Elements of ``t`` on each global tile (float64, one entry per tile of the target).
+        openipu extension."""
+        from openipu.poplar.exchange import tile_counts
+        return tile_counts(t, self._top._target.getNumTiles())
 
     # -- codelets and estimators ----------------------------------------------------------
     def addCodelets(self, src, compile_flags: str = "") -> None:  # noqa: N802
@@ -685,6 +910,20 @@ class Graph:
     # -- introspection --------------------------------------------------------------------
     def getComputeSets(self) -> list[ComputeSet]:  # noqa: N802
         return list(self._state.compute_sets)
+
+
+def _flat_view(t: Tensor):
+    """``(variable, offset)`` when ``t``'s flattened elements are the consecutive elements
+    ``[offset, offset + n)`` of one variable (a variable, or a contiguous slice or reshape of one);
+    else None."""
+    p = t.pieces
+    if p.row is None:
+        return None
+    v, a, lo, sz, st = p.row
+    if any(lo) or tuple(sz) != t._shape or not R._dense(sz, st):
+        return None
+    var = t._state.variables[v]
+    return var, a - var.start
 
 
 class VariableMappingMethod:

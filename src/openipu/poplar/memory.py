@@ -54,37 +54,24 @@ class MemoryPlan:
 
 
 def _variable_runs(space):
-    """(var index, tile, bytes) for each run of one variable's elements on one tile.
-
-    One pass over the space's int32 tile array (a run breaks where the tile changes or a variable
-    starts); variables are found per run, not per element."""
-    n = space.size
-    if n == 0:
+    """(var index, tile, bytes) for each run of one variable's elements on one tile, from the
+    variables' run-length tile maps (no per-element work)."""
+    if not space.vars:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
-    tiles = space.tile[:n]
-    starts = space.starts()
-    brk = np.empty(n, bool)
-    brk[0] = True
-    np.not_equal(tiles[1:], tiles[:-1], out=brk[1:])
-    brk[starts[starts < n]] = True
-    run_start = np.flatnonzero(brk)
-    run_len = np.diff(np.append(run_start, n))
-    var_of = np.searchsorted(starts, run_start, side="right") - 1
-    return var_of, tiles[run_start].astype(np.int64), run_len * float(space.type.size)
+    st, tl, vi = space.runs()
+    sizes = np.array([v.numel for v in space.vars], np.int64)
+    run_end = np.append(st[1:], space.size)
+    nonempty = sizes[vi] > 0
+    return vi[nonempty], tl[nonempty].astype(np.int64), (run_end - st)[nonempty] * float(space.type.size)
 
 
-def _variables_touched(space, addrs: np.ndarray) -> np.ndarray:
-    """Unique indices of the variables that ``addrs`` touch. Addresses between a variable's
-    first and last address all belong to it, so one variable is found from the extremes alone."""
-    if addrs.size == 0:
-        return np.zeros(0, np.int64)
-    starts = space.starts()
-    lo, hi = np.searchsorted(starts, [addrs.min(), addrs.max()], side="right") - 1
-    if lo == hi:
-        return np.array([lo], np.int64)
-    mark = np.zeros(hi - lo + 1, bool)
-    mark[np.searchsorted(starts[lo:hi + 1], addrs, side="right") - 1] = True
-    return np.flatnonzero(mark) + lo
+def _space_indices(st, t) -> np.ndarray:
+    """Indices, in their type's space, of the variables a tensor view touches (from its pieces)."""
+    row = t.pieces.row
+    if row is not None:
+        return np.array([st.variables[row[0]].space_index], np.int64)
+    ids = t.variable_ids()
+    return np.array([st.variables[i].space_index for i in ids.tolist()], np.int64)
 
 
 def _step_variables(comp):
@@ -100,7 +87,7 @@ def _step_variables(comp):
             edges += 1
             vids = touched.get(id(t))
             if vids is None:
-                vids = touched[id(t)] = _variables_touched(st.spaces[t._type.name], t.flat_addresses())
+                vids = touched[id(t)] = _space_indices(st, t)
             groups.setdefault((t._type.name, bool(is_write)), []).append(vids)
         for (name, is_write), vid_lists in groups.items():
             vids = vid_lists[0] if len(vid_lists) == 1 else np.unique(np.concatenate(vid_lists))
@@ -123,7 +110,7 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
     liveness = np.zeros(max(nsteps, 1))
     host_vars = {}
     for t in list(st.host_writes.values()) + list(st.host_reads.values()) + [t for t, _ in getattr(st, "initial_values", [])]:
-        host_vars.setdefault(t._type.name, []).append(t.flat_addresses())
+        host_vars.setdefault(t._type.name, []).append(_space_indices(st, t))
     events_tile, events_step, events_bytes = [], [], []
     prog_of_step = np.zeros(max(nsteps, 1), np.int64)
     for i, (a, b) in enumerate(prog_ranges):
@@ -161,8 +148,8 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
                 last = np.where(carried, np.maximum(last, hi), last)
         is_const = np.array([v.constant for v in space.vars])
         pinned = np.zeros(nv, bool)
-        for addrs in host_vars.get(name, []):
-            pinned[_variables_touched(space, addrs)] = True
+        for vids in host_vars.get(name, []):
+            pinned[vids] = True
         pinned |= np.array([v.init is not None for v in space.vars]) & ~is_const
         nal = (~is_const) & (~pinned) & (last >= 0) & first_is_write & (~multi_prog)
         var_ids, tiles, nbytes = _variable_runs(space)

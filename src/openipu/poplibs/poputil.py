@@ -22,7 +22,7 @@ import numpy as np
 
 from openipu.poplar import errors
 from openipu.poplar.graph import TensorCloneMethod
-from openipu.poplar.mapping import linear_tile_of_elements
+from openipu.poplar.mapping import linear_tile_of_elements, linear_tile_runs, map_linearly
 from openipu.poplar.tensor import Interval, Tensor
 
 __all__ = ["poplibs_error", "splitRegions", "calcLinearTileMapping", "mapTensorLinearly", "getTileImbalance",
@@ -115,10 +115,6 @@ def _linear_defaults(graph, type_, min_elements_per_tile, grain_size):
     return min_el, grain
 
 
-def _linear_tiles(graph, num_elements: int, min_el: int, grain: int) -> np.ndarray:
-    return linear_tile_of_elements(num_elements, graph.getTarget().getNumTiles(), grain, min_el)
-
-
 def calcLinearTileMapping(graph, t, minElementsPerTile: int | None = None, grainSize: int | None = None,  # noqa: N802,N803
                           type_=None, *, min_elements_per_tile: int | None = None, grain_size: int | None = None):
     """``poputil::calcLinearTileMapping(graph, t)`` or ``(graph, shape, minElementsPerTile, grainSize)``.
@@ -141,8 +137,11 @@ def calcLinearTileMapping(graph, t, minElementsPerTile: int | None = None, grain
         min_el, grain = int(minElementsPerTile), int(grainSize)
     else:
         min_el, grain = _linear_defaults(graph, et, minElementsPerTile, grainSize)
-    tiles = _linear_tiles(graph, n, min_el, grain)
-    return _mapping_from_tiles(tiles, graph.getTarget().getNumTiles())
+    b, e = linear_tile_runs(n, graph.getTarget().getNumTiles(), grain, min_el)
+    out: list[list[Interval]] = [[] for _ in range(graph.getTarget().getNumTiles())]
+    for tl, (lo, hi) in enumerate(zip(b.tolist(), e.tolist())):
+        out[tl].append(Interval(lo, hi))
+    return out
 
 
 def mapTensorLinearly(graph, t, minElementsPerTile: int | None = None, grainSize: int | None = None,  # noqa: N802,N803
@@ -152,7 +151,7 @@ def mapTensorLinearly(graph, t, minElementsPerTile: int | None = None, grainSize
     minElementsPerTile = minElementsPerTile if min_elements_per_tile is None else min_elements_per_tile  # noqa: N806
     grainSize = grainSize if grain_size is None else grain_size  # noqa: N806
     min_el, grain = _linear_defaults(graph, t.elementType(), minElementsPerTile, grainSize)
-    graph.setTileMapping(t, _linear_tiles(graph, t.numElements(), min_el, grain))
+    map_linearly(graph, t, min_el, grain)
 
 
 def getTileImbalance(graph, t, minElementsPerTile: int = 0, grainSize: int = 1) -> int:  # noqa: N802,N803

@@ -16,7 +16,7 @@ def output_like(graph, type_, shape, candidates, name: str):
     ``createOutputForElementWiseOp`` rule, simplified)."""
     out = graph.addVariable(type_, list(shape), name)
     for src in candidates:
-        if list(src.shape()) == list(shape) and (graph.tile_of_elements(src) >= 0).all():
+        if list(src.shape()) == list(shape) and graph.is_mapped(src):
             graph.copy_tile_mapping(out, src)
             return out
     from openipu.poplibs.poputil import mapTensorLinearly
@@ -31,10 +31,14 @@ def tile_counts(graph, tiles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return used, counts[used]
 
 
+def tile_counts_of(graph, t) -> tuple[np.ndarray, np.ndarray]:
+    """``(used_tiles, elements_on_each)`` (global tiles, int64) of a mapped tensor, from its
+    regions (no per-element work)."""
+    counts = graph.tile_element_counts(t).astype(np.int64)
+    used = np.flatnonzero(counts)
+    return used, counts[used]
+
+
 def broadcast_view(t, shape):
     """``t`` broadcast to ``shape`` as a view (numpy rules); raises Poplar's ``index_error``."""
-    try:
-        addr = np.broadcast_to(t._addr, tuple(shape))
-    except ValueError:
-        raise poplar.index_error(f"shape {t.shape()} cannot be broadcast to {list(shape)}") from None
-    return poplar.Tensor(t._state, t._type, addr, t._view_type)
+    return t.broadcast_to(shape)

@@ -50,12 +50,12 @@ import numpy as np
 import torch
 
 from openipu import poplar
-from openipu.poplar.graph import VertexGroup
+from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplar.options import OptionFlags
 from openipu.poplar.tensor import Tensor
 from openipu.poplar.types import Type
 from openipu.poplibs.popops import expr as E
-from openipu.poplibs.popops._common import broadcast_view, output_like, tile_counts
+from openipu.poplibs.popops._common import broadcast_view, output_like, tile_counts_of
 from openipu.poplibs.popops.expr import BinaryOpType as B
 from openipu.poplibs.popops.expr import TernaryOpType as T
 from openipu.poplibs.popops.expr import UnaryOpType as U
@@ -812,7 +812,7 @@ def _map_impl(graph, expr, tensors, prog, name="", options=None, out=None, in_pl
         if not out.isParallelWriteable():
             raise poplar.graph_connection_error(
                 f"{what} is not parallel writeable (it contains aliases or constants); write to a plain variable")
-        if (graph.tile_of_elements(out) < 0).any():
+        if not graph.is_mapped(out):
             raise poplar.invalid_tile_mapping(f"{what} is not completely mapped to tiles; map it first")
     n_nodes = expr.num_ops() + sum(1 for ins in code if ins[0] == "cast")
     simple = _op_of(expr) is not None and all(_is_leaf(c) for c in expr.children())
@@ -828,8 +828,7 @@ def _map_impl(graph, expr, tensors, prog, name="", options=None, out=None, in_pl
         first = [tensors[i - 1] for i in used]
         cands = first + [t for t in tensors if all(t is not f for f in first)]
         out = output_like(graph, rtype, shape, cands, name or "map")
-    otiles = graph.tile_of_elements(out)
-    tiles, counts = tile_counts(graph, otiles)
+    tiles, counts = tile_counts_of(graph, out)
     target = graph.getTarget()
     if simple and not force:
         vname, cycles = _single_op_cycles(expr, code, tensors, counts, target, in_place)
@@ -842,11 +841,11 @@ def _map_impl(graph, expr, tensors, prog, name="", options=None, out=None, in_pl
     for i in used:
         v = broadcast_view(tensors[i - 1], shape)
         ins[i - 1] = v
-        reads.append((v, otiles))
+        reads.append(Access(v, out))
     cs = graph.addComputeSet(name or (vname.split("<")[0].split("::")[-1]))
     graph.add_vertex_group(cs, VertexGroup(
         vname, tiles, np.asarray(cycles, np.int64), functools.partial(_map_kernel, code, ins, out),
-        reads=reads, writes=[(out, otiles)], multi=True, flops=_flops(code, out.numElements()),
+        reads=reads, writes=[Access(out)], multi=True, flops=_flops(code, out.numElements()),
         state_bytes=8 + 4 * (len(used) + 1)))
     prog.add(poplar.program.Execute(cs))
     return out

@@ -1,0 +1,394 @@
+"""Exchange volumes from regions: which bytes and messages each tile sends and receives.
+
+The cost model (:mod:`openipu.poplar.cost`) needs, per tile, the bytes and the regions
+(messages) it receives and sends in one exchange phase. Here those come from structure:
+
+- a tensor view is a few affine pieces over variables (:mod:`openipu.poplar.regions`);
+- a variable's tile mapping is a run-length list of intervals (:mod:`openipu.poplar.tilemap`);
+- where elements are needed is a list of *boxes* of the view's index space, each with a tile
+  (:class:`Boxes`), e.g. the tile boxes of an op's output (:func:`tile_boxes`).
+
+A box laid over a piece is a *lattice* of addresses ``base + sum(j_i * T_i)``, ``0 <= j_i < n_i``
+(:func:`lattices`). Lattices of views are *monotone*: their addresses increase with the
+lexicographic order of ``j`` (outermost dim first), so the number of lattice points below an
+address is a closed form (:func:`count_below`), and so is the number of points and of contiguous
+runs inside a run of a tile map. The work is proportional to the number of (box, piece, run)
+overlaps, never to the number of elements.
+
+Semantics (the same as the per-element model it replaces, :func:`cost.exchange_volume`):
+
+- a tile receives each element it needs from another tile once; consecutive addresses from one
+  source are one message;
+- a tile sends each element once however many tiles need it (the exchange multicasts); sends of
+  consecutive addresses are one message;
+- traffic between tiles of different IPUs also counts as global (IPU-Link) bytes.
+
+Where a box meets a piece in a lattice that is not contiguous and the view has aliases, the
+deduplication above is approximated (identical lattices count once; overlapping ones add up).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from openipu.poplar import regions as R
+
+_I64 = np.int64
+
+
+@dataclass
+class Boxes:
+    """Boxes of a tensor's index space, each on one tile: ``lo``, ``sz`` ``[k, d]``, ``tile`` ``[k]``
+    (global tile; -2 for the host)."""
+
+    lo: np.ndarray
+    sz: np.ndarray
+    tile: np.ndarray
+
+    @staticmethod
+    def whole(shape, tile: int) -> "Boxes":
+        d = len(shape)
+        return Boxes(np.zeros((1, d), _I64), np.array([list(shape)], _I64).reshape(1, d), np.array([tile], _I64))
+
+    def __len__(self):
+        return int(self.tile.size)
+
+
+@dataclass
+class RegionTransfer:
+    """Elements of ``view`` that move between their owner tiles and the tiles of ``boxes``.
+
+    ``to_owner`` False (a read): element at index ``i`` is needed on the tile of every box that
+    holds ``i``. ``to_owner`` True (a write, or a host transfer with box tile -2): it comes from
+    that tile and goes to its owner. ``count_send`` False: the same values are sent by another
+    transfer (multicast), so only receives count.
+    """
+
+    view: object
+    boxes: Boxes
+    to_owner: bool = False
+    count_send: bool = True
+
+
+# ----------------------------------------------------------------------------------------------
+# lattices
+# ----------------------------------------------------------------------------------------------
+def _sort_dims(addr, sz, st, merge: bool):
+    """Canonical lattices of affine boxes: ``(base, T, n, dim, flip)`` ``[k, d]``, dims sorted by
+    ``T`` ascending, unused dims (unit or stride 0) last with ``T = 0, n = 1``; ``dim`` / ``flip``
+    give each lattice dim's box dim and whether its stride was negative (``-1`` for unused)."""
+    if merge:
+        base, T, n = R.canonical(addr, sz, st)
+        return base, T, n, None, None
+    k, d = sz.shape
+    neg = st < 0
+    base = np.asarray(addr, _I64) + np.where(neg, (sz - 1) * st, 0).sum(axis=1)
+    A = np.abs(st)
+    used = (A > 0) & (sz > 1)
+    key = np.where(used, A, np.iinfo(_I64).max)
+    order = np.argsort(key, axis=1, kind="stable")
+    rows = np.arange(k)[:, None]
+    T = np.where(used, A, 0)[rows, order]
+    n = np.where(used, sz, 1)[rows, order]
+    dim = np.where(used[rows, order], order, -1)
+    flip = neg[rows, order] & (dim >= 0)
+    return base, T, n, dim, flip
+
+
+def monotone(T: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Whether each lattice's addresses increase with its lexicographic order (``T`` ascending):
+    ``T[j+1] > sum_{i<=j} T[i] (n[i] - 1)`` for every used ``j + 1``."""
+    span = np.cumsum(T * (n - 1), axis=1)
+    ok = (T[:, 1:] == 0) | (T[:, 1:] > span[:, :-1])
+    return ok.all(axis=1) if ok.size else np.ones(T.shape[0], bool)
+
+
+def count_below(base: np.ndarray, T: np.ndarray, n: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Number of points of each monotone lattice with an address below ``x`` (arrays ``[m]``)."""
+    m, d = T.shape
+    rem = np.asarray(x, _I64) - base
+    total = np.zeros(m, _I64)
+    if d == 0:
+        return (rem > 0).astype(_I64)
+    P = np.cumprod(np.concatenate([np.ones((m, 1), _I64), n[:, :-1]], axis=1), axis=1)   # points per unit
+    active = rem > 0
+    nused = (T > 0).sum(axis=1)
+    total = np.where((nused == 0) & active, 1, total)
+    for j in range(d - 1, 0, -1):
+        use = active & (T[:, j] > 0)
+        if not use.any():
+            continue
+        Tj = np.where(use, T[:, j], 1)
+        q = np.where(use, rem // Tj, 0)
+        full = use & (q >= n[:, j])
+        total = np.where(full, total + n[:, j] * P[:, j], total)
+        step = use & ~full
+        total = np.where(step, total + q * P[:, j], total)
+        rem = np.where(step, rem - q * Tj, rem)
+        active = active & ~full
+    use = active & (T[:, 0] > 0)
+    T0 = np.where(use, T[:, 0], 1)
+    total = np.where(use, total + np.minimum(-(-rem // T0), n[:, 0]), total)
+    return total
+
+
+def unrank(base: np.ndarray, T: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Address of the ``k``-th point (lexicographic order) of each lattice."""
+    out = np.asarray(base, _I64).copy()
+    k = np.asarray(k, _I64).copy()
+    for j in range(T.shape[1]):
+        nj = np.maximum(n[:, j], 1)
+        out += (k % nj) * T[:, j]
+        k //= nj
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# tile boxes of a view
+# ----------------------------------------------------------------------------------------------
+def tile_boxes(t) -> Boxes:
+    """The partition of ``t``'s index space into boxes, each held by one tile (the tile mapping
+    of the view, by structure). Unmapped elements get tile -1. At most ``2 m - 1`` boxes per
+    overlap of a piece with a run of its variable's tile map (``m``: the piece's non-unit dims)."""
+    p = t.pieces
+    d = t.rank()
+    if len(p) == 0:
+        return Boxes(np.zeros((0, d), _I64), np.zeros((0, d), _I64), np.zeros(0, _I64))
+    state = t._state
+    space = state.space(t._type)
+    gst, gtl, _ = space.runs()
+    gend = np.append(gst[1:], space.size)
+    base, T, n, dim, flip = _sort_dims(p.addr, p.sz, p.st, merge=False)
+    lo_a, hi_a = p.address_bounds()
+    r0 = np.searchsorted(gst, lo_a, side="right") - 1
+    r1 = np.searchsorted(gst, hi_a, side="right") - 1
+    cnt = r1 - r0 + 1
+    pi = np.repeat(np.arange(len(p)), cnt)
+    ri = np.repeat(r0, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    mono = monotone(T, n)
+    if not mono.all():
+        raise NotImplementedError("tile_boxes: a view whose pieces are not monotone lattices")
+    S = np.maximum(gst[ri], lo_a[pi])
+    E = np.minimum(gend[ri], hi_a[pi] + 1)
+    u = count_below(base[pi], T[pi], n[pi], S)
+    v = count_below(base[pi], T[pi], n[pi], E)
+    keep = v > u
+    pi, ri, u, v = pi[keep], ri[keep], u[keep], v[keep]
+    los, szs, tiles = [], [], []
+    # range_boxes takes one radix list: group the overlaps by their lattice's sizes
+    nrev = n[:, ::-1]                                  # outermost lattice dim first
+    key, inv = np.unique(nrev[pi], axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    for g in range(key.shape[0]):
+        sel = np.flatnonzero(inv == g)
+        owner, blo, bsz = R.range_boxes(u[sel], v[sel], key[g].tolist())
+        pk = pi[sel][owner]
+        # lattice coords (outermost first) back to box dims of the piece
+        lo_box = p.lo[pk].copy()
+        sz_box = p.sz[pk].copy()
+        dims_rev, flip_rev, n_rev = dim[pk][:, ::-1], flip[pk][:, ::-1], n[pk][:, ::-1]
+        for j in range(d):
+            od = dims_rev[:, j]
+            use = od >= 0
+            if not use.any():
+                continue
+            rows = np.flatnonzero(use)
+            c0, cs, nn = blo[rows, j], bsz[rows, j], n_rev[rows, j]
+            start = np.where(flip_rev[rows, j], nn - c0 - cs, c0)
+            lo_box[rows, od[rows]] = p.lo[pk[rows], od[rows]] + start
+            sz_box[rows, od[rows]] = cs
+        los.append(lo_box)
+        szs.append(sz_box)
+        tiles.append(gtl[ri[sel][owner]].astype(_I64))
+    if not los:
+        return Boxes(np.zeros((0, d), _I64), np.zeros((0, d), _I64), np.zeros(0, _I64))
+    return Boxes(np.concatenate(los), np.concatenate(szs), np.concatenate(tiles))
+
+
+def tile_counts(t, num_tiles: int) -> np.ndarray:
+    """Elements of ``t`` on each global tile (float64 ``[num_tiles]``; unmapped ones left out)."""
+    b = tile_boxes(t)
+    nel = np.prod(b.sz, axis=1, dtype=_I64) if b.sz.shape[1] else np.ones(len(b), _I64)
+    ok = b.tile >= 0
+    return np.bincount(b.tile[ok], weights=nel[ok], minlength=num_tiles).astype(np.float64)
+
+
+# ----------------------------------------------------------------------------------------------
+# boxes of a view laid over its pieces
+# ----------------------------------------------------------------------------------------------
+def lattices(view, boxes: Boxes, chunk: int = 1 << 20):
+    """Intersect ``boxes`` with ``view``'s pieces. Returns ``(box index, var id, base, T, n,
+    elements)`` with ``T``/``n`` the merged canonical lattice (:func:`regions.canonical`) of each
+    non-empty intersection and its number of view elements (more than its lattice points where
+    the view broadcasts)."""
+    p = view.pieces
+    k, m = len(boxes), len(p)
+    d = view.rank()
+    out = []
+    step = max(1, chunk // max(m, 1))
+    for a in range(0, k, step):
+        bl, bs = boxes.lo[a:a + step], boxes.sz[a:a + step]
+        if m == 1 and d:
+            lo = np.maximum(bl, p.lo)
+            hi = np.minimum(bl + bs, p.lo + p.sz)
+            bi = np.arange(a, a + bl.shape[0])
+            pi = np.zeros(bl.shape[0], _I64)
+        else:
+            lo = np.maximum(bl[:, None, :], p.lo[None, :, :])
+            hi = np.minimum((bl + bs)[:, None, :], (p.lo + p.sz)[None, :, :])
+            ok = (hi > lo).all(axis=2) if d else np.ones((bl.shape[0], m), bool)
+            bi, pi = np.nonzero(ok)
+            lo, hi = lo[bi, pi], hi[bi, pi]
+            bi = bi + a
+        if d:
+            ok = (hi > lo).all(axis=1)
+            bi, pi, lo, hi = bi[ok], pi[ok], lo[ok], hi[ok]
+        addr = p.addr[pi] + ((lo - p.lo[pi]) * p.st[pi]).sum(axis=1) if d else p.addr[pi]
+        base, T, n = R.canonical(addr, hi - lo, p.st[pi]) if d else (addr, np.zeros((bi.size, 0), _I64),
+                                                                     np.zeros((bi.size, 0), _I64))
+        elems = np.prod(hi - lo, axis=1, dtype=_I64) if d else np.ones(bi.size, _I64)
+        out.append((bi, p.var[pi], base, T, n, elems))
+    if not out:
+        z = np.zeros(0, _I64)
+        return z, z, z, np.zeros((0, max(d, 0)), _I64), np.zeros((0, max(d, 0)), _I64), z
+    return tuple(np.concatenate([o[i] for o in out]) for i in range(6))
+
+
+# ----------------------------------------------------------------------------------------------
+# volumes
+# ----------------------------------------------------------------------------------------------
+def _union(group: np.ndarray, start: np.ndarray, end: np.ndarray):
+    """Per interval sorted by (group, start): its contribution to the union of its group's
+    intervals and whether it starts a new merged interval (it does not touch the previous one)."""
+    if start.size == 0:
+        return np.zeros(0, _I64), np.zeros(0, bool)
+    new_group = np.r_[True, group[1:] != group[:-1]]
+    # running max of previous ends within the group (an offset per group keeps groups apart)
+    gid = np.cumsum(new_group) - 1
+    lo = int(start.min())
+    off = gid * (int(end.max()) - lo + 2)
+    prev = np.maximum.accumulate(end - lo + off) - off + lo
+    prev_end = np.r_[-1, prev[:-1]]
+    prev_end = np.where(new_group, np.iinfo(_I64).min, prev_end)
+    contrib = np.maximum(0, end - np.maximum(start, prev_end))
+    starts_new = new_group | (start > prev_end)
+    return contrib, starts_new
+
+
+def transfer_pairs(tr: RegionTransfer):
+    """The moves of one transfer: per (lattice, tile-map run) overlap with elements that change
+    tile, ``(src, dst, var, base, T, n, S, E, count, msgs)``; ``S, E`` bound the overlap."""
+    view = tr.view
+    space = view._state.space(view._type)
+    bi, var, base, T, n, elems = lattices(view, tr.boxes)
+    if bi.size == 0:
+        return None
+    if not monotone(T, n).all():
+        return "elements"
+    gst, gtl, _ = space.runs()
+    gend = np.append(gst[1:], space.size)
+    span_hi = base + (T * (n - 1)).sum(axis=1)
+    r0 = np.searchsorted(gst, base, side="right") - 1
+    r1 = np.searchsorted(gst, span_hi, side="right") - 1
+    cnt = r1 - r0 + 1
+    li = np.repeat(np.arange(bi.size), cnt)
+    ri = np.repeat(r0, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    other = tr.boxes.tile[bi[li]]
+    owner = gtl[ri].astype(_I64)
+    src, dst = (other, owner) if tr.to_owner else (owner, other)
+    move = (src != dst) & (dst >= 0)
+    li, ri, src, dst = li[move], ri[move], src[move], dst[move]
+    b, Tl, nl = base[li], T[li], n[li]
+    S = np.maximum(gst[ri], b)
+    E = np.minimum(gend[ri], span_hi[li] + 1)
+    c_lo = count_below(b, Tl, nl, S)
+    c_hi = count_below(b, Tl, nl, E)
+    count = c_hi - c_lo
+    contig = Tl[:, 0] == 1 if Tl.shape[1] else np.zeros(li.size, bool)
+    if Tl.shape[1] > 1:
+        n0 = np.where(contig, nl[:, 0], 1)
+        rows_hi = count_below(b, Tl[:, 1:], nl[:, 1:], E)
+        rows_lo = count_below(b, Tl[:, 1:], nl[:, 1:], S - n0 + 1)
+        msgs = np.where(contig, rows_hi - rows_lo, count)
+    else:
+        msgs = np.where(count > 0, np.where(contig, 1, count), 0)
+    ok = count > 0
+    first = unrank(b, Tl, nl, c_lo)
+    last = unrank(b, Tl, nl, c_hi - 1)
+    mult = elems[li] // np.maximum(np.prod(nl, axis=1, dtype=_I64), 1) if nl.shape[1] else elems[li]
+    return (src[ok], dst[ok], var[li][ok], b[ok], Tl[ok], nl[ok], S[ok], E[ok], count[ok], msgs[ok],
+            first[ok], last[ok], mult[ok])
+
+
+def moved_elements(tr: RegionTransfer, num_tiles: int) -> np.ndarray | None:
+    """Per destination tile, how many *view elements* of the transfer change tile (a broadcast
+    element counts once per use, unlike received bytes). For on-tile copy costs."""
+    res = transfer_pairs(tr)
+    out = np.zeros(num_tiles)
+    if isinstance(res, str):
+        return None                        # not monotone: the caller counts per element
+    if res is None:
+        return out
+    dst, count, mult = res[1], res[8], res[12]
+    return np.bincount(dst, weights=count * mult, minlength=num_tiles).astype(np.float64)
+
+
+def add_volume(spec, tr: RegionTransfer, recv_b, send_b, recv_m, send_m, glob) -> bool:
+    """Add one transfer's volume (bytes and messages per tile, IPU-Link bytes per IPU) to the
+    arrays. Returns False if the transfer needs the per-element model (a non-monotone view)."""
+    res = transfer_pairs(tr)
+    if res is None:
+        return True
+    if isinstance(res, str):
+        return False
+    src, dst, var, base, T, n, S, E, count, msgs, first, last, _ = res
+    if src.size == 0:
+        return True
+    size = tr.view._type.size
+    T_ = spec.num_tiles
+    tpi = spec.tiles_per_ipu
+    single = msgs == 1                          # the overlap is one interval [first, last]
+    # receives: union per (dst, src) of the single intervals; multi-interval overlaps counted once
+    # per distinct (dst, lattice, run)
+    _accumulate(src, dst, base, T, n, S, E, count, msgs, first, last, single, recv_b, recv_m, size, T_,
+                key_tile=dst, other=src, glob=glob, tpi=tpi)
+    if tr.count_send:
+        ft = src >= 0
+        _accumulate(src[ft], dst[ft], base[ft], T[ft], n[ft], S[ft], E[ft], count[ft], msgs[ft], first[ft],
+                    last[ft], single[ft], send_b, send_m, size, T_, key_tile=src[ft], other=None, glob=None, tpi=tpi)
+    return True
+
+
+def _accumulate(src, dst, base, T, n, S, E, count, msgs, first, last, single, out_b, out_m, size, num_tiles,
+                key_tile, other, glob, tpi):
+    grp_other = other if other is not None else np.zeros_like(key_tile)
+    # single intervals: union per (tile, other end) with adjacency merged into one message
+    s = single
+    if s.any():
+        kt, ko, a, z = key_tile[s], grp_other[s], first[s], last[s] + 1
+        order = np.lexsort((a, ko, kt))
+        kt, ko, a, z = kt[order], ko[order], a[order], z[order]
+        group = kt * (num_tiles + 3) + (ko + 2)
+        contrib, new = _union(group, a, z)
+        out_b += np.bincount(kt, weights=contrib, minlength=num_tiles) * size
+        out_m += np.bincount(kt[new], minlength=num_tiles)
+        if glob is not None:
+            cross = ko >= 0
+            cross &= (ko // tpi) != (kt // tpi)
+            if cross.any():
+                glob += np.bincount(kt[cross] // tpi, weights=contrib[cross], minlength=glob.size) * size
+    m = ~single
+    if m.any():
+        cols = [key_tile[m], grp_other[m], base[m], S[m], E[m]] + [T[m][:, j] for j in range(T.shape[1])] + \
+               [n[m][:, j] for j in range(n.shape[1])]
+        keys = np.stack(cols, axis=1)
+        _, idx = np.unique(keys, axis=0, return_index=True)
+        kt, ko, c, mm = key_tile[m][idx], grp_other[m][idx], count[m][idx], msgs[m][idx]
+        out_b += np.bincount(kt, weights=c, minlength=num_tiles) * size
+        out_m += np.bincount(kt, weights=mm, minlength=num_tiles)
+        if glob is not None:
+            cross = (ko >= 0) & ((ko // tpi) != (kt // tpi))
+            if cross.any():
+                glob += np.bincount(kt[cross] // tpi, weights=c[cross], minlength=glob.size) * size

@@ -1,0 +1,603 @@
+"""Regions: how a tensor view is laid over its variables, described by structure, not elements.
+
+A tensor of shape ``S`` (rank ``d``) is a partition of its index box ``[0, S)`` into *pieces*.
+Piece ``k`` is a sub-box (corner ``lo[k]``, sizes ``sz[k]``) laid affinely over one variable: the
+element at index ``i`` of the box sits at address ``addr[k] + sum((i - lo[k]) * st[k])`` of its
+element type's address space (``st[k]`` may hold 0 for broadcast dims and negative strides for
+reversed ones). A fresh variable is one piece; slices, dimShuffles, broadcasts, reverses and
+subSamples keep the piece count; concat adds the operands' pieces; a reshape keeps it unless the
+merged dims are not laid out contiguously, when it splits pieces along the outer merged dims (as
+Poplar's own regions split). Host cost therefore follows the number of pieces, never the number
+of elements.
+
+All functions here are numpy-vectorised over pieces; the only Python loops run over dims.
+Mixed-radix range decomposition (:func:`range_boxes`) turns a flattened index range of a box
+into at most ``2 d - 1`` sub-boxes; it is how reshapes, tile mappings and exchange transfers
+move between flat ranges and boxes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_I64 = np.int64
+
+
+class Pieces:
+    """The pieces of one tensor view.
+
+    Array attributes (int64): ``var`` ``[k]`` id of each piece's variable (index into the graph's
+    variable list); ``addr`` ``[k]`` address of the element at the piece's corner; ``lo``, ``sz``,
+    ``st`` ``[k, d]`` corner, sizes and strides (elements). A single piece is held as Python
+    tuples (:attr:`row`) and the arrays are built only when asked for: most tensors are one
+    piece, and their views then cost a few Python operations.
+    """
+
+    __slots__ = ("_var", "_addr", "_lo", "_sz", "_st", "row", "_d")
+
+    def __init__(self, var, addr, lo, sz, st):
+        self._var, self._addr, self._lo, self._sz, self._st = var, addr, lo, sz, st
+        self._d = int(lo.shape[1])
+        self.row = None
+        if var.size == 1:
+            self.row = (int(var[0]), int(addr[0]), tuple(lo[0].tolist()), tuple(sz[0].tolist()),
+                        tuple(st[0].tolist()))
+
+    @staticmethod
+    def single(var: int, addr: int, lo: tuple, sz: tuple, st: tuple) -> "Pieces":
+        """One piece, from Python ints and tuples (no numpy work until arrays are asked for)."""
+        p = Pieces.__new__(Pieces)
+        p.row = (var, addr, lo, sz, st)
+        p._d = len(lo)
+        p._var = None
+        return p
+
+    def _build(self):
+        v, a, lo, sz, st = self.row
+        d = self._d
+        self._var = np.array([v], _I64)
+        self._addr = np.array([a], _I64)
+        self._lo = np.array(lo, _I64).reshape(1, d)
+        self._sz = np.array(sz, _I64).reshape(1, d)
+        self._st = np.array(st, _I64).reshape(1, d)
+
+    @property
+    def var(self):
+        if self._var is None:
+            self._build()
+        return self._var
+
+    @property
+    def addr(self):
+        if self._var is None:
+            self._build()
+        return self._addr
+
+    @property
+    def lo(self):
+        if self._var is None:
+            self._build()
+        return self._lo
+
+    @property
+    def sz(self):
+        if self._var is None:
+            self._build()
+        return self._sz
+
+    @property
+    def st(self):
+        if self._var is None:
+            self._build()
+        return self._st
+
+    @staticmethod
+    def of_variable(var_id: int, start: int, shape) -> "Pieces":
+        """The single piece of a fresh row-major variable of ``shape`` starting at ``start``."""
+        shape = tuple(int(s) for s in shape)
+        if any(s == 0 for s in shape):
+            return Pieces.empty(len(shape))
+        return Pieces.single(var_id, start, (0,) * len(shape), shape, row_major_strides(shape))
+
+    @staticmethod
+    def empty(d: int) -> "Pieces":
+        z = np.zeros(0, _I64)
+        return Pieces(z, z, np.zeros((0, d), _I64), np.zeros((0, d), _I64), np.zeros((0, d), _I64))
+
+    def __len__(self):
+        return 1 if self.row is not None else int(self._var.size)
+
+    @property
+    def rank(self) -> int:
+        return self._d
+
+    def take(self, idx) -> "Pieces":
+        return Pieces(self.var[idx], self.addr[idx], self.lo[idx], self.sz[idx], self.st[idx])
+
+    def numel(self) -> np.ndarray:
+        """Elements of each piece (``[k]``)."""
+        return np.prod(self.sz, axis=1, dtype=_I64) if self.rank else np.ones(len(self), _I64)
+
+    def address_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Lowest and highest address of each piece (``[k]`` each, inclusive)."""
+        ext = (self.sz - 1) * self.st
+        lo = self.addr + np.where(ext < 0, ext, 0).sum(axis=1)
+        hi = self.addr + np.where(ext > 0, ext, 0).sum(axis=1)
+        return lo, hi
+
+    def __getstate__(self):
+        return (self.var, self.addr, self.lo, self.sz, self.st)
+
+    def __setstate__(self, s):
+        Pieces.__init__(self, *s)
+
+
+def row_major_strides(shape) -> tuple:
+    st, acc = [], 1
+    for s in reversed(shape):
+        st.append(acc)
+        acc *= s
+    return tuple(reversed(st))
+
+
+def concat_pieces(parts: list[Pieces], d: int) -> Pieces:
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return Pieces.empty(d)
+    if len(parts) == 1:
+        return parts[0]
+    return Pieces(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("var", "addr", "lo", "sz", "st")))
+
+
+class _Mut:
+    """Mutable copies of a piece set's arrays, frozen back into :class:`Pieces` by :func:`_freeze`."""
+
+    __slots__ = ("var", "addr", "lo", "sz", "st")
+
+
+def _copy(p: Pieces) -> _Mut:
+    m = _Mut()
+    m.var, m.addr, m.lo, m.sz, m.st = p.var, p.addr.copy(), p.lo.copy(), p.sz.copy(), p.st.copy()
+    return m
+
+
+def _freeze(m: _Mut) -> Pieces:
+    return Pieces(m.var, m.addr, m.lo, m.sz, m.st)
+
+
+# ----------------------------------------------------------------------------------------------
+# view operations (each returns new Pieces; shapes are handled by the caller)
+# ----------------------------------------------------------------------------------------------
+def slice_dim(p: Pieces, dim: int, begin: int, end: int) -> Pieces:
+    """The pieces of ``t.slice(begin, end, dim)``."""
+    if p.row is not None:
+        v, a, lo, sz, st = p.row
+        nlo, nhi = max(lo[dim], begin), min(lo[dim] + sz[dim], end)
+        if nhi <= nlo:
+            return Pieces.empty(len(lo))
+        return Pieces.single(v, a + (nlo - lo[dim]) * st[dim], lo[:dim] + (nlo - begin,) + lo[dim + 1:],
+                             sz[:dim] + (nhi - nlo,) + sz[dim + 1:], st)
+    lo, hi = p.lo[:, dim], p.lo[:, dim] + p.sz[:, dim]
+    nlo, nhi = np.maximum(lo, begin), np.minimum(hi, end)
+    keep = nhi > nlo
+    if not keep.all():
+        p, lo, nlo, nhi = p.take(keep), lo[keep], nlo[keep], nhi[keep]
+    q = _copy(p)
+    q.addr += (nlo - lo) * q.st[:, dim]
+    q.lo[:, dim] = nlo - begin
+    q.sz[:, dim] = nhi - nlo
+    return _freeze(q)
+
+
+def permute(p: Pieces, perm) -> Pieces:
+    perm = list(perm)
+    if p.row is not None:
+        v, a, lo, sz, st = p.row
+        return Pieces.single(v, a, tuple(lo[i] for i in perm), tuple(sz[i] for i in perm), tuple(st[i] for i in perm))
+    return Pieces(p.var, p.addr, p.lo[:, perm], p.sz[:, perm], p.st[:, perm])
+
+
+def insert_unit_dims(p: Pieces, positions) -> Pieces:
+    """Insert size-1 dims so that they end up at ``positions`` (sorted, in the new rank)."""
+    if p.row is not None:
+        v, a, lo, sz, st = p.row
+        lo, sz, st = list(lo), list(sz), list(st)
+        for pos in sorted(positions):
+            lo.insert(pos, 0)
+            sz.insert(pos, 1)
+            st.insert(pos, 0)
+        return Pieces.single(v, a, tuple(lo), tuple(sz), tuple(st))
+    lo, sz, st = p.lo, p.sz, p.st
+    for pos in sorted(positions):
+        z = np.zeros((len(p), 1), _I64)
+        lo = np.concatenate([lo[:, :pos], z, lo[:, pos:]], axis=1)
+        sz = np.concatenate([sz[:, :pos], z + 1, sz[:, pos:]], axis=1)
+        st = np.concatenate([st[:, :pos], z, st[:, pos:]], axis=1)
+    return Pieces(p.var, p.addr, lo, sz, st)
+
+
+def remove_dims(p: Pieces, dims) -> Pieces:
+    """Drop size-1 dims (the caller has checked the tensor's size there is 1)."""
+    drop = set(dims)
+    keep = [i for i in range(p.rank) if i not in drop]
+    if p.row is not None:
+        v, a, lo, sz, st = p.row
+        return Pieces.single(v, a, tuple(lo[i] for i in keep), tuple(sz[i] for i in keep), tuple(st[i] for i in keep))
+    return Pieces(p.var, p.addr, p.lo[:, keep], p.sz[:, keep], p.st[:, keep])
+
+
+def broadcast_unit(p: Pieces, dim: int, n: int) -> Pieces:
+    """A size-1 dim repeated ``n`` times (stride 0: aliases, no copy)."""
+    if n == 0:
+        return Pieces.empty(p.rank)
+    if p.row is not None:
+        v, a, lo, sz, st = p.row
+        return Pieces.single(v, a, lo, sz[:dim] + (n,) + sz[dim + 1:], st[:dim] + (0,) + st[dim + 1:])
+    q = _copy(p)
+    q.sz[:, dim] = n
+    q.st[:, dim] = 0
+    return _freeze(q)
+
+
+def tile_dim(p: Pieces, dim: int, n: int, size: int) -> Pieces:
+    """``numpy.tile`` along ``dim`` (of size ``size``) ``n`` times: the pieces repeated."""
+    parts = []
+    for j in range(n):
+        q = _copy(p)
+        q.lo[:, dim] += j * size
+        parts.append(_freeze(q))
+    return concat_pieces(parts, p.rank)
+
+
+def shift_dim(p: Pieces, dim: int, offset: int) -> Pieces:
+    q = _copy(p)
+    q.lo[:, dim] += offset
+    return _freeze(q)
+
+
+def subsample(p: Pieces, dim: int, stride: int) -> Pieces:
+    """Every ``stride``-th element along ``dim`` (``t.subSample(stride, dim)``)."""
+    if p.row is not None:
+        v, a, lo, sz, st = p.row
+        j0 = -(-lo[dim] // stride) * stride
+        cnt = max(0, -(-(lo[dim] + sz[dim] - j0) // stride))
+        if cnt == 0:
+            return Pieces.empty(len(lo))
+        return Pieces.single(v, a + (j0 - lo[dim]) * st[dim], lo[:dim] + (j0 // stride,) + lo[dim + 1:],
+                             sz[:dim] + (cnt,) + sz[dim + 1:], st[:dim] + (st[dim] * stride,) + st[dim + 1:])
+    lo, s = p.lo[:, dim], p.sz[:, dim]
+    j0 = -(-lo // stride) * stride
+    cnt = np.maximum(0, -(-(lo + s - j0) // stride))
+    keep = cnt > 0
+    if not keep.all():
+        p, lo, j0, cnt = p.take(keep), lo[keep], j0[keep], cnt[keep]
+    q = _copy(p)
+    q.addr += (j0 - lo) * q.st[:, dim]
+    q.lo[:, dim] = j0 // stride
+    q.sz[:, dim] = cnt
+    q.st[:, dim] *= stride
+    return _freeze(q)
+
+
+def reverse(p: Pieces, dim: int, size: int) -> Pieces:
+    if p.row is not None:
+        v, a, lo, sz, st = p.row
+        return Pieces.single(v, a + (sz[dim] - 1) * st[dim], lo[:dim] + (size - lo[dim] - sz[dim],) + lo[dim + 1:],
+                             sz, st[:dim] + (-st[dim],) + st[dim + 1:])
+    q = _copy(p)
+    q.addr += (q.sz[:, dim] - 1) * q.st[:, dim]
+    q.lo[:, dim] = size - (p.lo[:, dim] + p.sz[:, dim])
+    q.st[:, dim] = -q.st[:, dim]
+    return _freeze(q)
+
+
+def split_singletons(p: Pieces, count_dims: np.ndarray) -> tuple[Pieces, np.ndarray]:
+    """Split every piece into pieces of size 1 along the dims flagged in ``count_dims``
+    (``[k, d]`` bool: per piece, which dims to enumerate). Returns the new pieces (piece by piece,
+    row-major over the enumerated dims) and, for each, the index of the piece it came from."""
+    eff = np.where(count_dims, p.sz, 1)
+    counts = np.prod(eff, axis=1, dtype=_I64) if p.rank else np.ones(len(p), _I64)
+    if np.all(counts == 1):
+        return p, np.arange(len(p))
+    rep = np.repeat(np.arange(len(p)), counts)
+    local = np.arange(int(counts.sum()), dtype=_I64) - np.repeat(np.cumsum(counts) - counts, counts)
+    q = _copy(p.take(rep))
+    e = eff[rep]
+    for d in range(p.rank - 1, -1, -1):
+        dig = local % e[:, d]
+        local //= e[:, d]
+        m = count_dims[rep, d]
+        q.addr += np.where(m, dig * q.st[:, d], 0)
+        q.lo[:, d] += np.where(m, dig, 0)
+        q.sz[:, d] = np.where(m, 1, q.sz[:, d])
+    return _freeze(q), rep
+
+
+def upsample(p: Pieces, dim: int, scale: int) -> Pieces:
+    """Each element along ``dim`` repeated ``scale`` times (``numpy.repeat``)."""
+    mask = np.zeros(p.lo.shape, bool)
+    mask[:, dim] = True
+    q = _copy(split_singletons(p, mask)[0])
+    q.lo[:, dim] *= scale
+    q.sz[:, dim] = scale
+    q.st[:, dim] = 0
+    return _freeze(q)
+
+
+# ----------------------------------------------------------------------------------------------
+# mixed-radix range decomposition
+# ----------------------------------------------------------------------------------------------
+def range_boxes(u: np.ndarray, v: np.ndarray, radices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cover each flat range ``[u[i], v[i])`` of a row-major box of ``radices`` by sub-boxes.
+
+    Returns ``(owner, lo, sz)``: for each sub-box, the index ``i`` of its range and its corner and
+    sizes (``[n, q]``). A range gives at most ``2 q - 1`` boxes (partial rows at each end at each
+    level, one block of whole rows in the middle), in flat order.
+    """
+    R = np.asarray([int(r) for r in radices], _I64)
+    q = R.size
+    u = np.asarray(u, _I64)
+    v = np.asarray(v, _I64)
+    if q == 0:
+        keep = np.flatnonzero(v > u)
+        return keep, np.zeros((keep.size, 0), _I64), np.zeros((keep.size, 0), _I64)
+    W = np.ones(q, _I64)
+    for i in range(q - 2, -1, -1):
+        W[i] = W[i + 1] * R[i + 1]
+    owners, xs, ys, levels = [], [], [], []
+    a = u.copy()
+    idx = np.arange(u.size)
+
+    def emit(mask, x, y, level):
+        if mask.any():
+            owners.append(idx[mask])
+            xs.append(x[mask])
+            ys.append(y[mask])
+            levels.append(np.full(int(mask.sum()), level, _I64))
+
+    active = v > a
+    for lev in range(q - 1, 0, -1):
+        r = -(-a // W[lev - 1]) * W[lev - 1]
+        fits = active & (r <= v)
+        emit(fits & (r > a), a, r, lev)
+        a = np.where(fits, r, a)
+        active = fits
+    r = (v // W[0]) * W[0]
+    m = r > a
+    emit(m, a, r, 0)
+    a = np.where(m, r, a)
+    for lev in range(1, q):
+        r = (v // W[lev]) * W[lev]
+        m = r > a
+        emit(m, a, r, lev)
+        a = np.where(m, r, a)
+    if not owners:
+        z = np.zeros((0, q), _I64)
+        return np.zeros(0, _I64), z, z
+    owner = np.concatenate(owners)
+    x, y, lev = np.concatenate(xs), np.concatenate(ys), np.concatenate(levels)
+    order = np.lexsort((x, owner))
+    owner, x, y, lev = owner[order], x[order], y[order], lev[order]
+    dims = np.arange(q)[None, :]
+    digits = (x[:, None] // W[None, :]) % R[None, :]
+    lo = np.where(dims <= lev[:, None], digits, 0)
+    sz = np.where(dims < lev[:, None], 1, np.where(dims == lev[:, None], ((y - x) // W[lev])[:, None], R[None, :]))
+    return owner, lo, sz
+
+
+# ----------------------------------------------------------------------------------------------
+# reshape
+# ----------------------------------------------------------------------------------------------
+def _dense(sz, st) -> bool:
+    """Whether ``st`` are the row-major strides of ``sz`` (size-1 dims ignored)."""
+    expect = 1
+    for s_, t_ in zip(reversed(sz), reversed(st)):
+        if s_ == 1:
+            continue
+        if t_ != expect:
+            return False
+        expect *= s_
+    return True
+
+
+def _groups(a: list[int], b: list[int]) -> list[tuple[int, int, int, int]]:
+    """Dim groups ``(i0, i1, j0, j1)`` (half-open) of two shapes without unit dims whose products
+    match."""
+    out, i, j = [], 0, 0
+    while i < len(a) or j < len(b):
+        i0, j0 = i, j
+        pa, pb = a[i], b[j]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb:
+                pa *= a[i]
+                i += 1
+            else:
+                pb *= b[j]
+                j += 1
+        out.append((i0, i, j0, j))
+    return out
+
+
+def reshape(p: Pieces, old: list[int], new: list[int]) -> Pieces:
+    """The pieces of a reshape from ``old`` to ``new`` (same element count, row-major).
+
+    Within each group of dims whose products match, a piece keeps its affine form when its
+    inner merged dims are whole and laid out contiguously; otherwise it is split along the
+    outer dims of the group until they are. The merged range is then cut into boxes of the new
+    dims (:func:`range_boxes`).
+    """
+    if 0 in old or 0 in new or len(p) == 0:
+        return Pieces.empty(len(new))
+    if p.row is not None:
+        v, a, lo, sz, st = p.row
+        if not any(lo) and list(sz) == list(old) and _dense(sz, st):
+            return Pieces.single(v, a, (0,) * len(new), tuple(new), row_major_strides(new))
+    keep_old = [i for i, s in enumerate(old) if s != 1]
+    q = Pieces(p.var, p.addr, p.lo[:, keep_old], p.sz[:, keep_old], p.st[:, keep_old])
+    a = [old[i] for i in keep_old]
+    b = [s for s in new if s != 1]
+    dims_done: list[tuple] = []          # per finished group: (lo, sz, st) columns in new dims
+    cur = q
+    col = 0                              # first column of the current group in `cur`
+    for i0, i1, j0, j1 in _groups(a, b):
+        n_old = i1 - i0
+        A = np.asarray(a[i0:i1], _I64)
+        B = [int(x) for x in b[j0:j1]]
+        lo, sz, st = cur.lo[:, col:col + n_old], cur.sz[:, col:col + n_old], cur.st[:, col:col + n_old]
+        if n_old == 1 and len(B) == 1:
+            col += 1
+            continue
+        # k: first dim of the contiguous inner suffix of each piece
+        k = np.full(len(cur), n_old - 1, _I64)
+        ok = np.ones(len(cur), bool)
+        for d in range(n_old - 2, -1, -1):
+            full = (lo[:, d + 1] == 0) & (sz[:, d + 1] == A[d + 1])
+            chain = st[:, d] == st[:, d + 1] * A[d + 1]
+            ok = ok & full & chain
+            k = np.where(ok, d, k)
+        enum = np.zeros(cur.lo.shape, bool)
+        enum[:, col:col + n_old] = np.arange(n_old)[None, :] < k[:, None]
+        if enum.any():
+            cur, rep = split_singletons(cur, enum)
+            k = k[rep]
+            lo, sz, st = cur.lo[:, col:col + n_old], cur.sz[:, col:col + n_old], cur.st[:, col:col + n_old]
+        Wold = np.ones(n_old, _I64)
+        for d in range(n_old - 2, -1, -1):
+            Wold[d] = Wold[d + 1] * A[d + 1]
+        m_lo = (lo * Wold[None, :]).sum(axis=1)
+        m_sz = sz[np.arange(len(cur)), k] * Wold[k]
+        m_st = st[:, n_old - 1]
+        owner, blo, bsz = range_boxes(m_lo, m_lo + m_sz, B)
+        Wnew = np.ones(len(B), _I64)
+        for d in range(len(B) - 2, -1, -1):
+            Wnew[d] = Wnew[d + 1] * B[d + 1]
+        flat_start = (blo * Wnew[None, :]).sum(axis=1)
+        base = cur.take(owner)
+        addr = base.addr + (flat_start - m_lo[owner]) * m_st[owner]
+        bst = m_st[owner][:, None] * Wnew[None, :]
+        nlo = np.concatenate([base.lo[:, :col], blo, base.lo[:, col + n_old:]], axis=1)
+        nsz = np.concatenate([base.sz[:, :col], bsz, base.sz[:, col + n_old:]], axis=1)
+        nst = np.concatenate([base.st[:, :col], bst, base.st[:, col + n_old:]], axis=1)
+        cur = Pieces(base.var, addr, nlo, nsz, nst)
+        col += len(B)
+    unit = [i for i, s in enumerate(new) if s == 1]
+    return insert_unit_dims(cur, unit) if unit else cur
+
+
+
+# ----------------------------------------------------------------------------------------------
+# address sets of pieces
+# ----------------------------------------------------------------------------------------------
+def canonical(addr: np.ndarray, sz: np.ndarray, st: np.ndarray):
+    """The address *set* of affine boxes as lattices: ``(base, T, n)`` with ``T`` ascending and
+    positive (``[k, d]``; unused dims have ``T = 0, n = 1`` at the end) and dense neighbours
+    merged (``T[j+1] == T[j] * n[j]``), so that ``T[:, 0] == 1`` marks a contiguous inner run of
+    ``n[:, 0]`` addresses. Broadcast (stride-0) and unit dims are dropped."""
+    addr = np.asarray(addr, _I64)
+    k, d = sz.shape
+    neg = st < 0
+    base = addr + np.where(neg, (sz - 1) * st, 0).sum(axis=1)
+    T = np.abs(st)
+    used = (T > 0) & (sz > 1)
+    key = np.where(used, T, np.iinfo(_I64).max)
+    order = np.argsort(key, axis=1, kind="stable")
+    rows = np.arange(k)[:, None]
+    T = np.where(used, T, 0)[rows, order]
+    n = np.where(used, sz, 1)[rows, order]
+    # merge dense neighbours from the inside out
+    for j in range(d - 1):
+        m = (T[:, j] > 0) & (T[:, j + 1] == T[:, j] * n[:, j])
+        while m.any():
+            n[m, j] *= n[m, j + 1]
+            T[m, j + 1:d - 1] = T[m, j + 2:]
+            n[m, j + 1:d - 1] = n[m, j + 2:]
+            T[m, d - 1] = 0
+            n[m, d - 1] = 1
+            m = m & (T[:, j + 1] > 0) & (T[:, j + 1] == T[:, j] * n[:, j])
+    return base, T, n
+
+
+def address_runs(addr: np.ndarray, sz: np.ndarray, st: np.ndarray):
+    """Runs of consecutive addresses making up each box's address set.
+
+    Returns ``(owner, start, length)``: for every run, the index of its box, its first address and
+    its length. A box whose inner dim is contiguous gives one run per row of its other dims; a box
+    with no contiguous dim gives one run per element (Poplar's regions split the same way)."""
+    base, T, n = canonical(addr, sz, st)
+    k, d = n.shape
+    if k == 0:
+        z = np.zeros(0, _I64)
+        return z, z, z
+    if d == 0:
+        return np.arange(k), base, np.ones(k, _I64)
+    contig = T[:, 0] == 1
+    L = np.where(contig, n[:, 0], 1)
+    outer_n = np.where(contig[:, None] & (np.arange(d)[None, :] == 0), 1, n)
+    outer_T = np.where(contig[:, None] & (np.arange(d)[None, :] == 0), 0, T)
+    cnt = np.prod(outer_n, axis=1, dtype=_I64)
+    owner = np.repeat(np.arange(k), cnt)
+    local = np.arange(int(cnt.sum()), dtype=_I64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    start = base[owner].copy()
+    on, oT = outer_n[owner], outer_T[owner]
+    for j in range(d):
+        dig = local % on[:, j]
+        local //= on[:, j]
+        start += dig * oT[:, j]
+    return owner, start, L[owner]
+
+
+def piece_runs(p: Pieces):
+    """:func:`address_runs` of the pieces ``p``, returning ``(var, start, length)``."""
+    if p.row is not None:
+        v, a, lo, sz, st = p.row
+        dims = sorted((abs(t), n) for n, t in zip(sz, st) if n > 1 and t != 0)
+        base = a + sum((n - 1) * t for n, t in zip(sz, st) if t < 0)
+        length, expect = 1, 1
+        for t, n in dims:
+            if t != expect:
+                break
+            length *= n
+            expect *= n
+        else:
+            return np.array([v], _I64), np.array([base], _I64), np.array([length], _I64)
+    owner, start, length = address_runs(p.addr, p.sz, p.st)
+    return p.var[owner], start, length
+
+
+def box_flat_runs(lo: np.ndarray, sz: np.ndarray, shape):
+    """Runs of consecutive flat (row-major) indices of boxes of a tensor of ``shape``.
+
+    Returns ``(owner, start, length)``. A box whose trailing dims are whole is one run per row of
+    its leading dims."""
+    shape = [int(s) for s in shape]
+    k, d = sz.shape
+    if k == 0:
+        z = np.zeros(0, _I64)
+        return z, z, z
+    if d == 0:
+        return np.arange(k), np.zeros(k, _I64), np.ones(k, _I64)
+    S = np.asarray(shape, _I64)
+    W = np.ones(d, _I64)
+    for i in range(d - 2, -1, -1):
+        W[i] = W[i + 1] * S[i + 1]
+    # kk: the first dim of the box's run (dims after it are whole)
+    kk = np.full(k, d - 1, _I64)
+    whole = np.ones(k, bool)
+    for j in range(d - 1, 0, -1):
+        whole &= (lo[:, j] == 0) & (sz[:, j] == S[j])
+        kk = np.where(whole, j - 1, kk)
+    length = sz[np.arange(k), kk] * W[kk]
+    rows_mask = np.arange(d)[None, :] < kk[:, None]
+    cnt = np.prod(np.where(rows_mask, sz, 1), axis=1, dtype=_I64)
+    owner = np.repeat(np.arange(k), cnt)
+    local = np.arange(int(cnt.sum()), dtype=_I64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    start = (lo[owner] * W[None, :]).sum(axis=1)
+    m = rows_mask[owner]
+    s_o = sz[owner]
+    for j in range(d - 1, -1, -1):
+        use = m[:, j]
+        dig = np.where(use, local % np.where(use, s_o[:, j], 1), 0)
+        local = np.where(use, local // np.where(use, s_o[:, j], 1), local)
+        start += dig * W[j]
+    return owner, start, length[owner]

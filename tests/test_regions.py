@@ -1,0 +1,232 @@
+"""Regions, the structural tensor representation: pieces, range boxes, address runs and
+run-length tile maps, each checked against a per-element numpy reference."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from openipu import poplar
+from openipu.poplar import regions as R
+from openipu.poplar import tilemap
+
+
+def _graph():
+    return poplar.Graph(poplar.IPUModel("ipu2").createDevice().getTarget())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=4), st.data())
+def test_range_boxes_cover_exactly_the_range(radices, data):
+    n = int(np.prod(radices))
+    u = data.draw(st.integers(0, n))
+    v = data.draw(st.integers(u, n))
+    owner, lo, sz = R.range_boxes(np.array([u]), np.array([v]), radices)
+    grid = np.arange(n).reshape(radices)
+    got = []
+    for k in range(owner.size):
+        box = tuple(slice(a, a + b) for a, b in zip(lo[k], sz[k]))
+        got.extend(grid[box].reshape(-1).tolist())
+    assert got == list(range(u, v))                  # in flat order, no overlap
+    assert owner.size <= max(0, 2 * len(radices) - 1)
+
+
+def _view_chain(data, shape):
+    """A random chain of views with its numpy reference over an arange variable."""
+    ref = np.arange(int(np.prod(shape))).reshape(shape)
+    ops = []
+    for _ in range(data.draw(st.integers(1, 5))):
+        kind = data.draw(st.sampled_from(["reverse", "slice", "perm", "sub", "reshape", "bcast", "expand", "concat"]))
+        if ref.ndim == 0 or ref.size == 0:
+            break
+        d = data.draw(st.integers(0, ref.ndim - 1))
+        n = ref.shape[d]
+        if kind == "reverse":
+            ops.append(lambda t, d=d: t.reverse(d)); ref = np.flip(ref, d)
+        elif kind == "slice":
+            b = data.draw(st.integers(0, n - 1)); e = data.draw(st.integers(b + 1, n))
+            ops.append(lambda t, d=d, b=b, e=e: t.slice(b, e, d)); ref = np.take(ref, range(b, e), d)
+        elif kind == "perm":
+            perm = data.draw(st.permutations(range(ref.ndim)))
+            ops.append(lambda t, p=perm: t.dimShuffle(p)); ref = ref.transpose(perm)
+        elif kind == "sub":
+            s = data.draw(st.integers(1, 3))
+            ops.append(lambda t, d=d, s=s: t.subSample(s, d)); ref = np.take(ref, range(0, n, s), d)
+        elif kind == "reshape":
+            size = ref.size
+            dims, rest = [], size
+            for f in (2, 3, 5):
+                while rest % f == 0 and data.draw(st.booleans()):
+                    dims.append(f); rest //= f
+            dims.append(rest)
+            dims = data.draw(st.permutations(dims))
+            if data.draw(st.booleans()):
+                dims = list(dims) + [1]
+            ops.append(lambda t, s=list(dims): t.reshape(s)); ref = ref.reshape(dims)
+        elif kind == "bcast":
+            if ref.shape[d] == 1:
+                ops.append(lambda t, d=d: t.broadcast(3, d)); ref = np.repeat(ref, 3, d)
+            else:
+                ops.append(lambda t, d=d: t.broadcast(2, d)); ref = np.concatenate([ref, ref], d)
+        elif kind == "expand":
+            ops.append(lambda t, d=d: t.expand([d])); ref = np.expand_dims(ref, d)
+        else:
+            ops.append(lambda t, d=d: poplar.concat([t, t.reverse(d)], d)); ref = np.concatenate([ref, np.flip(ref, d)], d)
+    return ops, ref
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=4), st.data())
+def test_view_chains_match_numpy_addresses(shape, data):
+    g = _graph()
+    g.addVariable(poplar.FLOAT, [7], "before")                # the variable does not start at 0
+    v = g.addVariable(poplar.FLOAT, shape, "v")
+    base = int(v.flat_addresses()[0])
+    ops, ref = _view_chain(data, shape)
+    t = v
+    for op in ops:
+        t = op(t)
+    assert t.shape() == list(ref.shape)
+    np.testing.assert_array_equal(t.addresses(), ref + base)
+    # the address runs of the pieces cover each piece's addresses (as a set)
+    p = t.pieces
+    owner, start, length = R.address_runs(p.addr, p.sz, p.st)
+    got = np.sort(np.concatenate([np.arange(s, s + n) for s, n in zip(start, length)])) if owner.size else np.zeros(0)
+    assert set(got.tolist()) == set((ref + base).reshape(-1).tolist())
+    if np.unique(ref).size == ref.size:
+        assert got.size == np.unique(got).size                # without aliases, runs never overlap
+    # the address-array constructor gives the same view
+    u = poplar.Tensor(v._state, v._type, ref + base)
+    np.testing.assert_array_equal(u.addresses(), ref + base)
+    assert t.containsAliases() == (np.unique(ref).size != ref.size)
+
+
+def test_transposed_reshape_splits_only_outer_dims():
+    g = _graph()
+    v = g.addVariable(poplar.HALF, [40, 384, 12, 64], "x")
+    t = v.dimShuffle([0, 2, 1, 3]).reshape([40 * 12, 384, 64])
+    assert len(t.pieces) == 40                                 # one piece per batch, not per element
+    np.testing.assert_array_equal(t.addresses(), v.addresses().transpose(0, 2, 1, 3).reshape(480, 384, 64))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 60), st.data())
+def test_tilemap_assign_matches_per_element(n, data):
+    ref = np.full(n, -1)
+    starts, tiles = tilemap.unmapped()
+    for _ in range(data.draw(st.integers(1, 6))):
+        k = data.draw(st.integers(1, 4))
+        b = np.array(data.draw(st.lists(st.integers(0, n), min_size=k, max_size=k)))
+        e = np.minimum(b + np.array(data.draw(st.lists(st.integers(0, 10), min_size=k, max_size=k))), n)
+        t = np.array(data.draw(st.lists(st.integers(0, 3), min_size=k, max_size=k)))
+        for bb, ee, tt in zip(b, e, t):
+            ref[bb:ee] = tt
+        starts, tiles = tilemap.assign(starts, tiles, n, b, e, t)
+        assert starts[0] == 0 and np.all(np.diff(starts) > 0) and np.all(tiles[1:] != tiles[:-1])
+        np.testing.assert_array_equal(tilemap.lookup(starts, tiles, np.arange(n)), ref)
+
+
+def test_set_tile_mapping_of_views_is_run_length():
+    g = _graph()
+    v = g.addVariable(poplar.FLOAT, [300, 200], "v")
+    g.setTileMapping(v.transpose(), 5)                          # a view's address set is contiguous
+    var = g._state.variables[int(v.pieces.var[0])]
+    assert var.tile_starts.tolist() == [0] and var.tile_ids.tolist() == [5]
+    g.setTileMapping(v.slice(10, 20, 1), 7)                   # one run per row of the column slice
+    assert var.tile_starts.size == 2 * 300 + 1
+    ref = np.full((300, 200), 5)
+    ref[:, 10:20] = 7
+    np.testing.assert_array_equal(g.tile_of_elements(v).reshape(300, 200), ref)
+    np.testing.assert_array_equal(g.tile_of_elements(v.transpose()), ref.T.reshape(-1))
+    m = g.getTileMapping(v.transpose())
+    assert [(iv.begin(), iv.end()) for iv in m[7]] == [(3000, 6000)]   # rows 10..19 of the transpose
+
+
+# ----------------------------------------------------------------------------------------------
+# structural exchange volumes against the per-element model
+# ----------------------------------------------------------------------------------------------
+from openipu.poplar import cost as costmod  # noqa: E402
+from openipu.poplar import exchange as X  # noqa: E402
+
+
+def _spec(g):
+    return g._top._target.spec
+
+
+def _volumes(spec, transfers):
+    structural = costmod.exchange_volume(spec, transfers)
+    reference = costmod.exchange_volume(spec, [e for tr in transfers for e in costmod._elements_of(tr)])
+    return structural, reference
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=3), st.data())
+def test_tile_boxes_partition_the_view_by_tile(shape, data):
+    g = _graph()
+    v = g.addVariable(poplar.FLOAT, shape, "v")
+    n = v.numElements()
+    g.setTileMapping(v, np.array(data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))))
+    ops, ref = _view_chain(data, shape)
+    t = v
+    for op in ops:
+        t = op(t)
+    b = X.tile_boxes(t)
+    got = np.full(ref.shape, -9)
+    for k in range(len(b)):
+        box = tuple(slice(a, a + s) for a, s in zip(b.lo[k], b.sz[k]))
+        assert (got[box] == -9).all()                          # boxes do not overlap
+        got[box] = b.tile[k]
+    np.testing.assert_array_equal(got.reshape(-1), g.tile_of_elements(t))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=3), st.data())
+def test_region_exchange_matches_per_element_model(shape, data):
+    g = _graph()
+    g.addVariable(poplar.FLOAT, [5], "pad")
+    v = g.addVariable(poplar.FLOAT, shape, "v")
+    n = v.numElements()
+    g.setTileMapping(v, np.array(data.draw(st.lists(st.integers(0, 5), min_size=n, max_size=n))))
+    ops, ref = _view_chain(data, shape)
+    t = v
+    for op in ops:
+        t = op(t)
+    # consumers: the tile boxes of a same-shaped variable mapped at random, or explicit boxes
+    c = g.addVariable(poplar.FLOAT, list(ref.shape), "c")
+    m = c.numElements()
+    g.setTileMapping(c, np.array(data.draw(st.lists(st.integers(0, 7), min_size=m, max_size=m))))
+    boxes = X.tile_boxes(c)
+    to_owner = data.draw(st.booleans()) and not t.containsAliases()   # writes never alias
+    if not to_owner and data.draw(st.booleans()):                # multicast: every box read twice
+        boxes = X.Boxes(np.concatenate([boxes.lo, boxes.lo]), np.concatenate([boxes.sz, boxes.sz]),
+                        np.concatenate([boxes.tile, (boxes.tile + 3) % 8]))
+    tr = X.RegionTransfer(t, boxes, to_owner=to_owner, count_send=data.draw(st.booleans()))
+    s, r = _volumes(_spec(g), [tr])
+    for f in ("recv_bytes", "send_bytes", "recv_msgs", "send_msgs", "global_bytes"):
+        np.testing.assert_array_equal(getattr(s, f), getattr(r, f), err_msg=f)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=3), st.data())
+def test_mapping_apis_on_any_view(shape, data):
+    """setTileMapping by intervals, tile_runs_of and copy_tile_mapping on arbitrary views match a
+    per-element reference."""
+    g = _graph()
+    v = g.addVariable(poplar.FLOAT, shape, "v")
+    g.setTileMapping(v, 9)
+    ops, ref = _view_chain(data, shape)
+    t = v
+    for op in ops:
+        t = op(t)
+    n = t.numElements()
+    if n == 0 or t.containsAliases():
+        return
+    per = np.array(data.draw(st.lists(st.integers(0, 4), min_size=n, max_size=n)))
+    g.setTileMapping(t, [[(i, i + 1) for i in np.flatnonzero(per == tl).tolist()] for tl in range(5)])
+    np.testing.assert_array_equal(g.tile_of_elements(t), per)
+    b, e, tl = g.tile_runs_of(t)
+    np.testing.assert_array_equal(np.repeat(tl, e - b), per)
+    c = g.addVariable(poplar.FLOAT, list(ref.shape), "c")
+    g.copy_tile_mapping(c, t)
+    np.testing.assert_array_equal(g.tile_of_elements(c), per)
+    assert g.is_mapped(c)
+    np.testing.assert_array_equal(g.tile_element_counts(t)[:5], np.bincount(per, minlength=5))
