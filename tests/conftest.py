@@ -4,6 +4,9 @@ import sys
 
 import pytest
 
+# kernels may only touch what their vertex groups declare (storage is shared by lifetime)
+os.environ.setdefault("OPENIPU_CHECK_ACCESS", "1")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples", "poplar")
 

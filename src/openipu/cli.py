@@ -52,6 +52,9 @@ def _build_parser() -> argparse.ArgumentParser:
     r.add_argument("--available-memory-proportion", type=float, default=None,
                    help="temporary-memory budget of matmuls and convolutions (default 0.6)")
     r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    r.add_argument("--offline", action="store_true",
+                   help="predict only: compile for an offline IPU and predict cycles and memory without "
+                        "running the model (no device memory, no kernels)")
     return p
 
 
@@ -92,7 +95,10 @@ def _print_run(res, out) -> None:
         w(f"  arithmetic          {_si(res.flops, 'FLOP')} per step, {_si(res.flops / res.step_seconds, 'FLOP/s')} achieved")
     w()
     w("Host (this machine running the simulation; not an IPU figure)")
-    w(f"  compile {res.host_compile_seconds:,.2f} s, run {res.host_run_seconds:,.2f} s per step")
+    if res.offline:
+        w(f"  compile {res.host_compile_seconds:,.2f} s, prediction {res.host_run_seconds:,.2f} s (offline: nothing run)")
+    else:
+        w(f"  compile {res.host_compile_seconds:,.2f} s, run {res.host_run_seconds:,.2f} s per step")
     if res.report_dir:
         w(f"  profile written to {res.report_dir}")
 
@@ -111,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                                batches_per_step=args.batches_per_step, precision=args.precision, inputs=inputs,
                                seed=args.seed, report_dir=args.report,
                                available_memory_proportion=args.available_memory_proportion,
-                               tiles_per_ipu=args.tiles_per_ipu)
+                               tiles_per_ipu=args.tiles_per_ipu, offline=args.offline)
     except (FileNotFoundError, ValueError) as e:
         print(f"openipu run: {e}", file=sys.stderr)
         return 1

@@ -166,6 +166,7 @@ class ModelRun:
     tile_bytes_mean: float = 0.0
     worst_tiles: list = field(default_factory=list)
     out_of_memory_tiles: int = 0
+    offline: bool = False             # predicted without running (no outputs)
     # host figures (this machine)
     host_compile_seconds: float = 0.0
     host_run_seconds: float = 0.0
@@ -199,7 +200,7 @@ def _batch_of(model) -> int:
 def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: int = 1, batch_size: int | None = None,
               batches_per_step: int = 1, precision: str = "fp32", inputs: dict | None = None,
               seed: int = 0, report_dir: str | None = None, available_memory_proportion: float | None = None,
-              tiles_per_ipu: int | None = None) -> ModelRun:
+              tiles_per_ipu: int | None = None, offline: bool = False) -> ModelRun:
     """Compile ``model`` for the simulated target and run one step on ``inputs`` (or random ones).
 
     Args:
@@ -214,6 +215,8 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
             every batch of the step); missing inputs are random (see :func:`random_inputs`).
         report_dir: where the engine writes its profile (``autoReport.directory``).
         available_memory_proportion: matmul / convolution temporary-memory budget (default 0.6).
+        offline: compile for an offline IPU (``createOfflineIPUDevice``) and predict one step
+            without device memory, kernels or inputs; ``outputs`` stays empty.
     Returns:
         A :class:`ModelRun`. When the model does not fit, ``fits`` is false, the memory figures
         and worst tiles are filled in, and nothing is run.
@@ -272,7 +275,8 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     from openipu.ipu import target as ipu_target
     dev_opts = {"numIPUs": num_ipus, "ipuVersion": ipu,
                 "tilesPerIPU": tiles_per_ipu or ipu_target(ipu).tiles_per_ipu}
-    device = popart.DeviceManager().createIpuModelDevice(dev_opts)
+    dm = popart.DeviceManager()
+    device = dm.createOfflineIPUDevice(dev_opts) if offline else dm.createIpuModelDevice(dev_opts)
     outputs = [o.name for o in proto.graph.output]
     flow = popart.DataFlow(batches_per_step, {o: popart.AnchorReturnType("ALL") for o in outputs})
 
@@ -286,7 +290,7 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     mem = engine.memory
     res = ModelRun(str(path), ipu, spec.num_ipus, spec.tiles_per_ipu, spec.bytes_per_tile, spec.clock_hz,
                    batch, batches_per_step, precision, len(proto.graph.node),
-                   host_compile_seconds=host_compile, report_dir=report_dir)
+                   host_compile_seconds=host_compile, report_dir=report_dir, offline=offline)
     res.tile_bytes_max = int(mem.total.max()) if mem.total.size else 0
     res.tile_bytes_mean = float(mem.total.mean()) if mem.total.size else 0.0
     res.worst_tiles = mem.worst_tiles(5)
@@ -294,9 +298,13 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     res.fits = mem.fits()
     if not res.fits:
         return res
-    anchors = session.initAnchorArrays()
     t0 = time.perf_counter()
-    session.run(popart.PyStepIO(feeds, anchors))
+    if offline:
+        engine.predict_run(0)
+        anchors = {}
+    else:
+        anchors = session.initAnchorArrays()
+        session.run(popart.PyStepIO(feeds, anchors))
     res.host_run_seconds = time.perf_counter() - t0
     b = run_breakdown(engine)
     res.step_cycles, res.step_seconds, res.by_category, res.flops = b["cycles"], b["seconds"], b["by_category"], b["flops"]

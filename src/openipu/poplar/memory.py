@@ -18,6 +18,7 @@ allocation events (numpy; no Python loop over tiles).
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +44,7 @@ class MemoryPlan:
     vertex_state_by_type: dict
     num_variables: int
     num_edges: int
+    host_layout: dict = None      # type name -> (offset of each variable of the space, buffer size)
 
     def worst_tiles(self, n: int = 5) -> list[tuple[int, int]]:
         """The ``n`` tiles using most memory: [(tile, bytes)], most used first."""
@@ -98,6 +100,76 @@ def _step_variables(comp):
     return out, edges
 
 
+def host_offsets(sizes: np.ndarray, first: np.ndarray, last: np.ndarray, shared: np.ndarray):
+    """Where each variable of one element type lives in the host's storage buffer.
+
+    Variables that are not ``shared`` (always live) lie end to end; the shared ones (not always
+    live, alive from step ``first`` to step ``last``) are packed after them: allocated at their
+    first step, freed after their last, first-fit in a free list that merges neighbours, as the
+    chip's memory plan reuses the memory of variables whose lifetimes do not overlap. So host
+    storage follows the simulated memory, not the sum of all variables.
+
+    Returns ``(offsets, size)``: int64 offset (elements) of each variable and the buffer size.
+    """
+    n = sizes.size
+    off = np.zeros(n, np.int64)
+    fixed = ~shared
+    off[fixed] = np.cumsum(sizes[fixed]) - sizes[fixed]
+    base = int(sizes[fixed].sum())
+    idx = np.flatnonzero(shared & (sizes > 0))
+    if idx.size == 0:
+        return off, max(base, 1)
+    # events: (time, kind) with frees (kind 0, after the last step) before allocations (kind 1)
+    t = np.concatenate([last[idx] + 1, first[idx]])
+    kind = np.concatenate([np.zeros(idx.size, np.int64), np.ones(idx.size, np.int64)])
+    who = np.concatenate([idx, idx])
+    order = np.lexsort((kind, t))
+    free_start: list[int] = []          # sorted free blocks below `top`
+    free_size: list[int] = []
+    top = peak = 0
+    sz = sizes.tolist()
+    pos = [0] * n
+    for e in order.tolist():
+        v = int(who[e])
+        s = sz[v]
+        if kind[e] == 1:
+            for i, fs in enumerate(free_size):
+                if fs >= s:
+                    pos[v] = free_start[i]
+                    if fs == s:
+                        del free_start[i], free_size[i]
+                    else:
+                        free_start[i] += s
+                        free_size[i] -= s
+                    break
+            else:
+                if free_start and free_start[-1] + free_size[-1] == top:   # grow the last free block
+                    pos[v] = free_start.pop()
+                    free_size.pop()
+                    top = pos[v] + s
+                else:
+                    pos[v] = top
+                    top += s
+                peak = max(peak, top)
+        else:
+            a, b = pos[v], pos[v] + s
+            i = bisect.bisect_left(free_start, a)
+            if i > 0 and free_start[i - 1] + free_size[i - 1] == a:
+                i -= 1
+                free_size[i] += s
+            else:
+                free_start.insert(i, a)
+                free_size.insert(i, s)
+            if i + 1 < len(free_start) and free_start[i] + free_size[i] == free_start[i + 1]:
+                free_size[i] += free_size[i + 1]
+                del free_start[i + 1], free_size[i + 1]
+            if free_start and free_start[-1] + free_size[-1] == top:
+                top = free_start.pop()
+                free_size.pop()
+    off[idx] = base + np.array([pos[v] for v in idx.tolist()], np.int64)
+    return off, max(base + peak, 1)
+
+
 def plan_memory(comp, prog_ranges) -> MemoryPlan:
     """Plan the memory of a compiled graph (``comp`` is the engine's compiler)."""
     st, spec = comp.state, comp.spec
@@ -112,6 +184,7 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
     for t in list(st.host_writes.values()) + list(st.host_reads.values()) + [t for t, _ in getattr(st, "initial_values", [])]:
         host_vars.setdefault(t._type.name, []).append(_space_indices(st, t))
     events_tile, events_step, events_bytes = [], [], []
+    host_layout: dict = {}
     prog_of_step = np.zeros(max(nsteps, 1), np.int64)
     for i, (a, b) in enumerate(prog_ranges):
         prog_of_step[a:b] = i
@@ -152,6 +225,8 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
             pinned[vids] = True
         pinned |= np.array([v.init is not None for v in space.vars]) & ~is_const
         nal = (~is_const) & (~pinned) & (last >= 0) & first_is_write & (~multi_prog)
+        sizes = np.array([v.numel for v in space.vars], np.int64)
+        host_layout[name] = host_offsets(sizes, first, last, nal)
         var_ids, tiles, nbytes = _variable_runs(space)
         ok = tiles >= 0
         var_ids, tiles, nbytes = var_ids[ok], tiles[ok], nbytes[ok]
@@ -202,4 +277,5 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
     total = sum(categories.values())
     oom = np.flatnonzero(total > spec.bytes_per_tile)
     return MemoryPlan(spec.bytes_per_tile, categories, total, always, nal_peak, np.asarray(liveness),
-                      oom, dict(comp.vertex_state_by_type), sum(len(s.vars) for s in st.spaces.values()), num_edges)
+                      oom, dict(comp.vertex_state_by_type), sum(len(s.vars) for s in st.spaces.values()), num_edges,
+                      host_layout)

@@ -1,6 +1,6 @@
 """``poplar::program``: the control programs an Engine runs.
 
-Programs are plain descriptions; :mod:`openipu.poplar.engine` compiles a program tree into
+Programs are plain descriptions; :mod:`openipu.poplar.graph_compiler` compiles a program tree into
 executable steps with their costs. Names and arguments follow Poplar's C++ API.
 """
 

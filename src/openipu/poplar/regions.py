@@ -437,7 +437,6 @@ def reshape(p: Pieces, old: list[int], new: list[int]) -> Pieces:
     q = Pieces(p.var, p.addr, p.lo[:, keep_old], p.sz[:, keep_old], p.st[:, keep_old])
     a = [old[i] for i in keep_old]
     b = [s for s in new if s != 1]
-    dims_done: list[tuple] = []          # per finished group: (lo, sz, st) columns in new dims
     cur = q
     col = 0                              # first column of the current group in `cur`
     for i0, i1, j0, j1 in _groups(a, b):
