@@ -167,6 +167,7 @@ class ModelRun:
     worst_tiles: list = field(default_factory=list)
     out_of_memory_tiles: int = 0
     offline: bool = False             # predicted without running (no outputs)
+    num_elements: int = 0             # IPU tensor elements of the compiled graph (all variables)
     # host figures (this machine)
     host_compile_seconds: float = 0.0
     host_run_seconds: float = 0.0
@@ -291,6 +292,7 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     res = ModelRun(str(path), ipu, spec.num_ipus, spec.tiles_per_ipu, spec.bytes_per_tile, spec.clock_hz,
                    batch, batches_per_step, precision, len(proto.graph.node),
                    host_compile_seconds=host_compile, report_dir=report_dir, offline=offline)
+    res.num_elements = int(sum(v.numel for v in engine.graph._state.variables))
     res.tile_bytes_max = int(mem.total.max()) if mem.total.size else 0
     res.tile_bytes_mean = float(mem.total.mean()) if mem.total.size else 0.0
     res.worst_tiles = mem.worst_tiles(5)

@@ -158,8 +158,8 @@ def tile_boxes(t) -> Boxes:
         return Boxes(np.zeros((0, d), _I64), np.zeros((0, d), _I64), np.zeros(0, _I64))
     state = t._state
     space = state.space(t._type)
-    gst, gtl, _ = space.runs()
-    gend = np.append(gst[1:], space.size)
+    gst, gtl, gvi = space.runs_of([state.variables[v].space_index for v in np.unique(p.var).tolist()])
+    gend = space.run_ends(gst, gvi)
     base, T, n, dim, flip = _sort_dims(p.addr, p.sz, p.st, merge=False)
     lo_a, hi_a = p.address_bounds()
     r0 = np.searchsorted(gst, lo_a, side="right") - 1
@@ -287,8 +287,9 @@ def transfer_pairs(tr: RegionTransfer):
         return None
     if not monotone(T, n).all():
         return "elements"
-    gst, gtl, _ = space.runs()
-    gend = np.append(gst[1:], space.size)
+    state = view._state
+    gst, gtl, gvi = space.runs_of([state.variables[v].space_index for v in np.unique(var).tolist()])
+    gend = space.run_ends(gst, gvi)
     span_hi = base + (T * (n - 1)).sum(axis=1)
     r0 = np.searchsorted(gst, base, side="right") - 1
     r1 = np.searchsorted(gst, span_hi, side="right") - 1

@@ -95,6 +95,11 @@ class Variable:
             self._pending = []
             self._ts, self._ti = np.zeros(1, np.int64), t[:1].copy()
             return
+        if self._pending and int((e - b).sum()) == self.numel:
+            order = np.argsort(b, kind="stable")
+            bs, es = b[order], e[order]
+            if bs[0] == 0 and es[-1] == self.numel and np.array_equal(bs[1:], es[:-1]):
+                self._pending = []            # this batch covers the whole variable: earlier ones are moot
         self._pending.append((b, e, t))
 
     def tile_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -168,16 +173,41 @@ class _Space:
             self._runs = (self.version, st, tl, vi)
         return self._runs[1:]
 
+    def runs_of(self, space_indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Like :meth:`runs` for some variables only (indices into :attr:`vars`): their runs,
+        sorted by address. Cheap when few variables are asked for."""
+        idx = np.unique(np.asarray(space_indices, np.int64))
+        if idx.size > len(self.vars) // 2:
+            return self.runs()
+        vs = [self.vars[i] for i in idx.tolist()]
+        if len(vs) == 1:
+            v = vs[0]
+            return v.tile_starts + v.start, v.tile_ids, np.full(v.tile_starts.size, idx[0], np.int64)
+        st = np.concatenate([v.tile_starts + v.start for v in vs])
+        tl = np.concatenate([v.tile_ids for v in vs])
+        vi = np.repeat(idx, [v.tile_starts.size for v in vs])
+        return st, tl, vi
+
+    def run_ends(self, starts: np.ndarray, var_idx: np.ndarray) -> np.ndarray:
+        """End address of each run from :meth:`runs_of` (the next run's start, or its variable's end)."""
+        ends = np.append(starts[1:], 0)
+        last = np.r_[var_idx[1:] != var_idx[:-1], True]
+        var_end = np.array([self.vars[i].start + self.vars[i].numel for i in var_idx[last].tolist()], np.int64)
+        ends[last] = var_end
+        return ends
+
     def is_constant(self, addrs: np.ndarray) -> np.ndarray:
         const = np.array([v.constant for v in self.vars], bool)
         return const[self.variable_index(np.asarray(addrs))] if const.size else np.zeros(np.shape(addrs), bool)
 
     def tiles_of(self, addrs: np.ndarray) -> np.ndarray:
         """Global tile of each address (int32, -1 where unmapped)."""
-        st, tl, _ = self.runs()
         addrs = np.asarray(addrs)
         if addrs.size == 0:
             return np.zeros(addrs.shape, np.int32)
+        ends = self.variable_index(np.array([addrs.min(), addrs.max()]))
+        used = ends[:1] if ends[0] == ends[1] else np.unique(self.variable_index(addrs.reshape(-1)))
+        st, tl, _ = self.runs_of(used)
         return tl[np.searchsorted(st, addrs, side="right") - 1]
 
 

@@ -67,30 +67,45 @@ def assign(starts: np.ndarray, tiles: np.ndarray, numel: int, b: np.ndarray, e: 
 
 def _assign_overlapping(starts, tiles, numel, b, e, t, order):
     """Overlapping intervals (sorted by ``b``; ``order`` gives each one's position in the
-    caller's sequence): the latest covering interval wins. Elementary segments are painted by
-    intervals from the latest to the earliest, skipping painted segments (a union-find "next
-    unpainted" pointer), so each segment is painted once."""
+    caller's sequence): the latest covering interval wins.
+
+    Vectorised range-max: every interval is cut into the canonical nodes of a segment tree over
+    the elementary segments (at most two per level), each node keeps the latest interval laid on
+    it (``maximum.at``), and each segment takes the latest over its ancestors. O(k log n)."""
     bounds = np.unique(np.concatenate((starts, b, e[e < numel])))
+    nseg = bounds.size
     seg_tile = tiles[np.searchsorted(starts, bounds, side="right") - 1].astype(np.int32)
-    lo = np.searchsorted(bounds, b).tolist()
-    hi = np.searchsorted(bounds, e).tolist()
-    nxt = list(range(bounds.size + 1))
-
-    def find(i):
-        root = i
-        while nxt[root] != root:
-            root = nxt[root]
-        while nxt[i] != root:
-            nxt[i], i = root, nxt[i]
-        return root
-
-    tl = t.tolist()
-    for i in np.argsort(-order, kind="stable").tolist():     # latest first
-        j = find(lo[i])
-        while j < hi[i]:
-            seg_tile[j] = tl[i]
-            nxt[j] = j + 1
-            j = find(j + 1)
+    lo = np.searchsorted(bounds, b)
+    hi = np.searchsorted(bounds, e)
+    size = 1
+    while size < nseg:
+        size *= 2
+    best = np.full(2 * size, -1, _I64)                      # latest interval rank per tree node
+    rank = order.astype(_I64)
+    l, r = lo + size, hi + size
+    while True:
+        active = l < r
+        if not active.any():
+            break
+        left = active & (l % 2 == 1)
+        np.maximum.at(best, l[left], rank[left])
+        l = np.where(left, l + 1, l)
+        right = active & (r % 2 == 1)
+        r = np.where(right, r - 1, r)
+        np.maximum.at(best, r[right], rank[right])
+        l //= 2
+        r //= 2
+    # push the latest rank down: a leaf's winner is the latest over its path to the root
+    node = np.arange(size, size + nseg)
+    win = best[node].copy()
+    anc = node // 2
+    while (anc > 0).any():
+        win = np.maximum(win, best[anc])
+        anc //= 2
+    by_rank = np.empty(rank.size, np.int32)
+    by_rank[rank] = t
+    covered = win >= 0
+    seg_tile[covered] = by_rank[win[covered]]
     return compress(bounds, seg_tile)
 
 
