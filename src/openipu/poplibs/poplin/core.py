@@ -286,6 +286,19 @@ def _step_ranges(n: int, b: int, s: int, step: int):
     return blk, a, e, np.cumsum(e - a) - (e - a)
 
 
+def _restrict(lo, sz, b: int, s: int, step: int, n: int):
+    """Boxes' ranges ``[lo, lo + sz)`` of one dim (each within one block of ``b``) cut to serial
+    step ``step`` (pieces of ``s`` of each block) and renumbered among the step's indices (as
+    :func:`_step_ranges` orders them): ``(lo', size')``, size 0 where nothing is left."""
+    start, size = _blocks(n, b)
+    a = start + np.minimum(step * s, size)
+    e = start + np.minimum((step + 1) * s, size)
+    pos = np.cumsum(e - a) - (e - a)
+    blk = lo // b
+    x0, x1 = np.maximum(lo, a[blk]), np.minimum(lo + sz, e[blk])
+    return pos[blk] + x0 - a[blk], np.maximum(x1 - x0, 0)
+
+
 def _select(t, dim: int, begins: np.ndarray, ends: np.ndarray):
     """The view of ``t``'s index ranges ``[begins[i], ends[i])`` of ``dim`` side by side (adjacent
     ranges merged): a slice, or a concat of slices."""
@@ -494,9 +507,11 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
         raise planmod.poplibs_error(f"{name}: plan uses {plan.tiles} tiles but the graph has {T}")
     fo = params.getOutputFieldShape()
     own_out = out is None
+    o_rest = int(np.prod(fo[1:], dtype=np.int64))
     if own_out:
         out = graph.addVariable(out_type, [lay.G, lay.N, lay.Co, *fo], name)
-        map_output(graph, out, params, plan, lay)
+        ob_lo, ob_sz, ob_tile = output_boxes(params, plan, lay)
+        set_tile_boxes(graph, out.reshape([lay.G, lay.N, lay.Co, fo[0], o_rest]), ob_lo, ob_sz, ob_tile)
     ics = plan.in_chan_split
     it, kt, ot = params.inputTransform, params.kernelTransform, params.outputTransform
     nd = params.getNumFieldDims()
@@ -621,8 +636,18 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
             prog.add(poplar.program.Execute(cs_))
             # reduce across the input-channel split onto the tiles that hold the output: slab i
             # of the partials is read as the runs of the output's tile map, shifted by i slabs
-            rb, reb, rt = graph.tile_runs_of(dst_out)
             M = dst_out.numElements()
+            if own_out:
+                # the output's layout boxes cut to this step, as flat runs of the step's output
+                nl, nz = _restrict(ob_lo[:, 1], ob_sz[:, 1], lay.nB, lay.nS, sb, lay.N)
+                cl, cz = _restrict(ob_lo[:, 2], ob_sz[:, 2], lay.coB, lay.coS, so, lay.Co)
+                keep = (nz > 0) & (cz > 0)
+                blo = np.stack([ob_lo[keep, 0], nl[keep], cl[keep], ob_lo[keep, 3], ob_lo[keep, 4]], axis=1)
+                bsz = np.stack([ob_sz[keep, 0], nz[keep], cz[keep], ob_sz[keep, 3], ob_sz[keep, 4]], axis=1)
+                own, rb, rlen = R.box_flat_runs(blo, bsz, [lay.G, n_idx.size, co_idx.size, fo[0], o_rest])
+                reb, rt = rb + rlen, gt[ob_tile[keep][own]].astype(np.int64)
+            else:
+                rb, reb, rt = graph.tile_runs_of(dst_out)
             counts = np.bincount(rt, weights=reb - rb, minlength=graph._top.getTarget().getNumTiles()).astype(np.int64)
             used = np.flatnonzero(counts)
             counts = counts[used]
