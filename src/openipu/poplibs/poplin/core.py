@@ -7,8 +7,13 @@ input ``[G, N, Ci, *inField]``, weights ``[G, Co, Ci, *kernel]``, output ``[G, N
 Tile of a work block: ``(((g * batchSplit + b) * fieldSplit + f) * outChanSplit + o) * inChanSplit + i``
 (local tile numbers; input-channel partners are neighbours). Each serial step is one compute set
 of partial-sum vertices (one per tile), followed, when input channels are split, by one compute
-set of reduce vertices; the vertex groups' reads name, per element, the tiles that read it, so the
-engine costs the exchange of the input and weight blocks and of the partials.
+set of reduce vertices.
+
+Host work follows the plan's structure, never the number of elements: layouts are boxes of the
+canonical views (one per work block and share of it), mapped as runs of addresses; the vertex
+groups' reads are boxes of the input and weight blocks, one per (block, reading tile), handed to
+the exchange as runs of addresses (:func:`runs_access`), so the engine costs the exchange of the
+blocks and of the partials from regions; a serial step's output is a view (slices of the output).
 """
 
 from __future__ import annotations
@@ -549,8 +554,8 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
             o_blk, o_a, o_e, o_pos = _step_ranges(lay.Co, lay.coB, lay.coS, so)
             # reads: the input rows of this step, by every out-channel tile of its block; the
             # weights of this step, by every batch x field tile of theirs. Boxes of the step's
-            # views, one per (block, reading tile); the sends of a block's first replica are
-            # counted, the others' not (the exchange multicasts).
+            # views, one per (block, reading tile), handed over as runs of addresses; the sends
+            # of a block's first replica are counted, the others' not (the exchange multicasts).
             reads = []
             xs = _select(x, 1, n_a, n_e).slice(r_lo, r_hi, 3)               # [G, nn, Ci, rows, *rest]
             for fb, rb, re_ in row_sets:
