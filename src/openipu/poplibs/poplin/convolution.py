@@ -14,11 +14,13 @@ import functools
 import numpy as np
 
 from openipu import poplar
-from openipu.poplar.graph import VertexGroup
+from openipu.poplar.exchange import tile_boxes
+from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplibs.poplin import core
 from openipu.poplibs.poplin.matmul import _scaled_add_to
 from openipu.poplibs.poplin.params import ConvParams, getGradientParams, poplibs_error, weight_update_params
 from openipu.poplibs.poplin.plan import parse_options, plan_convolution
+from openipu.poplibs.popops._common import tile_counts_of
 
 __all__ = ["convolution", "createInput", "createWeights", "map_weights", "createBiases", "addBias", "calculateWeightDeltas",
            "convolutionWeightUpdate", "getGradientParams", "reportPlanInfo", "getFwdFlops", "preplanConvolution"]
@@ -84,7 +86,7 @@ def createInput(graph, params: ConvParams, name: str = "", options=None, cache=N
     (``poplin::createInput``): each tile holds part of a block it convolves."""
     plan = plan_convolution(params, graph.getTarget(), options, cache, op="createInput")
     t = graph.addVariable(params.inputType, params.getInputShape(), name or "input")
-    graph.setTileMapping(_canon_input(t, params), core.input_tiles(params, plan, core.Layout.of(params, plan)))
+    core.map_input(graph, _canon_input(t, params), params, plan)
     return t
 
 
@@ -99,7 +101,7 @@ def map_weights(graph, weights, params: ConvParams, options=None, cache=None) ->
     """Re-map existing ``weights`` ``[G, Co, Ci, *kernel]`` as :func:`createWeights` lays them out
     for ``params`` (PopART creates weights from their consumer). openipu extension."""
     plan = plan_convolution(params, graph.getTarget(), options, cache, op="createWeights")
-    graph.setTileMapping(weights, core.weight_tiles(params, plan, core.Layout.of(params, plan)))
+    core.map_weights(graph, weights, params, plan)
 
 
 def createBiases(graph, acts, name: str = "biases"):  # noqa: N802
@@ -109,19 +111,24 @@ def createBiases(graph, acts, name: str = "biases"):  # noqa: N802
         raise poplar.graph_connection_error(f"createBiases: activations must be [N, C, ...], got {acts.shape()}")
     C = acts.dim(1)
     b = graph.addVariable(acts.elementType(), [C], name)
-    tiles = graph._local_tiles(graph.tile_of_elements(acts.dimShuffle([1, 0, *range(2, acts.rank())]))
-                               .astype(np.int64)).reshape(C, -1)
-    if (tiles < 0).any():
+    # elements per (channel, tile), from the tile boxes of the activations [C, N, *field]: one
+    # entry per channel of each box, never one per element
+    boxes = tile_boxes(acts.dimShuffle([1, 0, *range(2, acts.rank())]))
+    if (boxes.tile < 0).any():
         raise poplar.invalid_tile_mapping("createBiases: the activations are not completely mapped to tiles")
-    # most frequent tile per channel, vectorised: sort each row, count runs
-    srt = np.sort(tiles, axis=1)
-    brk = np.ones(srt.shape, bool)
-    brk[:, 1:] = srt[:, 1:] != srt[:, :-1]
-    idx = np.where(brk, np.arange(srt.shape[1])[None, :], 0)
-    start = np.maximum.accumulate(idx, axis=1)
-    run = np.arange(srt.shape[1])[None, :] - start + 1
-    best = np.argmax(run, axis=1)
-    graph.setTileMapping(b, srt[np.arange(C), best])
+    span = boxes.sz[:, 0]
+    ch = np.repeat(boxes.lo[:, 0], span) + (np.arange(int(span.sum())) - np.repeat(np.cumsum(span) - span, span))
+    tl = np.repeat(graph._local_tiles(boxes.tile), span)
+    cnt = np.repeat(np.prod(boxes.sz[:, 1:], axis=1, dtype=np.int64), span)
+    key, inv = np.unique(np.stack([ch, tl], axis=1), axis=0, return_inverse=True)
+    tot = np.bincount(inv.reshape(-1), weights=cnt)
+    # per channel, the tile holding most of its activations (ties: the lowest tile)
+    order = np.lexsort((key[:, 1], -tot, key[:, 0]))
+    best = key[order][np.r_[True, key[order, 0][1:] != key[order, 0][:-1]]]
+    if best.shape[0] != C:
+        raise poplar.invalid_tile_mapping(f"createBiases: activations {acts.shape()} hold no element of some channel")
+    tile, b0, b1 = core._runs(best[:, 1])
+    graph.set_tile_runs(b, b0, b1, graph._global_tiles(tile))
     return b
 
 
@@ -146,19 +153,17 @@ def addBias(graph, acts, biases, prog, name: str = ""):  # noqa: N802
         raise poplar.graph_connection_error(
             f"addBias: biases are {biases.elementType()} but activations are {acts.elementType()}")
     target = graph.getTarget()
-    tiles = graph.tile_of_elements(acts)
-    counts = np.bincount(tiles, minlength=graph._top.getTarget().getNumTiles())
-    used = np.flatnonzero(counts)
+    used, counts = tile_counts_of(graph, acts)
     vw, W = target.getVectorWidth(acts.elementType()), target.getNumWorkerContexts()
-    cyc = ADD_TO_CHANNEL_SUPERVISOR + W * (ADD_TO_CHANNEL_WORKER_OVERHEAD + -(-counts[used] // (vw * W)))
+    cyc = ADD_TO_CHANNEL_SUPERVISOR + W * (ADD_TO_CHANNEL_WORKER_OVERHEAD + -(-counts // (vw * W)))
     rest = acts.numElements() // max(1, acts.dim(0) * acts.dim(1))
-    b_view = biases.reshape([1, biases.dim(0)] + [1] * (acts.rank() - 2))
-    b_full = poplar.Tensor(biases._state, biases._type, np.broadcast_to(b_view._addr, acts.shape()).reshape(-1))
+    # the biases as seen by each activation: a broadcast view, read where the activations live
+    b_full = biases.reshape([1, biases.dim(0)] + [1] * (acts.rank() - 2)).broadcast_to(acts.shape())
     cs = graph.addComputeSet(f"{name or 'addBias'}/AddToChannel")
     graph.add_vertex_group(cs, VertexGroup(
         f"poplin::AddToChannel<{acts.elementType()}>", used, cyc,
         functools.partial(_add_bias_kernel, acts.reshape([acts.dim(0), acts.dim(1), rest]), biases),
-        reads=[(acts, tiles), (b_full, tiles)], writes=[(acts, tiles)], multi=True,
+        reads=[Access(acts), Access(b_full, acts)], writes=[Access(acts)], multi=True,
         flops=float(acts.numElements()), state_bytes=24))
     prog.add(poplar.program.Execute(cs))
 

@@ -7,8 +7,13 @@ input ``[G, N, Ci, *inField]``, weights ``[G, Co, Ci, *kernel]``, output ``[G, N
 Tile of a work block: ``(((g * batchSplit + b) * fieldSplit + f) * outChanSplit + o) * inChanSplit + i``
 (local tile numbers; input-channel partners are neighbours). Each serial step is one compute set
 of partial-sum vertices (one per tile), followed, when input channels are split, by one compute
-set of reduce vertices; the vertex groups' reads name, per element, the tiles that read it, so the
-engine costs the exchange of the input and weight blocks and of the partials.
+set of reduce vertices.
+
+Host work follows the plan's structure, never the number of elements: layouts are boxes of the
+canonical views (one per work block and share of it), mapped as runs of addresses; the vertex
+groups' reads are boxes of the input and weight blocks, one per (block, reading tile), handed to
+the exchange as runs of addresses (:func:`runs_access`), so the engine costs the exchange of the
+blocks and of the partials from regions; a serial step's output is a view (slices of the output).
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from openipu import poplar
-from openipu.poplar.graph import VertexGroup
+from openipu.poplar import regions as R
+from openipu.poplar.exchange import Boxes, lattices
+from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplibs.poplin import plan as planmod
 from openipu.poplibs.poplin.params import ConvParams
 
@@ -98,56 +105,217 @@ def input_row_ranges(params: ConvParams, plan, lay: Layout):
 
 def _primary_block(rows: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """The field block that holds each input row in a plan-made layout (the first whose range
-    contains it, else the nearest)."""
+    contains it, else the nearest). Non-decreasing in the row."""
     lo_eff = np.where(hi > lo, lo, np.iinfo(np.int64).max)
     j = np.searchsorted(np.minimum.accumulate(lo_eff[::-1])[::-1], rows, side="right") - 1
     return np.clip(j, 0, lo.size - 1)
 
 
-def input_tiles(params: ConvParams, plan, lay: Layout) -> np.ndarray:
-    """Local tile of each canonical input element ``[G, N, Ci, *field]`` in the layout the plan
-    wants (``createInput``): a block is spread over the out-channel tiles that share it."""
+# --------------------------------------------------------------------------------------------
+# layouts as boxes
+#
+# Every layout below is a set of boxes of a canonical index space, each on one (local) tile:
+# one box per (work block, share of the block), a few more where a share's flat range of the
+# block is not a box. Host work follows the number of blocks, never the number of elements.
+# Per-row arrays over the first field dimension (bounded by an image's height) are the only
+# arrays indexed by coordinates.
+# --------------------------------------------------------------------------------------------
+def _runs(values: np.ndarray):
+    """Runs of equal values of a 1-D array: ``(value, begin, end)`` per run."""
+    values = np.asarray(values)
+    if values.size == 0:
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    b = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
+    return values[b].astype(np.int64), b.astype(np.int64), np.append(b[1:], values.size).astype(np.int64)
+
+
+def _share_boxes(parts: int, radices):
+    """The elements of a row-major block of ``radices`` that share ``p`` of ``parts`` takes when
+    element ``q`` (flat index) goes to ``q * parts // L`` (``L`` = the block's size), as boxes:
+    ``(share, lo, sz)`` (``[k]``, ``[k, len(radices)]``). Share ``p`` is the flat range
+    ``[ceil(p L / parts), ceil((p + 1) L / parts))``: at most ``2 d - 1`` boxes each."""
+    L = int(np.prod(radices, dtype=np.int64))
+    p = np.arange(parts, dtype=np.int64)
+    u, v = -(-p * L // parts), -(-(p + 1) * L // parts)
+    owner, lo, sz = R.range_boxes(u, v, radices)
+    return p[owner], lo, sz
+
+
+def _cross(*sizes):
+    """Flat index arrays of the cartesian product of ``range(s)`` for each size (row-major)."""
+    grids = np.meshgrid(*[np.arange(int(s), dtype=np.int64) for s in sizes], indexing="ij")
+    return [g_.reshape(-1) for g_ in grids]
+
+
+def _blocks(n: int, b: int):
+    """Blocks of ``b`` over ``range(n)``: ``(start, size)`` arrays (the last one may be short)."""
+    if n <= 0 or b <= 0:
+        z = np.zeros(0, np.int64)
+        return z, z
+    start = np.arange(-(-n // b), dtype=np.int64) * b
+    return start, np.minimum(b, n - start)
+
+
+def _clip_share(lo, sz, valid):
+    """A share's box (block coordinates) clipped to the block's valid extent: ``(lo, size)``."""
+    hi = np.minimum(lo + sz, valid)
+    return lo, np.maximum(hi - lo, 0)
+
+
+def input_boxes(params: ConvParams, plan, lay: Layout):
+    """The layout the plan wants for the canonical input ``[G, N, Ci, F0, rest]`` (``rest``: the
+    other field dims flattened), as boxes: ``(lo, sz, local tile)`` (``createInput``).
+
+    Element ``(g, n, c, row, r)`` lives on ``tile_index(g // gB, n // nB, f, o, c // ciB)`` with
+    ``f`` the row's primary field block and ``o = q * outChanSplit // (nB ciB rest)``,
+    ``q = ((n % nB) ciB + c % ciB) rest + r``: a block is spread over the out-channel tiles that
+    share it."""
     F0 = params.inputFieldShape[0]
     rest = int(np.prod(params.inputFieldShape[1:], dtype=np.int64))
-    lo, hi = input_row_ranges(params, plan, lay)
-    g = np.arange(lay.G)[:, None, None, None, None]
-    n = np.arange(lay.N)[None, :, None, None, None]
-    c = np.arange(lay.Ci)[None, None, :, None, None]
-    f = _primary_block(np.arange(F0), lo, hi)[None, None, None, :, None]
-    r = np.arange(rest)[None, None, None, None, :]
-    o = (((n % lay.nB) * lay.ciB + c % lay.ciB) * rest + r) * plan.out_chan_split // (lay.nB * lay.ciB * rest)
-    t = tile_index(plan, g // lay.gB, n // lay.nB, f, o, c // lay.ciB)
-    return np.broadcast_to(t, (lay.G, lay.N, lay.Ci, F0, rest)).reshape(-1)
+    lo_r, hi_r = input_row_ranges(params, plan, lay)
+    f_id, r0, r1 = _runs(_primary_block(np.arange(F0), lo_r, hi_r))
+    sp, slo, ssz = _share_boxes(plan.out_chan_split, [lay.nB, lay.ciB, rest])
+    g0, gs = _blocks(lay.G, lay.gB)
+    n0, ns = _blocks(lay.N, lay.nB)
+    c0, cs = _blocks(lay.Ci, lay.ciB)
+    GB, NB, CB, FR, SB = _cross(g0.size, n0.size, c0.size, f_id.size, sp.size)
+    nl, nz = _clip_share(slo[SB, 0], ssz[SB, 0], ns[NB])
+    cl, cz = _clip_share(slo[SB, 1], ssz[SB, 1], cs[CB])
+    lo = np.stack([g0[GB], n0[NB] + nl, c0[CB] + cl, r0[FR], slo[SB, 2]], axis=1)
+    sz = np.stack([gs[GB], nz, cz, r1[FR] - r0[FR], ssz[SB, 2]], axis=1)
+    tile = tile_index(plan, GB, NB, f_id[FR], sp[SB], CB)
+    keep = (sz > 0).all(axis=1)
+    return lo[keep], sz[keep], tile[keep]
 
 
-def weight_tiles(params: ConvParams, plan, lay: Layout) -> np.ndarray:
-    """Local tile of each canonical weight element ``[G, Co, Ci, *kernel]`` (``createWeights``):
-    a block is spread over the batch x field tiles that share it."""
+def weight_boxes(params: ConvParams, plan, lay: Layout):
+    """The layout of the canonical weights ``[G, Co, Ci, K]`` (``K``: the kernel flattened) as
+    boxes ``(lo, sz, local tile)`` (``createWeights``): element ``(g, co, c, k)`` lives on
+    ``tile_index(g // gB, h // fieldSplit, h % fieldSplit, co // coB, c // ciB)`` with
+    ``h = q * share // (coB ciB K)``, ``q = ((co % coB) ciB + c % ciB) K + k``, ``share =
+    batchSplit x fieldSplit``: a block is spread over the batch x field tiles that share it."""
     K = int(np.prod(params.kernelShape, dtype=np.int64))
-    g = np.arange(lay.G)[:, None, None, None]
-    co = np.arange(lay.Co)[None, :, None, None]
-    c = np.arange(lay.Ci)[None, None, :, None]
-    k = np.arange(K)[None, None, None, :]
-    share = plan.batch_split * plan.field_split
-    h = (((co % lay.coB) * lay.ciB + c % lay.ciB) * K + k) * share // (lay.coB * lay.ciB * K)
-    t = tile_index(plan, g // lay.gB, h // plan.field_split, h % plan.field_split, co // lay.coB, c // lay.ciB)
-    return np.broadcast_to(t, (lay.G, lay.Co, lay.Ci, K)).reshape(-1)
+    fs = int(plan.field_split)
+    sp, slo, ssz = _share_boxes(int(plan.batch_split) * fs, [lay.coB, lay.ciB, K])
+    g0, gs = _blocks(lay.G, lay.gB)
+    o0, os_ = _blocks(lay.Co, lay.coB)
+    c0, cs = _blocks(lay.Ci, lay.ciB)
+    GB, OB, CB, SB = _cross(g0.size, o0.size, c0.size, sp.size)
+    ol, oz = _clip_share(slo[SB, 0], ssz[SB, 0], os_[OB])
+    cl, cz = _clip_share(slo[SB, 1], ssz[SB, 1], cs[CB])
+    lo = np.stack([g0[GB], o0[OB] + ol, c0[CB] + cl, slo[SB, 2]], axis=1)
+    sz = np.stack([gs[GB], oz, cz, ssz[SB, 2]], axis=1)
+    h = sp[SB]
+    tile = tile_index(plan, GB, h // fs, h % fs, OB, CB)
+    keep = (sz > 0).all(axis=1)
+    return lo[keep], sz[keep], tile[keep]
 
 
-def output_tiles(params: ConvParams, plan, lay: Layout) -> np.ndarray:
-    """Local tile of each canonical output element ``[G, N, Co, *outField]``: the tile that
-    computes it, or with an input-channel split the tile that reduces it."""
+def _out_row_runs(params: ConvParams, lay: Layout):
+    """Runs of output rows (first output field dim) by the field block that computes them:
+    ``(block, begin, end)``."""
+    fo0 = params.getOutputFieldShape()[0]
+    row = np.clip(np.arange(fo0) - params.outputTransform.paddingLower[0], 0, max(lay.out_rows - 1, 0))
+    return _runs(row // max(lay.fB, 1))
+
+
+def output_boxes(params: ConvParams, plan, lay: Layout):
+    """The layout of the canonical output ``[G, N, Co, Fo0, rest]`` as boxes ``(lo, sz, local
+    tile)``: element ``(g, n, co, row, r)`` lives on the tile that computes it, or with an
+    input-channel split on the tile that reduces it, ``tile_index(g // gB, n // nB, f, co // coB,
+    i)`` with ``i = q * inChanSplit // (nB coB rest)``, ``q = ((n % nB) coB + co % coB) rest + r``."""
     fo = params.getOutputFieldShape()
     rest = int(np.prod(fo[1:], dtype=np.int64))
-    row = np.clip(np.arange(fo[0]) - params.outputTransform.paddingLower[0], 0, max(lay.out_rows - 1, 0))
-    g = np.arange(lay.G)[:, None, None, None, None]
-    n = np.arange(lay.N)[None, :, None, None, None]
-    co = np.arange(lay.Co)[None, None, :, None, None]
-    f = (row // lay.fB)[None, None, None, :, None]
-    r = np.arange(rest)[None, None, None, None, :]
-    i = (((n % lay.nB) * lay.coB + co % lay.coB) * rest + r) * plan.in_chan_split // (lay.nB * lay.coB * rest)
-    t = tile_index(plan, g // lay.gB, n // lay.nB, f, co // lay.coB, i)
-    return np.broadcast_to(t, (lay.G, lay.N, lay.Co, fo[0], rest)).reshape(-1)
+    f_id, r0, r1 = _out_row_runs(params, lay)
+    sp, slo, ssz = _share_boxes(plan.in_chan_split, [lay.nB, lay.coB, rest])
+    g0, gs = _blocks(lay.G, lay.gB)
+    n0, ns = _blocks(lay.N, lay.nB)
+    o0, os_ = _blocks(lay.Co, lay.coB)
+    GB, NB, OB, FR, SB = _cross(g0.size, n0.size, o0.size, f_id.size, sp.size)
+    nl, nz = _clip_share(slo[SB, 0], ssz[SB, 0], ns[NB])
+    ol, oz = _clip_share(slo[SB, 1], ssz[SB, 1], os_[OB])
+    lo = np.stack([g0[GB], n0[NB] + nl, o0[OB] + ol, r0[FR], slo[SB, 2]], axis=1)
+    sz = np.stack([gs[GB], nz, oz, r1[FR] - r0[FR], ssz[SB, 2]], axis=1)
+    tile = tile_index(plan, GB, NB, f_id[FR], OB, sp[SB])
+    keep = (sz > 0).all(axis=1)
+    return lo[keep], sz[keep], tile[keep]
+
+
+def set_tile_boxes(graph, t, lo: np.ndarray, sz: np.ndarray, local_tiles: np.ndarray) -> None:
+    """Map boxes ``lo``, ``sz`` ``[k, rank]`` of the view ``t`` to local tiles ``local_tiles``
+    ``[k]`` (disjoint boxes): each box is laid over ``t``'s pieces and mapped as the runs of
+    consecutive addresses it covers (a box whose inner dim is contiguous in memory costs one run
+    per row of its other dims). Host work follows boxes and runs, never elements."""
+    if lo.shape[0] == 0:
+        return
+    gtiles = graph._global_tiles(np.asarray(local_tiles, np.int64)).astype(np.int64)
+    bi, var_ids, base, T, n, _ = lattices(t, Boxes(lo, sz, gtiles))
+    o2, start, length = R.address_runs(base, n, T)
+    graph._assign_address_runs(t, var_ids[o2], start, length, gtiles[bi][o2])
+
+
+def map_input(graph, x, params: ConvParams, plan, lay: Layout | None = None) -> None:
+    """Map the canonical input view ``x`` ``[G, N, Ci, *field]`` as the plan lays it out."""
+    lay = lay or Layout.of(params, plan)
+    F0 = params.inputFieldShape[0]
+    x5 = x.reshape([lay.G, lay.N, lay.Ci, F0, int(np.prod(params.inputFieldShape[1:], dtype=np.int64))])
+    set_tile_boxes(graph, x5, *input_boxes(params, plan, lay))
+
+
+def map_weights(graph, w, params: ConvParams, plan, lay: Layout | None = None) -> None:
+    """Map the canonical weights view ``w`` ``[G, Co, Ci, *kernel]`` as the plan lays it out."""
+    lay = lay or Layout.of(params, plan)
+    w4 = w.reshape([lay.G, lay.Co, lay.Ci, int(np.prod(params.kernelShape, dtype=np.int64))])
+    set_tile_boxes(graph, w4, *weight_boxes(params, plan, lay))
+
+
+def map_output(graph, out, params: ConvParams, plan, lay: Layout | None = None) -> None:
+    """Map the canonical output view ``out`` ``[G, N, Co, *outField]`` as the plan produces it."""
+    lay = lay or Layout.of(params, plan)
+    fo = params.getOutputFieldShape()
+    o5 = out.reshape([lay.G, lay.N, lay.Co, fo[0], int(np.prod(fo[1:], dtype=np.int64))])
+    set_tile_boxes(graph, o5, *output_boxes(params, plan, lay))
+
+
+def _step_ranges(n: int, b: int, s: int, step: int):
+    """The indices of serial step ``step`` when ``range(n)`` is cut into blocks of ``b`` and each
+    block into serial pieces of ``s``: per non-empty block ``(block, begin, end)`` (global
+    indices) and each range's offset among the step's indices."""
+    start, size = _blocks(n, b)
+    a = start + np.minimum(step * s, size)
+    e = start + np.minimum((step + 1) * s, size)
+    keep = e > a
+    blk = np.flatnonzero(keep).astype(np.int64)
+    a, e = a[keep], e[keep]
+    return blk, a, e, np.cumsum(e - a) - (e - a)
+
+
+def _restrict(lo, sz, b: int, s: int, step: int, n: int):
+    """Boxes' ranges ``[lo, lo + sz)`` of one dim (each within one block of ``b``) cut to serial
+    step ``step`` (pieces of ``s`` of each block) and renumbered among the step's indices (as
+    :func:`_step_ranges` orders them): ``(lo', size')``, size 0 where nothing is left."""
+    start, size = _blocks(n, b)
+    a = start + np.minimum(step * s, size)
+    e = start + np.minimum((step + 1) * s, size)
+    pos = np.cumsum(e - a) - (e - a)
+    blk = lo // b
+    x0, x1 = np.maximum(lo, a[blk]), np.minimum(lo + sz, e[blk])
+    return pos[blk] + x0 - a[blk], np.maximum(x1 - x0, 0)
+
+
+def _select(t, dim: int, begins: np.ndarray, ends: np.ndarray):
+    """The view of ``t``'s index ranges ``[begins[i], ends[i])`` of ``dim`` side by side (adjacent
+    ranges merged): a slice, or a concat of slices."""
+    if begins.size == 0:
+        return t.slice(0, 0, dim)
+    brk = np.flatnonzero(begins[1:] != ends[:-1]) + 1
+    b = begins[np.r_[0, brk]].tolist()
+    e = ends[np.r_[brk - 1, ends.size - 1]].tolist()
+    if len(b) == 1 and b[0] == 0 and e[0] == t.dim(dim):
+        return t
+    parts = [t.slice(x, y, dim) for x, y in zip(b, e)]
+    return parts[0] if len(parts) == 1 else poplar.concat(parts, dim)
 
 
 # --------------------------------------------------------------------------------------------
@@ -262,44 +430,70 @@ def _reduce_kernel(partials, dst, ctx):
     ctx.write(dst, P.to(torch.float64).sum(dim=1) if P.dtype == torch.float32 else P.sum(dim=1))
 
 
-def _replica_reads(t, addr: np.ndarray, base_tiles: np.ndarray, offsets, gt) -> list:
-    """Reads of the elements ``addr`` of ``t`` by tiles ``base_tiles + offset`` for each offset:
-    one read per offset, elements in increasing address order (so the engine needs no sort),
-    the sends counted once."""
-    a = addr.reshape(-1)
-    b = base_tiles.reshape(-1)
-    if a.size > 1 and not np.all(a[1:] > a[:-1]):
-        order = np.argsort(a, kind="stable")
-        a, b = a[order], b[order]
-    view = _gather(t, a)
-    n = gt.size
-    if n and int(gt[-1]) - int(gt[0]) == n - 1 and np.all(np.diff(gt) == 1):
-        # the graph's tiles are one range: tile k is gt[0] + k, so no per-element gather
-        b = b.astype(np.int32, copy=False)
-        return [(view, b + np.int32(int(gt[0]) + off), k == 0) for k, off in enumerate(offsets)]
-    return [(view, gt[b + off], k == 0) for k, off in enumerate(offsets)]
-
-
-def _take(a: np.ndarray, axis: int, idx: np.ndarray) -> np.ndarray:
-    """``a`` indexed by ``idx`` along ``axis``: ``a`` itself for the whole axis, a view for a
-    range, a copy otherwise (the same values as ``np.take``)."""
-    n = a.shape[axis]
-    if idx.size and idx[0] >= 0 and int(idx[-1]) - int(idx[0]) == idx.size - 1 and \
-            (idx.size == 1 or np.all(np.diff(idx) == 1)):
-        if idx.size == n:
-            return a
-        sl = [slice(None)] * a.ndim
-        sl[axis] = slice(int(idx[0]), int(idx[-1]) + 1)
-        return a[tuple(sl)]
-    return np.take(a, idx, axis=axis)
-
-
-def _gather(t, addr: np.ndarray):
-    """A view of ``t``'s elements at the given addresses (repeats allowed)."""
-    return poplar.Tensor(t._state, t._type, np.ascontiguousarray(addr))
-
-
 # --------------------------------------------------------------------------------------------
+def _row_ranges(params: ConvParams, plan, lay: Layout):
+    """The input rows (first field dim) each field block reads, split as the reads are: rows of
+    the block's own primary range, and halo rows (held by neighbouring blocks). Returns two
+    ``(block, begin, end)`` triples (a block has at most one primary and two halo ranges)."""
+    lo, hi = input_row_ranges(params, plan, lay)
+    prim = _primary_block(np.arange(params.inputFieldShape[0]), lo, hi)
+    f = np.arange(plan.field_split, dtype=np.int64)
+    a = np.searchsorted(prim, f, side="left")          # rows whose primary block is f: [a, b)
+    b = np.searchsorted(prim, f, side="right")
+    p0, p1 = np.maximum(lo, a), np.minimum(hi, b)
+    h0, h1 = lo, np.minimum(hi, a)                      # halo below the primary range
+    u0, u1 = np.maximum(lo, b), hi                      # halo above it
+    ok = p1 > p0
+    primary = (f[ok], p0[ok], p1[ok])
+    hf, hb, he = np.r_[f, f], np.r_[h0, u0], np.r_[h1, u1]
+    ok = he > hb
+    order = np.lexsort((hb[ok], hf[ok]))
+    halo = (hf[ok][order], hb[ok][order], he[ok][order])
+    return primary, halo
+
+
+def runs_access(view, boxes: Boxes, count_send: bool = True) -> Access:
+    """A read of ``boxes`` of ``view``, given to the exchange as the runs of consecutive addresses
+    the boxes cover (1-D boxes of a flat view of the variables they touch).
+
+    Two reasons: the exchange merges a tile's sends of adjacent addresses into one message only
+    between runs, not between the strided lattices of different boxes (as runs, a block that
+    several tiles read in parts costs the messages a per-address model gives); and a strided
+    lattice is costed against every tile-map run inside its address span, most of them other
+    blocks' when the view is transposed. Host work follows the runs."""
+    bi, var, base, T, n, _ = lattices(view, boxes)
+    owner, start, length = R.address_runs(base, n, T)
+    vids = var[owner]
+    tiles = np.asarray(boxes.tile, np.int64)[bi[owner]]
+    variables = view._state.variables
+    uv = np.unique(vids)
+    if uv.size == 0:
+        z = np.zeros((0, view.rank()), np.int64)
+        return Access(view, Boxes(z, z, np.zeros(0, np.int64)), count_send=count_send)
+    parts, off, shift = [], 0, np.zeros(uv.size, np.int64)
+    for j, v in enumerate(uv.tolist()):
+        var_ = variables[v]
+        parts.append(poplar.Tensor(view._state, view._type, pieces=R.Pieces.of_variable(v, var_.start, (var_.numel,)),
+                                   shape=(var_.numel,)))
+        shift[j] = off - var_.start
+        off += var_.numel
+    flat = parts[0] if len(parts) == 1 else poplar.concat(parts, 0)
+    idx = start + shift[np.searchsorted(uv, vids)]
+    return Access(flat, Boxes(idx[:, None], length[:, None], tiles), count_send=count_send)
+
+
+def _replica_accesses(view, lo, sz, tiles, first) -> list:
+    """Reads of boxes ``lo``, ``sz`` of ``view`` by global ``tiles`` (as runs, see
+    :func:`runs_access`): one Access for the first replica of each block (``first``), whose
+    sends are counted, one for the others (the exchange multicasts: their values are already
+    sent, so only what each tile receives counts)."""
+    out = []
+    for sel, send in ((first, True), (~first, False)):
+        if sel.any():
+            out.append(runs_access(view, Boxes(lo[sel], sz[sel], tiles[sel]), send))
+    return out
+
+
 def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type, out_type, prog, name: str,
           out=None):
     """Add the planned convolution of canonical views ``x`` and ``w`` to ``prog``.
@@ -317,10 +511,12 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
     if plan.tiles > T:
         raise planmod.poplibs_error(f"{name}: plan uses {plan.tiles} tiles but the graph has {T}")
     fo = params.getOutputFieldShape()
-    if out is None:
+    own_out = out is None
+    o_rest = int(np.prod(fo[1:], dtype=np.int64))
+    if own_out:
         out = graph.addVariable(out_type, [lay.G, lay.N, lay.Co, *fo], name)
-        graph.setTileMapping(out, output_tiles(params, plan, lay))
-    out_tile = graph._local_tiles(graph.tile_of_elements(out).astype(np.int64)).reshape(lay.G, lay.N, lay.Co, -1)
+        ob_lo, ob_sz, ob_tile = output_boxes(params, plan, lay)
+        set_tile_boxes(graph, out.reshape([lay.G, lay.N, lay.Co, fo[0], o_rest]), ob_lo, ob_sz, ob_tile)
     ics = plan.in_chan_split
     it, kt, ot = params.inputTransform, params.kernelTransform, params.outputTransform
     nd = params.getNumFieldDims()
@@ -333,22 +529,17 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
     vtype = plan.vertex_name(in_type, ptype, one_by_one)
     pb = planmod.Problem.from_params(params)
 
-    # input rows each field block reads
-    lo, hi = input_row_ranges(params, plan, lay)
-    lens = hi - lo
-    pair_rows = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())]) if lens.sum() else \
-        np.zeros(0, np.int64)
-    pair_f = np.repeat(np.arange(plan.field_split), lens)
-    prim = pair_f == _primary_block(pair_rows, lo, hi)
-    prim_rows, prim_f, halo_rows, halo_f = pair_rows[prim], pair_f[prim], pair_rows[~prim], pair_f[~prim]
-    F0 = params.inputFieldShape[0]
-    in_rest = int(np.prod(params.inputFieldShape[1:], dtype=np.int64))
-    K = int(np.prod(params.kernelShape, dtype=np.int64))
-    xa = x._addr.reshape(lay.G, lay.N, lay.Ci, F0, in_rest)
-    wa = w._addr.reshape(lay.G, lay.Co, lay.Ci, K)
-    oa = out._addr.reshape(lay.G, lay.N, lay.Co, -1)
+    # input rows each field block reads (primary rows, then halo rows), as row ranges
+    row_sets = [r for r in _row_ranges(params, plan, lay) if r[0].size]
+    r_lo = min((int(r[1].min()) for r in row_sets), default=0)
+    r_hi = max((int(r[2].max()) for r in row_sets), default=0)
+    in_tail = list(params.inputFieldShape[1:])
+    k_shape = list(params.kernelShape)
+    o_tail = list(fo[1:])
+    g0, gs = _blocks(lay.G, lay.gB)
+    c0, cs = _blocks(lay.Ci, lay.ciB)
+    f_out, fr0, fr1 = _out_row_runs(params, lay)
     n_all, co_all = np.arange(lay.N), np.arange(lay.Co)
-    g_ar = np.arange(lay.G)
     macs_per_out = lay.Ci * pb.taps * pb.density
 
     for sb in range(plan.batch_serial):
@@ -358,26 +549,28 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
             if n_idx.size == 0 or co_idx.size == 0:
                 continue
             step = f"{name}/s{sb}_{so}" if plan.serial_steps > 1 else name
+            # this step's batch and out-channel ranges, one per block
+            n_blk, n_a, n_e, n_pos = _step_ranges(lay.N, lay.nB, lay.nS, sb)
+            o_blk, o_a, o_e, o_pos = _step_ranges(lay.Co, lay.coB, lay.coS, so)
             # reads: the input rows of this step, by every out-channel tile of its block; the
-            # weights of this step, by every batch x field tile of theirs. One read per replica
-            # of a block, in address order, sends counted once (the exchange multicasts).
+            # weights of this step, by every batch x field tile of theirs. Boxes of the step's
+            # views, one per (block, reading tile), handed over as runs of addresses; the sends
+            # of a block's first replica are counted, the others' not (the exchange multicasts).
             reads = []
-            g_t = (g_ar // lay.gB)[:, None, None, None, None]
-            n_t = (n_idx // lay.nB)[None, :, None, None, None]
-            c_t = (np.arange(lay.Ci) // lay.ciB)[None, None, :, None, None]
-            for rows, fblk in ((prim_rows, prim_f), (halo_rows, halo_f)):
-                if rows.size == 0:
-                    continue
-                a_in = _take(_take(xa, 1, n_idx), 3, rows)                              # [G, nn, Ci, P, rest]
-                base = tile_index(plan, g_t, n_t, fblk[None, None, None, :, None], 0, c_t)
-                reads += _replica_reads(x, a_in, np.broadcast_to(base, a_in.shape),
-                                        [o * plan.in_chan_split for o in range(plan.out_chan_split)], gt)
-            a_w = _take(wa, 1, co_idx)                                                 # [G, cc, Ci, K]
-            base = tile_index(plan, (g_ar // lay.gB)[:, None, None, None], 0, 0,
-                              (co_idx // lay.coB)[None, :, None, None], (np.arange(lay.Ci) // lay.ciB)[None, None, :, None])
-            offs = [(b * plan.field_split + f) * plan.out_chan_split * plan.in_chan_split
-                    for b in range(plan.batch_split) for f in range(plan.field_split)]
-            reads += _replica_reads(w, a_w, np.broadcast_to(base, a_w.shape), offs, gt)
+            xs = _select(x, 1, n_a, n_e).slice(r_lo, r_hi, 3)               # [G, nn, Ci, rows, *rest]
+            for fb, rb, re_ in row_sets:
+                GB, NJ, CB, RK, OO = _cross(g0.size, n_blk.size, c0.size, fb.size, plan.out_chan_split)
+                lo = np.stack([g0[GB], n_pos[NJ], c0[CB], rb[RK] - r_lo] + [np.zeros_like(GB)] * len(in_tail), axis=1)
+                sz = np.stack([gs[GB], (n_e - n_a)[NJ], cs[CB], (re_ - rb)[RK]]
+                              + [np.full_like(GB, s_) for s_ in in_tail], axis=1)
+                tiles = gt[tile_index(plan, GB, n_blk[NJ], fb[RK], OO, CB)].astype(np.int64)
+                reads += _replica_accesses(xs, lo, sz, tiles, OO == 0)
+            ws = _select(w, 1, o_a, o_e)                                     # [G, cc, Ci, *kernel]
+            GB, OJ, CB, BB, FF = _cross(g0.size, o_blk.size, c0.size, plan.batch_split, plan.field_split)
+            lo = np.stack([g0[GB], o_pos[OJ], c0[CB]] + [np.zeros_like(GB)] * len(k_shape), axis=1)
+            sz = np.stack([gs[GB], (o_e - o_a)[OJ], cs[CB]] + [np.full_like(GB, s_) for s_ in k_shape], axis=1)
+            tiles = gt[tile_index(plan, GB, BB, FF, o_blk[OJ], CB)].astype(np.int64)
+            reads += _replica_accesses(ws, lo, sz, tiles, (BB == 0) & (FF == 0))
             # per-tile work of this step
             gi, bi, fi, oi, ii = np.meshgrid(np.arange(plan.group_split), np.arange(plan.batch_split),
                                              np.arange(plan.field_split), np.arange(plan.out_chan_split),
@@ -406,10 +599,7 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
                                           in_type.name, fp, W_ctx, target.getVectorWidth(in_type))
             step_outs = lay.G * n_idx.size * co_idx.size * pb.out_rows * pb.out_rest
             flops = 2.0 * step_outs * macs_per_out
-            o_step = _take(_take(oa, 1, n_idx), 2, co_idx)                                # [G, nn, cc, Fo]
-            dst_out = poplar.Tensor(out._state, out._type, np.ascontiguousarray(o_step).reshape(
-                lay.G, n_idx.size, co_idx.size, *fo))
-            dst_tiles = _take(_take(out_tile, 1, n_idx), 2, co_idx).reshape(-1)
+            dst_out = _select(_select(out, 1, n_a, n_e), 2, o_a, o_e)       # [G, nn, cc, *fo]
             spec = _Spec((tuple(it.truncationLower), tuple(it.truncationUpper), tuple(it.dilation),
                           tuple(it.paddingLower), tuple(it.paddingUpper), tuple(it.flip)),
                          (tuple(kt.truncationLower), tuple(kt.truncationUpper), tuple(kt.dilation),
@@ -418,48 +608,67 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
                           tuple(ot.paddingLower), tuple(ot.paddingUpper)),
                          plain, tuple(n_idx.tolist()), tuple(co_idx.tolist()), ics, lay.ciB, acc,
                          (out_type if ics == 1 else ptype).name)
-            cs = graph.addComputeSet(f"{step}/Conv")
+            # the blocks of this step's outputs: (group block, batch range, out-channel range, rows)
+            GB, NJ, OJ, FR = _cross(g0.size, n_blk.size, o_blk.size, f_out.size)
+            out_lo = [g0[GB], n_pos[NJ], o_pos[OJ], fr0[FR]] + [np.zeros_like(GB)] * len(o_tail)
+            out_sz = [gs[GB], (n_e - n_a)[NJ], (o_e - o_a)[OJ], (fr1 - fr0)[FR]] + \
+                [np.full_like(GB, s_) for s_ in o_tail]
+            cs_ = graph.addComputeSet(f"{step}/Conv")
             if ics == 1:
-                # the vertices write the output directly (no reduction), on the tiles that hold it
-                rows_o = np.clip(np.arange(fo[0]) - ot.paddingLower[0], 0, max(lay.out_rows - 1, 0)) // lay.fB
-                wt = tile_index(plan, (g_ar // lay.gB)[:, None, None, None, None],
-                                (n_idx // lay.nB)[None, :, None, None, None],
-                                rows_o[None, None, None, :, None], (co_idx // lay.coB)[None, None, :, None, None], 0)
-                wt = np.broadcast_to(wt, (lay.G, n_idx.size, co_idx.size, fo[0], o_step.shape[-1] // fo[0])).reshape(-1)
-                graph.add_vertex_group(cs, VertexGroup(
+                # the vertices write the output directly (no reduction), from the tiles that compute
+                # it: the output's own tiles when it was created here (output_boxes)
+                if own_out:
+                    write = Access(dst_out)
+                else:
+                    wt = gt[tile_index(plan, GB, n_blk[NJ], f_out[FR], o_blk[OJ], 0)].astype(np.int64)
+                    write = Access(dst_out, Boxes(np.stack(out_lo, axis=1), np.stack(out_sz, axis=1), wt))
+                graph.add_vertex_group(cs_, VertexGroup(
                     vtype, gt[tiles], cyc, functools.partial(_partials_kernel, x, w, dst_out, spec),
-                    reads=reads, writes=[(dst_out, gt[wt])], multi=True, flops=flops,
-                    state_bytes=PARTIALS_VERTEX_STATE_BYTES))
-                prog.add(poplar.program.Execute(cs))
+                    reads=reads, writes=[write], multi=True, flops=flops, state_bytes=PARTIALS_VERTEX_STATE_BYTES))
+                prog.add(poplar.program.Execute(cs_))
                 continue
             # partial sums, one slab per input-channel block, on the tiles that compute them
             partials = graph.addVariable(ptype, [ics, lay.G, n_idx.size, co_idx.size, *fo], f"{step}/partials")
-            rows_o = np.clip(np.arange(fo[0]) - ot.paddingLower[0], 0, max(lay.out_rows - 1, 0)) // lay.fB
-            pt = tile_index(plan, (g_ar // lay.gB)[None, :, None, None, None, None],
-                            (n_idx // lay.nB)[None, None, :, None, None, None],
-                            rows_o[None, None, None, None, :, None],
-                            (co_idx // lay.coB)[None, None, None, :, None, None],
-                            np.arange(ics)[:, None, None, None, None, None])
-            pt = np.broadcast_to(pt, (ics, lay.G, n_idx.size, co_idx.size, fo[0],
-                                      o_step.shape[-1] // fo[0])).reshape(-1)
-            graph.setTileMapping(partials, pt)
-            graph.add_vertex_group(cs, VertexGroup(
+            ib = np.repeat(np.arange(ics, dtype=np.int64), GB.size)
+            pt = tile_index(plan, np.tile(GB, ics), np.tile(n_blk[NJ], ics), np.tile(f_out[FR], ics),
+                            np.tile(o_blk[OJ], ics), ib)
+            set_tile_boxes(graph, partials, np.stack([ib] + [np.tile(a, ics) for a in out_lo], axis=1),
+                           np.stack([np.ones_like(ib)] + [np.tile(a, ics) for a in out_sz], axis=1), pt)
+            graph.add_vertex_group(cs_, VertexGroup(
                 vtype, gt[tiles], cyc, functools.partial(_partials_kernel, x, w, partials, spec),
-                reads=reads, writes=[(partials, gt[pt])], multi=True, flops=flops,
+                reads=reads, writes=[Access(partials)], multi=True, flops=flops,
                 state_bytes=PARTIALS_VERTEX_STATE_BYTES))
-            prog.add(poplar.program.Execute(cs))
-            # reduce across the input-channel split onto the tiles that hold the output
-            counts = np.bincount(dst_tiles, minlength=T)
+            prog.add(poplar.program.Execute(cs_))
+            # reduce across the input-channel split onto the tiles that hold the output: slab i
+            # of the partials is read as the runs of the output's tile map, shifted by i slabs
+            M = dst_out.numElements()
+            if own_out:
+                # the output's layout boxes cut to this step, as flat runs of the step's output
+                nl, nz = _restrict(ob_lo[:, 1], ob_sz[:, 1], lay.nB, lay.nS, sb, lay.N)
+                cl, cz = _restrict(ob_lo[:, 2], ob_sz[:, 2], lay.coB, lay.coS, so, lay.Co)
+                keep = (nz > 0) & (cz > 0)
+                blo = np.stack([ob_lo[keep, 0], nl[keep], cl[keep], ob_lo[keep, 3], ob_lo[keep, 4]], axis=1)
+                bsz = np.stack([ob_sz[keep, 0], nz[keep], cz[keep], ob_sz[keep, 3], ob_sz[keep, 4]], axis=1)
+                own, rb, rlen = R.box_flat_runs(blo, bsz, [lay.G, n_idx.size, co_idx.size, fo[0], o_rest])
+                reb, rt = rb + rlen, gt[ob_tile[keep][own]].astype(np.int64)
+            else:
+                rb, reb, rt = graph.tile_runs_of(dst_out)
+            counts = np.bincount(rt, weights=reb - rb, minlength=graph._top.getTarget().getNumTiles()).astype(np.int64)
             used = np.flatnonzero(counts)
+            counts = counts[used]
+            slab = np.repeat(np.arange(ics, dtype=np.int64) * M, rb.size)
+            p_read = Access(partials.reshape([ics * M]), Boxes((slab + np.tile(rb, ics))[:, None],
+                                                                np.tile(reb - rb, ics)[:, None],
+                                                                np.tile(rt.astype(np.int64), ics)))
             vw = target.getVectorWidth(ptype)
             rcyc = W_ctx * (planmod.REDUCE_WORKER_OVERHEAD + 2 * int(math.log2(vw))
-                            + planmod.REDUCE_CYCLES_PER_VECTOR * ics * _ceil(counts[used], vw * W_ctx))
-            p_cons = np.broadcast_to(dst_tiles[None, :], (ics, dst_tiles.size)).reshape(-1)
+                            + planmod.REDUCE_CYCLES_PER_VECTOR * ics * _ceil(counts, vw * W_ctx))
             rcs = graph.addComputeSet(f"{step}/Reduce")
             graph.add_vertex_group(rcs, VertexGroup(
-                f"poplin::ReduceAdd<{out_type},{ptype}>", gt[used], rcyc,
-                functools.partial(_reduce_kernel, partials, dst_out), reads=[(partials, gt[p_cons])],
-                writes=[(dst_out, gt[dst_tiles])], multi=True, flops=float(step_outs * (ics - 1)),
+                f"poplin::ReduceAdd<{out_type},{ptype}>", used, rcyc,
+                functools.partial(_reduce_kernel, partials, dst_out),
+                reads=[p_read],
+                writes=[Access(dst_out)], multi=True, flops=float(step_outs * (ics - 1)),
                 state_bytes=REDUCE_VERTEX_STATE_BYTES))
             prog.add(poplar.program.Execute(rcs))
     return out

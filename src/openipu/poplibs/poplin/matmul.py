@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-
 from openipu import poplar
-from openipu.poplar.graph import VertexGroup
+from openipu.poplar.exchange import tile_boxes
+from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplar.types import as_type
 from openipu.poplibs.poplin import core
 from openipu.poplibs.poplin.params import ConvParams
 from openipu.poplibs.poplin.plan import parse_options, plan_matmul
+from openipu.poplibs.popops._common import tile_counts_of
 
 __all__ = ["map_matmul_input_rhs", "matMul", "matMulGrouped", "matMulAcc", "matMulGroupedAcc", "createMatMulInputLHS",
            "createMatMulInputRHS", "createMatMulGroupedInputLHS", "createMatMulGroupedInputRHS",
@@ -115,19 +115,19 @@ SCALED_ADD_CYCLES_PER_VECTOR = 3
 
 
 def _scaled_add_to(graph, C, X, scale: float, prog, name):
-    """``C += scale * X`` on the tiles that hold ``C`` (in place)."""
-    tiles = graph.tile_of_elements(C)
+    """``C += scale * X`` on the tiles that hold ``C`` (in place); ``X`` is exchanged to them."""
+    used, counts = tile_counts_of(graph, C)
     W = graph.getTarget().getNumWorkerContexts()
-    counts = np.bincount(tiles, minlength=graph._top.getTarget().getNumTiles())
-    used = np.flatnonzero(counts)
     vw = graph.getTarget().getVectorWidth(C.elementType())
     cyc = SCALED_ADD_SUPERVISOR + W * (SCALED_ADD_WORKER_PROLOGUE
-                                       + SCALED_ADD_CYCLES_PER_VECTOR * -(-counts[used] // (vw * W)))
+                                       + SCALED_ADD_CYCLES_PER_VECTOR * -(-counts // (vw * W)))
     cs = graph.addComputeSet(f"{name}/ScaledAdd")
     graph.add_vertex_group(cs, VertexGroup(
         f"popops::ScaledAddSupervisor<{C.elementType()},{X.elementType()}>", used, cyc,
         functools.partial(_scaled_add_kernel, C, X, float(scale)),
-        reads=[(C, tiles), (X, tiles)], writes=[(C, tiles)], multi=True, flops=2.0 * C.numElements(), state_bytes=24))
+        reads=[Access(C), core.runs_access(X, tile_boxes(C))], writes=[Access(C)], multi=True,
+        flops=2.0 * C.numElements(),
+        state_bytes=24))
     prog.add(poplar.program.Execute(cs))
 
 
@@ -170,16 +170,17 @@ def _create(graph, op, type_, aShape, bShape, name, options, cache, which, group
 
 
 def _map_as_planned(graph, t, which, params, plan):
-    """Map ``t`` (``[g, m, k]`` lhs, ``[g, k, n]`` rhs or ``[g, m, n]`` out) as the plan lays it out."""
+    """Map ``t`` (``[g, m, k]`` lhs, ``[g, k, n]`` rhs or ``[g, m, n]`` out) as the plan lays it out
+    (boxes of the canonical views, :mod:`core`)."""
     lay = core.Layout.of(params, plan)
     g, m, k, n = params.numConvGroups, params.batchSize, params.inputChannelsPerConvGroup, \
         params.outputChannelsPerConvGroup
     if which == "lhs":
-        graph.setTileMapping(t.reshape([g, m, k, 1]), core.input_tiles(params, plan, lay))
+        core.map_input(graph, t.reshape([g, m, k, 1]), params, plan, lay)
     elif which == "rhs":
-        graph.setTileMapping(t.dimShuffle([0, 2, 1]).reshape([g, n, k, 1]), core.weight_tiles(params, plan, lay))
+        core.map_weights(graph, t.dimShuffle([0, 2, 1]).reshape([g, n, k, 1]), params, plan, lay)
     else:
-        graph.setTileMapping(t.reshape([g, m, n, 1]), core.output_tiles(params, plan, lay))
+        core.map_output(graph, t.reshape([g, m, n, 1]), params, plan, lay)
 
 
 def map_matmul_input_rhs(graph, B, aShape, options=None, cache=None, outType=None) -> None:  # noqa: N803

@@ -1,0 +1,294 @@
+"""poplin's structural layouts and exchange: the boxes of ``core.input_boxes`` / ``weight_boxes`` /
+``output_boxes`` and the reads ``core.build`` declares (boxes and runs, no per-element arrays)
+against per-element references: the layout formulas, and the per-address exchange model applied
+to the elements each tile reads (one transfer per replica of a block, the first counting sends)."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from openipu import poplar
+from openipu.poplar import cost as costmod
+from openipu.poplar import program as P
+from openipu.poplar.engine import _boxes_of
+from openipu.poplar.exchange import RegionTransfer
+from openipu.poplibs import poplin, poputil
+from openipu.poplibs.poplin import core
+from openipu.poplibs.poplin.convolution import _canon_input
+from openipu.poplibs.poplin.plan import plan_convolution
+
+
+# ---------------------------------------------------------------------------------------------
+# per-element references (the formulas the boxes implement)
+def ref_input_tiles(params, plan, lay):
+    F0 = params.inputFieldShape[0]
+    rest = int(np.prod(params.inputFieldShape[1:], dtype=np.int64))
+    lo, hi = core.input_row_ranges(params, plan, lay)
+    g = np.arange(lay.G)[:, None, None, None, None]
+    n = np.arange(lay.N)[None, :, None, None, None]
+    c = np.arange(lay.Ci)[None, None, :, None, None]
+    f = core._primary_block(np.arange(F0), lo, hi)[None, None, None, :, None]
+    r = np.arange(rest)[None, None, None, None, :]
+    o = (((n % lay.nB) * lay.ciB + c % lay.ciB) * rest + r) * plan.out_chan_split // (lay.nB * lay.ciB * rest)
+    t = core.tile_index(plan, g // lay.gB, n // lay.nB, f, o, c // lay.ciB)
+    return np.broadcast_to(t, (lay.G, lay.N, lay.Ci, F0, rest)).reshape(-1)
+
+
+def ref_weight_tiles(params, plan, lay):
+    K = int(np.prod(params.kernelShape, dtype=np.int64))
+    g = np.arange(lay.G)[:, None, None, None]
+    co = np.arange(lay.Co)[None, :, None, None]
+    c = np.arange(lay.Ci)[None, None, :, None]
+    k = np.arange(K)[None, None, None, :]
+    share = plan.batch_split * plan.field_split
+    h = (((co % lay.coB) * lay.ciB + c % lay.ciB) * K + k) * share // (lay.coB * lay.ciB * K)
+    t = core.tile_index(plan, g // lay.gB, h // plan.field_split, h % plan.field_split, co // lay.coB, c // lay.ciB)
+    return np.broadcast_to(t, (lay.G, lay.Co, lay.Ci, K)).reshape(-1)
+
+
+def ref_output_tiles(params, plan, lay):
+    fo = params.getOutputFieldShape()
+    rest = int(np.prod(fo[1:], dtype=np.int64))
+    row = np.clip(np.arange(fo[0]) - params.outputTransform.paddingLower[0], 0, max(lay.out_rows - 1, 0))
+    g = np.arange(lay.G)[:, None, None, None, None]
+    n = np.arange(lay.N)[None, :, None, None, None]
+    co = np.arange(lay.Co)[None, None, :, None, None]
+    f = (row // max(lay.fB, 1))[None, None, None, :, None]
+    r = np.arange(rest)[None, None, None, None, :]
+    i = (((n % lay.nB) * lay.coB + co % lay.coB) * rest + r) * plan.in_chan_split // (lay.nB * lay.coB * rest)
+    t = core.tile_index(plan, g // lay.gB, n // lay.nB, f, co // lay.coB, i)
+    return np.broadcast_to(t, (lay.G, lay.N, lay.Co, fo[0], rest)).reshape(-1)
+
+
+def _graph(tiles, vtiles=None):
+    m = poplar.IPUModel("ipu2")
+    m.tilesPerIPU = tiles
+    top = poplar.Graph(m.createDevice().getTarget())
+    return top, (top.createVirtualGraph(vtiles) if vtiles is not None else top)
+
+
+def _local(graph, t):
+    return graph._local_tiles(graph.tile_of_elements(t).astype(np.int64))
+
+
+_conv_params = st.fixed_dictionaries({
+    "N": st.integers(1, 5), "G": st.integers(1, 3), "Ci": st.integers(1, 40), "Co": st.integers(1, 40),
+    "H": st.integers(1, 12), "W": st.integers(1, 7), "kh": st.integers(1, 4), "kw": st.integers(1, 3),
+    "pad": st.integers(0, 2), "stride": st.integers(1, 3), "tiles": st.sampled_from([4, 16, 64]),
+    "amp": st.sampled_from([0.6, 0.05]), "half": st.booleans()})
+
+
+def _params(d):
+    t = poplar.HALF if d["half"] else poplar.FLOAT
+    kh, kw = min(d["kh"], d["H"] + 2 * d["pad"]), min(d["kw"], d["W"] + 2 * d["pad"])
+    return poplin.ConvParams(t, t, d["N"], [d["H"], d["W"]], [kh, kw], d["Ci"], d["Co"], d["G"],
+                             inputTransform=poplin.InputTransform(paddingLower=[d["pad"]] * 2,
+                                                                  paddingUpper=[d["pad"]] * 2),
+                             outputTransform=poplin.OutputTransform(stride=[d["stride"], 1]))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(d=_conv_params)
+def test_conv_layouts_match_the_per_element_formulas(d):
+    p = _params(d)
+    _, g = _graph(d["tiles"])
+    opts = {"availableMemoryProportion": d["amp"]}
+    try:
+        plan = plan_convolution(p, g.getTarget(), opts, None)
+    except poplin.poplibs_error:
+        return
+    lay = core.Layout.of(p, plan)
+    x = poplin.createInput(g, p, "x", opts)
+    w = poplin.createWeights(g, p, "w", opts)
+    np.testing.assert_array_equal(_local(g, _canon_input(x, p)), ref_input_tiles(p, plan, lay))
+    np.testing.assert_array_equal(_local(g, w), ref_weight_tiles(p, plan, lay))
+    out = g.addVariable(p.outputType, [lay.G, lay.N, lay.Co, *p.getOutputFieldShape()], "o")
+    core.map_output(g, out, p, plan, lay)
+    np.testing.assert_array_equal(_local(g, out), ref_output_tiles(p, plan, lay))
+
+
+@pytest.mark.parametrize("shape,tiles,vtiles", [((50, 96, 70), 64, None), ((3, 40, 300, 20), 16, None),
+                                                ((40, 50, 60), 32, [3, 1, 7, 5, 20, 11, 12, 13, 30, 31])])
+def test_matmul_layouts_match_the_per_element_formulas(shape, tiles, vtiles):
+    grouped = len(shape) == 4
+    gr, m, k, n = shape if grouped else (1, *shape)
+    _, g = _graph(tiles, vtiles)
+    a_shape, b_shape = ([gr, m, k], [gr, k, n]) if grouped else ([m, k], [k, n])
+    if grouped:
+        A = poplin.createMatMulGroupedInputLHS(g, poplar.HALF, a_shape, b_shape, "a")
+        B = poplin.createMatMulGroupedInputRHS(g, poplar.HALF, a_shape, b_shape, "b")
+        C = poplin.createMatMulGroupedOutput(g, poplar.HALF, poplar.HALF, a_shape, b_shape, "c")
+    else:
+        A = poplin.createMatMulInputLHS(g, poplar.HALF, a_shape, b_shape, "a")
+        B = poplin.createMatMulInputRHS(g, poplar.HALF, a_shape, b_shape, "b")
+        C = poplin.createMatMulOutput(g, poplar.HALF, poplar.HALF, a_shape, b_shape, "c")
+    plan = poplin.plan_matmul(gr, m, k, n, poplar.HALF, g.getTarget(), None, None)
+    params = poplin.ConvParams(poplar.HALF, poplar.HALF, m, [1], [1], k, n, gr)
+    lay = core.Layout.of(params, plan)
+    np.testing.assert_array_equal(_local(g, A.reshape([gr, m, k])), ref_input_tiles(params, plan, lay))
+    np.testing.assert_array_equal(_local(g, B.reshape([gr, k, n]).dimShuffle([0, 2, 1])),
+                                  ref_weight_tiles(params, plan, lay))
+    np.testing.assert_array_equal(_local(g, C.reshape([gr, m, n])), ref_output_tiles(params, plan, lay))
+
+
+# ---------------------------------------------------------------------------------------------
+# reads: the structural Accesses against the per-address model of the same reads
+def _ref_read_transfers(graph, x, w, params, plan, sb, so):
+    """The per-element transfers of one serial step's reads, as poplin built them before boxes:
+    per operand part (primary input rows, halo rows, weights) one transfer per replica of each
+    block, addresses in increasing order, the first replica counting sends."""
+    lay = core.Layout.of(params, plan)
+    gt = graph._tiles
+    space = x._state.space(x._type)
+    lo, hi = core.input_row_ranges(params, plan, lay)
+    rows = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())] + [np.zeros(0, int)])
+    fblk = np.repeat(np.arange(plan.field_split), hi - lo)
+    prim = fblk == core._primary_block(rows, lo, hi)
+    F0, rest = params.inputFieldShape[0], int(np.prod(params.inputFieldShape[1:]))
+    K = int(np.prod(params.kernelShape))
+    xa = x.addresses().reshape(lay.G, lay.N, lay.Ci, F0, rest)
+    wa = w.addresses().reshape(lay.G, lay.Co, lay.Ci, K)
+    n_idx = np.flatnonzero((np.arange(lay.N) % lay.nB) // lay.nS == sb)
+    co_idx = np.flatnonzero((np.arange(lay.Co) % lay.coB) // lay.coS == so)
+    g_t = (np.arange(lay.G) // lay.gB)[:, None, None, None, None]
+    n_t = (n_idx // lay.nB)[None, :, None, None, None]
+    c_t = (np.arange(lay.Ci) // lay.ciB)[None, None, :, None, None]
+    out = []
+
+    def replicas(addr, base, offsets):
+        a, b = addr.reshape(-1), np.broadcast_to(base, addr.shape).reshape(-1)
+        order = np.argsort(a, kind="stable")
+        return [costmod.Transfer(space, a[order], gt[b[order] + off], count_send=k == 0)
+                for k, off in enumerate(offsets)]
+
+    for sel in (prim, ~prim):
+        if sel.any():
+            a_in = xa[:, n_idx][:, :, :, rows[sel]]
+            base = core.tile_index(plan, g_t, n_t, fblk[sel][None, None, None, :, None], 0, c_t)
+            out += replicas(a_in, base, [o * plan.in_chan_split for o in range(plan.out_chan_split)])
+    base = core.tile_index(plan, (np.arange(lay.G) // lay.gB)[:, None, None, None], 0, 0,
+                           (co_idx // lay.coB)[None, :, None, None],
+                           (np.arange(lay.Ci) // lay.ciB)[None, None, :, None])
+    offs = [(b * plan.field_split + f) * plan.out_chan_split * plan.in_chan_split
+            for b in range(plan.batch_split) for f in range(plan.field_split)]
+    return out + replicas(wa[:, co_idx], base, offs)
+
+
+def _volume(spec, transfers):
+    v = costmod.exchange_volume(spec, transfers)
+    return np.stack([v.recv_bytes, v.send_bytes, v.recv_msgs, v.send_msgs])
+
+
+def _structural(accesses):
+    """The region transfers the engine makes of a group's reads."""
+    out = []
+    for a in accesses:
+        boxes = _boxes_of(a)
+        if boxes is not None:
+            out.append(RegionTransfer(a.tensor, boxes, count_send=a.count_send))
+    return out
+
+
+_READ_CASES = {
+    "conv_halo": dict(N=2, G=1, Ci=6, Co=10, H=20, W=5, kh=5, kw=3, pad=2, stride=1, tiles=64, amp=0.6, half=False),
+    "conv_stride_split": dict(N=3, G=2, Ci=40, Co=24, H=9, W=6, kh=3, kw=3, pad=1, stride=2, tiles=16, amp=0.05,
+                              half=True),
+    "conv_serial": dict(N=5, G=1, Ci=33, Co=37, H=8, W=4, kh=3, kw=1, pad=1, stride=1, tiles=4, amp=0.05, half=False),
+}
+
+
+_MM_CASES = {"mm_linear": (64, 300, 40, 64, 0.6), "mm_serial": (64, 256, 128, 16, 0.02)}
+
+
+def _setup_reads(case, mapping):
+    """(top graph, graph, canonical x, w, params, plan, options) of a read case."""
+    rng = np.random.default_rng(1)
+    if case in _MM_CASES:
+        m, k, n, tiles, amp = _MM_CASES[case]
+        top, g = _graph(tiles)
+        opts = {"availableMemoryProportion": amp}
+        if mapping == "created":
+            A = poplin.createMatMulInputLHS(g, poplar.HALF, [m, k], [k, n], "a", opts)
+            B = poplin.createMatMulInputRHS(g, poplar.HALF, [m, k], [k, n], "b", opts)
+        else:
+            A, B = g.addVariable(poplar.HALF, [m, k], "a"), g.addVariable(poplar.HALF, [k, n], "b")
+            poputil.mapTensorLinearly(g, A)
+            g.setTileMapping(B, rng.integers(0, tiles, B.numElements()))
+        p = poplin.ConvParams(poplar.HALF, poplar.HALF, m, [1], [1], k, n, 1)
+        plan = poplin.plan_matmul(1, m, k, n, poplar.HALF, g.getTarget(), opts, None)
+        return top, g, A.reshape([1, m, k, 1]), B.dimShuffle([1, 0]).reshape([1, n, k, 1]), p, plan
+    d = _READ_CASES[case]
+    p = _params(d)
+    top, g = _graph(d["tiles"])
+    opts = {"availableMemoryProportion": d["amp"]}
+    if mapping == "created":
+        x = poplin.createInput(g, p, "x", opts)
+        w = poplin.createWeights(g, p, "w", opts)
+    else:
+        x = g.addVariable(p.inputType, p.getInputShape(), "x")
+        w = g.addVariable(p.inputType, p.getWeightsShape(), "w")
+        for t in (x, w):
+            g.setTileMapping(t, rng.integers(0, d["tiles"], t.numElements()))
+    return top, g, _canon_input(x, p), w, p, plan_convolution(p, g.getTarget(), opts, None)
+
+
+@pytest.mark.parametrize("case", sorted(_READ_CASES) + sorted(_MM_CASES))
+@pytest.mark.parametrize("mapping", ["created", "other"])
+def test_reads_cost_what_the_per_element_model_gives(case, mapping):
+    top, g, xc, w, p, plan = _setup_reads(case, mapping)
+    prog = P.Sequence()
+    out = core.build(g, xc, w, p, plan, "float", p.outputType, prog, "y")
+    spec = top._target.spec
+    conv_sets = [cs for cs in top._state.compute_sets if cs.name.endswith("/Conv")]
+    assert len(conv_sets) == plan.serial_steps
+    steps = [(sb, so) for sb in range(plan.batch_serial) for so in range(plan.out_chan_serial)]
+    for cs, (sb, so) in zip(conv_sets, steps):
+        group = cs.groups[0]
+        np.testing.assert_array_equal(_volume(spec, _structural(group.reads)),
+                                      _volume(spec, _ref_read_transfers(g, xc, w, p, plan, sb, so)))
+        if plan.in_chan_split > 1:
+            # the reduce reads every partial slab on the tiles that hold the output
+            partials = group.writes[0].tensor
+            red = next(c for c in top._state.compute_sets if c.name == cs.name[:-len("Conv")] + "Reduce").groups[0]
+            dst = red.writes[0].tensor
+            ref = costmod.Transfer(top._state.space(partials._type), partials.flat_addresses(),
+                                   np.tile(g.tile_of_elements(dst), plan.in_chan_split))
+            np.testing.assert_array_equal(_volume(spec, _structural(red.reads)), _volume(spec, [ref]))
+            counts = np.bincount(g.tile_of_elements(dst), minlength=spec.num_tiles)
+            np.testing.assert_array_equal(np.sort(red.tiles), np.flatnonzero(counts))
+    assert out.shape() == [p.numConvGroups, p.batchSize, p.outputChannelsPerConvGroup, *p.getOutputFieldShape()]
+
+
+def test_bias_and_scaled_add_read_by_regions():
+    """addBias reads a broadcast view of the biases (no address array), createBiases picks the
+    tile holding most of each channel, and matMulAcc's update reads the product on C's tiles."""
+    top, g = _graph(16)
+    acts = g.addVariable(poplar.FLOAT, [3, 5, 4, 4], "acts")
+    rng = np.random.default_rng(0)
+    g.setTileMapping(acts, rng.integers(0, 16, acts.numElements()))
+    b = poplin.createBiases(g, acts, "b")
+    tiles = g.tile_of_elements(acts.dimShuffle([1, 0, 2, 3])).reshape(5, -1)
+    for c in range(5):
+        cnt = np.bincount(tiles[c], minlength=16)
+        assert g.tile_of_elements(b[c:c + 1])[0] == int(np.argmax(cnt))
+    prog = P.Sequence()
+    poplin.addBias(g, acts, b, prog, "bias")
+    grp = top._state.compute_sets[-1].groups[0]
+    spec = top._target.spec
+    ref = [costmod.Transfer(top._state.space(b._type),
+                            np.broadcast_to(b.flat_addresses()[None, :, None, None], acts.shape()).reshape(-1),
+                            g.tile_of_elements(acts))]
+    np.testing.assert_array_equal(_volume(spec, _structural(grp.reads)), _volume(spec, ref))
+    C = g.addVariable(poplar.FLOAT, [6, 7], "C")
+    poputil.mapTensorLinearly(g, C)
+    A = g.addVariable(poplar.FLOAT, [6, 9], "A")
+    B = g.addVariable(poplar.FLOAT, [9, 7], "B")
+    for t in (A, B):
+        poputil.mapTensorLinearly(g, t)
+    poplin.matMulAcc(g, C, 0.5, A, B, prog, "acc")
+    grp = top._state.compute_sets[-1].groups[0]
+    X = grp.reads[1].tensor
+    assert X.numElements() >= C.numElements()
+    used = np.flatnonzero(np.bincount(g.tile_of_elements(C), minlength=spec.num_tiles))
+    np.testing.assert_array_equal(grp.tiles, used)
