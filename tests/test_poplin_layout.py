@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from openipu import poplar
 from openipu.poplar import cost as costmod
 from openipu.poplar import program as P
-from openipu.poplar.engine import _boxes_of
+from openipu.poplar.graph_compiler import _boxes_of
 from openipu.poplar.exchange import RegionTransfer
 from openipu.poplibs import poplin, poputil
 from openipu.poplibs.poplin import core
