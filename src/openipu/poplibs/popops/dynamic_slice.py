@@ -159,15 +159,24 @@ class _Cols:
     tile: np.ndarray
     cols: int
 
-    def boxes(self, shape) -> Boxes:
-        """Boxes of a view ``[*rows, cols]`` (``shape``): each run of columns, all rows, on its tile."""
-        d = len(shape)
-        k = self.begin.size
-        lo = np.zeros((k, d), np.int64)
-        sz = np.tile(np.asarray(shape, np.int64).reshape(1, d), (k, 1))
-        lo[:, -1] = self.begin
-        sz[:, -1] = self.end - self.begin
-        return Boxes(lo, sz, self.tile.astype(np.int64))
+    def boxes(self, view) -> Boxes:
+        """Boxes of ``view`` ``[*rows, cols]``, each used on the tile of its columns: the view's
+        own tile boxes cut at the column runs (so that each box lies in one run of its owner's
+        tile map, and elements already on their column's tile are seen to stay)."""
+        from openipu.poplar.exchange import tile_boxes
+        tb = tile_boxes(view)
+        c0 = tb.lo[:, -1]
+        c1 = c0 + tb.sz[:, -1]
+        a = np.searchsorted(self.end, c0, side="right")          # first column run reaching past c0
+        z = np.searchsorted(self.begin, c1, side="left")         # runs starting before c1
+        cnt = np.maximum(z - a, 0)
+        k = np.repeat(np.arange(len(tb)), cnt)
+        r = np.repeat(a, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+        lo, sz = tb.lo[k].copy(), tb.sz[k].copy()
+        x0 = np.maximum(c0[k], self.begin[r])
+        x1 = np.minimum(c1[k], self.end[r])
+        lo[:, -1], sz[:, -1] = x0, x1 - x0
+        return Boxes(lo, sz, self.tile[r].astype(np.int64))
 
     def per_tile(self, num_tiles):
         """``(used tiles, columns on each, runs of columns on each)``."""
@@ -479,8 +488,8 @@ def _slice_impl(graph, out, t, offset, dims, sizes, prog, name, options):
     graph.add_vertex_group(cs, VertexGroup(
         f"popops::DynamicSlice2D<{t.elementType()}>", used, cyc,
         functools.partial(_slice_kernel, view, oview, offset, [t.dim(d) for d in dims], sizes, remap),
-        reads=[Access(view, runs.boxes(view.shape())), _bcast(offset, used), Access(oview, runs.boxes(oview.shape()))],
-        writes=[Access(oview, runs.boxes(oview.shape()))], multi=True, flops=0.0, state_bytes=24))
+        reads=[Access(view, runs.boxes(view)), _bcast(offset, used), Access(oview, runs.boxes(oview))],
+        writes=[Access(oview, runs.boxes(oview))], multi=True, flops=0.0, state_bytes=24))
     prog.add(poplar.program.Execute(cs))
     return out
 
@@ -525,8 +534,8 @@ def dynamicUpdate(graph, t, s, offset, dims, sizes, prog, debug_name: str = "", 
     graph.add_vertex_group(cs, VertexGroup(
         f"popops::DynamicUpdateSlice2D<{t.elementType()}>", used, cyc,
         functools.partial(_update_kernel, view, sview, offset, [t.dim(d) for d in dims], sizes, remap),
-        reads=[Access(view, runs.boxes(view.shape())), Access(sview, runs.boxes(sview.shape())), _bcast(offset, used)],
-        writes=[Access(view, runs.boxes(view.shape()))], multi=True, flops=0.0, state_bytes=24))
+        reads=[Access(view, runs.boxes(view)), Access(sview, runs.boxes(sview)), _bcast(offset, used)],
+        writes=[Access(view, runs.boxes(view))], multi=True, flops=0.0, state_bytes=24))
     prog.add(poplar.program.Execute(cs))
 
 
@@ -577,8 +586,8 @@ def multiSlice(graph, t, offsets, dims, sizes, prog, plan=None, options=None, de
     graph.add_vertex_group(cs, VertexGroup(
         f"popops::MultiSlice<{t.elementType()}>", used, cyc,
         functools.partial(_multi_slice_kernel, view, oview, offsets, [t.dim(d) for d in dims], remap, padding),
-        reads=[Access(view, runs.boxes(view.shape())), _bcast(offsets, used)],
-        writes=[Access(oview, runs.boxes(oview.shape()))], multi=True, flops=0.0, state_bytes=32))
+        reads=[Access(view, runs.boxes(view)), _bcast(offsets, used)],
+        writes=[Access(oview, runs.boxes(oview))], multi=True, flops=0.0, state_bytes=32))
     prog.add(poplar.program.Execute(cs))
     return out
 
@@ -621,7 +630,7 @@ def _multi_update(graph, t, s, offsets, dims, sizes, prog, options, name, op, sc
         wider = scale_t is not None and scale_t.elementType().size > t.elementType().size
         cyc = multi_update_op_tile_cycles(ncols, N, t.elementType(), target, op == "add", wider)
         vname = f"popops::{'Scaled' if op == 'add' else ''}MultiUpdateOp<{t.elementType()},{op}>"
-    reads = [Access(view, runs.boxes(view.shape())), Access(sview, runs.boxes(sview.shape())), _bcast(offsets, used)]
+    reads = [Access(view, runs.boxes(view)), Access(sview, runs.boxes(sview)), _bcast(offsets, used)]
     if scale_t is not None:
         reads.append(_bcast(scale_t, used))
     cs = graph.addComputeSet(name)
@@ -629,7 +638,7 @@ def _multi_update(graph, t, s, offsets, dims, sizes, prog, options, name, op, sc
         vname, used, cyc,
         functools.partial(_multi_update_kernel, view, sview, offsets, [t.dim(d) for d in dims], remap, padding, op,
                           scale_v, scale_t),
-        reads=reads, writes=[Access(view, runs.boxes(view.shape()))], multi=True,
+        reads=reads, writes=[Access(view, runs.boxes(view))], multi=True,
         flops=float(N * cols * (2 if op == "add" else 1 if op == "max" else 0)), state_bytes=32))
     prog.add(poplar.program.Execute(cs))
 
