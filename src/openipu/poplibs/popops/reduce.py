@@ -281,10 +281,12 @@ def _segment_reduce(vals: torch.Tensor, idx: torch.Tensor, n: int, op: Operation
 
 def _stage_kernel(src, dst, indexer, n_dst, op, compute_dtype, first, final, ctx):
     """One reduction stage: ``dst[j] = op(src[i] for index[i] == j)``, in the order of ``src``'s
-    flattened elements; ``indexer()`` yields ``(begin, end, index)`` chunks of the flattened
-    ``src`` with the destination of each of their elements (the destinations of a chunk get all
-    their elements from it). ``final`` = (scale, scale tensor or None, update) applies the output
-    transform. Index arrays exist only while the kernel runs, one chunk at a time."""
+    flattened elements; ``indexer()`` yields ``(begin, end, index, dest)`` chunks of the
+    flattened ``src``: ``index`` numbers the destination of each element of the chunk, ``dest``
+    maps those numbers to positions of ``dst`` (None: they are positions already); the
+    destinations of a chunk get all their elements from it. ``final`` = (scale, scale tensor or
+    None, update) applies the output transform. Index arrays exist only while the kernel runs,
+    one chunk at a time."""
     vals = ctx.read(src).reshape(ctx.replicas, -1)
     if compute_dtype is not None:
         vals = vals.to(compute_dtype)
@@ -294,15 +296,16 @@ def _stage_kernel(src, dst, indexer, n_dst, op, compute_dtype, first, final, ctx
         res = torch.full((vals.shape[0], n_dst), _identity(op, vals.dtype), dtype=vals.dtype)
     else:
         res = None
-        for b, e, index in indexer():
-            if b == 0 and e == vals.shape[1] and res is None:
+        for b, e, index, dest in indexer():
+            if dest is None and b == 0 and e == vals.shape[1]:
                 res = _segment_reduce(vals, torch.from_numpy(index), n_dst, op)
                 continue
-            uniq, inv = np.unique(index, return_inverse=True)
-            part = _segment_reduce(vals[:, b:e], torch.from_numpy(inv.reshape(-1)), uniq.size, op)
+            if dest is None:
+                dest, index = np.unique(index, return_inverse=True)
+            part = _segment_reduce(vals[:, b:e], torch.from_numpy(index.reshape(-1)), dest.size, op)
             if res is None:
                 res = torch.zeros((vals.shape[0], n_dst), dtype=part.dtype)
-            res[:, torch.from_numpy(uniq)] = part
+            res[:, torch.from_numpy(dest)] = part
     if final is not None:
         res = _finish(res, dst, op, final, ctx)
     ctx.write(dst, res.reshape((ctx.replicas,) + tuple(dst.shape())))
@@ -424,15 +427,18 @@ class _Level:
 
     def layout(self, period: np.ndarray) -> None:
         self.period = np.asarray(period, np.int64)
+        self.in_order = bool((self.period == 1).all())
+        self.n_div, self.n_mod = np.divmod(self.bcount, self.period)
         order = np.lexsort((self.cls, self.tiles))
         self.offset = np.empty(self.tiles.size, np.int64)
         self.offset[order] = np.cumsum(self.bcount[order]) - self.bcount[order]
 
     def position(self, q: np.ndarray, i: np.ndarray) -> np.ndarray:
         """Position in the partials variable of partial ``i`` of block ``q``."""
-        p, n = self.period[q], self.bcount[q]
-        rho = i % p
-        return self.offset[q] + rho * (n // p) + np.minimum(rho, n % p) + i // p
+        if self.in_order:
+            return self.offset[q] + i
+        d, rho = np.divmod(i, self.period[q])
+        return self.offset[q] + rho * self.n_div[q] + np.minimum(rho, self.n_mod[q]) + d
 
     def tile_runs(self):
         """``(begin, end, tile)`` of the variable: one run per tile."""
@@ -697,25 +703,29 @@ def _first_index(boxes, shape, level, num_tiles):
     """Chunks of the first stage's kernel: for whole rows of the input view (``shape`` ``[M, N]``,
     tile ``boxes``), the destination of each element (its output, or its level-1 partial)."""
     M, N = shape
-    owner, start, length = R.box_flat_runs(boxes.lo, boxes.sz, shape)
-    order = np.argsort(start, kind="stable")
-    vb, ve, vt = start[order], start[order] + length[order], boxes.tile[owner[order]]
-    total = M * N
-    rows = max(1, KERNEL_CHUNK // max(N, 1))
+    # pieces: the rows of the boxes (one destination each), in the view's flat order
+    k, row = _enumerate_ranges(boxes.lo[:, 0], boxes.sz[:, 0])
+    order = np.argsort(row * N + boxes.lo[k, 1], kind="stable")
+    k, row = k[order], row[order]
+    tile, width = boxes.tile[k], boxes.sz[k, 1]
     key = level.cls * num_tiles + level.tiles if level is not None else None
-    for f0 in range(0, total, rows * N):
-        f1 = min(total, f0 + rows * N)
-        r0 = int(np.searchsorted(ve, f0, side="right"))
-        r1 = int(np.searchsorted(vb, f1, side="left"))
-        lens = np.minimum(ve[r0:r1], f1) - np.maximum(vb[r0:r1], f0)
-        tile = np.repeat(vt[r0:r1], lens)
-        m = np.arange(f0, f1, dtype=np.int64) // N
+    rows = max(1, KERNEL_CHUNK // max(N, 1))
+    for m0 in range(0, M, rows):
+        m1 = min(M, m0 + rows)
+        a, z = np.searchsorted(row, [m0, m1])
+        r, t, n = row[a:z], tile[a:z], width[a:z]
         if level is None:
-            yield f0, f1, m
+            dest = r
+        else:
+            c = np.searchsorted(level.m0, r, side="right") - 1
+            dest = level.position(np.searchsorted(key, c * num_tiles + t), r - level.m0[c])
+        if m0 == 0 and m1 == M:
+            yield 0, M * N, np.repeat(dest, n), None
             continue
-        c = np.searchsorted(level.m0, m, side="right") - 1
-        q = np.searchsorted(key, c * num_tiles + tile)
-        yield f0, f1, level.position(q, m - level.m0[c])
+        uniq, inv = np.unique(dest, return_inverse=True)
+        yield m0 * N, m1 * N, np.repeat(inv.reshape(-1), n), uniq
+
+
 
 
 def _final_destinations(L: _Level) -> np.ndarray:
@@ -760,7 +770,7 @@ def _later_stage(graph, src, read, dst, destinations, E, K, n_dst, op, final, pt
 
 
 def _whole_index(destinations, n):
-    yield 0, n, destinations()
+    yield 0, n, destinations(), None
 
 
 def _group(vname, used, cycles, src, dst, indexer, n_dst, op, compute, first, final, reads, writes, flops, scale_t,
