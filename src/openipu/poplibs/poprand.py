@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from openipu import poplar
-from openipu.poplar.graph import VertexGroup
-from openipu.poplibs.popops._common import broadcast_view, output_like, tile_counts
+from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplibs.popops._common import output_like, read_on_tiles, tile_counts_of
 
 __all__ = ["uniform", "logUniform", "normal", "truncatedNormal", "bernoulli", "dropout", "shapedDropout",
            "setSeed", "hardware_seed", "DEFAULT_HW_SEED"]
@@ -157,7 +157,7 @@ def _seed_tensor(graph, seed, what):
     if seed.numElements() != 2 or seed.elementType() not in (poplar.UNSIGNED_INT, poplar.INT):
         raise poplar.graph_connection_error(
             f"{what}: seed must hold 2 UNSIGNED_INT elements, got {seed.elementType()} {seed.shape()}")
-    if (graph.tile_of_elements(seed) < 0).any():
+    if not graph.is_mapped(seed):
         raise poplar.invalid_tile_mapping(f"{what}: the seed tensor is not mapped to a tile")
     return seed, False
 
@@ -194,17 +194,16 @@ def _generate(graph, seed, seed_modifier, reference, out_type, prog, name, kind,
         raise poplar.graph_connection_error(
             f"{name}: output type {out_type} is not supported; use one of {', '.join(map(str, allowed))}")
     seed_t, advance = _seed_tensor(graph, seed, name)
-    rtiles = graph.tile_of_elements(reference)
-    if (rtiles < 0).any():
+    if not graph.is_mapped(reference):
         raise poplar.invalid_tile_mapping(f"{name}: reference tensor {reference.shortString()} is not completely mapped")
-    out = output_like(graph, out_type, reference.shape(), (reference,), f"{name}/out")
-    used, counts = tile_counts(graph, rtiles)
+    out = output_like(graph, out_type, reference.shape(), (reference,), f"{name}/out")   # mapped like reference
+    used, counts = tile_counts_of(graph, out)
     cs = graph.addComputeSet(name)
-    writes = [(out, rtiles)] + ([(seed_t, graph.tile_of_elements(seed_t))] if advance else [])
+    writes = [Access(out)] + ([Access(seed_t)] if advance else [])
     graph.add_vertex_group(cs, VertexGroup(
         f"poprand::{vertex}<{out_type}>", used, _cycles(vertex, counts, out_type, graph.getTarget()),
         functools.partial(_gen_kernel, kind, params, seed_t, int(seed_modifier) & 0xFFFFFFFF, out, advance),
-        reads=[(broadcast_view(seed_t.flatten().reshape([1, 2]), [used.size, 2]), np.repeat(used, 2))],
+        reads=[Access(seed_t.flatten(), read_on_tiles(seed_t.flatten(), used))],   # every tile reads the seed
         writes=writes, multi=True, flops=float(out.numElements()), state_bytes=16))
     prog.add(poplar.program.Execute(cs, name))
     return out
@@ -277,20 +276,18 @@ def _dropout(graph, seed, seed_modifier, x, reference, keep, scale, prog, name, 
                                      f"{x.shape()}") from None
     seed_t, advance = _seed_tensor(graph, seed, name)
     ref = x if shaped else reference
-    rtiles = graph.tile_of_elements(ref)
-    if (rtiles < 0).any():
+    if not graph.is_mapped(ref):
         raise poplar.invalid_tile_mapping(f"{name}: tensor {ref.shortString()} is not completely mapped")
     out = output_like(graph, x.elementType(), x.shape(), (reference, x) if not shaped else (x,), f"{name}/out")
-    otiles = graph.tile_of_elements(out)
-    used, counts = tile_counts(graph, otiles)
+    used, counts = tile_counts_of(graph, out)
     cs = graph.addComputeSet(name)
-    writes = [(out, otiles)] + ([(seed_t, graph.tile_of_elements(seed_t))] if advance else [])
+    writes = [Access(out)] + ([Access(seed_t)] if advance else [])
     graph.add_vertex_group(cs, VertexGroup(
         f"poprand::DropoutSupervisor<{x.elementType()}>", used,
         _cycles("DropoutSupervisor", counts, x.elementType(), graph.getTarget()),
         functools.partial(_dropout_kernel, seed_t, int(seed_modifier) & 0xFFFFFFFF, x, out, float(keep), float(scale),
                           tuple(reference.shape()) if shaped else None, advance),
-        reads=[(x, otiles), (broadcast_view(seed_t.flatten().reshape([1, 2]), [used.size, 2]), np.repeat(used, 2))],
+        reads=[Access(x, out), Access(seed_t.flatten(), read_on_tiles(seed_t.flatten(), used))],
         writes=writes, multi=True, flops=float(2 * x.numElements()), state_bytes=24))
     prog.add(poplar.program.Execute(cs, name))
     return out
@@ -339,6 +336,6 @@ def setSeed(graph, masterSeed, seedModifier, prog, debug_name: str = "") -> None
     graph.add_vertex_group(cs, VertexGroup(
         "poprand::SetSeedSupervisor", tiles, np.full(T, 14 + 27 * graph.getTarget().getNumWorkerContexts()),
         functools.partial(_set_seed_kernel, seed_t, int(seedModifier) & 0xFFFFFFFF, hw),
-        reads=[(broadcast_view(seed_t.flatten().reshape([1, 2]), [T, 2]), np.repeat(tiles, 2))],
-        writes=[(hw, graph.tile_of_elements(hw))], multi=True, flops=0.0, state_bytes=8))
+        reads=[Access(seed_t.flatten(), read_on_tiles(seed_t.flatten(), tiles))],   # every tile reads the seed
+        writes=[Access(hw)], multi=True, flops=0.0, state_bytes=8))
     prog.add(poplar.program.Execute(cs, debug_name or "setSeed"))

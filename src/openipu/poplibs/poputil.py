@@ -12,8 +12,9 @@ The rules follow PopLibs ``lib/poputil/TileMapping.cpp``, ``Util.cpp`` and ``Ten
 - ``getTileImbalance``: elements on the fullest tile minus the balanced count
   ``max(ceil(total / numTiles), minElementsPerTile, grainSize)`` (0 if below it).
 
-All mapping work is numpy over elements; the only Python loops run over runs of equal tile sets
-(``createBroadcastOperand``), at most a few per tile.
+All mapping work is numpy over runs of the tile maps (intervals of elements on one tile), never
+over elements; the only Python loops run over runs of equal tile sets (``createBroadcastOperand``),
+at most a few per tile.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import numpy as np
 
 from openipu.poplar import errors
 from openipu.poplar.graph import TensorCloneMethod
-from openipu.poplar.mapping import linear_tile_of_elements, linear_tile_runs, map_linearly
+from openipu.poplar.mapping import linear_tile_runs, map_linearly
 from openipu.poplar.tensor import Interval, Tensor
+from openipu.poplibs.popops._common import split_positions, union_intervals
 
 __all__ = ["poplibs_error", "splitRegions", "calcLinearTileMapping", "mapTensorLinearly", "getTileImbalance",
            "cloneToIpu", "createIpuCopy", "copyToIpu", "cloneToGraph", "createBroadcastOperand",
@@ -40,23 +42,27 @@ class poplibs_error(errors.poplar_error):  # noqa: N801 - PopLibs spelling
 # ----------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------
-def _local_tiles(graph, t: Tensor) -> np.ndarray:
-    """Graph-local tile of each flattened element of ``t`` (-1 where unmapped)."""
-    glob = graph.tile_of_elements(t).astype(np.int64)
-    return graph._local_tiles(glob) if glob.size else glob
+def _local_runs(graph, t: Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(begin, end, local tile)`` runs of ``t``'s flattened elements in ``graph`` (-1 where
+    unmapped or mapped outside the graph); adjacent runs may share a tile."""
+    b, e, tl = graph.tile_runs_of(t)
+    tl = tl.astype(np.int64)
+    return b, e, (graph._local_tiles(tl) if tl.size else tl)
 
 
-def _mapping_from_tiles(tiles: np.ndarray, num_tiles: int) -> list[list[Interval]]:
-    """Per tile, the intervals of positions whose entry in ``tiles`` is that tile."""
-    out: list[list[Interval]] = [[] for _ in range(num_tiles)]
-    if tiles.size == 0:
-        return out
-    brk = np.flatnonzero(np.diff(tiles)) + 1
-    starts, ends = np.r_[0, brk], np.r_[brk, tiles.size]
-    for s, e, tl in zip(starts.tolist(), ends.tolist(), tiles[starts].tolist()):
-        if tl >= 0:
-            out[tl].append(Interval(s, e))
-    return out
+def _row_runs(b, e, tl, row: int):
+    """Runs ``[b, e)`` with values ``tl`` over a flat index space of rows of ``row`` elements,
+    split at row boundaries: ``(row index, begin in row, end in row, value)``."""
+    if b.size == 0 or row == 0:
+        z = np.zeros(0, np.int64)
+        return z, z, z, z
+    r0, r1 = b // row, (e - 1) // row
+    cnt = r1 - r0 + 1
+    k = np.repeat(np.arange(b.size), cnt)
+    r = np.repeat(r0, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    lo = np.maximum(b[k], r * row) - r * row
+    hi = np.minimum(e[k], (r + 1) * row) - r * row
+    return r, lo, hi, tl[k]
 
 
 def _interval_bounds(regions) -> tuple[np.ndarray, np.ndarray]:
@@ -65,16 +71,6 @@ def _interval_bounds(regions) -> tuple[np.ndarray, np.ndarray]:
     if b.size and np.any(e < b):
         raise poplibs_error("splitRegions: an interval ends before it begins")
     return b, e
-
-
-def _positions(begins: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """The element indices covered by the intervals, in order (vectorised ``concat(ranges)``)."""
-    sizes = ends - begins
-    total = int(sizes.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    first = np.repeat(begins - np.r_[0, np.cumsum(sizes)[:-1]], sizes)
-    return first + np.arange(total, dtype=np.int64)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -91,17 +87,18 @@ def splitRegions(regions, grainSize: int, maxPartitions: int, minElementsPerPart
     if grainSize < 1 or maxPartitions < 1:
         raise poplibs_error(f"splitRegions needs grainSize >= 1 and maxPartitions >= 1, got {grainSize}, {maxPartitions}")
     b, e = _interval_bounds(regions)
-    pos = _positions(b, e)
-    if pos.size == 0:
+    total = int((e - b).sum())
+    if total == 0:
         return []
-    part = linear_tile_of_elements(pos.size, maxPartitions, grainSize, minElementsPerPartition)
-    n_parts = int(part[-1]) + 1
-    # a new interval starts where the partition changes or the positions stop being consecutive
-    brk = np.flatnonzero((np.diff(part) != 0) | (np.diff(pos) != 1)) + 1
-    starts, ends = np.r_[0, brk], np.r_[brk, pos.size]
-    out: list[list[Interval]] = [[] for _ in range(n_parts)]
-    for s, en in zip(starts.tolist(), ends.tolist()):
-        out[int(part[s])].append(Interval(int(pos[s]), int(pos[en - 1]) + 1))
+    pb, pe = linear_tile_runs(total, maxPartitions, grainSize, minElementsPerPartition)
+    lo, hi, part = split_positions(b, e, pb, pe)
+    # pieces of one partition at consecutive elements join into one interval
+    join = np.r_[False, (part[1:] == part[:-1]) & (lo[1:] == hi[:-1])]
+    first = np.flatnonzero(~join)
+    last = np.r_[first[1:], lo.size] - 1
+    out: list[list[Interval]] = [[] for _ in range(pb.size)]
+    for p, x, y in zip(part[first].tolist(), lo[first].tolist(), hi[last].tolist()):
+        out[p].append(Interval(x, y))
     return out
 
 
@@ -158,11 +155,11 @@ def getTileImbalance(graph, t, minElementsPerTile: int = 0, grainSize: int = 1) 
     """``poputil::getTileImbalance``: elements on the fullest tile of ``graph`` minus the balanced
     count ``max(ceil(numElements / numTiles), minElementsPerTile, grainSize)``; 0 if no tile holds
     more. Raises ``invalid_tile_mapping`` if ``t`` is not completely mapped."""
-    tiles = _local_tiles(graph, t)
-    if (tiles < 0).any():
+    b, e, tl = _local_runs(graph, t)
+    if (tl < 0).any():
         raise errors.invalid_tile_mapping(f"getTileImbalance: tensor {t.shortString()} is not completely mapped")
     num_tiles = graph.getTarget().getNumTiles()
-    counts = np.bincount(tiles, minlength=num_tiles)
+    counts = np.bincount(tl, weights=e - b, minlength=num_tiles).astype(np.int64)
     total = int(counts.sum())
     balanced = max(-(-total // num_tiles), int(minElementsPerTile), int(grainSize))
     worst = int(counts.max()) if counts.size else 0
@@ -182,12 +179,12 @@ def cloneToIpu(graph, t, dstIPU: int, name: str = "",  # noqa: N802,N803
     if not 0 <= int(dstIPU) < target.getNumIPUs():
         raise poplibs_error(f"cloneToIpu: IPU {dstIPU} does not exist; the graph's target has "
                             f"{target.getNumIPUs()} IPU(s)")
-    tiles = _local_tiles(graph, t)
-    if (tiles < 0).any():
+    b, e, tl = _local_runs(graph, t)
+    if (tl < 0).any():
         raise errors.invalid_tile_mapping(f"cloneToIpu: tensor {t.shortString()} is not completely mapped")
     out = graph.clone(t, name=name or "cloneToIpu", method=method)
     tpi = target.getTilesPerIPU()
-    graph.setTileMapping(out, int(dstIPU) * tpi + tiles % tpi)
+    graph.set_tile_runs(out, b, e, graph._global_tiles(int(dstIPU) * tpi + tl % tpi))
     return out
 
 
@@ -224,17 +221,17 @@ def cloneToGraph(srcGraph, dstGraph, t, name: str = "",  # noqa: N802,N803
             f"{dstGraph.getReplicationFactor()}")
     if srcGraph._state is not dstGraph._state:
         raise poplibs_error("cloneToGraph: the graphs must be virtual graphs of one top-level graph")
-    tiles = _local_tiles(srcGraph, t)
-    if (tiles < 0).any():
+    b, e, tl = _local_runs(srcGraph, t)
+    if (tl < 0).any():
         raise errors.invalid_tile_mapping(f"cloneToGraph: tensor {t.shortString()} is not completely mapped")
     n_dst = dstGraph.getTarget().getNumTiles()
-    if tiles.size and tiles.max() >= n_dst:
+    if tl.size and tl.max() >= n_dst:
         raise poplibs_error(
             "Cannot clone a tensor to a graph with fewer tiles than required by the input tensor mapping: "
-            f"elements are mapped to tile {int(tiles.max())} of the source graph, but the destination graph "
+            f"elements are mapped to tile {int(tl.max())} of the source graph, but the destination graph "
             f"only has {n_dst} tiles")
     out = srcGraph.clone(t, name=name or "cloneToGraph", method=method)
-    dstGraph.setTileMapping(out, tiles)
+    dstGraph.set_tile_runs(out, b, e, dstGraph._global_tiles(tl))
     return out
 
 
@@ -275,27 +272,28 @@ def createBroadcastOperand(graph, fullTensor, type_, dim: int, ditherMapping: bo
     target = graph.getTarget()
     num_tiles = target.getNumTiles()
     t = fullTensor.dimRoll(dim, rank - 1)
-    tiles = _local_tiles(graph, t)
-    if (tiles < 0).any():
+    if (_local_runs(graph, t)[2] < 0).any():
         raise errors.invalid_tile_mapping(
             f"createBroadcastOperand: tensor {fullTensor.shortString()} is not completely mapped")
-    if tiles.size == 0 or C == 0:
+    if t.numElements() == 0 or C == 0:
         mapTensorLinearly(graph, out)
         return out
-    chan = np.arange(tiles.size, dtype=np.int64) % C
-    pairs = np.unique(chan * num_tiles + tiles)              # (channel, tile) uses, sorted
-    pc, pt = pairs // num_tiles, pairs % num_tiles
-    # runs of channels with identical tile sets (set identity via a 64-bit random signature)
-    w = np.random.default_rng(0x5EED).integers(1, 2**63, num_tiles, dtype=np.uint64)
-    starts = np.r_[0, np.flatnonzero(np.diff(pc)) + 1]
-    with np.errstate(over="ignore"):
-        sig = np.add.reduceat(w[pt], starts)
-    cnt = np.diff(np.r_[starts, pc.size])
-    chans = pc[starts]                                        # every channel is used (full mapping)
-    run_brk = np.r_[0, np.flatnonzero((sig[1:] != sig[:-1]) | (cnt[1:] != cnt[:-1])) + 1]
-    run_lo = chans[run_brk]
-    run_hi = np.r_[chans[run_brk[1:]], C]
-    run_sets = [frozenset(pt[starts[i]:starts[i] + cnt[i]].tolist()) for i in run_brk.tolist()]
+    # channels each tile uses: the union of the channel ranges of its boxes of t viewed [rows, C]
+    from openipu.poplar.exchange import tile_boxes
+    bx = tile_boxes(t.reshape([t.numElements() // C, C]))
+    st, slo, shi = union_intervals(graph._local_tiles(bx.tile), bx.lo[:, 1], bx.lo[:, 1] + bx.sz[:, 1])
+    # runs of channels with one tile set: the ranges between the segments' ends (each end changes
+    # the set, as a tile's segments neither touch nor overlap)
+    bounds = np.unique(np.concatenate([slo, shi]))
+    run_lo, run_hi = bounds[:-1], bounds[1:]
+    i0, i1 = np.searchsorted(bounds, slo), np.searchsorted(bounds, shi)
+    cnt = i1 - i0
+    run_of = np.repeat(i0, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    tile_of = np.repeat(st, cnt)
+    order = np.lexsort((tile_of, run_of))
+    run_of, tile_of = run_of[order], tile_of[order]
+    cuts = np.searchsorted(run_of, np.arange(run_lo.size + 1))
+    run_sets = [frozenset(tile_of[a:z].tolist()) for a, z in zip(cuts[:-1].tolist(), cuts[1:].tolist())]
     # merge neighbouring runs whose tile sets intersect the group's union (mergeIntersectingTileGroups)
     groups: dict[frozenset, list[tuple[int, int]]] = {}
     cur, lo, hi = set(run_sets[0]), int(run_lo[0]), int(run_hi[0])
@@ -308,18 +306,20 @@ def createBroadcastOperand(graph, fullTensor, type_, dim: int, ditherMapping: bo
             hi = b
     groups.setdefault(frozenset(cur), []).append((lo, hi))
     grain = max(1, target.getDataPathWidth() // (8 * type_.size))
-    elem_tile = np.full(C, -1, np.int64)
+    los, his, tls = [], [], []
     for tile_set, ivs in groups.items():
         tl = np.array(sorted(tile_set), np.int64)
         b = np.array([i[0] for i in ivs], np.int64)
         e = np.array([i[1] for i in ivs], np.int64)
-        pos = _positions(b, e)
-        part = linear_tile_of_elements(pos.size, tl.size, grain, 0)
-        elem_tile[pos] = tl[part]
+        lo, hi, part = split_positions(b, e, *linear_tile_runs(int((e - b).sum()), tl.size, grain, 0))
+        los.append(lo)
+        his.append(hi)
+        tls.append(tl[part])
+    lo, hi, tl = np.concatenate(los), np.concatenate(his), np.concatenate(tls)
     if ditherMapping:
         start = _boost_hash_range(fullTensor.shape()) % num_tiles
-        elem_tile = (elem_tile + start) % num_tiles
-    graph.setTileMapping(out, elem_tile)
+        tl = (tl + start) % num_tiles
+    graph.set_tile_runs(out, lo, hi, graph._global_tiles(tl))
     return out
 
 
@@ -329,8 +329,18 @@ def dimIsSplitOverTiles(graph, t, dimension: int) -> bool:  # noqa: N802
     n = t.dim(dimension)
     if n == 0:
         return False
-    tl = _local_tiles(graph, t.dimRoll(dimension, 0)).reshape(n, -1)
-    return bool((tl != tl[:1]).any())
+    row = t.numElements() // n
+    r, lo, hi, tl = _row_runs(*_local_runs(graph, t.dimRoll(dimension, 0)), row)
+    if r.size == 0:
+        return False
+    # the runs of each slice, merged where neighbours share a tile, must equal slice 0's
+    keep = np.r_[True, (r[1:] != r[:-1]) | (tl[1:] != tl[:-1])]
+    r, lo, tl = r[keep], lo[keep], tl[keep]
+    per = np.bincount(r, minlength=n)
+    if (per != per[0]).any():
+        return True
+    k = int(per[0])
+    return bool((lo.reshape(n, k) != lo[:k]).any() or (tl.reshape(n, k) != tl[:k]).any())
 
 
 def dimIsSplitOverIPUs(graph, t, dimension: int) -> bool:  # noqa: N802
@@ -339,5 +349,7 @@ def dimIsSplitOverIPUs(graph, t, dimension: int) -> bool:  # noqa: N802
     target = graph.getTarget()
     if target.getNumIPUs() == 1 or t.numElements() == 0:
         return False
-    ipu = _local_tiles(graph, t.dimRoll(dimension, t.rank() - 1)).reshape(-1, t.dim(dimension)) // target.getTilesPerIPU()
-    return bool((ipu != ipu[:, :1]).any())
+    b, e, tl = _local_runs(graph, t.dimRoll(dimension, t.rank() - 1))
+    r, _, _, ipu = _row_runs(b, e, tl // target.getTilesPerIPU(), t.dim(dimension))
+    # a slice spans two IPUs where two of its runs lie on different IPUs
+    return bool(((r[1:] == r[:-1]) & (ipu[1:] != ipu[:-1])).any())

@@ -29,10 +29,13 @@ import numpy as np
 import torch
 
 from openipu import poplar
-from openipu.poplar.graph import ComputeSet, VertexGroup
+from openipu.poplar import tilemap
+from openipu.poplar.graph import Access, ComputeSet, VertexGroup
 from openipu.poplar.tensor import Interval, Tensor, concat
 from openipu.poplar.types import Type, as_type
-from openipu.poplibs.popops._common import output_like, tile_counts
+from openipu.poplibs.popops._common import (flat_boxes, output_like, read_on_tiles, require_mapped,
+                                            row_intervals_per_tile, tile_counts_of)
+from openipu.poplibs.popops._common import rows_per_tile as rows_per_tile_of
 from openipu.poplibs.popops.elementwise import _cast as _cast_values
 
 #: Index value whose one-hot row is left all ``off`` (PopLibs ``MASKED_LABEL_CODE``).
@@ -81,31 +84,17 @@ def fill_cycles(n, type_: Type, target) -> np.ndarray:
     return 16 + n // width + 6 + (n % width == 1) + 1
 
 
-def _worker_split(graph, tiles_of_elems: np.ndarray, type_: Type):
-    """Fill-style vertices: per tile, up to 6 workers over grains of 2 x vw. Returns
-    (vertex tiles, elements per vertex)."""
-    used, counts = tile_counts(graph, tiles_of_elems)
+def _worker_split(graph, used: np.ndarray, counts: np.ndarray, type_: Type):
+    """Fill-style vertices: per tile (``used``, holding ``counts`` elements), up to 6 workers over
+    grains of 2 x vw. Returns (vertex tiles, elements per vertex)."""
     target = graph.getTarget()
     grain = 2 * max(target.getVectorWidth(type_), 1)
     k = np.clip(-(-counts // grain), 1, target.getNumWorkerContexts())
     return np.repeat(used, k), np.repeat(-(-counts // k), k)
 
 
-def _contiguous_runs(tiles: np.ndarray):
-    """(tile of each run, length of each run) for runs of equal tile in element order."""
-    if tiles.size == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    brk = np.flatnonzero(np.diff(tiles) != 0) + 1
-    starts = np.r_[0, brk]
-    ends = np.r_[brk, tiles.size]
-    return tiles[starts].astype(np.int64), ends - starts
-
-
 def _require_mapped(graph, t, what):
-    tiles = graph.tile_of_elements(t)
-    if (tiles < 0).any():
-        raise poplar.invalid_tile_mapping(f"{what}: the tensor is not completely mapped to tiles; map it first")
-    return tiles
+    require_mapped(graph, t, f"{what}: the tensor is not completely mapped to tiles; map it first")
 
 
 def _require_writeable(t, what):
@@ -125,18 +114,18 @@ def _check_cast(graph, src, dst):
     if list(src.shape()) != list(dst.shape()) and src.numElements() != dst.numElements():
         raise poplar.index_error(f"cast: source shape {src.shape()} and destination shape {dst.shape()} differ")
     _require_writeable(dst, "cast")
-    return _require_mapped(graph, dst, "cast")
+    _require_mapped(graph, dst, "cast")
 
 
 def _add_cast(graph, src, dst, cs):
-    dtiles = _check_cast(graph, src, dst)
-    tiles, counts = tile_counts(graph, dtiles)
+    _check_cast(graph, src, dst)
+    tiles, counts = tile_counts_of(graph, dst)
     ft, tt = src.elementType(), dst.elementType()
     s = src.reshape(dst.shape()) if list(src.shape()) != list(dst.shape()) else src
     flops = float(dst.numElements()) if (ft.is_float or tt.is_float) else 0.0
     graph.add_vertex_group(cs, VertexGroup(
         f"popops::Cast1D<{ft},{tt}>", tiles, cast_cycles(counts, ft, tt, graph.getTarget()),
-        functools.partial(_cast_kernel, s, dst, ft, tt), reads=[(s, dtiles)], writes=[(dst, dtiles)],
+        functools.partial(_cast_kernel, s, dst, ft, tt), reads=[Access(s, dst)], writes=[Access(dst)],
         multi=True, flops=flops, state_bytes=12))
 
 
@@ -212,16 +201,29 @@ def _fill_value(t: Tensor, value):
     return ty.wrap(torch.tensor(int(value)))
 
 
-def _add_fill(graph, t, elem_tiles, cs, value, flat_index=None):
+def _add_fill(graph, t, cs, value, runs=None):
+    """Fill vertices for all of ``t`` (on its own tiles), or for the flat ranges ``runs = (begins,
+    ends, global tiles)`` of ``t``, each filled by a vertex on its tile (written to the owner)."""
     _require_writeable(t, "fill")
     v = _fill_value(t, value)
-    target_t = t
-    if flat_index is not None:
-        target_t = Tensor(t._state, t._type, t.flat_addresses()[flat_index], t._view_type)
-    vt, vn = _worker_split(graph, elem_tiles, t.elementType())
+    T = graph._top._target.getNumTiles()
+    if runs is None:
+        target_t, write = t, Access(t)
+        used, counts = tile_counts_of(graph, t)
+    else:
+        b, e, tl = runs
+        flat = t.flatten()
+        target_t = concat([flat.slice(int(x), int(y)) for x, y in zip(b.tolist(), e.tolist())]) if b.size \
+            else flat.slice(0, 0)
+        off = np.r_[0, np.cumsum(e - b)]
+        write = Access(target_t, flat_boxes(off[:-1], off[1:], tl))
+        c = np.bincount(tl.astype(np.int64), weights=e - b, minlength=T).astype(np.int64)
+        used = np.flatnonzero(c)
+        counts = c[used]
+    vt, vn = _worker_split(graph, used, counts, t.elementType())
     graph.add_vertex_group(cs, VertexGroup(
         f"popops::Fill<{t.elementType()}>", vt, fill_cycles(vn, t.elementType(), graph.getTarget()),
-        functools.partial(_fill_kernel, target_t, v), writes=[(target_t, elem_tiles)], multi=False,
+        functools.partial(_fill_kernel, target_t, v), writes=[write], multi=False,
         state_bytes=12))
 
 
@@ -239,27 +241,35 @@ def fill(graph, t, prog_or_mapping, fill_value_or_cs=None, fill_value=None, debu
     if isinstance(fill_value_or_cs, ComputeSet):
         cs, value = fill_value_or_cs, fill_value
         mapping = prog_or_mapping
-        tiles = graph.tile_of_elements(t)
         if isinstance(mapping, (int, np.integer)):
-            idx = np.flatnonzero(tiles == graph._global_tile(int(mapping)))
-            _add_fill(graph, t, tiles[idx], cs, value, idx)
+            g = graph._global_tile(int(mapping))
+            b, e, tl = graph.tile_runs_of(t)
+            on = tl == g
+            _add_fill(graph, t, cs, value, (b[on], e[on], tl[on].astype(np.int64)))
             return
-        sel = np.full(t.numElements(), -1, np.int64)
+        bs, es, ts = [], [], []
         for tile, ivs in enumerate(mapping):
             for iv in ivs:
                 b, e = (iv.begin(), iv.end()) if isinstance(iv, Interval) else iv
-                sel[b:e] = graph._global_tile(tile)
-        idx = np.flatnonzero(sel >= 0)
-        _add_fill(graph, t, sel[idx], cs, value, idx)
+                bs.append(b)
+                es.append(e)
+                ts.append(graph._global_tile(tile))
+        n = t.numElements()
+        # later intervals win where they overlap (as assignment over the elements would)
+        starts, tiles = tilemap.assign(*tilemap.unmapped(), n, np.clip(np.array(bs, np.int64), 0, n),
+                                       np.clip(np.array(es, np.int64), 0, n), np.array(ts, np.int64))
+        ends = tilemap.ends(starts, n)
+        on = tiles >= 0
+        _add_fill(graph, t, cs, value, (starts[on], ends[on], tiles[on].astype(np.int64)))
         return
     prog, value = prog_or_mapping, fill_value_or_cs
     if isinstance(fill_value, str) and not debug_name:
         debug_name = fill_value
-    tiles = _require_mapped(graph, t, "fill")
+    _require_mapped(graph, t, "fill")
     _fill_value(t, value)                       # validate before adding anything
     _require_writeable(t, "fill")
     cs = graph.addComputeSet(debug_name or "fill")
-    _add_fill(graph, t, tiles, cs, value)
+    _add_fill(graph, t, cs, value)
     prog.add(poplar.program.Execute(cs))
 
 
@@ -295,8 +305,9 @@ def iota(graph, t, startInteger, prog, debug_name: str = "") -> None:  # noqa: N
     if t.elementType() == poplar.UNSIGNED_INT and int(startInteger) < 0:
         raise poplar.graph_connection_error("iota: a negative start for an unsigned int output")
     _require_writeable(t, "iota")
-    tiles = _require_mapped(graph, t, "iota")
-    run_tile, run_len = _contiguous_runs(tiles)
+    _require_mapped(graph, t, "iota")
+    b, e, tl = graph.tile_runs_of(t)                 # runs of equal tile in element order
+    run_tile, run_len = tl.astype(np.int64), e - b
     vw = graph.getTarget().getVectorWidth(t.elementType())
     T = graph.getTarget().getNumTiles()
     per_tile = np.bincount(run_tile, weights=4 + 3 * (-(-run_len // vw)), minlength=T)
@@ -304,7 +315,7 @@ def iota(graph, t, startInteger, prog, debug_name: str = "") -> None:  # noqa: N
     cs = graph.addComputeSet(debug_name or "iota")
     graph.add_vertex_group(cs, VertexGroup(
         f"popops::Iota<{t.elementType()}>", used, (10 + per_tile[used]).astype(np.int64),
-        functools.partial(_iota_kernel, t, int(startInteger)), writes=[(t, tiles)], multi=False))
+        functools.partial(_iota_kernel, t, int(startInteger)), writes=[Access(t)], multi=False))
     prog.add(poplar.program.Execute(cs))
 
 
@@ -360,8 +371,20 @@ def _pad_view(t, lower, upper, dim, type_):
         if mode == "reflect" and max(lo[d], up[d]) >= t.dim(d) and (lo[d] or up[d]):
             raise poplar.index_error(
                 f"pad: reflect padding of {max(lo[d], up[d])} needs dimension {d} longer than that (size {t.dim(d)})")
-    addr = np.pad(t._addr, list(zip(lo, up)), mode=mode)
-    return Tensor(t._state, t._type, addr, t._view_type)
+    # numpy's pad, axis by axis, from views: edge repeats the end slices, reflect mirrors the
+    # slices next to them (padding narrower than the dimension, checked above)
+    for d in range(t.rank()):
+        n = t.dim(d)
+        parts = []
+        if lo[d]:
+            parts.append(t.slice(0, 1, d).broadcast(lo[d], d) if mode == "edge" else t.slice(1, lo[d] + 1, d).reverse(d))
+        parts.append(t)
+        if up[d]:
+            parts.append(t.slice(n - 1, n, d).broadcast(up[d], d) if mode == "edge"
+                         else t.slice(n - 1 - up[d], n - 1, d).reverse(d))
+        if len(parts) > 1:
+            t = concat(parts, d)
+    return t
 
 
 def pad(graph_or_t, *args, **kwargs):
@@ -399,7 +422,6 @@ def pad(graph_or_t, *args, **kwargs):
             raise poplar.graph_connection_error(
                 f"pad: the pad value tensor must be a scalar of type {t.elementType()}, got {val.shortString()}")
     t, lo, up = _truncate(t, lo, up)
-    ttiles = None
     for d in range(t.rank()):
         parts = []
         for amount, edge_at in ((lo[d], 0), (up[d], -1)):
@@ -409,8 +431,7 @@ def pad(graph_or_t, *args, **kwargs):
             shape = t.shape()
             shape[d] = amount
             if isinstance(val, Tensor):
-                p = Tensor(val._state, val._type, np.broadcast_to(val.flat_addresses()[:1].reshape([1] * len(shape)),
-                                                                    shape), val._view_type)
+                p = val.flatten().slice(0, 1).reshape([1] * len(shape)).broadcast_to(shape)
             else:
                 p = graph.addConstant(t.elementType(), shape, val, "padding")
                 if method == padding.MappingMethod.ZERO:
@@ -418,11 +439,9 @@ def pad(graph_or_t, *args, **kwargs):
                 elif method == padding.MappingMethod.EDGE:
                     if t.dim(d) == 0:
                         raise poplar.index_error("pad: EDGE mapping needs a non-empty tensor to pad")
-                    ttiles = graph.tile_of_elements(t).reshape(t.shape())
-                    if (ttiles < 0).any():
-                        raise poplar.invalid_tile_mapping("pad: EDGE mapping needs a completely mapped tensor")
-                    edge = np.take(ttiles, [0 if edge_at == 0 else t.dim(d) - 1], axis=d)
-                    graph.set_global_tile_mapping(p, np.broadcast_to(edge, shape).reshape(-1))
+                    require_mapped(graph, t, "pad: EDGE mapping needs a completely mapped tensor")
+                    k = 0 if edge_at == 0 else t.dim(d) - 1
+                    graph.copy_tile_mapping(p, t.slice(k, k + 1, d).broadcast(amount, d))
             parts.append(p)
         if parts[0] is not None or parts[1] is not None:
             t = concat([x for x in (parts[0], t, parts[1]) if x is not None], d)
@@ -474,37 +493,33 @@ def encodeOneHot(graph, indices, encoded, prog, *args, **kwargs) -> None:  # noq
             raise poplar.graph_connection_error(
                 f"encodeOneHot: '{nm}' must be a scalar {et} tensor, got {x.shortString()}")
     _require_writeable(encoded, "encodeOneHot")
-    etiles = _require_mapped(graph, encoded, "encodeOneHot")
+    _require_mapped(graph, encoded, "encodeOneHot")
     N, C = encoded.shape()
-    T = graph.getTarget().getNumTiles()
     # the output is first set to 'off' (zero) by Fill vertices
     if off is None:
         cs0 = graph.addComputeSet((name or "encodeOneHot") + "/zero")
-        _add_fill(graph, encoded, etiles, cs0, 0)
+        _add_fill(graph, encoded, cs0, 0)
         prog.add(poplar.program.Execute(cs0))
     # then per tile one EncodeOneHot vertex over the rows with elements there
-    rows = np.repeat(np.arange(N, dtype=np.int64), C)
-    pairs = np.unique(etiles.astype(np.int64) * max(N, 1) + rows)
-    rows_per_tile = np.bincount(pairs // max(N, 1), minlength=T)
+    rows_per_tile = rows_per_tile_of(graph, encoded)
     used = np.flatnonzero(rows_per_tile)
     custom = on is not None
     multi = (not custom) and indices.elementType() == poplar.UNSIGNED_INT and et == poplar.HALF
     cycles = 11 + 74 * rows_per_tile[used] if multi else 100 * rows_per_tile[used]
     on_v = None if custom else _cast_values(torch.tensor(1), poplar.INT, et)
     off_v = None if custom else _cast_values(torch.tensor(0), poplar.INT, et)
-    idx_view = Tensor(indices._state, indices._type, np.broadcast_to(indices._addr[:, None], (N, C)),
-                      indices._view_type)
-    reads = [(idx_view, etiles)]
+    # each tile reads the indices of the rows it holds, and the on/off values
+    rt, ra, rz = row_intervals_per_tile(graph, encoded)
+    reads = [Access(indices, flat_boxes(ra, rz, rt))]
     if custom:
         for x in (on, off):
-            reads.append((Tensor(x._state, x._type, np.broadcast_to(x.flat_addresses()[:1].reshape(1, 1), (N, C)),
-                                 x._view_type), etiles))
+            reads.append(Access(x.flatten(), read_on_tiles(x.flatten(), used)))
     cs = graph.addComputeSet(name or "encodeOneHot")
     vname = f"popops::EncodeOneHot{'CustomValues' if custom else ''}<{indices.elementType()},{et}>"
     graph.add_vertex_group(cs, VertexGroup(
         vname, used, cycles.astype(np.int64),
         functools.partial(_one_hot_kernel, indices, encoded, on, off, on_v, off_v),
-        reads=reads, writes=[(encoded, etiles)], multi=multi))
+        reads=reads, writes=[Access(encoded)], multi=multi))
     prog.add(poplar.program.Execute(cs))
 
 

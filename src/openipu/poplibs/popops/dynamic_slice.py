@@ -7,6 +7,12 @@ other elements of the column are exchanged to that tile (the exchange is static:
 column moves, whatever the offset), so tensors made by :func:`createSliceableTensor`, which keep
 each column on one tile, slice without exchange. Slices and updates are mapped with their column.
 
+Layout: the tensors openipu creates here (:func:`createSliceableTensor`, :func:`createSliceTensor`,
+the outputs of :func:`dynamicSlice` and :func:`multiSlice`) are variables laid out column by
+column (the columns' elements contiguous, as PopLibs allocates them tile by tile) and returned as
+views of the requested shape, so their tile maps are one interval per run of columns on a tile.
+Columns are handled as runs of columns on one tile, never one by one.
+
 Offsets are device tensors (``UNSIGNED_INT`` or ``INT``). Out-of-range offsets follow PopLibs:
 
 - ``dynamicSlice`` / ``dynamicUpdate``: a slice that runs past the end of a dimension wraps round
@@ -36,8 +42,10 @@ import numpy as np
 import torch
 
 from openipu import poplar
-from openipu.poplar.graph import VertexGroup
-from openipu.poplar.mapping import linear_tile_of_elements
+from openipu.poplar.exchange import Boxes
+from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplar.mapping import linear_tile_runs
+from openipu.poplibs.popops._common import read_on_tiles, unmapped_count
 
 __all__ = ["SlicePlan", "embedding", "createSliceableTensor", "createSliceTensor", "createIndicesTensor",
            "dynamicSlice", "dynamicSliceWithOutput", "dynamicUpdate", "multiSlice", "multiUpdate",
@@ -141,14 +149,83 @@ def _columns_view(t, dims):
 
 
 
-def _column_tiles(graph, view, name):
-    tiles = graph.tile_of_elements(view).astype(np.int64)
-    if (tiles < 0).any():
+@dataclass
+class _Cols:
+    """Runs of columns on one tile: columns ``[begin[i], end[i])`` sit on global tile ``tile[i]``
+    (the tile of each column's first element), adjacent runs on different tiles."""
+
+    begin: np.ndarray
+    end: np.ndarray
+    tile: np.ndarray
+    cols: int
+
+    def boxes(self, view) -> Boxes:
+        """Boxes of ``view`` ``[*rows, cols]``, each used on the tile of its columns: the view's
+        own tile boxes cut at the column runs (so that each box lies in one run of its owner's
+        tile map, and elements already on their column's tile are seen to stay)."""
+        from openipu.poplar.exchange import tile_boxes
+        tb = tile_boxes(view)
+        c0 = tb.lo[:, -1]
+        c1 = c0 + tb.sz[:, -1]
+        a = np.searchsorted(self.end, c0, side="right")          # first column run reaching past c0
+        z = np.searchsorted(self.begin, c1, side="left")         # runs starting before c1
+        cnt = np.maximum(z - a, 0)
+        k = np.repeat(np.arange(len(tb)), cnt)
+        r = np.repeat(a, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+        lo, sz = tb.lo[k].copy(), tb.sz[k].copy()
+        x0 = np.maximum(c0[k], self.begin[r])
+        x1 = np.minimum(c1[k], self.end[r])
+        lo[:, -1], sz[:, -1] = x0, x1 - x0
+        return Boxes(lo, sz, self.tile[r].astype(np.int64))
+
+    def per_tile(self, num_tiles):
+        """``(used tiles, columns on each, runs of columns on each)``."""
+        n = np.bincount(self.tile, weights=self.end - self.begin, minlength=num_tiles).astype(np.int64)
+        r = np.bincount(self.tile, minlength=num_tiles).astype(np.int64)
+        used = np.flatnonzero(n)
+        return used, n[used], r[used]
+
+
+def _column_runs(graph, view, name) -> _Cols:
+    """The column runs of ``view`` ``[*rows, cols]`` (from its runs; raises if not mapped)."""
+    if not graph.is_mapped(view):
         raise poplar.invalid_tile_mapping(
-            f"{name}: {int((tiles < 0).sum())} elements of the sliced tensor are not mapped to a tile; map it first "
-            "(createSliceableTensor makes a well-mapped one)")
+            f"{name}: {unmapped_count(graph, view)} elements of the sliced tensor are not mapped to a tile; map it "
+            "first (createSliceableTensor makes a well-mapped one)")
     cols = view.shape()[-1]
-    return tiles.reshape(-1, cols)[0] if cols else np.zeros(0, np.int64)
+    if cols == 0 or view.numElements() == 0:
+        z = np.zeros(0, np.int64)
+        return _Cols(z, z, z, cols)
+    first = view.reshape([view.numElements() // cols, cols])[0]
+    b, e, tl = graph.tile_runs_of(first)
+    return _Cols(b, e, tl.astype(np.int64), cols)
+
+
+def _by_columns(graph, type_, shape, row_dims, name, runs: _Cols | None):
+    """A new variable of ``shape`` laid out column by column: the dims not in ``row_dims`` form
+    the columns (row-major among themselves), each column's elements (``row_dims`` row-major)
+    contiguous. Returned as a view of ``shape``; mapped by ``runs`` of columns when given."""
+    shape = [int(s) for s in shape]
+    col_dims = [d for d in range(len(shape)) if d not in row_dims]
+    order = col_dims + list(row_dims)
+    u = graph.addVariable(type_, [shape[d] for d in order], name)
+    rows = int(np.prod([shape[d] for d in row_dims], dtype=np.int64))
+    if runs is not None and runs.begin.size and rows:
+        graph.set_tile_runs(u.reshape([u.numElements()]), runs.begin * rows, runs.end * rows, runs.tile)
+    inv = [0] * len(order)
+    for k, d in enumerate(order):
+        inv[d] = k
+    return u.dimShuffle(inv)
+
+
+def _map_by_columns(graph, view, runs: _Cols) -> None:
+    """Map an existing view ``[*rows, cols]`` column run by column run (every row)."""
+    if not runs.begin.size:
+        return
+    rows = view.numElements() // runs.cols
+    base = (np.arange(rows, dtype=np.int64) * runs.cols)[:, None]
+    graph.set_tile_runs(view.reshape([view.numElements()]), (base + runs.begin).reshape(-1),
+                        (base + runs.end).reshape(-1), np.broadcast_to(runs.tile, (rows, runs.begin.size)).reshape(-1))
 
 
 def createSliceableTensor(graph, type_, shape, dims, sizes, minGrainSize=0, options=None,  # noqa: N802,N803
@@ -156,7 +233,8 @@ def createSliceableTensor(graph, type_, shape, dims, sizes, minGrainSize=0, opti
     """``popops::createSliceableTensor(graph, type, shape, dims, sizes, minGrainSize=0, name)``
     (or ``(..., sizes, plan, options, name)``): a new tensor whose columns (all elements that differ
     only in ``dims``) each sit on one tile, the columns spread linearly over the tiles in grains
-    of ``minGrainSize`` columns. Raises ``poplar.index_error`` for bad dims or sizes."""
+    of ``minGrainSize`` columns. The tensor is a view of a variable laid out column by column (see
+    the module docstring). Raises ``poplar.index_error`` for bad dims or sizes."""
     if isinstance(minGrainSize, SlicePlan):
         _check_options(options, "createSliceableTensor")
         minGrainSize = 0
@@ -164,14 +242,11 @@ def createSliceableTensor(graph, type_, shape, dims, sizes, minGrainSize=0, opti
         debug_name = options
     shape = [int(s) for s in shape]
     dims, sizes = _check_dims(shape, dims, sizes, "createSliceableTensor")
-    t = graph.addVariable(type_, shape, debug_name or "sliceable")
-    view, _, cols = _columns_view(t, dims)
+    cols = int(np.prod([shape[d] for d in range(len(shape)) if d not in dims], dtype=np.int64))
     grain = max(1, int(minGrainSize))
-    col_tile = linear_tile_of_elements(cols, graph.getTarget().getNumTiles(), grain, grain)
-    glob = graph._tiles[col_tile] if cols else np.zeros(0, np.int64)
-    rows = view.numElements() // max(cols, 1)
-    graph.set_global_tile_mapping(view, np.broadcast_to(glob, (rows, cols)).reshape(-1))
-    return t
+    b, e = linear_tile_runs(cols, graph.getTarget().getNumTiles(), grain, grain)
+    runs = _Cols(b, e, graph._global_tiles(np.arange(b.size)).astype(np.int64), cols)
+    return _by_columns(graph, type_, shape, dims, debug_name or "sliceable", runs)
 
 
 def createSliceTensor(graph, t, dims, sizes, numIndices, debug_name: str = ""):  # noqa: N802,N803
@@ -179,16 +254,12 @@ def createSliceTensor(graph, t, dims, sizes, numIndices, debug_name: str = ""): 
     ``[numIndices, *t.shape with dims -> sizes]`` mapped like the columns of ``t`` it slices."""
     dims, sizes = _check_dims(t.shape(), dims, sizes, "createSliceTensor")
     view, rest, cols = _columns_view(t, dims)
-    col_tile = _column_tiles(graph, view, "createSliceTensor")
+    runs = _column_runs(graph, view, "createSliceTensor")
     shape = list(t.shape())
     for d, s in zip(dims, sizes):
         shape[d] = s
-    out = graph.addVariable(t.elementType(), [int(numIndices)] + shape, debug_name or "slice")
-    if cols:
-        oview = out.dimShuffle([0] + [1 + d for d in dims] + [1 + d for d in rest]).reshape(
-            [out.numElements() // cols, cols])
-        graph.set_global_tile_mapping(oview, np.broadcast_to(col_tile, (oview.numElements() // cols, cols)).reshape(-1))
-    return out
+    return _by_columns(graph, t.elementType(), [int(numIndices)] + shape, [0] + [1 + d for d in dims],
+                       debug_name or "slice", runs)
 
 
 def createIndicesTensor(graph, dims, numIndices, plan=None, options=None, debug_name: str = ""):  # noqa: N802,N803
@@ -220,13 +291,10 @@ def dynamic_slice_worker_cycles(regions, region_elems, num_sub, type_, target):
     return 23 + regions * ((base + nvec * c) * num_sub + 13)
 
 
-def _slice_tile_cycles(col_tile, num_sub, type_, target, T):
-    """Tile cycles of the DynamicSlice2D vertices on each tile (regions split over workers)."""
-    used, inv = np.unique(col_tile, return_inverse=True)
-    ncols = np.bincount(inv, minlength=used.size)
-    brk = np.ones(col_tile.size, bool)
-    brk[1:] = col_tile[1:] != col_tile[:-1]
-    regions = np.bincount(inv[brk], minlength=used.size)
+def _slice_tile_cycles(runs: "_Cols", num_sub, type_, target, T):
+    """Tile cycles of the DynamicSlice2D vertices on each tile (regions = runs of columns, split
+    over workers)."""
+    used, ncols, regions = runs.per_tile(T)
     r_w = -(-regions // WORKERS)
     e_w = -(-ncols // np.maximum(np.minimum(WORKERS, ncols), 1))       # elements per worker's region
     e_w = np.where(regions >= WORKERS, -(-ncols // regions), e_w)
@@ -380,10 +448,10 @@ def _check_offset(offset, n, name, rank_two=False):
             "dimensions are sliced; give one offset per sliced dimension")
 
 
-def _bcast(t, used):
-    from openipu.poplibs.popops._common import broadcast_view
-    flat = t.reshape([1, t.numElements()])
-    return broadcast_view(flat, [used.size, t.numElements()]), np.repeat(used, t.numElements())
+def _bcast(t, used) -> Access:
+    """Every tile of ``used`` reads all of ``t`` (offsets, a scale)."""
+    flat = t.reshape([t.numElements()])
+    return Access(flat, read_on_tiles(flat, used))
 
 
 def _checked_slice(t, offset, dims, sizes, options, name):
@@ -400,30 +468,28 @@ def _checked_slice(t, offset, dims, sizes, options, name):
 def _slice_impl(graph, out, t, offset, dims, sizes, prog, name, options):
     remap, dims, sizes, shape = _checked_slice(t, offset, dims, sizes, options, name)
     view, rest, cols = _columns_view(t, dims)
-    col_tile = _column_tiles(graph, view, name)
+    runs = _column_runs(graph, view, name)
     if out is not None:
         if out.elementType() != t.elementType() or list(out.shape()) != shape:
             raise poplar.graph_connection_error(
                 f"{name}: the output must be {t.elementType()} of shape {shape}, got {out.elementType()} {out.shape()}")
+        oview = out.dimShuffle(dims + rest).reshape(sizes + [cols])
+        if not graph.is_mapped(out) and cols:
+            _map_by_columns(graph, oview, runs)
     else:
-        out = graph.addVariable(t.elementType(), shape, name)
-    oview = out.dimShuffle(dims + rest).reshape(sizes + [cols])
+        out = _by_columns(graph, t.elementType(), shape, dims, name, runs)
+        oview = out.dimShuffle(dims + rest).reshape(sizes + [cols])
     nsub = int(np.prod(sizes, dtype=np.int64))
-    if (graph.tile_of_elements(out) < 0).any() and cols:
-        graph.set_global_tile_mapping(oview, np.broadcast_to(col_tile, (nsub, cols)).reshape(-1))
     if t.numElements() == 0:
         return out
     T = graph._top._target.getNumTiles()
-    used, cyc = _slice_tile_cycles(col_tile, nsub, t.elementType(), graph.getTarget(), T)
-    rows = view.numElements() // cols
-    ob, ot = _bcast(offset, used)
-    out_tiles = np.broadcast_to(col_tile, (nsub, cols)).reshape(-1)
+    used, cyc = _slice_tile_cycles(runs, nsub, t.elementType(), graph.getTarget(), T)
     cs = graph.addComputeSet(name)
     graph.add_vertex_group(cs, VertexGroup(
         f"popops::DynamicSlice2D<{t.elementType()}>", used, cyc,
         functools.partial(_slice_kernel, view, oview, offset, [t.dim(d) for d in dims], sizes, remap),
-        reads=[(view, np.broadcast_to(col_tile, (rows, cols)).reshape(-1)), (ob, ot), (oview, out_tiles)],
-        writes=[(oview, out_tiles)], multi=True, flops=0.0, state_bytes=24))
+        reads=[Access(view, runs.boxes(view)), _bcast(offset, used), Access(oview, runs.boxes(oview))],
+        writes=[Access(oview, runs.boxes(oview))], multi=True, flops=0.0, state_bytes=24))
     prog.add(poplar.program.Execute(cs))
     return out
 
@@ -457,22 +523,19 @@ def dynamicUpdate(graph, t, s, offset, dims, sizes, prog, debug_name: str = "", 
             f"{name}: the update must be {t.elementType()} of shape {shape}, got "
             f"{getattr(s, 'elementType', lambda: type(s).__name__)()} {getattr(s, 'shape', lambda: '')()}")
     view, rest, cols = _columns_view(t, dims)
-    col_tile = _column_tiles(graph, view, name)
+    runs = _column_runs(graph, view, name)
     if t.numElements() == 0:
         return
     sview = s.dimShuffle(dims + rest).reshape(sizes + [cols])
     nsub = int(np.prod(sizes, dtype=np.int64))
-    rows = view.numElements() // cols
     T = graph._top._target.getNumTiles()
-    used, cyc = _slice_tile_cycles(col_tile, nsub, t.elementType(), graph.getTarget(), T)
-    ob, ot = _bcast(offset, used)
-    base_cons = np.broadcast_to(col_tile, (rows, cols)).reshape(-1)
+    used, cyc = _slice_tile_cycles(runs, nsub, t.elementType(), graph.getTarget(), T)
     cs = graph.addComputeSet(name)
     graph.add_vertex_group(cs, VertexGroup(
         f"popops::DynamicUpdateSlice2D<{t.elementType()}>", used, cyc,
         functools.partial(_update_kernel, view, sview, offset, [t.dim(d) for d in dims], sizes, remap),
-        reads=[(view, base_cons), (sview, np.broadcast_to(col_tile, (nsub, cols)).reshape(-1)), (ob, ot)],
-        writes=[(view, base_cons)], multi=True, flops=0.0, state_bytes=24))
+        reads=[Access(view, runs.boxes(view)), Access(sview, runs.boxes(sview)), _bcast(offset, used)],
+        writes=[Access(view, runs.boxes(view))], multi=True, flops=0.0, state_bytes=24))
     prog.add(poplar.program.Execute(cs))
 
 
@@ -491,8 +554,8 @@ def _multi_common(graph, t, offsets, dims, sizes, name, options):
         raise poplar.graph_connection_error(
             f"{name}: offsets must have shape [numOffsets, {k}] (one row per slice), got {offsets.shape()}")
     view, rest, cols = _columns_view(t, dims)
-    col_tile = _column_tiles(graph, view, name)
-    return offsets, dims, sizes, view, rest, cols, col_tile, remap, padding
+    runs = _column_runs(graph, view, name)
+    return offsets, dims, sizes, view, rest, cols, runs, remap, padding
 
 
 def _slice_shape(t, dims, n):
@@ -510,33 +573,27 @@ def multiSlice(graph, t, offsets, dims, sizes, prog, plan=None, options=None, de
     ``remapOutOfBoundIndices``, ``paddingIndexUsed`` (offset == size gives zeros).
     Raises like :func:`dynamicSlice`."""
     name = debug_name or "multiSlice"
-    offsets, dims, sizes, view, rest, cols, col_tile, remap, padding = _multi_common(
+    offsets, dims, sizes, view, rest, cols, runs, remap, padding = _multi_common(
         graph, t, offsets, dims, sizes, name, options)
     N = offsets.dim(0)
-    out = graph.addVariable(t.elementType(), _slice_shape(t, dims, N), name)
+    out = _by_columns(graph, t.elementType(), _slice_shape(t, dims, N), [0] + [1 + d for d in dims], name, runs)
     oview = out.dimShuffle([0] + [1 + d for d in dims] + [1 + d for d in rest]).reshape([N, cols])
-    ocons = np.broadcast_to(col_tile, (N, cols)).reshape(-1)
-    if cols:
-        graph.set_global_tile_mapping(oview, ocons)
     if N == 0 or t.numElements() == 0:
         return out
-    used, inv = np.unique(col_tile, return_inverse=True)
-    ncols = np.bincount(inv, minlength=used.size)
+    used, ncols, _ = runs.per_tile(graph._top._target.getNumTiles())
     cyc = multi_slice_tile_cycles(ncols, N, t.elementType(), graph.getTarget())
-    ob, ot = _bcast(offsets, used)
-    rows = view.numElements() // cols
     cs = graph.addComputeSet(name)
     graph.add_vertex_group(cs, VertexGroup(
         f"popops::MultiSlice<{t.elementType()}>", used, cyc,
         functools.partial(_multi_slice_kernel, view, oview, offsets, [t.dim(d) for d in dims], remap, padding),
-        reads=[(view, np.broadcast_to(col_tile, (rows, cols)).reshape(-1)), (ob, ot)],
-        writes=[(oview, ocons)], multi=True, flops=0.0, state_bytes=32))
+        reads=[Access(view, runs.boxes(view)), _bcast(offsets, used)],
+        writes=[Access(oview, runs.boxes(oview))], multi=True, flops=0.0, state_bytes=32))
     prog.add(poplar.program.Execute(cs))
     return out
 
 
 def _multi_update(graph, t, s, offsets, dims, sizes, prog, options, name, op, scale=None):
-    offsets, dims, sizes, view, rest, cols, col_tile, remap, padding = _multi_common(
+    offsets, dims, sizes, view, rest, cols, runs, remap, padding = _multi_common(
         graph, t, offsets, dims, sizes, name, options)
     N = offsets.dim(0)
     want = _slice_shape(t, dims, N)
@@ -564,8 +621,7 @@ def _multi_update(graph, t, s, offsets, dims, sizes, prog, options, name, op, sc
         return
     s = s.reshape(want)
     sview = s.dimShuffle([0] + [1 + d for d in dims] + [1 + d for d in rest]).reshape([N, cols])
-    used, inv = np.unique(col_tile, return_inverse=True)
-    ncols = np.bincount(inv, minlength=used.size)
+    used, ncols, _ = runs.per_tile(graph._top._target.getNumTiles())
     target = graph.getTarget()
     if op == "none":
         cyc = multi_slice_tile_cycles(ncols, N, t.elementType(), target, update=True)
@@ -574,19 +630,15 @@ def _multi_update(graph, t, s, offsets, dims, sizes, prog, options, name, op, sc
         wider = scale_t is not None and scale_t.elementType().size > t.elementType().size
         cyc = multi_update_op_tile_cycles(ncols, N, t.elementType(), target, op == "add", wider)
         vname = f"popops::{'Scaled' if op == 'add' else ''}MultiUpdateOp<{t.elementType()},{op}>"
-    ob, ot = _bcast(offsets, used)
-    rows = view.numElements() // cols
-    base_cons = np.broadcast_to(col_tile, (rows, cols)).reshape(-1)
-    reads = [(view, base_cons), (sview, np.broadcast_to(col_tile, (N, cols)).reshape(-1)), (ob, ot)]
+    reads = [Access(view, runs.boxes(view)), Access(sview, runs.boxes(sview)), _bcast(offsets, used)]
     if scale_t is not None:
-        sb, st_ = _bcast(scale_t, used)
-        reads.append((sb, st_))
+        reads.append(_bcast(scale_t, used))
     cs = graph.addComputeSet(name)
     graph.add_vertex_group(cs, VertexGroup(
         vname, used, cyc,
         functools.partial(_multi_update_kernel, view, sview, offsets, [t.dim(d) for d in dims], remap, padding, op,
                           scale_v, scale_t),
-        reads=reads, writes=[(view, base_cons)], multi=True,
+        reads=reads, writes=[Access(view, runs.boxes(view))], multi=True,
         flops=float(N * cols * (2 if op == "add" else 1 if op == "max" else 0)), state_bytes=32))
     prog.add(poplar.program.Execute(cs))
 

@@ -21,7 +21,8 @@ Cost: one vertex group on the tiles that hold ``operand``, in the shape of PopLi
 expected share of the slices it holds, indices uniform) [A]; indices are broadcast to those tiles
 and the gathered elements exchanged to the output, which is mapped linearly; the producing tile of
 each output element is assigned in proportion to the operand elements each tile holds [A] (the
-real source tile depends on run-time indices).
+real source tile depends on run-time indices): consecutive ranges of the output's elements, one
+per tile holding the operand, in tile order.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ import numpy as np
 import torch
 
 from openipu import poplar
-from openipu.poplar.graph import VertexGroup
+from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplibs.popops._common import flat_boxes, tile_counts_of
 
 __all__ = ["gather", "scatter"]
 
@@ -62,15 +64,16 @@ def _batch_shape(indices, ivd):
 
 
 def _producer_tiles(graph, operand, n_out):
-    """Expected producing tile of each of ``n_out`` gathered elements: tiles in proportion to how
-    many operand elements they hold [A]."""
-    tiles = graph.tile_of_elements(operand).astype(np.int64)
-    used, counts = np.unique(tiles, return_counts=True)
+    """Expected producing tiles of ``n_out`` gathered elements (flat order): tiles in proportion
+    to how many operand elements they hold [A]. Returns ``(boxes of the flat output, used tiles,
+    operand elements on each)``; the boxes are consecutive ranges, one per used tile."""
+    used, counts = tile_counts_of(graph, operand)
     if n_out == 0 or used.size == 0:
-        return np.zeros(n_out, np.int64), used, counts
+        return flat_boxes([], [], []), used, counts
     share = np.floor(counts / counts.sum() * n_out).astype(np.int64)
     share[: n_out - share.sum()] += 1
-    return np.repeat(used, share)[:n_out], used, counts
+    ends = np.cumsum(share)
+    return flat_boxes(ends - share, ends, used), used, counts
 
 
 def _scan_cycles(counts, total, n_starts, window, type_, target, update):
@@ -174,20 +177,19 @@ def gather(graph, operand, indices, indexVectorDim, offsetDims, sliceSizes, coll
     n_out = out.numElements()
     if n_out == 0:
         return out
-    if (graph.tile_of_elements(operand) < 0).any():
+    if not graph.is_mapped(operand):
         raise poplar.invalid_tile_mapping(f"{name}: the operand is not completely mapped to tiles")
     # kernel permutation: vals are [batch..., window...]; output dim d takes vals dim src_of[d]
-    prod_tiles, used, counts = _producer_tiles(graph, operand, n_out)
+    prod_boxes, used, counts = _producer_tiles(graph, operand, n_out)
     B = int(np.prod(batch, dtype=np.int64))
     W = int(np.prod(window, dtype=np.int64))
     cyc = _scan_cycles(counts, operand.numElements(), B, W, operand.elementType(), graph.getTarget(), False)
     from openipu.poplibs.popops.dynamic_slice import _bcast
-    ib, it = _bcast(indices, used)
     cs = graph.addComputeSet(name)
     graph.add_vertex_group(cs, VertexGroup(
         f"popops::MultiSlice<{operand.elementType()}>", used, cyc,
         functools.partial(_gather_kernel, operand, indices, out, ivd, window, sizes, start_map, (batch, src_of)),
-        reads=[(operand, graph.tile_of_elements(operand)), (ib, it)], writes=[(out, prod_tiles)],
+        reads=[Access(operand), _bcast(indices, used)], writes=[Access(out.flatten(), prod_boxes)],
         multi=True, flops=0.0, state_bytes=32))
     prog.add(poplar.program.Execute(cs))
     return out
@@ -295,7 +297,7 @@ def scatter(graph, operand, indices, updates, indexVectorDim, updateWindowDims, 
     kept = [d for d in range(rank) if d not in inserted]
     if any(updates.dim(w) > operand.dim(k) for w, k in zip(window_dims, kept)):
         raise poplar.index_error(f"{name}: update windows are larger than the operand")
-    if (graph.tile_of_elements(operand) < 0).any():
+    if not graph.is_mapped(operand):
         raise poplar.invalid_tile_mapping(f"{name}: the operand is not completely mapped to tiles")
     mode = "set"
     if isinstance(update_fn, str):
@@ -317,12 +319,10 @@ def scatter(graph, operand, indices, updates, indexVectorDim, updateWindowDims, 
     cons, used, counts = _producer_tiles(graph, operand, updates.numElements())
     cyc = _scan_cycles(counts, operand.numElements(), B, W, operand.elementType(), graph.getTarget(), mode != "set")
     from openipu.poplibs.popops.dynamic_slice import _bcast
-    ib, it = _bcast(indices, used)
-    own = graph.tile_of_elements(operand)
     cs = graph.addComputeSet(name)
     graph.add_vertex_group(cs, VertexGroup(
         f"popops::{'MultiUpdate' if mode == 'set' else 'MultiUpdateOp'}<{operand.elementType()}>", used, cyc,
         functools.partial(_scatter_kernel, operand, indices, updates, ivd, window_dims, inserted, dims_map, mode),
-        reads=[(operand, own), (updates, cons), (ib, it)], writes=[(operand, own)],
+        reads=[Access(operand), Access(updates.flatten(), cons), _bcast(indices, used)], writes=[Access(operand)],
         multi=True, flops=float(updates.numElements() if mode != "set" else 0), state_bytes=32))
     prog.add(poplar.program.Execute(cs))

@@ -14,6 +14,13 @@ A reduction is planned in stages, like PopLibs' ``lib/popops/reduction/Reduction
    completely mapped) is mapped linearly with at least 4 data-path vectors per tile, as PopLibs'
    ``intermediateToOutput`` does (``lib/popops/reduction/ReductionStages.cpp``).
 
+Host work follows the structure: the input's layout is read as boxes of ``[outputs, reduced]`` on
+tiles, and the partials of a stage as *classes* of outputs (ranges, or progressions after an
+intermediate stage) that share one set of tiles (:class:`_Level`). Each stage's partials are one
+variable holding each tile's partials together (PopLibs creates the partials tile by tile), so its
+tile map is one interval per tile. Reads of exchanged partials are ranges of that variable, each
+used on one tile. Kernels build per-element indices only while they run, a chunk at a time.
+
 Each stage is one compute set holding one vertex group. Cycle estimates per tile follow the shape
 of PopLibs' reduce estimators (``lib/popops/reduction/CycleEstimationFunctions.cpp``):
 ``ContinuousReduce`` (``getCycleEstimateReduceAllRegionsContinuous``) when the reduced dimensions
@@ -34,7 +41,10 @@ import numpy as np
 import torch
 
 from openipu import poplar
-from openipu.poplar.graph import VertexGroup
+from openipu.poplar import regions as R
+from openipu.poplar.exchange import tile_boxes
+from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplibs.popops._common import flat_boxes, read_on_tiles, tile_counts_of, union_intervals
 
 __all__ = ["Operation", "ReduceParams", "SingleReduceOp", "reduce", "reduceWithOutput", "reduceMany",
            "reduce_worker_cycles", "continuous_reduce_cycles"]
@@ -207,13 +217,27 @@ def _stage_tile_cycles(E, k, runs, continuous: bool, ptype, out_type, op, update
     return WORKERS * w + combine
 
 
-def _runs_per_tile(tiles: np.ndarray, addr: np.ndarray, num_tiles: int) -> np.ndarray:
-    """Contiguous regions (same tile, consecutive addresses) of each tile, in address order."""
-    order = np.argsort(addr, kind="stable")
-    a, t = addr[order], tiles[order]
-    brk = np.ones(a.size, bool)
-    brk[1:] = (t[1:] != t[:-1]) | (a[1:] != a[:-1] + 1)
-    return np.bincount(t[brk], minlength=num_tiles)
+def _address_runs_per_tile(view, elems_per_tile: np.ndarray) -> np.ndarray:
+    """Contiguous regions of each tile in the first stage: runs of consecutive addresses of
+    ``view`` on one tile (a repeated address of a broadcast view starts a new region), from the
+    view's address runs and the tile maps (no per-element work). ``elems_per_tile`` counts the
+    view's elements per tile (with repeats)."""
+    T = elems_per_tile.size
+    var, start, length = R.piece_runs(view.pieces)
+    space = view._state.space(view._type)
+    gst, gtl, _ = space.runs()
+    gend = np.append(gst[1:], space.size)
+    end = start + length
+    r0 = np.searchsorted(gst, start, side="right") - 1
+    r1 = np.searchsorted(gst, end - 1, side="right") - 1
+    cnt = r1 - r0 + 1
+    ri = np.repeat(r0, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    lo = np.maximum(np.repeat(start, cnt), gst[ri])
+    hi = np.minimum(np.repeat(end, cnt), gend[ri])
+    key, ulo, uhi = union_intervals(gtl[ri].astype(np.int64), lo, hi)
+    runs = np.bincount(key, minlength=T)
+    distinct = np.bincount(key, weights=uhi - ulo, minlength=T).astype(np.int64)
+    return runs + (elems_per_tile - distinct)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -255,17 +279,33 @@ def _segment_reduce(vals: torch.Tensor, idx: torch.Tensor, n: int, op: Operation
     return torch.full((R, n), init, dtype=dt).scatter_reduce_(1, idx.expand(R, -1), vals, red, include_self=True)
 
 
-def _stage_kernel(src, dst, index, n_dst, op, compute_dtype, first, final, ctx):
-    """One reduction stage: ``dst[j] = op(src[i] for index[i] == j)``; ``final`` = (scale, scale
-    tensor or None, update) applies the output transform."""
+def _stage_kernel(src, dst, indexer, n_dst, op, compute_dtype, first, final, ctx):
+    """One reduction stage: ``dst[j] = op(src[i] for index[i] == j)``, in the order of ``src``'s
+    flattened elements; ``indexer()`` yields ``(begin, end, index, dest)`` chunks of the
+    flattened ``src``: ``index`` numbers the destination of each element of the chunk, ``dest``
+    maps those numbers to positions of ``dst`` (None: they are positions already); the
+    destinations of a chunk get all their elements from it. ``final`` = (scale, scale tensor or
+    None, update) applies the output transform. Index arrays exist only while the kernel runs,
+    one chunk at a time."""
     vals = ctx.read(src).reshape(ctx.replicas, -1)
     if compute_dtype is not None:
         vals = vals.to(compute_dtype)
     if first and op == Operation.SQUARE_ADD:
         vals = vals * vals
-    idx = torch.from_numpy(index)
-    res = _segment_reduce(vals, idx, n_dst, op) if vals.shape[1] else \
-        torch.full((vals.shape[0], n_dst), _identity(op, vals.dtype), dtype=vals.dtype)
+    if not vals.shape[1]:
+        res = torch.full((vals.shape[0], n_dst), _identity(op, vals.dtype), dtype=vals.dtype)
+    else:
+        res = None
+        for b, e, index, dest in indexer():
+            if dest is None and b == 0 and e == vals.shape[1]:
+                res = _segment_reduce(vals, torch.from_numpy(index), n_dst, op)
+                continue
+            if dest is None:
+                dest, index = np.unique(index, return_inverse=True)
+            part = _segment_reduce(vals[:, b:e], torch.from_numpy(index.reshape(-1)), dest.size, op)
+            if res is None:
+                res = torch.zeros((vals.shape[0], n_dst), dtype=part.dtype)
+            res[:, torch.from_numpy(dest)] = part
     if final is not None:
         res = _finish(res, dst, op, final, ctx)
     ctx.write(dst, res.reshape((ctx.replicas,) + tuple(dst.shape())))
@@ -352,6 +392,189 @@ class _Plan:
     stages: list          # VertexGroups, in order
 
 
+#: Elements of the input per chunk of the first stage's kernel (the index arrays of one chunk).
+KERNEL_CHUNK = 1 << 22
+
+
+def _enumerate_ranges(lo: np.ndarray, n: np.ndarray):
+    """For ranges ``[lo[k], lo[k] + n[k])``: the range of each item and the item (vectorised)."""
+    k = np.repeat(np.arange(n.size), n)
+    return k, np.repeat(lo, n) + (np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n))
+
+
+class _Level:
+    """The partials of one stage, by structure.
+
+    *Classes* ``c`` are arithmetic progressions of outputs ``m = m0[c] + i * stride[c]``
+    (``i < count[c]``) whose partials lie on one ascending set of tiles
+    ``tiles[ptr[c]:ptr[c + 1]]``; a tile's partials of one class form a *block* (blocks are
+    numbered class by class, tile by tile: block ``ptr[c] + r`` is class ``c``'s tile of rank
+    ``r``). The partials variable holds the blocks tile by tile (PopLibs keeps each tile's
+    partials together), a block's partials in the order ``(i mod period, i)`` so that the
+    partials the next stage sends to one tile are contiguous.
+    """
+
+    def __init__(self, m0, stride, count, ptr, tiles):
+        self.m0, self.stride, self.count = (np.asarray(x, np.int64) for x in (m0, stride, count))
+        self.ptr, self.tiles = np.asarray(ptr, np.int64), np.asarray(tiles, np.int64)
+        sizes = np.diff(self.ptr)
+        self.fan = sizes
+        self.cls = np.repeat(np.arange(self.m0.size), sizes)
+        self.rank = np.arange(self.tiles.size) - np.repeat(self.ptr[:-1], sizes)
+        self.bcount = self.count[self.cls]
+        self.total = int(self.bcount.sum())
+        self.layout(np.ones(self.tiles.size, np.int64))
+
+    def layout(self, period: np.ndarray) -> None:
+        self.period = np.asarray(period, np.int64)
+        self.in_order = bool((self.period == 1).all())
+        self.n_div, self.n_mod = np.divmod(self.bcount, self.period)
+        order = np.lexsort((self.cls, self.tiles))
+        self.offset = np.empty(self.tiles.size, np.int64)
+        self.offset[order] = np.cumsum(self.bcount[order]) - self.bcount[order]
+
+    def position(self, q: np.ndarray, i: np.ndarray) -> np.ndarray:
+        """Position in the partials variable of partial ``i`` of block ``q``."""
+        if self.in_order:
+            return self.offset[q] + i
+        d, rho = np.divmod(i, self.period[q])
+        return self.offset[q] + rho * self.n_div[q] + np.minimum(rho, self.n_mod[q]) + d
+
+    def tile_runs(self):
+        """``(begin, end, tile)`` of the variable: one run per tile."""
+        cnt = np.bincount(self.tiles, weights=self.bcount).astype(np.int64)
+        used = np.flatnonzero(cnt)
+        end = np.cumsum(cnt[used])
+        return end - cnt[used], end, used
+
+    def partials_per_tile(self, num_tiles: int) -> np.ndarray:
+        return np.bincount(self.tiles, weights=self.bcount, minlength=num_tiles).astype(np.int64)
+
+    def enumerate(self):
+        """Every partial: ``(position, block, i)`` (int64 arrays of ``total``; kernels only)."""
+        q, i = _enumerate_ranges(np.zeros(self.tiles.size, np.int64), self.bcount)
+        return self.position(q, i), q, i
+
+    @staticmethod
+    def first(st, slo, shi) -> "_Level":
+        """Level 1 from the row ranges each tile holds (``(tile, begin, end)``, a tile's ranges
+        disjoint and not touching): classes are the ranges between all the ranges' ends."""
+        bounds = np.unique(np.concatenate([slo, shi]))
+        i0, i1 = np.searchsorted(bounds, slo), np.searchsorted(bounds, shi)
+        tl, k = _enumerate_ranges(i0, i1 - i0)
+        tl = st[tl]
+        order = np.lexsort((tl, k))
+        k, tl = k[order], tl[order]
+        ptr = np.searchsorted(k, np.arange(bounds.size))
+        keep = np.diff(ptr) > 0
+        ptr = np.r_[0, np.cumsum(np.diff(ptr)[keep])]
+        return _Level(bounds[:-1][keep], np.ones(int(keep.sum()), np.int64), np.diff(bounds)[keep], ptr, tl)
+
+
+@dataclass
+class _Grouping:
+    """An intermediate stage from ``src`` to ``dst`` (PopLibs' extra reduction stage): the
+    partials of each output (ascending tile order) are cut into groups of ``g = ceil(sqrt(fan))``
+    and each group is reduced on the tile of its member ``m mod group size`` (rotating the
+    reducing tile over the outputs) [A]. Per source class: ``g``, ``G`` groups, the last group's
+    size ``last``, the period ``P`` of the reducing tiles in ``i`` and the first subclass ``sub0``
+    (the destination classes are the source classes split by ``i mod P``; ``sub_cls``: the source
+    class of each destination class)."""
+
+    src: _Level
+    dst: _Level
+    g: np.ndarray
+    G: np.ndarray
+    last: np.ndarray
+    P: np.ndarray
+    sub0: np.ndarray
+    sub_cls: np.ndarray
+
+    @staticmethod
+    def of(L: _Level) -> "_Grouping":
+        s = L.fan
+        g = np.maximum(1, np.ceil(np.sqrt(s)).astype(np.int64))
+        G = -(-s // g)
+        last = s - (G - 1) * g
+        p_full = g // np.gcd(L.stride, g)
+        p_last = last // np.gcd(L.stride, last)
+        P = np.where(G > 1, np.lcm(p_full, p_last), p_last)
+        # the source blocks' layout: partials ordered by their reducing tile's period
+        c = L.cls
+        j = L.rank // g[c]
+        gs = np.where(j == G[c] - 1, last[c], g[c])
+        L.layout(gs // np.gcd(L.stride[c], gs))
+        # destination classes: class c split by i mod P[c] (subclasses with no output dropped)
+        n_sub = np.minimum(P, L.count)
+        sc_cls, rho = _enumerate_ranges(np.zeros(L.m0.size, np.int64), n_sub)
+        m0 = L.m0[sc_cls] + rho * L.stride[sc_cls]
+        stride = L.stride[sc_cls] * P[sc_cls]
+        count = (L.count[sc_cls] - rho + P[sc_cls] - 1) // P[sc_cls]
+        sc, jj = _enumerate_ranges(np.zeros(sc_cls.size, np.int64), G[sc_cls])
+        cc = sc_cls[sc]
+        gsj = np.where(jj == G[cc] - 1, last[cc], g[cc])
+        tiles = L.tiles[L.ptr[cc] + jj * g[cc] + m0[sc] % gsj]
+        dst = _Level(m0, stride, count, np.r_[0, np.cumsum(G[sc_cls])], tiles)
+        return _Grouping(L, dst, g, G, last, P, np.cumsum(n_sub) - n_sub, sc_cls)
+
+    def consumer_boxes(self):
+        """Where the source partials are reduced: flat ranges of the source variable and tiles."""
+        L = self.src
+        q, rho = _enumerate_ranges(np.zeros(L.tiles.size, np.int64), L.period)
+        c = L.cls[q]
+        j = L.rank[q] // self.g[c]
+        gs = np.where(j == self.G[c] - 1, self.last[c], self.g[c])
+        tile = L.tiles[L.ptr[c] + j * self.g[c] + (L.m0[c] + rho * L.stride[c]) % gs]
+        p, n = L.period[q], L.bcount[q]
+        begin = L.offset[q] + rho * (n // p) + np.minimum(rho, n % p)
+        return begin, begin + n // p + (rho < n % p), tile
+
+    def work(self, num_tiles: int):
+        """Per tile: partials received (``E``) and produced (``K``)."""
+        D = self.dst
+        src_cls = self.sub_cls[D.cls]                    # the source class of each destination block
+        j = D.rank
+        gs = np.where(j == self.G[src_cls] - 1, self.last[src_cls], self.g[src_cls])
+        E = np.bincount(D.tiles, weights=gs * D.bcount, minlength=num_tiles).astype(np.int64)
+        return E, D.partials_per_tile(num_tiles)
+
+    def destinations(self) -> np.ndarray:
+        """Destination position of each source partial, by source position (kernels only)."""
+        L, D = self.src, self.dst
+        pos, q, i = L.enumerate()
+        c = L.cls[q]
+        j = L.rank[q] // self.g[c]
+        qn = D.ptr[self.sub0[c] + i % self.P[c]] + j
+        out = np.empty(L.total, np.int64)
+        out[pos] = D.position(qn, i // self.P[c])
+        return out
+
+
+def _out_boxes(L: _Level, ob, oe, otl):
+    """The final stage's reads: flat ranges of the last level's variable and the tile of the
+    output each range reduces into (output tile runs ``ob, oe, otl``)."""
+    q = np.arange(L.tiles.size)
+    c = L.cls
+    m0, st, n = L.m0[c], L.stride[c], L.bcount
+    m_last = m0 + (n - 1) * st
+    a = np.searchsorted(ob, m0, side="right")
+    z = np.searchsorted(ob, m_last, side="right")
+    k, bi = _enumerate_ranges(a, z - a)                      # run starts inside each block's span
+    ich = -(-(ob[bi] - m0[k]) // st[k])                      # first partial past each run start
+    qq = np.concatenate([q, k])
+    ii = np.concatenate([np.zeros(q.size, np.int64), ich])
+    order = np.lexsort((ii, qq))
+    qq, ii = qq[order], ii[order]
+    keep = np.r_[True, (qq[1:] != qq[:-1]) | (ii[1:] != ii[:-1])]
+    qq, ii = qq[keep], ii[keep]
+    nxt = np.r_[ii[1:], 0]
+    last = np.r_[qq[1:] != qq[:-1], True]
+    jj = np.where(last, n[qq], nxt)
+    tile = otl[np.searchsorted(ob, m0[qq] + ii * st[qq], side="right") - 1]
+    pos = L.offset[qq] + ii                                  # the last level is laid out in i order
+    return pos, L.offset[qq] + jj, tile.astype(np.int64)
+
+
 def _plan(graph, in_, dims, params, out_type, out, name, options) -> _Plan:
     """Validate and build the vertex groups of one reduction (no compute sets yet)."""
     if not isinstance(params, ReduceParams):
@@ -385,11 +608,12 @@ def _plan(graph, in_, dims, params, out_type, out, name, options) -> _Plan:
     M = int(np.prod(out_shape, dtype=np.int64))
     N = int(np.prod([in_.dim(d) for d in dims], dtype=np.int64))
     view = in_.dimShuffle(keep + dims).reshape([M, N]) if in_.rank() else in_.reshape([1, 1])
-    tiles = graph.tile_of_elements(view).astype(np.int64)
-    if (tiles < 0).any():
+    boxes = tile_boxes(view)                         # the input's layout: boxes of [M, N] on tiles
+    box_n = np.prod(boxes.sz, axis=1, dtype=np.int64)
+    if (boxes.tile < 0).any():
         raise poplar.invalid_tile_mapping(
-            f"{name}: {int((tiles < 0).sum())} input elements are not mapped to a tile; map the input first")
-    out_mapped = out is not None and bool((graph.tile_of_elements(out) >= 0).all())
+            f"{name}: {int(box_n[boxes.tile < 0].sum())} input elements are not mapped to a tile; map the input first")
+    out_mapped = out is not None and graph.is_mapped(out)
     if out is None:
         out = graph.addVariable(out_type, out_shape, name)
     out_flat = out.reshape([M])
@@ -404,106 +628,160 @@ def _plan(graph, in_, dims, params, out_type, out, name, options) -> _Plan:
         if not out_mapped:
             from openipu.poplibs.poputil import mapTensorLinearly
             mapTensorLinearly(graph, out)
-        otiles = graph.tile_of_elements(out_flat).astype(np.int64)
-        used, counts = np.unique(otiles, return_counts=True)
+        used, counts = tile_counts_of(graph, out_flat)
         stages.append(_group(f"popops::Fill<{out_type}>", used, WORKERS * (26 + -(-counts // target.getVectorWidth(out_type))),
-                             view, out_flat, np.zeros(0, np.int64), M, op, compute, True, final,
-                             reads=[], writes=[(out_flat, otiles)], flops=0.0, scale_t=scale_t, update=params.update))
+                             view, out_flat, None, M, op, compute, True, final,
+                             reads=[], writes=[Access(out_flat)], flops=0.0, scale_t=scale_t, update=params.update))
         return _Plan(out, stages)
-    m_idx = np.repeat(np.arange(M, dtype=np.int64), N)
-    key = m_idx * T + tiles
-    uniq, inverse = np.unique(key, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    g_m, g_tile = uniq // T, uniq % T
-    P = uniq.size
+    # level 1: one partial per (output, tile holding some of its inputs)
+    L1 = _Level.first(*union_intervals(boxes.tile, boxes.lo[:, 0], boxes.lo[:, 0] + boxes.sz[:, 0]))
     continuous = dims == list(range(in_.rank() - len(dims), in_.rank()))
-    single = P == M and (not out_mapped or np.array_equal(graph.tile_of_elements(out_flat).astype(np.int64), g_tile))
+    first_E = np.bincount(boxes.tile, weights=box_n, minlength=T).astype(np.int64)
+    first_runs = _address_runs_per_tile(view, first_E)
+    single = L1.total == M
+    if single and out_mapped:
+        # the output must lie where each row's inputs lie
+        rb, re_, rt = L1.m0, L1.m0 + L1.count, L1.tiles
+        ob, oe, ot = graph.tile_runs_of(out_flat)
+        single = _same_runs(rb, re_, rt, ob, oe, ot.astype(np.int64))
     if single:
         if not out_mapped:
-            graph.set_global_tile_mapping(out_flat, g_tile)
-        stages.append(_stage(graph, view, tiles, out_flat, inverse, g_tile, M, op, compute, True, final,
-                             continuous, in_type, out_type, target, scale_t, params.update, name))
+            graph.set_tile_runs(out_flat, L1.m0, L1.m0 + L1.count, L1.tiles)
+        indexer = functools.partial(_first_index, boxes, [M, N], None, T)
+        stages.append(_first_stage(graph, view, out_flat, indexer, first_E, L1.partials_per_tile(T), first_runs, M, op,
+                                   compute, final, continuous, in_type, out_type, target, scale_t, params.update, name))
         return _Plan(out, stages)
-    # stage 1: partials per (output, tile) on the input's tiles
-    part = graph.addVariable(inter, [P], f"{name}/partials0")
-    graph.set_global_tile_mapping(part, g_tile)
-    stages.append(_stage(graph, view, tiles, part, inverse, g_tile, P, op, compute, True, None,
-                         continuous, in_type, inter, target, None, False, name))
     # intermediate stages while the fan-in per output is large
-    p_m, p_tile = g_m, g_tile
+    levels, groupings = [L1], []
+    while int(levels[-1].fan.max()) > MAX_FANIN:
+        groupings.append(_Grouping.of(levels[-1]))
+        levels.append(groupings[-1].dst)
+    # stage 1: partials per (output, tile) on the input's tiles
+    part = graph.addVariable(inter, [L1.total], f"{name}/partials0")
+    graph.set_tile_runs(part, *L1.tile_runs())
+    indexer = functools.partial(_first_index, boxes, [M, N], L1, T)
+    stages.append(_first_stage(graph, view, part, indexer, first_E, L1.partials_per_tile(T), first_runs, L1.total, op,
+                               compute, None, continuous, in_type, inter, target, None, False, name))
     later_op = Operation.ADD if op == Operation.SQUARE_ADD else op
-    level = 1
-    while True:
-        fan = np.bincount(p_m, minlength=M)
-        if fan.max() <= MAX_FANIN:
-            break
-        first = np.r_[0, np.cumsum(fan)[:-1]]                     # partials are sorted by output
-        rank = np.arange(p_m.size) - first[p_m]
-        g = np.maximum(1, np.ceil(np.sqrt(fan)).astype(np.int64))[p_m]
-        grp = rank // g
-        gkey = p_m * (int(fan.max()) + 1) + grp
-        guniq, ginv = np.unique(gkey, return_inverse=True)
-        ginv = ginv.reshape(-1)
-        n_m = guniq // (int(fan.max()) + 1)
-        gfirst = np.full(guniq.size, p_m.size, np.int64)
-        np.minimum.at(gfirst, ginv, np.arange(p_m.size))
-        gsize = np.bincount(ginv, minlength=guniq.size)
-        chosen = gfirst + (n_m % gsize)                           # rotate which member's tile reduces
-        n_tile = p_tile[chosen]
-        nxt = graph.addVariable(inter, [guniq.size], f"{name}/partials{level}")
-        graph.set_global_tile_mapping(nxt, n_tile)
-        stages.append(_stage(graph, part, n_tile[ginv], nxt, ginv, n_tile, guniq.size, later_op, None, False, None,
-                             False, inter, inter, target, None, False, name))
-        part, p_m, p_tile = nxt, n_m, n_tile
-        level += 1
+    for level, gr in enumerate(groupings, start=1):
+        nxt = graph.addVariable(inter, [gr.dst.total], f"{name}/partials{level}")
+        graph.set_tile_runs(nxt, *gr.dst.tile_runs())
+        E, K = gr.work(T)
+        b, e, tl = gr.consumer_boxes()
+        stages.append(_later_stage(graph, part, Access(part, flat_boxes(b, e, tl)), nxt, gr.destinations, E, K,
+                                   gr.dst.total, later_op, None, inter, inter, target, None, False))
+        part = nxt
     # final stage on the output's tiles. An output without a complete mapping is mapped linearly
     # with at least 4 vectors per tile (PopLibs ReductionStages.cpp intermediateToOutput).
     if not out_mapped:
         from openipu.poplibs.poputil import mapTensorLinearly
         vw = target.getVectorWidth(out_type)
         mapTensorLinearly(graph, out_flat, 4 * vw, vw)
-    out_tiles = graph.tile_of_elements(out_flat).astype(np.int64)
-    cons = out_tiles[p_m]
-    stages.append(_stage(graph, part, cons, out_flat, p_m, out_tiles, M, later_op, None, False, final,
-                         False, inter, out_type, target, scale_t, params.update, name))
+    L = levels[-1]
+    ob, oe, ot = graph.tile_runs_of(out_flat)
+    b, e, tl = _out_boxes(L, ob, oe, ot.astype(np.int64))
+    E = np.bincount(tl, weights=e - b, minlength=T).astype(np.int64)
+    K = graph.tile_element_counts(out_flat).astype(np.int64)
+    stages.append(_later_stage(graph, part, Access(part, flat_boxes(b, e, tl)), out_flat,
+                               functools.partial(_final_destinations, L), E, K, M, later_op, final, inter, out_type,
+                               target, scale_t, params.update))
     return _Plan(out, stages)
 
 
-def _stage(graph, src, cons_tiles, dst, index, dst_tiles, n_dst, op, compute, first, final, continuous,
-           ptype, out_type, target, scale_t, update, name):
-    """The vertex group reducing ``src`` (element i read on tile ``cons_tiles[i]``) into ``dst``.
+def _same_runs(ab, ae, at, bb, be, bt) -> bool:
+    """Whether two run-length functions over the same range are equal (runs sorted, covering)."""
+    def norm(b, e, t):
+        order = np.argsort(b, kind="stable")
+        b, e, t = b[order], e[order], t[order]
+        keep = np.r_[True, t[1:] != t[:-1]]
+        return b[keep], t[keep]
+    x, y = norm(ab, ae, at), norm(bb, be, bt)
+    return x[0].size == y[0].size and bool((x[0] == y[0]).all() and (x[1] == y[1]).all())
 
-    In the first stage the partial regions are the input's contiguous regions on each tile; in
-    later stages each received partial of a tile's outputs is one region (fan-in regions)."""
-    T = graph._top._target.getNumTiles()
-    E = np.bincount(cons_tiles, minlength=T)
-    K = np.bincount(dst_tiles, minlength=T)
-    used = np.flatnonzero(E)
-    if first:
-        runs = _runs_per_tile(cons_tiles, src.flat_addresses(), T)[used]
-    else:
-        runs = -(-E[used] // np.maximum(K[used], 1))
+
+def _first_index(boxes, shape, level, num_tiles):
+    """Chunks of the first stage's kernel: for whole rows of the input view (``shape`` ``[M, N]``,
+    tile ``boxes``), the destination of each element (its output, or its level-1 partial)."""
+    M, N = shape
+    # pieces: the rows of the boxes (one destination each), in the view's flat order
+    k, row = _enumerate_ranges(boxes.lo[:, 0], boxes.sz[:, 0])
+    order = np.argsort(row * N + boxes.lo[k, 1], kind="stable")
+    k, row = k[order], row[order]
+    tile, width = boxes.tile[k], boxes.sz[k, 1]
+    key = level.cls * num_tiles + level.tiles if level is not None else None
+    rows = max(1, KERNEL_CHUNK // max(N, 1))
+    for m0 in range(0, M, rows):
+        m1 = min(M, m0 + rows)
+        a, z = np.searchsorted(row, [m0, m1])
+        r, t, n = row[a:z], tile[a:z], width[a:z]
+        if level is None:
+            dest = r
+        else:
+            c = np.searchsorted(level.m0, r, side="right") - 1
+            dest = level.position(np.searchsorted(key, c * num_tiles + t), r - level.m0[c])
+        if m0 == 0 and m1 == M:
+            yield 0, M * N, np.repeat(dest, n), None
+            continue
+        uniq, inv = np.unique(dest, return_inverse=True)
+        yield m0 * N, m1 * N, np.repeat(inv.reshape(-1), n), uniq
+
+
+
+
+def _final_destinations(L: _Level) -> np.ndarray:
+    pos, q, i = L.enumerate()
+    out = np.empty(L.total, np.int64)
+    out[pos] = L.m0[L.cls[q]] + i * L.stride[L.cls[q]]
+    return out
+
+
+def _stage_name(op, ptype, out_type, final, continuous, update):
     upd = bool(update) and final is not None
-    cyc = _stage_tile_cycles(E[used], K[used], runs, continuous, ptype, out_type, op, upd, target)
     scaled = final is not None and final[:2] != (None, None)
     vt = ("Scaled" if scaled else "") + ("ContinuousReduce" if continuous else "Reduce")
     op_name = "Reduce" + op.value.title().replace("_", "")
-    vname = f"popops::{vt}<popops::{op_name},{ptype},{out_type},{str(upd).lower()}>"
+    return f"popops::{vt}<popops::{op_name},{ptype},{out_type},{str(upd).lower()}>", upd, scaled
+
+
+def _first_stage(graph, view, dst, indexer, E, K, runs, n_dst, op, compute, final, continuous, ptype, out_type,
+                 target, scale_t, update, name):
+    """The vertex group reducing the input ``view`` on its own tiles into ``dst`` (the output or
+    the level-1 partials); its partial regions are the input's contiguous regions on each tile."""
+    used = np.flatnonzero(E)
+    vname, upd, scaled = _stage_name(op, ptype, out_type, final, continuous, update)
+    cyc = _stage_tile_cycles(E[used], K[used], runs[used], continuous, ptype, out_type, op, upd, target)
+    flops = float(max(0, view.numElements() - n_dst) * _FLOPS[op] + (n_dst if scaled else 0))
+    return _group(vname, used, cyc, view, dst, indexer, n_dst, op, compute, True, final,
+                  reads=[Access(view)], writes=[Access(dst)], flops=flops, scale_t=scale_t, update=upd)
+
+
+def _later_stage(graph, src, read, dst, destinations, E, K, n_dst, op, final, ptype, out_type, target, scale_t,
+                 update):
+    """The vertex group reducing exchanged partials ``src`` (``read`` says where each is used)
+    into ``dst``: each received partial of a tile's outputs is one region (fan-in regions)."""
+    used = np.flatnonzero(E)
+    vname, upd, scaled = _stage_name(op, ptype, out_type, final, False, update)
+    runs = -(-E[used] // np.maximum(K[used], 1))
+    cyc = _stage_tile_cycles(E[used], K[used], runs, False, ptype, out_type, op, upd, target)
     flops = float(max(0, src.numElements() - n_dst) * _FLOPS[op] + (n_dst if scaled else 0))
-    return _group(vname, used, cyc, src, dst, np.ascontiguousarray(index, np.int64), n_dst, op, compute, first, final,
-                  reads=[(src.reshape([src.numElements()]), cons_tiles)], writes=[(dst, dst_tiles)], flops=flops,
-                  scale_t=scale_t, update=upd)
+    indexer = functools.partial(_whole_index, destinations, src.numElements())
+    return _group(vname, used, cyc, src, dst, indexer, n_dst, op, None, False, final,
+                  reads=[read], writes=[Access(dst)], flops=flops, scale_t=scale_t, update=upd)
 
 
-def _group(vname, used, cycles, src, dst, index, n_dst, op, compute, first, final, reads, writes, flops, scale_t, update):
+def _whole_index(destinations, n):
+    yield 0, n, destinations(), None
+
+
+def _group(vname, used, cycles, src, dst, indexer, n_dst, op, compute, first, final, reads, writes, flops, scale_t,
+           update):
     reads = list(reads)
     if scale_t is not None and used.size:
-        from openipu.poplibs.popops._common import broadcast_view
-        reads.append((broadcast_view(scale_t.reshape([1]), [used.size]), used))
+        reads.append(Access(scale_t.reshape([1]), read_on_tiles(scale_t.reshape([1]), used)))
     if update and final is not None:
-        reads.append((dst, writes[0][1]))
+        reads.append(Access(dst))
     return VertexGroup(vname, used.astype(np.int64), np.asarray(cycles, np.int64),
-                       functools.partial(_stage_kernel, src, dst, index, n_dst, op, compute, first, final),
+                       functools.partial(_stage_kernel, src, dst, indexer, n_dst, op, compute, first, final),
                        reads=reads, writes=writes, multi=True, flops=flops, state_bytes=32)
 
 

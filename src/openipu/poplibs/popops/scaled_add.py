@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from openipu import poplar
-from openipu.poplar.graph import VertexGroup
-from openipu.poplibs.popops._common import broadcast_view, tile_counts
+from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplibs.popops._common import read_on_tiles, tile_counts_of
 
 __all__ = ["ScaledAddSpecialisation", "scaledAddTo", "scaledSubtractFrom", "scaled_add_cycles"]
 
@@ -143,10 +143,9 @@ def _scaled(graph, A, scale_a, B, scale_b, prog, debug_name, options, *, subtrac
     four = scale_a is not None and (sa_t is not None or sa != 1.0 or mode != ScaledAddSpecialisation.DEFAULT)
     operation = ("AXMINUSBY" if subtract else "AXPLUSBY") if four else ("SUBTRACT" if subtract else "ADD")
     target = graph.getTarget()
-    atiles = graph.tile_of_elements(A)
-    if (atiles < 0).any():
+    if not graph.is_mapped(A):
         raise poplar.invalid_tile_mapping(f"scaledAddTo: A ({A.shortString()}) is not completely mapped to tiles")
-    used, counts = tile_counts(graph, atiles)
+    used, counts = tile_counts_of(graph, A)
     cycles = scaled_add_cycles(counts, at, bt, target, operation=operation,
                                scale_is_tensor=sa_t is not None or sb_t is not None, mem_constrained=mem_constrained)
     name = debug_name or ("scaledSubtractFrom" if subtract else "scaledAddTo")
@@ -154,16 +153,16 @@ def _scaled(graph, A, scale_a, B, scale_b, prog, debug_name, options, *, subtrac
     if subtract:
         vname = vname.replace("ScaledAdd", "ScaledSubtract").replace("aXPlusbY", "aXMinusbY")
     vname = f"{vname}<{at},{bt},{'false' if sb_t is not None else 'true'},{'true' if mem_constrained else 'false'}>"
-    reads = [(B, atiles)]
+    reads = [Access(B, A)]                                                 # B is read where A lives
     n = A.numElements()
     for s in (sa_t, sb_t):
         if s is not None:
-            reads.append((broadcast_view(s.flatten(), [used.size]), used))   # every tile reads the scale
+            reads.append(Access(s.flatten(), read_on_tiles(s.flatten(), used)))   # every tile reads the scale
     kernel = functools.partial(_kernel, A, B, 1.0 if sa is None else sa, sb, sa_t, sb_t, -1 if subtract else 1,
                                mode if four else ScaledAddSpecialisation.DEFAULT)
     cs = graph.addComputeSet(name)
     graph.add_vertex_group(cs, VertexGroup(
-        vname, used, cycles, kernel, reads=reads, writes=[(A, atiles)], multi=True,
+        vname, used, cycles, kernel, reads=reads, writes=[Access(A)], multi=True,
         flops=float(2 * n if not four else 3 * n), state_bytes=20 if not four else 24))
     prog.add(poplar.program.Execute(cs, name))
 

@@ -19,7 +19,9 @@ import numpy as np
 import torch
 
 from openipu import poplar
-from openipu.poplar.graph import VertexGroup
+from openipu.poplar.exchange import Boxes
+from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplibs.popops._common import row_intervals_per_tile
 
 __all__ = ["SortOrder", "TopKParams", "sort", "sortInPlace", "sortKeyValue", "sortKeyValueInPlace", "topK",
            "topKWithPermutation", "topKKeyValue", "createTopKInput"]
@@ -57,41 +59,75 @@ class TopKParams:
 # ----------------------------------------------------------------------------------------------
 # cost
 # ----------------------------------------------------------------------------------------------
-def _row_layout(graph, t, dim):
-    """Rows along ``dim``: view ``[rows, n]``, tile per element, and each element's tile rank
-    within its row plus the row's tile count."""
-    perm = [d for d in range(t.rank()) if d != dim] + [dim]
-    n = t.dim(dim)
-    rows = t.numElements() // n if n else 0
-    view = t.dimShuffle(perm).reshape([rows, n])
-    tiles = graph.tile_of_elements(view).astype(np.int64)
-    if (tiles < 0).any():
-        raise poplar.invalid_tile_mapping("sort: the input is not completely mapped to tiles; map it first")
-    T = graph._top._target.getNumTiles()
-    row = np.repeat(np.arange(rows, dtype=np.int64), n)
-    key = row * T + tiles
-    uniq, inv = np.unique(key, return_inverse=True)
-    urow = uniq // T
-    first = np.searchsorted(urow, np.arange(rows))
-    rank_u = np.arange(uniq.size) - first[urow]
-    per_row = np.bincount(urow, minlength=rows)
-    return view, tiles, rank_u[inv.reshape(-1)], per_row[row], uniq % T, urow, first
+class _RowLayout:
+    """How the rows of ``view`` ``[rows, n]`` (``t`` with ``dim`` last) lie on tiles, by structure:
+    the view's tile boxes, and the rows cut into ranges over which the set of tiles holding
+    each row is constant (``set_lo``, ``set_hi``; tiles of range ``k``: ``set_tiles[ptr[k]:ptr[k+1]]``,
+    ascending, so a tile's rank in a row is its position there)."""
+
+    def __init__(self, graph, t, dim):
+        from openipu.poplar.exchange import tile_boxes
+        perm = [d for d in range(t.rank()) if d != dim] + [dim]
+        n = t.dim(dim)
+        rows = t.numElements() // n if n else 0
+        self.view = t.dimShuffle(perm).reshape([rows, n])
+        if not graph.is_mapped(self.view):
+            raise poplar.invalid_tile_mapping("sort: the input is not completely mapped to tiles; map it first")
+        self.boxes = tile_boxes(self.view)
+        st, slo, shi = row_intervals_per_tile(graph, self.view)
+        bounds = np.unique(np.concatenate([slo, shi]))
+        self.set_lo, self.set_hi = bounds[:-1], bounds[1:]
+        i0, i1 = np.searchsorted(bounds, slo), np.searchsorted(bounds, shi)
+        cnt = i1 - i0
+        rng = np.repeat(i0, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+        tl = np.repeat(st, cnt)
+        order = np.lexsort((tl, rng))
+        self.set_tiles = tl[order]
+        self.ptr = np.searchsorted(rng[order], np.arange(self.set_lo.size + 1))
+        self.num_tiles = graph._top._target.getNumTiles()
+        self.set_key = rng[order] * self.num_tiles + self.set_tiles      # sorted: (range, tile)
+        self.rows_per_tile = np.bincount(st, weights=shi - slo, minlength=graph._top._target.getNumTiles()).astype(np.int64)
+
+    def max_tiles_per_row(self) -> int:
+        return int(np.diff(self.ptr).max()) if self.ptr.size > 1 else 1
+
+    def partner_boxes(self, dist: int) -> Boxes:
+        """Boxes of the view, each used on the tile of rank ``rank ^ dist`` in its rows (its own
+        tile where no such rank exists): the reads of one compare-and-swap step."""
+        b = self.boxes
+        r0, r1 = b.lo[:, 0], b.lo[:, 0] + b.sz[:, 0]
+        k0 = np.searchsorted(self.set_lo, r0, side="right") - 1
+        k1 = np.searchsorted(self.set_lo, r1 - 1, side="right") - 1
+        cnt = k1 - k0 + 1
+        bi = np.repeat(np.arange(len(b)), cnt)
+        k = np.repeat(k0, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+        lo, sz = b.lo[bi].copy(), b.sz[bi].copy()
+        a = np.maximum(r0[bi], self.set_lo[k])
+        z = np.minimum(r1[bi], self.set_hi[k])
+        lo[:, 0], sz[:, 0] = a, z - a
+        tile = b.tile[bi]
+        base, size = self.ptr[k], np.diff(self.ptr)[k]
+        # rank of the box's tile among its rows' tiles (the tiles of a range are sorted)
+        rank = np.searchsorted(self.set_key, k * self.num_tiles + tile) - base
+        partner = rank ^ dist
+        has = partner < size
+        on = np.where(has, self.set_tiles[np.minimum(base + partner, self.set_tiles.size - 1)], tile)
+        return Boxes(lo, sz, on.astype(np.int64))
 
 
 def _sort_groups(graph, t, dim, kernel, writes, name, extra_reads=()):
     """Compute sets of a distributed sort of ``t`` along ``dim``; ``kernel`` runs in the last."""
-    view, tiles, rank, ptiles, u_tile, u_row, first = _row_layout(graph, t, dim)
-    T = graph._top._target.getNumTiles()
-    n = t.dim(dim)
-    E = np.bincount(tiles, minlength=T)
+    lay = _RowLayout(graph, t, dim)
+    view = lay.view
+    E = graph.tile_element_counts(view).astype(np.int64)
     used = np.flatnonzero(E)
-    rows_t = np.bincount(u_tile, minlength=T)
+    rows_t = lay.rows_per_tile
     per_row = -(-E[used] // np.maximum(rows_t[used], 1))
     passes = np.ceil(np.log2(np.maximum(per_row, 2))).astype(np.int64)
     local = WORKERS * (VERTEX_OVERHEAD_CYCLES + -(-E[used] // WORKERS) * passes * SORT_CYCLES_PER_ELEMENT)
-    groups = [[VertexGroup(f"popops::SortLocal<{t.elementType()}>", used, local, _noop, reads=[(view, tiles)],
+    groups = [[VertexGroup(f"popops::SortLocal<{t.elementType()}>", used, local, _noop, reads=[Access(view)],
                            multi=True, flops=0.0)]]
-    P = int(ptiles.max()) if ptiles.size else 1
+    P = lay.max_tiles_per_row()
     steps = []
     lp = math.ceil(math.log2(P)) if P > 1 else 0
     for i in range(lp):
@@ -99,16 +135,13 @@ def _sort_groups(graph, t, dim, kernel, writes, name, extra_reads=()):
             steps.append(1 << j)
     merge = WORKERS * (VERTEX_OVERHEAD_CYCLES + -(-E[used] // WORKERS) * MERGE_CYCLES_PER_ELEMENT)
     for dist in steps:
-        partner_rank = rank ^ dist
-        has = partner_rank < ptiles
-        row = np.repeat(np.arange(view.dim(0), dtype=np.int64), n)
-        partner = np.where(has, u_tile[np.minimum(first[row] + partner_rank, u_tile.size - 1)], tiles)
         groups.append([VertexGroup(f"popops::CompareAndSwapAtDistance<{t.elementType()}>", used, merge, _noop,
-                                   reads=[(view, partner)], multi=True, flops=float(t.numElements()))])
+                                   reads=[Access(view, lay.partner_boxes(dist))], multi=True,
+                                   flops=float(t.numElements()))])
     # the final group does the work functionally and writes the outputs
     last = groups[-1][0]
     last.kernel = kernel
-    last.reads = list(last.reads) + [(view, tiles)] + list(extra_reads)
+    last.reads = list(last.reads) + [Access(view)] + list(extra_reads)
     last.writes = writes
     for k, g in enumerate(groups):
         cs = graph.addComputeSet(f"{name}/{'sort' if k == 0 else f'merge{k}'}")
@@ -155,12 +188,12 @@ def _topk_kernel(t, values_in, vals_out, idx_out, vsel_out, k, largest, order, c
 # ----------------------------------------------------------------------------------------------
 # API
 # ----------------------------------------------------------------------------------------------
-def _check(t, dim, name):
+def _check(graph, t, dim, name):
     if not isinstance(t, poplar.Tensor):
         raise poplar.graph_connection_error(f"{name}: expected a Tensor, got {type(t).__name__}")
     if not 0 <= int(dim) < t.rank():
         raise poplar.index_error(f"{name}: dimension {dim} is out of range for a tensor of shape {t.shape()}")
-    if t.numElements() and (t._state.space(t._type).tiles_of(t.flat_addresses()) < 0).any():
+    if t.numElements() and not graph.is_mapped(t):
         raise poplar.invalid_tile_mapping(f"{name}: the input is not completely mapped to tiles; map it first")
     return int(dim)
 
@@ -182,19 +215,19 @@ def sort(graph, t, dim, prog, debug_name: str = ""):
     """``popops::sort(graph, t, dim, prog, debugPrefix)``: a new tensor, ``t`` sorted ascending along
     ``dim`` (mapped like ``t``). Raises ``poplar.index_error`` for a bad ``dim``."""
     name = debug_name or "sort"
-    dim = _check(t, dim, name)
+    dim = _check(graph, t, dim, name)
     out = graph.clone(t, name)
     _emit(graph, t, dim, functools.partial(_sort_kernel, t, None, out, None, dim),
-          [(out, graph.tile_of_elements(out))], prog, name)
+          [Access(out)], prog, name)
     return out
 
 
 def sortInPlace(graph, t, dim, prog, debug_name: str = ""):  # noqa: N802
     """``popops::sortInPlace``: sorts ``t`` ascending along ``dim`` in place."""
     name = debug_name or "sortInPlace"
-    dim = _check(t, dim, name)
+    dim = _check(graph, t, dim, name)
     _emit(graph, t, dim, functools.partial(_sort_kernel, t, None, t, None, dim),
-          [(t, graph.tile_of_elements(t))], prog, name)
+          [Access(t)], prog, name)
 
 
 def sortKeyValue(graph, k, v, dim, prog, debug_name: str = ""):  # noqa: N802
@@ -202,22 +235,21 @@ def sortKeyValue(graph, k, v, dim, prog, debug_name: str = ""):  # noqa: N802
     is ascending along ``dim`` (stable). Raises ``poplar.graph_connection_error`` for mismatched
     shapes."""
     name = debug_name or "sortKeyValue"
-    dim = _check(k, dim, name)
+    dim = _check(graph, k, dim, name)
     _check_kv(k, v, name)
     out = graph.clone(v, name)
     _emit(graph, k, dim, functools.partial(_sort_kernel, k, v, None, out, dim),
-          [(out, graph.tile_of_elements(out))], prog, name, extra_reads=[(v, graph.tile_of_elements(v))])
+          [Access(out)], prog, name, extra_reads=[Access(v)])
     return out
 
 
 def sortKeyValueInPlace(graph, k, v, dim, prog, debug_name: str = ""):  # noqa: N802
     """``popops::sortKeyValueInPlace``: sorts ``k`` along ``dim`` and permutes ``v`` the same way."""
     name = debug_name or "sortKeyValueInPlace"
-    dim = _check(k, dim, name)
+    dim = _check(graph, k, dim, name)
     _check_kv(k, v, name)
     _emit(graph, k, dim, functools.partial(_sort_kernel, k, v, k, v, dim),
-          [(k, graph.tile_of_elements(k)), (v, graph.tile_of_elements(v))], prog, name,
-          extra_reads=[(v, graph.tile_of_elements(v))])
+          [Access(k), Access(v)], prog, name, extra_reads=[Access(v)])
 
 
 def createTopKInput(graph, type_, shape, params, debug_name: str = ""):  # noqa: N802
@@ -248,8 +280,8 @@ def _topk(graph, prog, t, params, values, want_idx, name):
     for x in (vals, idx, vsel):
         if x is not None:
             mapTensorLinearly(graph, x)
-    writes = [(x, graph.tile_of_elements(x)) for x in (vals, idx, vsel) if x is not None]
-    extra = [(values, graph.tile_of_elements(values))] if values is not None else []
+    writes = [Access(x) for x in (vals, idx, vsel) if x is not None]
+    extra = [Access(values)] if values is not None else []
     if params.k and t.numElements():
         _emit(graph, t, t.rank() - 1, functools.partial(_topk_kernel, t, values, vals, idx, vsel, params.k,
                                                         params.largest, params.sortOrder),
