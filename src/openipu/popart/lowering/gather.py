@@ -26,7 +26,6 @@ import math
 
 import numpy as np
 
-from openipu import poplar
 from openipu.poplar.mapping import linear_tile_runs
 from openipu.poplibs import popops
 from openipu.poplibs.popops import expr as E

@@ -15,6 +15,11 @@ Cycle shapes (tile cycles, MultiVertex):
   ``9 + 6 x (20 + [v>0](3 + 2 op + (v-1) vecOp) + remainder)``, ``v = ceil(n / vw / 6)``.
 - arg reduce, from PopLibs ``ReduceMaxClassGather``: ``9 + 6 x (26 + 3 x ceil(n/6))`` and
   ``ReduceMaxClassSparse`` ``5 + 22 + 3 x n`` per row.
+
+Host work follows the graph's structure, never the number of elements: per-tile element counts
+come from the tensors' regions (``tile_counts_of``), reads and writes are
+:class:`~openipu.poplar.graph.Access` entries (a view used where another view lives, a tile, or
+boxes of tiles), and new tensors are mapped like another tensor or by runs.
 """
 
 from __future__ import annotations

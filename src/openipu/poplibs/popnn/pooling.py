@@ -8,7 +8,10 @@ Padded positions never win a max and are not counted by AVG, which divides by th
 
 Work: the output is mapped linearly; each tile runs a ``MaxPooling`` / ``SumPooling`` (AVG is a
 scaled SumPooling) vertex over its outputs, reading the window inputs it needs (each input element
-is costed as consumed by the tile of the first output whose window holds it). Cycle estimate per
+is costed as consumed by the tile of the first output whose window holds it). Those reads are
+built from structure: per field dim, the segment of inputs whose first output is ``o``; a tile box
+of the output maps to a box of inputs (windows with gaps, ``stride > kernel``, to a few strided
+views), so host work follows the output's tile boxes, not its elements. Cycle estimate per
 tile, in the shape of PopLibs ``getPoolingCycles`` (``lib/popnn/PerformanceEstimation.hpp``):
 ``7 + 6 + 6 x worker``, ``worker = 19 + 2 + 6 + 2 + 3 + rows x (13 + 20 + 2) + v x (2 + c0 + 3 K + 1)``
 with ``v`` the output vectors (vector width of the type) of the busiest worker, ``K`` the window
@@ -274,19 +277,15 @@ def _grad_consumers(graph, p: PoolParams, in_grad):
         if valid.size == 0:
             return None
         va, vb = int(valid[0]), int(valid[-1]) + 1
-        last = e[va:vb] - 1
-        s_ = p.stride[d]
-        # last(o) = o s + k - lo - 1 while inside the input, then the input's last element
-        aff = np.flatnonzero(last == (np.arange(va, vb) * s_ + p.kernelShape[d] - p.inputTruncationOrPaddingLower[d] - 1))
-        n1 = int(aff[-1]) + 1 if aff.size and aff[0] == 0 else 0
+        n, k, s_, lo = p.inputFieldShape[d], p.kernelShape[d], p.stride[d], p.inputTruncationOrPaddingLower[d]
+        # last(o) = o s + k - lo - 1 while the window ends inside the input, then n - 1
+        n1 = int(np.clip((n - k + lo) // s_ + 1 - va, 0, vb - va))
         parts = []
         if n1:
-            a0 = int(last[0])
+            a0 = va * s_ + k - lo - 1
             parts.append(on.slice(a0, a0 + (n1 - 1) * s_ + 1, ax).subSample(s_, ax))
         if vb - va > n1:
-            tail = last[n1:]
-            assert (tail == tail[0]).all()
-            parts.append(on.slice(int(tail[0]), int(tail[0]) + 1, ax).broadcast(vb - va - n1, ax))
+            parts.append(on.slice(n - 1, n, ax).broadcast(vb - va - n1, ax))
         on = parts[0] if len(parts) == 1 else poplar.concat(parts, ax)
         corner.append(va)
     return np.array(corner, np.int64), on
