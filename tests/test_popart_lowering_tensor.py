@@ -4,6 +4,7 @@ the onnx_ops kernels; the embedding table gets the sliceable layout; declined ca
 import numpy as np
 import pytest
 
+import popart
 from lowering_harness import check, run_node
 
 RNG = np.random.default_rng(3)
@@ -70,3 +71,22 @@ def test_gather_weight_gets_sliceable_layout():
     # a run-time table keeps its (linear) layout: its first row sits on one tile
     s, _ = check("Gather", {"d": table, "i": ids}, tiles=16)
     assert _multislice_tiles(s) == 1
+
+
+@pytest.mark.parametrize("constant", [True, False])
+def test_gather_table_is_created_column_major(constant):
+    """The session creates a Gather's table in its consumer's layout: stored column by column
+    (the sliced axis innermost), so its tile map is one run per tile, and seen through a view of
+    the ONNX shape (values, weight streams and results unchanged)."""
+    table = RNG.standard_normal((300, 16)).astype(np.float32)
+    ids = RNG.integers(0, 300, (2, 5)).astype(np.int64)
+    s, _ = check("Gather", {"i": ids}, consts={"d": table}, attrs={"__order__": ["d", "i"]}, tiles=16,
+                 options={"constantWeights": constant})
+    (var,) = [v for v in s._lowered.graph._state.variables if v.name == "d"]
+    assert var.shape == (16, 300)
+    assert var.tile_starts.size == 16 and len(set(var.tile_ids.tolist())) == 16
+    if not constant:
+        w = {"d": np.zeros_like(table)}
+        s.weightsToHost()
+        s.readWeights(popart.PyWeightsIO(w))
+        np.testing.assert_array_equal(w["d"], table)

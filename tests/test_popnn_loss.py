@@ -180,3 +180,25 @@ def test_errors():
         popnn.argMax(h.graph, E, h.prog)
     h.prog.add(popnn.calcLoss(h.graph, P, E, loss, d, popnn.CROSS_ENTROPY_LOSS))
     np.testing.assert_allclose(h.run(loss=loss)["loss"], np.log(4), rtol=1e-6)
+
+
+def test_arg_reduce_and_top_k_build_from_tile_boxes(monkeypatch):
+    """argMax / maxAndArgMax / topK place their partials and outputs from the input's tile boxes
+    and runs (no element tiles or element addresses while the graph is built)."""
+    from openipu.poplar.graph import Graph
+    from openipu.poplar.tensor import Tensor
+    h = OpHarness(tiles=16)
+    x = h.rng.standard_normal((12, 300)).astype(np.float32)
+    X = h.input("x", x, mapping="blocks")
+    for name in ("tile_of_elements", "set_global_tile_mapping"):
+        monkeypatch.setattr(Graph, name, lambda *a, **k: pytest.fail("per-element tile array"))
+    monkeypatch.setattr(Tensor, "addresses", lambda *a, **k: pytest.fail("per-element addresses"))
+    am = popnn.argMax(h.graph, X, h.prog)
+    mv, mi = popnn.maxAndArgMax(h.graph, X, h.prog)
+    tv, ti = popnn.topK(h.graph, X, 5, True, h.prog)
+    monkeypatch.undo()
+    r = h.run(am=am, mv=mv, mi=mi, tv=tv, ti=ti)
+    np.testing.assert_array_equal(r["am"], x.argmax(1))
+    np.testing.assert_array_equal(r["mi"], x.argmax(1))
+    np.testing.assert_array_equal(r["mv"], x.max(1))
+    np.testing.assert_array_equal(r["ti"], np.argsort(-x, 1)[:, :5])

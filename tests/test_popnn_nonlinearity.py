@@ -169,3 +169,19 @@ def test_errors():
     h.graph.setTileMapping(unmapped, 1)
     y = popnn.nonLinearity(h.graph, NLT.RELU, x, h.prog)
     assert (h.run(y=y)["y"] == 1).all()
+
+
+def test_graph_construction_has_no_per_element_arrays(monkeypatch):
+    """Elementwise non-linearities and their gradients cost and connect their work from the
+    output's tile counts and views (no element tiles or element addresses)."""
+    from openipu.poplar.graph import Graph
+    from openipu.poplar.tensor import Tensor
+    h = OpHarness(tiles=16)
+    x = h.input("x", np.zeros([4, 3, 64, 64], np.float16))
+    for name in ("tile_of_elements", "set_global_tile_mapping"):
+        monkeypatch.setattr(Graph, name, lambda *a, **k: pytest.fail("per-element tile array"))
+    monkeypatch.setattr(Tensor, "addresses", lambda *a, **k: pytest.fail("per-element addresses"))
+    for nl in ("GELU", "RELU", "SWISH"):
+        y = popnn.nonLinearity(h.graph, nl, x, h.prog)
+        popnn.nonLinearityInputGradient(h.graph, nl, x if nl in ("GELU", "SWISH") else y, y, h.prog)
+    popnn.nonLinearityInPlace(h.graph, "TANH", y, h.prog)

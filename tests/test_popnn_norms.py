@@ -113,3 +113,31 @@ def test_statistics_cost_grows_with_rows_spread_over_tiles():
         h.run()
         cyc[mapping] = h.cycles()
     assert cyc["linear"] < cyc["tile0"]
+
+
+@pytest.mark.parametrize("kind", ["bn", "gn", "gnc", "ln"])
+def test_whiten_and_normalise_use_views_not_element_arrays(kind, monkeypatch):
+    """Statistics and per-channel parameters reach the activations as broadcast views of the
+    expanded shape (no gathered element addresses, no element tiles)."""
+    from openipu.poplar.graph import Graph
+    from openipu.poplar.tensor import Tensor
+    h = OpHarness(tiles=16)
+    B, C = 4, 6
+    x = h.input("x", np.ones([B, C, 8, 8], np.float32), mapping="random")
+    S = C if kind == "bn" else B * (1 if kind == "ln" else 3)
+    mean = h.input("mean", np.zeros(S, np.float32))
+    inv = h.input("inv", np.ones(S, np.float32))
+    gam = h.input("gamma", np.full(C, 2.0, np.float32))
+    bet = h.input("beta", np.full(C, 0.5, np.float32))
+    for name in ("tile_of_elements", "set_global_tile_mapping"):
+        monkeypatch.setattr(Graph, name, lambda *a, **k: pytest.fail("per-element tile array"))
+    monkeypatch.setattr(Tensor, "addresses", lambda *a, **k: pytest.fail("per-element addresses"))
+    ns = {"bn": popnn.bn, "gn": popnn.gn, "gnc": popnn.gn, "ln": popnn.ln}[kind]
+    pre = {"bn": "batchNorm", "gn": "groupNorm", "gnc": "groupNorm", "ln": "layerNorm"}[kind]
+    opts = {"groupNormStridedChannelGrouping": "false"} if kind == "gnc" else None
+    w = getattr(ns, pre + "Whiten")(h.graph, x, mean, inv, h.prog, options=opts)
+    out, _ = getattr(ns, pre + "alise")(h.graph, x, gam, bet, mean, inv, h.prog, options=opts)
+    monkeypatch.undo()
+    r = h.run(w=w, out=out)
+    np.testing.assert_array_equal(r["w"], 1.0)
+    np.testing.assert_array_equal(r["out"], 2.5)

@@ -113,3 +113,90 @@ def test_errors():
     with pytest.raises(popnn.poplibs_error, match="MAX pooling needs"):
         pooling.poolInputGradient(h.graph, p, 1, Y, h.prog)
     assert (h.run(y=Y)["y"] == 1).all()
+
+
+def _first_output_reference(p, out_tiles):
+    """Per input element, the tile of the first output whose window holds it (-1: none): the
+    per-element definition the structural reads must reproduce (torch windows over an index grid)."""
+    shape = [1, p.batchSize, p.numChannels] + p.inputFieldShape
+    idx = torch.arange(int(np.prod(shape)), dtype=torch.float64).reshape(shape)
+    w = pooling._windows(pooling._pad(idx, p, -1.0), p).flatten(start_dim=-p.getNumFieldDims())
+    src = w.reshape(-1).numpy().astype(np.int64)
+    outs = np.repeat(np.arange(out_tiles.size), w.shape[-1])
+    keep = src >= 0
+    first = np.full(int(np.prod(shape)), np.iinfo(np.int64).max)
+    np.minimum.at(first, src[keep], outs[keep])
+    return np.where(first < np.iinfo(np.int64).max, out_tiles[np.minimum(first, out_tiles.size - 1)], -1)
+
+
+GAP_CASES = [([9, 10], [1, 1], [2, 2], [0, 0], [0, 0]), ([10, 9], [3, 2], [1, 3], [3, 0], [2, 4]),
+             ([12], [2], [5], [-1], [-2])]
+
+
+@pytest.mark.parametrize("case", range(len(CASES) + len(GAP_CASES)))
+def test_window_reads_match_the_per_element_definition(case):
+    """The forward read of each input element is costed on the tile of the first output whose
+    window holds it, and the gradient's read of output ``o`` on the tile of the last input whose
+    first output is ``o`` (else on its own tile): same bytes and messages as the same consumers
+    given element by element."""
+    from openipu.poplar import cost as costmod
+    from openipu.poplar import exchange as X
+    field, k, s, lo, up = (CASES + GAP_CASES)[case]
+    B, C = 2, 3
+    h = OpHarness(tiles=8, seed=case)
+    p = pooling.PoolParams("MAX", field, k, s, lo, up, C, B, poplar.FLOAT)
+    x = h.input("x", np.zeros([B, C] + field, np.float32), mapping="random")
+    y = pooling.pool(h.graph, p, x, h.prog)
+    g = h.input("g", np.zeros(y.shape(), np.float32), mapping="blocks")
+    pooling.poolInputGradient(h.graph, p, x, y, g, False, h.prog)
+    fwd, bwd = (cs.groups[0] for cs in h.graph._state.compute_sets[-2:])
+    graph, spec = h.graph, h.graph._top._target.spec
+
+    def volume(accesses):
+        return costmod.exchange_volume(spec, [X.RegionTransfer(a.tensor, a.on) for a in accesses
+                                              if a.on is not None])
+
+    def reference(t, consumers):
+        own = graph.tile_of_elements(t).astype(np.int64)
+        return costmod.exchange_volume(spec, [costmod.Transfer(graph._state.space(t._type), t.flat_addresses(),
+                                                               np.where(consumers >= 0, consumers, own))])
+
+    cons = _first_output_reference(p, graph.tile_of_elements(y).astype(np.int64))
+    got, want = volume(fwd.reads), reference(x, cons)
+    exact = all(kk >= ss for kk, ss in zip(k, s)) or case == len(CASES) + 1
+    fields = ("recv_bytes", "send_bytes") + (("recv_msgs", "send_msgs") if exact else ())
+    for f in fields:
+        np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f)
+    # gradient: output o on the tile of the last input whose first output it is
+    n_out = y.numElements()
+    first = _first_output_reference(p, np.arange(n_out))
+    cons_out = np.full(n_out, -1, np.int64)
+    itiles = graph.tile_of_elements(x).astype(np.int64)
+    for i in np.flatnonzero(first >= 0):
+        cons_out[first[i]] = itiles[i]
+    gt = graph.tile_of_elements(g).astype(np.int64)
+    cons_out = np.where(cons_out >= 0, cons_out, gt)          # pooled is read where grad lives
+    got, want = volume([a for a in bwd.reads if a.tensor is g]), reference(g, cons_out)
+    for f in ("recv_bytes", "send_bytes", "recv_msgs", "send_msgs"):
+        np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f)
+    got, want = volume([a for a in bwd.reads if a.tensor is y]), reference(y, cons_out)
+    for f in ("recv_bytes", "send_bytes", "recv_msgs", "send_msgs"):
+        np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f)
+
+
+def test_graph_construction_has_no_per_element_arrays(monkeypatch):
+    """pool and poolInputGradient build their reads from tile boxes and views: no element tiles
+    or element addresses."""
+    from openipu.poplar.graph import Graph
+    from openipu.poplar.tensor import Tensor
+    h = OpHarness(tiles=16)
+    p = pooling.PoolParams("MAX", [56, 56], [3, 3], [2, 2], [1, 1], [1, 1], 8, 2, poplar.HALF)
+    x = h.input("x", np.zeros([2, 8, 56, 56], np.float16))
+    q = pooling.PoolParams("AVG", [56, 56], [1, 1], [2, 2], [0, 0], [0, 0], 8, 2, poplar.HALF)
+    for name in ("tile_of_elements", "set_global_tile_mapping"):
+        monkeypatch.setattr(Graph, name, lambda *a, **k: pytest.fail("per-element tile array"))
+    monkeypatch.setattr(Tensor, "addresses", lambda *a, **k: pytest.fail("per-element addresses"))
+    for params in (p, q):
+        y = pooling.pool(h.graph, params, x, h.prog)
+        g = h.graph.clone(y, "g")
+        pooling.poolInputGradient(h.graph, params, x, y, g, False, h.prog)

@@ -180,7 +180,22 @@ def _cross_allgather_kernel(data, out, groups, group_of, ctx):
     ctx.write(out, x[torch.from_numpy(group_of)])         # [R, p, *shape]
 
 
-def _cross_reducescatter_kernel(data, out, groups, group_of, pos_of, index, op, ctx):
+def _scatter_index(layout, p: int) -> np.ndarray:
+    """``index[q, o]``: the input element that output element ``o`` takes on the replica at
+    position ``q`` of its group (``n``: zero padding). Built when the kernel runs (from the
+    per-run layout), dropped after."""
+    rb, re, seg_start, seg_len, m, out_start, n = layout
+    order = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(rb, re)]) if rb.size else \
+        np.zeros(0, np.int64)
+    out_n = int(m.sum())
+    seg_of_o = np.repeat(np.arange(seg_len.size), m)
+    e_of_o = np.arange(out_n) - np.repeat(out_start, m)
+    local = np.arange(p)[:, None] * m[seg_of_o][None, :] + e_of_o[None, :]   # position within the segment
+    valid = local < seg_len[seg_of_o][None, :]
+    return np.where(valid, order[np.minimum(seg_start[seg_of_o][None, :] + local, n - 1)], n).astype(np.int64)
+
+
+def _cross_reducescatter_kernel(data, out, groups, group_of, pos_of, layout, op, ctx):
     v = ctx.read(data)
     R = v.shape[0]
     flat = v.reshape(R, -1)
@@ -189,6 +204,7 @@ def _cross_reducescatter_kernel(data, out, groups, group_of, pos_of, index, op, 
     else:
         red = _reduce(flat[torch.from_numpy(groups)], op, 1)[torch.from_numpy(group_of)]   # [R, n]
     padded = torch.cat([red, torch.zeros(R, 1, dtype=red.dtype)], 1)
+    index = _scatter_index(layout, groups.shape[1])
     idx = torch.from_numpy(index)[torch.from_numpy(pos_of)]                                # [R, out_n]
     ctx.write(out, torch.gather(padded, 1, idx))
 
@@ -361,12 +377,20 @@ def _check_op(op, t, what: str) -> str:
 
 
 def _check_mapped(graph, t, what: str) -> np.ndarray:
-    tiles = graph.tile_of_elements(t).astype(np.int64)
-    if (tiles < 0).any():
+    """Elements of ``t`` on each global tile (int64 ``[num_tiles]``, from its regions); raises
+    ``invalid_tile_mapping`` if some element is unmapped."""
+    if not graph.is_mapped(t):
+        b, e, tl = graph.tile_runs_of(t)
         raise errors.invalid_tile_mapping(
-            f"{what}: tensor {t.shortString()} is not completely mapped ({int((tiles < 0).sum())} elements "
+            f"{what}: tensor {t.shortString()} is not completely mapped ({int((e - b)[tl < 0].sum())} elements "
             "unmapped); map it before adding the collective")
-    return tiles
+    return graph.tile_element_counts(t).astype(np.int64)
+
+
+def _ipu_runs(graph, t):
+    """``(begin, end, global tile)`` runs of ``t``'s flattened elements."""
+    b, e, tl = graph.tile_runs_of(t)
+    return b.astype(np.int64), e.astype(np.int64), tl.astype(np.int64)
 
 
 def _split_args(group, debug_name, options):
@@ -411,9 +435,8 @@ def _ipus_per_replica(graph) -> int:
     return max(1, graph._state.target.getNumIPUs() // graph.getReplicationFactor())
 
 
-def _cross_cost(graph, data, tiles, p, kind, op, opts, groups):
+def _cross_cost(graph, data, counts, p, kind, op, opts, groups):
     spec = _spec(graph)
-    counts = np.bincount(tiles, minlength=spec.num_tiles)
     k = _ipus_per_replica(graph)
     ring_ipus = groups[0] * k
     return ring_cost(spec, counts, data.elementType(), p, kind, op, opts["method"], ring_ipus, graph._top.getTarget())
@@ -423,8 +446,8 @@ def _add(prog, kernel, reads, writes, rc: RingCost, tiles_recv: np.ndarray, name
     prog.add(Collective(kernel, reads, writes, rc.cost, tiles_recv, name))
 
 
-def _recv_bytes(spec, tiles, type_, p, kind):
-    counts = np.bincount(tiles, minlength=spec.num_tiles) if tiles.size else np.zeros(spec.num_tiles, np.int64)
+def _recv_bytes(spec, counts, type_, p, kind):
+    """Bytes each tile receives per ring step (``counts``: elements of the input per tile)."""
     frag = counts if kind == "allgather" else -(-counts // max(p, 1))
     return frag * float(type_.size) if p > 1 else np.zeros(spec.num_tiles)
 
@@ -446,8 +469,7 @@ def _allreduce_into(graph, data, out, prog, name, what, args):
     p = groups.shape[1]
     rc = _cross_cost(graph, data, tiles, p, "allreduce", op, opts, groups)
     if out is not data and (p <= 1 or op == "LOCAL"):
-        rc.cost.add(costmod.on_tile_copy_cost(_spec(graph), np.bincount(tiles, minlength=_spec(graph).num_tiles)
-                                              * float(data.elementType().size)))
+        rc.cost.add(costmod.on_tile_copy_cost(_spec(graph), tiles * float(data.elementType().size)))
     kernel = functools.partial(_cross_allreduce_kernel, data, out, groups, group_of, op)
     _add(prog, kernel, [data], [out], rc, _recv_bytes(_spec(graph), tiles, data.elementType(), p, "allreduce"),
          name or what)
@@ -512,7 +534,8 @@ def allGatherCrossReplica(graph, data, prog, group=None, debug_name: str = "", o
     groups, group_of, _ = _groups(graph, group, what)
     p = groups.shape[1]
     out = graph.addVariable(data.elementType(), [p] + data.shape(), (debug_name or "allGather") + "/out")
-    graph.set_global_tile_mapping(out, np.tile(tiles, p))
+    for i in range(p):                             # each row mapped like data
+        graph.copy_tile_mapping(out[i], data)
     rc = _cross_cost(graph, data, tiles, p, "allgather", "ADD", opts, groups)
     kernel = functools.partial(_cross_allgather_kernel, data, out, groups, group_of)
     _add(prog, kernel, [data], [out], rc, _recv_bytes(_spec(graph), tiles, data.elementType(), p, "allgather"),
@@ -540,23 +563,30 @@ def reduceScatterCrossReplica(graph, data, op, prog, group=None, debug_name: str
     groups, group_of, pos_of = _groups(graph, group, what)
     p = groups.shape[1]
     spec = _spec(graph)
-    ipu = tiles // spec.tiles_per_ipu
+    n = data.numElements()
+    # the data's runs grouped by IPU (stable): the elements of each IPU in index order
+    rb, re, rt = _ipu_runs(graph, data)
+    ipu = rt // spec.tiles_per_ipu
     order = np.argsort(ipu, kind="stable")
-    seg_ipus, seg_start, seg_len = np.unique(ipu[order], return_index=True, return_counts=True)
+    rb, re, ipu = rb[order], re[order], ipu[order]
+    rlen = re - rb
+    seg_ipus, seg_first = np.unique(ipu, return_index=True)
+    seg_len = np.add.reduceat(rlen, seg_first) if rlen.size else np.zeros(0, np.int64)
+    seg_start = np.r_[0, np.cumsum(seg_len)[:-1]].astype(np.int64)
     m = -(-seg_len // p)                                         # piece length per IPU segment
     out_n = int(m.sum())
-    # index[q, o]: input element that output element o takes on the replica at position q (n = pad)
-    seg_of_o = np.repeat(np.arange(seg_ipus.size), m)
-    e_of_o = np.arange(out_n) - np.repeat(np.r_[0, np.cumsum(m)[:-1]], m)
-    local = np.arange(p)[:, None] * m[seg_of_o][None, :] + e_of_o[None, :]   # position within the segment
-    valid = local < seg_len[seg_of_o][None, :]
-    n = data.numElements()
-    index = np.where(valid, order[np.minimum(seg_start[seg_of_o][None, :] + local, n - 1)], n).astype(np.int64)
+    # the data in that order (a view: one slice per run) and where each segment's pieces start
+    perm = poplar.concat([data.slice(int(a), int(b), 0) for a, b in zip(rb, re)], 0) if rb.size > 1 else data
     out = graph.addVariable(data.elementType(), [out_n], (debug_name or "reduceScatter") + "/out")
-    strided = seg_start[seg_of_o] + np.minimum(e_of_o * p, seg_len[seg_of_o] - 1)
-    graph.set_global_tile_mapping(out, tiles[order[strided]])
+    # output element e of a segment sits on the tile of the segment's element e * p
+    out_start = np.r_[0, np.cumsum(m)[:-1]].astype(np.int64)
+    for j in range(seg_len.size):
+        if m[j]:
+            src = perm.slice(int(seg_start[j]), int(seg_start[j] + (m[j] - 1) * p + 1), 0).subSample(p, 0)
+            graph.copy_tile_mapping(out.slice(int(out_start[j]), int(out_start[j] + m[j]), 0), src)
+    layout = (rb, re, seg_start, seg_len, m, out_start, n)
     rc = _cross_cost(graph, data, tiles, p, "reducescatter", op, opts, groups)
-    kernel = functools.partial(_cross_reducescatter_kernel, data, out, groups, group_of, pos_of, index, op)
+    kernel = functools.partial(_cross_reducescatter_kernel, data, out, groups, group_of, pos_of, layout, op)
     _add(prog, kernel, [data], [out], rc, _recv_bytes(spec, tiles, data.elementType(), p, "reducescatter"),
          debug_name or what)
     return out
@@ -571,17 +601,17 @@ def _check_rows_on_ipus(graph, t, what: str) -> np.ndarray:
         raise poplibs_error(f"{what}: the outermost dimension must be the number of IPUs ({k}) of the replica, "
                             f"got shape {t.shape()}")
     tiles = _check_mapped(graph, t, what)
-    ipu_local = graph._local_tiles(tiles) // graph.getTarget().getTilesPerIPU()
-    rows = np.repeat(np.arange(k), t.numElements() // max(k, 1))
-    if (ipu_local != rows).any():
+    b, e, tl = _ipu_runs(graph, t)
+    row_len = max(t.numElements() // max(k, 1), 1)
+    ipu_local = graph._local_tiles(tl) // graph.getTarget().getTilesPerIPU()
+    if ((ipu_local != b // row_len) | (ipu_local != (e - 1) // row_len)).any():
         raise poplibs_error(f"{what}: index i of the outermost dimension must be mapped to IPU i; map row i of "
                             f"{t.shortString()} to tiles of IPU i")
     return tiles
 
 
-def _within_cost(graph, tiles, type_, p, kind, op, opts):
+def _within_cost(graph, counts, type_, p, kind, op, opts):
     spec = _spec(graph)
-    counts = np.bincount(tiles, minlength=spec.num_tiles)
     k = _ipus_per_replica(graph)
     return ring_cost(spec, counts, type_, p, kind, op, opts["method"], np.arange(k), graph._top.getTarget())
 
@@ -626,12 +656,12 @@ def reduceScatterWithinReplica(graph, data, op, prog, debug_name: str = "", opti
     n = data.numElements() // k
     m = -(-n // k)
     bounds = [(min(i * m, n), min((i + 1) * m, n)) for i in range(k)]
-    row_tiles = tiles.reshape(k, n)
+    rows = data.reshape([k, n])
     chunks = Chunks(data, [])
     outs = []
     for i, (a, b) in enumerate(bounds):          # one chunk per IPU of the replica
         t = graph.addVariable(data.elementType(), [b - a], f"{debug_name or what}/chunk{i}")
-        graph.set_global_tile_mapping(t, row_tiles[i, a:b])
+        graph.copy_tile_mapping(t, rows[i].slice(a, b, 0))
         outs.append(t)
         chunks.chunks.append(Chunk(t, i, 0))
     rc = _within_cost(graph, tiles, data.elementType(), k, "reducescatter", op, opts)
@@ -661,15 +691,22 @@ def allGatherWithinReplica(graph, toGather: Chunks, prog, debug_name: str = "", 
     if len(types) != 1:
         raise poplibs_error(f"{what}: chunks have different element types {sorted(map(str, types))}")
     type_ = types.pop()
-    ctiles = [_check_mapped(graph, c.tensor, what) for c in chunks]
+    counts = sum(_check_mapped(graph, c.tensor, what) for c in chunks)
     total = sum(c.tensor.numElements() for c in chunks)
     orig = toGather.originalInput
     shape = [k] + orig.shape()[1:] if orig is not None and orig.numElements() == k * total else [k, total]
     out = graph.addVariable(type_, shape, (debug_name or what) + "/out")
     tpi_local = graph.getTarget().getTilesPerIPU()
-    row_local = graph._local_tiles(np.concatenate(ctiles)) % tpi_local if total else np.zeros(0, np.int64)
-    graph.setTileMapping(out, (np.arange(k)[:, None] * tpi_local + row_local[None, :]).reshape(-1))
-    all_tiles = np.concatenate(ctiles) if total else np.zeros(0, np.int64)
+    # row i: each chunk's runs on the same tile index of IPU i
+    off = 0
+    flat = out.reshape([k, total])
+    for c in chunks:
+        b, e, tl = _ipu_runs(graph, c.tensor)
+        row_local = graph._local_tiles(tl) % tpi_local
+        for i in range(k):
+            graph.set_tile_runs(flat[i], b + off, e + off, graph._global_tiles(i * tpi_local + row_local))
+        off += c.tensor.numElements()
+    all_tiles = counts
     rc = _within_cost(graph, all_tiles, type_, k, "allgather", "ADD", opts)
     kernel = functools.partial(_within_allgather_kernel, [c.tensor for c in chunks], out)
     _add(prog, kernel, [c.tensor for c in chunks], [out], rc,

@@ -9,10 +9,12 @@ one ``popops.map`` ``Select(i + D, i, i < 0)`` first.
 
 Layout (PopART creates a Gather's weight input with ``popops::createSliceableTensor``, its
 "unwinding" of the input layout): when ``data`` is a model weight (constant or variable) and this
-op is its first consumer, the weight is re-mapped here so that each column (the elements that
-differ only in ``axis``) sits on one tile, the columns spread linearly over the tiles — the
-layout ``createSliceableTensor`` gives. Without it the linearly mapped table would be exchanged
-whole to the tiles holding its first row.
+op is its first consumer, the session creates the weight with :func:`create_sliceable` (see
+:mod:`.program`): each column (the elements that differ only in ``axis``) sits on one tile, the
+columns spread linearly over the tiles — the layout ``createSliceableTensor`` gives — and the
+variable is stored column by column, so that its tile map is one run per tile (a view of the
+weight's shape is returned). Without it the linearly mapped table would be exchanged whole to the
+tiles holding its first row.
 
 Declined (generic lowering): empty tensors, index types other than int32/int64, constant indices
 out of range, value types other than float, half and int32.
@@ -24,8 +26,7 @@ import math
 
 import numpy as np
 
-from openipu import poplar
-from openipu.poplar.mapping import linear_tile_of_elements
+from openipu.poplar.mapping import linear_tile_runs
 from openipu.poplibs import popops
 from openipu.poplibs.popops import expr as E
 from openipu.popart.lowering import lowering
@@ -59,19 +60,47 @@ def _accepts(op, ir):
     return True
 
 
-def _sliceable_layout(ctx, op, g, t, axis):
-    """Re-map weight ``t`` column-wise (createSliceableTensor's layout) if this op owns its layout."""
-    if not ctx.owns_layout(op, 0):
-        return
-    xs = t.shape()
+def sliceable_axis(ir, tid: str, vg: int):
+    """The axis along which weight ``tid`` (a Const or Variable living on virtual graph ``vg``)
+    is sliced when its first consumer is a Gather lowered here that reads it as ``data``: that op
+    creates the weight (PopART's ``createSliceableTensor`` unwinding, :meth:`LoweringContext.owns_layout`).
+    None otherwise."""
+    from openipu.popart.lowering import precise_lowering
+    it = ir.tensors.get(tid)
+    if it is None or it.producer is not None or it.kind not in ("Const", "Variable") or not it.consumers:
+        return None
+    op = it.consumers[0]
+    if op.op_type != "Gather" or op.domain or not op.inputs or op.inputs[0] != tid or tid in op.inputs[1:]:
+        return None
+    if (op.vgraph if op.vgraph is not None else 0) != vg or precise_lowering(op, ir) is not gather:
+        return None
+    return _axis(op, ir)
+
+
+def create_sliceable(g, type_, shape, axis: int, name: str, value=None):
+    """A weight of ``shape`` laid out for slicing along ``axis`` (``createSliceableTensor``'s
+    layout): each *column* (the elements that differ only in ``axis``) on one tile, the columns
+    spread linearly over the tiles (grain 1, at least 1 per tile).
+
+    The variable is created with the columns outermost and ``axis`` innermost, so that every
+    column, and every tile's run of columns, is contiguous: its tile map is one run per tile.
+    Returns the ``dimShuffle`` view of ``shape``. ``value``: a constant's value (``shape``), else
+    a variable is created."""
+    xs = [int(v) for v in shape]
     rest = [d for d in range(len(xs)) if d != axis]
+    order = rest + [axis]
+    vshape = [xs[d] for d in order]
+    if value is not None:
+        var = g.addConstant(type_, vshape, np.asarray(value).reshape(xs).transpose(order), name)
+    else:
+        var = g.addVariable(type_, vshape, name)
     cols = math.prod(xs[d] for d in rest)
-    col_tile = linear_tile_of_elements(cols, g.getTarget().getNumTiles(), 1, 1)
-    per = np.broadcast_to(col_tile.reshape(1, cols), (xs[axis], cols)).reshape([xs[axis]] + [xs[d] for d in rest])
-    order = [0] * len(xs)
-    for k, d in enumerate([axis] + rest):
-        order[d] = k
-    g.setTileMapping(t, np.ascontiguousarray(per.transpose(order)).reshape(-1))
+    b, e = linear_tile_runs(cols, g.getTarget().getNumTiles(), 1, 1)
+    if b.size:
+        rows = xs[axis]
+        g.set_tile_runs(var, b * rows, e * rows, g._global_tiles(np.arange(b.size)))
+    inv = [order.index(d) for d in range(len(xs))]
+    return var.dimShuffle(inv)
 
 
 @lowering("Gather", accepts=_accepts)
@@ -86,7 +115,6 @@ def gather(ctx, op):
         # negative indices count from the end
         idx = popops.map(g, E.Select(E.Add(E._1, E.Const(int(xs[axis]))), E._1, E.Lt(E._1, E.Const(0))), [idx],
                          ctx.prog, f"{nm}/wrapIndices")
-    _sliceable_layout(ctx, op, g, data, axis)
     offsets = idx.reshape([n, 1])
     out = popops.multiSlice(g, data, offsets, [axis], [1], ctx.prog, debug_name=nm)
     pre, post = list(xs[:axis]), list(xs[axis + 1:])

@@ -30,7 +30,10 @@ import numpy as np
 import torch
 
 from openipu import poplar
-from openipu.poplar.graph import VertexGroup
+from openipu.poplar import regions as R
+from openipu.poplar.exchange import Boxes
+from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplibs.popops._common import tile_counts_of
 from openipu.popart.graphcore_ops import find_kernel
 from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel
 
@@ -66,6 +69,19 @@ def generic_cycles(counts: np.ndarray, n_out: int, flops: float, nbytes: float, 
     return GENERIC_VERTEX_OVERHEAD_CYCLES + np.ceil(flops * share / vw) + np.ceil(nbytes * share / dpw)
 
 
+def proportional_boxes(t, n_out: int, ob, oe, otl) -> Boxes:
+    """Boxes of input ``t`` on the tiles that read it: element ``i`` (flattened) is used on the
+    tile of primary-output element ``floor(i n_out / n_in)``. A run ``[b, e)`` of the output on
+    tile ``w`` reads the inputs ``[ceil(b n_in / n_out), ceil(e n_in / n_out))`` (flat ranges, cut
+    into boxes of ``t``'s shape): host work per output run, not per element."""
+    n_in = t.numElements()
+    u = -(-ob.astype(np.int64) * n_in // n_out)
+    v = -(-oe.astype(np.int64) * n_in // n_out)
+    keep = v > u
+    owner, lo, sz = R.range_boxes(u[keep], v[keep], t.shape())
+    return Boxes(lo, sz, otl[keep][owner].astype(np.int64))
+
+
 def lower_generic(ctx, op):
     """Lower ``op`` (an IrOp with a host kernel) as one vertex group; returns its outputs."""
     ir = ctx.ir
@@ -80,20 +96,16 @@ def lower_generic(ctx, op):
         return outs
     prim = live[0]
     n_out = prim.numElements()
-    otiles = g.tile_of_elements(prim)
-    counts_all = np.bincount(otiles, minlength=g._top._target.getNumTiles())
-    used = np.flatnonzero(counts_all)
-    counts = counts_all[used]
+    used, counts = tile_counts_of(g, prim)
+    ob, oe, otl = g.tile_runs_of(prim)
     reads = []
     nbytes = 0.0
     for t in ins:
         if t is None or t.numElements() == 0:
             continue
-        n_in = t.numElements()
-        pos = (np.arange(n_in, dtype=np.int64) * n_out) // n_in
-        reads.append((t, otiles[pos]))
-        nbytes += n_in * t.elementType().size
-    writes = [(t, g.tile_of_elements(t)) for t in live]
+        reads.append(Access(t, proportional_boxes(t, n_out, ob, oe, otl)))
+        nbytes += t.numElements() * t.elementType().size
+    writes = [Access(t) for t in live]
     nbytes += sum(t.numElements() * t.elementType().size for t in live)
     in_shapes = [ir.tensors[x].info.shape() if x else [] for x in op.inputs]
     out_shapes = [ir.tensors[o].info.shape() if o else [] for o in op.outputs]

@@ -29,11 +29,13 @@ import torch
 
 from openipu import poplar
 from openipu.poplar import program as P
-from openipu.poplar.graph import VertexGroup
+from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplibs import popops, poputil
+from openipu.poplibs.popops._common import tile_counts_of
 from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.lowering import precise_lowering
 from openipu.popart.lowering.context import LoweringContext
+from openipu.popart.lowering.gather import create_sliceable, sliceable_axis
 from openipu.popart.lowering.generic import lower_generic
 
 #: Tile cycles to zero a SUM accumulator's elements on one tile (popops::Fill-like). [A] 20 fixed
@@ -60,14 +62,12 @@ def _zero_kernel(t, ctx):
 
 
 def _zero(graph, t, prog, name):
-    tiles = graph.tile_of_elements(t)
-    counts_all = np.bincount(tiles, minlength=graph._top._target.getNumTiles())
-    used = np.flatnonzero(counts_all)
+    used, counts = tile_counts_of(graph, t)
     vw = graph.getTarget().getVectorWidth(t.elementType())
-    cycles = ZERO_VERTEX_OVERHEAD_CYCLES + np.ceil(counts_all[used] / vw)
+    cycles = ZERO_VERTEX_OVERHEAD_CYCLES + np.ceil(counts / vw)
     cs = graph.addComputeSet(f"{name}/zero")
     graph.add_vertex_group(cs, VertexGroup(f"popops::Fill<{t.elementType()}>", used, cycles,
-                                           functools.partial(_zero_kernel, t), writes=[(t, tiles)], multi=True))
+                                           functools.partial(_zero_kernel, t), writes=[Access(t)], multi=True))
     prog.add(P.Execute(cs))
 
 
@@ -110,11 +110,19 @@ def build(ir, target, options, progress=None) -> Lowered:
             input_copies.append(P.Copy(s, dev, debugContext=f"fromHost({tid})"))
             out.inputs[tid] = h
         elif t.kind == "Const":
-            dev = g.addConstant(ptype, shape, np.asarray(t.value), tid)
-            poputil.mapTensorLinearly(g, dev)
+            axis = sliceable_axis(ir, tid, vg)
+            if axis is not None:        # a Gather's table: created by its consumer's layout
+                dev = create_sliceable(g, ptype, shape, axis, tid, np.asarray(t.value))
+            else:
+                dev = g.addConstant(ptype, shape, np.asarray(t.value), tid)
+                poputil.mapTensorLinearly(g, dev)
         else:  # Variable
-            dev = g.addVariable(ptype, shape, tid)
-            poputil.mapTensorLinearly(g, dev)
+            axis = sliceable_axis(ir, tid, vg)
+            if axis is not None:
+                dev = create_sliceable(g, ptype, shape, axis, tid)
+            else:
+                dev = g.addVariable(ptype, shape, tid)
+                poputil.mapTensorLinearly(g, dev)
             g.setInitialValue(dev, np.asarray(t.value))
             hi, ho = f"h2d:{tid}", f"d2h:{tid}"
             out.weights_in[tid] = hi
@@ -161,7 +169,7 @@ def build(ir, target, options, progress=None) -> Lowered:
         elif kind == AnchorReturnTypeId.Sum:
             g = ctx.graph_of(vg)
             acc = g.addVariable(t.elementType(), t.shape(), f"{a}/sum")
-            g.copy_tile_mapping(acc, t) if (g.tile_of_elements(t) >= 0).all() else poputil.mapTensorLinearly(g, acc)
+            g.copy_tile_mapping(acc, t) if g.is_mapped(t) else poputil.mapTensorLinearly(g, acc)
             _zero(g, acc, pre, f"{a}/sum")
             acc_prog = P.Sequence()
             tot = popops.add(g, acc, t, acc_prog, f"{a}/sum/add")

@@ -15,6 +15,11 @@ Cycle shapes (tile cycles, MultiVertex):
   ``9 + 6 x (20 + [v>0](3 + 2 op + (v-1) vecOp) + remainder)``, ``v = ceil(n / vw / 6)``.
 - arg reduce, from PopLibs ``ReduceMaxClassGather``: ``9 + 6 x (26 + 3 x ceil(n/6))`` and
   ``ReduceMaxClassSparse`` ``5 + 22 + 3 x n`` per row.
+
+Host work follows the graph's structure, never the number of elements: per-tile element counts
+come from the tensors' regions (``tile_counts_of``), reads and writes are
+:class:`~openipu.poplar.graph.Access` entries (a view used where another view lives, a tile, or
+boxes of tiles), and new tensors are mapped like another tensor or by runs.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ import numpy as np
 import torch
 
 from openipu import poplar
-from openipu.poplar.graph import VertexGroup
-from openipu.poplibs.popops._common import broadcast_view, output_like, tile_counts  # noqa: F401
+from openipu.poplar.exchange import Boxes, tile_boxes
+from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplibs.popops._common import broadcast_view, output_like, tile_counts_of  # noqa: F401
 from openipu.poplibs.popops.reduce import Operation, _segment_reduce
 
 
@@ -77,28 +83,102 @@ def elementwise_cycles(n: np.ndarray, type_, op: int, vec_op: int, target) -> np
     return 9 + workers * worker
 
 
-def gather_view(t, index: np.ndarray):
-    """A view of ``t``'s flattened elements picked by ``index`` (any shape); never copies."""
-    return poplar.Tensor(t._state, t._type, t.flat_addresses()[np.asarray(index, np.int64)], t._view_type)
-
-
-def new_mapped(graph, type_, shape, name: str, tiles: np.ndarray | None = None):
-    """A new variable mapped per element to ``tiles`` (global tiles) or linearly."""
+def new_mapped(graph, type_, shape, name: str, like=None, runs=None):
+    """A new variable of ``type_`` and ``shape``: mapped like ``like`` (a tensor with as many
+    elements), or by ``runs`` = ``(begins, ends, global_tiles)`` of its flattened elements, or
+    linearly (``poputil.mapTensorLinearly``). No per-element work."""
     out = graph.addVariable(type_, list(shape), name)
-    if tiles is None:
+    if like is not None:
+        graph.copy_tile_mapping(out, like)
+    elif runs is not None:
+        b, e, t = runs
+        if np.size(b):
+            graph.set_tile_runs(out, np.asarray(b, np.int64), np.asarray(e, np.int64), np.asarray(t, np.int64))
+    else:
         from openipu.poplibs.poputil import mapTensorLinearly
         mapTensorLinearly(graph, out)
-    else:
-        graph.setTileMapping(out, graph._local_tiles(np.asarray(tiles, np.int64)))
     return out
 
 
-def check_mapped(graph, t, what: str) -> np.ndarray:
-    tiles = graph.tile_of_elements(t)
-    if (tiles < 0).any():
+def check_mapped(graph, t, what: str) -> None:
+    """Raise Poplar's ``invalid_tile_mapping`` unless every element of ``t`` is mapped (from the
+    tensor's regions: no per-element work)."""
+    if not graph.is_mapped(t):
         raise poplar.invalid_tile_mapping(f"{what}: tensor {t.shortString()} is not completely mapped to tiles; "
                                           "map it (e.g. poputil.mapTensorLinearly) first")
-    return tiles
+
+
+def compress_runs(values: np.ndarray):
+    """``(begins, ends, value)`` of the runs of equal consecutive entries of a 1-D array (a per-row
+    or per-vertex array, never a per-element one)."""
+    values = np.asarray(values)
+    if values.size == 0:
+        z = np.zeros(0, np.int64)
+        return z, z, values[:0]
+    b = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
+    return b.astype(np.int64), np.append(b[1:], values.size).astype(np.int64), values[b]
+
+
+def row_boxes(rows_b: np.ndarray, rows_e: np.ndarray, cols: int, tiles: np.ndarray) -> Boxes:
+    """Boxes ``[rows_b[i], rows_e[i]) x [0, cols)`` of a 2-D view, each on global tile ``tiles[i]``."""
+    k = np.size(rows_b)
+    lo = np.zeros((k, 2), np.int64)
+    sz = np.zeros((k, 2), np.int64)
+    lo[:, 0] = rows_b
+    sz[:, 0] = np.asarray(rows_e) - np.asarray(rows_b)
+    sz[:, 1] = cols
+    return Boxes(lo, sz, np.asarray(tiles, np.int64))
+
+
+def flat_range_boxes(b: Boxes, shape) -> Boxes:
+    """``b`` cut so that every box is one flat range of a row-major index space of ``shape``
+    (its dims outside the innermost partial one become single indices).
+
+    The exchange model merges neighbouring transfers into one message only for boxes that are
+    one contiguous interval; boxes that are not (a few rows of a partial width, e.g. the window
+    rows a pooling output reads) are cut into their rows, so that messages are counted as for
+    the same elements one by one. The result has one box per row of such boxes: host work
+    follows rows of boxes, never elements."""
+    d = len(shape)
+    k = len(b)
+    if k == 0 or d < 2:
+        return b
+    S = np.asarray(shape, np.int64)
+    notfull = ~((b.lo == 0) & (b.sz == S[None, :]))
+    q = np.where(notfull.any(axis=1), d - 1 - np.argmax(notfull[:, ::-1], axis=1), -1)
+    outer = np.arange(d)[None, :] < q[:, None]
+    cnt = np.prod(np.where(outer, b.sz, 1), axis=1)
+    if (cnt <= 1).all():
+        return b
+    rep = np.repeat(np.arange(k), cnt)
+    local = np.arange(rep.size, dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    lo, sz = b.lo[rep].copy(), b.sz[rep].copy()
+    use_all = outer[rep]
+    for i in range(d - 1, -1, -1):
+        use = use_all[:, i]
+        szi = np.maximum(sz[:, i], 1)
+        lo[:, i] += np.where(use, local % szi, 0)
+        local = np.where(use, local // szi, local)
+        sz[:, i] = np.where(use, 1, sz[:, i])
+    return Boxes(lo, sz, b.tile[rep])
+
+
+def multicast(t, tiles: np.ndarray) -> Access:
+    """A read of every element of ``t`` by each global tile in ``tiles`` (one box of the whole
+    view per tile: the exchange sends each value once and every tile receives it)."""
+    tiles = np.asarray(tiles, np.int64).reshape(-1)
+    d = t.rank()
+    return Access(t, Boxes(np.zeros((tiles.size, d), np.int64),
+                           np.tile(np.array(t.shape(), np.int64).reshape(1, d), (tiles.size, 1)), tiles))
+
+
+def row_first_tiles(graph, t2d) -> np.ndarray:
+    """Global tile of element ``[r, 0]`` of each row of a mapped 2-D view (``[rows]`` int64, from
+    the view's tile runs)."""
+    rows, cols = t2d.shape()
+    b, _, tl = graph.tile_runs_of(t2d)
+    at = np.arange(rows, dtype=np.int64) * cols
+    return tl[np.searchsorted(b, at, side="right") - 1].astype(np.int64)
 
 
 def add_elementwise(graph, prog, name: str, vertex: str, out, reads, kernel, op: str | tuple,
@@ -110,17 +190,19 @@ def add_elementwise(graph, prog, name: str, vertex: str, out, reads, kernel, op:
     of :data:`OP_CYCLES` or is a (scalar, vector) cycles pair. ``also_writes``: more outputs of
     ``out``'s shape the kernel writes (each costed where it is mapped).
     """
-    otiles = check_mapped(graph, out, name)
-    used, counts = tile_counts(graph, otiles)
+    check_mapped(graph, out, name)
+    used, counts = tile_counts_of(graph, out)
     et = out.elementType()
     sc, vc = op_cycles(op, et) if isinstance(op, str) else op
     cycles = elementwise_cycles(counts, et, sc, vc, graph.getTarget())
     shape = out.shape()
-    rd = [(broadcast_view(r, shape) if list(r.shape()) != list(shape) else r, otiles) for r in reads]
+    rd = [Access(broadcast_view(r, shape) if list(r.shape()) != list(shape) else r, out) for r in reads]
+    for w in also_writes:
+        check_mapped(graph, w, name)
     cs = graph.addComputeSet(name)
     graph.add_vertex_group(cs, VertexGroup(
         vertex, used, cycles, kernel, reads=rd,
-        writes=[(out, otiles)] + [(w, check_mapped(graph, w, name)) for w in also_writes], multi=True,
+        writes=[Access(out)] + [Access(w) for w in also_writes], multi=True,
         flops=float(flops_per_element * out.numElements()), state_bytes=state_bytes))
     prog.add(poplar.program.Execute(cs, name))
     return out
@@ -135,22 +217,31 @@ def row_output(graph, type_, src2d, name: str):
     return graph.addVariable(type_, [rows], name)
 
 
-def scalar_read(t, tiles: np.ndarray):
-    """A read of one-element ``t`` by every tile in ``tiles`` (multicast)."""
-    return (broadcast_view(t.flatten(), [tiles.size]), tiles)
-
-
 # ----------------------------------------------------------------------------------------------
 # arg max / min per row
 # ----------------------------------------------------------------------------------------------
-def _pairs(graph, src2d):
-    """(pair index of each element, row of each pair, tile of each pair) for a 2-D view."""
+def _segments(graph, src2d):
+    """The row segments of a mapped 2-D view on each tile, from its tile boxes: per segment its
+    flat start, length and (row, tile) *pair* index; pairs sorted by (row, global tile). Returns
+    ``(seg_start, seg_len, seg_pair, pair_row, pair_tile)`` (int64; one entry per segment or pair,
+    as many as the view has (box, row) overlaps, never one per element)."""
     rows, cols = src2d.shape()
-    st = check_mapped(graph, src2d, "reduce").astype(np.int64)
+    bx = tile_boxes(src2d)
+    nr = bx.sz[:, 0]
+    box = np.repeat(np.arange(len(bx)), nr)
+    row = bx.lo[box, 0] + (np.arange(box.size, dtype=np.int64) - np.repeat(np.cumsum(nr) - nr, nr))
+    tile = bx.tile[box].astype(np.int64)
     T = graph._top._target.getNumTiles()
-    key = np.repeat(np.arange(rows, dtype=np.int64), cols) * T + st
-    uniq, pair = np.unique(key, return_inverse=True)
-    return pair.astype(np.int64), uniq // T, uniq % T
+    uniq, seg_pair = np.unique(row * T + tile, return_inverse=True)
+    return (row * cols + bx.lo[box, 1], bx.sz[box, 1].astype(np.int64), seg_pair.reshape(-1).astype(np.int64),
+            uniq // T, uniq % T)
+
+
+def _element_pairs(seg_start, seg_len, seg_pair) -> torch.Tensor:
+    """Run time: the pair index of each flattened element (built from the segments when the
+    kernel runs, dropped after)."""
+    order = np.argsort(seg_start, kind="stable")
+    return torch.from_numpy(np.repeat(seg_pair[order], seg_len[order]))
 
 
 def _seg_arg(values, index, seg, nseg, op):
@@ -164,13 +255,13 @@ def _seg_arg(values, index, seg, nseg, op):
     return best, idx
 
 
-def _arg_stage1(src, pv, pi, op, pair, npairs, cols, ctx):
+def _arg_stage1(src, pv, pi, op, segs, npairs, cols, ctx):
     v = ctx.read(src)
     R = v.shape[0]
     v = v.reshape(R, -1)
     vals = v.to(torch.float32) if v.is_floating_point() else v.to(torch.int64)
     col = (torch.arange(v.shape[1], dtype=torch.int64) % max(cols, 1)).expand(R, -1)
-    best, idx = _seg_arg(vals, col, pair, npairs, op)
+    best, idx = _seg_arg(vals, col, _element_pairs(*segs), npairs, op)
     ctx.write(pv, best)
     ctx.write(pi, idx)
 
@@ -182,43 +273,59 @@ def _arg_stage2(pv, pi, vals_out, idx_out, op, prow, rows, ctx):
     ctx.write(idx_out, idx)
 
 
+def _runs_boxes(values: np.ndarray) -> Boxes:
+    """Boxes of a 1-D tensor: each run of equal consecutive ``values`` (global tiles) is one box."""
+    b, e, v = compress_runs(values)
+    return Boxes(b.reshape(-1, 1), (e - b).reshape(-1, 1), v.astype(np.int64))
+
+
 def row_arg_reduce(graph, prog, name: str, src2d, op: str, want_values: bool):
     """Per row of ``src2d``: index (``UNSIGNED_INT``) of the max (``op="max"``) or min, first on
-    ties; and the value (``src2d``'s type) when ``want_values``. Returns ``(values|None, indices)``."""
+    ties; and the value (``src2d``'s type) when ``want_values``. Returns ``(values|None, indices)``.
+
+    Stage 1 (``ReduceMaxClassGather``) reduces each row's elements on each tile to one partial
+    (value, index) *pair* on that tile; stage 2 (``ReduceMaxClassSparse``) reduces each row's pairs
+    on the tile of the row's first element, where the outputs live. Host work follows the pairs
+    (rows x tiles per row), not the elements."""
     rows, cols = src2d.shape()
     if cols == 0:
         raise poplibs_error(f"{name}: cannot take arg{op} of rows with no elements (shape {src2d.shape()})")
     target = graph.getTarget()
     et = src2d.elementType()
-    pair, prow, ptile = _pairs(graph, src2d)
+    check_mapped(graph, src2d, "reduce")
+    seg_start, seg_len, seg_pair, prow, ptile = _segments(graph, src2d)
     npairs = int(prow.size)
-    st = graph.tile_of_elements(src2d).astype(np.int64)
-    out_tiles = st.reshape(rows, cols)[:, 0]
+    out_tiles = row_first_tiles(graph, src2d)
     pv_type = poplar.FLOAT if et.is_float else poplar.INT
-    pv = new_mapped(graph, pv_type, [npairs], f"{name}/partialValues", ptile)
-    pi = new_mapped(graph, poplar.UNSIGNED_INT, [npairs], f"{name}/partialIndices", ptile)
-    used, counts = tile_counts(graph, st)
+    pair_runs = compress_runs(ptile)
+    pv = new_mapped(graph, pv_type, [npairs], f"{name}/partialValues", runs=pair_runs)
+    pi = new_mapped(graph, poplar.UNSIGNED_INT, [npairs], f"{name}/partialIndices", runs=pair_runs)
+    used, counts = tile_counts_of(graph, src2d)
     w = target.getNumWorkerContexts()
     c1 = 9 + w * (26 + 3 * (-(-counts // w)))   # ReduceMaxClassGather shape (float/half)
     kind = "Max" if op == "max" else "Min"
     cs = graph.addComputeSet(f"{name}/gather")
     graph.add_vertex_group(cs, VertexGroup(
         f"popnn::Reduce{kind}ClassGather<{et},unsigned int>", used, c1,
-        functools.partial(_arg_stage1, src2d, pv, pi, op, torch.from_numpy(pair), npairs, cols),
-        reads=[(src2d, st)], writes=[(pv, ptile), (pi, ptile)], multi=True, flops=float(rows * cols), state_bytes=24))
+        functools.partial(_arg_stage1, src2d, pv, pi, op, (seg_start, seg_len, seg_pair), npairs, cols),
+        reads=[Access(src2d)], writes=[Access(pv), Access(pi)], multi=True, flops=float(rows * cols),
+        state_bytes=24))
     prog.add(poplar.program.Execute(cs, f"{name}/gather"))
-    vals = new_mapped(graph, et, [rows], f"{name}/values", out_tiles) if want_values else None
-    idx = new_mapped(graph, poplar.UNSIGNED_INT, [rows], f"{name}/indices", out_tiles)
+    row_runs = compress_runs(out_tiles)
+    vals = new_mapped(graph, et, [rows], f"{name}/values", runs=row_runs) if want_values else None
+    idx = new_mapped(graph, poplar.UNSIGNED_INT, [rows], f"{name}/indices", runs=row_runs)
     consumer = out_tiles[prow]
-    used2, _ = tile_counts(graph, out_tiles)
-    per_tile_pairs = np.bincount(consumer, minlength=graph._top._target.getNumTiles())[used2]
+    T = graph._top._target.getNumTiles()
+    used2 = np.flatnonzero(np.bincount(out_tiles, minlength=T))
+    per_tile_pairs = np.bincount(consumer, minlength=T)[used2]
     c2 = 5 + 22 + 3 * per_tile_pairs                # ReduceMaxClassSparse shape, rows of one tile
     cs2 = graph.addComputeSet(f"{name}/sparse")
-    writes = [(idx, out_tiles)] + ([(vals, out_tiles)] if vals is not None else [])
+    on = _runs_boxes(consumer)
+    writes = [Access(idx)] + ([Access(vals)] if vals is not None else [])
     graph.add_vertex_group(cs2, VertexGroup(
         f"popnn::Reduce{kind}ClassSparse<float,unsigned int>", used2, c2,
         functools.partial(_arg_stage2, pv, pi, vals, idx, op, torch.from_numpy(prow), rows),
-        reads=[(pv, consumer), (pi, consumer)], writes=writes, multi=False, flops=float(npairs), state_bytes=16))
+        reads=[Access(pv, on), Access(pi, on)], writes=writes, multi=False, flops=float(npairs), state_bytes=16))
     prog.add(poplar.program.Execute(cs2, f"{name}/sparse"))
     return vals, idx
 

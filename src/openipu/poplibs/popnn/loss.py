@@ -31,8 +31,9 @@ import numpy as np
 import torch
 
 from openipu import poplar
-from openipu.poplar.graph import VertexGroup
-from openipu.poplibs.popnn._common import check_mapped, new_mapped, poplibs_error, row_arg_reduce, tile_counts
+from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplibs.popnn._common import (check_mapped, compress_runs, multicast, new_mapped, poplibs_error,
+                                           row_arg_reduce, row_boxes, row_first_tiles, tile_counts_of)
 from openipu.poplibs.popops.reduce import Operation, reduceWithOutput
 
 __all__ = ["LossType", "SUM_SQUARED_LOSS", "CROSS_ENTROPY_LOSS", "MASKED_LABEL_CODE", "calcLoss", "calcAccuracy",
@@ -157,25 +158,25 @@ def calcLoss(graph, modelOutputs, expected, loss, deltas, *args):  # noqa: N802,
             raise poplibs_error(f"{name}: {w} must have one element, got shape {t.shape()}")
     check_mapped(graph, deltas, name)
     check_mapped(graph, loss, name)
-    otiles = check_mapped(graph, modelOutputs, name).astype(np.int64)
+    check_mapped(graph, modelOutputs, name)
     prog = poplar.program.Sequence()
     terms = graph.addVariable(ot, [B, C], f"{name}/transformed")
     graph.copy_tile_mapping(terms, modelOutputs)
     is_ce = lt == LossType.CROSS_ENTROPY_LOSS
     vname = f"popnn::{'LossCrossEntropyTransform' if is_ce else 'LossSumSquaredTransform'}<{ot}>"
-    used, counts = tile_counts(graph, otiles)
+    used, counts = tile_counts_of(graph, modelOutputs)
     cycles = loss_transform_cycles(counts, ot == poplar.FLOAT, is_ce)
     e_view = expected if expected.rank() == 2 else expected.reshape([B, 1])
     from openipu.poplibs.popops._common import broadcast_view
-    reads = [(modelOutputs, otiles), (broadcast_view(e_view, [B, C]), otiles)]
+    reads = [Access(modelOutputs), Access(broadcast_view(e_view, [B, C]), modelOutputs)]
     for t in (ds, mos):
         if t is not None:
-            reads.append((broadcast_view(t.flatten(), [used.size]), used))
+            reads.append(multicast(t.flatten(), used))
     cs = graph.addComputeSet(f"{name}/LossTransform")
     graph.add_vertex_group(cs, VertexGroup(
         vname, used, cycles,
         functools.partial(_transform_kernel, lt.name, modelOutputs, expected, deltas, terms, ds, mos),
-        reads=reads, writes=[(deltas, graph.tile_of_elements(deltas)), (terms, otiles)], multi=False,
+        reads=reads, writes=[Access(deltas), Access(terms)], multi=False,
         flops=float(B * C * (6 if is_ce else 3)), state_bytes=24))
     prog.add(poplar.program.Execute(cs, f"{name}/LossTransform"))
     reduceWithOutput(graph, terms, loss.flatten(), [1], Operation.ADD, prog, f"{name}/ReduceLoss")
@@ -233,15 +234,16 @@ def calcAccuracy(graph, modelOutputs, expected, numCorrect, debug_name: str = ""
     if numCorrect.numElements() != 1 or numCorrect.elementType() != poplar.UNSIGNED_INT:
         raise poplibs_error(f"{name}: numCorrect must be a one-element UNSIGNED_INT tensor, got "
                             f"{numCorrect.elementType()} {numCorrect.shape()}")
-    nt = check_mapped(graph, numCorrect, name).astype(np.int64)
+    check_mapped(graph, numCorrect, name)
+    nt = graph.tile_runs_of(numCorrect)[2][:1].astype(np.int64)
     prog = poplar.program.Sequence()
     _, idx = row_arg_reduce(graph, prog, f"{name}/argMax", modelOutputs, "max", False)
     cs = graph.addComputeSet(f"{name}/CalcAccuracy")
     graph.add_vertex_group(cs, VertexGroup(
         f"popnn::CalcAccuracy<{expected.elementType()}>", nt[:1], np.array([5 + 4 + 2 + 1 + 1 + 4 * B + 1]),
         functools.partial(_accuracy_kernel, idx, expected, numCorrect),
-        reads=[(idx, np.repeat(nt[:1], B)), (expected, np.repeat(nt[:1], expected.numElements())),
-               (numCorrect, nt)], writes=[(numCorrect, nt)], multi=False, flops=0.0, state_bytes=16))
+        reads=[Access(idx, int(nt[0])), Access(expected, int(nt[0])), Access(numCorrect)],
+        writes=[Access(numCorrect)], multi=False, flops=0.0, state_bytes=16))
     prog.add(poplar.program.Execute(cs, f"{name}/CalcAccuracy"))
     return prog
 
@@ -306,19 +308,20 @@ def topK(graph, input, K, sort, prog, debug_name: str = ""):  # noqa: N802,N803,
     if not 1 <= K <= n:
         raise poplibs_error(f"topK: K={K} must be between 1 and the row length {n}")
     name = debug_name or "topK"
-    st = check_mapped(graph, input, name).astype(np.int64).reshape(rows, n)
-    out_tiles = np.repeat(st[:, 0], K)
-    vals = new_mapped(graph, input.elementType(), [rows, K], f"{name}/values", out_tiles)
-    idx = new_mapped(graph, poplar.UNSIGNED_INT, [rows, K], f"{name}/indices", out_tiles)
+    check_mapped(graph, input, name)
+    first = row_first_tiles(graph, input)                 # each row's vertex sits on its first tile
+    rb, re, rt = compress_runs(first)
+    vals = new_mapped(graph, input.elementType(), [rows, K], f"{name}/values", runs=(rb * K, re * K, rt))
+    idx = new_mapped(graph, poplar.UNSIGNED_INT, [rows, K], f"{name}/indices", runs=(rb * K, re * K, rt))
     ln = np.log(np.arange(1, K + 1))
     c = 12 + 23 + float(np.sum(13 + 20 * ln[:-1])) + (n - K) * (13 + 20 * np.log(K)) + 8 * K
     if sort:
         c += float(np.sum(10 + 20 * ln))
     cs = graph.addComputeSet(name)
     graph.add_vertex_group(cs, VertexGroup(
-        f"popnn::ReduceMaxNClassSparse<{input.elementType()},{'true' if sort else 'false'}>", st[:, 0],
+        f"popnn::ReduceMaxNClassSparse<{input.elementType()},{'true' if sort else 'false'}>", first,
         np.full(rows, int(c)), functools.partial(_topk_kernel, input, vals, idx, K, bool(sort)),
-        reads=[(input, np.repeat(st[:, 0], n))], writes=[(vals, out_tiles), (idx, out_tiles)], multi=False,
+        reads=[Access(input, row_boxes(rb, re, n, rt))], writes=[Access(vals), Access(idx)], multi=False,
         flops=float(rows * n), state_bytes=24))
     prog.add(poplar.program.Execute(cs, name))
     return vals, idx

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from openipu import poplar
-from openipu.poplibs.popnn._common import (add_elementwise, check_mapped, gather_view, new_mapped, output_like,
+from openipu.poplibs.popnn._common import (add_elementwise, check_mapped, new_mapped, output_like,
                                            poplibs_error, row_output)
 from openipu.poplibs.popops.reduce import Operation, ReduceParams, SingleReduceOp, reduceMany
 
@@ -37,7 +37,21 @@ __all__ = ["bn", "gn", "ln", "in_"]
 
 
 class _Layout:
-    """Which statistic group each activation element belongs to."""
+    """Which statistic group and channel each activation element belongs to, as views.
+
+    The activations ``[B][C][..F..]`` are viewed with an expanded shape in which a statistic group
+    and a channel are products of dims (``F`` = the field dims flattened):
+
+    - batch norm: ``[B, C, F]``; statistic ``c`` (``stat.reshape([1, C, 1])``);
+    - group norm, strided channels (``c = k G + g``): ``[B, C/G, G, F]``; statistic ``b G + g``
+      (``[B, 1, G, 1]``), channel ``[1, C/G, G, 1]``;
+    - group norm, contiguous channels (``c = g C/G + k``; layer norm ``G = 1``, instance norm
+      ``G = C``): ``[B, G, C/G, F]``; statistic ``[B, G, 1, 1]``, channel ``[1, G, C/G, 1]``.
+
+    :meth:`rows` gives the ``[S, N]`` view of each group's elements in flattened-index order (a
+    dimShuffle and reshape of the activations); :meth:`per_element` / :meth:`per_channel` give a
+    ``[S]`` / ``[C]`` tensor broadcast to the expanded shape. All are views: no per-element arrays.
+    """
 
     def __init__(self, acts, kind: str, groups: int, strided: bool, what: str):
         shape = acts.shape()
@@ -46,23 +60,41 @@ class _Layout:
         self.shape = shape
         B, C = shape[0], shape[1]
         F = int(np.prod(shape[2:], dtype=np.int64))
-        c = np.broadcast_to(np.arange(C).reshape(1, C, 1), (B, C, F))
         if kind == "bn":
-            stat, S = c, C
+            self.S = C
+            self.expanded = [B, C, F]
+            self.stat_shape = [1, C, 1]
+            self.chan_shape = [1, C, 1]
+            self.rows_perm = [1, 0, 2]
         else:
             if groups < 1 or C % groups:
                 raise poplibs_error(f"{what}: {C} channels cannot be split into {groups} groups; numGroups must "
                                     "divide the channel count")
-            g = c % groups if strided else c // (C // groups)
-            stat, S = np.arange(B).reshape(B, 1, 1) * groups + g, B * groups
-        self.stat = np.ascontiguousarray(stat).reshape(-1)           # per element, its statistic group
-        self.chan = np.ascontiguousarray(c).reshape(-1)
-        self.S = S
-        self.N = acts.numElements() // max(S, 1)
-        self.order = np.argsort(self.stat, kind="stable").reshape(S, self.N)   # rows of each group
+            G, K = groups, C // groups
+            self.S = B * G
+            if strided:
+                self.expanded = [B, K, G, F]
+                self.stat_shape = [B, 1, G, 1]
+                self.chan_shape = [1, K, G, 1]
+                self.rows_perm = [0, 2, 1, 3]
+            else:
+                self.expanded = [B, G, K, F]
+                self.stat_shape = [B, G, 1, 1]
+                self.chan_shape = [1, G, K, 1]
+                self.rows_perm = None
+        self.N = acts.numElements() // max(self.S, 1)
+
+    def x(self, t):
+        """``t`` (the activations' shape) viewed with the expanded shape."""
+        return t.reshape(self.expanded)
 
     def rows(self, t):
-        return gather_view(t, self.order)
+        """The ``[S, N]`` view of ``t``: row ``s`` holds statistic group ``s``'s elements in
+        flattened-index order."""
+        v = self.x(t)
+        if self.rows_perm is not None:
+            v = v.dimShuffle(self.rows_perm)
+        return v.reshape([self.S, self.N])
 
     def row_sums(self, graph, prog, name, ts, ops, out_type):
         """``popops.reduceMany`` of each ``[S, N]`` statistic-group view of ``ts`` over its ``N``
@@ -75,10 +107,12 @@ class _Layout:
         return outs
 
     def per_element(self, stat_tensor):
-        return gather_view(stat_tensor, self.stat.reshape(self.shape))
+        """A ``[S]`` statistic broadcast to the expanded shape (a view)."""
+        return stat_tensor.reshape(self.stat_shape).broadcast_to(self.expanded)
 
     def per_channel(self, chan_tensor):
-        return gather_view(chan_tensor, self.chan.reshape(self.shape))
+        """A ``[C]`` per-channel tensor broadcast to the expanded shape (a view)."""
+        return chan_tensor.reshape(self.chan_shape).broadcast_to(self.expanded)
 
 
 # -- kernels -----------------------------------------------------------------------------------
@@ -175,25 +209,22 @@ class _Norm:
         if not stable:
             s1, s2 = lay.row_sums(graph, prog, f"{what}/ReduceSums", [acts, acts],
                                   [Operation.ADD, Operation.SQUARE_ADD], poplar.FLOAT)
-            tiles = graph.tile_of_elements(s1)
-            mean = new_mapped(graph, et, [lay.S], f"{what}/mean", tiles)
-            inv = new_mapped(graph, et, [lay.S], f"{what}/iStdDev", tiles)
+            mean = new_mapped(graph, et, [lay.S], f"{what}/mean", like=s1)
+            inv = new_mapped(graph, et, [lay.S], f"{what}/iStdDev", like=s1)
             add_elementwise(graph, prog, f"{what}/iStdDev", f"popops::Map<INV_STD_DEV,{et}>", inv, [s1, s2],
                             functools.partial(_stats_kernel, s1, s2, lay.N, float(eps), bool(unbiased), mean, inv),
                             "SQRT", 5, also_writes=[mean])
             return mean, inv
         (s1,) = lay.row_sums(graph, prog, f"{what}/ReduceMean", [acts], [Operation.ADD], poplar.FLOAT)
-        tiles = graph.tile_of_elements(s1)
-        mean = new_mapped(graph, et, [lay.S], f"{what}/mean", tiles)
+        mean = new_mapped(graph, et, [lay.S], f"{what}/mean", like=s1)
         add_elementwise(graph, prog, f"{what}/mean", f"popops::Map<DIVIDE,{et}>", mean, [s1],
                         functools.partial(_mean_kernel, s1, lay.N, mean), "MUL", 1)
-        centered = graph.addVariable(poplar.FLOAT, acts.shape(), f"{what}/centered")
-        graph.setTileMapping(centered, graph._local_tiles(graph.tile_of_elements(acts).astype(np.int64)))
-        add_elementwise(graph, prog, f"{what}/center", f"popops::BinaryOp1D<SUBTRACT,{et}>", centered,
-                        [acts, lay.per_element(mean)],
-                        functools.partial(_center_kernel, acts, lay.per_element(mean), centered), "ADD", 1)
+        centered = new_mapped(graph, poplar.FLOAT, acts.shape(), f"{what}/centered", like=acts)
+        xa, xc, me = lay.x(acts), lay.x(centered), lay.per_element(mean)
+        add_elementwise(graph, prog, f"{what}/center", f"popops::BinaryOp1D<SUBTRACT,{et}>", xc, [xa, me],
+                        functools.partial(_center_kernel, xa, me, xc), "ADD", 1)
         (sc,) = lay.row_sums(graph, prog, f"{what}/ReduceVar", [centered], [Operation.SQUARE_ADD], poplar.FLOAT)
-        inv = new_mapped(graph, et, [lay.S], f"{what}/iStdDev", tiles)
+        inv = new_mapped(graph, et, [lay.S], f"{what}/iStdDev", like=s1)
         add_elementwise(graph, prog, f"{what}/iStdDev", f"popops::Map<INV_STD_DEV,{et}>", inv, [s1, sc],
                         functools.partial(_stable_stats_kernel, s1, sc, lay.N, float(eps), bool(unbiased), mean, inv),
                         "SQRT", 4, also_writes=[mean])
@@ -210,9 +241,10 @@ class _Norm:
         lay = self._layout(acts, self._groups_from(acts, mean), options, what)
         self._check_stats(acts, mean, inv, lay, what)
         out = output_like(graph, acts.elementType(), acts.shape(), (acts,), f"{what}/whitened")
-        m, i = lay.per_element(mean), lay.per_element(inv)
-        add_elementwise(graph, prog, what, f"popops::Map<WHITEN,{acts.elementType()}>", out, [acts, m, i],
-                        functools.partial(_whiten_kernel, acts, m, i, out), "AXPBY", 2)
+        m, i = lay.per_element(mean.flatten()), lay.per_element(inv.flatten())
+        xa, xo = lay.x(acts), lay.x(out)
+        add_elementwise(graph, prog, what, f"popops::Map<WHITEN,{acts.elementType()}>", xo, [xa, m, i],
+                        functools.partial(_whiten_kernel, xa, m, i, xo), "AXPBY", 2)
         return out
 
     def normalise(self, graph, acts, gamma, beta, mean, inv, prog, debug_name, options):
@@ -223,10 +255,12 @@ class _Norm:
         self._check_params(acts, [gamma, beta], what)
         out = output_like(graph, acts.elementType(), acts.shape(), (acts,), f"{what}/out")
         white = output_like(graph, acts.elementType(), acts.shape(), (acts,), f"{what}/whitened")
-        m, i, g, b = lay.per_element(mean), lay.per_element(inv), lay.per_channel(gamma), lay.per_channel(beta)
-        add_elementwise(graph, prog, what, f"popops::Map<NORMALISE,{acts.elementType()}>", out, [acts, m, i, g, b],
-                        functools.partial(_normalise_kernel, acts, m, i, g, b, out, white), "AXPBY", 4,
-                        also_writes=[white])
+        m, i = lay.per_element(mean.flatten()), lay.per_element(inv.flatten())
+        g, b = lay.per_channel(gamma.flatten()), lay.per_channel(beta.flatten())
+        xa, xo, xw = lay.x(acts), lay.x(out), lay.x(white)
+        add_elementwise(graph, prog, what, f"popops::Map<NORMALISE,{acts.elementType()}>", xo, [xa, m, i, g, b],
+                        functools.partial(_normalise_kernel, xa, m, i, g, b, xo, xw), "AXPBY", 4,
+                        also_writes=[xw])
         return out, white
 
     @staticmethod
@@ -272,14 +306,16 @@ class _Norm:
         et = white.elementType()
         g = output_like(graph, et, white.shape(), (grads,), f"{what}/gXgamma")
         gw = output_like(graph, et, white.shape(), (grads,), f"{what}/gXgammaXwhitened")
-        gam = lay.per_channel(gamma)
-        add_elementwise(graph, prog, f"{what}/mul", f"popops::Map<GAMMA_MUL,{et}>", gw, [grads, white, gam],
-                        functools.partial(_prod_kernel, grads, white, gam, gw, g), "MUL", 2, also_writes=[g])
+        gam = lay.per_channel(gamma.flatten())
+        xg, xw, xgw, xgg = lay.x(grads), lay.x(white), lay.x(gw), lay.x(g)
+        add_elementwise(graph, prog, f"{what}/mul", f"popops::Map<GAMMA_MUL,{et}>", xgw, [xg, xw, gam],
+                        functools.partial(_prod_kernel, xg, xw, gam, xgw, xgg), "MUL", 2, also_writes=[xgg])
         s1, s2 = lay.row_sums(graph, prog, f"{what}/reduce", [g, gw], [Operation.ADD, Operation.ADD], poplar.FLOAT)
         out = output_like(graph, et, white.shape(), (grads, white), f"{what}/gradsOut")
-        i_e, s1_e, s2_e = lay.per_element(inv), lay.per_element(s1), lay.per_element(s2)
-        add_elementwise(graph, prog, f"{what}/final", f"popops::Map<NORM_GRAD,{et}>", out, [g, white, s1_e, s2_e, i_e],
-                        functools.partial(_grad_final_kernel, g, white, s1_e, s2_e, i_e, lay.N, out), "AXPBY", 5)
+        i_e, s1_e, s2_e = lay.per_element(inv.flatten()), lay.per_element(s1), lay.per_element(s2)
+        xo = lay.x(out)
+        add_elementwise(graph, prog, f"{what}/final", f"popops::Map<NORM_GRAD,{et}>", xo, [xgg, xw, s1_e, s2_e, i_e],
+                        functools.partial(_grad_final_kernel, xgg, xw, s1_e, s2_e, i_e, lay.N, xo), "AXPBY", 5)
         return out
 
     def param_update(self, graph, gamma_delta, beta_delta, scale, gamma, beta, prog, what):
@@ -312,9 +348,10 @@ def _namespace(kind: str, prefix: str, has_groups: bool):
             impl._check_params(acts, [mul, add], "batchNormalise")
             out = output_like(graph, acts.elementType(), acts.shape(), (acts,), "batchNormalise/out")
             lay = _Layout(acts, "bn", 0, False, "batchNormalise")
-            m, a = lay.per_channel(mul), lay.per_channel(add)
-            add_elementwise(graph, prog, name or "batchNormalise", f"popops::Map<AFFINE,{acts.elementType()}>", out,
-                            [acts, m, a], functools.partial(_affine_kernel, acts, m, a, out), "AXPBY", 2)
+            m, a = lay.per_channel(mul.flatten()), lay.per_channel(add.flatten())
+            xa, xo = lay.x(acts), lay.x(out)
+            add_elementwise(graph, prog, name or "batchNormalise", f"popops::Map<AFFINE,{acts.elementType()}>", xo,
+                            [xa, m, a], functools.partial(_affine_kernel, xa, m, a, xo), "AXPBY", 2)
             return out
         gamma, beta, mean, inv, prog, *rest = args
         return impl.normalise(graph, acts, gamma, beta, mean, inv, prog, rest[0] if rest else debug_name,

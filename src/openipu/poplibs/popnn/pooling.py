@@ -8,7 +8,10 @@ Padded positions never win a max and are not counted by AVG, which divides by th
 
 Work: the output is mapped linearly; each tile runs a ``MaxPooling`` / ``SumPooling`` (AVG is a
 scaled SumPooling) vertex over its outputs, reading the window inputs it needs (each input element
-is costed as consumed by the tile of the first output whose window holds it). Cycle estimate per
+is costed as consumed by the tile of the first output whose window holds it). Those reads are
+built from structure: per field dim, the segment of inputs whose first output is ``o``; a tile box
+of the output maps to a box of inputs (windows with gaps, ``stride > kernel``, to a few strided
+views), so host work follows the output's tile boxes, not its elements. Cycle estimate per
 tile, in the shape of PopLibs ``getPoolingCycles`` (``lib/popnn/PerformanceEstimation.hpp``):
 ``7 + 6 + 6 x worker``, ``worker = 19 + 2 + 6 + 2 + 3 + rows x (13 + 20 + 2) + v x (2 + c0 + 3 K + 1)``
 with ``v`` the output vectors (vector width of the type) of the busiest worker, ``K`` the window
@@ -20,14 +23,16 @@ from __future__ import annotations
 
 import enum
 import functools
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from openipu import poplar
-from openipu.poplar.graph import VertexGroup
-from openipu.poplibs.popnn._common import check_mapped, new_mapped, poplibs_error, tile_counts
+from openipu.poplar.exchange import Boxes, tile_boxes
+from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplibs.popnn._common import check_mapped, flat_range_boxes, new_mapped, poplibs_error, tile_counts_of
 
 __all__ = ["PoolingType", "PoolParams", "pool", "poolInputGradient", "getOutputFieldShape", "getFwdFlops",
            "getBwdFlops", "asString"]
@@ -163,21 +168,152 @@ def _grad_kernel(p: PoolParams, fwd_in, pooled, grad, out, scaled, ctx):
 
 
 # -- graph construction -----------------------------------------------------------------------------
-def _consumer_tiles(p: PoolParams, out_tiles: np.ndarray) -> np.ndarray:
-    """For each input element, the tile of the first output whose window reads it (-1: none)."""
-    shape = [1, p.batchSize, p.numChannels] + p.inputFieldShape
-    n_in = int(np.prod(shape))
-    idx = torch.arange(n_in, dtype=torch.float64).reshape(shape)
-    w = _windows(_pad(idx, p, -1.0), p).flatten(start_dim=-p.getNumFieldDims())
-    src = w.reshape(-1).numpy().astype(np.int64)
-    outs = np.repeat(np.arange(out_tiles.size), w.shape[-1])
-    keep = src >= 0
-    cons = np.full(n_in, -1, np.int64)
-    first = np.full(n_in, np.iinfo(np.int64).max)
-    np.minimum.at(first, src[keep], outs[keep])
-    has = first != np.iinfo(np.int64).max
-    cons[has] = out_tiles[first[has]]
-    return cons
+# Where each element is used, by structure. Along field dim ``d`` (input size ``n``, kernel ``k``,
+# stride ``s``, lower padding ``lo``), output ``o``'s window covers inputs ``[o s - lo, o s - lo + k)``.
+# Input ``x``'s *first* output is the smallest ``o`` whose window holds it; the inputs whose first
+# output is ``o`` form the segment ``[b_o, e_o)`` (clipped to ``[0, n)``):
+# ``b_0 = -lo``, ``b_o = max(o s, (o-1) s + k) - lo``, ``e_o = o s + k - lo``. The windows holding an
+# input form a box of outputs, so its first output (in flattened order) is the first one per dim.
+# With ``k >= s`` consecutive segments touch, so a box of outputs has a box of inputs as its
+# preimage; with ``k < s`` (gaps between windows) the segments are the ``k``-wide bands at stride ``s``.
+def _segments(p: PoolParams):
+    """Per field dim: ``(b, e)`` (int64 ``[outField_d]``, clipped to the input) of each output's
+    segment of first-used inputs. Arrays over one output dim, not over elements."""
+    out = []
+    for n, k, s, lo, od in zip(p.inputFieldShape, p.kernelShape, p.stride, p.inputTruncationOrPaddingLower,
+                               p.getOutputFieldShape()):
+        o = np.arange(od, dtype=np.int64)
+        b = np.where(o == 0, -lo, np.maximum(o * s, (o - 1) * s + k) - lo)
+        e = o * s + k - lo
+        out.append((np.clip(b, 0, n), np.clip(e, 0, n)))
+    return out
+
+
+def _gap_parts(n, k, s, lo, od, b, e):
+    """The parts of a field dim with gaps (``k < s``): ``(o0, n_o, x0, m, regular)``; outputs
+    ``[o0, o0 + n_o)`` use inputs ``x0 + (o - o0) s + j``, ``0 <= j < m``. A regular part's
+    inputs are a ``[n_o, s]`` reshape of ``[x0, x0 + n_o s)`` cut to its first ``m = k`` columns;
+    the others are single outputs (clipped windows at the edges, the last whole window)."""
+    o = np.arange(od, dtype=np.int64)
+    full = (o * s - lo >= 0) & (o * s - lo + s <= n)
+    parts = []
+    idx = np.flatnonzero(full)
+    ra, rc = (int(idx[0]), int(idx[-1]) + 1) if idx.size else (od, od)
+    for oo in range(od):
+        if ra <= oo < rc:
+            if oo == ra:
+                parts.append((ra, rc - ra, ra * s - lo, k, True))
+            continue
+        if e[oo] > b[oo]:
+            parts.append((oo, 1, int(b[oo]), int(e[oo] - b[oo]), False))
+    return parts
+
+
+def _forward_reads(graph, p: PoolParams, input, out) -> list:
+    """Reads of ``input`` for :func:`pool`: each input element on the tile of the first output
+    whose window holds it (one box of inputs per tile box of the output); elements in no window
+    on their own tile."""
+    ob = tile_boxes(out)
+    nd = p.getNumFieldDims()
+    segs = _segments(p)
+    gap = [k < s for k, s in zip(p.kernelShape, p.stride)]
+    lo_in, hi_in = ob.lo.copy(), ob.lo + ob.sz
+    for d in range(nd):
+        if not gap[d]:
+            b, e = segs[d]
+            L, H = ob.lo[:, 2 + d], ob.lo[:, 2 + d] + ob.sz[:, 2 + d]
+            lo_in[:, 2 + d], hi_in[:, 2 + d] = b[L], e[H - 1]
+    if not any(gap):
+        keep = (hi_in > lo_in).all(axis=1)
+        return [Access(input, flat_range_boxes(Boxes(lo_in[keep], (hi_in - lo_in)[keep], ob.tile[keep]),
+                                               input.shape()))]
+    # gaps: one view per combination of the gap dims' parts, each gap dim split into (o, j)
+    gdims = [d for d in range(nd) if gap[d]]
+    plist = [_gap_parts(p.inputFieldShape[d], p.kernelShape[d], p.stride[d], p.inputTruncationOrPaddingLower[d],
+                        p.getOutputFieldShape()[d], *segs[d]) for d in gdims]
+    reads = [Access(input)]                    # every element used here (liveness), none moved
+    for combo in itertools.product(*plist):
+        view, vlo, vhi, keep = input, [], [], np.ones(len(ob), bool)
+        for d in range(nd - 1, -1, -1):        # last dim first: splitting a dim shifts the later ones
+            ax = 2 + d
+            if not gap[d]:
+                continue
+            o0, n_o, x0, m, regular = combo[gdims.index(d)]
+            s_ = p.stride[d]
+            if regular:
+                view = view.slice(x0, x0 + n_o * s_, ax).reshapePartial(ax, ax + 1, [n_o, s_]).slice(0, m, ax + 1)
+            else:
+                view = view.slice(x0, x0 + m, ax).reshapePartial(ax, ax + 1, [1, m])
+        cols_lo, cols_hi = [lo_in[:, 0], lo_in[:, 1]], [hi_in[:, 0], hi_in[:, 1]]
+        for d in range(nd):
+            if not gap[d]:
+                cols_lo.append(lo_in[:, 2 + d])
+                cols_hi.append(hi_in[:, 2 + d])
+                continue
+            o0, n_o, x0, m, regular = combo[gdims.index(d)]
+            L, H = ob.lo[:, 2 + d], ob.lo[:, 2 + d] + ob.sz[:, 2 + d]
+            a, z = np.maximum(L, o0) - o0, np.minimum(H, o0 + n_o) - o0
+            cols_lo += [a, np.zeros_like(a)]
+            cols_hi += [z, np.full_like(z, m)]
+        vlo, vhi = np.stack(cols_lo, axis=1), np.stack(cols_hi, axis=1)
+        keep = (vhi > vlo).all(axis=1)
+        if keep.any():
+            reads.append(Access(view, flat_range_boxes(Boxes(vlo[keep], (vhi - vlo)[keep], ob.tile[keep]),
+                                                       view.shape())))
+    return reads
+
+
+def _grad_consumers(graph, p: PoolParams, in_grad):
+    """For :func:`poolInputGradient`: output ``(b, c, o)`` is read on the tile of input-gradient
+    element ``(b, c, last(o))``, the last input (in flattened order) whose first output is ``o``
+    (``last(o) = e_o - 1``). Returns ``(lo, on)``: the corner of the outputs with a non-empty
+    segment in every dim and a view of ``in_grad`` (those outputs' shape) holding each one's
+    consumer element; or None when no output is any input's first."""
+    segs = _segments(p)
+    on, corner = in_grad, [0, 0]
+    for d, (b, e) in enumerate(segs):
+        ax = 2 + d
+        valid = np.flatnonzero(e > b)
+        if valid.size == 0:
+            return None
+        va, vb = int(valid[0]), int(valid[-1]) + 1
+        n, k, s_, lo = p.inputFieldShape[d], p.kernelShape[d], p.stride[d], p.inputTruncationOrPaddingLower[d]
+        # last(o) = o s + k - lo - 1 while the window ends inside the input, then n - 1
+        n1 = int(np.clip((n - k + lo) // s_ + 1 - va, 0, vb - va))
+        parts = []
+        if n1:
+            a0 = va * s_ + k - lo - 1
+            parts.append(on.slice(a0, a0 + (n1 - 1) * s_ + 1, ax).subSample(s_, ax))
+        if vb - va > n1:
+            parts.append(on.slice(n - 1, n, ax).broadcast(vb - va - n1, ax))
+        on = parts[0] if len(parts) == 1 else poplar.concat(parts, ax)
+        corner.append(va)
+    return np.array(corner, np.int64), on
+
+
+def _grad_boxes(graph, p: PoolParams, in_grad, grad) -> Boxes:
+    """Where :func:`poolInputGradient` reads each output-gradient (and pooled) element: the
+    consumers of :func:`_grad_consumers`; an output that is no input's first is read on the tile
+    of its ``grad`` element (a no-op for ``grad``, an exchange for ``pooled`` mapped elsewhere)."""
+    shape = grad.shape()
+    cons = _grad_consumers(graph, p, in_grad)
+    if cons is None:
+        return tile_boxes(grad)
+    corner, view = cons
+    vsz = np.array(view.shape(), np.int64)
+    ob = tile_boxes(view)
+    parts = [Boxes(ob.lo + corner[None, :], ob.sz, ob.tile)]
+    # the complement of the box [corner, corner + vsz): at most two slabs per dim
+    for i in range(len(shape)):
+        for a, z in ((0, int(corner[i])), (int(corner[i] + vsz[i]), shape[i])):
+            if z <= a:
+                continue
+            begin = [int(c) for c in corner[:i]] + [a] + [0] * (len(shape) - i - 1)
+            end = [int(c + v) for c, v in zip(corner[:i], vsz[:i])] + [z] + list(shape[i + 1:])
+            sb = tile_boxes(grad.slice(begin, end))
+            parts.append(Boxes(sb.lo + np.array(begin, np.int64)[None, :], sb.sz, sb.tile))
+    return flat_range_boxes(Boxes(np.concatenate([b.lo for b in parts]), np.concatenate([b.sz for b in parts]),
+                                  np.concatenate([b.tile for b in parts])), shape)
 
 
 def _pool_cycles(counts, p: PoolParams, type_, target, grad: bool) -> np.ndarray:
@@ -218,17 +354,14 @@ def pool(graph, params: PoolParams, input, prog, debug_name: str = "", options=N
     check_mapped(graph, input, what)
     out = new_mapped(graph, input.elementType(), [params.batchSize, params.numChannels] + params.getOutputFieldShape(),
                      f"{what}/out")
-    otiles = graph.tile_of_elements(out).astype(np.int64)
-    used, counts = tile_counts(graph, otiles)
-    cons = _consumer_tiles(params, otiles)
-    own = graph.tile_of_elements(input).astype(np.int64)
-    cons = np.where(cons >= 0, cons, own)
+    used, counts = tile_counts_of(graph, out)
     kind = "MaxPooling" if params.poolingType == PoolingType.MAX else "SumPooling"
     cs = graph.addComputeSet(what)
     graph.add_vertex_group(cs, VertexGroup(
         f"popnn::{kind}<{input.elementType()}>", used,
         _pool_cycles(counts, params, input.elementType(), graph.getTarget(), False),
-        functools.partial(_pool_kernel, params, input, out), reads=[(input, cons)], writes=[(out, otiles)],
+        functools.partial(_pool_kernel, params, input, out), reads=_forward_reads(graph, params, input, out),
+        writes=[Access(out)],
         multi=True, flops=float(getFwdFlops(params)), state_bytes=48))
     prog.add(poplar.program.Execute(cs, what))
     return out
@@ -265,7 +398,7 @@ def poolInputGradient(graph, params: PoolParams, *args, debug_name: str = "", op
     if grad.shape() != out_shape:
         raise poplibs_error(f"{what}: pooledGradient must have shape {out_shape}, got {grad.shape()}")
     et = grad.elementType()
-    gtiles = check_mapped(graph, grad, what).astype(np.int64)
+    check_mapped(graph, grad, what)
     if fwd_in is not None:
         _check_input(params, fwd_in, what, "in")
         if pooled.shape() != out_shape:
@@ -274,22 +407,17 @@ def poolInputGradient(graph, params: PoolParams, *args, debug_name: str = "", op
     else:
         out = new_mapped(graph, et, [params.batchSize, params.numChannels] + params.inputFieldShape,
                          f"{what}/inGradient")
-    itiles = graph.tile_of_elements(out).astype(np.int64)
-    used, counts = tile_counts(graph, itiles)
+    used, counts = tile_counts_of(graph, out)
     # each input-gradient element is computed on its own tile from the outputs whose windows hold it
-    cons_out = np.full(grad.numElements(), -1, np.int64)
-    back = _consumer_tiles(params, np.arange(grad.numElements()))      # first output reading each input
-    has = back >= 0
-    cons_out[back[has]] = itiles[has]
-    cons_out = np.where(cons_out >= 0, cons_out, gtiles)
-    reads = [(grad, cons_out)]
+    on = _grad_boxes(graph, params, out, grad)
+    reads = [Access(grad, on)]
     if fwd_in is not None:
-        reads += [(fwd_in, itiles), (pooled, cons_out)]
+        reads += [Access(fwd_in, out), Access(pooled, on)]
     kind = "MaxPoolingGrad" if params.poolingType == PoolingType.MAX else "SumPooling"
     cs = graph.addComputeSet(what)
     graph.add_vertex_group(cs, VertexGroup(
         f"popnn::{kind}<{et}>", used, _pool_cycles(counts, params, et, graph.getTarget(), True),
         functools.partial(_grad_kernel, params, fwd_in, pooled, grad, out, bool(scaled)), reads=reads,
-        writes=[(out, itiles)], multi=True, flops=float(getBwdFlops(params)), state_bytes=48))
+        writes=[Access(out)], multi=True, flops=float(getBwdFlops(params)), state_bytes=48))
     prog.add(poplar.program.Execute(cs, what))
     return out

@@ -27,7 +27,7 @@ import numpy as np
 
 from openipu import poplar
 from openipu.poplar import program as P
-from openipu.poplar.graph import VertexGroup
+from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplibs.popnn._common import poplibs_error
 from openipu.poplibs.popnn.non_linearity import NonLinearityType, _as_type
 from openipu.poplibs.popops.loop import INCREMENT_CYCLES
@@ -314,7 +314,7 @@ def time_loop(graph, steps: int, body, reverse: bool, name: str):
     tile0 = graph._tiles[:1].astype(np.int64)
     graph.add_vertex_group(cs, VertexGroup(
         "popops::ScaledAddSupervisor<unsigned int>", tile0, np.array([INCREMENT_CYCLES]),
-        functools.partial(_step_kernel, index, -1 if reverse else 1), reads=[(index, tile0)],
-        writes=[(index, tile0)], multi=True, flops=0.0, state_bytes=16))
+        functools.partial(_step_kernel, index, -1 if reverse else 1), reads=[Access(index)],
+        writes=[Access(index)], multi=True, flops=0.0, state_bytes=16))
     seq.add(P.Repeat(steps, P.Sequence(body_prog, P.Execute(cs)), debugContext=name))
     return seq
