@@ -317,7 +317,8 @@ class Ir:
             arr = v.cpu().numpy()
             if dtype in NUMPY_OF:
                 arr = arr.astype(NUMPY_OF[dtype])
-            self._add_tensor(o, dtype, list(arr.shape), "Const", np.ascontiguousarray(arr))
+            # (np.ascontiguousarray would turn a 0-d scalar into shape [1])
+            self._add_tensor(o, dtype, list(arr.shape), "Const", np.ascontiguousarray(arr).reshape(arr.shape))
 
     # -- 5 --------------------------------------------------------------------------------
     def _validate_anchors(self):
