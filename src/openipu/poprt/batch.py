@@ -20,6 +20,10 @@ into constants instead. :func:`set_batch_size` follows the batch through such a 
      dimension equals the old batch-carrying one is resized along it: slices that are all
      equal are repeated, slices in arithmetic progression (``arange``-built batch indices) are
      continued; anything else holds per-sample data, which cannot be extended (error);
+   - ``Concat``: a constant operand (a class token expanded to the batch ...) is resized the
+     same way along the dimensions where the other operands' batch changed;
+   - ``GatherElements`` of a constant (a buffer expanded to the batch) with batch-carrying
+     indices: the constant is resized along the indices' batch dimension;
    - ``Gather`` / ``GatherND`` with constant indices into a batch-carrying axis (the batch
      indices of an ``index_put`` / vmap-style mask): the indices are continued along their
      batch axis with the batch's stride;
@@ -232,8 +236,12 @@ class _Walker:
             self._expand(node, old, new, old_outs[0].shape, new_env)
         elif op in _BROADCAST_OPS and old_outs and old_outs[0] is not None:
             self._elementwise(node, old, new, old_outs[0].shape, new_env)
+        elif op == "Concat":
+            self._concat(node, old, new, new_env)
         elif op in ("Gather", "GatherND") and new[1].const and not new[0].const:
             self._gather(node, old, new, new_env)
+        elif op == "GatherElements" and new[0].const and not new[1].const:
+            self._gather_elements_data(node, old, new, new_env)
         elif op == "Slice" and len(node.input) > 2 and not new[0].const:
             self._slice(node, old, new, new_env)
 
@@ -292,6 +300,31 @@ class _Walker:
             if val is not None:
                 env[node.input[i]] = self._const_input(node, i, val, "operand")
 
+    def _concat(self, node, old, new, env):
+        live = [k for k, n in enumerate(new) if n is not None and not n.const]
+        rank = len(new[live[0]].shape)
+        axis = _attr(node, "axis", 0) % rank
+        for i, (o, n) in enumerate(zip(old, new)):
+            if n is None or not n.const or len(n.shape) != rank:
+                continue
+            val = None
+            for j in range(rank):
+                want = {new[k].shape[j] for k in live}
+                had = {old[k].shape[j] for k in live}
+                if j == axis or len(want) != 1 or want == had or n.shape[j] not in had:
+                    continue
+                if val is None:
+                    val = n.value(RESIZE_LIMIT)
+                    if val is None:
+                        self._per_sample(node, node.input[i], "it is too large to resize")
+                        return
+                val = _resize(val, j, n.shape[j], want.pop(), self.B0, None)
+                if val is None:
+                    self._per_sample(node, node.input[i])
+                    return
+            if val is not None:
+                env[node.input[i]] = self._const_input(node, i, val, "operand")
+
     def _gather(self, node, old, new, env):
         in0, in1 = old[0].shape, new[0].shape
         idx = new[1].value(RESIZE_LIMIT)
@@ -324,6 +357,27 @@ class _Walker:
             self._per_sample(node, node.input[1])
             return
         env[node.input[1]] = self._const_input(node, 1, new_idx, "indices")
+
+    def _gather_elements_data(self, node, old, new, env):
+        i0, i1, data = old[1].shape, new[1].shape, new[0]
+        if len(i0) != len(data.shape):
+            return
+        axis = _attr(node, "axis", 0) % len(i0)
+        val = None
+        for j in range(len(i0)):
+            if j == axis or i0[j] == i1[j] or data.shape[j] != i0[j]:
+                continue
+            if val is None:
+                val = data.value(RESIZE_LIMIT)
+                if val is None:
+                    self._per_sample(node, node.input[0], "it is too large to resize")
+                    return
+            val = _resize(val, j, i0[j], i1[j], self.B0, None)
+            if val is None:
+                self._per_sample(node, node.input[0])
+                return
+        if val is not None:
+            env[node.input[0]] = self._const_input(node, 0, val, "data")
 
     def _slice(self, node, old, new, env):
         in0, in1 = old[0].shape, new[0].shape
