@@ -18,8 +18,9 @@ into constants instead. :func:`set_batch_size` follows the batch through such a 
    - ``Expand``: output dimensions whose input dimension changed follow it;
    - broadcasting elementwise ops (``Add``, ``Mul``, ``Where`` ...): a constant operand whose
      dimension equals the old batch-carrying one is resized along it: slices that are all
-     equal are repeated, slices in arithmetic progression (``arange``-built batch indices) are
-     continued; anything else holds per-sample data, which cannot be extended (error);
+     equal are repeated, integer slices in arithmetic progression (``arange``-built batch
+     indices) are continued; anything else holds per-sample data, which cannot be extended
+     (error);
    - ``Concat``: a constant operand (a class token expanded to the batch ...) is resized the
      same way along the dimensions where the other operands' batch changed;
    - ``GatherElements`` of a constant (a buffer expanded to the batch) with batch-carrying
@@ -485,12 +486,15 @@ def _batch_axis(shape, b0):
 
 def _continue(a: np.ndarray, axis: int, b0: int, b: int, step: np.ndarray | None):
     """``a`` (``b0`` slices along ``axis``) continued to ``b`` slices: equal slices repeat,
-    slices in arithmetic progression go on (``step`` is the known stride per sample, required
-    when ``b0`` is 1). ``None`` if the slices are neither."""
+    integer slices in arithmetic progression (indices built from an ``arange`` over the batch)
+    go on; ``step`` is the stride per sample when ``b0`` is 1. ``None`` if the slices are
+    neither."""
     a = np.asarray(a)
     first = np.take(a, [0], axis=axis)
     if b0 > 1:
         d = np.take(a, [1], axis=axis) - first
+        if a.dtype.kind not in "iu" and np.any(d):
+            return None                  # float slices that differ: per-sample data
         i = np.arange(b0).reshape([-1 if k == axis else 1 for k in range(a.ndim)])
         if not np.array_equal(first + i * d, a):
             return None
