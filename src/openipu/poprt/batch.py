@@ -105,6 +105,7 @@ class _Walker:
     # -- evaluation of one node in one environment ------------------------------------------
     def eval(self, node, env) -> list | None:
         from openipu.popart.graphcore_ops import find_kernel
+        from openipu.popart.onnx_ops._reference import to_numpy
         from openipu.popart.shapes import call_kernel, decode_attrs, to_torch
 
         domain = "" if node.domain in ("", "ai.onnx") else node.domain
@@ -138,7 +139,6 @@ class _Walker:
                     outs = call_kernel(kernel, [None if v is None else to_torch(v) for v in vals], attrs, opset)
                 res = []
                 for o in outs:
-                    from openipu.popart.onnx_ops._reference import to_numpy
                     a = to_numpy(o)
                     res.append(_T(onnx.helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape), True,
                                   a if a.size <= VALUE_LIMIT else None))
