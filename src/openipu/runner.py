@@ -62,50 +62,65 @@ def model_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 def set_batch_size(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
     """A copy of ``model`` whose run-time inputs have ``batch`` as their first dimension.
 
-    Output and intermediate shapes are cleared so shape inference recomputes them. A ``Reshape``
-    whose constant target shape starts with the old batch size, applied to a tensor whose first
-    dimension is that batch (by ONNX shape inference on the original model), gets 0 there ("copy
-    this dimension", ONNX semantics) so it follows the new batch. Other hard-coded shapes are left
-    alone and fail to import, as they would in PopART.
+    Output and intermediate shapes are cleared so shape inference recomputes them. A model
+    exported for a fixed batch has it baked into constants (``Reshape`` / ``Expand`` shapes, batch
+    indices of attention masks ...): those are rewritten for the new batch by PopRT's batch-size
+    pass, :func:`openipu.poprt.set_batch_size` (see :mod:`openipu.poprt.batch`).
+
+    Raises ``ValueError`` naming the node when the model cannot follow the new batch.
     """
+    from openipu.poprt import set_batch_size as poprt_set_batch_size
+    return poprt_set_batch_size(model, batch)
+
+
+def _dim_text(vi) -> str:
+    return "[" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?")
+                           for d in vi.type.tensor_type.shape.dim) + "]"
+
+
+def fix_input_shapes(model: onnx.ModelProto, inputs: dict | None = None) -> onnx.ModelProto:
+    """``model`` with every run-time input statically shaped, as PopART needs it.
+
+    An input with symbolic or unknown dimensions takes them from the array given for it in
+    ``inputs`` (its known dimensions must agree). Otherwise it is a ``ValueError`` that says how to
+    give them: ``--batch-size`` (``batch_size=``) for a symbolic first dimension, ``--input`` for
+    the others. A model whose inputs are all static is returned as it is.
+    """
+    todo = [vi for vi in model_inputs(model) if vi.type.HasField("tensor_type") and (
+        not vi.type.tensor_type.HasField("shape")
+        or any(not d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim))]
+    if not todo:
+        return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    old = None
-    for vi in model_inputs(out):
-        dims = vi.type.tensor_type.shape.dim
-        if len(dims):
-            old = dims[0].dim_value if dims[0].HasField("dim_value") else old
-            dims[0].Clear()
-            dims[0].dim_value = int(batch)
-    for vi in out.graph.output:
-        dims = vi.type.tensor_type.shape.dim
-        if len(dims):
-            dims[0].Clear()
-            dims[0].dim_param = "batch"
-    if old and old != batch:
-        _follow_batch_in_reshapes(model, out, old)
-    del out.graph.value_info[:]
-    return out
-
-
-def _follow_batch_in_reshapes(original: onnx.ModelProto, out: onnx.ModelProto, old: int) -> None:
-    from onnx import numpy_helper
-    try:
-        inferred = onnx.shape_inference.infer_shapes(original)
-    except Exception:  # noqa: BLE001 - without shapes, leave the reshapes alone
-        return
-    first = {vi.name: vi.type.tensor_type.shape.dim[0].dim_value
-             for vi in list(inferred.graph.value_info) + list(inferred.graph.input)
-             if vi.type.tensor_type.shape.dim and vi.type.tensor_type.shape.dim[0].HasField("dim_value")}
-    inits = {t.name: t for t in out.graph.initializer}
-    for n in out.graph.node:
-        if n.op_type != "Reshape" or len(n.input) < 2 or n.input[1] not in inits or first.get(n.input[0]) != old:
+    by_name = {vi.name: vi for vi in out.graph.input}
+    for vi in todo:
+        arr = (inputs or {}).get(vi.name)
+        tt = by_name[vi.name].type.tensor_type
+        if arr is not None:
+            arr = np.asarray(arr)
+            dims = tt.shape.dim
+            if tt.HasField("shape") and (len(dims) != arr.ndim or any(
+                    d.HasField("dim_value") and d.dim_value != n for d, n in zip(dims, arr.shape))):
+                raise ValueError(f"input '{vi.name}' has shape {list(arr.shape)}; the model wants {_dim_text(vi)}")
+            tt.ClearField("shape")
+            for n in arr.shape:
+                tt.shape.dim.add().dim_value = int(n)
             continue
-        t = inits[n.input[1]]
-        shape = numpy_helper.to_array(t).copy()
-        if shape.ndim == 1 and shape.size and shape[0] == old:
-            shape[0] = 0
-            t.CopyFrom(numpy_helper.from_array(shape, t.name))
+        if not tt.HasField("shape"):
+            raise ValueError(f"input '{vi.name}' has no shape in the model. Give it with --input FILE.npz (an array "
+                             "named after the input), from which its shape is taken")
+        dims = list(tt.shape.dim)
+        first = dims[0] if dims else None
+        if first is not None and not first.HasField("dim_value"):
+            raise ValueError(f"input '{vi.name}' has shape {_dim_text(vi)}, whose first (batch) dimension "
+                             f"'{first.dim_param or '?'}' is symbolic. Give the batch size with --batch-size N "
+                             "(batch_size=N)" + (", and the other symbolic dimensions through --input FILE.npz"
+                                                 if any(not d.HasField("dim_value") for d in dims[1:]) else ""))
+        raise ValueError(f"input '{vi.name}' has shape {_dim_text(vi)}, with symbolic dimensions that --batch-size "
+                         "(which sets the first dimension) does not fix. Give the input with --input FILE.npz (an "
+                         "array named after the input), from which its shape is taken")
+    return out
 
 
 def _dims(vi) -> list[int]:
@@ -244,6 +259,7 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
                              "was written completely, and that weights stored beside it are there") from None
     if batch_size is not None:
         proto = set_batch_size(proto, batch_size)
+    proto = fix_input_shapes(proto, inputs)
     if precision == "fp16":
         from openipu.poprt import convert_float_to_half
         proto = convert_float_to_half(proto)

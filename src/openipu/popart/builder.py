@@ -116,7 +116,7 @@ def _to_attr_value(name, value, attr_type=None):
     if isinstance(value, (list, tuple)) and len(value) == 0:
         return None
     if isinstance(value, np.ndarray):
-        return numpy_helper.from_array(np.ascontiguousarray(value), name)
+        return numpy_helper.from_array(np.ascontiguousarray(value).reshape(value.shape), name)
     if isinstance(value, (np.integer, bool)):
         return int(value)
     if isinstance(value, np.floating):
@@ -196,7 +196,7 @@ def _make_onnx_method(schema):
             value = v["value"]
             if not isinstance(value, np.ndarray):
                 value = np.asarray(value)
-            at = {"value": numpy_helper.from_array(np.ascontiguousarray(value), "value")}
+            at = {"value": numpy_helper.from_array(np.ascontiguousarray(value).reshape(value.shape), "value")}
             return self._builder._op(op, "", self._version, [], 1, at, v["debugContext"])[0]
         at = {}
         for n in attr_names:
@@ -500,7 +500,8 @@ class Builder:
         (``init_input``, ``init_input/1`` ... or the prefix given)."""
         if isinstance(variableSettings, str):
             variableSettings, debugContext = None, variableSettings
-        arr = np.ascontiguousarray(np.asarray(initVal))
+        arr = np.asarray(initVal)
+        arr = np.ascontiguousarray(arr).reshape(arr.shape)      # (keeps 0-d scalars 0-d)
         name = dtype_name(arr.dtype)
         if name in ("DOUBLE", "UINT64", "STRING", "COMPLEX64", "COMPLEX128"):
             raise popart_exception(f"Unsupported data type for initialized data ({TensorInfo(arr)})")

@@ -12,7 +12,14 @@ Steps, in the session constructor as in PopART:
    ``Size`` of statically shaped tensors. Other nodes become ops; their output shapes come from
    ONNX inference or, where it has none, from running the kernel on zeros;
 5. check anchors ("Anchor tensor `x' not in Ir Tensors."), prune ops no anchor needs;
-6. virtual graphs (``VirtualGraphMode.Manual``: all ops or none annotated).
+6. virtual graphs (``VirtualGraphMode.Manual``: all ops or none annotated);
+7. INT64 / UINT64 constants that ops read on the device are stored as 32-bit there
+   (``enableSupportedDataTypeCasting``): values outside the 32-bit range (``Slice``'s "to the
+   end" INT64_MAX, ...) are clamped to it, rather than wrapping to -1 as a plain cast would;
+8. every op lowered by its host kernel (the generic lowering) is checked: the kernel, run on
+   zeros (small inputs) or shape-only ``meta`` tensors with the constant inputs as the device
+   holds them, must make outputs of the IR's shapes. A disagreement (a kernel or shape-inference bug) is a PopART error
+   naming the op, raised at import instead of a failed write when the model runs.
 
 An op no kernel and no lowering can run raises PopART's "No class for ai.onnx.X:0"; so do
 NonZero / Unique when their output shape changes with their (non-constant) input values, and any
@@ -43,8 +50,8 @@ from openipu.popart.errors import popart_exception
 from openipu.popart.graphcore_ops import find_kernel
 from openipu.popart.log import log
 from openipu.popart.options import VirtualGraphMode
-from openipu.popart.shapes import (NAME_OF_TORCH, annotations, call_kernel, decode_attrs, is_static, probe,
-                                  subgraph_free_names, to_torch, value_info_of)
+from openipu.popart.shapes import (KERNEL_TORCH_OF, NAME_OF_TORCH, annotations, call_kernel, decode_attrs, is_static,
+                                  probe, subgraph_free_names, to_torch, value_info_of, zeros)
 from openipu.popart.tensorinfo import NUMPY_OF, TensorInfo, dtype_name
 
 #: ops whose output shapes depend on input values (PopART has no class for them): always probed
@@ -53,6 +60,60 @@ VALUE_SHAPED = {"NonZero", "Unique"}
 #: ops never folded on the host (random results differ per run)
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
            "Dropout", "PrintTensor"}
+
+#: ops whose INT64 constant inputs are indices, bounds or counts, for which clamping to the 32-bit
+#: range of their device tensor keeps the meaning (Slice's INT64_MAX "to the end" ...)
+INDEX_INPUT_OPS = {"Slice", "Range", "Clip", "Pad", "Trilu", "TopK", "OneHot", "CumSum", "Expand", "Reshape", "Tile",
+                   "ConstantOfShape", "Resize", "Split", "Squeeze", "Unsqueeze", "ReduceSum", "ReduceMean",
+                   "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
+                   "ReduceLogSumExp", "ReduceSumSquare", "Gather", "GatherElements", "GatherND", "ScatterND",
+                   "ScatterElements", "Scatter"}
+#: ops whose inputs have up to this many elements are checked on real zeros (which torch checks
+#: more strictly); larger ones on shape-only (``meta``) tensors
+PROBE_ELEMENTS_LIMIT = 1 << 20
+
+
+def _kernel_output_shapes(kernel, op, ins, device_value) -> list | None:
+    """Output shapes of ``kernel`` for ``op``'s inputs (IR tensors or None), constants given as
+    ``device_value(t)``: run on zeros when the inputs are small, else (or if that fails) on
+    ``meta`` tensors (constants as values, then as meta tensors too). ``None`` when the kernel
+    cannot be run this way."""
+    attrs = {k: v for k, v in op.attrs.items() if k != "__node__"}   # plain kernel errors here
+
+    def run(const_as_values: bool, device: str, fill: str = "zeros"):
+        vals = []
+        for t in ins:
+            if t is None:
+                vals.append(None)
+            elif t.kind == "Const" and const_as_values:
+                vals.append(device_value(t))
+            elif device == "meta":
+                dt = KERNEL_TORCH_OF.get(t.info.data_type(), torch.float32)
+                vals.append(torch.empty(t.info.shape(), dtype=dt, device="meta"))
+            else:
+                vals.append(zeros(t.info.data_type(), t.info.shape(), fill))
+        with torch.no_grad():
+            outs = call_kernel(kernel, vals, attrs, op.opset)
+        if not all(isinstance(o, torch.Tensor) for o in outs):
+            raise TypeError("sequence outputs")
+        return [list(o.shape) for o in outs]
+
+    if sum(t.info.nelms() for t in ins if t is not None and t.kind != "Const") <= PROBE_ELEMENTS_LIMIT:
+        try:
+            first = run(True, "cpu")
+            # an output shape that follows the values of non-constant inputs (a Reshape by a
+            # computed shape ...) is the run's to check, not this one's
+            if any(t is not None and t.kind != "Const" for t in ins) and run(True, "cpu", "arange") != first:
+                return None
+            return first
+        except Exception:  # noqa: BLE001 - zeros may be refused (as indices, shapes ...): try meta
+            pass
+    for const_as_values in (True, False):
+        try:
+            return run(const_as_values, "meta")
+        except Exception:  # noqa: BLE001 - kernels that read values cannot run shape-only
+            pass
+    return None
 
 
 @dataclass(eq=False)
@@ -120,6 +181,7 @@ class Ir:
         self._validate_anchors()
         self._prune()
         self._virtual_graphs()
+        self._narrow_int64_constants()
         for op in self.ops:
             op.lowering = "precise" if lowering.precise_lowering(op, self) is not None else "generic"
             if op.lowering == "generic" and find_kernel(op.domain, op.op_type) is None:
@@ -127,6 +189,7 @@ class Ir:
                 raise popart_exception(f"No class for {op.domain or 'ai.onnx'}.{op.op_type}:0. openipu lowers "
                                        f"{op.op_type} only for some element types (not {types}) and has no host "
                                        "kernel for it")
+        self._check_kernel_shapes()
 
     # -- 1-3 ------------------------------------------------------------------------------
     def _check_model(self):
@@ -284,6 +347,7 @@ class Ir:
                     "but PopART needs static shapes. Make those inputs constants (initializers)")
             out_infos = [i if (i is not None and is_static(i[1]) and i[0] != "UNDEFINED") else p
                          for i, p in zip(out_infos, probed)]
+        attrs["__node__"] = node.name or f"{node.op_type}_{idx}"   # kernel failures name the op (shapes.call_kernel)
         for o, info in zip(node.output, out_infos):
             if o:
                 t = self._add_tensor(o, info[0], info[1], "ActGrad", producer=op)
@@ -292,6 +356,51 @@ class Ir:
             if t is not None:
                 t.consumers.append(op)
         self.ops.append(op)
+
+    # -- 7-8 ------------------------------------------------------------------------------
+    def _device_value(self, t: IrTensor) -> torch.Tensor:
+        """A Const tensor's value as an op reads it on the device (INT64 / UINT64 held as 32 bit
+        when ``enableSupportedDataTypeCasting``), in the dtype kernels take."""
+        v = to_torch(t.value)
+        if t.info.data_type() in ("INT64", "UINT64") and self.options.enableSupportedDataTypeCasting:
+            v = v.to(torch.int32).to(v.dtype)
+        return v
+
+    def _narrow_int64_constants(self):
+        if not self.options.enableSupportedDataTypeCasting:
+            return
+        lo, hi = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+        for t in self.tensors.values():
+            if (t.kind != "Const" or t.value is None or t.info.data_type() not in ("INT64", "UINT64")
+                    or not t.consumers or not t.value.size):
+                continue
+            if t.value.min() < lo or t.value.max() > hi:
+                users = ", ".join(sorted({f"{c.op_type} '{c.name}'" for c in t.consumers}))
+                index_like = all(c.op_type in INDEX_INPUT_OPS for c in t.consumers)
+                (log("ir").debug if index_like else log("ir").warning)(
+                    "INT64 constant '%s' (read by %s) has values outside the 32-bit range of its device tensor; "
+                    "they are clamped to it (enableSupportedDataTypeCasting)", t.id, users)
+                t.value = np.clip(t.value, lo, hi).astype(t.value.dtype)
+
+    def _check_kernel_shapes(self):
+        for op in self.ops:
+            if op.lowering != "generic":
+                continue
+            kernel = find_kernel(op.domain, op.op_type)
+            ins = [self.tensors[x] if x else None for x in op.inputs]
+            want = [self.tensors[o].info.shape() for o in op.outputs if o]
+            got = _kernel_output_shapes(kernel, op, ins, self._device_value)
+            if got is None:
+                continue
+            got = [g for g, o in zip(got, op.outputs) if o]
+            if got != want:
+                raise popart_exception(
+                    f"Op {op.opid} '{op.name}' ({op.op_type}): its host kernel, given its inputs as the device holds "
+                    f"them, makes outputs of shape(s) "
+                    f"{', '.join(str(g) for g in got)} from inputs of shape(s) "
+                    f"{', '.join(str(t.info.shape()) if t is not None else '-' for t in ins)}, but the IR (ONNX shape "
+                    f"inference) gives {', '.join(str(w) for w in want)}. This is an openipu bug in the {op.op_type} "
+                    "kernel, its shape inference or its lowering; please report it with the model")
 
     @staticmethod
     def _constant_value(attrs):
@@ -317,7 +426,8 @@ class Ir:
             arr = v.cpu().numpy()
             if dtype in NUMPY_OF:
                 arr = arr.astype(NUMPY_OF[dtype])
-            self._add_tensor(o, dtype, list(arr.shape), "Const", np.ascontiguousarray(arr))
+            # (np.ascontiguousarray would turn a 0-d scalar into shape [1])
+            self._add_tensor(o, dtype, list(arr.shape), "Const", np.ascontiguousarray(arr).reshape(arr.shape))
 
     # -- 5 --------------------------------------------------------------------------------
     def _validate_anchors(self):

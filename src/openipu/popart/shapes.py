@@ -10,6 +10,7 @@ import onnx
 import torch
 
 from openipu.popart.onnx_ops._reference import decode_attributes, to_torch  # noqa: F401 - re-exported
+from openipu.popart.errors import popart_exception
 from openipu.popart.tensorinfo import NAME_OF_ONNX, TORCH_OF
 
 NAME_OF_TORCH = {torch.float32: "FLOAT", torch.float16: "FLOAT16", torch.int32: "INT32", torch.int64: "INT64",
@@ -79,13 +80,28 @@ def subgraph_free_names(node: onnx.NodeProto) -> list[str]:
 
 def call_kernel(kernel, inputs: list, attrs: dict, opset: int) -> list:
     """Run ``kernel``; for a node with subgraphs, the trailing ``attrs["__outer_names__"]``
-    inputs are the enclosing-scope tensors the subgraphs use, passed as ``attrs["__outer__"]``."""
+    inputs are the enclosing-scope tensors the subgraphs use, passed as ``attrs["__outer__"]``.
+
+    For an op of the IR (its attributes carry ``attrs["__node__"]``, the node's name), a kernel
+    failure is a ``popart_exception`` naming the op, not a bare torch error."""
     names = attrs.get("__outer_names__")
     if names:
         n = len(inputs) - len(names)
         attrs = {**attrs, "__outer__": {**attrs.get("__outer__", {}), **dict(zip(names, inputs[n:]))}}
         inputs = inputs[:n]
-    return kernel.fn(inputs, attrs, opset)
+    node = attrs.get("__node__")
+    if node is None:
+        return kernel.fn(inputs, attrs, opset)
+    try:
+        return kernel.fn(inputs, attrs, opset)
+    except popart_exception:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch / kernel errors become PopART's, naming the op
+        shapes = ", ".join("-" if x is None else str(list(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
+                           for x in inputs)
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise popart_exception(f"Op {kernel.domain or 'ai.onnx'}.{kernel.op_type} '{node}' failed in its host kernel "
+                               f"on inputs of shape(s) {shapes}: {msg}") from e
 
 
 def probe(kernel, in_infos, attrs: dict, opset: int, const_values=None, fill: str = "zeros"):
