@@ -561,6 +561,9 @@ def set_batch_size(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
     w = _Walker(model, old, batch)
     w.run(out)
     out.graph.initializer.extend(w.new_inits)
+    if out.ir_version < 4:      # IR version 3 wants every initializer listed as a graph input too
+        out.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                               for t in w.new_inits)
     if w.errors:
         raise ValueError(f"the model was exported for a batch of {old}, which it hard-codes, and openipu cannot "
                          f"change it to {batch}: {w.errors[0]}"
