@@ -239,6 +239,34 @@ def test_weights_io_round_trip(tmp_path):
     np.testing.assert_array_equal(saved[wid], w2)
 
 
+
+@pytest.mark.parametrize("constant", [True, False])
+def test_large_weights_held_once_outside_the_proto(tmp_path, constant):
+    """A weight of WEIGHT_BYTES or more is read out of a proto the session parsed (its raw_data
+    cleared), still checked and shape-inferred, run in fp16, and written back by modelToHost."""
+    from openipu.popart.ir import WEIGHT_BYTES
+    rng = np.random.default_rng(0)
+    n = WEIGHT_BYTES // 2 // 64          # fp16
+    w = rng.standard_normal((64, n)).astype(np.float32)
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT16", [2, 64]))
+    wid = b.addInitializedInputTensor(w.astype(np.float16))
+    o = b.aiOnnx.matmul([x, wid])                     # its shape inferred from the weight's dims only
+    opts = popart.SessionOptions()
+    opts.constantWeights = constant
+    s = _session(b.getModelProto(), {o: popart.AnchorReturnType("ALL")}, opts=opts)
+    init = next(i for i in s._ir.model.graph.initializer if i.name == wid)
+    assert len(init.raw_data) == 0 and s._ir.weights[wid].shape == (64, n)
+    anchors = s.initAnchorArrays()
+    xv = rng.standard_normal((2, 64)).astype(np.float16)
+    s.run(popart.PyStepIO({x: xv}, anchors))
+    ref = xv.astype(np.float32) @ w.astype(np.float16).astype(np.float32)
+    np.testing.assert_allclose(anchors[o].astype(np.float32), ref, rtol=1e-2, atol=1e-1)
+    path = str(tmp_path / "model.onnx")
+    s.modelToHost(path)
+    saved = {i.name: onnx.numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
+    np.testing.assert_array_equal(saved[wid], w.astype(np.float16))
+
 def test_constant_weights_fold_and_write_error():
     w = np.ones((3, 2), np.float32)
     b = popart.Builder()

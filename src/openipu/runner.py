@@ -297,16 +297,19 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     outputs = [o.name for o in proto.graph.output]
     flow = popart.DataFlow(batches_per_step, {o: popart.AnchorReturnType("ALL") for o in outputs})
 
+    num_nodes = len(proto.graph.node)
     t0 = time.perf_counter()
-    session = popart.InferenceSession(fnModel=proto.SerializeToString(), dataFlow=flow, deviceInfo=device,
-                                      userOptions=opts)
-    session.prepareDevice()
+    # the session parses its own copy and keeps the weights once, as arrays: drop ours
+    data, proto = proto.SerializeToString(), None
+    session = popart.InferenceSession(fnModel=data, dataFlow=flow, deviceInfo=device, userOptions=opts)
+    del data
+    session.prepareDevice(loadEngine=False)     # host buffers are allocated by the run, if it fits
     host_compile = time.perf_counter() - t0
     engine = session._engine
     spec = engine._spec
     mem = engine.memory
     res = ModelRun(str(path), ipu, spec.num_ipus, spec.tiles_per_ipu, spec.bytes_per_tile, spec.clock_hz,
-                   batch, batches_per_step, precision, len(proto.graph.node),
+                   batch, batches_per_step, precision, num_nodes,
                    host_compile_seconds=host_compile, report_dir=report_dir, offline=offline)
     res.num_elements = int(sum(v.numel for v in engine.graph._state.variables))
     res.tile_bytes_max = int(mem.total.max()) if mem.total.size else 0

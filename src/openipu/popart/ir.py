@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import google.protobuf.message
 import numpy as np
 import onnx
 import torch
@@ -154,6 +155,52 @@ class IrOp:
         return f"IrOp({self.id}, {self.op_type}, {self.inputs} -> {self.outputs}, {self.lowering})"
 
 
+#: initializers of at least this many bytes are held as numpy arrays, outside the ModelProto
+WEIGHT_BYTES = 1 << 16
+
+
+def _take_weights(model: onnx.ModelProto, owned: bool) -> dict:
+    """The large top-level initializers of ``model`` as numpy arrays (one host copy of each
+    weight). When the IR parsed the proto itself (``owned``), their ``raw_data`` is cleared so the
+    weights are not held twice; a ModelProto the caller passed is left as it was."""
+    out = {}
+    for init in model.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL or len(init.raw_data) < WEIGHT_BYTES:
+            continue
+        out[init.name] = numpy_helper.to_array(init)
+        if owned:
+            init.ClearField("raw_data")
+    return out
+
+
+def _skeleton(model: onnx.ModelProto, weights: dict) -> onnx.ModelProto:
+    """A copy of ``model`` for ``onnx.checker`` and shape inference without the large weights:
+    each becomes a graph input of its type and shape (the checker serialises the whole model, and
+    refuses one over 2 GB; shape inference only needs their shapes)."""
+    m, g = onnx.ModelProto(), model.graph
+    _copy_fields(m, model, skip="graph")
+    _copy_fields(m.graph, g, skip="initializer")
+    m.graph.initializer.extend(i for i in g.initializer if i.name not in weights)
+    listed = {vi.name for vi in g.input}
+    for init in g.initializer:
+        if init.name in weights and init.name not in listed:
+            m.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    return m
+
+
+def _copy_fields(dst, src, skip: str) -> None:
+    """Copy every set field of protobuf message ``src`` into ``dst`` except ``skip``."""
+    for fd, value in src.ListFields():
+        if fd.name == skip:
+            continue
+        if isinstance(value, google.protobuf.message.Message):
+            getattr(dst, fd.name).CopyFrom(value)
+        elif not isinstance(value, (str, bytes, int, float)):     # a repeated field
+            getattr(dst, fd.name).extend(value)
+        else:
+            setattr(dst, fd.name, value)
+
+
 class Ir:
     """Build the IR of ``model`` (bytes, path or ModelProto) for inference.
 
@@ -164,6 +211,8 @@ class Ir:
 
     def __init__(self, model, data_flow, input_shape_info, options, num_vgraphs: int = 1):
         self.model = _load_model(model)
+        # the weights: read out of the proto once; a proto parsed here gives up its copy
+        self.weights = _take_weights(self.model, owned=self.model is not model)
         self.data_flow = data_flow
         self.options = options
         self.num_vgraphs = num_vgraphs
@@ -196,7 +245,7 @@ class Ir:
         if "" not in self.opsets:
             self.opsets[""] = 10
         try:
-            onnx.checker.check_model(self.model)
+            onnx.checker.check_model(_skeleton(self.model, self.weights))
         except onnx.checker.ValidationError as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else "invalid model"
             raise popart_exception(f"The ONNX model is not valid (onnx.checker): {first}. Check the exporter that "
@@ -225,7 +274,7 @@ class Ir:
 
     def _infer(self) -> dict:
         try:
-            m = onnx.shape_inference.infer_shapes(self.model, data_prop=True)
+            m = onnx.shape_inference.infer_shapes(_skeleton(self.model, self.weights), data_prop=True)
         except Exception as e:
             log("ir").warning("ONNX shape inference failed (%s); shapes come from the kernels", e)
             m = self.model
@@ -246,10 +295,10 @@ class Ir:
         g = self.model.graph
         const_weights = bool(self.options.constantWeights)
         for init in g.initializer:
-            arr = numpy_helper.to_array(init)
+            arr = self.weights[init.name] if init.name in self.weights else np.array(numpy_helper.to_array(init))
             self.onnx_tensor_ids.add(init.name)
             self._add_tensor(init.name, dtype_name(init.data_type), arr.shape,
-                             "Const" if const_weights else "Variable", np.array(arr))
+                             "Const" if const_weights else "Variable", arr)
         for vi in g.input:
             self.onnx_tensor_ids.add(vi.name)
             if vi.name in self.tensors:

@@ -74,7 +74,7 @@ class _SessionBase:
         self._ir = Ir(fnModel, dataFlow, inputShapeInfo, o, self._num_vgraphs)
         self._engine = None
         self._lowered = None
-        self._host_weights = {tid: np.ascontiguousarray(self._ir.tensors[tid].value) for tid in self._ir.variables()}
+        self._host_weights = {tid: np.require(self._ir.tensors[tid].value, requirements=["C", "W"]) for tid in self._ir.variables()}
         self._warned_int64 = False
         self._last_run = False
 
@@ -431,6 +431,8 @@ class _SessionBase:
         for init in m.graph.initializer:
             if init.name in self._host_weights:
                 init.CopyFrom(numpy_helper.from_array(self._host_weights[init.name], init.name))
+            elif init.name in self._ir.weights:     # a weight the IR took out of its proto
+                init.CopyFrom(numpy_helper.from_array(np.asarray(self._ir.weights[init.name]), init.name))
         onnx.save(m, fn)
 
     def resetHostWeights(self, modelProtoOrFilename, ignoreWeightsInModelWithoutCorrespondingHostWeight=False):  # noqa: N802,N803

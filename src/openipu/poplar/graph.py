@@ -392,6 +392,18 @@ def _tile_count(target) -> int:
     return target.getNumTiles()
 
 
+
+def _storage_values(t, arr: np.ndarray) -> torch.Tensor:
+    """``arr`` flattened into a new tensor of type ``t``'s storage dtype. Floats convert in one
+    step (float16 / float32 / float64 values are exact in float64, so this rounds as a trip through
+    float64 would, without a float64 copy of the weights); integers wrap to ``t``'s range."""
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    if t.is_float and flat.dtype.kind == "f":
+        if t.torch_dtype in (torch.float16, torch.float32):
+            return torch.from_numpy(flat.astype(t.numpy_dtype))    # a new array, rounded to nearest even
+        return torch.from_numpy(flat.astype(np.float64)).to(t.torch_dtype)
+    return t.wrap(torch.as_tensor(flat.astype(np.float64 if t.is_float else np.int64)))
+
 class Graph:
     """``poplar::Graph(target, replication_factor=1)``.
 
@@ -528,12 +540,7 @@ class Graph:
         elif arr.size != numel:
             raise errors.graph_object_creation_error(
                 f"Constant '{name}' of shape {shape} needs {numel} values, got {arr.size}")
-        if t.is_float and (arr.dtype, t.torch_dtype) in ((np.float32, torch.float32), (np.float16, torch.float16)):
-            # already the storage dtype: one copy, no round trip through float64
-            init = torch.from_numpy(np.array(arr, copy=True, order="C").reshape(-1))
-        else:
-            init = t.wrap(torch.as_tensor(np.ascontiguousarray(arr).reshape(-1).astype(np.float64 if t.is_float else np.int64)))
-        return self._new_variable(t, shape, name, constant=True, init=init)
+        return self._new_variable(t, shape, name, constant=True, init=_storage_values(t, arr))
 
     def addConstantHalf(self, type_, shape, values, name: str = "") -> Tensor:  # noqa: N802
         return self.addConstant(type_, shape, np.asarray(values, np.float32), name)
@@ -574,8 +581,7 @@ class Graph:
             raise errors.graph_object_creation_error(
                 f"setInitialValue: tensor has {t.numElements()} elements, got {arr.size} values")
         self._state.initial_values = getattr(self._state, "initial_values", [])
-        self._state.initial_values.append((t, torch.as_tensor(np.ascontiguousarray(arr).reshape(-1).astype(
-            np.float64 if t.elementType().is_float else np.int64))))
+        self._state.initial_values.append((t, _storage_values(t.elementType(), arr)))
 
     # -- tile mapping ---------------------------------------------------------------------
     def setTileMapping(self, target, mapping) -> None:  # noqa: N802
