@@ -180,6 +180,26 @@ def test_tile_boxes_partition_the_view_by_tile(shape, data):
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.integers(1, 5), min_size=1, max_size=3), st.data())
+def test_tile_counts_match_per_element_tiles(shape, data):
+    """Both paths of tile_counts (consecutive-address ranges, tile boxes) count as the per-element
+    tiles do; a second variable, partly unmapped, sits beside the first in the space."""
+    g = _graph()
+    v = g.addVariable(poplar.FLOAT, shape, "v")
+    w = g.addVariable(poplar.FLOAT, shape, "w")
+    n = v.numElements()
+    g.setTileMapping(v, np.array(data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))))
+    g.setTileMapping(w.reshape([n]).slice(0, max(1, n // 2)), 2)
+    ops, _ = _view_chain(data, shape)
+    k = data.draw(st.integers(0, shape[0]))     # rows [0, k) from v, the rest from w
+    t = v if k == shape[0] else w if k == 0 else poplar.concat([v.slice(0, k, 0), w.slice(k, shape[0], 0)], 0)
+    for op in ops:
+        t = op(t)
+    tiles = g.tile_of_elements(t)
+    want = np.bincount(tiles[tiles >= 0], minlength=4).astype(np.float64)
+    np.testing.assert_array_equal(X.tile_counts(t, 4), want)
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=3), st.data())
 def test_region_exchange_matches_per_element_model(shape, data):
     g = _graph()
     g.addVariable(poplar.FLOAT, [5], "pad")

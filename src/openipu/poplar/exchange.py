@@ -179,10 +179,15 @@ def tile_boxes(t) -> Boxes:
     los, szs, tiles = [], [], []
     # range_boxes takes one radix list: group the overlaps by their lattice's sizes
     nrev = n[:, ::-1]                                  # outermost lattice dim first
-    key, inv = np.unique(nrev[pi], axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
+    if len(p) == 1:
+        key, inv = nrev, None
+    else:       # grouped by piece (few), not by overlap (many)
+        key, pinv = np.unique(nrev, axis=0, return_inverse=True)
+        inv = pinv.reshape(-1)[pi]
     for g in range(key.shape[0]):
-        sel = np.flatnonzero(inv == g)
+        sel = np.arange(pi.size) if inv is None else np.flatnonzero(inv == g)
+        if not sel.size:
+            continue
         owner, blo, bsz = R.range_boxes(u[sel], v[sel], key[g].tolist())
         pk = pi[sel][owner]
         # lattice coords (outermost first) back to box dims of the piece
@@ -207,8 +212,45 @@ def tile_boxes(t) -> Boxes:
     return Boxes(np.concatenate(los), np.concatenate(szs), np.concatenate(tiles))
 
 
+def _range_counts(t, num_tiles: int):
+    """:func:`tile_counts` of a view whose pieces are each one range of consecutive addresses
+    (whole variables, their reshapes and row slices: most op outputs), from the overlaps of those
+    ranges with the tile-map runs; None for any other view."""
+    p = t.pieces
+    if len(p) == 0 or t.numElements() == 0:
+        return None
+    if p.row is not None:
+        if not R._dense(p.row[3], p.row[4]):
+            return None
+        start, length = np.array([p.row[1]], _I64), np.array([int(np.prod(p.row[3], dtype=_I64))], _I64)
+    else:
+        base, T, n = R.canonical(p.addr, p.sz, p.st)
+        one = (T[:, 1:] == 0).all(axis=1) & ((T[:, 0] == 1) | (n[:, 0] == 1)) if T.shape[1] else np.ones(len(p), bool)
+        length = np.prod(n, axis=1, dtype=_I64) if n.shape[1] else np.ones(len(p), _I64)
+        if not one.all() or int(length.sum()) != t.numElements():     # strided, or broadcast
+            return None
+        start = base
+    state = t._state
+    space = state.space(t._type)
+    gst, gtl, gvi = space.runs_of([state.variables[v].space_index for v in np.unique(p.var).tolist()])
+    gend = space.run_ends(gst, gvi)
+    end = start + length
+    r0 = np.searchsorted(gst, start, side="right") - 1
+    r1 = np.searchsorted(gst, end - 1, side="right") - 1
+    cnt = r1 - r0 + 1
+    pi = np.repeat(np.arange(start.size), cnt)
+    ri = np.repeat(r0, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    over = np.minimum(gend[ri], end[pi]) - np.maximum(gst[ri], start[pi])
+    tiles = gtl[ri].astype(_I64)
+    ok = (tiles >= 0) & (over > 0)
+    return np.bincount(tiles[ok], weights=over[ok], minlength=num_tiles).astype(np.float64)
+
+
 def tile_counts(t, num_tiles: int) -> np.ndarray:
     """Elements of ``t`` on each global tile (float64 ``[num_tiles]``; unmapped ones left out)."""
+    fast = _range_counts(t, num_tiles)
+    if fast is not None:
+        return fast
     b = tile_boxes(t)
     nel = np.prod(b.sz, axis=1, dtype=_I64) if b.sz.shape[1] else np.ones(len(b), _I64)
     ok = b.tile >= 0

@@ -78,7 +78,7 @@ class _Compiler:
         self.loops: list[tuple[int, int]] = []
         self.functions: dict[int, object] = {}
         self.vertex_state = np.zeros(self.spec.num_tiles)
-        self.vertex_code_pairs: set = set()
+        self.vertex_code_tiles: dict[str, np.ndarray] = {}     # vertex type -> bool [tiles] holding its code
         self.vertex_type_code: dict = {}
         self.vertex_state_by_type: dict = {}
         self.streams_used: set = set()
@@ -281,11 +281,19 @@ class _Compiler:
             self.recv_buffers[leaf.step.idx] = recv
         return leaf
 
+    def code_on(self, type_name: str, tiles: np.ndarray) -> None:
+        """Record that ``tiles`` hold the code of vertex type ``type_name`` (once per tile)."""
+        mask = self.vertex_code_tiles.get(type_name)
+        if mask is None:
+            mask = self.vertex_code_tiles[type_name] = np.zeros(self.spec.num_tiles, bool)
+        mask[np.asarray(tiles, np.int64)] = True
+
     def build_compute_set(self, cs):
         spec, st = self.spec, self.state
         tiles_l, cycles_l, multi_l, types_l, type_names = [], [], [], [], []
         reads, writes, runners, uses = [], [], [], []
         flops = 0.0
+        memo: dict = {}
 
         def type_id(name):
             if name not in type_names:
@@ -302,7 +310,7 @@ class _Compiler:
             flops += g.flops
             for r in g.reads:
                 if isinstance(r, Access):
-                    boxes = _boxes_of(r)
+                    boxes = _boxes_of(r, memo)
                     if boxes is not None:
                         reads.append(X.RegionTransfer(r.tensor, boxes, count_send=r.count_send))
                     uses.append((r.tensor, False))
@@ -314,7 +322,7 @@ class _Compiler:
                 uses.append((t, False))
             for w in g.writes:
                 if isinstance(w, Access):
-                    boxes = _boxes_of(w)
+                    boxes = _boxes_of(w, memo)
                     if boxes is not None:
                         writes.append(X.RegionTransfer(w.tensor, boxes, to_owner=True))
                     uses.append((w.tensor, True))
@@ -326,8 +334,7 @@ class _Compiler:
             sb = np.broadcast_to(np.asarray(g.state_bytes, np.float64), (n,))
             self.vertex_state += np.bincount(g.tiles, weights=sb, minlength=spec.num_tiles)
             self.vertex_state_by_type[g.type_name] = self.vertex_state_by_type.get(g.type_name, 0) + float(sb.sum())
-            for tl in np.unique(g.tiles).tolist():
-                self.vertex_code_pairs.add((tl, g.type_name))
+            self.code_on(g.type_name, g.tiles)
             self.vertex_type_code[g.type_name] = g.code_bytes
             runners.append(_GroupRunner(g))
 
@@ -346,8 +353,7 @@ class _Compiler:
             buckets, state_bytes = self.user_buckets(codelet, vids, v_tiles, reads, writes, uses)
             self.vertex_state += np.bincount(v_tiles, weights=state_bytes, minlength=spec.num_tiles)
             self.vertex_state_by_type[tname] = self.vertex_state_by_type.get(tname, 0) + float(state_bytes.sum())
-            for tl in np.unique(v_tiles).tolist():
-                self.vertex_code_pairs.add((tl, tname))
+            self.code_on(tname, v_tiles)
             self.vertex_type_code[tname] = cal.USER_CODELET_CODE_BYTES
             runners.append(_UserRunner(codelet, buckets))
 
@@ -494,8 +500,9 @@ def _stack_addresses(tensors) -> np.ndarray:
     return np.stack([t.flat_addresses() for t in tensors])
 
 
-def _boxes_of(acc: Access):
-    """The boxes (global tiles) where an Access uses its view's elements; None: on their owners."""
+def _boxes_of(acc: Access, memo: dict | None = None):
+    """The boxes (global tiles) where an Access uses its view's elements; None: on their owners.
+    ``memo`` (one compute set's) keeps the tile boxes of ``on`` tensors several accesses share."""
     on, t = acc.on, acc.tensor
     if on is None:
         return None
@@ -504,9 +511,14 @@ def _boxes_of(acc: Access):
     if isinstance(on, (int, np.integer)):
         return X.Boxes.whole(t.shape(), int(on))
     if isinstance(on, Tensor):
-        if on.shape() != t.shape():
-            on = on.reshape(t.shape())
-        return X.tile_boxes(on)
+        key = (id(on), tuple(t.shape()))
+        if memo is not None and key in memo:
+            return memo[key][1]
+        view = on if on.shape() == t.shape() else on.reshape(t.shape())
+        boxes = X.tile_boxes(view)
+        if memo is not None:
+            memo[key] = (on, boxes)     # holds ``on``: its id stays its own while memo lives
+        return boxes
     raise TypeError(f"Access.on must be None, a tile, a Tensor or Boxes, not {type(on).__name__}")
 
 

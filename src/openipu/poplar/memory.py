@@ -77,26 +77,27 @@ def _space_indices(st, t) -> np.ndarray:
 
 
 def _step_variables(comp):
-    """Per element type, per step: [(unique variable ids read, False), (written, True)]; and the
-    number of tensor connections (edges)."""
+    """Per element type, the variables each step touches as flat int64 arrays ``(step, var,
+    is_write)`` (a variable may appear more than once per step); and the number of tensor
+    connections (edges)."""
     st = comp.state
-    out = {name: [[] for _ in comp.uses] for name in st.spaces}
+    parts: dict = {name: ([], [], []) for name in st.spaces}
     edges = 0
     touched: dict = {}      # id(tensor) -> variable ids (the tensors stay alive in comp.uses)
     for s_idx, uses in enumerate(comp.uses):
-        groups: dict = {}
         for t, is_write in uses:
             edges += 1
             vids = touched.get(id(t))
             if vids is None:
                 vids = touched[id(t)] = _space_indices(st, t)
-            groups.setdefault((t._type.name, bool(is_write)), []).append(vids)
-        for (name, is_write), vid_lists in groups.items():
-            vids = vid_lists[0] if len(vid_lists) == 1 else np.unique(np.concatenate(vid_lists))
-            # reads first so that a step that reads and writes a variable counts as a read
-            out[name][s_idx].append((vids, is_write))
-        for name in out:
-            out[name][s_idx].sort(key=lambda x: x[1])
+            S, V, W = parts[t._type.name]
+            S.append(np.full(vids.size, s_idx, np.int64))
+            V.append(vids)
+            W.append(np.full(vids.size, bool(is_write)))
+    out = {}
+    for name, (S, V, W) in parts.items():
+        if S:
+            out[name] = (np.concatenate(S), np.concatenate(V).astype(np.int64), np.concatenate(W))
     return out, edges
 
 
@@ -196,19 +197,19 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
         first = np.full(nv, np.iinfo(np.int64).max)
         last = np.full(nv, -1)
         first_is_write = np.zeros(nv, bool)
-        progs = np.full(nv, -1)
         multi_prog = np.zeros(nv, bool)
-        for s_idx, vids_w in enumerate(step_vars.get(name, [])):
-            for vids, is_write in vids_w:
-                if vids.size == 0:
-                    continue
-                newly = first[vids] > s_idx
-                first_is_write[vids[newly]] = is_write
-                first[vids] = np.minimum(first[vids], s_idx)
-                last[vids] = np.maximum(last[vids], s_idx)
-                p = prog_of_step[s_idx]
-                multi_prog[vids] |= (progs[vids] >= 0) & (progs[vids] != p)
-                progs[vids] = p
+        if name in step_vars:
+            S, V, W = step_vars[name]
+            np.minimum.at(first, V, S)
+            np.maximum.at(last, V, S)
+            # the first touch is a write unless the variable is read in its first step (a step
+            # that reads and writes a variable counts as a read)
+            read_first = np.zeros(nv, bool)
+            read_first[V[~W & (S == first[V])]] = True
+            first_is_write = (last >= 0) & ~read_first
+            nprog = max(len(prog_ranges), 1)
+            pairs = np.unique(V * nprog + prog_of_step[S])
+            multi_prog = np.bincount(pairs // nprog, minlength=nv) > 1
         for a, b in comp.loops:
             for lo, hi in ((a, b),):
                 # A value that crosses iterations must live for the whole loop: one defined before
@@ -250,7 +251,10 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
         et = np.concatenate(events_tile)
         es = np.concatenate(events_step)
         eb = np.concatenate(events_bytes)
-        order = np.lexsort((eb, es, et))     # frees (negative) first at equal step
+        # by tile, then half-step: allocations sit at odd half-steps and frees at even ones, so
+        # the events of one (tile, half-step) all have one sign and their order does not change
+        # the running peak
+        order = np.argsort(et.astype(np.int64) * (2 * nsteps + 3) + es)
         et, es, eb = et[order], es[order], eb[order]
         csum = np.cumsum(eb)
         grp_start = np.flatnonzero(np.r_[True, et[1:] != et[:-1]])
@@ -263,8 +267,8 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
         liveness = live_by_half[1:2 * nsteps + 1:2] if nsteps else liveness
     variables = always + nal_peak
     vertex_code = np.zeros(T)
-    for tl, tname in comp.vertex_code_pairs:
-        vertex_code[tl] += comp.vertex_type_code.get(tname, cal.USER_CODELET_CODE_BYTES)
+    for tname, mask in comp.vertex_code_tiles.items():
+        vertex_code += mask * float(comp.vertex_type_code.get(tname, cal.USER_CODELET_CODE_BYTES))
     categories = {
         "Variables": variables,
         "Constants": constants,
