@@ -45,7 +45,9 @@ MODELS = {
     "gpt2": {"arch": "gpt2", "batch": 1, "seq": 1024, "run": ["--ipu", "ipu21", "--precision", "fp16"],
              "label": "GPT-2 small 1x1024 fp16, ipu21"},
     "resnet50": {"arch": "light_resnet50", "batch": 32, "run": ["--ipu", "ipu21", "--precision", "fp16", "--batch-size", "32"],
-                 "label": "ResNet-50 (light, random weights) 32 fp16, ipu21"},
+                 "label": "ResNet-50 (light, random weights) 32 fp16, ipu21",
+                 "published": ("13,542 samples/s: one C600, fp16, batch 32, PopRT 1.4 (ByteMLPerf; a calibration "
+                               "point of research/ipu_calibration.md)")},
     "minilm": {"arch": "minilm", "batch": 2, "seq": 16, "run": ["--ipu", "ipu2"],
                "label": "all-MiniLM-L6-v2 2x16 fp32, ipu2"},
 }
@@ -175,9 +177,18 @@ def main() -> None:
                       f"{r['run']:.2f} | | |")
                 continue
             thr = f"{r['throughput']:,.0f} samples/s" if r["fits"] else f"does not fit ({r['oom_tiles']} tiles over)"
+            if r["fits"] and m.get("published") and mode == "offline":
+                thr += f" (published {m['published'].split(':')[0]})"
             print(f"| {m['label']} | openipu {mode} | {el / 1e6:,.0f} M | {_fmt_bytes(r['rss'])} | "
                   f"{r['rss'] / max(el, 1):.2f} | {r['compile']:.1f} | {r['run']:.2f} | {thr} | "
                   f"{err if mode == 'functional' else ''} |")
+    _published(rows)
+
+
+def _published(rows) -> None:
+    for name, m, res, _ in rows:
+        if m.get("published"):
+            print(f"\nPublished for {m['label']}: {m['published']}.")
 
 
 if __name__ == "__main__":

@@ -250,7 +250,7 @@ def exchange_volume(spec, transfers: list) -> ExchangeVolume:
     for tr in transfers:
         if isinstance(tr, RegionTransfer):
             k = len(tr.boxes)
-            if k and tr.view.rank():
+            if k and tr.view.rank() and tr.boxes.lo.shape[1] == tr.view.rank():
                 covered = int(np.prod(tr.boxes.sz, axis=1, dtype=np.int64).sum())
                 if covered + tr.view.numElements() <= ELEMENTS_PER_BOX * k:
                     legacy.extend(_elements_by_runs(tr))
