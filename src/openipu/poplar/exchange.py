@@ -75,28 +75,6 @@ class RegionTransfer:
 # ----------------------------------------------------------------------------------------------
 # lattices
 # ----------------------------------------------------------------------------------------------
-def _sort_dims(addr, sz, st, merge: bool):
-    """Canonical lattices of affine boxes: ``(base, T, n, dim, flip)`` ``[k, d]``, dims sorted by
-    ``T`` ascending, unused dims (unit or stride 0) last with ``T = 0, n = 1``; ``dim`` / ``flip``
-    give each lattice dim's box dim and whether its stride was negative (``-1`` for unused)."""
-    if merge:
-        base, T, n = R.canonical(addr, sz, st)
-        return base, T, n, None, None
-    k, d = sz.shape
-    neg = st < 0
-    base = np.asarray(addr, _I64) + np.where(neg, (sz - 1) * st, 0).sum(axis=1)
-    A = np.abs(st)
-    used = (A > 0) & (sz > 1)
-    key = np.where(used, A, np.iinfo(_I64).max)
-    order = np.argsort(key, axis=1, kind="stable")
-    rows = np.arange(k)[:, None]
-    T = np.where(used, A, 0)[rows, order]
-    n = np.where(used, sz, 1)[rows, order]
-    dim = np.where(used[rows, order], order, -1)
-    flip = neg[rows, order] & (dim >= 0)
-    return base, T, n, dim, flip
-
-
 def monotone(T: np.ndarray, n: np.ndarray) -> np.ndarray:
     """Whether each lattice's addresses increase with its lexicographic order (``T`` ascending):
     ``T[j+1] > sum_{i<=j} T[i] (n[i] - 1)`` for every used ``j + 1``."""
@@ -148,6 +126,22 @@ def unrank(base: np.ndarray, T: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.
 # ----------------------------------------------------------------------------------------------
 # tile boxes of a view
 # ----------------------------------------------------------------------------------------------
+def _run_overlaps(view, var_ids, lo, hi):
+    """The tile-map runs that each address interval ``[lo[i], hi[i]]`` (inclusive, within the
+    variables ``var_ids`` of ``view``'s space) meets: ``(i, run, starts, ends, tiles)``, one
+    ``(i, run)`` pair per meeting, ``starts`` / ``ends`` / ``tiles`` indexed by run."""
+    state = view._state
+    space = state.space(view._type)
+    gst, gtl, gvi = space.runs_of([state.variables[v].space_index for v in np.unique(var_ids).tolist()])
+    gend = space.run_ends(gst, gvi)
+    r0 = np.searchsorted(gst, lo, side="right") - 1
+    r1 = np.searchsorted(gst, hi, side="right") - 1
+    cnt = r1 - r0 + 1
+    i = np.repeat(np.arange(np.size(lo)), cnt)
+    ri = np.repeat(r0, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    return i, ri, gst, gend, gtl
+
+
 def tile_boxes(t) -> Boxes:
     """The partition of ``t``'s index space into boxes, each held by one tile (the tile mapping
     of the view, by structure). Unmapped elements get tile -1. At most ``2 m - 1`` boxes per
@@ -156,17 +150,9 @@ def tile_boxes(t) -> Boxes:
     d = t.rank()
     if len(p) == 0:
         return Boxes(np.zeros((0, d), _I64), np.zeros((0, d), _I64), np.zeros(0, _I64))
-    state = t._state
-    space = state.space(t._type)
-    gst, gtl, gvi = space.runs_of([state.variables[v].space_index for v in np.unique(p.var).tolist()])
-    gend = space.run_ends(gst, gvi)
-    base, T, n, dim, flip = _sort_dims(p.addr, p.sz, p.st, merge=False)
+    base, T, n, dim, flip = R.sorted_lattices(p.addr, p.sz, p.st)
     lo_a, hi_a = p.address_bounds()
-    r0 = np.searchsorted(gst, lo_a, side="right") - 1
-    r1 = np.searchsorted(gst, hi_a, side="right") - 1
-    cnt = r1 - r0 + 1
-    pi = np.repeat(np.arange(len(p)), cnt)
-    ri = np.repeat(r0, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    pi, ri, gst, gend, gtl = _run_overlaps(t, p.var, lo_a, hi_a)
     mono = monotone(T, n)
     if not mono.all():
         raise NotImplementedError("tile_boxes: a view whose pieces are not monotone lattices")
@@ -230,16 +216,8 @@ def _range_counts(t, num_tiles: int):
         if not one.all() or int(length.sum()) != t.numElements():     # strided, or broadcast
             return None
         start = base
-    state = t._state
-    space = state.space(t._type)
-    gst, gtl, gvi = space.runs_of([state.variables[v].space_index for v in np.unique(p.var).tolist()])
-    gend = space.run_ends(gst, gvi)
     end = start + length
-    r0 = np.searchsorted(gst, start, side="right") - 1
-    r1 = np.searchsorted(gst, end - 1, side="right") - 1
-    cnt = r1 - r0 + 1
-    pi = np.repeat(np.arange(start.size), cnt)
-    ri = np.repeat(r0, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    pi, ri, gst, gend, gtl = _run_overlaps(t, p.var, start, end - 1)
     over = np.minimum(gend[ri], end[pi]) - np.maximum(gst[ri], start[pi])
     tiles = gtl[ri].astype(_I64)
     ok = (tiles >= 0) & (over > 0)
@@ -323,21 +301,13 @@ def transfer_pairs(tr: RegionTransfer):
     """The moves of one transfer: per (lattice, tile-map run) overlap with elements that change
     tile, ``(src, dst, var, base, T, n, S, E, count, msgs)``; ``S, E`` bound the overlap."""
     view = tr.view
-    space = view._state.space(view._type)
     bi, var, base, T, n, elems = lattices(view, tr.boxes)
     if bi.size == 0:
         return None
     if not monotone(T, n).all():
         return "elements"
-    state = view._state
-    gst, gtl, gvi = space.runs_of([state.variables[v].space_index for v in np.unique(var).tolist()])
-    gend = space.run_ends(gst, gvi)
     span_hi = base + (T * (n - 1)).sum(axis=1)
-    r0 = np.searchsorted(gst, base, side="right") - 1
-    r1 = np.searchsorted(gst, span_hi, side="right") - 1
-    cnt = r1 - r0 + 1
-    li = np.repeat(np.arange(bi.size), cnt)
-    ri = np.repeat(r0, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    li, ri, gst, gend, gtl = _run_overlaps(view, var, base, span_hi)
     other = tr.boxes.tile[bi[li]]
     owner = gtl[ri].astype(_I64)
     src, dst = (other, owner) if tr.to_owner else (owner, other)

@@ -34,21 +34,8 @@ def linear_tile_runs(num_elements: int, num_tiles: int, grain_size: int, min_ele
 def linear_tile_of_elements(num_elements: int, num_tiles: int, grain_size: int, min_elements_per_tile: int) -> np.ndarray:
     """Tile (0..num_tiles-1, local) of each of ``num_elements`` elements, as an int32 array
     (non-decreasing: tile ``v`` holds one contiguous range of elements)."""
-    n = int(num_elements)
-    if n == 0:
-        return np.zeros(0, np.int32)
-    grain = max(1, int(grain_size))
-    num_grains = -(-n // grain)
-    max_g = -(-num_grains // num_tiles)
-    if min_elements_per_tile:
-        min_g = -(-int(min_elements_per_tile) // grain)
-        max_parts = max(1, num_grains // min_g)
-        max_g = max(max_g, -(-num_grains // max_parts))
-    n_parts = -(-num_grains // max_g)
-    # part v covers grains [v*G//P, (v+1)*G//P): built per part, not per grain
-    first_grain = np.arange(n_parts + 1, dtype=np.int64) * num_grains // n_parts
-    bounds = np.minimum(first_grain * grain, n)
-    return np.repeat(np.arange(n_parts, dtype=np.int32), np.diff(bounds))
+    begins, ends = linear_tile_runs(num_elements, num_tiles, grain_size, min_elements_per_tile)
+    return np.repeat(np.arange(begins.size, dtype=np.int32), ends - begins)
 
 
 def map_linearly(graph, t, min_elements_per_tile: int | None = None, grain_size: int | None = None) -> None:

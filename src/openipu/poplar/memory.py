@@ -153,7 +153,7 @@ def host_offsets(sizes: np.ndarray, first: np.ndarray, last: np.ndarray, shared:
                     top += s
                 peak = max(peak, top)
         else:
-            a, b = pos[v], pos[v] + s
+            a = pos[v]
             i = bisect.bisect_left(free_start, a)
             if i > 0 and free_start[i - 1] + free_size[i - 1] == a:
                 i -= 1

@@ -488,22 +488,34 @@ def reshape(p: Pieces, old: list[int], new: list[int]) -> Pieces:
 # ----------------------------------------------------------------------------------------------
 # address sets of pieces
 # ----------------------------------------------------------------------------------------------
+def sorted_lattices(addr: np.ndarray, sz: np.ndarray, st: np.ndarray):
+    """Affine boxes as lattices with their dims sorted by stride: ``(base, T, n, dim, flip)``
+    ``[k, d]``, ``T`` ascending and positive, unused dims (unit or stride 0) last with ``T = 0,
+    n = 1``; ``dim`` / ``flip`` give each lattice dim's box dim and whether its stride was
+    negative (``-1`` / False for unused)."""
+    addr = np.asarray(addr, _I64)
+    k, d = sz.shape
+    neg = st < 0
+    base = addr + np.where(neg, (sz - 1) * st, 0).sum(axis=1)
+    A = np.abs(st)
+    used = (A > 0) & (sz > 1)
+    key = np.where(used, A, np.iinfo(_I64).max)
+    order = np.argsort(key, axis=1, kind="stable")
+    rows = np.arange(k)[:, None]
+    T = np.where(used, A, 0)[rows, order]
+    n = np.where(used, sz, 1)[rows, order]
+    dim = np.where(used[rows, order], order, -1)
+    flip = neg[rows, order] & (dim >= 0)
+    return base, T, n, dim, flip
+
+
 def canonical(addr: np.ndarray, sz: np.ndarray, st: np.ndarray):
     """The address *set* of affine boxes as lattices: ``(base, T, n)`` with ``T`` ascending and
     positive (``[k, d]``; unused dims have ``T = 0, n = 1`` at the end) and dense neighbours
     merged (``T[j+1] == T[j] * n[j]``), so that ``T[:, 0] == 1`` marks a contiguous inner run of
     ``n[:, 0]`` addresses. Broadcast (stride-0) and unit dims are dropped."""
-    addr = np.asarray(addr, _I64)
-    k, d = sz.shape
-    neg = st < 0
-    base = addr + np.where(neg, (sz - 1) * st, 0).sum(axis=1)
-    T = np.abs(st)
-    used = (T > 0) & (sz > 1)
-    key = np.where(used, T, np.iinfo(_I64).max)
-    order = np.argsort(key, axis=1, kind="stable")
-    rows = np.arange(k)[:, None]
-    T = np.where(used, T, 0)[rows, order]
-    n = np.where(used, sz, 1)[rows, order]
+    base, T, n, _, _ = sorted_lattices(addr, sz, st)
+    d = sz.shape[1]
     # merge dense neighbours from the inside out
     for j in range(d - 1):
         m = (T[:, j] > 0) & (T[:, j + 1] == T[:, j] * n[:, j])

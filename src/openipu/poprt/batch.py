@@ -283,23 +283,15 @@ class _Walker:
             if n is None or not n.const:
                 continue
             shape = list(n.shape)
-            val = None
+            changes = []
             for j in range(1, len(shape) + 1):
                 if j > len(out0) or j > len(out1):
                     break
                 if shape[-j] == 1 or out1[-j] == out0[-j] or shape[-j] != out0[-j]:
                     continue
-                if val is None:
-                    val = n.value(RESIZE_LIMIT)
-                    if val is None:
-                        self._per_sample(node, node.input[i], "it is too large to resize")
-                        return
-                val = _resize(val, len(shape) - j, out0[-j], out1[-j], self.B0, None)
-                if val is None:
-                    self._per_sample(node, node.input[i])
-                    return
-            if val is not None:
-                env[node.input[i]] = self._const_input(node, i, val, "operand")
+                changes.append((len(shape) - j, out0[-j], out1[-j]))
+            if not self._resize_operand(node, i, n, changes, env):
+                return
 
     def _concat(self, node, old, new, env):
         live = [k for k, n in enumerate(new) if n is not None and not n.const]
@@ -308,23 +300,32 @@ class _Walker:
         for i, (o, n) in enumerate(zip(old, new)):
             if n is None or not n.const or len(n.shape) != rank:
                 continue
-            val = None
+            changes = []
             for j in range(rank):
                 want = {new[k].shape[j] for k in live}
                 had = {old[k].shape[j] for k in live}
                 if j == axis or len(want) != 1 or want == had or n.shape[j] not in had:
                     continue
-                if val is None:
-                    val = n.value(RESIZE_LIMIT)
-                    if val is None:
-                        self._per_sample(node, node.input[i], "it is too large to resize")
-                        return
-                val = _resize(val, j, n.shape[j], want.pop(), self.B0, None)
-                if val is None:
-                    self._per_sample(node, node.input[i])
-                    return
-            if val is not None:
-                env[node.input[i]] = self._const_input(node, i, val, "operand")
+                changes.append((j, n.shape[j], want.pop()))
+            if not self._resize_operand(node, i, n, changes, env):
+                return
+
+    def _resize_operand(self, node, i, n, changes, env) -> bool:
+        """Give constant input ``i`` (``n``) the new batch along each ``(dim, old size, new
+        size)`` of ``changes``; False (a per-sample error recorded) if it cannot."""
+        if not changes:
+            return True
+        val = n.value(RESIZE_LIMIT)
+        if val is None:
+            self._per_sample(node, node.input[i], "it is too large to resize")
+            return False
+        for dim, size0, size1 in changes:
+            val = _resize(val, dim, size0, size1, self.B0, None)
+            if val is None:
+                self._per_sample(node, node.input[i])
+                return False
+        env[node.input[i]] = self._const_input(node, i, val, "operand")
+        return True
 
     def _gather(self, node, old, new, env):
         in0, in1 = old[0].shape, new[0].shape
