@@ -495,6 +495,7 @@ def sorted_lattices(addr: np.ndarray, sz: np.ndarray, st: np.ndarray):
     negative (``-1`` / False for unused)."""
     addr = np.asarray(addr, _I64)
     k, d = sz.shape
+    st = np.broadcast_to(st, sz.shape)      # strides may come broadcast (one row, or one column)
     neg = st < 0
     base = addr + np.where(neg, (sz - 1) * st, 0).sum(axis=1)
     A = np.abs(st)
