@@ -141,6 +141,25 @@ def test_set_tile_mapping_of_views_is_run_length():
     assert [(iv.begin(), iv.end()) for iv in m[7]] == [(3000, 6000)]   # rows 10..19 of the transpose
 
 
+def test_clone_preserves_the_memory_order_of_a_transposed_view():
+    g = _graph()
+    v = g.addVariable(poplar.FLOAT, [200, 300], "v")           # each tile holds rows of v:
+    g.setTileMapping(v, [[(0, 20000)], [(20000, 60000)]])    # columns of the transpose
+    src = v.transpose()
+    ref = g.tile_of_elements(src)
+    c = g.clone(src, "c")
+    assert c.shape() == [300, 200]
+    np.testing.assert_array_equal(g.tile_of_elements(c), ref)
+    var = g._state.variables[int(c.pieces.var[0])]
+    assert var.tile_ids.tolist() == [0, 1]                     # stored in v's order: 2 runs, not 300
+    assert g.clone(src, "c2", poplar.TensorCloneMethod.CREATE_NEW_ORDER).isContiguous()
+    b = g.clone(v.slice(0, 1, 0).broadcast(7, 0))             # aliases: a new (natural) order
+    assert b.isContiguous() and b.shape() == [7, 300]
+    h = g.clone(poplar.HALF, src, "h")
+    assert h.elementType() == poplar.HALF
+    np.testing.assert_array_equal(g.tile_of_elements(h), ref)
+
+
 # ----------------------------------------------------------------------------------------------
 # structural exchange volumes against the per-element model
 # ----------------------------------------------------------------------------------------------

@@ -546,16 +546,40 @@ class Graph:
         return self.addConstant(type_, shape, np.asarray(values, np.float32), name)
 
     def clone(self, t_or_type, t: Tensor | None = None, name: str = "", method=None) -> Tensor:
-        """``clone(tensor[, name])`` or ``clone(type, tensor[, name])``: same shape and tile mapping."""
-        if isinstance(t_or_type, Tensor):
+        """``clone(tensor[, name][, method])`` or ``clone(type, tensor[, name][, method])``: a new
+        variable with ``tensor``'s shape and tile mapping (``poplar::Graph::clone``). ``method`` is
+        a :class:`TensorCloneMethod`; the default, ``PRESERVE_ORDER_UNLESS_ALIASES``, stores the
+        elements in ``tensor``'s memory order (see :meth:`clone_layout`)."""
+        if isinstance(t_or_type, Tensor):                 # clone(tensor, name, method)
             src, type_ = t_or_type, t_or_type.elementType()
             if isinstance(t, str):
-                name = t
+                name, method = t, (name or method)
         else:
             src, type_ = t, as_type(t_or_type)
-        out = self._new_variable(type_, src.shape(), name or "clone")
-        self.copy_tile_mapping(out, src)
-        return out
+        if isinstance(name, str) and name in _CLONE_METHODS:
+            name, method = "", name
+        return self.clone_layout(type_, src, name or "clone", method)
+
+    def clone_layout(self, type_, src: Tensor, name: str, method=None) -> Tensor:
+        """A new variable of ``type_`` with ``src``'s shape and tile mapping.
+
+        Unless ``method`` is ``TensorCloneMethod.CREATE_NEW_ORDER`` or ``src`` holds aliases (a
+        broadcast), the variable is created with its dims in the memory order of ``src``'s largest
+        piece and the returned tensor is its ``dimShuffle`` back to ``src``'s shape, as Poplar's
+        default clone preserves the element order: a clone of a transposed view is a transposed
+        view, whose tile map has as many runs as ``src``'s, not one per element. openipu
+        extension behind :meth:`clone` and PopLibs' output allocation."""
+        perm = None if method == TensorCloneMethod.CREATE_NEW_ORDER else memory_order(src)
+        if perm is None:
+            out = self._new_variable(type_, src.shape(), name)
+            self.copy_tile_mapping(out, src)
+            return out
+        shape = src.shape()
+        var = self._new_variable(type_, [shape[d] for d in perm], name)
+        b, e, tl = self.tile_runs_of(src, perm)
+        keep = tl >= 0
+        self.set_tile_runs(var, b[keep], e[keep], tl[keep])
+        return var.dimShuffle([perm.index(d) for d in range(len(perm))])
 
     def cloneN(self, t: Tensor, n: int, name: str = "") -> Tensor:  # noqa: N802
         from openipu.poplar.tensor import concat
@@ -721,14 +745,15 @@ class Graph:
     def getVariableTileMapping(self, t: Tensor):  # noqa: N802
         return self.getTileMapping(t)
 
-    def tile_runs_of(self, t: Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def tile_runs_of(self, t: Tensor, perm=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(begin, end, global tile)`` runs of ``t``'s flattened elements (-1: unmapped), adjacent
-        runs on different tiles. openipu extension."""
+        runs on different tiles; with ``perm``, of the elements of ``t.dimShuffle(perm)``.
+        openipu extension."""
         n = t.numElements()
         if n == 0:
             z = np.zeros(0, np.int64)
             return z, z, np.zeros(0, np.int32)
-        flat = _flat_view(t)
+        flat = _flat_view(t) if perm is None else None
         if flat is not None:
             var, off = flat
             s = var.tile_starts
@@ -739,7 +764,10 @@ class Graph:
             return b, e, var.tile_ids[i0:i1]
         from openipu.poplar.exchange import tile_boxes
         boxes = tile_boxes(t)
-        owner, start, length = R.box_flat_runs(boxes.lo, boxes.sz, t.shape())
+        lo, sz, shape = boxes.lo, boxes.sz, t.shape()
+        if perm is not None:
+            lo, sz, shape = lo[:, perm], sz[:, perm], [shape[d] for d in perm]
+        owner, start, length = R.box_flat_runs(lo, sz, shape)
         order = np.argsort(start, kind="stable")
         start, tl = start[order], boxes.tile[owner][order].astype(np.int32)
         b, tl = tilemap.compress(start, tl)
@@ -962,6 +990,28 @@ def _flat_view(t: Tensor):
     return var, a - var.start
 
 
+def memory_order(t: Tensor) -> list[int] | None:
+    """The dims of ``t`` from outermost to innermost in memory, from the strides of its largest
+    piece (unit dims keep their places), or None when that is the natural order or ``t`` holds
+    aliases (a broadcast dim, or two dims with one stride)."""
+    p = t.pieces
+    if t.rank() < 2 or len(p) == 0:
+        return None
+    if p.row is not None:
+        sz, st = p.row[3], p.row[4]
+    else:
+        k = int(np.argmax(p.numel()))
+        sz, st = p.sz[k].tolist(), p.st[k].tolist()
+    if len(p) > 1 and ((p.st == 0) & (p.sz > 1)).any() or any(s > 1 and a == 0 for s, a in zip(sz, st)):
+        return None
+    big = [d for d in range(len(sz)) if sz[d] > 1]
+    by_stride = sorted(big, key=lambda d: -abs(st[d]))
+    if len({abs(st[d]) for d in big}) < len(big) or by_stride == big:
+        return None
+    it = iter(by_stride)
+    return [next(it) if sz[d] > 1 else d for d in range(len(sz))]
+
+
 class VariableMappingMethod:
     NONE = "NONE"
     LINEAR = "LINEAR"
@@ -971,6 +1021,9 @@ class TensorCloneMethod:
     PRESERVE_ORDER_AND_ALIASES = "PRESERVE_ORDER_AND_ALIASES"
     CREATE_NEW_ORDER = "CREATE_NEW_ORDER"
     PRESERVE_ORDER_UNLESS_ALIASES = "PRESERVE_ORDER_UNLESS_ALIASES"
+
+
+_CLONE_METHODS = frozenset(v for k, v in vars(TensorCloneMethod).items() if not k.startswith("_"))
 
 
 class ReplicatedStreamMode:

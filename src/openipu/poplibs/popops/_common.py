@@ -16,14 +16,14 @@ _I64 = np.int64
 
 
 def output_like(graph, type_, shape, candidates, name: str):
-    """A new variable of ``type_`` and ``shape``, mapped like the first of ``candidates`` whose
-    shape equals ``shape`` and which is fully mapped; otherwise mapped linearly (PopLibs'
-    ``createOutputForElementWiseOp`` rule, simplified)."""
-    out = graph.addVariable(type_, list(shape), name)
+    """A new variable of ``type_`` and ``shape``: a clone (element order and tile mapping,
+    :meth:`Graph.clone_layout`) of the first of ``candidates`` whose shape equals ``shape`` and
+    which is fully mapped; otherwise mapped linearly (PopLibs' ``createOutputForElementWiseOp``
+    rule, simplified)."""
     for src in candidates:
         if list(src.shape()) == list(shape) and graph.is_mapped(src):
-            graph.copy_tile_mapping(out, src)
-            return out
+            return graph.clone_layout(type_, src, name)
+    out = graph.addVariable(type_, list(shape), name)
     from openipu.poplibs.poputil import mapTensorLinearly
     mapTensorLinearly(graph, out)
     return out
