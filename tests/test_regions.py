@@ -141,6 +141,45 @@ def test_set_tile_mapping_of_views_is_run_length():
     assert [(iv.begin(), iv.end()) for iv in m[7]] == [(3000, 6000)]   # rows 10..19 of the transpose
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_piece_indexes_find_the_same_intersections_as_all_pairs(data):
+    g = _graph()
+    rows = data.draw(st.lists(st.integers(1, 4), min_size=2, max_size=6))
+    width = data.draw(st.integers(4, 12))
+    regular = data.draw(st.booleans())          # a grid of pieces (_GridIndex), or not (_SlabIndex)
+    cut = sorted(set(data.draw(st.lists(st.integers(1, width - 1), min_size=1, max_size=5))))
+    grid_rows = []
+    for r in rows:
+        if not regular:
+            cut = sorted(set(data.draw(st.lists(st.integers(1, width - 1), min_size=1, max_size=5))))
+        edges = [0] + cut + [width]
+        grid_rows.append(poplar.concat([g.addVariable(poplar.FLOAT, [r, b - a], "p")
+                                        for a, b in zip(edges[:-1], edges[1:])], 1))
+    grid = poplar.concat(grid_rows, 0)
+    if data.draw(st.booleans()):
+        grid = grid.transpose()
+    shape = grid.shape()
+    k = data.draw(st.integers(1, 12))
+    lo = np.array([[data.draw(st.integers(0, s - 1)) for s in shape] for _ in range(k)])
+    sz = np.array([[data.draw(st.integers(0, s - a)) for a, s in zip(r, shape)] for r in lo])
+    boxes = X.Boxes(lo, sz, np.zeros(k, np.int64))
+    old = X.SLAB_MIN_PIECES
+    try:
+        X.SLAB_MIN_PIECES = 0
+        slab = X.lattices(grid, boxes)
+        X.SLAB_MIN_PIECES = 1 << 30
+        ref = X.lattices(grid, boxes)
+    finally:
+        X.SLAB_MIN_PIECES = old
+
+    def rows_of(res):
+        bi, var, base, T, n, el = res
+        return sorted(zip(bi.tolist(), var.tolist(), base.tolist(), map(tuple, T.tolist()), map(tuple, n.tolist()),
+                          el.tolist()))
+    assert rows_of(slab) == rows_of(ref)
+
+
 def test_clone_preserves_the_memory_order_of_a_transposed_view():
     g = _graph()
     v = g.addVariable(poplar.FLOAT, [200, 300], "v")           # each tile holds rows of v:

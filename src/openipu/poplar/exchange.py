@@ -29,6 +29,7 @@ deduplication above is approximated (identical lattices count once; overlapping 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -238,16 +239,93 @@ def tile_counts(t, num_tiles: int) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 # boxes of a view laid over its pieces
 # ----------------------------------------------------------------------------------------------
+#: Views with more pieces than this are intersected with boxes through a :class:`_SlabIndex`.
+SLAB_MIN_PIECES = 16
+
+
+class _SlabIndex:
+    """Pieces sorted into slabs by their corner along the dim where the corners take the most
+    values, so that the pieces a box may meet are one range of the sorted pieces: those of the
+    slabs from the first whose pieces may reach the box (running maximum of the slabs' ends) to
+    the last that starts before the box ends. Exact for any set of pieces; for a grid of pieces
+    a box meets a few slabs instead of every piece."""
+
+    def __init__(self, p):
+        lo, hi = p.lo, p.lo + p.sz
+        self.dim = j = int(np.argmax([np.unique(lo[:, c]).size for c in range(lo.shape[1])]))
+        self.order = np.argsort(lo[:, j], kind="stable")
+        slo = lo[self.order, j]
+        first = np.r_[True, slo[1:] != slo[:-1]]
+        self.slab_lo = slo[first]
+        self.slab_start = np.r_[np.flatnonzero(first), slo.size]
+        slab_hi = np.maximum.reduceat(hi[self.order, j], np.flatnonzero(first))
+        self.reach = np.maximum.accumulate(slab_hi)
+
+    def pairs(self, bl, bh):
+        """``(box, piece)`` candidate pairs (piece indices into the unsorted pieces)."""
+        j = self.dim
+        s0 = np.searchsorted(self.reach, bl[:, j], side="right")
+        s1 = np.searchsorted(self.slab_lo, bh[:, j], side="left")
+        a, b = self.slab_start[s0], self.slab_start[np.maximum(s1, s0)]
+        cnt = b - a
+        bi = np.repeat(np.arange(bl.shape[0]), cnt)
+        local = np.arange(int(cnt.sum()), dtype=_I64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        return bi, self.order[np.repeat(a, cnt) + local]
+
+
+class _GridIndex:
+    """Pieces that form a grid (per dim, every piece's range is one interval of a common cut of
+    the dim, and every cell of the grid is one piece), as the views of a blocked tensor are: the
+    pieces a box meets are the cells of the per-dim ranges of intervals it spans."""
+
+    def __init__(self, edges, cell):
+        self.edges, self.cell = edges, cell
+
+    @staticmethod
+    def of(p):
+        lo, hi = p.lo, p.lo + p.sz
+        edges = [np.unique(np.r_[lo[:, j], hi[:, j]]) for j in range(lo.shape[1])]
+        counts = [e.size - 1 for e in edges]
+        if math.prod(counts) != len(p):
+            return None
+        idx = [np.searchsorted(e, lo[:, j]) for j, e in enumerate(edges)]
+        if any((e[i + 1] != hi[:, j]).any() for j, (e, i) in enumerate(zip(edges, idx))):
+            return None
+        lin = np.ravel_multi_index(idx, counts)
+        cell = np.full(len(p), -1, _I64)
+        cell[lin] = np.arange(len(p))
+        if (cell < 0).any():
+            return None
+        return _GridIndex(edges, cell.reshape(counts))
+
+    def pairs(self, bl, bh):
+        a = [np.searchsorted(e, bl[:, j], side="right") - 1 for j, e in enumerate(self.edges)]
+        b = [np.searchsorted(e, bh[:, j], side="left") for j, e in enumerate(self.edges)]
+        n = np.stack([np.maximum(y - x, 0) for x, y in zip(a, b)], axis=1)
+        cnt = np.prod(n, axis=1, dtype=_I64)
+        bi = np.repeat(np.arange(bl.shape[0]), cnt)
+        local = np.arange(int(cnt.sum()), dtype=_I64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        idx = []
+        for j in range(len(self.edges) - 1, -1, -1):
+            nj = n[bi, j]
+            idx.append(a[j][bi] + local % nj)
+            local //= nj
+        return bi, self.cell[tuple(reversed(idx))]
+
+
 def lattices(view, boxes: Boxes, chunk: int = 1 << 20):
     """Intersect ``boxes`` with ``view``'s pieces. Returns ``(box index, var id, base, T, n,
     elements)`` with ``T``/``n`` the merged canonical lattice (:func:`regions.canonical`) of each
     non-empty intersection and its number of view elements (more than its lattice points where
-    the view broadcasts)."""
+    the view broadcasts). Many pieces are searched through a :class:`_SlabIndex`."""
     p = view.pieces
     k, m = len(boxes), len(p)
     d = view.rank()
     out = []
-    step = max(1, chunk // max(m, 1))
+    index = None
+    if m > SLAB_MIN_PIECES and d:
+        index = _GridIndex.of(p) or _SlabIndex(p)
+    step = max(1, chunk // (16 if index is not None else max(m, 1)))
     for a in range(0, k, step):
         bl, bs = boxes.lo[a:a + step], boxes.sz[a:a + step]
         if m == 1 and d:
@@ -255,6 +333,11 @@ def lattices(view, boxes: Boxes, chunk: int = 1 << 20):
             hi = np.minimum(bl + bs, p.lo + p.sz)
             bi = np.arange(a, a + bl.shape[0])
             pi = np.zeros(bl.shape[0], _I64)
+        elif index is not None:
+            bi, pi = index.pairs(bl, bl + bs)
+            lo = np.maximum(bl[bi], p.lo[pi])
+            hi = np.minimum((bl + bs)[bi], (p.lo + p.sz)[pi])
+            bi = bi + a
         else:
             lo = np.maximum(bl[:, None, :], p.lo[None, :, :])
             hi = np.minimum((bl + bs)[:, None, :], (p.lo + p.sz)[None, :, :])

@@ -140,6 +140,30 @@ def row_major_strides(shape) -> tuple:
     return tuple(reversed(st))
 
 
+def grid_pieces(var_id: int, start: int, edges) -> Pieces:
+    """The pieces of a variable laid out cell by cell: ``edges[j]`` (increasing ints, first 0,
+    last the dim's size) cut dim ``j`` into intervals, the cells are their products, stored one
+    after the other in row-major cell order from address ``start``, each row-major inside (as
+    Poplar's convolution and matmul creators lay out blocks). One piece per cell."""
+    edges = [np.asarray(e, _I64) for e in edges]
+    d = len(edges)
+    los = [e[:-1] for e in edges]
+    szs = [np.diff(e) for e in edges]
+    if d == 0:
+        return Pieces.single(var_id, start, (), (), ())
+    grids = np.meshgrid(*[np.arange(x.size) for x in los], indexing="ij")
+    idx = [g_.reshape(-1) for g_ in grids]
+    lo = np.stack([los[j][idx[j]] for j in range(d)], axis=1)
+    sz = np.stack([szs[j][idx[j]] for j in range(d)], axis=1)
+    st = np.ones_like(sz)
+    for j in range(d - 2, -1, -1):
+        st[:, j] = st[:, j + 1] * sz[:, j + 1]
+    n = np.prod(sz, axis=1, dtype=_I64)
+    addr = start + np.cumsum(n) - n
+    keep = n > 0
+    return Pieces(np.full(int(keep.sum()), var_id, _I64), addr[keep], lo[keep], sz[keep], st[keep])
+
+
 def concat_pieces(parts: list[Pieces], d: int) -> Pieces:
     parts = [p for p in parts if len(p)]
     if not parts:

@@ -27,6 +27,7 @@ class LoweringContext:
         self._home: dict[str, int] = {}
         self.kinds: dict[int, str] = {}
         self.cast = bool(options.enableSupportedDataTypeCasting)
+        self.created: set[str] = set()      # weights created by their consumer's creator
 
     def ptype(self, tid: str):
         """Poplar type of an IR tensor's device tensor (PopART's casting rule)."""
@@ -72,7 +73,7 @@ class LoweringContext:
         ``createMatMulInputRHS`` / ``createWeights`` / ``createSliceableTensor``."""
         tid = op.inputs[i] if i < len(op.inputs) else ""
         it = self.ir.tensors.get(tid) if tid else None
-        return (it is not None and it.producer is None and it.kind in ("Const", "Variable")
+        return (it is not None and tid not in self.created and it.producer is None and it.kind in ("Const", "Variable")
                 and bool(it.consumers) and it.consumers[0] is op
                 and self._home.get(tid, self.vgraph_of(op)) == self.vgraph_of(op))
 

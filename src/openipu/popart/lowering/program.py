@@ -35,7 +35,7 @@ from openipu.poplibs.popops._common import tile_counts_of
 from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.lowering import precise_lowering
 from openipu.popart.lowering.context import LoweringContext
-from openipu.popart.lowering.gather import create_sliceable, sliceable_axis
+from openipu.popart.lowering.creators import weight_creator
 from openipu.popart.lowering.generic import lower_generic
 
 #: Tile cycles to zero a SUM accumulator's elements on one tile (popops::Fill-like). [A] 20 fixed
@@ -110,16 +110,18 @@ def build(ir, target, options, progress=None) -> Lowered:
             input_copies.append(P.Copy(s, dev, debugContext=f"fromHost({tid})"))
             out.inputs[tid] = h
         elif t.kind == "Const":
-            axis = sliceable_axis(ir, tid, vg)
-            if axis is not None:        # a Gather's table: created by its consumer's layout
-                dev = create_sliceable(g, ptype, shape, axis, tid, np.asarray(t.value))
+            create = weight_creator(ctx, tid, vg)
+            if create is not None:      # created in its consumer's layout
+                dev = create(g, ptype, np.asarray(t.value))
+                ctx.created.add(tid)
             else:
                 dev = g.addConstant(ptype, shape, np.asarray(t.value), tid)
                 poputil.mapTensorLinearly(g, dev)
         else:  # Variable
-            axis = sliceable_axis(ir, tid, vg)
-            if axis is not None:
-                dev = create_sliceable(g, ptype, shape, axis, tid)
+            create = weight_creator(ctx, tid, vg)
+            if create is not None:
+                dev = create(g, ptype, None)
+                ctx.created.add(tid)
             else:
                 dev = g.addVariable(ptype, shape, tid)
                 poputil.mapTensorLinearly(g, dev)

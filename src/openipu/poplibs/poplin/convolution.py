@@ -22,7 +22,7 @@ from openipu.poplibs.poplin.params import ConvParams, getGradientParams, poplibs
 from openipu.poplibs.poplin.plan import parse_options, plan_convolution
 from openipu.poplibs.popops._common import tile_counts_of
 
-__all__ = ["convolution", "createInput", "createWeights", "map_weights", "createBiases", "addBias", "calculateWeightDeltas",
+__all__ = ["convolution", "createInput", "createWeights", "create_weights", "map_weights", "createBiases", "addBias", "calculateWeightDeltas",
            "convolutionWeightUpdate", "getGradientParams", "reportPlanInfo", "getFwdFlops", "preplanConvolution"]
 
 
@@ -92,9 +92,19 @@ def createInput(graph, params: ConvParams, name: str = "", options=None, cache=N
 
 def createWeights(graph, params: ConvParams, name: str = "", options=None, cache=None):  # noqa: N802
     """A new weights tensor ``[G, Co, Ci, *kernel]`` laid out for the plan (``poplin::createWeights``)."""
-    t = graph.addVariable(params.inputType, params.getWeightsShape(), name or "weights")
-    map_weights(graph, t, params, options, cache)
-    return t
+    return create_weights(graph, params, name, options, cache)
+
+
+def create_weights(graph, params: ConvParams, name: str = "", options=None, cache=None, value=None):
+    """``createWeights`` with an optional constant ``value`` (``[G, Co, Ci, *kernel]``): each work
+    block's weights stored contiguously (:func:`core.create_weights`). openipu extension for
+    PopART, which creates a weight from its consumer."""
+    plan = plan_convolution(params, graph.getTarget(), options, cache, op="createWeights")
+    shape = params.getWeightsShape()
+    if value is not None:
+        value = np.asarray(value).reshape(shape[:3] + [-1])
+    w = core.create_weights(graph, params.inputType, params, plan, name or "weights", value)
+    return w.reshape(shape)
 
 
 def map_weights(graph, weights, params: ConvParams, options=None, cache=None) -> None:

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from openipu import poplar
 from openipu.poplar import regions as R
-from openipu.poplar.exchange import Boxes, lattices
+from openipu.poplar.exchange import Boxes, lattices, tile_boxes
 from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplibs.poplin import plan as planmod
 from openipu.poplibs.poplin.params import ConvParams
@@ -255,6 +255,43 @@ def set_tile_boxes(graph, t, lo: np.ndarray, sz: np.ndarray, local_tiles: np.nda
     graph._assign_address_runs(t, var_ids[o2], start, length, gtiles[bi][o2])
 
 
+def blocked_tensor(graph, type_, edges, name: str, value=None):
+    """A new tensor cut by ``edges`` (per dim, see :func:`regions.grid_pieces`) into blocks that
+    each occupy consecutive addresses, as Poplar's convolution and matmul creators store a tile's
+    block contiguously (grouped layouts), so a block, or a tile's share of it, is read or mapped
+    as one interval. ``value`` (array of the tensor's shape): a constant's value, stored block by
+    block; otherwise a variable. Host work: one copy per block."""
+    shape = [int(e[-1]) for e in edges]
+    numel = math.prod(shape)
+    pieces = R.grid_pieces(0, 0, edges)
+    if value is None:
+        flat = graph.addVariable(type_, [numel], name)
+    else:
+        value = np.asarray(value).reshape(shape)
+        mem = np.empty(numel, value.dtype)
+        for a, lo, sz in zip(pieces.addr.tolist(), pieces.lo.tolist(), pieces.sz.tolist()):
+            n = math.prod(sz)
+            mem[a:a + n] = value[tuple(slice(x, x + y) for x, y in zip(lo, sz))].reshape(-1)
+        flat = graph.addConstant(type_, [numel], mem, name)
+    var, start = flat.pieces.row[0], flat.pieces.row[1]
+    p = R.Pieces(np.full(len(pieces), var, np.int64), pieces.addr + start, pieces.lo, pieces.sz, pieces.st)
+    return poplar.Tensor(flat._state, flat._type, pieces=p, shape=tuple(shape))
+
+
+def create_weights(graph, type_, params: ConvParams, plan, name: str, value=None, lay: Layout | None = None):
+    """The canonical weights ``[G, Co, Ci, K]`` (``K``: the kernel flattened) as ``createWeights``
+    lays them out: one block of ``gB x coB x ciB x K`` per work block, stored contiguously and
+    mapped over the tiles that share it (:func:`weight_boxes`). ``value``: a constant's value in
+    that shape. openipu's creator behind ``createWeights`` and ``createMatMulInputRHS``."""
+    lay = lay or Layout.of(params, plan)
+    K = int(np.prod(params.kernelShape, dtype=np.int64))
+    edges = [np.r_[0:lay.G:lay.gB, lay.G], np.r_[0:lay.Co:lay.coB, lay.Co], np.r_[0:lay.Ci:lay.ciB, lay.Ci],
+             np.array([0, K])]
+    w = blocked_tensor(graph, type_, edges, name, value)
+    set_tile_boxes(graph, w, *weight_boxes(params, plan, lay))
+    return w
+
+
 def map_input(graph, x, params: ConvParams, plan, lay: Layout | None = None) -> None:
     """Map the canonical input view ``x`` ``[G, N, Ci, *field]`` as the plan lays it out."""
     lay = lay or Layout.of(params, plan)
@@ -289,19 +326,6 @@ def _step_ranges(n: int, b: int, s: int, step: int):
     blk = np.flatnonzero(keep).astype(np.int64)
     a, e = a[keep], e[keep]
     return blk, a, e, np.cumsum(e - a) - (e - a)
-
-
-def _restrict(lo, sz, b: int, s: int, step: int, n: int):
-    """Boxes' ranges ``[lo, lo + sz)`` of one dim (each within one block of ``b``) cut to serial
-    step ``step`` (pieces of ``s`` of each block) and renumbered among the step's indices (as
-    :func:`_step_ranges` orders them): ``(lo', size')``, size 0 where nothing is left."""
-    start, size = _blocks(n, b)
-    a = start + np.minimum(step * s, size)
-    e = start + np.minimum((step + 1) * s, size)
-    pos = np.cumsum(e - a) - (e - a)
-    blk = lo // b
-    x0, x1 = np.maximum(lo, a[blk]), np.minimum(lo + sz, e[blk])
-    return pos[blk] + x0 - a[blk], np.maximum(x1 - x0, 0)
 
 
 def _select(t, dim: int, begins: np.ndarray, ends: np.ndarray):
@@ -515,8 +539,7 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
     o_rest = int(np.prod(fo[1:], dtype=np.int64))
     if own_out:
         out = graph.addVariable(out_type, [lay.G, lay.N, lay.Co, *fo], name)
-        ob_lo, ob_sz, ob_tile = output_boxes(params, plan, lay)
-        set_tile_boxes(graph, out.reshape([lay.G, lay.N, lay.Co, fo[0], o_rest]), ob_lo, ob_sz, ob_tile)
+        set_tile_boxes(graph, out.reshape([lay.G, lay.N, lay.Co, fo[0], o_rest]), *output_boxes(params, plan, lay))
     ics = plan.in_chan_split
     it, kt, ot = params.inputTransform, params.kernelTransform, params.outputTransform
     nd = params.getNumFieldDims()
@@ -628,7 +651,12 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
                 prog.add(poplar.program.Execute(cs_))
                 continue
             # partial sums, one slab per input-channel block, on the tiles that compute them
-            partials = graph.addVariable(ptype, [ics, lay.G, n_idx.size, co_idx.size, *fo], f"{step}/partials")
+            # stored block by block (each tile's partials contiguous), as Poplar's partials are
+            p_shape = [ics, lay.G, n_idx.size, co_idx.size, *fo]
+            p_edges = [np.arange(ics + 1)] + [np.unique(np.r_[0, a, a + b, n_]) for a, b, n_ in
+                                              zip(out_lo[:4], out_sz[:4], p_shape[1:5])] + \
+                [np.array([0, n_]) for n_ in p_shape[5:]]
+            partials = blocked_tensor(graph, ptype, p_edges, f"{step}/partials")
             ib = np.repeat(np.arange(ics, dtype=np.int64), GB.size)
             pt = tile_index(plan, np.tile(GB, ics), np.tile(n_blk[NJ], ics), np.tile(f_out[FR], ics),
                             np.tile(o_blk[OJ], ics), ib)
@@ -640,26 +668,19 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
                 state_bytes=PARTIALS_VERTEX_STATE_BYTES))
             prog.add(poplar.program.Execute(cs_))
             # reduce across the input-channel split onto the tiles that hold the output: slab i
-            # of the partials is read as the runs of the output's tile map, shifted by i slabs
-            M = dst_out.numElements()
-            if own_out:
-                # the output's layout boxes cut to this step, as flat runs of the step's output
-                nl, nz = _restrict(ob_lo[:, 1], ob_sz[:, 1], lay.nB, lay.nS, sb, lay.N)
-                cl, cz = _restrict(ob_lo[:, 2], ob_sz[:, 2], lay.coB, lay.coS, so, lay.Co)
-                keep = (nz > 0) & (cz > 0)
-                blo = np.stack([ob_lo[keep, 0], nl[keep], cl[keep], ob_lo[keep, 3], ob_lo[keep, 4]], axis=1)
-                bsz = np.stack([ob_sz[keep, 0], nz[keep], cz[keep], ob_sz[keep, 3], ob_sz[keep, 4]], axis=1)
-                own, rb, rlen = R.box_flat_runs(blo, bsz, [lay.G, n_idx.size, co_idx.size, fo[0], o_rest])
-                reb, rt = rb + rlen, gt[ob_tile[keep][own]].astype(np.int64)
-            else:
-                rb, reb, rt = graph.tile_runs_of(dst_out)
-            counts = np.bincount(rt, weights=reb - rb, minlength=graph._top.getTarget().getNumTiles()).astype(np.int64)
+            # of the partials is read as the output's tile boxes (the blocks' shares)
+            ob = tile_boxes(dst_out)
+            ob = Boxes(ob.lo[ob.tile >= 0], ob.sz[ob.tile >= 0], ob.tile[ob.tile >= 0])
+            rt = ob.tile.astype(np.int64)
+            nel = np.prod(ob.sz, axis=1, dtype=np.int64)
+            counts = np.bincount(rt, weights=nel, minlength=graph._top.getTarget().getNumTiles()).astype(np.int64)
             used = np.flatnonzero(counts)
             counts = counts[used]
-            slab = np.repeat(np.arange(ics, dtype=np.int64) * M, rb.size)
-            p_read = Access(partials.reshape([ics * M]), Boxes((slab + np.tile(rb, ics))[:, None],
-                                                                np.tile(reb - rb, ics)[:, None],
-                                                                np.tile(rt.astype(np.int64), ics)))
+            slab = np.repeat(np.arange(ics, dtype=np.int64), len(ob))
+            p_read = Access(partials, Boxes(np.concatenate([slab[:, None], np.tile(ob.lo, (ics, 1))], axis=1),
+                                            np.concatenate([np.ones((slab.size, 1), np.int64), np.tile(ob.sz, (ics, 1))],
+                                                           axis=1),
+                                            np.tile(rt, ics)))
             vw = target.getVectorWidth(ptype)
             rcyc = W_ctx * (planmod.REDUCE_WORKER_OVERHEAD + 2 * int(math.log2(vw))
                             + planmod.REDUCE_CYCLES_PER_VECTOR * ics * _ceil(counts, vw * W_ctx))

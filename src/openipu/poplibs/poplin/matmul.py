@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from openipu import poplar
 from openipu.poplar.exchange import tile_boxes
 from openipu.poplar.graph import Access, VertexGroup
@@ -18,7 +20,8 @@ from openipu.poplibs.poplin.params import ConvParams
 from openipu.poplibs.poplin.plan import parse_options, plan_matmul
 from openipu.poplibs.popops._common import tile_counts_of
 
-__all__ = ["map_matmul_input_rhs", "matMul", "matMulGrouped", "matMulAcc", "matMulGroupedAcc", "createMatMulInputLHS",
+__all__ = ["map_matmul_input_rhs", "create_matmul_input_rhs", "matMul", "matMulGrouped", "matMulAcc", "matMulGroupedAcc",
+           "createMatMulInputLHS",
            "createMatMulInputRHS", "createMatMulGroupedInputLHS", "createMatMulGroupedInputRHS",
            "createMatMulOutput", "createMatMulGroupedOutput", "matMulReportPlan", "preplanMatMuls"]
 
@@ -157,16 +160,33 @@ def _shapes(op, aShape, bShape, grouped):  # noqa: N803
     return a[0], a[1], a[2], b[2]
 
 
-def _create(graph, op, type_, aShape, bShape, name, options, cache, which, grouped, out_type=None):  # noqa: N803
+def _create(graph, op, type_, aShape, bShape, name, options, cache, which, grouped, out_type=None,  # noqa: N803
+            value=None):
     g, m, k, n = _shapes(op, aShape, bShape, grouped)
     type_ = as_type(type_)
     out_type = as_type(out_type or type_)
     plan = _plan(graph, g, m, k, n, type_, out_type, options, cache, op)
     params = _params(g, m, k, n, type_, out_type)
     shape = {"lhs": [g, m, k], "rhs": [g, k, n], "out": [g, m, n]}[which]
-    t = graph.addVariable(out_type if which == "out" else type_, shape, name)
-    _map_as_planned(graph, t, which, params, plan)
+    if which == "rhs":      # blocks stored contiguously (createWeights), canonical [g, n, k, 1]
+        if value is not None:
+            value = np.asarray(value).reshape(g, k, n).transpose(0, 2, 1)
+        w = core.create_weights(graph, type_, params, plan, name, value)
+        t = w.reshape([g, n, k]).dimShuffle([0, 2, 1])
+    else:
+        t = graph.addVariable(out_type if which == "out" else type_, shape, name)
+        _map_as_planned(graph, t, which, params, plan)
     return t if grouped else t.reshape(shape[1:])
+
+
+def create_matmul_input_rhs(graph, type_, aShape, bShape, name: str = "", options=None, cache=None,  # noqa: N803
+                            value=None):
+    """``createMatMulInputRHS`` (``[k, n]``; ``[g, k, n]`` operands give the grouped form) with
+    an optional constant ``value``: a weight created by its consumer (PopART's unwinding) is
+    created here, in the layout the plan wants, constant or not. openipu extension."""
+    grouped = len(list(bShape)) == 3
+    op = "createMatMulGroupedInputRHS" if grouped else "createMatMulInputRHS"
+    return _create(graph, op, type_, aShape, bShape, name or "rhs", options, cache, "rhs", grouped, value=value)
 
 
 def _map_as_planned(graph, t, which, params, plan):
