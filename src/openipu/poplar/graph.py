@@ -569,6 +569,8 @@ class Graph:
         default clone preserves the element order: a clone of a transposed view is a transposed
         view, whose tile map has as many runs as ``src``'s, not one per element. openipu
         extension behind :meth:`clone` and PopLibs' output allocation."""
+        if method != TensorCloneMethod.CREATE_NEW_ORDER and len(src.pieces) > 1 and not _aliases(src.pieces):
+            return self._clone_pieces(type_, src, name)
         perm = None if method == TensorCloneMethod.CREATE_NEW_ORDER else memory_order(src)
         if perm is None:
             out = self._new_variable(type_, src.shape(), name)
@@ -653,10 +655,19 @@ class Graph:
         owner, lo, sz = R.range_boxes(begins, ends, t.shape())
         if owner.size == 0:
             return
-        from openipu.poplar.exchange import Boxes, lattices
-        bi, var_ids, base, T, n, _ = lattices(t, Boxes(lo, sz, tiles[owner]))
+        from openipu.poplar.exchange import Boxes
+        self.set_tile_boxes(t, Boxes(lo, sz, tiles[owner]))
+
+    def set_tile_boxes(self, t: Tensor, boxes) -> None:
+        """Map the boxes (``exchange.Boxes`` of ``t``'s index space, disjoint) to their *global*
+        tiles: each box is laid over ``t``'s pieces and mapped as the runs of consecutive
+        addresses it covers. Host work follows boxes and runs. openipu extension."""
+        if len(boxes) == 0:
+            return
+        from openipu.poplar.exchange import lattices
+        bi, var_ids, base, T, n, _ = lattices(t, boxes)
         o2, start, length = R.address_runs(base, n, T)
-        self._assign_address_runs(t, var_ids[o2], start, length, tiles[owner][bi][o2])
+        self._assign_address_runs(t, var_ids[o2], start, length, np.asarray(boxes.tile, np.int64)[bi][o2])
 
     def _assign_set(self, t: Tensor, tile: int) -> None:
         """Every element of ``t`` to one global tile (set semantics: one run per address run)."""
@@ -744,6 +755,26 @@ class Graph:
 
     def getVariableTileMapping(self, t: Tensor):  # noqa: N802
         return self.getTileMapping(t)
+
+    def _clone_pieces(self, type_, src: Tensor, name: str) -> Tensor:
+        """A clone of a view of several pieces: the same pieces (each row-major, stored one after
+        the other in the order of the source's addresses), mapped like ``src`` box by box."""
+        from openipu.poplar.exchange import tile_boxes
+        p = src.pieces
+        order = np.lexsort((p.addr, p.var))
+        lo, sz = p.lo[order], p.sz[order]
+        st = np.ones_like(sz)
+        for j in range(sz.shape[1] - 2, -1, -1):
+            st[:, j] = st[:, j + 1] * sz[:, j + 1]
+        n = np.prod(sz, axis=1, dtype=np.int64)
+        flat = self._new_variable(type_, [int(n.sum())], name)
+        var, start = flat.pieces.row[0], flat.pieces.row[1]
+        pieces = R.Pieces(np.full(len(p), var, np.int64), start + np.cumsum(n) - n, lo, sz, st)
+        out = Tensor(self._state, flat._type, pieces=pieces, shape=tuple(src.shape()))
+        boxes = tile_boxes(src)
+        keep = boxes.tile >= 0
+        self.set_tile_boxes(out, type(boxes)(boxes.lo[keep], boxes.sz[keep], boxes.tile[keep]))
+        return out
 
     def tile_runs_of(self, t: Tensor, perm=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(begin, end, global tile)`` runs of ``t``'s flattened elements (-1: unmapped), adjacent
@@ -990,6 +1021,11 @@ def _flat_view(t: Tensor):
     return var, a - var.start
 
 
+def _aliases(p) -> bool:
+    """Whether pieces ``p`` broadcast (a dim of stride 0 and size above 1)."""
+    return bool(((p.st == 0) & (p.sz > 1)).any())
+
+
 def memory_order(t: Tensor) -> list[int] | None:
     """The dims of ``t`` from outermost to innermost in memory, from the strides of its largest
     piece (unit dims keep their places), or None when that is the natural order or ``t`` holds
@@ -1002,7 +1038,7 @@ def memory_order(t: Tensor) -> list[int] | None:
     else:
         k = int(np.argmax(p.numel()))
         sz, st = p.sz[k].tolist(), p.st[k].tolist()
-    if len(p) > 1 and ((p.st == 0) & (p.sz > 1)).any() or any(s > 1 and a == 0 for s, a in zip(sz, st)):
+    if len(p) > 1 and _aliases(p) or any(s > 1 and a == 0 for s, a in zip(sz, st)):
         return None
     big = [d for d in range(len(sz)) if sz[d] > 1]
     by_stride = sorted(big, key=lambda d: -abs(st[d]))

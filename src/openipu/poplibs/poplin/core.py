@@ -249,10 +249,7 @@ def set_tile_boxes(graph, t, lo: np.ndarray, sz: np.ndarray, local_tiles: np.nda
     per row of its other dims). Host work follows boxes and runs, never elements."""
     if lo.shape[0] == 0:
         return
-    gtiles = graph._global_tiles(np.asarray(local_tiles, np.int64)).astype(np.int64)
-    bi, var_ids, base, T, n, _ = lattices(t, Boxes(lo, sz, gtiles))
-    o2, start, length = R.address_runs(base, n, T)
-    graph._assign_address_runs(t, var_ids[o2], start, length, gtiles[bi][o2])
+    graph.set_tile_boxes(t, Boxes(lo, sz, graph._global_tiles(np.asarray(local_tiles, np.int64)).astype(np.int64)))
 
 
 def blocked_tensor(graph, type_, edges, name: str, value=None):
@@ -290,6 +287,29 @@ def create_weights(graph, type_, params: ConvParams, plan, name: str, value=None
     w = blocked_tensor(graph, type_, edges, name, value)
     set_tile_boxes(graph, w, *weight_boxes(params, plan, lay))
     return w
+
+
+def output_group(plan, lay: Layout) -> int:
+    """Channels per group of the output layout: the plan's partialChansPerGroup, at most a block."""
+    return max(1, min(int(plan.out_chans_per_group or lay.coB), lay.coB))
+
+
+def create_output(graph, type_, params: ConvParams, plan, name: str, lay: Layout | None = None):
+    """The canonical output ``[G, N, Co, *outField]`` as the plan produces it: stored in blocks of
+    ``gB x nB x (partialChansPerGroup channels of a coB block) x field block`` (Poplar's grouped
+    output layout, channels of a group innermost but one), mapped by :func:`output_boxes`."""
+    lay = lay or Layout.of(params, plan)
+    fo = params.getOutputFieldShape()
+    grp = output_group(plan, lay)
+    co_cuts = np.unique(np.r_[np.r_[0:lay.Co:lay.coB], np.concatenate(
+        [np.arange(a, min(a + lay.coB, lay.Co), grp) for a in range(0, lay.Co, lay.coB)]), lay.Co])
+    _, r0, r1 = _out_row_runs(params, lay)
+    edges = [np.r_[0:lay.G:lay.gB, lay.G], np.r_[0:lay.N:lay.nB, lay.N], co_cuts,
+             np.unique(np.r_[0, r0, r1, fo[0]])] + [np.array([0, s_]) for s_ in fo[1:]]
+    out = blocked_tensor(graph, type_, edges, name)
+    o_rest = int(np.prod(fo[1:], dtype=np.int64))
+    set_tile_boxes(graph, out.reshape([lay.G, lay.N, lay.Co, fo[0], o_rest]), *output_boxes(params, plan, lay))
+    return out
 
 
 def map_input(graph, x, params: ConvParams, plan, lay: Layout | None = None) -> None:
@@ -536,10 +556,8 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
         raise planmod.poplibs_error(f"{name}: plan uses {plan.tiles} tiles but the graph has {T}")
     fo = params.getOutputFieldShape()
     own_out = out is None
-    o_rest = int(np.prod(fo[1:], dtype=np.int64))
     if own_out:
-        out = graph.addVariable(out_type, [lay.G, lay.N, lay.Co, *fo], name)
-        set_tile_boxes(graph, out.reshape([lay.G, lay.N, lay.Co, fo[0], o_rest]), *output_boxes(params, plan, lay))
+        out = create_output(graph, out_type, params, plan, name, lay)
     ics = plan.in_chan_split
     it, kt, ot = params.inputTransform, params.kernelTransform, params.outputTransform
     nd = params.getNumFieldDims()
@@ -564,6 +582,7 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
     f_out, fr0, fr1 = _out_row_runs(params, lay)
     n_all, co_all = np.arange(lay.N), np.arange(lay.Co)
     macs_per_out = lay.Ci * pb.taps * pb.density
+    out_grp = output_group(plan, lay)
 
     for sb in range(plan.batch_serial):
         n_idx = n_all[(n_all % lay.nB) // lay.nS == sb]
@@ -656,6 +675,10 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
             p_edges = [np.arange(ics + 1)] + [np.unique(np.r_[0, a, a + b, n_]) for a, b, n_ in
                                               zip(out_lo[:4], out_sz[:4], p_shape[1:5])] + \
                 [np.array([0, n_]) for n_ in p_shape[5:]]
+            # channels cut in groups as the output is (create_output), so a share of an output
+            # block is one interval of the partials too
+            rel = co_idx % lay.coB
+            p_edges[3] = np.unique(np.r_[p_edges[3], np.flatnonzero(rel % out_grp == 0)])
             partials = blocked_tensor(graph, ptype, p_edges, f"{step}/partials")
             ib = np.repeat(np.arange(ics, dtype=np.int64), GB.size)
             pt = tile_index(plan, np.tile(GB, ics), np.tile(n_blk[NJ], ics), np.tile(f_out[FR], ics),
@@ -677,10 +700,10 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
             used = np.flatnonzero(counts)
             counts = counts[used]
             slab = np.repeat(np.arange(ics, dtype=np.int64), len(ob))
-            p_read = Access(partials, Boxes(np.concatenate([slab[:, None], np.tile(ob.lo, (ics, 1))], axis=1),
-                                            np.concatenate([np.ones((slab.size, 1), np.int64), np.tile(ob.sz, (ics, 1))],
-                                                           axis=1),
-                                            np.tile(rt, ics)))
+            p_read = runs_access(partials, Boxes(np.concatenate([slab[:, None], np.tile(ob.lo, (ics, 1))], axis=1),
+                                                 np.concatenate([np.ones((slab.size, 1), np.int64),
+                                                                 np.tile(ob.sz, (ics, 1))], axis=1),
+                                                 np.tile(rt, ics)))
             vw = target.getVectorWidth(ptype)
             rcyc = W_ctx * (planmod.REDUCE_WORKER_OVERHEAD + 2 * int(math.log2(vw))
                             + planmod.REDUCE_CYCLES_PER_VECTOR * ics * _ceil(counts, vw * W_ctx))
