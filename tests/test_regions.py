@@ -147,7 +147,7 @@ def test_piece_indexes_find_the_same_intersections_as_all_pairs(data):
     g = _graph()
     rows = data.draw(st.lists(st.integers(1, 4), min_size=2, max_size=6))
     width = data.draw(st.integers(4, 12))
-    regular = data.draw(st.booleans())          # a grid of pieces (_GridIndex), or not (_SlabIndex)
+    regular = data.draw(st.booleans())          # a grid of pieces, or cuts that differ by row
     cut = sorted(set(data.draw(st.lists(st.integers(1, width - 1), min_size=1, max_size=5))))
     grid_rows = []
     for r in rows:
@@ -164,14 +164,16 @@ def test_piece_indexes_find_the_same_intersections_as_all_pairs(data):
     lo = np.array([[data.draw(st.integers(0, s - 1)) for s in shape] for _ in range(k)])
     sz = np.array([[data.draw(st.integers(0, s - a)) for a, s in zip(r, shape)] for r in lo])
     boxes = X.Boxes(lo, sz, np.zeros(k, np.int64))
-    old = X.SLAB_MIN_PIECES
+    old, grid_of = X.SLAB_MIN_PIECES, X._GridIndex.of
     try:
         X.SLAB_MIN_PIECES = 0
+        if data.draw(st.booleans()):
+            X._GridIndex.of = staticmethod(lambda p: None)       # the slab index
         slab = X.lattices(grid, boxes)
         X.SLAB_MIN_PIECES = 1 << 30
         ref = X.lattices(grid, boxes)
     finally:
-        X.SLAB_MIN_PIECES = old
+        X.SLAB_MIN_PIECES, X._GridIndex.of = old, grid_of
 
     def rows_of(res):
         bi, var, base, T, n, el = res

@@ -244,73 +244,92 @@ SLAB_MIN_PIECES = 16
 
 
 class _SlabIndex:
-    """Pieces sorted into slabs by their corner along the dim where the corners take the most
-    values, so that the pieces a box may meet are one range of the sorted pieces: those of the
-    slabs from the first whose pieces may reach the box (running maximum of the slabs' ends) to
-    the last that starts before the box ends. Exact for any set of pieces; for a grid of pieces
-    a box meets a few slabs instead of every piece."""
+    """Pieces sorted into slabs by their corner along each dim, so that the pieces a box may meet
+    are, for any dim, one range of the pieces sorted on it: those of the slabs from the first
+    whose pieces may reach the box (running maximum of the slabs' ends) to the last that starts
+    before the box ends. Each box takes the dim that leaves it the fewest candidates. Exact for
+    any set of pieces."""
 
     def __init__(self, p):
         lo, hi = p.lo, p.lo + p.sz
-        self.dim = j = int(np.argmax([np.unique(lo[:, c]).size for c in range(lo.shape[1])]))
-        self.order = np.argsort(lo[:, j], kind="stable")
-        slo = lo[self.order, j]
-        first = np.r_[True, slo[1:] != slo[:-1]]
-        self.slab_lo = slo[first]
-        self.slab_start = np.r_[np.flatnonzero(first), slo.size]
-        slab_hi = np.maximum.reduceat(hi[self.order, j], np.flatnonzero(first))
-        self.reach = np.maximum.accumulate(slab_hi)
+        self.dims = []
+        for j in range(lo.shape[1]):
+            order = np.argsort(lo[:, j], kind="stable")
+            slo = lo[order, j]
+            first = np.r_[True, slo[1:] != slo[:-1]]
+            starts = np.flatnonzero(first)
+            reach = np.maximum.accumulate(np.maximum.reduceat(hi[order, j], starts))
+            self.dims.append((order, slo[first], np.r_[starts, slo.size], reach))
+
+    def _range(self, j, bl, bh):
+        order, slab_lo, slab_start, reach = self.dims[j]
+        s0 = np.searchsorted(reach, bl[:, j], side="right")
+        s1 = np.maximum(np.searchsorted(slab_lo, bh[:, j], side="left"), s0)
+        return slab_start[s0], slab_start[s1]
 
     def pairs(self, bl, bh):
         """``(box, piece)`` candidate pairs (piece indices into the unsorted pieces)."""
-        j = self.dim
-        s0 = np.searchsorted(self.reach, bl[:, j], side="right")
-        s1 = np.searchsorted(self.slab_lo, bh[:, j], side="left")
-        a, b = self.slab_start[s0], self.slab_start[np.maximum(s1, s0)]
-        cnt = b - a
-        bi = np.repeat(np.arange(bl.shape[0]), cnt)
+        ranges = [self._range(j, bl, bh) for j in range(len(self.dims))]
+        counts = np.stack([b - a for a, b in ranges], axis=1)
+        best = np.argmin(counts, axis=1)
+        rows = np.arange(bl.shape[0])
+        a = np.stack([r[0] for r in ranges], axis=1)[rows, best]
+        cnt = counts[rows, best]
+        bi = np.repeat(rows, cnt)
         local = np.arange(int(cnt.sum()), dtype=_I64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-        return bi, self.order[np.repeat(a, cnt) + local]
+        pos = np.repeat(a, cnt) + local
+        orders = np.stack([d[0] for d in self.dims])          # [d, pieces]
+        return bi, orders[np.repeat(best, cnt), pos]
+
+
+def _cell_ranges(edges, lo, hi):
+    """Per box (rows of ``lo``/``hi``) and dim, the range ``[a, b)`` of the grid's intervals it
+    meets, and the cells it meets enumerated: ``(box index, cell multi-index list)``."""
+    a = [np.searchsorted(e, lo[:, j], side="right") - 1 for j, e in enumerate(edges)]
+    b = [np.searchsorted(e, hi[:, j], side="left") for j, e in enumerate(edges)]
+    n = np.stack([np.maximum(y - x, 0) for x, y in zip(a, b)], axis=1)
+    cnt = np.prod(n, axis=1, dtype=_I64)
+    bi = np.repeat(np.arange(lo.shape[0]), cnt)
+    local = np.arange(int(cnt.sum()), dtype=_I64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    idx = []
+    for j in range(len(edges) - 1, -1, -1):
+        nj = n[bi, j]
+        idx.append(a[j][bi] + local % nj)
+        local //= nj
+    return bi, tuple(reversed(idx))
 
 
 class _GridIndex:
-    """Pieces that form a grid (per dim, every piece's range is one interval of a common cut of
-    the dim, and every cell of the grid is one piece), as the views of a blocked tensor are: the
-    pieces a box meets are the cells of the per-dim ranges of intervals it spans."""
+    """The grid cut by every piece's edges, each cell naming the piece that covers it (pieces
+    partition the view). A box meets the pieces of the cells in its per-dim ranges. Exact; used
+    when the grid has not many more cells than there are pieces (a blocked tensor, or views of
+    one whose reshapes cut blocks at different places)."""
 
-    def __init__(self, edges, cell):
-        self.edges, self.cell = edges, cell
+    def __init__(self, edges, cell, exact):
+        self.edges, self.cell, self.exact = edges, cell, exact
 
     @staticmethod
-    def of(p):
+    def of(p, max_cells_per_piece: int = 8):
         lo, hi = p.lo, p.lo + p.sz
         edges = [np.unique(np.r_[lo[:, j], hi[:, j]]) for j in range(lo.shape[1])]
         counts = [e.size - 1 for e in edges]
-        if math.prod(counts) != len(p):
+        total = math.prod(counts)
+        if total > max_cells_per_piece * len(p) + 4096:
             return None
-        idx = [np.searchsorted(e, lo[:, j]) for j, e in enumerate(edges)]
-        if any((e[i + 1] != hi[:, j]).any() for j, (e, i) in enumerate(zip(edges, idx))):
-            return None
-        lin = np.ravel_multi_index(idx, counts)
-        cell = np.full(len(p), -1, _I64)
-        cell[lin] = np.arange(len(p))
-        if (cell < 0).any():
-            return None
-        return _GridIndex(edges, cell.reshape(counts))
+        pi, idx = _cell_ranges(edges, lo, hi)
+        cell = np.full(total, -1, _I64)
+        cell[np.ravel_multi_index(idx, counts)] = pi
+        return _GridIndex(edges, cell.reshape(counts), total == len(p))
 
     def pairs(self, bl, bh):
-        a = [np.searchsorted(e, bl[:, j], side="right") - 1 for j, e in enumerate(self.edges)]
-        b = [np.searchsorted(e, bh[:, j], side="left") for j, e in enumerate(self.edges)]
-        n = np.stack([np.maximum(y - x, 0) for x, y in zip(a, b)], axis=1)
-        cnt = np.prod(n, axis=1, dtype=_I64)
-        bi = np.repeat(np.arange(bl.shape[0]), cnt)
-        local = np.arange(int(cnt.sum()), dtype=_I64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-        idx = []
-        for j in range(len(self.edges) - 1, -1, -1):
-            nj = n[bi, j]
-            idx.append(a[j][bi] + local % nj)
-            local //= nj
-        return bi, self.cell[tuple(reversed(idx))]
+        bi, idx = _cell_ranges(self.edges, bl, bh)
+        pi = self.cell[idx]
+        ok = pi >= 0
+        bi, pi = bi[ok], pi[ok]
+        if not self.exact and bi.size:            # a piece over several cells: once per box
+            key = np.unique(bi * (int(self.cell.max()) + 1) + pi)
+            bi, pi = key // (int(self.cell.max()) + 1), key % (int(self.cell.max()) + 1)
+        return bi, pi
 
 
 def lattices(view, boxes: Boxes, chunk: int = 1 << 20):
@@ -324,7 +343,9 @@ def lattices(view, boxes: Boxes, chunk: int = 1 << 20):
     out = []
     index = None
     if m > SLAB_MIN_PIECES and d:
-        index = _GridIndex.of(p) or _SlabIndex(p)
+        if p.index is None:
+            p.index = _GridIndex.of(p) or _SlabIndex(p)
+        index = p.index
     step = max(1, chunk // (16 if index is not None else max(m, 1)))
     for a in range(0, k, step):
         bl, bs = boxes.lo[a:a + step], boxes.sz[a:a + step]

@@ -567,9 +567,11 @@ class Graph:
         broadcast), the variable is created with its dims in the memory order of ``src``'s largest
         piece and the returned tensor is its ``dimShuffle`` back to ``src``'s shape, as Poplar's
         default clone preserves the element order: a clone of a transposed view is a transposed
-        view, whose tile map has as many runs as ``src``'s, not one per element. openipu
-        extension behind :meth:`clone` and PopLibs' output allocation."""
-        if method != TensorCloneMethod.CREATE_NEW_ORDER and len(src.pieces) > 1 and not _aliases(src.pieces):
+        view, whose tile map has as many runs as ``src``'s, not one per element. A view of a
+        blocked variable (several pieces of one variable) is cloned block by block
+        (:meth:`_clone_pieces`). openipu extension behind :meth:`clone` and PopLibs' output
+        allocation."""
+        if method != TensorCloneMethod.CREATE_NEW_ORDER and _blocked(src.pieces):
             return self._clone_pieces(type_, src, name)
         perm = None if method == TensorCloneMethod.CREATE_NEW_ORDER else memory_order(src)
         if perm is None:
@@ -1019,6 +1021,12 @@ def _flat_view(t: Tensor):
         return None
     var = t._state.variables[v]
     return var, a - var.start
+
+
+def _blocked(p) -> bool:
+    """Whether pieces ``p`` are several blocks of one variable, without aliases (a blocked tensor
+    such as poplin's outputs, or a view of one)."""
+    return len(p) > 1 and p.row is None and bool((p.var == p.var[0]).all()) and not _aliases(p)
 
 
 def _aliases(p) -> bool:

@@ -33,12 +33,13 @@ class Pieces:
     piece, and their views then cost a few Python operations.
     """
 
-    __slots__ = ("_var", "_addr", "_lo", "_sz", "_st", "row", "_d")
+    __slots__ = ("_var", "_addr", "_lo", "_sz", "_st", "row", "_d", "index")
 
     def __init__(self, var, addr, lo, sz, st):
         self._var, self._addr, self._lo, self._sz, self._st = var, addr, lo, sz, st
         self._d = int(lo.shape[1])
         self.row = None
+        self.index = None        # a search index over many pieces, built by the exchange on demand
         if var.size == 1:
             self.row = (int(var[0]), int(addr[0]), tuple(lo[0].tolist()), tuple(sz[0].tolist()),
                         tuple(st[0].tolist()))
@@ -50,6 +51,7 @@ class Pieces:
         p.row = (var, addr, lo, sz, st)
         p._d = len(lo)
         p._var = None
+        p.index = None
         return p
 
     def _build(self):

@@ -289,22 +289,14 @@ def create_weights(graph, type_, params: ConvParams, plan, name: str, value=None
     return w
 
 
-def output_group(plan, lay: Layout) -> int:
-    """Channels per group of the output layout: the plan's partialChansPerGroup, at most a block."""
-    return max(1, min(int(plan.out_chans_per_group or lay.coB), lay.coB))
-
-
 def create_output(graph, type_, params: ConvParams, plan, name: str, lay: Layout | None = None):
-    """The canonical output ``[G, N, Co, *outField]`` as the plan produces it: stored in blocks of
-    ``gB x nB x (partialChansPerGroup channels of a coB block) x field block`` (Poplar's grouped
-    output layout, channels of a group innermost but one), mapped by :func:`output_boxes`."""
+    """The canonical output ``[G, N, Co, *outField]`` as the plan produces it: stored block by
+    block (``gB x nB x coB x`` field block, each contiguous, as Poplar's output layout keeps a
+    tile's results together), mapped by :func:`output_boxes`."""
     lay = lay or Layout.of(params, plan)
     fo = params.getOutputFieldShape()
-    grp = output_group(plan, lay)
-    co_cuts = np.unique(np.r_[np.r_[0:lay.Co:lay.coB], np.concatenate(
-        [np.arange(a, min(a + lay.coB, lay.Co), grp) for a in range(0, lay.Co, lay.coB)]), lay.Co])
     _, r0, r1 = _out_row_runs(params, lay)
-    edges = [np.r_[0:lay.G:lay.gB, lay.G], np.r_[0:lay.N:lay.nB, lay.N], co_cuts,
+    edges = [np.r_[0:lay.G:lay.gB, lay.G], np.r_[0:lay.N:lay.nB, lay.N], np.r_[0:lay.Co:lay.coB, lay.Co],
              np.unique(np.r_[0, r0, r1, fo[0]])] + [np.array([0, s_]) for s_ in fo[1:]]
     out = blocked_tensor(graph, type_, edges, name)
     o_rest = int(np.prod(fo[1:], dtype=np.int64))
@@ -582,7 +574,6 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
     f_out, fr0, fr1 = _out_row_runs(params, lay)
     n_all, co_all = np.arange(lay.N), np.arange(lay.Co)
     macs_per_out = lay.Ci * pb.taps * pb.density
-    out_grp = output_group(plan, lay)
 
     for sb in range(plan.batch_serial):
         n_idx = n_all[(n_all % lay.nB) // lay.nS == sb]
@@ -675,10 +666,6 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
             p_edges = [np.arange(ics + 1)] + [np.unique(np.r_[0, a, a + b, n_]) for a, b, n_ in
                                               zip(out_lo[:4], out_sz[:4], p_shape[1:5])] + \
                 [np.array([0, n_]) for n_ in p_shape[5:]]
-            # channels cut in groups as the output is (create_output), so a share of an output
-            # block is one interval of the partials too
-            rel = co_idx % lay.coB
-            p_edges[3] = np.unique(np.r_[p_edges[3], np.flatnonzero(rel % out_grp == 0)])
             partials = blocked_tensor(graph, ptype, p_edges, f"{step}/partials")
             ib = np.repeat(np.arange(ics, dtype=np.int64), GB.size)
             pt = tile_index(plan, np.tile(GB, ics), np.tile(n_blk[NJ], ics), np.tile(f_out[FR], ics),
