@@ -260,6 +260,7 @@ class _SlabIndex:
             starts = np.flatnonzero(first)
             reach = np.maximum.accumulate(np.maximum.reduceat(hi[order, j], starts))
             self.dims.append((order, slo[first], np.r_[starts, slo.size], reach))
+        self.orders = np.stack([d[0] for d in self.dims])          # [d, pieces]
 
     def _range(self, j, bl, bh):
         order, slab_lo, slab_start, reach = self.dims[j]
@@ -278,8 +279,7 @@ class _SlabIndex:
         bi = np.repeat(rows, cnt)
         local = np.arange(int(cnt.sum()), dtype=_I64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
         pos = np.repeat(a, cnt) + local
-        orders = np.stack([d[0] for d in self.dims])          # [d, pieces]
-        return bi, orders[np.repeat(best, cnt), pos]
+        return bi, self.orders[np.repeat(best, cnt), pos]
 
 
 def _cell_ranges(edges, lo, hi):
@@ -327,8 +327,9 @@ class _GridIndex:
         ok = pi >= 0
         bi, pi = bi[ok], pi[ok]
         if not self.exact and bi.size:            # a piece over several cells: once per box
-            key = np.unique(bi * (int(self.cell.max()) + 1) + pi)
-            bi, pi = key // (int(self.cell.max()) + 1), key % (int(self.cell.max()) + 1)
+            m = int(self.cell.max()) + 1
+            key = np.unique(bi * m + pi)
+            bi, pi = key // m, key % m
         return bi, pi
 
 

@@ -758,21 +758,25 @@ class Graph:
     def getVariableTileMapping(self, t: Tensor):  # noqa: N802
         return self.getTileMapping(t)
 
+    def add_blocks(self, type_, shape, lo: np.ndarray, sz: np.ndarray, name: str, values=None) -> Tensor:
+        """A new tensor of ``shape`` made of the boxes ``lo``, ``sz`` ``[k, rank]`` (a partition of
+        its index space), stored one after the other, each row-major inside
+        (:func:`regions.stacked_pieces`). ``values``: a constant's values in that memory order
+        (flat), else a variable. Unmapped. openipu extension for PopLibs' blocked layouts."""
+        numel = int(np.prod(sz, axis=1, dtype=np.int64).sum())
+        flat = (self._new_variable(type_, [numel], name) if values is None else
+                self.addConstant(type_, [numel], values, name))
+        var, start = flat.pieces.row[0], flat.pieces.row[1]
+        return Tensor(self._state, flat._type, pieces=R.stacked_pieces(var, start, lo, sz),
+                      shape=tuple(int(x) for x in shape))
+
     def _clone_pieces(self, type_, src: Tensor, name: str) -> Tensor:
         """A clone of a view of several pieces: the same pieces (each row-major, stored one after
         the other in the order of the source's addresses), mapped like ``src`` box by box."""
         from openipu.poplar.exchange import tile_boxes
         p = src.pieces
         order = np.lexsort((p.addr, p.var))
-        lo, sz = p.lo[order], p.sz[order]
-        st = np.ones_like(sz)
-        for j in range(sz.shape[1] - 2, -1, -1):
-            st[:, j] = st[:, j + 1] * sz[:, j + 1]
-        n = np.prod(sz, axis=1, dtype=np.int64)
-        flat = self._new_variable(type_, [int(n.sum())], name)
-        var, start = flat.pieces.row[0], flat.pieces.row[1]
-        pieces = R.Pieces(np.full(len(p), var, np.int64), start + np.cumsum(n) - n, lo, sz, st)
-        out = Tensor(self._state, flat._type, pieces=pieces, shape=tuple(src.shape()))
+        out = self.add_blocks(type_, src.shape(), p.lo[order], p.sz[order], name)
         boxes = tile_boxes(src)
         keep = boxes.tile >= 0
         self.set_tile_boxes(out, type(boxes)(boxes.lo[keep], boxes.sz[keep], boxes.tile[keep]))

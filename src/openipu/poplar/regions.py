@@ -142,28 +142,28 @@ def row_major_strides(shape) -> tuple:
     return tuple(reversed(st))
 
 
-def grid_pieces(var_id: int, start: int, edges) -> Pieces:
-    """The pieces of a variable laid out cell by cell: ``edges[j]`` (increasing ints, first 0,
-    last the dim's size) cut dim ``j`` into intervals, the cells are their products, stored one
-    after the other in row-major cell order from address ``start``, each row-major inside (as
-    Poplar's convolution and matmul creators lay out blocks). One piece per cell."""
+def grid_cells(edges):
+    """The cells of a grid: ``edges[j]`` (increasing ints, first 0, last the dim's size) cut dim
+    ``j`` into intervals; returns the corners and sizes ``[cells, d]`` of their products, in
+    row-major cell order (empty cells dropped)."""
     edges = [np.asarray(e, _I64) for e in edges]
     d = len(edges)
-    los = [e[:-1] for e in edges]
-    szs = [np.diff(e) for e in edges]
-    if d == 0:
-        return Pieces.single(var_id, start, (), (), ())
-    grids = np.meshgrid(*[np.arange(x.size) for x in los], indexing="ij")
+    grids = np.meshgrid(*[np.arange(e.size - 1) for e in edges], indexing="ij")
     idx = [g_.reshape(-1) for g_ in grids]
-    lo = np.stack([los[j][idx[j]] for j in range(d)], axis=1)
-    sz = np.stack([szs[j][idx[j]] for j in range(d)], axis=1)
+    lo = np.stack([edges[j][:-1][idx[j]] for j in range(d)], axis=1).reshape(-1, d)
+    sz = np.stack([np.diff(edges[j])[idx[j]] for j in range(d)], axis=1).reshape(-1, d)
+    keep = (sz > 0).all(axis=1)
+    return lo[keep], sz[keep]
+
+
+def stacked_pieces(var_id: int, start: int, lo: np.ndarray, sz: np.ndarray) -> Pieces:
+    """Boxes ``lo``, ``sz`` ``[k, d]`` stored one after the other from address ``start`` of a
+    variable, each row-major inside (as Poplar's creators lay out blocks): one piece per box."""
     st = np.ones_like(sz)
-    for j in range(d - 2, -1, -1):
+    for j in range(sz.shape[1] - 2, -1, -1):
         st[:, j] = st[:, j + 1] * sz[:, j + 1]
     n = np.prod(sz, axis=1, dtype=_I64)
-    addr = start + np.cumsum(n) - n
-    keep = n > 0
-    return Pieces(np.full(int(keep.sum()), var_id, _I64), addr[keep], lo[keep], sz[keep], st[keep])
+    return Pieces(np.full(lo.shape[0], var_id, _I64), start + np.cumsum(n) - n, lo, sz, st)
 
 
 def concat_pieces(parts: list[Pieces], d: int) -> Pieces:

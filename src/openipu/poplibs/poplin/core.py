@@ -253,26 +253,23 @@ def set_tile_boxes(graph, t, lo: np.ndarray, sz: np.ndarray, local_tiles: np.nda
 
 
 def blocked_tensor(graph, type_, edges, name: str, value=None):
-    """A new tensor cut by ``edges`` (per dim, see :func:`regions.grid_pieces`) into blocks that
+    """A new tensor cut by ``edges`` (per dim, see :func:`regions.grid_cells`) into blocks that
     each occupy consecutive addresses, as Poplar's convolution and matmul creators store a tile's
     block contiguously (grouped layouts), so a block, or a tile's share of it, is read or mapped
     as one interval. ``value`` (array of the tensor's shape): a constant's value, stored block by
     block; otherwise a variable. Host work: one copy per block."""
     shape = [int(e[-1]) for e in edges]
-    numel = math.prod(shape)
-    pieces = R.grid_pieces(0, 0, edges)
-    if value is None:
-        flat = graph.addVariable(type_, [numel], name)
-    else:
+    lo, sz = R.grid_cells(edges)
+    mem = None
+    if value is not None:
         value = np.asarray(value).reshape(shape)
-        mem = np.empty(numel, value.dtype)
-        for a, lo, sz in zip(pieces.addr.tolist(), pieces.lo.tolist(), pieces.sz.tolist()):
-            n = math.prod(sz)
-            mem[a:a + n] = value[tuple(slice(x, x + y) for x, y in zip(lo, sz))].reshape(-1)
-        flat = graph.addConstant(type_, [numel], mem, name)
-    var, start = flat.pieces.row[0], flat.pieces.row[1]
-    p = R.Pieces(np.full(len(pieces), var, np.int64), pieces.addr + start, pieces.lo, pieces.sz, pieces.st)
-    return poplar.Tensor(flat._state, flat._type, pieces=p, shape=tuple(shape))
+        mem = np.empty(math.prod(shape), value.dtype)
+        a = 0
+        for c_lo, c_sz in zip(lo.tolist(), sz.tolist()):
+            n = math.prod(c_sz)
+            mem[a:a + n] = value[tuple(slice(x, x + y) for x, y in zip(c_lo, c_sz))].reshape(-1)
+            a += n
+    return graph.add_blocks(type_, shape, lo, sz, name, mem)
 
 
 def create_weights(graph, type_, params: ConvParams, plan, name: str, value=None, lay: Layout | None = None):
