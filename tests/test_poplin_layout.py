@@ -48,15 +48,25 @@ def ref_weight_tiles(params, plan, lay):
 
 
 def ref_output_tiles(params, plan, lay):
+    """Share ``i = q * inChanSplit // L`` of element ``q`` of its output block (row-major over the
+    block's actual sizes, ``L`` elements: block g x n x co x rows of its field block x rest)."""
     fo = params.getOutputFieldShape()
     rest = int(np.prod(fo[1:], dtype=np.int64))
-    row = np.clip(np.arange(fo[0]) - params.outputTransform.paddingLower[0], 0, max(lay.out_rows - 1, 0))
+    rows = np.clip(np.arange(fo[0]) - params.outputTransform.paddingLower[0], 0, max(lay.out_rows - 1, 0))
+    fr = rows // max(lay.fB, 1)
+    r0 = np.searchsorted(fr, fr, side="left")
+    nr = np.searchsorted(fr, fr, side="right") - r0
     g = np.arange(lay.G)[:, None, None, None, None]
     n = np.arange(lay.N)[None, :, None, None, None]
     co = np.arange(lay.Co)[None, None, :, None, None]
-    f = (row // max(lay.fB, 1))[None, None, None, :, None]
+    row = np.arange(fo[0])[None, None, None, :, None]
+    f, r0, nr = (a[None, None, None, :, None] for a in (fr, r0, nr))
     r = np.arange(rest)[None, None, None, None, :]
-    i = (((n % lay.nB) * lay.coB + co % lay.coB) * rest + r) * plan.in_chan_split // (lay.nB * lay.coB * rest)
+    gs = np.minimum(lay.gB, lay.G - g // lay.gB * lay.gB)
+    ns = np.minimum(lay.nB, lay.N - n // lay.nB * lay.nB)
+    cs = np.minimum(lay.coB, lay.Co - co // lay.coB * lay.coB)
+    q = ((((g % lay.gB) * ns + n % lay.nB) * cs + co % lay.coB) * nr + row - r0) * rest + r
+    i = q * plan.in_chan_split // (gs * ns * cs * nr * rest)
     t = core.tile_index(plan, g // lay.gB, n // lay.nB, f, co // lay.coB, i)
     return np.broadcast_to(t, (lay.G, lay.N, lay.Co, fo[0], rest)).reshape(-1)
 

@@ -1,6 +1,7 @@
 """Host storage follows the memory plan: variables whose lifetimes do not overlap share addresses."""
 
 import numpy as np
+import torch
 from hypothesis import given, settings, strategies as st
 
 from openipu import poplar
@@ -78,3 +79,46 @@ def test_offline_prediction_matches_a_real_run_without_storage():
     assert off._storage is None
     assert off.predict_run(0) == real > 0
     assert off._storage is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 7), st.integers(1, 9), st.integers(1, 4), st.integers(1, 5), st.integers(0, 6),
+       st.booleans(), st.booleans(), st.booleans())
+def test_accessor_reads_and_writes_views_of_many_pieces_like_their_addresses(rows, cols, br, bc, view, loop, rep, grow):
+    """Views of a blocked tensor (many pieces, some of several shapes; transposed, reversed,
+    sub-sampled, broadcast, concatenated): the grouped gathers and the per-piece strided copies
+    both read every element at its address and write it there."""
+    from openipu.poplar import regions, storage as S
+    g = poplar.Graph(poplar.IPUModel("ipu2").createDevice().getTarget())
+    lo, sz = regions.grid_cells([np.unique(np.r_[0:rows:br, rows]), np.unique(np.r_[0:cols:bc, cols])])
+    order = np.random.default_rng(rows * 10 + cols).permutation(len(lo))
+    t = g.add_blocks(poplar.FLOAT, [rows, cols], lo[order], sz[order], "t")
+    views = [t, t.transpose(), t.reverse(1), t.subSample(2, 1).reverse(0),
+             poplar.concat([t, t.reverse(0)], 1), t.slice(0, 1, 0).broadcast(3, 0), t.transpose().reverse(1)]
+    v = views[view]
+    if rep:
+        v = poplar.concat([v.slice(0, 1, 0), v], 0) if v.shape()[0] else v
+    if grow:
+        v = v.expand([0])
+    st_ = S.Storage(g._state, 2)
+    buf = st_.bufs["float"]
+    buf.copy_(torch.arange(buf.numel(), dtype=buf.dtype).reshape(buf.shape))
+    pos = torch.from_numpy(st_.host_positions("float", v.addresses().reshape(-1)))
+    acc = S.Accessor(v)
+    old = S.LOOP_MAX_PIECES, S.INDEX_CHUNK
+    S.LOOP_MAX_PIECES, S.INDEX_CHUNK = (10**9, old[1]) if loop else (0, 5)   # gathers in chunks
+    try:
+        got = acc.read(st_)
+        assert got.shape == (2, *v.shape())
+        np.testing.assert_array_equal(got.reshape(2, -1).numpy(), buf[:, pos].numpy())
+        new = torch.rand(2, *v.shape())
+        acc = S.Accessor(v)
+        acc.write(st_, new)
+        flat = new.reshape(2, -1)
+        # an address written through several elements holds one of their values; the others one each
+        for j, p in enumerate(pos.tolist()):
+            cand = flat[:, (pos == p).nonzero()[:, 0]]
+            assert any(bool((buf[:, p] == cand[:, c]).all()) for c in range(cand.shape[1]))
+    finally:
+        S.LOOP_MAX_PIECES, S.INDEX_CHUNK = old
+

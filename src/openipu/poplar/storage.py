@@ -3,8 +3,9 @@
 The buffers follow the memory plan (:func:`openipu.poplar.memory.host_offsets`): a variable's
 elements lie at ``offset(variable) + index``, and variables whose lifetimes do not overlap share
 offsets, as they share memory on the chip. An :class:`Accessor` reads or writes a tensor view
-piece by piece with strided views of the buffer (no index arrays): a one-piece view is a single
-strided view, a view of several pieces is assembled box by box.
+with strided views of the buffer: a one-piece view is a single strided view, a view of a few
+pieces is assembled box by box, and a view of many pieces (blocked layouts) through index gathers
+over groups of equal pieces, the element indices built only while they are used.
 """
 
 from __future__ import annotations
@@ -61,10 +62,58 @@ class Storage:
         return np.asarray(addrs, np.int64) + delta[space.variable_index(np.asarray(addrs).reshape(-1))].reshape(np.shape(addrs))
 
 
-class Accessor:
-    """Precomputed read / write of one tensor view (values shaped ``[replicas, *shape]``)."""
+#: Views of more pieces than this are read and written through grouped index gathers
+#: (:class:`_Groups`) instead of one strided copy per piece.
+LOOP_MAX_PIECES = 8
+#: Elements per transient index chunk of a grouped gather (two int64 arrays of this size).
+INDEX_CHUNK = 1 << 21
 
-    __slots__ = ("t", "key", "shape", "type", "view_type", "_bound", "_plan")
+
+class _Groups:
+    """The pieces of a view grouped by equal sizes and strides: in a group, element ``i`` of piece
+    ``k`` is at buffer position ``base[k] + local[i]`` and at flat view position ``pos[k] +
+    pos_local[i]``. Host memory follows pieces and distinct piece shapes; the element index of a
+    group is built only while it is used, in bounded chunks (:meth:`indices`)."""
+
+    __slots__ = ("groups",)
+
+    def __init__(self, lo, sz, st, host, shape):
+        S = np.ones(len(shape), np.int64)
+        for j in range(len(shape) - 2, -1, -1):
+            S[j] = S[j + 1] * shape[j + 1]
+        key = np.concatenate([sz, st], axis=1)
+        _, inv = np.unique(key, axis=0, return_inverse=True)
+        inv = inv.reshape(-1)
+        order = np.argsort(inv, kind="stable")
+        cuts = np.flatnonzero(np.diff(inv[order])) + 1
+        self.groups = []
+        for members in np.split(order, cuts):
+            k0 = members[0]
+            local = np.zeros((), np.int64)
+            pos_local = np.zeros((), np.int64)
+            for j, n in enumerate(sz[k0].tolist()):
+                ar = np.arange(n, dtype=np.int64)
+                local = np.add.outer(local, ar * st[k0, j])
+                pos_local = np.add.outer(pos_local, ar * S[j])
+            self.groups.append((torch.from_numpy(host[members]), torch.from_numpy(lo[members] @ S),
+                                torch.from_numpy(local.reshape(-1)), torch.from_numpy(pos_local.reshape(-1))))
+
+    def indices(self):
+        """``(buffer positions, view positions)``, int64, per chunk of at most
+        :data:`INDEX_CHUNK` elements (or one piece) of a group."""
+        for base, pos, local, pos_local in self.groups:
+            step = max(1, INDEX_CHUNK // max(1, local.numel()))
+            for a in range(0, base.numel(), step):
+                yield ((base[a:a + step, None] + local).reshape(-1),
+                       (pos[a:a + step, None] + pos_local).reshape(-1))
+
+
+class Accessor:
+    """Precomputed read / write of one tensor view (values shaped ``[replicas, *shape]``): one
+    strided view of the buffer for a single piece, one per piece for a few pieces, grouped
+    index gathers for many (:data:`LOOP_MAX_PIECES`)."""
+
+    __slots__ = ("t", "key", "shape", "type", "view_type", "_bound", "_plan", "_groups")
 
     def __init__(self, t: Tensor):
         self.t = t
@@ -74,20 +123,40 @@ class Accessor:
         self.shape = tuple(t.shape())
         self._bound = None
         self._plan = None
+        self._groups = None
+
+    def _host_addresses(self, storage: Storage) -> np.ndarray:
+        """Buffer position of each piece's corner element (``[k]``)."""
+        p = self.t.pieces
+        vs = storage.state.variables
+        sp_idx = np.array([vs[v].space_index for v in p.var.tolist()], np.int64)
+        return p.addr + storage.delta[self.key][sp_idx]
 
     def _pieces(self, storage: Storage):
         """Per piece: (box of the view, sizes, positive strides, buffer offset of the lowest
-        element, dims to flip, broadcast dims); cached per storage."""
+        element, dims to flip, broadcast dims); or, for many pieces, ``None`` and the groups of
+        :class:`_Groups` (for reads, and for writes with broadcast dims cut to their last
+        element). Cached per storage."""
         if self._bound is storage:
             return self._plan
         p = self.t.pieces
-        space = storage.state.spaces[self.key]
-        delta = storage.delta[self.key]
         plan = []
-        if len(p):
-            vs = storage.state.variables
-            sp_idx = np.array([vs[v].space_index for v in p.var.tolist()], np.int64)
-            host = p.addr + delta[sp_idx]
+        self._groups = None
+        if len(p) > LOOP_MAX_PIECES:
+            host = self._host_addresses(storage)
+            lo, sz, st = p.lo, p.sz, p.st
+            read = _Groups(lo, sz, st, host, self.shape)
+            bc = (st == 0) & (sz > 1)
+            if bc.any():
+                # several elements of the view are one address: the last one written wins (numpy)
+                lo, sz = np.where(bc, lo + sz - 1, lo), np.where(bc, 1, sz)
+                write = _Groups(lo, sz, st, host, self.shape)
+            else:
+                write = read
+            self._groups = (read, write)
+            plan = None
+        elif len(p):
+            host = self._host_addresses(storage).tolist()
             for k in range(len(p)):
                 sz = tuple(int(x) for x in p.sz[k])
                 st = [int(x) for x in p.st[k]]
@@ -96,7 +165,6 @@ class Accessor:
                 bcast = tuple(i for i, t in enumerate(st) if t == 0 and sz[i] > 1)
                 box = tuple(slice(int(a), int(a) + s) for a, s in zip(p.lo[k], sz))
                 plan.append((box, sz, tuple(abs(t) for t in st), off, flip, bcast))
-        del space
         self._bound, self._plan = storage, plan
         return plan
 
@@ -107,7 +175,12 @@ class Accessor:
         buf = storage.bufs[self.key]
         plan = self._pieces(storage)
         R = storage.replicas
-        if len(plan) == 1 and plan[0][1] == self.shape:
+        if plan is None:
+            v = buf.new_empty((R,) + self.shape)
+            flat = v.view(R, -1)
+            for src, dst in self._groups[0].indices():
+                flat.index_copy_(1, dst, buf.index_select(1, src))
+        elif len(plan) == 1 and plan[0][1] == self.shape:
             box, sz, st, off, flip, _ = plan[0]
             v = self._view(buf, sz, st, off)
             if flip:
@@ -138,7 +211,13 @@ class Accessor:
         value = value.reshape((-1,) + self.shape) if value.numel() == R * n else value.reshape((1,) + self.shape)
         if value.shape[0] != R:
             value = value.expand((R,) + self.shape)
-        for box, sz, st, off, flip, bcast in self._pieces(storage):
+        plan = self._pieces(storage)
+        if plan is None:
+            flat = value.reshape(value.shape[0], -1)
+            for dst, src in self._groups[1].indices():
+                buf.index_copy_(1, dst, flat.index_select(1, src))
+            return
+        for box, sz, st, off, flip, bcast in plan:
             part = value[(slice(None),) + box] if len(self._plan) > 1 or sz != self.shape else value
             if flip:
                 part = part.flip([d + 1 for d in flip])

@@ -220,24 +220,48 @@ def _out_row_runs(params: ConvParams, lay: Layout):
     return _runs(row // max(lay.fB, 1))
 
 
+def _block_shares(parts: int, lo: np.ndarray, sz: np.ndarray):
+    """Cut each block ``lo``, ``sz`` ``[k, d]`` (stored row-major and contiguously) into ``parts``
+    shares of consecutive elements (:func:`_share_boxes` over the block's own sizes, so a short
+    edge block is shared as evenly as a full one and every share is one address interval).
+    Returns ``(block, share, lo, sz)`` per share box. Host work: one :func:`_share_boxes` per
+    distinct block shape (a few), then array ops over the boxes."""
+    if lo.shape[0] == 0:
+        z = np.zeros(0, np.int64)
+        return z, z, lo, sz
+    shapes, inv = np.unique(sz, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    blk, shr, blo, bsz = [], [], [], []
+    for j, shape in enumerate(shapes):
+        members = np.flatnonzero(inv == j)
+        sp, slo, ssz = _share_boxes(parts, shape.tolist())
+        B, S = _cross(members.size, sp.size)
+        blk.append(members[B])
+        shr.append(sp[S])
+        blo.append(lo[members[B]] + slo[S])
+        bsz.append(ssz[S])
+    return np.concatenate(blk), np.concatenate(shr), np.concatenate(blo), np.concatenate(bsz)
+
+
 def output_boxes(params: ConvParams, plan, lay: Layout):
     """The layout of the canonical output ``[G, N, Co, Fo0, rest]`` as boxes ``(lo, sz, local
     tile)``: element ``(g, n, co, row, r)`` lives on the tile that computes it, or with an
-    input-channel split on the tile that reduces it, ``tile_index(g // gB, n // nB, f, co // coB,
-    i)`` with ``i = q * inChanSplit // (nB coB rest)``, ``q = ((n % nB) coB + co % coB) rest + r``."""
+    input-channel split on the tile that reduces it: the output block ``gB x nB x coB x`` (rows
+    of field block ``f``) ``x rest`` is cut into ``inChanSplit`` shares of consecutive elements
+    (:func:`_block_shares`), share ``i`` on ``tile_index(g // gB, n // nB, f, co // coB, i)``. A
+    share is one interval of the block as :func:`create_output` stores it, as Poplar's reduction
+    gives each tile a contiguous region of the output."""
     fo = params.getOutputFieldShape()
     rest = int(np.prod(fo[1:], dtype=np.int64))
     f_id, r0, r1 = _out_row_runs(params, lay)
-    sp, slo, ssz = _share_boxes(plan.in_chan_split, [lay.nB, lay.coB, rest])
     g0, gs = _blocks(lay.G, lay.gB)
     n0, ns = _blocks(lay.N, lay.nB)
     o0, os_ = _blocks(lay.Co, lay.coB)
-    GB, NB, OB, FR, SB = _cross(g0.size, n0.size, o0.size, f_id.size, sp.size)
-    nl, nz = _clip_share(slo[SB, 0], ssz[SB, 0], ns[NB])
-    ol, oz = _clip_share(slo[SB, 1], ssz[SB, 1], os_[OB])
-    lo = np.stack([g0[GB], n0[NB] + nl, o0[OB] + ol, r0[FR], slo[SB, 2]], axis=1)
-    sz = np.stack([gs[GB], nz, oz, r1[FR] - r0[FR], ssz[SB, 2]], axis=1)
-    tile = tile_index(plan, GB, NB, f_id[FR], OB, sp[SB])
+    GB, NB, OB, FR = _cross(g0.size, n0.size, o0.size, f_id.size)
+    b_lo = np.stack([g0[GB], n0[NB], o0[OB], r0[FR], np.zeros_like(GB)], axis=1)
+    b_sz = np.stack([gs[GB], ns[NB], os_[OB], r1[FR] - r0[FR], np.full_like(GB, rest)], axis=1)
+    blk, share, lo, sz = _block_shares(int(plan.in_chan_split), b_lo, b_sz)
+    tile = tile_index(plan, GB[blk], NB[blk], f_id[FR[blk]], OB[blk], share)
     keep = (sz > 0).all(axis=1)
     return lo[keep], sz[keep], tile[keep]
 
