@@ -21,28 +21,44 @@ from openipu.poplibs.poplin.plan import plan_convolution
 
 # ---------------------------------------------------------------------------------------------
 # per-element references (the formulas the boxes implement)
+def _block_sizes(idx, n, b):
+    """The size of the block of ``b`` (the last one short) that index ``idx`` of ``range(n)`` is in."""
+    return np.minimum(b, n - idx // b * b)
+
+
 def ref_input_tiles(params, plan, lay):
+    """Share ``o = q * outChanSplit // L`` of element ``q`` of its block (row-major over the
+    block's sizes, ``L`` elements: g x n x c x the rows whose primary field block is f x rest)."""
     F0 = params.inputFieldShape[0]
     rest = int(np.prod(params.inputFieldShape[1:], dtype=np.int64))
     lo, hi = core.input_row_ranges(params, plan, lay)
+    fr = core._primary_block(np.arange(F0), lo, hi)
+    r0 = np.searchsorted(fr, fr, side="left")
+    nr = np.searchsorted(fr, fr, side="right") - r0
     g = np.arange(lay.G)[:, None, None, None, None]
     n = np.arange(lay.N)[None, :, None, None, None]
     c = np.arange(lay.Ci)[None, None, :, None, None]
-    f = core._primary_block(np.arange(F0), lo, hi)[None, None, None, :, None]
+    row = np.arange(F0)[None, None, None, :, None]
+    f, r0, nr = (a_[None, None, None, :, None] for a_ in (fr, r0, nr))
     r = np.arange(rest)[None, None, None, None, :]
-    o = (((n % lay.nB) * lay.ciB + c % lay.ciB) * rest + r) * plan.out_chan_split // (lay.nB * lay.ciB * rest)
+    gs, ns, cs = _block_sizes(g, lay.G, lay.gB), _block_sizes(n, lay.N, lay.nB), _block_sizes(c, lay.Ci, lay.ciB)
+    q = ((((g % lay.gB) * ns + n % lay.nB) * cs + c % lay.ciB) * nr + row - r0) * rest + r
+    o = q * plan.out_chan_split // (gs * ns * cs * nr * rest)
     t = core.tile_index(plan, g // lay.gB, n // lay.nB, f, o, c // lay.ciB)
     return np.broadcast_to(t, (lay.G, lay.N, lay.Ci, F0, rest)).reshape(-1)
 
 
 def ref_weight_tiles(params, plan, lay):
+    """Share ``h = q * batchSplit * fieldSplit // L`` of element ``q`` of its block ``g x co x c x K``."""
     K = int(np.prod(params.kernelShape, dtype=np.int64))
     g = np.arange(lay.G)[:, None, None, None]
     co = np.arange(lay.Co)[None, :, None, None]
     c = np.arange(lay.Ci)[None, None, :, None]
     k = np.arange(K)[None, None, None, :]
     share = plan.batch_split * plan.field_split
-    h = (((co % lay.coB) * lay.ciB + c % lay.ciB) * K + k) * share // (lay.coB * lay.ciB * K)
+    gs, os_, cs = _block_sizes(g, lay.G, lay.gB), _block_sizes(co, lay.Co, lay.coB), _block_sizes(c, lay.Ci, lay.ciB)
+    q = (((g % lay.gB) * os_ + co % lay.coB) * cs + c % lay.ciB) * K + k
+    h = q * share // (gs * os_ * cs * K)
     t = core.tile_index(plan, g // lay.gB, h // plan.field_split, h % plan.field_split, co // lay.coB, c // lay.ciB)
     return np.broadcast_to(t, (lay.G, lay.Co, lay.Ci, K)).reshape(-1)
 
@@ -62,9 +78,7 @@ def ref_output_tiles(params, plan, lay):
     row = np.arange(fo[0])[None, None, None, :, None]
     f, r0, nr = (a[None, None, None, :, None] for a in (fr, r0, nr))
     r = np.arange(rest)[None, None, None, None, :]
-    gs = np.minimum(lay.gB, lay.G - g // lay.gB * lay.gB)
-    ns = np.minimum(lay.nB, lay.N - n // lay.nB * lay.nB)
-    cs = np.minimum(lay.coB, lay.Co - co // lay.coB * lay.coB)
+    gs, ns, cs = _block_sizes(g, lay.G, lay.gB), _block_sizes(n, lay.N, lay.nB), _block_sizes(co, lay.Co, lay.coB)
     q = ((((g % lay.gB) * ns + n % lay.nB) * cs + co % lay.coB) * nr + row - r0) * rest + r
     i = q * plan.in_chan_split // (gs * ns * cs * nr * rest)
     t = core.tile_index(plan, g // lay.gB, n // lay.nB, f, co // lay.coB, i)
@@ -255,8 +269,9 @@ def test_reads_cost_what_the_per_element_model_gives(case, mapping):
     steps = [(sb, so) for sb in range(plan.batch_serial) for so in range(plan.out_chan_serial)]
     for cs, (sb, so) in zip(conv_sets, steps):
         group = cs.groups[0]
+        xr, wr = group.kernel.args[:2]      # the operands as read (after any rearrangement)
         np.testing.assert_array_equal(_volume(spec, _structural(group.reads)),
-                                      _volume(spec, _ref_read_transfers(g, xc, w, p, plan, sb, so)))
+                                      _volume(spec, _ref_read_transfers(g, xr, wr, p, plan, sb, so)))
         if plan.in_chan_split > 1:
             # the reduce reads every partial slab on the tiles that hold the output
             partials = group.writes[0].tensor
@@ -302,3 +317,57 @@ def test_bias_and_scaled_add_read_by_regions():
     assert X.numElements() >= C.numElements()
     used = np.flatnonzero(np.bincount(g.tile_of_elements(C), minlength=spec.num_tiles))
     np.testing.assert_array_equal(grp.tiles, used)
+
+
+def _copies_into(prog, suffix):
+    return [c for c in prog.programs if isinstance(c, P.Copy) and c.dst._state.variables[
+        int(c.dst.variable_ids()[0])].name.endswith(suffix)]
+
+
+def _lhs_case(created: bool):
+    """A 64 x 64 @ 64 x 512 matmul on 64 tiles: (copies into a rearranged LHS, messages each tile
+    receives in the Conv compute set, the product run on the engine, the inputs)."""
+    model = poplar.IPUModel("ipu2")
+    model.tilesPerIPU = 64
+    dev = model.createDevice()
+    g = poplar.Graph(dev.getTarget())
+    m, k, n = 64, 64, 512
+    if created:
+        A = poplin.createMatMulInputLHS(g, poplar.FLOAT, [m, k], [k, n], "a")
+    else:
+        A = g.addVariable(poplar.FLOAT, [k, m], "a").transpose()      # column-major, mapped linearly
+        poputil.mapTensorLinearly(g, A)
+    B = poplin.createMatMulInputRHS(g, poplar.FLOAT, [m, k], [k, n], "b")
+    prog = P.Sequence()
+    C = poplin.matMul(g, A, B, prog, "c")
+    reads = next(cs for cs in g._state.compute_sets if cs.name.endswith("/Conv")).groups[0].reads
+    recv_msgs = _volume(g._target.spec, _structural(reads))[2]
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    for name, t in (("a", A), ("b", B)):
+        g.createHostWrite(name, t)
+    g.createHostRead("c", C)
+    e = poplar.Engine(g, prog)
+    e.load(dev)
+    e.writeTensor("a", a)
+    e.writeTensor("b", b)
+    e.run(0)
+    return len(_copies_into(prog, "actsRearranged")), recv_msgs, e.readTensor("c"), a @ b
+
+
+def test_an_operand_many_tiles_read_is_rearranged_once_into_the_plans_layout(monkeypatch):
+    """A matmul whose plan reads each LHS block on more than 7 tiles (outChanSplit 32): an LHS
+    mapped another way is first copied into the plan's block-contiguous layout (Poplar's
+    rearrangement) and then read exactly as one made by createMatMulInputLHS, which is read as
+    it is; without the rearrangement its column-major runs cost more messages. The product is
+    right either way."""
+    made = _lhs_case(True)
+    other = _lhs_case(False)
+    assert (made[0], other[0]) == (0, 1)
+    np.testing.assert_array_equal(other[1], made[1])
+    for copies, _, got, want in (made, other):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    monkeypatch.setattr(core, "MAX_BROADCAST_DESTS", 10**6)
+    unarranged = _lhs_case(False)
+    assert unarranged[0] == 0 and unarranged[1].sum() > 2 * other[1].sum()
+    np.testing.assert_allclose(unarranged[2], unarranged[3], rtol=1e-5, atol=1e-4)

@@ -82,12 +82,13 @@ def _conv(graph, x, w, params, prog, name, options, cache, op, out=None):
 
 
 def createInput(graph, params: ConvParams, name: str = "", options=None, cache=None):  # noqa: N802
-    """A new input tensor ``[N, G*Ci, *field]`` mapped the way the plan wants it
-    (``poplin::createInput``): each tile holds part of a block it convolves."""
+    """A new input tensor ``[N, G*Ci, *field]`` laid out the way the plan wants it
+    (``poplin::createInput``): each work block stored contiguously, each tile holding an interval
+    of a block it convolves (:func:`core.create_input`)."""
     plan = plan_convolution(params, graph.getTarget(), options, cache, op="createInput")
-    t = graph.addVariable(params.inputType, params.getInputShape(), name or "input")
-    core.map_input(graph, _canon_input(t, params), params, plan)
-    return t
+    x = core.create_input(graph, params.inputType, params, plan, name or "input")
+    n = params.getNumFieldDims()
+    return x.dimShuffle([1, 0, 2, *range(3, 3 + n)]).reshape(params.getInputShape())
 
 
 def createWeights(graph, params: ConvParams, name: str = "", options=None, cache=None):  # noqa: N802

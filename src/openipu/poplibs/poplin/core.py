@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from openipu import poplar
 from openipu.poplar import regions as R
+from openipu.poplar import tilemap
 from openipu.poplar.exchange import Boxes, lattices, tile_boxes
 from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplibs.poplin import plan as planmod
@@ -157,57 +158,54 @@ def _blocks(n: int, b: int):
     return start, np.minimum(b, n - start)
 
 
-def _clip_share(lo, sz, valid):
-    """A share's box (block coordinates) clipped to the block's valid extent: ``(lo, size)``."""
-    hi = np.minimum(lo + sz, valid)
-    return lo, np.maximum(hi - lo, 0)
+def _input_blocks(params: ConvParams, plan, lay: Layout):
+    """The input's work blocks, disjoint: ``gB x nB x ciB x`` (the rows whose primary field block
+    is ``f``) ``x rest``. Returns ``(lo, sz, GB, NB, CB, f)`` (``lo``, ``sz``: ``[k, 5]`` boxes
+    of the canonical input ``[G, N, Ci, F0, rest]``; then each block's indices)."""
+    F0 = params.inputFieldShape[0]
+    rest = int(np.prod(params.inputFieldShape[1:], dtype=np.int64))
+    lo_r, hi_r = input_row_ranges(params, plan, lay)
+    f_id, r0, r1 = _runs(_primary_block(np.arange(F0), lo_r, hi_r))
+    g0, gs = _blocks(lay.G, lay.gB)
+    n0, ns = _blocks(lay.N, lay.nB)
+    c0, cs = _blocks(lay.Ci, lay.ciB)
+    GB, NB, CB, FR = _cross(g0.size, n0.size, c0.size, f_id.size)
+    lo = np.stack([g0[GB], n0[NB], c0[CB], r0[FR], np.zeros_like(GB)], axis=1)
+    sz = np.stack([gs[GB], ns[NB], cs[CB], r1[FR] - r0[FR], np.full_like(GB, rest)], axis=1)
+    return lo, sz, GB, NB, CB, f_id[FR]
 
 
 def input_boxes(params: ConvParams, plan, lay: Layout):
     """The layout the plan wants for the canonical input ``[G, N, Ci, F0, rest]`` (``rest``: the
     other field dims flattened), as boxes: ``(lo, sz, local tile)`` (``createInput``).
 
-    Element ``(g, n, c, row, r)`` lives on ``tile_index(g // gB, n // nB, f, o, c // ciB)`` with
-    ``f`` the row's primary field block and ``o = q * outChanSplit // (nB ciB rest)``,
-    ``q = ((n % nB) ciB + c % ciB) rest + r``: a block is spread over the out-channel tiles that
-    share it."""
-    F0 = params.inputFieldShape[0]
-    rest = int(np.prod(params.inputFieldShape[1:], dtype=np.int64))
-    lo_r, hi_r = input_row_ranges(params, plan, lay)
-    f_id, r0, r1 = _runs(_primary_block(np.arange(F0), lo_r, hi_r))
-    sp, slo, ssz = _share_boxes(plan.out_chan_split, [lay.nB, lay.ciB, rest])
-    g0, gs = _blocks(lay.G, lay.gB)
-    n0, ns = _blocks(lay.N, lay.nB)
-    c0, cs = _blocks(lay.Ci, lay.ciB)
-    GB, NB, CB, FR, SB = _cross(g0.size, n0.size, c0.size, f_id.size, sp.size)
-    nl, nz = _clip_share(slo[SB, 0], ssz[SB, 0], ns[NB])
-    cl, cz = _clip_share(slo[SB, 1], ssz[SB, 1], cs[CB])
-    lo = np.stack([g0[GB], n0[NB] + nl, c0[CB] + cl, r0[FR], slo[SB, 2]], axis=1)
-    sz = np.stack([gs[GB], nz, cz, r1[FR] - r0[FR], ssz[SB, 2]], axis=1)
-    tile = tile_index(plan, GB, NB, f_id[FR], sp[SB], CB)
+    Each input block (:func:`_input_blocks`: the rows a field block reads first) is cut into
+    ``outChanSplit`` shares of consecutive elements (:func:`_block_shares`), share ``o`` on
+    ``tile_index(g // gB, n // nB, f, o, c // ciB)``: a block is spread over the out-channel
+    tiles that read it, each holding one interval of it as :func:`create_input` stores it."""
+    b_lo, b_sz, GB, NB, CB, F = _input_blocks(params, plan, lay)
+    blk, share, lo, sz = _block_shares(int(plan.out_chan_split), b_lo, b_sz)
+    tile = tile_index(plan, GB[blk], NB[blk], F[blk], share, CB[blk])
     keep = (sz > 0).all(axis=1)
     return lo[keep], sz[keep], tile[keep]
 
 
 def weight_boxes(params: ConvParams, plan, lay: Layout):
     """The layout of the canonical weights ``[G, Co, Ci, K]`` (``K``: the kernel flattened) as
-    boxes ``(lo, sz, local tile)`` (``createWeights``): element ``(g, co, c, k)`` lives on
-    ``tile_index(g // gB, h // fieldSplit, h % fieldSplit, co // coB, c // ciB)`` with
-    ``h = q * share // (coB ciB K)``, ``q = ((co % coB) ciB + c % ciB) K + k``, ``share =
-    batchSplit x fieldSplit``: a block is spread over the batch x field tiles that share it."""
+    boxes ``(lo, sz, local tile)`` (``createWeights``): each block ``gB x coB x ciB x K`` is cut
+    into ``batchSplit x fieldSplit`` shares of consecutive elements (:func:`_block_shares`),
+    share ``h`` on ``tile_index(g // gB, h // fieldSplit, h % fieldSplit, co // coB, c // ciB)``:
+    a block is spread over the batch x field tiles that read it."""
     K = int(np.prod(params.kernelShape, dtype=np.int64))
     fs = int(plan.field_split)
-    sp, slo, ssz = _share_boxes(int(plan.batch_split) * fs, [lay.coB, lay.ciB, K])
     g0, gs = _blocks(lay.G, lay.gB)
     o0, os_ = _blocks(lay.Co, lay.coB)
     c0, cs = _blocks(lay.Ci, lay.ciB)
-    GB, OB, CB, SB = _cross(g0.size, o0.size, c0.size, sp.size)
-    ol, oz = _clip_share(slo[SB, 0], ssz[SB, 0], os_[OB])
-    cl, cz = _clip_share(slo[SB, 1], ssz[SB, 1], cs[CB])
-    lo = np.stack([g0[GB], o0[OB] + ol, c0[CB] + cl, slo[SB, 2]], axis=1)
-    sz = np.stack([gs[GB], oz, cz, ssz[SB, 2]], axis=1)
-    h = sp[SB]
-    tile = tile_index(plan, GB, h // fs, h % fs, OB, CB)
+    GB, OB, CB = _cross(g0.size, o0.size, c0.size)
+    b_lo = np.stack([g0[GB], o0[OB], c0[CB], np.zeros_like(GB)], axis=1)
+    b_sz = np.stack([gs[GB], os_[OB], cs[CB], np.full_like(GB, K)], axis=1)
+    blk, h, lo, sz = _block_shares(int(plan.batch_split) * fs, b_lo, b_sz)
+    tile = tile_index(plan, GB[blk], h // fs, h % fs, OB[blk], CB[blk])
     keep = (sz > 0).all(axis=1)
     return lo[keep], sz[keep], tile[keep]
 
@@ -325,12 +323,15 @@ def create_output(graph, type_, params: ConvParams, plan, name: str, lay: Layout
     return out
 
 
-def map_input(graph, x, params: ConvParams, plan, lay: Layout | None = None) -> None:
-    """Map the canonical input view ``x`` ``[G, N, Ci, *field]`` as the plan lays it out."""
+def create_input(graph, type_, params: ConvParams, plan, name: str, lay: Layout | None = None):
+    """The canonical input ``[G, N, Ci, *field]`` as ``createInput`` lays it out: stored block by
+    block (:func:`_input_blocks`, each contiguous) and mapped by :func:`input_boxes`."""
     lay = lay or Layout.of(params, plan)
-    F0 = params.inputFieldShape[0]
-    x5 = x.reshape([lay.G, lay.N, lay.Ci, F0, int(np.prod(params.inputFieldShape[1:], dtype=np.int64))])
-    set_tile_boxes(graph, x5, *input_boxes(params, plan, lay))
+    b_lo, b_sz, *_ = _input_blocks(params, plan, lay)
+    shape = [lay.G, lay.N, lay.Ci, params.inputFieldShape[0], int(np.prod(params.inputFieldShape[1:], dtype=np.int64))]
+    x = graph.add_blocks(type_, shape, b_lo, b_sz, name)
+    set_tile_boxes(graph, x, *input_boxes(params, plan, lay))
+    return x.reshape([lay.G, lay.N, lay.Ci, *params.inputFieldShape])
 
 
 def map_weights(graph, w, params: ConvParams, plan, lay: Layout | None = None) -> None:
@@ -551,6 +552,42 @@ def _replica_accesses(view, lo, sz, tiles, first) -> list:
     return out
 
 
+#: Tiles that may read each block of an operand as it is before poplin rearranges the operand
+#: into the plan's own layout first (PopLibs' ``inViewMaxBroadcastDests`` and
+#: ``weightViewMaxBroadcastDests``, both 7): a block read by more tiles is copied once into a
+#: block-contiguous layout and broadcast from there, so its reading tiles each take it as one
+#: interval instead of as the operand's own (possibly strided) runs.
+MAX_BROADCAST_DESTS = 7
+
+
+def _laid_out(graph, t, lo: np.ndarray, sz: np.ndarray, local_tiles: np.ndarray) -> bool:
+    """Whether the view ``t`` already has the plan's layout: mapped as the boxes ``lo``, ``sz`` on
+    ``local_tiles`` (compared as runs of the flattened view), each box one interval of memory.
+    Host work follows boxes and runs."""
+    b, _, tl = graph.tile_runs_of(t)
+    owner, start, _ = R.box_flat_runs(lo, sz, t.shape())
+    order = np.argsort(start, kind="stable")
+    tiles = graph._global_tiles(np.asarray(local_tiles, np.int64))
+    b2, tl2 = tilemap.compress(start[order], tiles[owner[order]])
+    if not (np.array_equal(b, b2) and np.array_equal(tl, tl2)):
+        return False
+    _, _, base, T, n, _ = lattices(t, Boxes(lo, sz, tiles.astype(np.int64)))
+    return R.address_runs(base, n, T)[0].size == lo.shape[0]
+
+
+def _rearranged(graph, t, flat_shape, boxes, dests: int, create, prog, name: str):
+    """``t``, or a copy of it (added to ``prog``) into ``create(name)``, a new tensor in the plan's
+    block-contiguous layout, when more than :data:`MAX_BROADCAST_DESTS` tiles read each block and
+    ``t`` (viewed as ``flat_shape``, the shape of ``boxes``) is not already mapped that way:
+    Poplar's rearrangement before a convolution (``convolutionPreprocess`` with
+    ``rearrangeActs`` / ``rearrangeWeights``)."""
+    if dests <= MAX_BROADCAST_DESTS or t.numElements() == 0 or _laid_out(graph, t.reshape(flat_shape), *boxes):
+        return t
+    r = create(name)
+    prog.add(poplar.program.Copy(t, r))
+    return r
+
+
 def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type, out_type, prog, name: str,
           out=None):
     """Add the planned convolution of canonical views ``x`` and ``w`` to ``prog``.
@@ -568,6 +605,16 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
     if plan.tiles > T:
         raise planmod.poplibs_error(f"{name}: plan uses {plan.tiles} tiles but the graph has {T}")
     fo = params.getOutputFieldShape()
+    # operands that many tiles read are first copied into the plan's layout (unless already so)
+    rest = int(np.prod(params.inputFieldShape[1:], dtype=np.int64))
+    x = _rearranged(graph, x, [lay.G, lay.N, lay.Ci, params.inputFieldShape[0], rest], input_boxes(params, plan, lay),
+                    plan.out_chan_split, lambda n: create_input(graph, in_type, params, plan, n, lay), prog,
+                    f"{name}/actsRearranged")
+    K = int(np.prod(params.kernelShape, dtype=np.int64))
+    w = _rearranged(graph, w, [lay.G, lay.Co, lay.Ci, K], weight_boxes(params, plan, lay),
+                    plan.batch_split * plan.field_split,
+                    lambda n: create_weights(graph, in_type, params, plan, n, lay=lay).reshape(w.shape()), prog,
+                    f"{name}/weightsRearranged")
     own_out = out is None
     if own_out:
         out = create_output(graph, out_type, params, plan, name, lay)

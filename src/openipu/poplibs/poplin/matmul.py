@@ -173,9 +173,10 @@ def _create(graph, op, type_, aShape, bShape, name, options, cache, which, group
             value = np.asarray(value).reshape(g, k, n).transpose(0, 2, 1)
         w = core.create_weights(graph, type_, params, plan, name, value)
         t = w.reshape([g, n, k]).dimShuffle([0, 2, 1])
-    else:
-        t = graph.addVariable(out_type if which == "out" else type_, shape, name)
-        _map_as_planned(graph, t, which, params, plan)
+    elif which == "lhs":    # blocks stored contiguously (createInput), canonical [g, m, k, 1]
+        t = core.create_input(graph, type_, params, plan, name).reshape(shape)
+    else:                   # (createOutput) canonical [g, m, n, 1]
+        t = core.create_output(graph, out_type, params, plan, name).reshape(shape)
     return t if grouped else t.reshape(shape[1:])
 
 
@@ -189,20 +190,6 @@ def create_matmul_input_rhs(graph, type_, aShape, bShape, name: str = "", option
     return _create(graph, op, type_, aShape, bShape, name or "rhs", options, cache, "rhs", grouped, value=value)
 
 
-def _map_as_planned(graph, t, which, params, plan):
-    """Map ``t`` (``[g, m, k]`` lhs, ``[g, k, n]`` rhs or ``[g, m, n]`` out) as the plan lays it out
-    (boxes of the canonical views, :mod:`core`)."""
-    lay = core.Layout.of(params, plan)
-    g, m, k, n = params.numConvGroups, params.batchSize, params.inputChannelsPerConvGroup, \
-        params.outputChannelsPerConvGroup
-    if which == "lhs":
-        core.map_input(graph, t.reshape([g, m, k, 1]), params, plan, lay)
-    elif which == "rhs":
-        core.map_weights(graph, t.dimShuffle([0, 2, 1]).reshape([g, n, k, 1]), params, plan, lay)
-    else:
-        core.map_output(graph, t.reshape([g, m, n, 1]), params, plan, lay)
-
-
 def map_matmul_input_rhs(graph, B, aShape, options=None, cache=None, outType=None) -> None:  # noqa: N803
     """Re-map an existing right operand ``B`` (``[k, n]``, or ``[g, k, n]`` for grouped) the way
     :func:`createMatMulInputRHS` lays one out for ``aShape x B.shape()``, so a weight created before
@@ -214,7 +201,8 @@ def map_matmul_input_rhs(graph, B, aShape, options=None, cache=None, outType=Non
     type_ = B.elementType()
     out_type = as_type(outType or type_)
     plan = _plan(graph, g, m, k, n, type_, out_type, options, cache, op)
-    _map_as_planned(graph, B if grouped else B.reshape([1, k, n]), "rhs", _params(g, m, k, n, type_, out_type), plan)
+    Bg = B if grouped else B.reshape([1, k, n])
+    core.map_weights(graph, Bg.dimShuffle([0, 2, 1]).reshape([g, n, k, 1]), _params(g, m, k, n, type_, out_type), plan)
 
 
 def createMatMulInputLHS(graph, type_, aShape, bShape, name: str = "", options=None, cache=None):  # noqa: N802,N803
