@@ -804,10 +804,7 @@ class Graph:
         lo, sz, shape = boxes.lo, boxes.sz, t.shape()
         if perm is not None:
             lo, sz, shape = lo[:, perm], sz[:, perm], [shape[d] for d in perm]
-        owner, start, length = R.box_flat_runs(lo, sz, shape)
-        order = np.argsort(start, kind="stable")
-        start, tl = start[order], boxes.tile[owner][order].astype(np.int32)
-        b, tl = tilemap.compress(start, tl)
+        b, tl = box_tile_runs(lo, sz, boxes.tile, shape)
         return b, np.append(b[1:], n), tl
 
     def copy_tile_mapping(self, dst: Tensor, src: Tensor) -> None:
@@ -1025,6 +1022,15 @@ def _flat_view(t: Tensor):
         return None
     var = t._state.variables[v]
     return var, a - var.start
+
+
+def box_tile_runs(lo: np.ndarray, sz: np.ndarray, tiles: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray]:
+    """``(begin, tile)`` of the runs of flat (row-major) indices of a tensor of ``shape`` that the
+    disjoint boxes ``lo``, ``sz`` on ``tiles`` cover, adjacent runs on the same tile merged
+    (``tile`` int32). Host work follows boxes and runs."""
+    owner, start, _ = R.box_flat_runs(lo, sz, shape)
+    order = np.argsort(start, kind="stable")
+    return tilemap.compress(start[order], np.asarray(tiles)[owner[order]].astype(np.int32))
 
 
 def _blocked(p) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from openipu.poplar.regions import row_major_strides
 from openipu.poplar.tensor import Tensor
 
 
@@ -78,9 +79,7 @@ class _Groups:
     __slots__ = ("groups",)
 
     def __init__(self, lo, sz, st, host, shape):
-        S = np.ones(len(shape), np.int64)
-        for j in range(len(shape) - 2, -1, -1):
-            S[j] = S[j + 1] * shape[j + 1]
+        S = np.array(row_major_strides(shape), np.int64).reshape(len(shape))
         key = np.concatenate([sz, st], axis=1)
         _, inv = np.unique(key, axis=0, return_inverse=True)
         inv = inv.reshape(-1)

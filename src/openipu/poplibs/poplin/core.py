@@ -28,9 +28,8 @@ import torch.nn.functional as F
 
 from openipu import poplar
 from openipu.poplar import regions as R
-from openipu.poplar import tilemap
 from openipu.poplar.exchange import Boxes, lattices, tile_boxes
-from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplar.graph import Access, VertexGroup, box_tile_runs
 from openipu.poplibs.poplin import plan as planmod
 from openipu.poplibs.poplin.params import ConvParams
 
@@ -565,10 +564,8 @@ def _laid_out(graph, t, lo: np.ndarray, sz: np.ndarray, local_tiles: np.ndarray)
     ``local_tiles`` (compared as runs of the flattened view), each box one interval of memory.
     Host work follows boxes and runs."""
     b, _, tl = graph.tile_runs_of(t)
-    owner, start, _ = R.box_flat_runs(lo, sz, t.shape())
-    order = np.argsort(start, kind="stable")
     tiles = graph._global_tiles(np.asarray(local_tiles, np.int64))
-    b2, tl2 = tilemap.compress(start[order], tiles[owner[order]])
+    b2, tl2 = box_tile_runs(lo, sz, tiles, t.shape())
     if not (np.array_equal(b, b2) and np.array_equal(tl, tl2)):
         return False
     _, _, base, T, n, _ = lattices(t, Boxes(lo, sz, tiles.astype(np.int64)))
