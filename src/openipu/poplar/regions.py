@@ -603,6 +603,80 @@ def piece_runs(p: Pieces):
     return p.var[owner], start, length
 
 
+def _crowded(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Which of the address spans ``[lo, hi]`` (inclusive, ``[k]``) overlap another's (bool ``[k]``):
+    in order of ``lo``, a span meets an earlier one iff it starts within their reach, and a later
+    one iff the next span starts within it."""
+    k = lo.size
+    order = np.argsort(lo, kind="stable")
+    l, h = lo[order], hi[order]
+    hit = np.zeros(k, bool)
+    if k > 1:
+        hit[1:] = l[1:] <= np.maximum.accumulate(h)[:-1]
+        hit[:-1] |= l[1:] <= h[:-1]
+    out = np.zeros(k, bool)
+    out[order] = hit
+    return out
+
+
+def _may_fold(p: Pieces) -> np.ndarray:
+    """Pieces that may map two indices to one address (bool ``[k]``): with dims sorted by stride,
+    a piece is one-to-one when every stride exceeds the extent of the dims inside it."""
+    _, T, n = canonical(p.addr, p.sz, p.st)
+    if T.shape[1] < 2:
+        return np.zeros(len(p), bool)
+    ext = 1 + np.cumsum(T * (n - 1), axis=1)[:, :-1]
+    return ((T[:, 1:] > 0) & (T[:, 1:] < ext)).any(axis=1)
+
+
+def _merged_runs(start: np.ndarray, length: np.ndarray):
+    """Sorted runs, and whether any two of them share an address."""
+    order = np.argsort(start, kind="stable")
+    s, e = start[order], start[order] + length[order]
+    clash = bool(s.size > 1 and (s[1:] < np.maximum.accumulate(e)[:-1]).any())
+    return s, e, clash
+
+
+def pieces_alias(p: Pieces) -> bool:
+    """Whether two elements of the view ``p`` have the same address (a broadcast, or overlapping
+    pieces). Works on runs of consecutive addresses of the pieces whose spans overlap, never on
+    the addresses of a whole tensor; exact."""
+    if len(p) == 0:
+        return False
+    if np.any((p.st == 0) & (p.sz > 1)):
+        return True
+    lo, hi = p.address_bounds()
+    sel = _crowded(lo, hi) | _may_fold(p)
+    if not sel.any():
+        return False
+    _, start, length = piece_runs(p.take(np.flatnonzero(sel)))
+    return _merged_runs(start, length)[2]
+
+
+def pieces_intersect(a: Pieces, b: Pieces) -> bool:
+    """Whether the views ``a`` and ``b`` share an address; on runs of the pieces whose spans meet
+    the other view's, exact."""
+    if len(a) == 0 or len(b) == 0:
+        return False
+    alo, ahi = a.address_bounds()
+    blo, bhi = b.address_bounds()
+    # pieces of each that meet a span of the other (sorted sweep, no k_a x k_b matrix)
+    def meeting(lo, hi, olo, ohi):
+        order = np.argsort(olo, kind="stable")
+        ol, reach = olo[order], np.maximum.accumulate(ohi[order])
+        j = np.searchsorted(ol, hi, side="right")      # other spans starting at or before hi
+        return (j > 0) & (reach[np.maximum(j - 1, 0)] >= lo)
+    ma, mb = meeting(alo, ahi, blo, bhi), meeting(blo, bhi, alo, ahi)
+    if not ma.any() or not mb.any():
+        return False
+    _, sa, la = piece_runs(a.take(np.flatnonzero(ma)))
+    _, sb, lb = piece_runs(b.take(np.flatnonzero(mb)))
+    s, e, _ = _merged_runs(sa, la)
+    e = np.maximum.accumulate(e)
+    j = np.searchsorted(s, sb + lb, side="left")       # runs of a starting before b's run ends
+    return bool(((j > 0) & (e[np.maximum(j - 1, 0)] > sb)).any())
+
+
 def box_flat_runs(lo: np.ndarray, sz: np.ndarray, shape):
     """Runs of consecutive flat (row-major) indices of boxes of a tensor of ``shape``.
 

@@ -422,15 +422,14 @@ class Tensor:
         if len(p) == 0:
             return False
         if p.row is not None:
-            return any(t == 0 and n > 1 for n, t in zip(p.row[3], p.row[4]))
-        if np.any((p.st == 0) & (p.sz > 1)):
-            return True
-        lo, hi = p.address_bounds()
-        order = np.argsort(lo, kind="stable")
-        if np.all(lo[order][1:] > hi[order][:-1]):
-            return False                    # address spans are disjoint
-        s = np.sort(self.flat_addresses())
-        return bool((s[1:] == s[:-1]).any())
+            # one piece: one-to-one when, dims sorted by stride, each stride exceeds the inner extent
+            ext = 1
+            for t, n in sorted((abs(t), n) for n, t in zip(p.row[3], p.row[4]) if n > 1):
+                if t < ext:
+                    return True
+                ext += t * (n - 1)
+            return False
+        return R.pieces_alias(p)
 
     def containsConstant(self) -> bool:  # noqa: N802
         vs = self._state.variables
@@ -447,11 +446,7 @@ class Tensor:
         a, b = self._p, other._p
         if len(a) == 0 or len(b) == 0:
             return False
-        alo, ahi = a.address_bounds()
-        blo, bhi = b.address_bounds()
-        if not np.any((alo[:, None] <= bhi[None, :]) & (blo[None, :] <= ahi[:, None])):
-            return False
-        return np.intersect1d(self.flat_addresses(), other.flat_addresses()).size > 0
+        return R.pieces_intersect(a, b)
 
     def dump(self) -> str:
         return repr(self)
