@@ -231,3 +231,34 @@ def test_logging_honours_poplar_log_level(monkeypatch, tmp_path):
     eng._log = options.get_logger("engine")
     text = log.read_text()
     assert "PO:ENGINE [I] Compiled 1 programs" in text
+
+
+def test_a_functions_own_variables_live_per_call_and_its_code_is_counted_once():
+    # Function body: a -> tmp -> b (tmp is the function's own); between calls the caller uses
+    # its own temporary `mid` on the same tile. tmp lives during each call only, so the peak on
+    # tile 1 is one of the two temporaries, not both; the body's exchange code is counted once.
+    def build(calls):
+        dev, g = _graph(tilesPerIPU=4)
+        a = g.addVariable(poplar.FLOAT, [1000], "a"); g.setTileMapping(a, 0)
+        b = g.addVariable(poplar.FLOAT, [1000], "b"); g.setTileMapping(b, 2)
+        tmp = g.addVariable(poplar.FLOAT, [1000], "tmp"); g.setTileMapping(tmp, 1)
+        g.createHostWrite("a", a); g.createHostRead("b", b)
+        f = g.addFunction(P.Sequence(P.Copy(a, tmp), P.Copy(tmp, b)))
+        seq = P.Sequence(P.Call(f))
+        for i in range(calls - 1):
+            mid = g.addVariable(poplar.FLOAT, [1000], f"mid{i}"); g.setTileMapping(mid, 1)
+            seq.add(P.Sequence(P.Copy(a, mid), P.Copy(mid, b), P.Call(f)))
+        e = poplar.Engine(g, seq)
+        e.load(dev)
+        e.writeTensor("a", np.arange(1000, dtype=np.float32))
+        e.run(0)
+        np.testing.assert_array_equal(e.readTensor("b"), np.arange(1000, dtype=np.float32))
+        return e.memory
+
+    one, three = build(1), build(3)
+    assert three.not_always_live_peak[1] == 4000            # tmp or mid, never both
+    code_one = one.categories["Internal Exchange Code"]
+    code_three = three.categories["Internal Exchange Code"]
+    # three calls add only the caller's own copies (a -> mid -> b, twice): the body's once
+    assert code_one[1] > 0
+    np.testing.assert_array_equal(code_three - code_one, 2 * code_one)

@@ -76,7 +76,8 @@ class _Compiler:
         self.uses: list[list] = []        # per step: [(Tensor, is_write)]
         self.exchange_code = np.zeros(self.spec.num_tiles)
         self.loops: list[tuple[int, int]] = []
-        self.functions: dict[int, object] = {}
+        self.calls: list[tuple[int, int, int]] = []     # (function id, first step, end step) per call
+        self.copy_cache: dict[int, tuple] = {}            # id(Copy) -> (cost, exchange code) of a copy met again
         self.vertex_state = np.zeros(self.spec.num_tiles)
         self.vertex_code_tiles: dict[str, np.ndarray] = {}     # vertex type -> bool [tiles] holding its code
         self.vertex_type_code: dict = {}
@@ -199,14 +200,20 @@ class _Compiler:
             uses = [(t, False) for t in prog.inputs] + [(t, True) for t in prog.outputs]
             return self.leaf(_HostCallStep(f, [Accessor(t) for t in prog.inputs], [Accessor(t) for t in prog.outputs]),
                              c, uses, f"HostFunction({f.handle})")
-        # functions are compiled once per call site in the simulator (code shared on hardware)
-        return self.compile(f.program)
+        # a function's steps are laid out again at each call site (one step list, in time order);
+        # its compute sets and copies are costed, and their code counted, once (code is shared on
+        # hardware). The call ranges let the memory plan free the function's own variables
+        # between calls.
+        a = len(self.steps)
+        node = self.compile(f.program)
+        self.calls.append((f.id, a, len(self.steps)))
+        return node
 
     # -- copies ---------------------------------------------------------------------------
     def copy(self, prog: P.Copy):
         s, d = prog.src, prog.dst
         if isinstance(s, Tensor) and isinstance(d, Tensor):
-            return self.tensor_copy(s, d)
+            return self.tensor_copy(s, d, id(prog))
         if isinstance(s, DataStream) and isinstance(d, Tensor):
             if not s.to_device:
                 raise errors.control_program_error(f"Copy: stream '{s.handle}' goes device to host; it cannot be a source")
@@ -242,7 +249,10 @@ class _Compiler:
         c.add(costmod.exchange_cost(spec, vol))
         return c
 
-    def tensor_copy(self, s: Tensor, d: Tensor):
+    def tensor_copy(self, s: Tensor, d: Tensor, key: int | None = None):
+        if key is not None and key in self.copy_cache:     # the same Copy again (a function's)
+            c, uses = self.copy_cache[key]
+            return self.leaf(_CopyStep(Accessor(s), Accessor(d)), c, uses, "Copy")
         spec = self.spec
         T = spec.num_tiles
         d_boxes = X.tile_boxes(d)
@@ -268,6 +278,8 @@ class _Compiler:
         c = costmod.sync_cost(spec, involved)
         c.add(costmod.exchange_cost(spec, vol))
         c.add(costmod.on_tile_copy_cost(spec, on_tile))
+        if key is not None:
+            self.copy_cache[key] = (c, [(s, False), (d, True)])
         return self.leaf(_CopyStep(Accessor(s), Accessor(d)), c, [(s, False), (d, True)], "Copy")
 
     # -- compute sets ---------------------------------------------------------------------

@@ -101,6 +101,36 @@ def _step_variables(comp):
     return out, edges
 
 
+def _function_locals(comp, S, V, W, nv: int):
+    """Variables touched only inside the calls of one function: per variable (``[nv]``) the
+    function's id (-1 if none) and its first and last step relative to the start of a call.
+    Calls of a function lay out the same steps, so one call's pattern holds for all."""
+    fid = np.full(nv, -1, np.int64)
+    lo = np.zeros(nv, np.int64)
+    hi = np.zeros(nv, np.int64)
+    if not comp.calls or S is None:
+        return fid, lo, hi
+    n = len(comp.steps)
+    call_of = np.full(n + 1, -1, np.int64)
+    for i, (_, a, b) in enumerate(comp.calls):     # inner calls come first; outer ones cover them
+        call_of[a:b] = i
+    fn = np.array([f for f, _, _ in comp.calls], np.int64)
+    start = np.array([a for _, a, _ in comp.calls], np.int64)
+    c = call_of[S]
+    f = np.where(c >= 0, fn[np.maximum(c, 0)], -2)
+    fmin = np.full(nv, np.iinfo(np.int64).max)
+    fmax = np.full(nv, np.iinfo(np.int64).min)
+    np.minimum.at(fmin, V, f)
+    np.maximum.at(fmax, V, f)
+    local = (fmin == fmax) & (fmin >= 0)
+    rel = S - start[np.maximum(c, 0)]
+    lo[:] = np.iinfo(np.int64).max
+    np.minimum.at(lo, V, rel)
+    np.maximum.at(hi, V, rel)
+    fid[local] = fmin[local]
+    return fid, lo, hi
+
+
 def host_offsets(sizes: np.ndarray, first: np.ndarray, last: np.ndarray, shared: np.ndarray):
     """Where each variable of one element type lives in the host's storage buffer.
 
@@ -238,9 +268,19 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
         m = nal[var_ids]
         if m.any():
             v, tl, nb = var_ids[m], tiles[m], nbytes[m]
-            events_tile += [tl, tl]
-            events_step += [first[v] * 2 + 1, last[v] * 2 + 2]    # alloc before use, free after
-            events_bytes += [nb, -nb]
+            # a function's own variables live during each call, not from the first call to the last
+            lf, lo_rel, hi_rel = _function_locals(comp, *(step_vars[name] if name in step_vars else (None,) * 3), nv)
+            loc = lf[v] >= 0
+            g = ~loc
+            events_tile += [tl[g], tl[g]]
+            events_step += [first[v[g]] * 2 + 1, last[v[g]] * 2 + 2]    # alloc before use, free after
+            events_bytes += [nb[g], -nb[g]]
+            for fid, a, _ in comp.calls if loc.any() else ():
+                k = loc & (lf[v] == fid)
+                if k.any():
+                    events_tile += [tl[k], tl[k]]
+                    events_step += [(a + lo_rel[v[k]]) * 2 + 1, (a + hi_rel[v[k]]) * 2 + 2]
+                    events_bytes += [nb[k], -nb[k]]
     # operands exchanged into a compute set live in receive buffers for that step only
     for s_idx, recv in comp.recv_buffers.items():
         tl = np.flatnonzero(recv)
