@@ -77,7 +77,7 @@ class _Compiler:
         self.exchange_code = np.zeros(self.spec.num_tiles)
         self.loops: list[tuple[int, int]] = []
         self.calls: list[tuple[int, int, int]] = []     # (function id, first step, end step) per call
-        self.copy_cache: dict[int, tuple] = {}            # id(Copy) -> (cost, exchange code) of a copy met again
+        self.copy_cache: dict[int, costmod.StepCost] = {}   # id(Copy) -> its cost, for a Copy met again
         self.vertex_state = np.zeros(self.spec.num_tiles)
         self.vertex_code_tiles: dict[str, np.ndarray] = {}     # vertex type -> bool [tiles] holding its code
         self.vertex_type_code: dict = {}
@@ -213,7 +213,12 @@ class _Compiler:
     def copy(self, prog: P.Copy):
         s, d = prog.src, prog.dst
         if isinstance(s, Tensor) and isinstance(d, Tensor):
-            return self.tensor_copy(s, d, id(prog))
+            # costed (and its exchange code counted) once per Copy program, as compute sets are
+            # once per compute set: a function's copies meet again at every call site
+            c = self.copy_cache.get(id(prog))
+            if c is None:
+                c = self.copy_cache[id(prog)] = self.tensor_copy_cost(s, d)
+            return self.leaf(_CopyStep(Accessor(s), Accessor(d)), c, [(s, False), (d, True)], "Copy")
         if isinstance(s, DataStream) and isinstance(d, Tensor):
             if not s.to_device:
                 raise errors.control_program_error(f"Copy: stream '{s.handle}' goes device to host; it cannot be a source")
@@ -249,10 +254,8 @@ class _Compiler:
         c.add(costmod.exchange_cost(spec, vol))
         return c
 
-    def tensor_copy(self, s: Tensor, d: Tensor, key: int | None = None):
-        if key is not None and key in self.copy_cache:     # the same Copy again (a function's)
-            c, uses = self.copy_cache[key]
-            return self.leaf(_CopyStep(Accessor(s), Accessor(d)), c, uses, "Copy")
+    def tensor_copy_cost(self, s: Tensor, d: Tensor) -> costmod.StepCost:
+        """The cost of copying ``s`` into ``d`` (exchange, on-tile copy, sync); adds its exchange code."""
         spec = self.spec
         T = spec.num_tiles
         d_boxes = X.tile_boxes(d)
@@ -278,9 +281,7 @@ class _Compiler:
         c = costmod.sync_cost(spec, involved)
         c.add(costmod.exchange_cost(spec, vol))
         c.add(costmod.on_tile_copy_cost(spec, on_tile))
-        if key is not None:
-            self.copy_cache[key] = (c, [(s, False), (d, True)])
-        return self.leaf(_CopyStep(Accessor(s), Accessor(d)), c, [(s, False), (d, True)], "Copy")
+        return c
 
     # -- compute sets ---------------------------------------------------------------------
     def execute(self, prog: P.Execute):

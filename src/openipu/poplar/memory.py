@@ -101,12 +101,12 @@ def _step_variables(comp):
     return out, edges
 
 
-def _function_locals(comp, S, V, W, nv: int):
+def _function_locals(comp, S, V, nv: int):
     """Variables touched only inside the calls of one function: per variable (``[nv]``) the
     function's id (-1 if none) and its first and last step relative to the start of a call.
     Calls of a function lay out the same steps, so one call's pattern holds for all."""
     fid = np.full(nv, -1, np.int64)
-    lo = np.zeros(nv, np.int64)
+    lo = np.full(nv, np.iinfo(np.int64).max)
     hi = np.zeros(nv, np.int64)
     if not comp.calls or S is None:
         return fid, lo, hi
@@ -124,7 +124,6 @@ def _function_locals(comp, S, V, W, nv: int):
     np.maximum.at(fmax, V, f)
     local = (fmin == fmax) & (fmin >= 0)
     rel = S - start[np.maximum(c, 0)]
-    lo[:] = np.iinfo(np.int64).max
     np.minimum.at(lo, V, rel)
     np.maximum.at(hi, V, rel)
     fid[local] = fmin[local]
@@ -269,13 +268,14 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
         if m.any():
             v, tl, nb = var_ids[m], tiles[m], nbytes[m]
             # a function's own variables live during each call, not from the first call to the last
-            lf, lo_rel, hi_rel = _function_locals(comp, *(step_vars[name] if name in step_vars else (None,) * 3), nv)
+            S, V = step_vars[name][:2] if name in step_vars else (None, None)
+            lf, lo_rel, hi_rel = _function_locals(comp, S, V, nv)
             loc = lf[v] >= 0
             g = ~loc
             events_tile += [tl[g], tl[g]]
             events_step += [first[v[g]] * 2 + 1, last[v[g]] * 2 + 2]    # alloc before use, free after
             events_bytes += [nb[g], -nb[g]]
-            for fid, a, _ in comp.calls if loc.any() else ():
+            for fid, a, _ in comp.calls:
                 k = loc & (lf[v] == fid)
                 if k.any():
                     events_tile += [tl[k], tl[k]]

@@ -418,18 +418,7 @@ class Tensor:
         return bool(np.all(np.diff(a) == 1)) and np.unique(p.var).size == 1
 
     def containsAliases(self) -> bool:  # noqa: N802
-        p = self._p
-        if len(p) == 0:
-            return False
-        if p.row is not None:
-            # one piece: one-to-one when, dims sorted by stride, each stride exceeds the inner extent
-            ext = 1
-            for t, n in sorted((abs(t), n) for n, t in zip(p.row[3], p.row[4]) if n > 1):
-                if t < ext:
-                    return True
-                ext += t * (n - 1)
-            return False
-        return R.pieces_alias(p)
+        return R.pieces_alias(self._p)
 
     def containsConstant(self) -> bool:  # noqa: N802
         vs = self._state.variables
