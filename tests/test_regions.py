@@ -344,3 +344,28 @@ def test_mapping_apis_on_any_view(shape, data):
     np.testing.assert_array_equal(g.tile_of_elements(c), per)
     assert g.is_mapped(c)
     np.testing.assert_array_equal(g.tile_element_counts(t)[:5], np.bincount(per, minlength=5))
+
+
+def test_a_strided_read_across_many_runs_is_costed_per_point(monkeypatch):
+    """A transposed read of a weight mapped in column blocks: each lattice of the read steps over
+    every run of the rows it crosses. The overlaps enumerated grow with the points read (one per
+    point), not with runs x lattices, and the volumes stay those of the per-element model."""
+    g = _graph()
+    w = g.addVariable(poplar.FLOAT, [48, 48], "w")
+    for t in range(8):                                          # columns in blocks of 6 per tile
+        g.setTileMapping(w.slice(6 * t, 6 * t + 6, 1), t)
+    wt = w.transpose()                                          # [48, 48], strides (1, 48)
+    c = g.addVariable(poplar.FLOAT, [48, 48], "c")
+    for t in range(8):                                          # the reader's boxes: 3 x 16 blocks
+        for r in range(0, 48, 16):
+            g.setTileMapping(c.slice([6 * t, r], [6 * t + 6, r + 16]), (t + 1 + r // 16) % 8)
+    tr = X.RegionTransfer(wt, X.tile_boxes(c))
+    seen = []
+    overlaps = X._run_overlaps
+    monkeypatch.setattr(X, "_run_overlaps", lambda *a, **k: seen.append(overlaps(*a, **k)) or seen[-1])
+    X.transfer_pairs(tr)
+    assert seen[0][0].size <= 48 * 48                           # at most one overlap per point read
+    monkeypatch.undo()
+    s, r = _volumes(_spec(g), [tr])
+    for f in ("recv_bytes", "send_bytes", "recv_msgs", "send_msgs"):
+        np.testing.assert_array_equal(getattr(s, f), getattr(r, f), err_msg=f)

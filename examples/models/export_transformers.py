@@ -44,13 +44,14 @@ def export(name: str, out: Path, batch: int, seq: int, layers: int | None = None
     model, vocab, names = build(name, layers)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, vocab, (batch, seq), generator=g)
-    args = [ids, torch.ones(batch, seq, dtype=torch.long)]
+    # by keyword: GPT-2's second positional parameter is past_key_values, not attention_mask
+    kwargs = {"attention_mask": torch.ones(batch, seq, dtype=torch.long)}
     if "token_type_ids" in names:
-        args.append(torch.zeros(batch, seq, dtype=torch.long))
+        kwargs["token_type_ids"] = torch.zeros(batch, seq, dtype=torch.long)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     out.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
-        torch.onnx.export(model, tuple(args), str(out), input_names=names, dynamo=True, verbose=False)
+        torch.onnx.export(model, (ids,), str(out), kwargs=kwargs, input_names=names, dynamo=True, verbose=False)
     return out
 
 

@@ -127,14 +127,21 @@ def unrank(base: np.ndarray, T: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.
 # ----------------------------------------------------------------------------------------------
 # tile boxes of a view
 # ----------------------------------------------------------------------------------------------
-def _run_overlaps(view, var_ids, lo, hi):
-    """The tile-map runs that each address interval ``[lo[i], hi[i]]`` (inclusive, within the
-    variables ``var_ids`` of ``view``'s space) meets: ``(i, run, starts, ends, tiles)``, one
-    ``(i, run)`` pair per meeting, ``starts`` / ``ends`` / ``tiles`` indexed by run."""
+def _runs(view, var_ids):
+    """``(starts, ends, tiles)`` of the tile-map runs of the variables ``var_ids`` of ``view``'s
+    space, sorted by address."""
     state = view._state
     space = state.space(view._type)
     gst, gtl, gvi = space.runs_of([state.variables[v].space_index for v in np.unique(var_ids).tolist()])
-    gend = space.run_ends(gst, gvi)
+    return gst, space.run_ends(gst, gvi), gtl
+
+
+def _run_overlaps(view, var_ids, lo, hi, runs=None):
+    """The tile-map runs that each address interval ``[lo[i], hi[i]]`` (inclusive, within the
+    variables ``var_ids`` of ``view``'s space) meets: ``(i, run, starts, ends, tiles)``, one
+    ``(i, run)`` pair per meeting, ``starts`` / ``ends`` / ``tiles`` indexed by run (``runs``:
+    :func:`_runs` of those variables, when the caller has them)."""
+    gst, gend, gtl = runs if runs is not None else _runs(view, var_ids)
     r0 = np.searchsorted(gst, lo, side="right") - 1
     r1 = np.searchsorted(gst, hi, side="right") - 1
     cnt = r1 - r0 + 1
@@ -402,6 +409,44 @@ def _union(group: np.ndarray, start: np.ndarray, end: np.ndarray):
     return contrib, starts_new
 
 
+def _split_sparse(bi, var, base, T, n, elems, starts):
+    """Lattices whose address span meets more tile-map runs than the lattice has rows (or
+    points) are cut into their rows (or points), so that the overlaps :func:`transfer_pairs`
+    enumerates grow with the elements moved, not with the runs a strided lattice steps over (a
+    transposed read of a weight mapped in column blocks: every point in its own row). The
+    pieces keep their lattice's view elements per point (broadcast multiplicity)."""
+    m, d = T.shape
+    if m == 0 or d == 0:
+        return bi, var, base, T, n, elems
+    span_hi = base + (T * (n - 1)).sum(axis=1)
+    nruns = np.searchsorted(starts, span_hi, side="right") - np.searchsorted(starts, base, side="right") + 1
+    pts = np.prod(n, axis=1, dtype=_I64)
+    rows = pts // np.maximum(n[:, 0], 1)
+    contig = T[:, 0] == 1
+    to_rows = contig & (d > 1) & (rows > 1) & (nruns > 2 * rows)
+    to_pts = ~contig & (pts > 1) & (nruns > pts)
+    if not (to_rows.any() or to_pts.any()):
+        return bi, var, base, T, n, elems
+    per_pt = elems // np.maximum(pts, 1)
+    keep = ~(to_rows | to_pts)
+    parts = [(bi[keep], var[keep], base[keep], T[keep], n[keep], elems[keep])]
+    for sel, inner in ((np.flatnonzero(to_rows), 1), (np.flatnonzero(to_pts), 0)):
+        if not sel.size:
+            continue
+        # the pieces: every combination of the dims from ``inner`` up, as its own lattice
+        k = (pts[sel] // np.prod(n[sel, :inner], axis=1, dtype=_I64))
+        rep = np.repeat(np.arange(sel.size), k)
+        idx = np.arange(rep.size) - np.repeat(np.cumsum(k) - k, k)
+        src = sel[rep]
+        b = unrank(base[src], T[src, inner:], n[src, inner:], idx)
+        Tn = np.zeros((src.size, d), _I64)
+        nn = np.ones((src.size, d), _I64)
+        if inner:
+            Tn[:, :inner], nn[:, :inner] = T[src, :inner], n[src, :inner]
+        parts.append((bi[src], var[src], b, Tn, nn, per_pt[src] * np.prod(nn, axis=1, dtype=_I64)))
+    return tuple(np.concatenate([q[i] for q in parts]) for i in range(6))
+
+
 def transfer_pairs(tr: RegionTransfer):
     """The moves of one transfer: per (lattice, tile-map run) overlap with elements that change
     tile, ``(src, dst, var, base, T, n, S, E, count, msgs)``; ``S, E`` bound the overlap."""
@@ -411,8 +456,10 @@ def transfer_pairs(tr: RegionTransfer):
         return None
     if not monotone(T, n).all():
         return "elements"
+    runs = _runs(view, var)
+    bi, var, base, T, n, elems = _split_sparse(bi, var, base, T, n, elems, runs[0])
     span_hi = base + (T * (n - 1)).sum(axis=1)
-    li, ri, gst, gend, gtl = _run_overlaps(view, var, base, span_hi)
+    li, ri, gst, gend, gtl = _run_overlaps(view, var, base, span_hi, runs)
     other = tr.boxes.tile[bi[li]]
     owner = gtl[ri].astype(_I64)
     src, dst = (other, owner) if tr.to_owner else (owner, other)
