@@ -262,3 +262,28 @@ def test_a_functions_own_variables_live_per_call_and_its_code_is_counted_once():
     # three calls add only the caller's own copies (a -> mid -> b, twice): the body's once
     assert code_one[1] > 0
     np.testing.assert_array_equal(code_three - code_one, 2 * code_one)
+
+
+def test_a_variable_is_dead_between_its_last_read_and_a_write_of_all_of_it():
+    # buf is written whole, read, then written whole again and read: between the first read and
+    # the second write it holds nothing needed, so `other` (alive only then, on the same tile)
+    # shares the tile's memory with it. A partial rewrite keeps it live (part of it is still needed).
+    def build(partial):
+        dev, g = _graph(tilesPerIPU=4)
+        a = g.addVariable(poplar.FLOAT, [1000], "a"); g.setTileMapping(a, 0)
+        b = g.addVariable(poplar.FLOAT, [1000], "b"); g.setTileMapping(b, 2)
+        buf = g.addVariable(poplar.FLOAT, [1000], "buf"); g.setTileMapping(buf, 1)
+        other = g.addVariable(poplar.FLOAT, [1000], "other"); g.setTileMapping(other, 1)
+        g.createHostWrite("a", a); g.createHostRead("b", b)
+        second = P.Copy(a.slice(0, 500), buf.slice(0, 500)) if partial else P.Copy(a, buf)
+        seq = P.Sequence(P.Copy(a, buf), P.Copy(buf, b), P.Copy(a, other), P.Copy(other, b),
+                         second, P.Copy(buf, b))
+        e = poplar.Engine(g, seq)
+        e.load(dev)
+        e.writeTensor("a", np.arange(1000, dtype=np.float32))
+        e.run(0)
+        np.testing.assert_array_equal(e.readTensor("b"), np.arange(1000, dtype=np.float32))
+        return e.memory
+
+    assert build(False).not_always_live_peak[1] == 4000     # buf or other, never both
+    assert build(True).not_always_live_peak[1] == 8000

@@ -7,8 +7,10 @@ sizes are assumptions listed in :mod:`openipu.poplar.calibration`.
 
 Liveness: program steps are numbered in compile order. A variable is *not always live* when
 every program step that touches it belongs to one program, and its first touch writes it; it
-then occupies memory from its first to its last touch (widened to the whole of a loop that uses
-a value from before the loop; a variable first written inside a loop is not widened).
+then occupies memory over its def-use segments: from a write to the last touch before the next
+step that writes all of it without reading it (one segment from first to last touch when none
+does; widened to the whole of a loop that uses a value from before the loop; a variable first
+written inside a loop is not widened; a function's own variables live during each call).
 Constants, variables with host read/write handles or initial values, and variables read before
 they are written are *always live*. Operands a compute set receives from other tiles occupy
 receive buffers on the receiving tile during that step (the "Variables" category includes them at
@@ -77,11 +79,12 @@ def _space_indices(st, t) -> np.ndarray:
 
 
 def _step_variables(comp):
-    """Per element type, the variables each step touches as flat int64 arrays ``(step, var,
-    is_write)`` (a variable may appear more than once per step); and the number of tensor
-    connections (edges)."""
+    """Per element type, the variables each step touches as flat arrays ``(step, var, is_write,
+    is_full_write)`` (int64, int64, bool, bool; a variable may appear more than once per step;
+    a full write writes every element of the variable); and the number of tensor connections
+    (edges)."""
     st = comp.state
-    parts: dict = {name: ([], [], []) for name in st.spaces}
+    parts: dict = {name: ([], [], [], []) for name in st.spaces}
     edges = 0
     touched: dict = {}      # id(tensor) -> variable ids (the tensors stay alive in comp.uses)
     for s_idx, uses in enumerate(comp.uses):
@@ -90,15 +93,44 @@ def _step_variables(comp):
             vids = touched.get(id(t))
             if vids is None:
                 vids = touched[id(t)] = _space_indices(st, t)
-            S, V, W = parts[t._type.name]
+            S, V, W, F = parts[t._type.name]
             S.append(np.full(vids.size, s_idx, np.int64))
             V.append(vids)
             W.append(np.full(vids.size, bool(is_write)))
+            # a written view never holds an element twice, so one variable and as many elements
+            # as it has means all of it
+            F.append(np.full(vids.size, bool(is_write) and vids.size == 1
+                             and t.numElements() == st.spaces[t._type.name].vars[int(vids[0])].numel))
     out = {}
-    for name, (S, V, W) in parts.items():
+    for name, (S, V, W, F) in parts.items():
         if S:
-            out[name] = (np.concatenate(S), np.concatenate(V).astype(np.int64), np.concatenate(W))
+            out[name] = (np.concatenate(S), np.concatenate(V).astype(np.int64), np.concatenate(W), np.concatenate(F))
     return out, edges
+
+
+def _segments(S, V, W, F, use):
+    """Def-use segments of the variables ``use`` (bool ``[nv]``): a variable is dead from its
+    last access before a step that writes all of it (and does not read it) until that step, as
+    Poplar's liveness analysis finds (a subgraph's inputs between calls, a buffer reused).
+    Returns ``(var, first step, last step)`` per segment (int64 arrays, sorted by var)."""
+    k = use[V]
+    S, V, W, F = S[k], V[k], W[k], F[k]
+    if S.size == 0:
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    order = np.lexsort((S, V))
+    S, V, W, F = S[order], V[order], W[order], F[order]
+    # one access per (var, step): it redefines the variable when a use writes all of it and none reads
+    new = np.r_[True, (V[1:] != V[:-1]) | (S[1:] != S[:-1])]
+    grp = np.cumsum(new) - 1
+    reads = np.bincount(grp, weights=~W, minlength=grp[-1] + 1) > 0
+    full = np.bincount(grp, weights=F, minlength=grp[-1] + 1) > 0
+    S, V = S[new], V[new]
+    first_of_var = np.r_[True, V[1:] != V[:-1]]
+    start = first_of_var | (full & ~reads)
+    starts = np.flatnonzero(start)
+    ends = np.r_[starts[1:] - 1, S.size - 1]
+    return V[starts], S[starts], S[ends]
 
 
 def _function_locals(comp, S, V, nv: int):
@@ -228,7 +260,7 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
         first_is_write = np.zeros(nv, bool)
         multi_prog = np.zeros(nv, bool)
         if name in step_vars:
-            S, V, W = step_vars[name]
+            S, V, W, F = step_vars[name]
             np.minimum.at(first, V, S)
             np.maximum.at(last, V, S)
             # the first touch is a write unless the variable is read in its first step (a step
@@ -239,16 +271,17 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
             nprog = max(len(prog_ranges), 1)
             pairs = np.unique(V * nprog + prog_of_step[S])
             multi_prog = np.bincount(pairs // nprog, minlength=nv) > 1
-        for a, b in comp.loops:
-            for lo, hi in ((a, b),):
-                # A value that crosses iterations must live for the whole loop: one defined before
-                # the loop and used in it, or one whose first touch in the loop is a read (those are
-                # always live anyway). A variable first written inside the loop holds a value made
-                # in each iteration and needs no widening.
-                touched = (last >= lo) & (first <= hi)
-                carried = touched & ((first < lo) | ~first_is_write)
-                first = np.where(carried, np.minimum(first, lo), first)
-                last = np.where(carried, np.maximum(last, hi), last)
+        widened = np.zeros(nv, bool)
+        for lo, hi in comp.loops:
+            # A value that crosses iterations must live for the whole loop: one defined before
+            # the loop and used in it, or one whose first touch in the loop is a read (those are
+            # always live anyway). A variable first written inside the loop holds a value made
+            # in each iteration and needs no widening.
+            touched = (last >= lo) & (first <= hi)
+            carried = touched & ((first < lo) | ~first_is_write)
+            widened |= carried
+            first = np.where(carried, np.minimum(first, lo), first)
+            last = np.where(carried, np.maximum(last, hi), last)
         is_const = np.array([v.constant for v in space.vars])
         pinned = np.zeros(nv, bool)
         for vids in host_vars.get(name, []):
@@ -268,13 +301,27 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
         if m.any():
             v, tl, nb = var_ids[m], tiles[m], nbytes[m]
             # a function's own variables live during each call, not from the first call to the last
-            S, V = step_vars[name][:2] if name in step_vars else (None, None)
+            S, V, W, F = step_vars[name]
             lf, lo_rel, hi_rel = _function_locals(comp, S, V, nv)
             loc = lf[v] >= 0
-            g = ~loc
-            events_tile += [tl[g], tl[g]]
-            events_step += [first[v[g]] * 2 + 1, last[v[g]] * 2 + 2]    # alloc before use, free after
-            events_bytes += [nb[g], -nb[g]]
+            # the others live over their def-use segments (one, from first to last touch, for a
+            # variable widened over a loop); a run is allocated before each segment and freed after
+            seg_ok = nal & (lf < 0) & ~widened
+            sv, s0, s1 = _segments(S, V, W, F, seg_ok)
+            cnt = np.bincount(sv, minlength=nv)
+            seg_at = np.cumsum(cnt) - cnt                      # index of each variable's first segment
+            g = np.flatnonzero(~loc)
+            k = np.where(seg_ok, cnt, 1)[v[g]]
+            run = np.repeat(g, k)
+            j = np.arange(run.size) - np.repeat(np.cumsum(k) - k, k)
+            vv = v[run]
+            segd = seg_ok[vv]
+            si = np.where(segd, seg_at[vv] + j, 0)
+            sa = np.where(segd, s0[si] if s0.size else 0, first[vv])
+            se = np.where(segd, s1[si] if s1.size else 0, last[vv])
+            events_tile += [tl[run], tl[run]]
+            events_step += [sa * 2 + 1, se * 2 + 2]                    # alloc before use, free after
+            events_bytes += [nb[run], -nb[run]]
             for fid, a, _ in comp.calls:
                 k = loc & (lf[v] == fid)
                 if k.any():
