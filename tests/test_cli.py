@@ -57,6 +57,9 @@ def test_model_that_does_not_fit_names_worst_tiles_and_suggests(tmp_path, capsys
     assert code == 2
     assert "fits: NO" in text and "worst tiles" in text and "tile 0" in text
     assert "--num-ipus 2" in text and "--precision fp16" in text
+    assert "--available-memory-proportion 0.3 " in text           # half the default
+    assert cli.main(["run", str(model), "--tiles-per-ipu", "4", "--available-memory-proportion", "0.2"]) == 2
+    assert "--available-memory-proportion 0.1 " in capsys.readouterr().out
 
 
 def test_bad_model_path_and_bad_input_name(tmp_path, capsys):

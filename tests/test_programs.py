@@ -287,3 +287,33 @@ def test_a_variable_is_dead_between_its_last_read_and_a_write_of_all_of_it():
 
     assert build(False).not_always_live_peak[1] == 4000     # buf or other, never both
     assert build(True).not_always_live_peak[1] == 8000
+
+
+def test_a_copy_into_a_clone_is_on_tile_and_costs_what_the_exchange_path_does(monkeypatch):
+    # v (one run per tile, unevenly) copied into its clone: compared on run lists, not per
+    # element; the cost and exchange code are those the general exchange costing gives
+    from openipu.poplar import graph_compiler as GC
+
+    def run():
+        dev, g = _graph(tilesPerIPU=4)
+        v = g.addVariable(poplar.FLOAT, [10, 100], "v")
+        for t, (a, b) in enumerate(((0, 1), (1, 4), (4, 5), (5, 10))):
+            g.setTileMapping(v.slice(a, b, 0), t)
+        c = g.clone(v, "c")
+        g.createHostWrite("v", v); g.createHostRead("c", c)
+        e = poplar.Engine(g, P.Copy(v, c))
+        e.load(dev)
+        e.writeTensor("v", np.arange(1000, dtype=np.float32).reshape(10, 100))
+        e.run(0)
+        np.testing.assert_array_equal(e.readTensor("c").reshape(-1), np.arange(1000, dtype=np.float32))
+        return e._runs[-1]["cycles_per_ipu"].copy(), e.memory.categories["Internal Exchange Code"].copy()
+
+    seen = []
+    alike = GC._alike_layout
+    monkeypatch.setattr(GC, "_alike_layout", lambda s, d: seen.append(alike(s, d)) or seen[-1])
+    cycles, code = run()
+    assert seen and seen[0] is not None and not code.any()
+    monkeypatch.setattr(GC, "_alike_layout", lambda s, d: None)
+    cycles2, code2 = run()
+    np.testing.assert_array_equal(cycles, cycles2)
+    np.testing.assert_array_equal(code, code2)

@@ -58,7 +58,7 @@ def _build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _print_run(res, out) -> None:
+def _print_run(res, out, amp_used: float | None = None) -> None:
     w = lambda s="": print(s, file=out)  # noqa: E731
     w(f"Model     {res.model_path}  ({res.num_nodes} nodes)")
     w(f"Target    {res.target}: {res.num_ipus} IPU(s) x {res.tiles_per_ipu:,} tiles, {_kib(res.bytes_per_tile)} per tile, "
@@ -84,7 +84,9 @@ def _print_run(res, out) -> None:
             w("  --precision fp16         halve weights and activations")
         if res.batch_size > 1:
             w(f"  --batch-size {max(1, res.batch_size // 2):<11} a smaller batch")
-        w("  --available-memory-proportion 0.3   less temporary memory per matmul/convolution")
+        amp = (amp_used if amp_used is not None else 0.6) / 2
+        w(f"  --available-memory-proportion {amp:g}   less temporary memory per matmul/convolution "
+          "(more serial steps: more exchange code)")
         return
     w(f"  latency             {_seconds(res.latency)} per batch  ({res.step_cycles:,.0f} cycles per step)")
     w(f"  throughput          {res.throughput:,.1f} samples/s")
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 1
         raise
-    _print_run(res, sys.stdout)
+    _print_run(res, sys.stdout, args.available_memory_proportion)
     if args.output and res.outputs:
         np.savez(args.output, **res.outputs)
         print(f"Outputs written to {args.output}")

@@ -21,6 +21,7 @@ from openipu.poplar import cost as costmod
 from openipu.poplar import errors
 from openipu.poplar import exchange as X
 from openipu.poplar import program as P
+from openipu.poplar import regions as R
 from openipu.poplar.executable import (Executable, _AbortStep, _Branch, _Compiled, _CollectiveStep, _CopyStep,
                                        _CrossReplicaStep, _ExecuteStep, _GroupRunner, _HostCallStep, _IndexAcc,
                                        _If, _Leaf, _PrintStep, _RemoteStep, _Repeat, _Seq, _Step, _StreamToDevice,
@@ -64,6 +65,26 @@ class FieldData:
 class VertexPerfEstimate:
     def __init__(self, cycles: int, flops: int = 0):
         self.cycles, self.flops = int(cycles), int(flops)
+
+
+def _alike_layout(s: Tensor, d: Tensor):
+    """When ``s`` and ``d`` are each all of one variable (two different variables of one type) in
+    memory order, with the same run-length tile maps: ``(elements, tile)`` per run (float64,
+    int64); else None. Compares run lists, never elements."""
+    rs, rd = s.pieces.row, d.pieces.row
+    if rs is None or rd is None or rs[0] == rd[0] or s._type != d._type or s._state is not d._state:
+        return None
+    out = []
+    for v, addr, _, sz, st in (rs, rd):
+        var = s._state.variables[v]
+        if addr != var.start or var.numel != int(np.prod(sz, dtype=np.int64)) or not R._dense(sz, st):
+            return None
+        out.append(var)
+    a, b = out
+    if not (np.array_equal(a.tile_starts, b.tile_starts) and np.array_equal(a.tile_ids, b.tile_ids)) or (a.tile_ids < 0).any():
+        return None
+    begin, end, tile = a.tile_runs()
+    return (end - begin).astype(np.float64), tile.astype(np.int64)
 
 
 class _Compiler:
@@ -258,6 +279,14 @@ class _Compiler:
         """The cost of copying ``s`` into ``d`` (exchange, on-tile copy, sync); adds its exchange code."""
         spec = self.spec
         T = spec.num_tiles
+        alike = _alike_layout(s, d)
+        if alike is not None:
+            # two whole variables in memory order, mapped alike (a copy into a clone of the
+            # source, a subgraph's inputs and outputs): every element stays on its tile
+            held = np.bincount(alike[1], weights=alike[0], minlength=T)
+            c = costmod.sync_cost(spec, costmod.ipus_of_tiles(spec, held > 0))
+            c.add(costmod.on_tile_copy_cost(spec, held * float(s.elementType().size)))
+            return c
         d_boxes = X.tile_boxes(d)
         tr = X.RegionTransfer(s, d_boxes)
         moved = X.moved_elements(tr, T)
