@@ -233,27 +233,42 @@ def test_logging_honours_poplar_log_level(monkeypatch, tmp_path):
     assert "PO:ENGINE [I] Compiled 1 programs" in text
 
 
+def _copies_through_tile_1(program):
+    """Run ``program(g, a, b, on_tile_1)`` on 4 tiles: ``a`` (host-written 0..999, tile 0) must
+    reach ``b`` (host-read, tile 2); ``on_tile_1(name)`` makes a [1000] float temporary on tile 1.
+    Returns the engine's memory plan."""
+    dev, g = _graph(tilesPerIPU=4)
+    a = g.addVariable(poplar.FLOAT, [1000], "a"); g.setTileMapping(a, 0)
+    b = g.addVariable(poplar.FLOAT, [1000], "b"); g.setTileMapping(b, 2)
+    g.createHostWrite("a", a); g.createHostRead("b", b)
+
+    def on_tile_1(name):
+        t = g.addVariable(poplar.FLOAT, [1000], name)
+        g.setTileMapping(t, 1)
+        return t
+
+    e = poplar.Engine(g, program(g, a, b, on_tile_1))
+    e.load(dev)
+    e.writeTensor("a", np.arange(1000, dtype=np.float32))
+    e.run(0)
+    np.testing.assert_array_equal(e.readTensor("b"), np.arange(1000, dtype=np.float32))
+    return e.memory
+
+
 def test_a_functions_own_variables_live_per_call_and_its_code_is_counted_once():
     # Function body: a -> tmp -> b (tmp is the function's own); between calls the caller uses
     # its own temporary `mid` on the same tile. tmp lives during each call only, so the peak on
     # tile 1 is one of the two temporaries, not both; the body's exchange code is counted once.
     def build(calls):
-        dev, g = _graph(tilesPerIPU=4)
-        a = g.addVariable(poplar.FLOAT, [1000], "a"); g.setTileMapping(a, 0)
-        b = g.addVariable(poplar.FLOAT, [1000], "b"); g.setTileMapping(b, 2)
-        tmp = g.addVariable(poplar.FLOAT, [1000], "tmp"); g.setTileMapping(tmp, 1)
-        g.createHostWrite("a", a); g.createHostRead("b", b)
-        f = g.addFunction(P.Sequence(P.Copy(a, tmp), P.Copy(tmp, b)))
-        seq = P.Sequence(P.Call(f))
-        for i in range(calls - 1):
-            mid = g.addVariable(poplar.FLOAT, [1000], f"mid{i}"); g.setTileMapping(mid, 1)
-            seq.add(P.Sequence(P.Copy(a, mid), P.Copy(mid, b), P.Call(f)))
-        e = poplar.Engine(g, seq)
-        e.load(dev)
-        e.writeTensor("a", np.arange(1000, dtype=np.float32))
-        e.run(0)
-        np.testing.assert_array_equal(e.readTensor("b"), np.arange(1000, dtype=np.float32))
-        return e.memory
+        def program(g, a, b, on_tile_1):
+            tmp = on_tile_1("tmp")
+            f = g.addFunction(P.Sequence(P.Copy(a, tmp), P.Copy(tmp, b)))
+            seq = P.Sequence(P.Call(f))
+            for i in range(calls - 1):
+                mid = on_tile_1(f"mid{i}")
+                seq.add(P.Sequence(P.Copy(a, mid), P.Copy(mid, b), P.Call(f)))
+            return seq
+        return _copies_through_tile_1(program)
 
     one, three = build(1), build(3)
     assert three.not_always_live_peak[1] == 4000            # tmp or mid, never both
@@ -269,21 +284,12 @@ def test_a_variable_is_dead_between_its_last_read_and_a_write_of_all_of_it():
     # the second write it holds nothing needed, so `other` (alive only then, on the same tile)
     # shares the tile's memory with it. A partial rewrite keeps it live (part of it is still needed).
     def build(partial):
-        dev, g = _graph(tilesPerIPU=4)
-        a = g.addVariable(poplar.FLOAT, [1000], "a"); g.setTileMapping(a, 0)
-        b = g.addVariable(poplar.FLOAT, [1000], "b"); g.setTileMapping(b, 2)
-        buf = g.addVariable(poplar.FLOAT, [1000], "buf"); g.setTileMapping(buf, 1)
-        other = g.addVariable(poplar.FLOAT, [1000], "other"); g.setTileMapping(other, 1)
-        g.createHostWrite("a", a); g.createHostRead("b", b)
-        second = P.Copy(a.slice(0, 500), buf.slice(0, 500)) if partial else P.Copy(a, buf)
-        seq = P.Sequence(P.Copy(a, buf), P.Copy(buf, b), P.Copy(a, other), P.Copy(other, b),
-                         second, P.Copy(buf, b))
-        e = poplar.Engine(g, seq)
-        e.load(dev)
-        e.writeTensor("a", np.arange(1000, dtype=np.float32))
-        e.run(0)
-        np.testing.assert_array_equal(e.readTensor("b"), np.arange(1000, dtype=np.float32))
-        return e.memory
+        def program(g, a, b, on_tile_1):
+            buf, other = on_tile_1("buf"), on_tile_1("other")
+            second = P.Copy(a.slice(0, 500), buf.slice(0, 500)) if partial else P.Copy(a, buf)
+            return P.Sequence(P.Copy(a, buf), P.Copy(buf, b), P.Copy(a, other), P.Copy(other, b),
+                              second, P.Copy(buf, b))
+        return _copies_through_tile_1(program)
 
     assert build(False).not_always_live_peak[1] == 4000     # buf or other, never both
     assert build(True).not_always_live_peak[1] == 8000

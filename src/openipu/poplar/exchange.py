@@ -145,8 +145,8 @@ def _run_overlaps(view, var_ids, lo, hi, runs=None):
     r0 = np.searchsorted(gst, lo, side="right") - 1
     r1 = np.searchsorted(gst, hi, side="right") - 1
     cnt = r1 - r0 + 1
-    i = np.repeat(np.arange(np.size(lo)), cnt)
-    ri = np.repeat(r0, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    i, local = R.group_ranks(cnt)
+    ri = r0[i] + local
     return i, ri, gst, gend, gtl
 
 
@@ -283,8 +283,8 @@ class _SlabIndex:
         rows = np.arange(bl.shape[0])
         a = np.stack([r[0] for r in ranges], axis=1)[rows, best]
         cnt = counts[rows, best]
-        bi = np.repeat(rows, cnt)
-        local = np.arange(int(cnt.sum()), dtype=_I64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        owner, local = R.group_ranks(cnt)
+        bi = rows[owner]
         pos = np.repeat(a, cnt) + local
         return bi, self.orders[np.repeat(best, cnt), pos]
 
@@ -296,8 +296,7 @@ def _cell_ranges(edges, lo, hi):
     b = [np.searchsorted(e, hi[:, j], side="left") for j, e in enumerate(edges)]
     n = np.stack([np.maximum(y - x, 0) for x, y in zip(a, b)], axis=1)
     cnt = np.prod(n, axis=1, dtype=_I64)
-    bi = np.repeat(np.arange(lo.shape[0]), cnt)
-    local = np.arange(int(cnt.sum()), dtype=_I64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    bi, local = R.group_ranks(cnt)
     idx = []
     for j in range(len(edges) - 1, -1, -1):
         nj = n[bi, j]
@@ -435,8 +434,7 @@ def _split_sparse(bi, var, base, T, n, elems, starts):
             continue
         # the pieces: every combination of the dims from ``inner`` up, as its own lattice
         k = (pts[sel] // np.prod(n[sel, :inner], axis=1, dtype=_I64))
-        rep = np.repeat(np.arange(sel.size), k)
-        idx = np.arange(rep.size) - np.repeat(np.cumsum(k) - k, k)
+        rep, idx = R.group_ranks(k)
         src = sel[rep]
         b = unrank(base[src], T[src, inner:], n[src, inner:], idx)
         Tn = np.zeros((src.size, d), _I64)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from openipu.poplar import calibration as cal
+from openipu.poplar import regions as R
 
 
 @dataclass
@@ -311,9 +312,8 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
             cnt = np.bincount(sv, minlength=nv)
             seg_at = np.cumsum(cnt) - cnt                      # index of each variable's first segment
             g = np.flatnonzero(~loc)
-            k = np.where(seg_ok, cnt, 1)[v[g]]
-            run = np.repeat(g, k)
-            j = np.arange(run.size) - np.repeat(np.cumsum(k) - k, k)
+            owner, j = R.group_ranks(np.where(seg_ok, cnt, 1)[v[g]])
+            run = g[owner]
             vv = v[run]
             segd = seg_ok[vv]
             si = np.where(segd, seg_at[vv] + j, 0)

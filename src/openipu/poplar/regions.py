@@ -181,6 +181,15 @@ class _Mut:
     __slots__ = ("var", "addr", "lo", "sz", "st")
 
 
+def group_ranks(counts) -> tuple[np.ndarray, np.ndarray]:
+    """For groups of ``counts[i]`` items laid end to end: the group of each item and its rank in
+    its group (int64 arrays of ``sum(counts)``), i.e. ``repeat(arange(k), counts)`` and a ragged
+    ``arange``."""
+    counts = np.asarray(counts, _I64)
+    owner = np.repeat(np.arange(counts.size, dtype=_I64), counts)
+    return owner, np.arange(owner.size, dtype=_I64) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
 def _copy(p: Pieces) -> _Mut:
     m = _Mut()
     m.var, m.addr, m.lo, m.sz, m.st = p.var, p.addr.copy(), p.lo.copy(), p.sz.copy(), p.st.copy()
@@ -325,8 +334,7 @@ def split_singletons(p: Pieces, count_dims: np.ndarray) -> tuple[Pieces, np.ndar
     counts = np.prod(eff, axis=1, dtype=_I64) if p.rank else np.ones(len(p), _I64)
     if np.all(counts == 1):
         return p, np.arange(len(p))
-    rep = np.repeat(np.arange(len(p)), counts)
-    local = np.arange(int(counts.sum()), dtype=_I64) - np.repeat(np.cumsum(counts) - counts, counts)
+    rep, local = group_ranks(counts)
     q = _copy(p.take(rep))
     e = eff[rep]
     for d in range(p.rank - 1, -1, -1):
@@ -574,8 +582,7 @@ def address_runs(addr: np.ndarray, sz: np.ndarray, st: np.ndarray):
     outer_n = np.where(contig[:, None] & (np.arange(d)[None, :] == 0), 1, n)
     outer_T = np.where(contig[:, None] & (np.arange(d)[None, :] == 0), 0, T)
     cnt = np.prod(outer_n, axis=1, dtype=_I64)
-    owner = np.repeat(np.arange(k), cnt)
-    local = np.arange(int(cnt.sum()), dtype=_I64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    owner, local = group_ranks(cnt)
     start = base[owner].copy()
     on, oT = outer_n[owner], outer_T[owner]
     for j in range(d):
@@ -702,8 +709,7 @@ def box_flat_runs(lo: np.ndarray, sz: np.ndarray, shape):
     length = sz[np.arange(k), kk] * W[kk]
     rows_mask = np.arange(d)[None, :] < kk[:, None]
     cnt = np.prod(np.where(rows_mask, sz, 1), axis=1, dtype=_I64)
-    owner = np.repeat(np.arange(k), cnt)
-    local = np.arange(int(cnt.sum()), dtype=_I64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    owner, local = group_ranks(cnt)
     start = (lo[owner] * W[None, :]).sum(axis=1)
     m = rows_mask[owner]
     s_o = sz[owner]

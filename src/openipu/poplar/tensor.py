@@ -161,8 +161,7 @@ class Tensor:
         if len(p) == 0:
             return out
         cnt = p.numel()
-        rep = np.repeat(np.arange(len(p)), cnt)
-        local = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        rep, local = R.group_ranks(cnt)
         addr = p.addr[rep].copy()
         pos = np.zeros(local.size, np.int64)
         W = 1

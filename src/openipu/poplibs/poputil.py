@@ -24,6 +24,7 @@ import numpy as np
 from openipu.poplar import errors
 from openipu.poplar.graph import TensorCloneMethod
 from openipu.poplar.mapping import linear_tile_runs, map_linearly
+from openipu.poplar.regions import group_ranks
 from openipu.poplar.tensor import Interval, Tensor
 from openipu.poplibs.popops._common import split_positions, union_intervals
 
@@ -58,8 +59,8 @@ def _row_runs(b, e, tl, row: int):
         return z, z, z, z
     r0, r1 = b // row, (e - 1) // row
     cnt = r1 - r0 + 1
-    k = np.repeat(np.arange(b.size), cnt)
-    r = np.repeat(r0, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    k, local = group_ranks(cnt)
+    r = r0[k] + local
     lo = np.maximum(b[k], r * row) - r * row
     hi = np.minimum(e[k], (r + 1) * row) - r * row
     return r, lo, hi, tl[k]
