@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from libharness import OpHarness
 from openipu import poplar
-from openipu.poplibs import poplin
+from openipu.poplibs import poplin, popops
 from openipu.poplibs.poplin import InputTransform as IT
 from openipu.poplibs.poplin import OutputTransform as OT
 
@@ -338,12 +338,12 @@ def test_conv_serial_and_input_channel_splits():
     m = poplar.IPUModel("ipu2")
     m.tilesPerIPU = 8
     t = m.createDevice().getTarget()
-    plan = poplin.plan_convolution(p, t, {"availableMemoryProportion": 0.02})
-    assert plan.serial_steps > 1
+    plan = poplin.plan_convolution(p, t, {"availableMemoryProportion": 0.03})
+    assert plan.out_chan_serial > 1 and plan.in_chan_split > 1
     rng = np.random.default_rng(0)
     X = rng.standard_normal(p.getInputShape()).astype(np.float32)
     W = rng.standard_normal(p.getWeightsShape()).astype(np.float32)
-    out, h = run_conv(p, X, W, tiles=8, options={"availableMemoryProportion": 0.02})
+    out, h = run_conv(p, X, W, tiles=8, options={"availableMemoryProportion": 0.03})
     np.testing.assert_allclose(out, ref_conv(X, W, p), atol=1e-4)
     q = poplin.ConvParams(poplar.HALF, 1, [4], [1], 2048, 16, 1)
     plan_q = poplin.plan_convolution(q, poplar.IPUModel("ipu2").createDevice().getTarget())
@@ -353,6 +353,49 @@ def test_conv_serial_and_input_channel_splits():
     out_q, hq = run_conv(q, Xq, Wq, tiles=1472)
     np.testing.assert_allclose(out_q.astype(np.float64), ref_conv(Xq, Wq, q), atol=0.05)
     assert any(cs.name.endswith("/Reduce") for cs in hq.graph.getComputeSets())
+
+
+@pytest.mark.parametrize("tiles,N,Ci,Co,budget,serial", [
+    (8, 8, 16, 32, 0.006, (4, 8)),       # batch and out-channel serial splits (nested loops), reduce
+    (4, 8, 8, 16, 0.008, (1, 4)),        # out-channel serial split, weights shared by 4 batch tiles
+    (4, 8, 8, 16, 0.01, (4, 1)),         # batch serial split, input shared by 2 out-channel tiles
+])
+def test_serial_splits_are_one_loop_body(tiles, N, Ci, Co, budget, serial):
+    """Serial splits run as a counted loop over one compute-set group (PopLibs'
+    ConvProgramTree): however many steps, the conv has one partial-sum compute set, and the
+    tensors the plan creates hold every serial slice on the tiles the slice problem uses, so the
+    loop's dynamic slices and updates exchange only the loop index. Results are exact."""
+    p = poplin.ConvParams(poplar.FLOAT, N, [6, 6], [3, 3], Ci, Co, 1,
+                          inputTransform=IT(paddingLower=[1, 1], paddingUpper=[1, 1]))
+    h = OpHarness(tiles=tiles)
+    opts = {"availableMemoryProportion": budget}
+    plan = poplin.plan_convolution(p, h.device.getTarget(), opts)
+    assert (plan.batch_serial, plan.out_chan_serial) == serial
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal(p.getInputShape()).astype(np.float32)
+    W = rng.standard_normal(p.getWeightsShape()).astype(np.float32)
+    x = poplin.createInput(h.graph, p, "x", opts)
+    w = poplin.createWeights(h.graph, p, "w", opts)
+    h.graph.setInitialValue(x, X)
+    h.graph.setInitialValue(w, W)
+    y = poplin.convolution(h.graph, x, w, p, False, h.prog, "y", opts)
+    np.testing.assert_allclose(h.run(out=y)["out"], ref_conv(X, W, p), atol=1e-4)
+    names = [cs.name for cs in h.graph.getComputeSets()]
+    assert sum(n.endswith("/Conv") for n in names) == 1
+    assert sum(n.endswith("serialLoop/increment") for n in names) == sum(k > 1 for k in serial)
+    # the loop's copies exchange only the loop index (as a slice of a sliceable tensor does)
+    ref = OpHarness(tiles=tiles)
+    t = popops.createSliceableTensor(ref.graph, poplar.FLOAT, [4, 64 * tiles], [0], [1], 0, "t")
+    ref.graph.setInitialValue(t, np.zeros([4, 64 * tiles], np.float32))
+    i = ref.graph.addConstant(poplar.UNSIGNED_INT, [1], 1, "i")
+    ref.graph.setTileMapping(i, 0)
+    popops.dynamicSlice(ref.graph, t, i, [0], [1], ref.prog, "s")
+    ref.run()
+    index_only = [float(s.cost.duration["exchange"].sum()) for s in ref.engine._exe.compiled.compiler.steps
+                  if s.name == "s"]
+    copies = [float(s.cost.duration["exchange"].sum()) for s in h.engine._exe.compiled.compiler.steps
+              if s.name.endswith(("serialSlice", "serialUpdate"))]
+    assert index_only[0] > 0 and copies and max(copies) <= index_only[0]
 
 
 @pytest.mark.parametrize("stride,dil", [(1, 1), (2, 1), (1, 2)])

@@ -5,9 +5,17 @@ input ``[G, N, Ci, *inField]``, weights ``[G, Co, Ci, *kernel]``, output ``[G, N
 (views of the caller's tensors, so no data moves to get there).
 
 Tile of a work block: ``(((g * batchSplit + b) * fieldSplit + f) * outChanSplit + o) * inChanSplit + i``
-(local tile numbers; input-channel partners are neighbours). Each serial step is one compute set
-of partial-sum vertices (one per tile), followed, when input channels are split, by one compute
-set of reduce vertices.
+(local tile numbers; input-channel partners are neighbours). A step is one compute set of
+partial-sum vertices (one per tile), followed, when input channels are split, by one compute set
+of reduce vertices.
+
+Serial splits are a loop, as PopLibs' ``ConvProgramTree`` runs them: ``Repeat`` over the serial
+index of one compute-set group for a slice of the problem (a ``batchSplit.serial``-th of the batch
+or an ``outChanSplit.serial``-th of the output channels), which ``popops::dynamicSlice`` copies the
+operand's slice into and ``popops::dynamicUpdate`` copies the slice's result out of. The tensors
+the plan creates hold each serial slice in the slice problem's layout, so both copies stay on
+their tiles; the slice's exchange code exists once, whatever the number of steps. The planner
+keeps only serial splits that divide the split dimension evenly (as PopLibs requires).
 
 Host work follows the plan's structure, never the number of elements: layouts are boxes of the
 canonical views (one per work block and share of it), mapped as runs of addresses; the vertex
@@ -18,6 +26,7 @@ blocks and of the partials from regions; a serial step's output is a view (slice
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -30,6 +39,8 @@ from openipu import poplar
 from openipu.poplar import regions as R
 from openipu.poplar.exchange import Boxes, lattices, tile_boxes
 from openipu.poplar.graph import Access, VertexGroup, box_tile_runs
+from openipu.poplibs.popops import dynamic_slice as dslice
+from openipu.poplibs.popops.loop import countedLoop
 from openipu.poplibs.poplin import plan as planmod
 from openipu.poplibs.poplin.params import ConvParams
 
@@ -158,20 +169,21 @@ def _blocks(n: int, b: int):
 
 
 def _input_blocks(params: ConvParams, plan, lay: Layout):
-    """The input's work blocks, disjoint: ``gB x nB x ciB x`` (the rows whose primary field block
-    is ``f``) ``x rest``. Returns ``(lo, sz, GB, NB, CB, f)`` (``lo``, ``sz``: ``[k, 5]`` boxes
+    """The input's work blocks, disjoint: ``gB x nS x ciB x`` (the rows whose primary field block
+    is ``f``) ``x rest`` (``nS``: a serial slice of a batch block, the whole block without a
+    batch serial split). Returns ``(lo, sz, GB, NB, CB, f)`` (``lo``, ``sz``: ``[k, 5]`` boxes
     of the canonical input ``[G, N, Ci, F0, rest]``; then each block's indices)."""
     F0 = params.inputFieldShape[0]
     rest = int(np.prod(params.inputFieldShape[1:], dtype=np.int64))
     lo_r, hi_r = input_row_ranges(params, plan, lay)
     f_id, r0, r1 = _runs(_primary_block(np.arange(F0), lo_r, hi_r))
     g0, gs = _blocks(lay.G, lay.gB)
-    n0, ns = _blocks(lay.N, lay.nB)
+    n0, ns = _blocks(lay.N, lay.nS)            # serial slices of the batch blocks
     c0, cs = _blocks(lay.Ci, lay.ciB)
     GB, NB, CB, FR = _cross(g0.size, n0.size, c0.size, f_id.size)
     lo = np.stack([g0[GB], n0[NB], c0[CB], r0[FR], np.zeros_like(GB)], axis=1)
     sz = np.stack([gs[GB], ns[NB], cs[CB], r1[FR] - r0[FR], np.full_like(GB, rest)], axis=1)
-    return lo, sz, GB, NB, CB, f_id[FR]
+    return lo, sz, GB, NB // int(plan.batch_serial), CB, f_id[FR]
 
 
 def input_boxes(params: ConvParams, plan, lay: Layout):
@@ -194,17 +206,19 @@ def weight_boxes(params: ConvParams, plan, lay: Layout):
     boxes ``(lo, sz, local tile)`` (``createWeights``): each block ``gB x coB x ciB x K`` is cut
     into ``batchSplit x fieldSplit`` shares of consecutive elements (:func:`_block_shares`),
     share ``h`` on ``tile_index(g // gB, h // fieldSplit, h % fieldSplit, co // coB, c // ciB)``:
-    a block is spread over the batch x field tiles that read it."""
+    a block is spread over the batch x field tiles that read it. With an output-channel serial
+    split, each serial slice (``coS`` channels) of a block is a block of its own, so every slice
+    is laid out as the slice problem's weights."""
     K = int(np.prod(params.kernelShape, dtype=np.int64))
     fs = int(plan.field_split)
     g0, gs = _blocks(lay.G, lay.gB)
-    o0, os_ = _blocks(lay.Co, lay.coB)
+    o0, os_ = _blocks(lay.Co, lay.coS)
     c0, cs = _blocks(lay.Ci, lay.ciB)
     GB, OB, CB = _cross(g0.size, o0.size, c0.size)
     b_lo = np.stack([g0[GB], o0[OB], c0[CB], np.zeros_like(GB)], axis=1)
     b_sz = np.stack([gs[GB], os_[OB], cs[CB], np.full_like(GB, K)], axis=1)
     blk, h, lo, sz = _block_shares(int(plan.batch_split) * fs, b_lo, b_sz)
-    tile = tile_index(plan, GB[blk], h // fs, h % fs, OB[blk], CB[blk])
+    tile = tile_index(plan, GB[blk], h // fs, h % fs, OB[blk] // int(plan.out_chan_serial), CB[blk])
     keep = (sz > 0).all(axis=1)
     return lo[keep], sz[keep], tile[keep]
 
@@ -247,18 +261,21 @@ def output_boxes(params: ConvParams, plan, lay: Layout):
     of field block ``f``) ``x rest`` is cut into ``inChanSplit`` shares of consecutive elements
     (:func:`_block_shares`), share ``i`` on ``tile_index(g // gB, n // nB, f, co // coB, i)``. A
     share is one interval of the block as :func:`create_output` stores it, as Poplar's reduction
-    gives each tile a contiguous region of the output."""
+    gives each tile a contiguous region of the output. Serial slices (``nS`` of a batch block,
+    ``coS`` of an output-channel block) are blocks of their own, laid out as the slice problem's
+    output."""
     fo = params.getOutputFieldShape()
     rest = int(np.prod(fo[1:], dtype=np.int64))
     f_id, r0, r1 = _out_row_runs(params, lay)
     g0, gs = _blocks(lay.G, lay.gB)
-    n0, ns = _blocks(lay.N, lay.nB)
-    o0, os_ = _blocks(lay.Co, lay.coB)
+    n0, ns = _blocks(lay.N, lay.nS)
+    o0, os_ = _blocks(lay.Co, lay.coS)
     GB, NB, OB, FR = _cross(g0.size, n0.size, o0.size, f_id.size)
     b_lo = np.stack([g0[GB], n0[NB], o0[OB], r0[FR], np.zeros_like(GB)], axis=1)
     b_sz = np.stack([gs[GB], ns[NB], os_[OB], r1[FR] - r0[FR], np.full_like(GB, rest)], axis=1)
     blk, share, lo, sz = _block_shares(int(plan.in_chan_split), b_lo, b_sz)
-    tile = tile_index(plan, GB[blk], NB[blk], f_id[FR[blk]], OB[blk], share)
+    tile = tile_index(plan, GB[blk], NB[blk] // int(plan.batch_serial), f_id[FR[blk]],
+                      OB[blk] // int(plan.out_chan_serial), share)
     keep = (sz > 0).all(axis=1)
     return lo[keep], sz[keep], tile[keep]
 
@@ -300,7 +317,7 @@ def create_weights(graph, type_, params: ConvParams, plan, name: str, value=None
     that shape. openipu's creator behind ``createWeights`` and ``createMatMulInputRHS``."""
     lay = lay or Layout.of(params, plan)
     K = int(np.prod(params.kernelShape, dtype=np.int64))
-    edges = [np.r_[0:lay.G:lay.gB, lay.G], np.r_[0:lay.Co:lay.coB, lay.Co], np.r_[0:lay.Ci:lay.ciB, lay.Ci],
+    edges = [np.r_[0:lay.G:lay.gB, lay.G], np.r_[0:lay.Co:lay.coS, lay.Co], np.r_[0:lay.Ci:lay.ciB, lay.Ci],
              np.array([0, K])]
     w = blocked_tensor(graph, type_, edges, name, value)
     set_tile_boxes(graph, w, *weight_boxes(params, plan, lay))
@@ -314,7 +331,7 @@ def create_output(graph, type_, params: ConvParams, plan, name: str, lay: Layout
     lay = lay or Layout.of(params, plan)
     fo = params.getOutputFieldShape()
     _, r0, r1 = _out_row_runs(params, lay)
-    edges = [np.r_[0:lay.G:lay.gB, lay.G], np.r_[0:lay.N:lay.nB, lay.N], np.r_[0:lay.Co:lay.coB, lay.Co],
+    edges = [np.r_[0:lay.G:lay.gB, lay.G], np.r_[0:lay.N:lay.nS, lay.N], np.r_[0:lay.Co:lay.coS, lay.Co],
              np.unique(np.r_[0, r0, r1, fo[0]])] + [np.array([0, s_]) for s_ in fo[1:]]
     out = blocked_tensor(graph, type_, edges, name)
     o_rest = int(np.prod(fo[1:], dtype=np.int64))
@@ -348,33 +365,6 @@ def map_output(graph, out, params: ConvParams, plan, lay: Layout | None = None) 
     set_tile_boxes(graph, o5, *output_boxes(params, plan, lay))
 
 
-def _step_ranges(n: int, b: int, s: int, step: int):
-    """The indices of serial step ``step`` when ``range(n)`` is cut into blocks of ``b`` and each
-    block into serial pieces of ``s``: per non-empty block ``(block, begin, end)`` (global
-    indices) and each range's offset among the step's indices."""
-    start, size = _blocks(n, b)
-    a = start + np.minimum(step * s, size)
-    e = start + np.minimum((step + 1) * s, size)
-    keep = e > a
-    blk = np.flatnonzero(keep).astype(np.int64)
-    a, e = a[keep], e[keep]
-    return blk, a, e, np.cumsum(e - a) - (e - a)
-
-
-def _select(t, dim: int, begins: np.ndarray, ends: np.ndarray):
-    """The view of ``t``'s index ranges ``[begins[i], ends[i])`` of ``dim`` side by side (adjacent
-    ranges merged): a slice, or a concat of slices."""
-    if begins.size == 0:
-        return t.slice(0, 0, dim)
-    brk = np.flatnonzero(begins[1:] != ends[:-1]) + 1
-    b = begins[np.r_[0, brk]].tolist()
-    e = ends[np.r_[brk - 1, ends.size - 1]].tolist()
-    if len(b) == 1 and b[0] == 0 and e[0] == t.dim(dim):
-        return t
-    parts = [t.slice(x, y, dim) for x, y in zip(b, e)]
-    return parts[0] if len(parts) == 1 else poplar.concat(parts, dim)
-
-
 # --------------------------------------------------------------------------------------------
 # torch kernels
 # --------------------------------------------------------------------------------------------
@@ -386,8 +376,6 @@ class _Spec:
     k_t: tuple
     out_t: tuple
     plain: bool                 # 1x1 field and kernel, no transforms: use matmul
-    n_idx: tuple
-    co_idx: tuple
     ics: int
     ciB: int
     acc_dtype: str
@@ -468,12 +456,6 @@ def conv_partials(X: torch.Tensor, W: torch.Tensor, spec: _Spec) -> torch.Tensor
 
 def _partials_kernel(x, w, dst, spec: _Spec, ctx):
     X, W = ctx.read(x), ctx.read(w)
-    n_idx = torch.as_tensor(spec.n_idx, dtype=torch.long)
-    co_idx = torch.as_tensor(spec.co_idx, dtype=torch.long)
-    if n_idx.numel() != X.shape[2]:
-        X = X.index_select(2, n_idx)
-    if co_idx.numel() != W.shape[2]:
-        W = W.index_select(2, co_idx)
     Y = conv_partials(X, W, spec)
     if spec.ics == 1:
         Y = Y[:, 0]
@@ -590,18 +572,16 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
     """Add the planned convolution of canonical views ``x`` and ``w`` to ``prog``.
 
     Returns the output: ``out`` if given (canonical ``[G, N, Co, *outField]`` view, written in
-    place), else a new variable in that shape mapped the way the plan produces it.
+    place), else a new variable in that shape mapped the way the plan produces it. A plan with
+    serial splits becomes a loop (:func:`_serial_loop`).
+    Raises ``poplibs_error`` when the plan needs more tiles than the graph has.
     """
     target = graph.getTarget()
     T = target.getNumTiles()
-    W_ctx = target.getNumWorkerContexts()
-    gt = graph._tiles
     in_type = x.elementType()
-    ptype = poplar.FLOAT if in_type == poplar.FLOAT else poplar.types.as_type(partials_type)
     lay = Layout.of(params, plan)
     if plan.tiles > T:
         raise planmod.poplibs_error(f"{name}: plan uses {plan.tiles} tiles but the graph has {T}")
-    fo = params.getOutputFieldShape()
     # operands that many tiles read are first copied into the plan's layout (unless already so)
     rest = int(np.prod(params.inputFieldShape[1:], dtype=np.int64))
     x = _rearranged(graph, x, [lay.G, lay.N, lay.Ci, params.inputFieldShape[0], rest], input_boxes(params, plan, lay),
@@ -615,6 +595,72 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
     own_out = out is None
     if own_out:
         out = create_output(graph, out_type, params, plan, name, lay)
+    if plan.serial_steps > 1:
+        _serial_loop(graph, x, w, out, params, plan, lay, partials_type, out_type, prog, name)
+    else:
+        _build_step(graph, x, w, out, own_out, params, plan, lay, partials_type, out_type, prog, name)
+    return out
+
+
+def _serial_loop(graph, x, w, out, params: ConvParams, plan, lay: Layout, partials_type, out_type, prog, name: str):
+    """The serial splits of ``plan`` as PopLibs' ``ConvProgramTree`` lowers them: a counted loop
+    whose body copies serial slice ``i`` of the operand the split cuts (the input for a batch
+    split, the weights for an output-channel split) into a buffer laid out for the slice problem
+    (``popops::dynamicSlice``), convolves it (:func:`build` of the slice problem, which loops
+    again for a second serial split), and copies the slice's output into ``out``
+    (``popops::dynamicUpdate``). The tensors the plan lays out hold every slice where the slice
+    problem wants it, so both copies stay on their tiles. ``out`` is marked undefined first
+    (``WriteUndef``), so that it is not live before the loop."""
+    if plan.batch_serial > 1:
+        s, par, piece = int(plan.batch_serial), int(plan.batch_split), lay.nS
+        sub_params = params._with(batchSize=par * piece)
+        sub_plan = dataclasses.replace(plan, batch_serial=1)
+        src, out_dim = x, 1
+
+        def make(n):
+            return create_input(graph, x.elementType(), sub_params, sub_plan, n)
+    else:
+        s, par, piece = int(plan.out_chan_serial), int(plan.out_chan_split), lay.coS
+        sub_params = params._with(outputChannelsPerConvGroup=par * piece)
+        sub_plan = dataclasses.replace(plan, out_chan_serial=1)
+        src, out_dim = w, 2
+
+        def make(n):
+            t = create_weights(graph, w.elementType(), sub_params, sub_plan, n)
+            return t.reshape([lay.G, par * piece, lay.Ci, *params.kernelShape])
+    if par * s * piece != src.dim(1):
+        raise planmod.poplibs_error(f"{name}: serial split {s} does not divide {src.dim(1)} evenly in blocks of {par}")
+
+    def split(t, d, n):                    # dim d (par * n * piece) as [par, n, piece]
+        sh = list(t.shape())
+        return t.reshape(sh[:d] + [par, n, piece] + sh[d + 1:])
+
+    def body(index):
+        seq = poplar.program.Sequence()
+        buf = make(f"{name}/serialSlice")
+        seq.add(poplar.program.WriteUndef(buf))
+        dslice.dynamicSliceWithOutput(graph, split(buf, 1, 1), split(src, 1, s), index, [2], [1], seq,
+                                      f"{name}/serialSlice")
+        sub_x, sub_w = (buf, w) if src is x else (x, buf)
+        y = build(graph, sub_x, sub_w, sub_params, sub_plan, partials_type, out_type, seq, name)
+        dslice.dynamicUpdate(graph, split(out, out_dim, s), split(y, out_dim, 1), index, [out_dim + 1], [1], seq,
+                             f"{name}/serialUpdate")
+        return seq
+
+    prog.add(poplar.program.WriteUndef(out))
+    prog.add(countedLoop(graph, s, body, f"{name}/serialLoop"))
+
+
+def _build_step(graph, x, w, out, own_out: bool, params: ConvParams, plan, lay: Layout, partials_type, out_type,
+                prog, name: str) -> None:
+    """The compute sets of a plan without serial splits: partial sums on every tile of the plan,
+    then (with an input-channel split) their reduction onto the output's tiles."""
+    target = graph.getTarget()
+    W_ctx = target.getNumWorkerContexts()
+    gt = graph._tiles
+    in_type = x.elementType()
+    ptype = poplar.FLOAT if in_type == poplar.FLOAT else poplar.types.as_type(partials_type)
+    fo = params.getOutputFieldShape()
     ics = plan.in_chan_split
     it, kt, ot = params.inputTransform, params.kernelTransform, params.outputTransform
     nd = params.getNumFieldDims()
@@ -636,135 +682,115 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
     o_tail = list(fo[1:])
     g0, gs = _blocks(lay.G, lay.gB)
     c0, cs = _blocks(lay.Ci, lay.ciB)
+    n0, ns = _blocks(lay.N, lay.nB)
+    o0, os_ = _blocks(lay.Co, lay.coB)
     f_out, fr0, fr1 = _out_row_runs(params, lay)
-    n_all, co_all = np.arange(lay.N), np.arange(lay.Co)
     macs_per_out = lay.Ci * pb.taps * pb.density
-
-    for sb in range(plan.batch_serial):
-        n_idx = n_all[(n_all % lay.nB) // lay.nS == sb]
-        for so in range(plan.out_chan_serial):
-            co_idx = co_all[(co_all % lay.coB) // lay.coS == so]
-            if n_idx.size == 0 or co_idx.size == 0:
-                continue
-            step = f"{name}/s{sb}_{so}" if plan.serial_steps > 1 else name
-            # this step's batch and out-channel ranges, one per block
-            n_blk, n_a, n_e, n_pos = _step_ranges(lay.N, lay.nB, lay.nS, sb)
-            o_blk, o_a, o_e, o_pos = _step_ranges(lay.Co, lay.coB, lay.coS, so)
-            # reads: the input rows of this step, by every out-channel tile of its block; the
-            # weights of this step, by every batch x field tile of theirs. Boxes of the step's
-            # views, one per (block, reading tile), handed over as runs of addresses; the sends
-            # of a block's first replica are counted, the others' not (the exchange multicasts).
-            reads = []
-            xs = _select(x, 1, n_a, n_e).slice(r_lo, r_hi, 3)               # [G, nn, Ci, rows, *rest]
-            for fb, rb, re_ in row_sets:
-                GB, NJ, CB, RK, OO = _cross(g0.size, n_blk.size, c0.size, fb.size, plan.out_chan_split)
-                lo = np.stack([g0[GB], n_pos[NJ], c0[CB], rb[RK] - r_lo] + [np.zeros_like(GB)] * len(in_tail), axis=1)
-                sz = np.stack([gs[GB], (n_e - n_a)[NJ], cs[CB], (re_ - rb)[RK]]
-                              + [np.full_like(GB, s_) for s_ in in_tail], axis=1)
-                tiles = gt[tile_index(plan, GB, n_blk[NJ], fb[RK], OO, CB)].astype(np.int64)
-                reads += _replica_accesses(xs, lo, sz, tiles, OO == 0)
-            ws = _select(w, 1, o_a, o_e)                                     # [G, cc, Ci, *kernel]
-            GB, OJ, CB, BB, FF = _cross(g0.size, o_blk.size, c0.size, plan.batch_split, plan.field_split)
-            lo = np.stack([g0[GB], o_pos[OJ], c0[CB]] + [np.zeros_like(GB)] * len(k_shape), axis=1)
-            sz = np.stack([gs[GB], (o_e - o_a)[OJ], cs[CB]] + [np.full_like(GB, s_) for s_ in k_shape], axis=1)
-            tiles = gt[tile_index(plan, GB, BB, FF, o_blk[OJ], CB)].astype(np.int64)
-            reads += _replica_accesses(ws, lo, sz, tiles, (BB == 0) & (FF == 0))
-            # per-tile work of this step
-            gi, bi, fi, oi, ii = np.meshgrid(np.arange(plan.group_split), np.arange(plan.batch_split),
-                                             np.arange(plan.field_split), np.arange(plan.out_chan_split),
-                                             np.arange(ics), indexing="ij")
-            gi, bi, fi, oi, ii = (a.reshape(-1) for a in (gi, bi, fi, oi, ii))
-            gc = np.clip(lay.G - gi * lay.gB, 0, lay.gB)
-            nc = np.clip(np.clip(lay.N - bi * lay.nB, 0, lay.nB) - sb * lay.nS, 0, lay.nS)
-            fc = np.clip(lay.out_rows - fi * lay.fB, 0, lay.fB)
-            cic = np.clip(lay.Ci - ii * lay.ciB, 0, lay.ciB)
-            coc = np.clip(np.clip(lay.Co - oi * lay.coB, 0, lay.coB) - so * lay.coS, 0, lay.coS)
-            busy = (gc > 0) & (nc > 0) & (fc > 0) & (cic > 0) & (coc > 0)
-            tiles = tile_index(plan, gi, bi, fi, oi, ii)[busy]
-            P = (nc * fc * pb.out_rest)[busy]
-            Pw = np.maximum(1, np.ceil(P * pb.density).astype(np.int64))
-            fp = ptype == poplar.FLOAT
-            if plan.method == "AMP":
-                nig = _ceil(cic[busy], plan.in_chans_per_group)
-                nog = _ceil(coc[busy], plan.out_chans_per_group)
-                if one_by_one:
-                    cyc = planmod.amp_1x1_cycles(Pw, nig, nog, gc[busy], plan.conv_units, in_type.name, fp, W_ctx)
-                else:
-                    cyc = planmod.amp_nx1_cycles(Pw, nig, nog, gc[busy], plan.conv_units, pb.taps, pb.kernel_outer,
-                                                 plan.out_chans_per_group, in_type.name, fp, W_ctx, 2 if fp else 4)
-            else:
-                cyc = planmod.hmac_cycles(P, cic[busy], coc[busy], gc[busy], max(1, math.ceil(pb.taps * pb.density)),
-                                          in_type.name, fp, W_ctx, target.getVectorWidth(in_type))
-            step_outs = lay.G * n_idx.size * co_idx.size * pb.out_rows * pb.out_rest
-            flops = 2.0 * step_outs * macs_per_out
-            dst_out = _select(_select(out, 1, n_a, n_e), 2, o_a, o_e)       # [G, nn, cc, *fo]
-            spec = _Spec((tuple(it.truncationLower), tuple(it.truncationUpper), tuple(it.dilation),
-                          tuple(it.paddingLower), tuple(it.paddingUpper), tuple(it.flip)),
-                         (tuple(kt.truncationLower), tuple(kt.truncationUpper), tuple(kt.dilation),
-                          tuple(kt.paddingLower), tuple(kt.paddingUpper), tuple(kt.flip)),
-                         (tuple(ot.truncationLower), tuple(ot.truncationUpper), tuple(ot.stride),
-                          tuple(ot.paddingLower), tuple(ot.paddingUpper)),
-                         plain, tuple(n_idx.tolist()), tuple(co_idx.tolist()), ics, lay.ciB, acc,
-                         (out_type if ics == 1 else ptype).name)
-            # the blocks of this step's outputs: (group block, batch range, out-channel range, rows)
-            GB, NJ, OJ, FR = _cross(g0.size, n_blk.size, o_blk.size, f_out.size)
-            out_lo = [g0[GB], n_pos[NJ], o_pos[OJ], fr0[FR]] + [np.zeros_like(GB)] * len(o_tail)
-            out_sz = [gs[GB], (n_e - n_a)[NJ], (o_e - o_a)[OJ], (fr1 - fr0)[FR]] + \
-                [np.full_like(GB, s_) for s_ in o_tail]
-            cs_ = graph.addComputeSet(f"{step}/Conv")
-            if ics == 1:
-                # the vertices write the output directly (no reduction), from the tiles that compute
-                # it: the output's own tiles when it was created here (output_boxes)
-                if own_out:
-                    write = Access(dst_out)
-                else:
-                    wt = gt[tile_index(plan, GB, n_blk[NJ], f_out[FR], o_blk[OJ], 0)].astype(np.int64)
-                    write = Access(dst_out, Boxes(np.stack(out_lo, axis=1), np.stack(out_sz, axis=1), wt))
-                graph.add_vertex_group(cs_, VertexGroup(
-                    vtype, gt[tiles], cyc, functools.partial(_partials_kernel, x, w, dst_out, spec),
-                    reads=reads, writes=[write], multi=True, flops=flops, state_bytes=PARTIALS_VERTEX_STATE_BYTES))
-                prog.add(poplar.program.Execute(cs_))
-                continue
-            # partial sums, one slab per input-channel block, on the tiles that compute them
-            # stored block by block (each tile's partials contiguous), as Poplar's partials are
-            p_shape = [ics, lay.G, n_idx.size, co_idx.size, *fo]
-            p_edges = [np.arange(ics + 1)] + [np.unique(np.r_[0, a, a + b, n_]) for a, b, n_ in
-                                              zip(out_lo[:4], out_sz[:4], p_shape[1:5])] + \
-                [np.array([0, n_]) for n_ in p_shape[5:]]
-            partials = blocked_tensor(graph, ptype, p_edges, f"{step}/partials")
-            ib = np.repeat(np.arange(ics, dtype=np.int64), GB.size)
-            pt = tile_index(plan, np.tile(GB, ics), np.tile(n_blk[NJ], ics), np.tile(f_out[FR], ics),
-                            np.tile(o_blk[OJ], ics), ib)
-            set_tile_boxes(graph, partials, np.stack([ib] + [np.tile(a, ics) for a in out_lo], axis=1),
-                           np.stack([np.ones_like(ib)] + [np.tile(a, ics) for a in out_sz], axis=1), pt)
-            graph.add_vertex_group(cs_, VertexGroup(
-                vtype, gt[tiles], cyc, functools.partial(_partials_kernel, x, w, partials, spec),
-                reads=reads, writes=[Access(partials)], multi=True, flops=flops,
-                state_bytes=PARTIALS_VERTEX_STATE_BYTES))
-            prog.add(poplar.program.Execute(cs_))
-            # reduce across the input-channel split onto the tiles that hold the output: slab i
-            # of the partials is read as the output's tile boxes (the blocks' shares)
-            ob = tile_boxes(dst_out)
-            ob = Boxes(ob.lo[ob.tile >= 0], ob.sz[ob.tile >= 0], ob.tile[ob.tile >= 0])
-            rt = ob.tile.astype(np.int64)
-            nel = np.prod(ob.sz, axis=1, dtype=np.int64)
-            counts = np.bincount(rt, weights=nel, minlength=graph._top.getTarget().getNumTiles()).astype(np.int64)
-            used = np.flatnonzero(counts)
-            counts = counts[used]
-            slab = np.repeat(np.arange(ics, dtype=np.int64), len(ob))
-            p_read = runs_access(partials, Boxes(np.concatenate([slab[:, None], np.tile(ob.lo, (ics, 1))], axis=1),
-                                                 np.concatenate([np.ones((slab.size, 1), np.int64),
-                                                                 np.tile(ob.sz, (ics, 1))], axis=1),
-                                                 np.tile(rt, ics)))
-            vw = target.getVectorWidth(ptype)
-            rcyc = W_ctx * (planmod.REDUCE_WORKER_OVERHEAD + 2 * int(math.log2(vw))
-                            + planmod.REDUCE_CYCLES_PER_VECTOR * ics * _ceil(counts, vw * W_ctx))
-            rcs = graph.addComputeSet(f"{step}/Reduce")
-            graph.add_vertex_group(rcs, VertexGroup(
-                f"poplin::ReduceAdd<{out_type},{ptype}>", used, rcyc,
-                functools.partial(_reduce_kernel, partials, dst_out),
-                reads=[p_read],
-                writes=[Access(dst_out)], multi=True, flops=float(step_outs * (ics - 1)),
-                state_bytes=REDUCE_VERTEX_STATE_BYTES))
-            prog.add(poplar.program.Execute(rcs))
-    return out
+    # reads: the input rows, by every out-channel tile of their block; the weights, by every
+    # batch x field tile of theirs. Boxes, one per (block, reading tile), handed over as runs of
+    # addresses; the sends of a block's first replica are counted, the others' not (the
+    # exchange multicasts).
+    reads = []
+    xs = x.slice(r_lo, r_hi, 3)                                          # [G, N, Ci, rows, *rest]
+    for fb, rb, re_ in row_sets:
+        GB, NB, CB, RK, OO = _cross(g0.size, n0.size, c0.size, fb.size, plan.out_chan_split)
+        lo = np.stack([g0[GB], n0[NB], c0[CB], rb[RK] - r_lo] + [np.zeros_like(GB)] * len(in_tail), axis=1)
+        sz = np.stack([gs[GB], ns[NB], cs[CB], (re_ - rb)[RK]] + [np.full_like(GB, s_) for s_ in in_tail], axis=1)
+        tiles = gt[tile_index(plan, GB, NB, fb[RK], OO, CB)].astype(np.int64)
+        reads += _replica_accesses(xs, lo, sz, tiles, OO == 0)
+    GB, OB, CB, BB, FF = _cross(g0.size, o0.size, c0.size, plan.batch_split, plan.field_split)
+    lo = np.stack([g0[GB], o0[OB], c0[CB]] + [np.zeros_like(GB)] * len(k_shape), axis=1)
+    sz = np.stack([gs[GB], os_[OB], cs[CB]] + [np.full_like(GB, s_) for s_ in k_shape], axis=1)
+    tiles = gt[tile_index(plan, GB, BB, FF, OB, CB)].astype(np.int64)
+    reads += _replica_accesses(w, lo, sz, tiles, (BB == 0) & (FF == 0))
+    # per-tile work
+    gi, bi, fi, oi, ii = _cross(plan.group_split, plan.batch_split, plan.field_split, plan.out_chan_split, ics)
+    gc = np.clip(lay.G - gi * lay.gB, 0, lay.gB)
+    nc = np.clip(lay.N - bi * lay.nB, 0, lay.nB)
+    fc = np.clip(lay.out_rows - fi * lay.fB, 0, lay.fB)
+    cic = np.clip(lay.Ci - ii * lay.ciB, 0, lay.ciB)
+    coc = np.clip(lay.Co - oi * lay.coB, 0, lay.coB)
+    busy = (gc > 0) & (nc > 0) & (fc > 0) & (cic > 0) & (coc > 0)
+    tiles = tile_index(plan, gi, bi, fi, oi, ii)[busy]
+    P = (nc * fc * pb.out_rest)[busy]
+    Pw = np.maximum(1, np.ceil(P * pb.density).astype(np.int64))
+    fp = ptype == poplar.FLOAT
+    if plan.method == "AMP":
+        nig = _ceil(cic[busy], plan.in_chans_per_group)
+        nog = _ceil(coc[busy], plan.out_chans_per_group)
+        if one_by_one:
+            cyc = planmod.amp_1x1_cycles(Pw, nig, nog, gc[busy], plan.conv_units, in_type.name, fp, W_ctx)
+        else:
+            cyc = planmod.amp_nx1_cycles(Pw, nig, nog, gc[busy], plan.conv_units, pb.taps, pb.kernel_outer,
+                                         plan.out_chans_per_group, in_type.name, fp, W_ctx, 2 if fp else 4)
+    else:
+        cyc = planmod.hmac_cycles(P, cic[busy], coc[busy], gc[busy], max(1, math.ceil(pb.taps * pb.density)),
+                                  in_type.name, fp, W_ctx, target.getVectorWidth(in_type))
+    outs = lay.G * lay.N * lay.Co * pb.out_rows * pb.out_rest
+    flops = 2.0 * outs * macs_per_out
+    spec = _Spec((tuple(it.truncationLower), tuple(it.truncationUpper), tuple(it.dilation),
+                  tuple(it.paddingLower), tuple(it.paddingUpper), tuple(it.flip)),
+                 (tuple(kt.truncationLower), tuple(kt.truncationUpper), tuple(kt.dilation),
+                  tuple(kt.paddingLower), tuple(kt.paddingUpper), tuple(kt.flip)),
+                 (tuple(ot.truncationLower), tuple(ot.truncationUpper), tuple(ot.stride),
+                  tuple(ot.paddingLower), tuple(ot.paddingUpper)),
+                 plain, ics, lay.ciB, acc, (out_type if ics == 1 else ptype).name)
+    # the output blocks: (group block, batch block, out-channel block, rows)
+    GB, NB, OB, FR = _cross(g0.size, n0.size, o0.size, f_out.size)
+    out_lo = [g0[GB], n0[NB], o0[OB], fr0[FR]] + [np.zeros_like(GB)] * len(o_tail)
+    out_sz = [gs[GB], ns[NB], os_[OB], (fr1 - fr0)[FR]] + [np.full_like(GB, s_) for s_ in o_tail]
+    cs_ = graph.addComputeSet(f"{name}/Conv")
+    if ics == 1:
+        # the vertices write the output directly (no reduction), from the tiles that compute it:
+        # the output's own tiles when it was created here (output_boxes)
+        if own_out:
+            write = Access(out)
+        else:
+            wt = gt[tile_index(plan, GB, NB, f_out[FR], OB, 0)].astype(np.int64)
+            write = Access(out, Boxes(np.stack(out_lo, axis=1), np.stack(out_sz, axis=1), wt))
+        graph.add_vertex_group(cs_, VertexGroup(
+            vtype, gt[tiles], cyc, functools.partial(_partials_kernel, x, w, out, spec),
+            reads=reads, writes=[write], multi=True, flops=flops, state_bytes=PARTIALS_VERTEX_STATE_BYTES))
+        prog.add(poplar.program.Execute(cs_))
+        return
+    # partial sums, one slab per input-channel block, on the tiles that compute them, stored
+    # block by block (each tile's partials contiguous), as Poplar's partials are
+    p_shape = [ics, lay.G, lay.N, lay.Co, *fo]
+    p_edges = [np.arange(ics + 1)] + [np.unique(np.r_[0, a, a + b, n_]) for a, b, n_ in
+                                      zip(out_lo[:4], out_sz[:4], p_shape[1:5])] + \
+        [np.array([0, n_]) for n_ in p_shape[5:]]
+    partials = blocked_tensor(graph, ptype, p_edges, f"{name}/partials")
+    ib = np.repeat(np.arange(ics, dtype=np.int64), GB.size)
+    pt = tile_index(plan, np.tile(GB, ics), np.tile(NB, ics), np.tile(f_out[FR], ics), np.tile(OB, ics), ib)
+    set_tile_boxes(graph, partials, np.stack([ib] + [np.tile(a, ics) for a in out_lo], axis=1),
+                   np.stack([np.ones_like(ib)] + [np.tile(a, ics) for a in out_sz], axis=1), pt)
+    graph.add_vertex_group(cs_, VertexGroup(
+        vtype, gt[tiles], cyc, functools.partial(_partials_kernel, x, w, partials, spec),
+        reads=reads, writes=[Access(partials)], multi=True, flops=flops,
+        state_bytes=PARTIALS_VERTEX_STATE_BYTES))
+    prog.add(poplar.program.Execute(cs_))
+    # reduce across the input-channel split onto the tiles that hold the output: slab i of the
+    # partials is read as the output's tile boxes (the blocks' shares)
+    ob = tile_boxes(out)
+    ob = Boxes(ob.lo[ob.tile >= 0], ob.sz[ob.tile >= 0], ob.tile[ob.tile >= 0])
+    rt = ob.tile.astype(np.int64)
+    nel = np.prod(ob.sz, axis=1, dtype=np.int64)
+    counts = np.bincount(rt, weights=nel, minlength=graph._top.getTarget().getNumTiles()).astype(np.int64)
+    used = np.flatnonzero(counts)
+    counts = counts[used]
+    slab = np.repeat(np.arange(ics, dtype=np.int64), len(ob))
+    p_read = runs_access(partials, Boxes(np.concatenate([slab[:, None], np.tile(ob.lo, (ics, 1))], axis=1),
+                                         np.concatenate([np.ones((slab.size, 1), np.int64),
+                                                         np.tile(ob.sz, (ics, 1))], axis=1),
+                                         np.tile(rt, ics)))
+    vw = target.getVectorWidth(ptype)
+    rcyc = W_ctx * (planmod.REDUCE_WORKER_OVERHEAD + 2 * int(math.log2(vw))
+                    + planmod.REDUCE_CYCLES_PER_VECTOR * ics * _ceil(counts, vw * W_ctx))
+    rcs = graph.addComputeSet(f"{name}/Reduce")
+    graph.add_vertex_group(rcs, VertexGroup(
+        f"poplin::ReduceAdd<{out_type},{ptype}>", used, rcyc,
+        functools.partial(_reduce_kernel, partials, out),
+        reads=[p_read],
+        writes=[Access(out)], multi=True, flops=float(outs * (ics - 1)),
+        state_bytes=REDUCE_VERTEX_STATE_BYTES))
+    prog.add(poplar.program.Execute(rcs))

@@ -20,11 +20,15 @@ candidate split and vertex type it estimates, per tile and serial step (all pred
 - the exchange of the input and weight blocks the tile does not hold (4 bytes/cycle/tile), with
   the tensors laid out as ``createInput`` / ``createWeights`` lay them out;
 - when input channels are split, the exchange and reduction of the partial sums;
+- with serial splits, the loop's copies of each step's operand slice and output slice
+  (``popops`` dynamic slice and update, on the tile);
 - the syncs and compute-set launches the engine charges (``openipu.poplar.calibration``);
 
 and the temporary memory per tile: the input and weight blocks its vertices read (counted whole,
 as work buffers), partial sums, and the partials received for the reduction (the peak of the two
-phases, as ``ConvModel.cpp addEstimates`` takes the peak of concurrent temporaries).
+phases, as ``ConvModel.cpp addEstimates`` takes the peak of concurrent temporaries), plus the
+loop's slice buffers with serial splits. Serial splits must divide the split dimension's
+parallel blocks evenly.
 
 It keeps the fastest plan whose temporary memory fits ``availableMemoryProportion`` (default 0.6)
 of the tile's memory. Serial splits are tried only when no parallel plan fits. If no plan fits at
@@ -60,6 +64,7 @@ from openipu import poplar
 from openipu.poplar import calibration as cal
 from openipu.poplar.types import as_type
 from openipu.poplibs.poplin.params import ConvParams, poplibs_error
+from openipu.poplibs.popops.dynamic_slice import dynamic_slice_worker_cycles
 
 # --------------------------------------------------------------------------------------------
 # constants (PopLibs estimator names; [A] = assumption)
@@ -442,8 +447,23 @@ def _evaluate(pb: Problem, c: dict, method, units, fp, in_type, out_type, target
     # the vertices read the tile's whole input and weight blocks: count them as temporaries
     # (the part already local is a conservative overcount, as if rearranged into a work buffer)
     temp = np.maximum((in_blk + w_blk) * isz + partial_bytes, partial_bytes + red_recv)
-    total = steps * (comp + exch + red)
+    # serial splits are a loop (core._serial_loop): each step copies the tile's share of the
+    # operand's slice into a buffer (dynamicSlice) and its share of the slice's output out of one
+    # (dynamicUpdate), both on the tile; the two buffers live during the loop
+    loop = steps > 1
+    slice_elems = np.where(c["so"] > 1, _ceil(w_blk, c["bs"] * c["fs"]), 0) + np.where(c["sb"] > 1, _ceil(in_blk, c["ocs"]), 0)
+    out_elems = _ceil(part_elems, c["ics"])
+    copies = (_copy_cycles(slice_elems, in_type, target, W) + _copy_cycles(out_elems, out_type, target, W)
+              + 2 * (cal.COMPUTE_SET_LAUNCH_CYCLES + 2 * sync))
+    temp = temp + np.where(loop, slice_elems * isz + out_elems * out_type.size, 0)
+    total = steps * (comp + exch + red + np.where(loop, copies, 0))
     return total, steps * comp, steps * exch, steps * red, np.ceil(temp).astype(np.int64), icpg, ocpg
+
+
+def _copy_cycles(elems, type_, target, W):
+    """Tile cycles of a dynamic slice or update of ``elems`` elements of ``type_`` on one tile,
+    split over the ``W`` workers (popops ``DynamicSlice2D``, one region per worker)."""
+    return W * dynamic_slice_worker_cycles(1, _ceil(elems, W), 1, type_, target)
 
 
 def _candidates(pb: Problem, T: int, serial: bool) -> dict:
@@ -463,7 +483,10 @@ def _candidates(pb: Problem, T: int, serial: bool) -> dict:
     ser = np.array(SERIAL_SPLITS, np.int64)
     c = _cross(c, "so", ser[ser <= max(1, pb.Co)])
     c = _cross(c, "sb", ser[ser <= max(1, pb.N)])
-    keep = (c["so"] * c["sb"] > 1) & (c["so"] <= _ceil(pb.Co, c["ocs"])) & (c["sb"] <= _ceil(pb.N, c["bs"]))
+    # a serial split must cut every parallel block into equal slices (PopLibs: the serial split
+    # divides the channels evenly), so that one loop body serves every step
+    keep = (c["so"] * c["sb"] > 1) & ((c["so"] == 1) | (pb.Co % (c["ocs"] * c["so"]) == 0)) \
+        & ((c["sb"] == 1) | (pb.N % (c["bs"] * c["sb"]) == 0))
     return {k: v[keep] for k, v in c.items()}
 
 
