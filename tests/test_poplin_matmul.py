@@ -244,3 +244,32 @@ def test_serial_splits_when_memory_is_short():
     names = [cs.name for cs in h.graph.getComputeSets()]
     assert sum(n.endswith("/Conv") for n in names) == 1
     assert sum(n.endswith("/Reduce") for n in names) == (plan.in_chan_split > 1)
+
+
+def _exchange_cycles(h, suffixes):
+    return [float(s.cost.duration["exchange"].sum()) for s in h.engine._exe.compiled.compiler.steps
+            if s.name.endswith(suffixes)]
+
+
+@pytest.mark.parametrize("m,k,n,amp,serial", [(512, 128, 512, 0.04, (1, 16)), (1024, 64, 256, 0.01, (64, 1))])
+def test_serial_loop_over_rearranged_operands(m, k, n, amp, serial):
+    """Operands that more than 7 tiles read per block are copied into the plan's layout, which
+    stores each serial slice as one interval laid out as the slice problem's operand: the loop
+    copies slices of the variable in memory order, on the tiles (the same exchange as the
+    output's update, which only receives the loop index); the result is exact."""
+    h = OpHarness(tiles=16)
+    opts = {"availableMemoryProportion": amp}
+    plan = poplin.plan_matmul(1, m, k, n, poplar.HALF, h.device.getTarget(), opts)
+    assert (plan.batch_serial, plan.out_chan_serial) == serial
+    rng = np.random.default_rng(2)
+    A = rng.standard_normal((m, k)).astype(np.float16)
+    B = rng.standard_normal((k, n)).astype(np.float16)
+    c = poplin.matMul(h.graph, h.input("a", A), h.input("b", B), h.prog, "c", opts)
+    out = h.run(out=c)["out"]
+    np.testing.assert_allclose(out.astype(np.float64), A.astype(np.float64) @ B.astype(np.float64), rtol=2e-3, atol=0.1)
+    names = [cs.name for cs in h.graph.getComputeSets()]
+    assert sum(n_.endswith("/Conv") for n_ in names) == 1
+    steps = [s.name for s in h.engine._exe.compiled.compiler.steps]
+    assert any(s.endswith("Rearranged") or s == "Copy" for s in steps)
+    slices, updates = _exchange_cycles(h, ("serialSlice",)), _exchange_cycles(h, ("serialUpdate",))
+    assert slices and updates and max(slices) <= min(updates)

@@ -86,7 +86,7 @@ def _print_run(res, out, amp_used: float | None = None) -> None:
             w(f"  --batch-size {max(1, res.batch_size // 2):<11} a smaller batch")
         amp = (amp_used if amp_used is not None else 0.6) / 2
         w(f"  --available-memory-proportion {amp:g}   less temporary memory per matmul/convolution "
-          "(more serial steps: more exchange code)")
+          "(more serial steps, which take longer)")
         return
     w(f"  latency             {_seconds(res.latency)} per batch  ({res.step_cycles:,.0f} cycles per step)")
     w(f"  throughput          {res.throughput:,.1f} samples/s")

@@ -290,14 +290,20 @@ def set_tile_boxes(graph, t, lo: np.ndarray, sz: np.ndarray, local_tiles: np.nda
     graph.set_tile_boxes(t, Boxes(lo, sz, graph._global_tiles(np.asarray(local_tiles, np.int64)).astype(np.int64)))
 
 
-def blocked_tensor(graph, type_, edges, name: str, value=None):
+def blocked_tensor(graph, type_, edges, name: str, value=None, serial=None):
     """A new tensor cut by ``edges`` (per dim, see :func:`regions.grid_cells`) into blocks that
     each occupy consecutive addresses, as Poplar's convolution and matmul creators store a tile's
     block contiguously (grouped layouts), so a block, or a tile's share of it, is read or mapped
-    as one interval. ``value`` (array of the tensor's shape): a constant's value, stored block by
-    block; otherwise a variable. Host work: one copy per block."""
+    as one interval. Blocks are stored in row-major order of their positions, or, with
+    ``serial`` (a function of the blocks' ``lo`` ``[k, rank]`` giving each block's serial slice),
+    slice by slice (stably), so that every serial slice of the tensor is one interval of memory
+    laid out as the slice problem's tensor. ``value`` (array of the tensor's shape): a
+    constant's value, stored block by block; otherwise a variable. Host work: one copy per block."""
     shape = [int(e[-1]) for e in edges]
     lo, sz = R.grid_cells(edges)
+    if serial is not None:
+        order = np.argsort(serial(lo), kind="stable")
+        lo, sz = lo[order], sz[order]
     mem = None
     if value is not None:
         value = np.asarray(value).reshape(shape)
@@ -313,13 +319,14 @@ def blocked_tensor(graph, type_, edges, name: str, value=None):
 def create_weights(graph, type_, params: ConvParams, plan, name: str, value=None, lay: Layout | None = None):
     """The canonical weights ``[G, Co, Ci, K]`` (``K``: the kernel flattened) as ``createWeights``
     lays them out: one block of ``gB x coB x ciB x K`` per work block, stored contiguously and
-    mapped over the tiles that share it (:func:`weight_boxes`). ``value``: a constant's value in
-    that shape. openipu's creator behind ``createWeights`` and ``createMatMulInputRHS``."""
+    mapped over the tiles that share it (:func:`weight_boxes`); with an output-channel serial
+    split, stored slice by slice (:func:`blocked_tensor`). ``value``: a constant's value in that
+    shape. openipu's creator behind ``createWeights`` and ``createMatMulInputRHS``."""
     lay = lay or Layout.of(params, plan)
     K = int(np.prod(params.kernelShape, dtype=np.int64))
     edges = [np.r_[0:lay.G:lay.gB, lay.G], np.r_[0:lay.Co:lay.coS, lay.Co], np.r_[0:lay.Ci:lay.ciB, lay.Ci],
              np.array([0, K])]
-    w = blocked_tensor(graph, type_, edges, name, value)
+    w = blocked_tensor(graph, type_, edges, name, value, lambda lo: (lo[:, 1] // lay.coS) % plan.out_chan_serial)
     set_tile_boxes(graph, w, *weight_boxes(params, plan, lay))
     return w
 
@@ -327,13 +334,14 @@ def create_weights(graph, type_, params: ConvParams, plan, name: str, value=None
 def create_output(graph, type_, params: ConvParams, plan, name: str, lay: Layout | None = None):
     """The canonical output ``[G, N, Co, *outField]`` as the plan produces it: stored block by
     block (``gB x nB x coB x`` field block, each contiguous, as Poplar's output layout keeps a
-    tile's results together), mapped by :func:`output_boxes`."""
+    tile's results together; with serial splits, slice by slice), mapped by :func:`output_boxes`."""
     lay = lay or Layout.of(params, plan)
     fo = params.getOutputFieldShape()
     _, r0, r1 = _out_row_runs(params, lay)
     edges = [np.r_[0:lay.G:lay.gB, lay.G], np.r_[0:lay.N:lay.nS, lay.N], np.r_[0:lay.Co:lay.coS, lay.Co],
              np.unique(np.r_[0, r0, r1, fo[0]])] + [np.array([0, s_]) for s_ in fo[1:]]
-    out = blocked_tensor(graph, type_, edges, name)
+    out = blocked_tensor(graph, type_, edges, name, serial=lambda lo: (
+        (lo[:, 1] // lay.nS) % plan.batch_serial * plan.out_chan_serial + (lo[:, 2] // lay.coS) % plan.out_chan_serial))
     o_rest = int(np.prod(fo[1:], dtype=np.int64))
     set_tile_boxes(graph, out.reshape([lay.G, lay.N, lay.Co, fo[0], o_rest]), *output_boxes(params, plan, lay))
     return out
@@ -341,11 +349,13 @@ def create_output(graph, type_, params: ConvParams, plan, name: str, lay: Layout
 
 def create_input(graph, type_, params: ConvParams, plan, name: str, lay: Layout | None = None):
     """The canonical input ``[G, N, Ci, *field]`` as ``createInput`` lays it out: stored block by
-    block (:func:`_input_blocks`, each contiguous) and mapped by :func:`input_boxes`."""
+    block (:func:`_input_blocks`, each contiguous; with a batch serial split, slice by slice) and
+    mapped by :func:`input_boxes`."""
     lay = lay or Layout.of(params, plan)
     b_lo, b_sz, *_ = _input_blocks(params, plan, lay)
+    order = np.argsort((b_lo[:, 1] // lay.nS) % plan.batch_serial, kind="stable")     # slice by slice
     shape = [lay.G, lay.N, lay.Ci, params.inputFieldShape[0], int(np.prod(params.inputFieldShape[1:], dtype=np.int64))]
-    x = graph.add_blocks(type_, shape, b_lo, b_sz, name)
+    x = graph.add_blocks(type_, shape, b_lo[order], b_sz[order], name)
     set_tile_boxes(graph, x, *input_boxes(params, plan, lay))
     return x.reshape([lay.G, lay.N, lay.Ci, *params.inputFieldShape])
 
@@ -555,16 +565,25 @@ def _laid_out(graph, t, lo: np.ndarray, sz: np.ndarray, local_tiles: np.ndarray)
 
 
 def _rearranged(graph, t, flat_shape, boxes, dests: int, create, prog, name: str):
-    """``t``, or a copy of it (added to ``prog``) into ``create(name)``, a new tensor in the plan's
-    block-contiguous layout, when more than :data:`MAX_BROADCAST_DESTS` tiles read each block and
-    ``t`` (viewed as ``flat_shape``, the shape of ``boxes``) is not already mapped that way:
-    Poplar's rearrangement before a convolution (``convolutionPreprocess`` with
-    ``rearrangeActs`` / ``rearrangeWeights``)."""
+    """``(t, False)``, or ``(copy, True)``: a copy of ``t`` (added to ``prog``) into
+    ``create(name)``, a new tensor in the plan's block-contiguous layout, when more than
+    :data:`MAX_BROADCAST_DESTS` tiles read each block and ``t`` (viewed as ``flat_shape``, the
+    shape of ``boxes``) is not already mapped that way: Poplar's rearrangement before a
+    convolution (``convolutionPreprocess`` with ``rearrangeActs`` / ``rearrangeWeights``)."""
     if dests <= MAX_BROADCAST_DESTS or t.numElements() == 0 or _laid_out(graph, t.reshape(flat_shape), *boxes):
-        return t
+        return t, False
     r = create(name)
     prog.add(poplar.program.Copy(t, r))
-    return r
+    return r, True
+
+
+def _memory_view(t):
+    """The variable ``t`` views all of (a tensor the creators here made) as a flat tensor in
+    memory order."""
+    v = int(t.variable_ids()[0])
+    var = t._state.variables[v]
+    return poplar.Tensor(t._state, t._type, pieces=R.Pieces.of_variable(v, var.start, (var.numel,)),
+                         shape=(var.numel,))
 
 
 def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type, out_type, prog, name: str,
@@ -584,25 +603,27 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
         raise planmod.poplibs_error(f"{name}: plan uses {plan.tiles} tiles but the graph has {T}")
     # operands that many tiles read are first copied into the plan's layout (unless already so)
     rest = int(np.prod(params.inputFieldShape[1:], dtype=np.int64))
-    x = _rearranged(graph, x, [lay.G, lay.N, lay.Ci, params.inputFieldShape[0], rest], input_boxes(params, plan, lay),
-                    plan.out_chan_split, lambda n: create_input(graph, in_type, params, plan, n, lay), prog,
-                    f"{name}/actsRearranged")
+    x, x_made = _rearranged(graph, x, [lay.G, lay.N, lay.Ci, params.inputFieldShape[0], rest],
+                            input_boxes(params, plan, lay), plan.out_chan_split,
+                            lambda n: create_input(graph, in_type, params, plan, n, lay), prog, f"{name}/actsRearranged")
     K = int(np.prod(params.kernelShape, dtype=np.int64))
-    w = _rearranged(graph, w, [lay.G, lay.Co, lay.Ci, K], weight_boxes(params, plan, lay),
-                    plan.batch_split * plan.field_split,
-                    lambda n: create_weights(graph, in_type, params, plan, n, lay=lay).reshape(w.shape()), prog,
-                    f"{name}/weightsRearranged")
+    w, w_made = _rearranged(graph, w, [lay.G, lay.Co, lay.Ci, K], weight_boxes(params, plan, lay),
+                            plan.batch_split * plan.field_split,
+                            lambda n: create_weights(graph, in_type, params, plan, n, lay=lay).reshape(w.shape()), prog,
+                            f"{name}/weightsRearranged")
     own_out = out is None
     if own_out:
         out = create_output(graph, out_type, params, plan, name, lay)
     if plan.serial_steps > 1:
-        _serial_loop(graph, x, w, out, params, plan, lay, partials_type, out_type, prog, name)
+        made = x_made if plan.batch_serial > 1 else w_made
+        _serial_loop(graph, x, w, out, params, plan, lay, partials_type, out_type, prog, name, made, own_out)
     else:
         _build_step(graph, x, w, out, own_out, params, plan, lay, partials_type, out_type, prog, name)
     return out
 
 
-def _serial_loop(graph, x, w, out, params: ConvParams, plan, lay: Layout, partials_type, out_type, prog, name: str):
+def _serial_loop(graph, x, w, out, params: ConvParams, plan, lay: Layout, partials_type, out_type, prog, name: str,
+                 src_made: bool, out_made: bool):
     """The serial splits of ``plan`` as PopLibs' ``ConvProgramTree`` lowers them: a counted loop
     whose body copies serial slice ``i`` of the operand the split cuts (the input for a batch
     split, the weights for an output-channel split) into a buffer laid out for the slice problem
@@ -610,7 +631,12 @@ def _serial_loop(graph, x, w, out, params: ConvParams, plan, lay: Layout, partia
     again for a second serial split), and copies the slice's output into ``out``
     (``popops::dynamicUpdate``). The tensors the plan lays out hold every slice where the slice
     problem wants it, so both copies stay on their tiles. ``out`` is marked undefined first
-    (``WriteUndef``), so that it is not live before the loop."""
+    (``WriteUndef``), so that it is not live before the loop.
+
+    ``src_made`` / ``out_made``: the operand / ``out`` was made here by the creators, which
+    store it slice by slice, each slice as the slice problem's creator stores its tensor; the
+    copies then slice the variables in memory order (one interval per slice), else the
+    tensors' own views (host work follows their pieces)."""
     if plan.batch_serial > 1:
         s, par, piece = int(plan.batch_serial), int(plan.batch_split), lay.nS
         sub_params = params._with(batchSize=par * piece)
@@ -639,12 +665,23 @@ def _serial_loop(graph, x, w, out, params: ConvParams, plan, lay: Layout, partia
         seq = poplar.program.Sequence()
         buf = make(f"{name}/serialSlice")
         seq.add(poplar.program.WriteUndef(buf))
-        dslice.dynamicSliceWithOutput(graph, split(buf, 1, 1), split(src, 1, s), index, [2], [1], seq,
-                                      f"{name}/serialSlice")
+        if src_made:
+            mem = _memory_view(buf)
+            dslice.dynamicSliceWithOutput(graph, mem.reshape([1, mem.numElements()]),
+                                          _memory_view(src).reshape([s, mem.numElements()]), index, [0], [1], seq,
+                                          f"{name}/serialSlice")
+        else:
+            dslice.dynamicSliceWithOutput(graph, split(buf, 1, 1), split(src, 1, s), index, [2], [1], seq,
+                                          f"{name}/serialSlice")
         sub_x, sub_w = (buf, w) if src is x else (x, buf)
         y = build(graph, sub_x, sub_w, sub_params, sub_plan, partials_type, out_type, seq, name)
-        dslice.dynamicUpdate(graph, split(out, out_dim, s), split(y, out_dim, 1), index, [out_dim + 1], [1], seq,
-                             f"{name}/serialUpdate")
+        if out_made:
+            mem = _memory_view(y)
+            dslice.dynamicUpdate(graph, _memory_view(out).reshape([s, mem.numElements()]),
+                                 mem.reshape([1, mem.numElements()]), index, [0], [1], seq, f"{name}/serialUpdate")
+        else:
+            dslice.dynamicUpdate(graph, split(out, out_dim, s), split(y, out_dim, 1), index, [out_dim + 1], [1], seq,
+                                 f"{name}/serialUpdate")
         return seq
 
     prog.add(poplar.program.WriteUndef(out))

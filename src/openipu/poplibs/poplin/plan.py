@@ -513,6 +513,8 @@ def plan_problem(pb: Problem, in_type, partials_type, out_type, target, opts: Pl
     best, least = None, None
     for serial in (False, True):
         c = _candidates(pb, T, serial)
+        if c["gs"].size == 0:
+            continue
         for method, units, fp in _variants(target, in_type, partials_type):
             total, comp, exch, red, temp, icpg, ocpg = _evaluate(pb, c, method, units, fp, in_type, out_type, target, W)
             if minimise_memory:
