@@ -11,14 +11,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-.PHONY: install demo test bench
+.PHONY: install demo test test-slow bench
 install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/openipu run light_resnet50 --report build/demo-report
 
+# the suite without the tests marked slow (heavy light models, multi-node ONNX, exports): < 10 min
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
+
+# the tests marked slow; CI runs both
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_overhead.py
