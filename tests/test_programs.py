@@ -323,3 +323,48 @@ def test_a_copy_into_a_clone_is_on_tile_and_costs_what_the_exchange_path_does(mo
     cycles2, code2 = run()
     np.testing.assert_array_equal(cycles, cycles2)
     np.testing.assert_array_equal(code, code2)
+
+
+def test_copies_between_alike_layouts_are_costed_once_and_cost_the_same(monkeypatch):
+    # per layer: a transposed view of the layer's weight (same per-tile layout for every layer)
+    # copied into a fixed buffer, then the buffer into the layer's output (each mapped alike
+    # to another tile). Layer 1's copies reuse layer 0's costs, layer 2's weight (mapped otherwise)
+    # is costed anew; the result, cycles and exchange code equal those of costing every copy.
+    from openipu.poplar import graph_compiler as GC
+
+    def run():
+        dev, g = _graph(tilesPerIPU=4)
+        buf = g.addVariable(poplar.FLOAT, [8, 6], "buf")
+        g.setTileMapping(buf.slice(0, 4, 0), 2)
+        g.setTileMapping(buf.slice(4, 8, 0), 3)
+        progs, outs = [], []
+        for i in range(3):
+            w = g.addVariable(poplar.FLOAT, [6, 8], f"w{i}")
+            g.setTileMapping(w.slice(0, 3, 0), 0 if i < 2 else 1)      # the last layer's weight
+            g.setTileMapping(w.slice(3, 6, 0), 1 if i < 2 else 0)      # is laid out otherwise
+            g.createHostWrite(f"w{i}", w)
+            out = g.addVariable(poplar.FLOAT, [8, 6], f"out{i}")
+            g.setTileMapping(out, 0)
+            g.createHostRead(f"out{i}", out)
+            progs += [P.Copy(w.transpose(), buf), P.Copy(buf, out)]
+        e = poplar.Engine(g, P.Sequence(*progs))
+        e.load(dev)
+        ws = [np.arange(48, dtype=np.float32).reshape(6, 8) + 100 * i for i in range(3)]
+        for i in range(3):
+            e.writeTensor(f"w{i}", ws[i])
+        e.run(0)
+        for i in range(3):
+            np.testing.assert_array_equal(e.readTensor(f"out{i}"), ws[i].T)
+        return e._runs[-1]["cycles_per_ipu"].copy(), e.memory.categories["Internal Exchange Code"].copy()
+
+    costed = []
+    real = GC._Compiler.tensor_copy_cost
+    monkeypatch.setattr(GC._Compiler, "tensor_copy_cost", lambda self, s, d: costed.append(1) or real(self, s, d))
+    cycles, code = run()
+    assert len(costed) == 3                      # one per pair of layouts, not six
+    monkeypatch.setattr(GC._Compiler, "layout_copy_cost", GC._Compiler.tensor_copy_cost)
+    cycles2, code2 = run()
+    assert len(costed) == 3 + 6
+    np.testing.assert_array_equal(cycles, cycles2)
+    np.testing.assert_array_equal(code, code2)
+    assert code.any()

@@ -11,6 +11,8 @@ seconds the compile takes are measured apart (``compile_seconds``).
 
 from __future__ import annotations
 
+import hashlib
+
 import time
 from typing import Callable
 
@@ -99,6 +101,8 @@ class _Compiler:
         self.loops: list[tuple[int, int]] = []
         self.calls: list[tuple[int, int, int]] = []     # (function id, first step, end step) per call
         self.copy_cache: dict[int, costmod.StepCost] = {}   # id(Copy) -> its cost, for a Copy met again
+        self.layout_copy_cache: dict = {}    # (source layout, destination layout) -> (cost, exchange code)
+        self._var_digests: dict[int, bytes] = {}
         self.vertex_state = np.zeros(self.spec.num_tiles)
         self.vertex_code_tiles: dict[str, np.ndarray] = {}     # vertex type -> bool [tiles] holding its code
         self.vertex_type_code: dict = {}
@@ -238,7 +242,7 @@ class _Compiler:
             # once per compute set: a function's copies meet again at every call site
             c = self.copy_cache.get(id(prog))
             if c is None:
-                c = self.copy_cache[id(prog)] = self.tensor_copy_cost(s, d)
+                c = self.copy_cache[id(prog)] = self.layout_copy_cost(s, d)
             return self.leaf(_CopyStep(Accessor(s), Accessor(d)), c, [(s, False), (d, True)], "Copy")
         if isinstance(s, DataStream) and isinstance(d, Tensor):
             if not s.to_device:
@@ -274,6 +278,46 @@ class _Compiler:
         self.exchange_code += (vol.recv_msgs + vol.send_msgs) * cal.EXCHANGE_CODE_BYTES_PER_MESSAGE
         c.add(costmod.exchange_cost(spec, vol))
         return c
+
+    def _var_digest(self, v: int) -> bytes:
+        """A digest of variable ``v``'s size and run-length tile map (memoised: the mapping is
+        final once the graph is compiled)."""
+        k = self._var_digests.get(v)
+        if k is None:
+            var = self.state.variables[v]
+            h = hashlib.blake2b(np.int64(var.numel).tobytes(), digest_size=16)
+            h.update(var.tile_starts.tobytes())
+            h.update(var.tile_ids.tobytes())
+            k = self._var_digests[v] = h.digest()
+        return k
+
+    def _layout_key(self, t: Tensor):
+        """What a copy's cost depends on in ``t``: its type and shape, and per piece the tile map of
+        its variable and where in that variable the piece lies (never the variables themselves)."""
+        p = t.pieces
+        if p.row is not None:
+            v, addr, lo, sz, st = p.row
+            return (t._type.name, self._var_digest(v), addr - self.state.variables[v].start, lo, sz, st)
+        var = p.var
+        starts = np.array([self.state.variables[v].start for v in var.tolist()], np.int64)
+        return (t._type.name, tuple(t.shape()), tuple(self._var_digest(v) for v in var.tolist()),
+                (p.addr - starts).tobytes(), p.lo.tobytes(), p.sz.tobytes(), p.st.tobytes())
+
+    def layout_copy_cost(self, s: Tensor, d: Tensor) -> costmod.StepCost:
+        """:meth:`tensor_copy_cost`, computed once per pair of layouts: copies between other
+        variables laid out alike (a subgraph's inputs and outputs at each call site, a layer's
+        weights into the subgraph's) cost the same and add the same exchange code."""
+        if s._state is not d._state or np.intersect1d(s.pieces.var, d.pieces.var).size:
+            return self.tensor_copy_cost(s, d)          # a copy within one variable: not by layout
+        key = (self._layout_key(s), self._layout_key(d))
+        hit = self.layout_copy_cache.get(key)
+        if hit is None:
+            before = self.exchange_code.copy()
+            c = self.tensor_copy_cost(s, d)
+            hit = self.layout_copy_cache[key] = (c, self.exchange_code - before)
+            return c
+        self.exchange_code += hit[1]
+        return hit[0]
 
     def tensor_copy_cost(self, s: Tensor, d: Tensor) -> costmod.StepCost:
         """The cost of copying ``s`` into ``d`` (exchange, on-tile copy, sync); adds its exchange code."""
