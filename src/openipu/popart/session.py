@@ -102,7 +102,8 @@ class _SessionBase:
         target = self.deviceInfo.device.getTarget()
         try:
             lowered = lowering_program.build(self._ir, target, self.options,
-                                             progress=(lambda: bar.update(1)) if bar else None)
+                                             progress=(lambda: bar.update(1)) if bar else None,
+                                             patterns=self.patterns)
             state = {"done": 0}
 
             def engine_progress(i, n):

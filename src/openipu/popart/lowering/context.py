@@ -3,6 +3,14 @@ graph per IPU, the Poplar tensor of each IR tensor on each virtual graph, and th
 
 A tensor used on another IPU than its home gets a copy there (PopART's IpuCopy), mapped
 linearly over the consuming IPU's tiles and made once per (tensor, IPU).
+
+In-place ops (PopART's ``InPlace`` pattern, on unless ``Patterns.InPlace`` is False): a lowering
+that can write its result over an input asks :meth:`LoweringContext.in_place_input` which input,
+if any, it may overwrite. PopART's rule, on the Poplar tensors: the input has the output's type
+and shape and no element twice, is not a weight, constant or streamed input, is not anchored,
+and nothing read after this op (no later consumer, and no other input of this op) shares a
+variable with it, through a view or otherwise. The overwritten input then is the output: the
+activation occupies one buffer where the op would need two, as on the IPU.
 """
 
 from __future__ import annotations
@@ -15,9 +23,10 @@ from openipu.popart.tensorinfo import poplar_type
 
 
 class LoweringContext:
-    """Args: ``ir``, the replica ``graph``, ``vgraphs`` (list of per-IPU graphs), ``options``."""
+    """Args: ``ir``, the replica ``graph``, ``vgraphs`` (list of per-IPU graphs), ``options``,
+    ``patterns`` (``popart.Patterns`` or None: the defaults)."""
 
-    def __init__(self, ir, graph, vgraphs, options):
+    def __init__(self, ir, graph, vgraphs, options, patterns=None):
         self.ir = ir
         self.graph = graph
         self.vgraphs = vgraphs
@@ -28,6 +37,21 @@ class LoweringContext:
         self.kinds: dict[int, str] = {}
         self.cast = bool(options.enableSupportedDataTypeCasting)
         self.created: set[str] = set()      # weights created by their consumer's creator
+        # in-place analysis: the op being lowered (its position in the schedule), the last
+        # position reading each tensor, the tensors that must keep their value to the end, the IR
+        # tensors using each variable, and the variables no op may overwrite
+        self.pos = -1
+        self.last_use: dict[str, int] = {}
+        self.pinned: set[str] = set()
+        self._var_tids: dict[int, set[str]] = {}
+        self._fixed: set[int] = set()
+        self.in_place: dict[int, int] = {}      # op id -> the input it overwrites
+        self.inplace = bool(getattr(patterns, "InPlace", True))
+        for pos, op in enumerate(ir.ops):
+            for x in op.inputs:
+                if x:
+                    self.last_use[x] = pos
+        self.pinned |= {ir.anchor_alias.get(a, a) for a in ir.data_flow.anchors()}
 
     def ptype(self, tid: str):
         """Poplar type of an IR tensor's device tensor (PopART's casting rule)."""
@@ -42,6 +66,43 @@ class LoweringContext:
     def set(self, tid: str, vg: int, t: poplar.Tensor) -> None:
         self._t.setdefault(tid, {})[vg] = t
         self._home.setdefault(tid, vg)
+        self._register(tid, t)
+
+    def _register(self, tid: str, t: poplar.Tensor) -> None:
+        for v in _variables(t):
+            self._var_tids.setdefault(v, set()).add(tid)
+
+    def fix_current(self) -> None:
+        """No op may overwrite the tensors set so far (the weights, constants and inputs)."""
+        self._fixed = set(self._var_tids)
+
+    def in_place_input(self, op, candidates=(0,)):
+        """The first input index of ``candidates`` (PopART's inplace priority order) whose tensor
+        ``op`` may overwrite with its output ``0``, else None. See the module notes for the rule."""
+        if not self.inplace or not op.outputs or not op.outputs[0]:
+            return None
+        out = self.ir.tensors[op.outputs[0]].info
+        state = self.graph._state
+        for i in candidates:
+            tid = op.inputs[i] if i < len(op.inputs) else ""
+            if not tid:
+                continue
+            t = self.input(op, i)
+            if (list(t.shape()) != list(out.shape()) or t.elementType() != self.ptype(op.outputs[0])
+                    or t.numElements() == 0 or t.containsAliases()):
+                continue
+            vs = _variables(t)
+            if vs & self._fixed or any(state.variables[v].constant for v in vs):
+                continue
+            others = [self.input(op, j) for j, x in enumerate(op.inputs) if x and j != i]
+            if any(vs & _variables(o) for o in others):
+                continue
+            users = set().union(*(self._var_tids.get(v, ()) for v in vs))
+            if any(u in self.pinned or self.last_use.get(u, -1) > self.pos for u in users):
+                continue
+            self.in_place[op.id] = i
+            return i
+        return None
 
     def has(self, tid: str) -> bool:
         return tid in self._t
@@ -59,6 +120,7 @@ class LoweringContext:
         poputil.mapTensorLinearly(g, dst)
         self.prog.add(P.Copy(src, dst, debugContext=f"IpuCopy({tid})->{vg}"))
         per[vg] = dst
+        self._register(tid, dst)
         return dst
 
     def input(self, op, i: int):
@@ -85,3 +147,9 @@ class LoweringContext:
         t = g.addVariable(self.ptype(tid), info.shape(), tid)
         poputil.mapTensorLinearly(g, t)
         return t
+
+
+def _variables(t: poplar.Tensor) -> set[int]:
+    """Ids of the variables ``t`` views."""
+    p = t.pieces
+    return {p.row[0]} if p.row is not None else set(p.var.tolist())

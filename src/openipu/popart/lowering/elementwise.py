@@ -2,13 +2,17 @@
 
 Add, Sub, Mul, Max, Min (float, half, int32) and Div, Pow (float, half) with numpy broadcasting
 go to ``popops.binary_op``: one ``BinaryOp1D`` MultiVertex per tile of the output, the output
-mapped like a same-shaped operand (else linearly). Other types, variadic Max/Min/Sum and mixed
-types use the generic lowering.
+mapped like a same-shaped operand (else linearly). When an operand of the output's shape may be
+overwritten (PopART's ``AddLhsInplace`` / ``AddRhsInplace`` ...; see
+:meth:`LoweringContext.in_place_input`), ``popops.mapInPlace`` writes the result over it
+(``BinaryOp1DInPlace``). Other types, variadic Max/Min/Sum and mixed types use the generic
+lowering.
 """
 
 from __future__ import annotations
 
 from openipu.poplibs import popops
+from openipu.poplibs.popops import expr as E
 from openipu.popart.lowering import lowering
 
 _OPS = {"Add": "ADD", "Sub": "SUBTRACT", "Mul": "MULTIPLY", "Div": "DIVIDE", "Pow": "POWER",
@@ -30,5 +34,13 @@ def _accepts(op, ir):
 def binary(ctx, op):
     a, b = ctx.input(op, 0), ctx.input(op, 1)
     g = ctx.graph_of(ctx.vgraph_of(op))
-    out = popops.binary_op(g, _OPS[op.op_type], a, b, ctx.prog, f"{op.op_type}/{op.outputs[0]}")
-    return [out]
+    name = f"{op.op_type}/{op.outputs[0]}"
+    i = ctx.in_place_input(op, (0, 1))
+    if i is None:
+        return [popops.binary_op(g, _OPS[op.op_type], a, b, ctx.prog, name)]
+    kind = popops.BinaryOpType[_OPS[op.op_type]]
+    if i == 0:
+        popops.mapInPlace(g, E.BinaryOp(kind, E._1, E._2), [a, b], ctx.prog, name)
+        return [a]
+    popops.mapInPlace(g, E.BinaryOp(kind, E._2, E._1), [b, a], ctx.prog, name)
+    return [b]

@@ -55,6 +55,7 @@ class Lowered:
         self.weights_in: dict[str, str] = {}
         self.weights_out: dict[str, str] = {}
         self.kinds: dict[int, str] = {}        # op id -> "precise" | "generic"
+        self.in_place: dict[int, int] = {}     # op id -> the input its output overwrites (InPlace)
 
 
 def _zero_kernel(t, ctx):
@@ -71,8 +72,9 @@ def _zero(graph, t, prog, name):
     prog.add(P.Execute(cs))
 
 
-def build(ir, target, options, progress=None) -> Lowered:
-    """Lower ``ir`` for ``target`` (a poplar Target). ``progress()`` is called once per op.
+def build(ir, target, options, progress=None, patterns=None) -> Lowered:
+    """Lower ``ir`` for ``target`` (a poplar Target). ``progress()`` is called once per op;
+    ``patterns`` (``popart.Patterns``) turns in-place ops off when its ``InPlace`` is False.
 
     Raises ``popart_exception`` ("Is there a poplar type for DOUBLE?") for types the IPU lacks.
     """
@@ -86,7 +88,7 @@ def build(ir, target, options, progress=None) -> Lowered:
         vgraphs = [graph.createVirtualGraph(i * tpi, (i + 1) * tpi) for i in range(nvg)]
     else:
         vgraphs = [graph]
-    ctx = LoweringContext(ir, graph, vgraphs, options)
+    ctx = LoweringContext(ir, graph, vgraphs, options, patterns)
     used_ids = set(ir.used) | {x for op in ir.ops for x in op.inputs if x}
     input_copies = []
 
@@ -134,7 +136,9 @@ def build(ir, target, options, progress=None) -> Lowered:
         ctx.set(tid, vg, dev)
 
     # the model
-    for op in ir.ops:
+    ctx.fix_current()
+    for pos, op in enumerate(ir.ops):
+        ctx.pos = pos
         fn = precise_lowering(op, ir)
         kind = "precise" if fn is not None else "generic"
         outs = fn(ctx, op) if fn is not None else lower_generic(ctx, op)
@@ -201,4 +205,5 @@ def build(ir, target, options, progress=None) -> Lowered:
     wth = P.Sequence([P.Copy(ctx.get(tid, ctx._home[tid]), graph._state.streams[h])
                       for tid, h in out.weights_out.items()], name="weightsToHost")
     out.programs = [step, wfh, wth]
+    out.in_place = ctx.in_place
     return out

@@ -5,7 +5,8 @@ popnn's softmax works over the innermost dimension. Opset < 13 coerces the input
 normalises along ``axis`` (default -1): the axis is moved innermost with a ``dimShuffle`` view,
 and the result shuffled back. Softmax uses ``SOFTMAX_STABLE`` (max-subtracted) unless the session
 option ``enableNonStableSoftmax`` is set (PopART's rule); LogSoftmax uses ``popnn.logSoftmax``.
-Float and half only; scalars use the generic lowering.
+The result is written over the input when it may be overwritten (PopART's ``SoftmaxInplace``;
+see :meth:`LoweringContext.in_place_input`). Float and half only; scalars use the generic lowering.
 """
 
 from __future__ import annotations
@@ -40,12 +41,21 @@ def softmax(ctx, op):
     xs = x.shape()
     r = len(xs)
     axis = _axis(op, ctx.ir)
+    in_place = ctx.in_place_input(op) is not None
     if op.op_type == "Softmax":
-        stable = not bool(getattr(ctx.options, "enableNonStableSoftmax", False))
-        fn = lambda t: popnn.nonLinearity(g, "SOFTMAX_STABLE" if stable else "SOFTMAX", t, ctx.prog,  # noqa: E731
-                                          name(op))
+        nl = "SOFTMAX" if getattr(ctx.options, "enableNonStableSoftmax", False) else "SOFTMAX_STABLE"
+
+        def fn(t):
+            if not in_place:
+                return popnn.nonLinearity(g, nl, t, ctx.prog, name(op))
+            popnn.nonLinearityInPlace(g, nl, t, ctx.prog, name(op))
+            return t
     else:
-        fn = lambda t: popnn.logSoftmax(g, t, ctx.prog, name(op))  # noqa: E731
+        def fn(t):
+            if not in_place:
+                return popnn.logSoftmax(g, t, ctx.prog, name(op))
+            popnn.logSoftmaxInPlace(g, t, ctx.prog, name(op))
+            return t
     if op.opset < 13:
         return [fn(x.reshape([math.prod(xs[:axis]), math.prod(xs[axis:])])).reshape(xs)]
     if axis == r - 1:

@@ -12,6 +12,9 @@
 - Cast from float, half, int32/int64 (int32 on the device) and bool to float, half or bool,
   and between the integer types: ``popops.cast`` (float to integer uses the generic lowering).
 
+The ops write their result over their input when it may be overwritten (PopART's
+``ReluInplace``, ``GeluInplace``, ``ExpInplace`` ...; Where over its X or Y input; see
+:meth:`LoweringContext.in_place_input`): ``popnn.nonLinearityInPlace`` / ``popops.mapInPlace``.
 Other types and attribute values use the generic lowering.
 """
 
@@ -39,9 +42,36 @@ def _accepts_float(op, ir):
     return len(op.inputs) >= 1 and op.inputs[0] and all_float(ir, op, [0])
 
 
+def _non_linearity(ctx, op, nl):
+    x = ctx.input(op, 0)
+    if ctx.in_place_input(op) is None:
+        return [popnn.nonLinearity(graph(ctx, op), nl, x, ctx.prog, name(op))]
+    popnn.nonLinearityInPlace(graph(ctx, op), nl, x, ctx.prog, name(op))
+    return [x]
+
+
+def _map(ctx, op, expr, ins, candidates=(0,)):
+    """``expr(slots)`` over the op's inputs ``ins`` (``slots[j]``: the placeholder number of
+    ``ins[j]``), written over the first of ``candidates`` that may be overwritten (that input goes
+    first, as ``mapInPlace`` writes its first tensor), else into a new tensor."""
+    tensors = [ctx.input(op, i) for i in ins]
+    i = ctx.in_place_input(op, candidates)
+    if i is None:
+        return [popops.map(graph(ctx, op), expr(list(range(1, len(ins) + 1))), tensors, ctx.prog, name(op))]
+    k = ins.index(i)
+    order = [k] + [j for j in range(len(ins)) if j != k]
+    slots = [order.index(j) + 1 for j in range(len(ins))]
+    popops.mapInPlace(graph(ctx, op), expr(slots), [tensors[j] for j in order], ctx.prog, name(op))
+    return [tensors[k]]
+
+
+def _ph(slots, j):
+    return E.PlaceHolder(slots[j])
+
+
 @lowering(*_NL, accepts=_accepts_float)
 def non_linearity(ctx, op):
-    return [popnn.nonLinearity(graph(ctx, op), _NL[op.op_type], ctx.input(op, 0), ctx.prog, name(op))]
+    return _non_linearity(ctx, op, _NL[op.op_type])
 
 
 def _accepts_gelu(op, ir):
@@ -50,8 +80,7 @@ def _accepts_gelu(op, ir):
 
 @lowering("Gelu", accepts=_accepts_gelu)
 def gelu(ctx, op):
-    nl = "GELU" if op.attrs.get("approximate", "none") == "tanh" else "GELU_ERF"
-    return [popnn.nonLinearity(graph(ctx, op), nl, ctx.input(op, 0), ctx.prog, name(op))]
+    return _non_linearity(ctx, op, "GELU" if op.attrs.get("approximate", "none") == "tanh" else "GELU_ERF")
 
 
 def _accepts_map(op, ir):
@@ -63,14 +92,15 @@ def _accepts_map(op, ir):
 
 @lowering(*_MAP, accepts=_accepts_map)
 def unary_map(ctx, op):
-    return [popops.map(graph(ctx, op), _MAP[op.op_type], ctx.input(op, 0), ctx.prog, name(op))]
+    kind = _MAP[op.op_type]
+    return _map(ctx, op, lambda s: E.UnaryOp(kind, _ph(s, 0)), (0,))
 
 
 @lowering("LeakyRelu", accepts=_accepts_float)
 def leaky_relu(ctx, op):
     alpha = float(op.attrs.get("alpha", 0.01))
     e = E.Select(E._1, E.Mul(E._1, E.Const(alpha)), E.Gt(E._1, E.Const(0.0)))
-    return [popops.map(graph(ctx, op), e, [ctx.input(op, 0)], ctx.prog, name(op))]
+    return _map(ctx, op, lambda s: e, (0,))
 
 
 def _clip_bounds(op, ir):
@@ -106,7 +136,7 @@ def clip(ctx, op):
     if v is E._1:
         return [x]
     e = E.Select(E._1, v, E.IsNaN(E._1))
-    return [popops.map(graph(ctx, op), e, [x], ctx.prog, name(op))]
+    return _map(ctx, op, lambda s: e, (0,))
 
 
 def _accepts_where(op, ir):
@@ -118,8 +148,7 @@ def _accepts_where(op, ir):
 
 @lowering("Where", accepts=_accepts_where)
 def where(ctx, op):
-    c, a, b = (ctx.input(op, i) for i in range(3))
-    return [popops.map(graph(ctx, op), E.Select(E._1, E._2, E._3), [a, b, c], ctx.prog, name(op))]
+    return _map(ctx, op, lambda s: E.Select(_ph(s, 0), _ph(s, 1), _ph(s, 2)), (1, 2, 0), (1, 2))
 
 
 _CAST_FROM = FLOATS + ("INT32", "INT64", "BOOL")
