@@ -225,8 +225,11 @@ def _address_runs_per_tile(view, elems_per_tile: np.ndarray) -> np.ndarray:
     T = elems_per_tile.size
     var, start, length = R.piece_runs(view.pieces)
     space = view._state.space(view._type)
-    gst, gtl, _ = space.runs()
-    gend = np.append(gst[1:], space.size)
+    # the runs of the view's variables only (not of the whole space, which other tensors keep
+    # growing between reductions)
+    sidx = [view._state.variables[v].space_index for v in np.unique(var).tolist()]
+    gst, gtl, gvi = space.runs_of(sidx)
+    gend = space.run_ends(gst, gvi)
     end = start + length
     r0 = np.searchsorted(gst, start, side="right") - 1
     r1 = np.searchsorted(gst, end - 1, side="right") - 1
