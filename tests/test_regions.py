@@ -369,3 +369,27 @@ def test_a_strided_read_across_many_runs_is_costed_per_point(monkeypatch):
     s, r = _volumes(_spec(g), [tr])
     for f in ("recv_bytes", "send_bytes", "recv_msgs", "send_msgs"):
         np.testing.assert_array_equal(getattr(s, f), getattr(r, f), err_msg=f)
+
+
+def test_clone_of_a_transposed_blocked_view_keeps_its_memory_order():
+    # a blocked tensor (two row blocks, each row-major; each block's rows split over two tiles)
+    # seen transposed: the clone stores each block in the source's memory order, so its tile map
+    # has the source's four runs, not one run per 50 elements; copying the mapping onto a
+    # transposed view also works by runs, not by elements
+    g = _graph()
+    lo = np.array([[0, 0], [100, 0]])
+    sz = np.array([[100, 300], [100, 300]])
+    v = g.add_blocks(poplar.FLOAT, [200, 300], lo, sz, "v")
+    for k, t in enumerate((0, 2, 1, 3)):
+        g.setTileMapping(v.slice(50 * k, 50 * (k + 1), 0), t)
+    src = v.transpose()
+    ref = g.tile_of_elements(src)
+    c = g.clone(src, "c")
+    np.testing.assert_array_equal(g.tile_of_elements(c), ref)
+    var = g._state.variables[int(c.pieces.var[0])]
+    assert var.tile_ids.tolist() == [0, 2, 1, 3]
+    d = g.addVariable(poplar.FLOAT, [200, 300], "d").transpose()
+    g.copy_tile_mapping(d, src)
+    dv = g._state.variables[int(d.pieces.var[0])]
+    assert sum(np.size(p[0]) for p in dv._pending) == 4
+    np.testing.assert_array_equal(g.tile_of_elements(d), ref)

@@ -572,7 +572,12 @@ class Graph:
         (:meth:`_clone_pieces`). openipu extension behind :meth:`clone` and PopLibs' output
         allocation."""
         if method != TensorCloneMethod.CREATE_NEW_ORDER and _blocked(src.pieces):
-            return self._clone_pieces(type_, src, name)
+            perm = memory_order(src)
+            if perm is None:
+                return self._clone_pieces(type_, src, name)
+            # the blocks in the memory order of the source's largest block
+            inv = [perm.index(d) for d in range(len(perm))]
+            return self._clone_pieces(type_, src.dimShuffle(perm), name).dimShuffle(inv)
         perm = None if method == TensorCloneMethod.CREATE_NEW_ORDER else memory_order(src)
         if perm is None:
             out = self._new_variable(type_, src.shape(), name)
@@ -810,6 +815,9 @@ class Graph:
     def copy_tile_mapping(self, dst: Tensor, src: Tensor) -> None:
         """Map each element of ``dst`` to the tile of the same element of ``src`` (equal element
         counts; unmapped stays unmapped). openipu extension, used by ``clone`` and PopLibs."""
+        perm = memory_order(dst) if dst.shape() == src.shape() else None
+        if perm is not None:            # walk both in dst's memory order: runs, not elements
+            dst, src = dst.dimShuffle(perm), src.dimShuffle(perm)
         b, e, tl = self.tile_runs_of(src)
         keep = tl >= 0
         self.set_tile_runs(dst, b[keep], e[keep], tl[keep])
