@@ -32,9 +32,10 @@ from openipu.poplar import program as P
 from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplibs import popops, poputil
 from openipu.poplibs.popops._common import tile_counts_of
+from openipu.popart import outline
 from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.lowering import precise_lowering
-from openipu.popart.lowering.context import LoweringContext
+from openipu.popart.lowering.context import LoweringContext, _variables
 from openipu.popart.lowering.creators import weight_creator
 from openipu.popart.lowering.generic import lower_generic
 
@@ -70,6 +71,79 @@ def _zero(graph, t, prog, name):
     graph.add_vertex_group(cs, VertexGroup(f"popops::Fill<{t.elementType()}>", used, cycles,
                                            functools.partial(_zero_kernel, t), writes=[Access(t)], multi=True))
     prog.add(P.Execute(cs))
+
+
+def _lower_op(ctx, op, pos: int, out: Lowered) -> None:
+    ctx.pos = pos           # the op's place in the schedule (in-place ops look at later uses)
+    fn = precise_lowering(op, ctx.ir)
+    kind = "precise" if fn is not None else "generic"
+    outs = fn(ctx, op) if fn is not None else lower_generic(ctx, op)
+    op.lowering = kind
+    out.kinds[op.id] = kind
+    for o, t in zip(op.outputs, outs):
+        if o and t is not None:
+            ctx.set(o, ctx.vgraph_of(op), t)
+
+
+def _call_subgraph(ctx, ops, sg, j: int, out: Lowered, progress) -> None:
+    """Occurrence ``j`` of the outlined sequence ``sg``: copy its inputs into the subgraph's, call
+    the subgraph's function, copy its outputs out (PopART's ``CallOp``, copies on enter and
+    exit). The subgraph is lowered at its first call, from that occurrence's ops, with its inputs
+    as clones (same tile mapping) of that call's tensors."""
+    start = sg.starts[j]
+    seq = ops[start:start + sg.length]
+    vg = ctx.vgraph_of(seq[0])
+    g = ctx.graph_of(vg)
+    ext = sg.inputs[j]
+    if sg.lowered is None:
+        callers = [ctx.get(x, vg) for x in ext]
+        ins = [g.clone(t, f"{sg.name}/input{k}") for k, t in enumerate(callers)]
+        saved = {x: (ctx._t.get(x), ctx._home.get(x)) for x in ext}
+        prog, ctx.prog = ctx.prog, P.Sequence(name=sg.name)
+        try:
+            for x, t in zip(ext, ins):
+                ctx._t[x], ctx._home[x] = {vg: t}, vg
+                ctx._register(x, t)
+            # what a call gives to the rest of the model (in any occurrence) keeps its value
+            ctx.pinned |= {seq[r].outputs[m] for r, m in sg.outputs}
+            for r, op in enumerate(seq):
+                _lower_op(ctx, op, start + r, out)
+            outs = [ctx.get(seq[r].outputs[m], vg) for r, m in sg.outputs]
+            body = ctx.prog
+        finally:
+            ctx.prog = prog
+            for x, (per, home) in saved.items():
+                ctx._t[x] = per
+                ctx._home[x] = home
+        # an input that the next call takes from this call's output (a layer's output feeding the
+        # next layer) is laid out like that output, so that copies between calls stay on-tile
+        if len(sg.starts) > 1:
+            made = {seq[r].outputs[m]: k for k, (r, m) in enumerate(sg.outputs)}
+            for x, nxt, t in zip(ext, sg.inputs[1], ins):
+                k = made.get(nxt)
+                if k is not None and outs[k].shape() == t.shape() and not outs[k].containsAliases():
+                    g.copy_tile_mapping(t, outs[k])
+        # the outputs hold nothing from one call to the next: WriteUndef at the start of the body
+        # lets the memory plan free them between calls (an output over an input is left alone)
+        held = set().union(*(_variables(t) for t in ins)) if ins else set()
+        undef = [P.WriteUndef(t) for t in outs if not (_variables(t) & held)]
+        sg.lowered = (g.addFunction(P.Sequence([*undef, body], name=sg.name)), ins, outs)
+    fn, ins, outs = sg.lowered
+    name = f"{sg.name}/call{j}"
+    for x, t in zip(ext, ins):
+        ctx.prog.add(P.Copy(ctx.get(x, vg), t, debugContext=f"{name}/in({x})"))
+    ctx.prog.add(P.Call(fn, debugContext=name))
+    for (r, m), t in zip(sg.outputs, outs):
+        tid = seq[r].outputs[m]
+        dst = g.clone(t, tid)
+        ctx.prog.add(P.Copy(t, dst, debugContext=f"{name}/out({tid})"))
+        ctx.set(tid, vg, dst)
+    first = ops[sg.starts[0]:sg.starts[0] + sg.length]
+    for op, op0 in zip(seq, first):
+        op.lowering = op0.lowering
+        out.kinds[op.id] = op0.lowering
+        if progress:
+            progress()
 
 
 def build(ir, target, options, progress=None, patterns=None) -> Lowered:
@@ -135,20 +209,20 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
             graph.addDeviceToHostFIFO(ho, ptype, t.info.nelms())
         ctx.set(tid, vg, dev)
 
-    # the model
+    # the model; outlined op sequences (SubgraphOutline) are called
+    plan = outline.plan(ir, options)
     ctx.fix_current()
-    for pos, op in enumerate(ir.ops):
-        ctx.pos = pos
-        fn = precise_lowering(op, ir)
-        kind = "precise" if fn is not None else "generic"
-        outs = fn(ctx, op) if fn is not None else lower_generic(ctx, op)
-        op.lowering = kind
-        out.kinds[op.id] = kind
-        for o, t in zip(op.outputs, outs):
-            if o and t is not None:
-                ctx.set(o, ctx.vgraph_of(op), t)
+    i = 0
+    while i < len(ir.ops):
+        if i in plan.at:
+            sg, j = plan.at[i]
+            _call_subgraph(ctx, ir.ops, sg, j, out, progress)
+            i += sg.length
+            continue
+        _lower_op(ctx, ir.ops[i], i, out)
         if progress:
             progress()
+        i += 1
 
     # anchors
     df = ir.data_flow
