@@ -337,7 +337,7 @@ def test_copies_between_alike_layouts_are_costed_once_and_cost_the_same(monkeypa
         buf = g.addVariable(poplar.FLOAT, [8, 6], "buf")
         g.setTileMapping(buf.slice(0, 4, 0), 2)
         g.setTileMapping(buf.slice(4, 8, 0), 3)
-        progs, outs = [], []
+        progs = []
         for i in range(3):
             w = g.addVariable(poplar.FLOAT, [6, 8], f"w{i}")
             g.setTileMapping(w.slice(0, 3, 0), 0 if i < 2 else 1)      # the last layer's weight
