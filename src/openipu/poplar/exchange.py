@@ -127,9 +127,9 @@ def unrank(base: np.ndarray, T: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.
 # ----------------------------------------------------------------------------------------------
 # tile boxes of a view
 # ----------------------------------------------------------------------------------------------
-def _runs(view, var_ids):
-    """``(starts, ends, tiles)`` of the tile-map runs of the variables ``var_ids`` of ``view``'s
-    space, sorted by address."""
+def variable_runs(view, var_ids):
+    """``(starts, ends, tiles)`` of the tile-map runs of the variables ``var_ids`` (ids, repeats
+    allowed) of ``view``'s space, sorted by address."""
     state = view._state
     space = state.space(view._type)
     gst, gtl, gvi = space.runs_of([state.variables[v].space_index for v in np.unique(var_ids).tolist()])
@@ -141,7 +141,7 @@ def _run_overlaps(view, var_ids, lo, hi, runs=None):
     variables ``var_ids`` of ``view``'s space) meets: ``(i, run, starts, ends, tiles)``, one
     ``(i, run)`` pair per meeting, ``starts`` / ``ends`` / ``tiles`` indexed by run (``runs``:
     :func:`_runs` of those variables, when the caller has them)."""
-    gst, gend, gtl = runs if runs is not None else _runs(view, var_ids)
+    gst, gend, gtl = runs if runs is not None else variable_runs(view, var_ids)
     r0 = np.searchsorted(gst, lo, side="right") - 1
     r1 = np.searchsorted(gst, hi, side="right") - 1
     cnt = r1 - r0 + 1
@@ -454,7 +454,7 @@ def transfer_pairs(tr: RegionTransfer):
         return None
     if not monotone(T, n).all():
         return "elements"
-    runs = _runs(view, var)
+    runs = variable_runs(view, var)
     bi, var, base, T, n, elems = _split_sparse(bi, var, base, T, n, elems, runs[0])
     span_hi = base + (T * (n - 1)).sum(axis=1)
     li, ri, gst, gend, gtl = _run_overlaps(view, var, base, span_hi, runs)

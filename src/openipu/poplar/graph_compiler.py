@@ -12,7 +12,6 @@ seconds the compile takes are measured apart (``compile_seconds``).
 from __future__ import annotations
 
 import hashlib
-
 import time
 from typing import Callable
 

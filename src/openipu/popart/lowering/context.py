@@ -15,6 +15,8 @@ activation occupies one buffer where the op would need two, as on the IPU.
 
 from __future__ import annotations
 
+import contextlib
+
 from openipu import poplar
 from openipu.poplar import program as P
 from openipu.poplibs import poputil
@@ -42,16 +44,15 @@ class LoweringContext:
         # tensors using each variable, and the variables no op may overwrite
         self.pos = -1
         self.last_use: dict[str, int] = {}
-        self.pinned: set[str] = set()
         self._var_tids: dict[int, set[str]] = {}
         self._fixed: set[int] = set()
         self.in_place: dict[int, int] = {}      # op id -> the input it overwrites
-        self.inplace = bool(getattr(patterns, "InPlace", True))
+        self.in_place_enabled = bool(getattr(patterns, "InPlace", True))
         for pos, op in enumerate(ir.ops):
             for x in op.inputs:
                 if x:
                     self.last_use[x] = pos
-        self.pinned |= {ir.anchor_alias.get(a, a) for a in ir.data_flow.anchors()}
+        self.pinned = {ir.anchor_alias.get(a, a) for a in ir.data_flow.anchors()}
 
     def ptype(self, tid: str):
         """Poplar type of an IR tensor's device tensor (PopART's casting rule)."""
@@ -69,8 +70,22 @@ class LoweringContext:
         self._register(tid, t)
 
     def _register(self, tid: str, t: poplar.Tensor) -> None:
-        for v in _variables(t):
+        for v in variables_of(t):
             self._var_tids.setdefault(v, set()).add(tid)
+
+    @contextlib.contextmanager
+    def bound(self, tids, tensors, vg: int):
+        """Within the block, IR tensors ``tids`` are ``tensors`` on virtual graph ``vg`` (a
+        subgraph's inputs while its body is lowered); their own tensors come back afterwards."""
+        saved = {x: (self._t.get(x), self._home.get(x)) for x in tids}
+        try:
+            for x, t in zip(tids, tensors):
+                self._t[x], self._home[x] = {vg: t}, vg
+                self._register(x, t)
+            yield
+        finally:
+            for x, (per, home) in saved.items():
+                self._t[x], self._home[x] = per, home
 
     def fix_current(self) -> None:
         """No op may overwrite the tensors set so far (the weights, constants and inputs)."""
@@ -79,7 +94,7 @@ class LoweringContext:
     def in_place_input(self, op, candidates=(0,)):
         """The first input index of ``candidates`` (PopART's inplace priority order) whose tensor
         ``op`` may overwrite with its output ``0``, else None. See the module notes for the rule."""
-        if not self.inplace or not op.outputs or not op.outputs[0]:
+        if not self.in_place_enabled or not op.outputs or not op.outputs[0]:
             return None
         out = self.ir.tensors[op.outputs[0]].info
         state = self.graph._state
@@ -91,11 +106,11 @@ class LoweringContext:
             if (list(t.shape()) != list(out.shape()) or t.elementType() != self.ptype(op.outputs[0])
                     or t.numElements() == 0 or t.containsAliases()):
                 continue
-            vs = _variables(t)
+            vs = variables_of(t)
             if vs & self._fixed or any(state.variables[v].constant for v in vs):
                 continue
             others = [self.input(op, j) for j, x in enumerate(op.inputs) if x and j != i]
-            if any(vs & _variables(o) for o in others):
+            if any(vs & variables_of(o) for o in others):
                 continue
             users = set().union(*(self._var_tids.get(v, ()) for v in vs))
             if any(u in self.pinned or self.last_use.get(u, -1) > self.pos for u in users):
@@ -149,7 +164,7 @@ class LoweringContext:
         return t
 
 
-def _variables(t: poplar.Tensor) -> set[int]:
+def variables_of(t: poplar.Tensor) -> set[int]:
     """Ids of the variables ``t`` views."""
     p = t.pieces
     return {p.row[0]} if p.row is not None else set(p.var.tolist())

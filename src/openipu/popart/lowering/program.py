@@ -35,7 +35,7 @@ from openipu.poplibs.popops._common import tile_counts_of
 from openipu.popart import outline
 from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.lowering import precise_lowering
-from openipu.popart.lowering.context import LoweringContext, _variables
+from openipu.popart.lowering.context import LoweringContext, variables_of
 from openipu.popart.lowering.creators import weight_creator
 from openipu.popart.lowering.generic import lower_generic
 
@@ -98,23 +98,17 @@ def _call_subgraph(ctx, ops, sg, j: int, out: Lowered, progress) -> None:
     if sg.lowered is None:
         callers = [ctx.get(x, vg) for x in ext]
         ins = [g.clone(t, f"{sg.name}/input{k}") for k, t in enumerate(callers)]
-        saved = {x: (ctx._t.get(x), ctx._home.get(x)) for x in ext}
         prog, ctx.prog = ctx.prog, P.Sequence(name=sg.name)
         try:
-            for x, t in zip(ext, ins):
-                ctx._t[x], ctx._home[x] = {vg: t}, vg
-                ctx._register(x, t)
-            # what a call gives to the rest of the model (in any occurrence) keeps its value
-            ctx.pinned |= {seq[r].outputs[m] for r, m in sg.outputs}
-            for r, op in enumerate(seq):
-                _lower_op(ctx, op, start + r, out)
-            outs = [ctx.get(seq[r].outputs[m], vg) for r, m in sg.outputs]
+            with ctx.bound(ext, ins, vg):
+                # what a call gives to the rest of the model (in any occurrence) keeps its value
+                ctx.pinned |= {seq[r].outputs[m] for r, m in sg.outputs}
+                for r, op in enumerate(seq):
+                    _lower_op(ctx, op, start + r, out)
+                outs = [ctx.get(seq[r].outputs[m], vg) for r, m in sg.outputs]
             body = ctx.prog
         finally:
             ctx.prog = prog
-            for x, (per, home) in saved.items():
-                ctx._t[x] = per
-                ctx._home[x] = home
         # an input that the next call takes from this call's output (a layer's output feeding the
         # next layer) is laid out like that output, so that copies between calls stay on-tile
         if len(sg.starts) > 1:
@@ -125,8 +119,8 @@ def _call_subgraph(ctx, ops, sg, j: int, out: Lowered, progress) -> None:
                     g.copy_tile_mapping(t, outs[k])
         # the outputs hold nothing from one call to the next: WriteUndef at the start of the body
         # lets the memory plan free them between calls (an output over an input is left alone)
-        held = set().union(*(_variables(t) for t in ins)) if ins else set()
-        undef = [P.WriteUndef(t) for t in outs if not (_variables(t) & held)]
+        held = set().union(*(variables_of(t) for t in ins)) if ins else set()
+        undef = [P.WriteUndef(t) for t in outs if not (variables_of(t) & held)]
         sg.lowered = (g.addFunction(P.Sequence([*undef, body], name=sg.name)), ins, outs)
     fn, ins, outs = sg.lowered
     name = f"{sg.name}/call{j}"

@@ -42,7 +42,7 @@ import torch
 
 from openipu import poplar
 from openipu.poplar import regions as R
-from openipu.poplar.exchange import tile_boxes
+from openipu.poplar.exchange import tile_boxes, variable_runs
 from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplibs.popops._common import flat_boxes, read_on_tiles, tile_counts_of, union_intervals
 
@@ -224,12 +224,9 @@ def _address_runs_per_tile(view, elems_per_tile: np.ndarray) -> np.ndarray:
     view's elements per tile (with repeats)."""
     T = elems_per_tile.size
     var, start, length = R.piece_runs(view.pieces)
-    space = view._state.space(view._type)
     # the runs of the view's variables only (not of the whole space, which other tensors keep
     # growing between reductions)
-    sidx = [view._state.variables[v].space_index for v in np.unique(var).tolist()]
-    gst, gtl, gvi = space.runs_of(sidx)
-    gend = space.run_ends(gst, gvi)
+    gst, gend, gtl = variable_runs(view, var)
     end = start + length
     r0 = np.searchsorted(gst, start, side="right") - 1
     r1 = np.searchsorted(gst, end - 1, side="right") - 1
