@@ -295,6 +295,33 @@ def test_a_variable_is_dead_between_its_last_read_and_a_write_of_all_of_it():
     assert build(True).not_always_live_peak[1] == 8000
 
 
+def test_a_value_carried_into_a_loop_lives_for_the_loop_then_is_dead_until_rewritten():
+    # buf is written, read in a loop (whose body then makes `inner`), dead, then written whole
+    # again. It must outlive the loop's last step (every iteration reads it), so it never shares
+    # memory with `inner`; after the loop it holds nothing until rewritten, so `x` and `y` (alive
+    # together only then) may share memory with it.
+    def program(g, a, b, on_tile_1):
+        buf, inner, x, y = (on_tile_1(n) for n in ("buf", "inner", "x", "y"))
+        loop = P.Repeat(2, P.Sequence(P.Copy(buf, b), P.Copy(a, inner), P.Copy(inner, b)))
+        return P.Sequence(P.Copy(a, buf), loop, P.Copy(a, x), P.Copy(a, y), P.Copy(x, b), P.Copy(y, b),
+                          P.Copy(a, buf), P.Copy(buf, b))
+
+    assert _copies_through_tile_1(program).not_always_live_peak[1] == 8000     # buf + inner, or x + y
+
+
+def test_a_functions_own_value_carried_into_its_loop_lives_for_the_loop():
+    # As above inside a called function: `tmp` is made before the body's loop and read at the
+    # loop's first step; `inner`, made later in the loop, must not take its memory (the next
+    # iteration reads tmp again).
+    def program(g, a, b, on_tile_1):
+        tmp, inner = on_tile_1("tmp"), on_tile_1("inner")
+        loop = P.Repeat(2, P.Sequence(P.Copy(tmp, b), P.Copy(a, inner), P.Copy(inner, b)))
+        f = g.addFunction(P.Sequence(P.Copy(a, tmp), loop))
+        return P.Sequence(P.Call(f), P.Call(f))
+
+    assert _copies_through_tile_1(program).not_always_live_peak[1] == 8000     # tmp + inner
+
+
 def test_a_copy_into_a_clone_is_on_tile_and_costs_what_the_exchange_path_does(monkeypatch):
     # v (one run per tile, unevenly) copied into its clone: compared on run lists, not per
     # element; the cost and exchange code are those the general exchange costing gives

@@ -134,6 +134,30 @@ def _segments(S, V, W, F, use):
     return V[starts], S[starts], S[ends]
 
 
+def _widen_over_loops(sv, s0, s1, loops):
+    """Stretch def-use segments ``(var, first step, last step)`` (int64 arrays sorted by var,
+    then first step) over the loops ``[(first step, last step)]`` they cross.
+
+    A value made before a loop and touched in it is live for all of the loop (every iteration
+    reads it); one defined inside the loop is remade each iteration and needs nothing. Segments of
+    one variable that then overlap are merged, so a variable is never counted twice. Returns the
+    segments in the same form."""
+    if sv.size == 0 or not loops:
+        return sv, s0, s1
+    s1 = s1.copy()
+    for lo, hi in loops:
+        carried = (s0 < lo) & (s1 >= lo)
+        s1[carried] = np.maximum(s1[carried], hi)
+    # merge overlapping segments of a variable: a running maximum of the ends within each
+    # variable (offset by variable so one maximum.accumulate serves all of them)
+    big = int(max(s1.max(), s0.max())) + 2
+    run_end = np.maximum.accumulate(s1 + sv * big) - sv * big
+    new = np.r_[True, (sv[1:] != sv[:-1]) | (s0[1:] > run_end[:-1])]
+    starts = np.flatnonzero(new)
+    ends = np.r_[starts[1:] - 1, sv.size - 1]
+    return sv[starts], s0[starts], run_end[ends]
+
+
 def _function_locals(comp, S, V, nv: int):
     """Variables touched only inside the calls of one function: per variable (``[nv]``) the
     function's id (-1 if none) and its first and last step relative to the start of a call.
@@ -160,6 +184,16 @@ def _function_locals(comp, S, V, nv: int):
     np.minimum.at(lo, V, rel)
     np.maximum.at(hi, V, rel)
     fid[local] = fmin[local]
+    # a local made before a loop of the body and touched in it lives for all of the loop (every
+    # call lays out the same loops: one of each, relative to the call's start, is enough)
+    if comp.loops:
+        loops = np.array(comp.loops, np.int64)
+        ends = np.array([b for _, _, b in comp.calls], np.int64)
+        ci, li = np.nonzero((start[:, None] <= loops[None, :, 0]) & (loops[None, :, 1] < ends[:, None]))
+        rel_loops = np.unique(np.c_[fn[ci], loops[li] - start[ci, None]], axis=0)
+        for f, rlo, rhi in rel_loops.tolist():
+            carried = (fid == f) & (lo < rlo) & (hi >= rlo)
+            hi[carried] = np.maximum(hi[carried], rhi)
     return fid, lo, hi
 
 
@@ -272,16 +306,10 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
             nprog = max(len(prog_ranges), 1)
             pairs = np.unique(V * nprog + prog_of_step[S])
             multi_prog = np.bincount(pairs // nprog, minlength=nv) > 1
-        widened = np.zeros(nv, bool)
         for lo, hi in comp.loops:
-            # A value that crosses iterations must live for the whole loop: one defined before
-            # the loop and used in it, or one whose first touch in the loop is a read (those are
-            # always live anyway). A variable first written inside the loop holds a value made
-            # in each iteration and needs no widening.
-            touched = (last >= lo) & (first <= hi)
-            carried = touched & ((first < lo) | ~first_is_write)
-            widened |= carried
-            first = np.where(carried, np.minimum(first, lo), first)
+            # The host keeps one place per variable over all its life, stretched over the loops
+            # it crosses (a value made before a loop and used in it lives for all of the loop).
+            carried = (last >= lo) & (first <= hi) & ((first < lo) | ~first_is_write)
             last = np.where(carried, np.maximum(last, hi), last)
         is_const = np.array([v.constant for v in space.vars])
         pinned = np.zeros(nv, bool)
@@ -305,10 +333,10 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
             S, V, W, F = step_vars[name]
             lf, lo_rel, hi_rel = _function_locals(comp, S, V, nv)
             loc = lf[v] >= 0
-            # the others live over their def-use segments (one, from first to last touch, for a
-            # variable widened over a loop); a run is allocated before each segment and freed after
-            seg_ok = nal & (lf < 0) & ~widened
-            sv, s0, s1 = _segments(S, V, W, F, seg_ok)
+            # the others live over their def-use segments, stretched over the loops they cross; a
+            # run is allocated before each segment and freed after
+            seg_ok = nal & (lf < 0)
+            sv, s0, s1 = _widen_over_loops(*_segments(S, V, W, F, seg_ok), comp.loops)
             cnt = np.bincount(sv, minlength=nv)
             seg_at = np.cumsum(cnt) - cnt                      # index of each variable's first segment
             g = np.flatnonzero(~loc)
