@@ -73,6 +73,23 @@ def test_gather_weight_gets_sliceable_layout():
     assert _multislice_tiles(s) == 1
 
 
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+def test_gather_table_with_fewer_columns_than_tiles_is_split_along_its_rows(dt):
+    """As PopLibs' embedding plan does (slicedDimSplit): 8 columns on 16 tiles would leave half the
+    tiles empty, so the rows are split too (fp32: 2 ranges of 150 rows x 8 single columns; fp16:
+    columns in pairs, 4 x 4 ranges of 75 rows), every tile holds an equal part of the table, and
+    the lookup runs in two stages (each range slices where it lives, then the right range's slice
+    is picked)."""
+    table = RNG.standard_normal((300, 8)).astype(dt)
+    ids = RNG.integers(-300, 300, (4, 9)).astype(np.int64)
+    s, _ = check("Gather", {"i": ids}, consts={"d": table}, attrs={"__order__": ["d", "i"]}, tiles=16)
+    const = s._engine.memory.categories["Constants"]
+    assert (const >= table.nbytes / 16).all() and const.max() < table.nbytes / 16 + 64
+    stages = [cs.name for cs in s._lowered.graph._state.compute_sets if any("MultiSlice" in g.type_name
+                                                                              for g in cs.groups)]
+    assert len(stages) == 2 and stages[0].endswith("stage0") and stages[1].endswith("stage1")
+
+
 @pytest.mark.parametrize("constant", [True, False])
 def test_gather_table_is_created_column_major(constant):
     """The session creates a Gather's table in its consumer's layout: stored column by column

@@ -136,6 +136,42 @@ def test_multi_slice_padding_and_remap_options():
     np.testing.assert_array_equal(r["rem"][:, 0], [x[1], x[0], x[0]])
 
 
+def _row_split_table(h, x, parts):
+    """A variable holding ``x`` ``[rows, cols]``, stored column by column, its rows split into
+    ``parts`` equal ranges (PopLibs' slicedDimSplit) and its columns into pairs: column pair j of
+    range p on tile ``p * cols / 2 + j``. Returns its ``[rows, cols]`` view."""
+    rows, cols = x.shape
+    t = h.graph.addVariable(poplar.FLOAT, [cols, rows], "table")
+    per = rows // parts
+    for p in range(parts):
+        for j in range(cols // 2):
+            h.graph.setTileMapping(t.slice(2 * j, 2 * j + 2, 0).slice(p * per, (p + 1) * per, 1), p * cols // 2 + j)
+    h.graph.setInitialValue(t, np.ascontiguousarray(x.T))
+    return t.dimShuffle([1, 0])
+
+
+def test_multi_slice_of_a_table_split_along_its_rows_slices_each_part_where_it_lives():
+    # Two stages, as PopLibs' planned multiSlice: each row range slices on its own tiles, then
+    # each slice is picked from its row's range (the table stays where it is).
+    x = np.arange(120, dtype=np.float32).reshape(30, 4)
+    ids = np.array([[0], [29], [10], [9], [15], [20], [3], [3], [31]], np.uint32)
+    h = OpHarness(8)
+    t = _row_split_table(h, x, 3)
+    i = h.input("i", ids, mapping=7)
+    out = popops.multiSlice(h.graph, t, i, [0], [1], h.prog, None, {"paddingIndexUsed": "true"})
+    r = h.run(out=out)
+    ref = np.where(ids < 30, x[np.minimum(ids[:, 0], 29)], 0)
+    np.testing.assert_array_equal(r["out"][:, 0], ref)
+    assert out.shape() == [9, 1, 4]
+    # the output is spread over the parts' tiles (lookups 0-2 on part 0's, 3-5 on part 1's, ...)
+    assert sorted({tl for tl, iv in enumerate(h.graph.getTileMapping(out)) if iv}) == [0, 1, 2, 3, 4, 5]
+    # rows of one part split over two tiles: one stage, as before
+    h2 = OpHarness(8)
+    t2 = h2.input("t", x)
+    out2 = popops.multiSlice(h2.graph, t2, h2.input("i", ids[:8], mapping=7), [0], [1], h2.prog)
+    np.testing.assert_array_equal(h2.run(out=out2)["out"][:, 0], x[ids[:8, 0]])
+
+
 def test_embedding_plan_and_options():
     h = OpHarness(4)
     p = popops.embedding.plan(h.graph, poplar.HALF, 1000, 64, [16], {"usedForUpdate": "false"})

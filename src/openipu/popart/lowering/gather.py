@@ -13,8 +13,10 @@ op is its first consumer, the session creates the weight with :func:`create_slic
 :mod:`.program`): each column (the elements that differ only in ``axis``) sits on one tile, the
 columns spread linearly over the tiles — the layout ``createSliceableTensor`` gives — and the
 variable is stored column by column, so that its tile map is one run per tile (a view of the
-weight's shape is returned). Without it the linearly mapped table would be exchanged whole to the
-tiles holding its first row.
+weight's shape is returned). A table with fewer columns than tiles (BERT's 30522 x 768 word
+embedding on 1,472 tiles) has its rows split too, as PopLibs' embedding plan splits the sliced
+dimension, so that it fills the tiles evenly; ``multiSlice`` then looks up in two stages.
+Without it the linearly mapped table would be exchanged whole to the tiles holding its first row.
 
 Declined (generic lowering): empty tensors, index types other than int32/int64, constant indices
 out of range, value types other than float, half and int32.
@@ -80,7 +82,10 @@ def sliceable_axis(ir, tid: str, vg: int):
 def create_sliceable(g, type_, shape, axis: int, name: str, value=None):
     """A weight of ``shape`` laid out for slicing along ``axis`` (``createSliceableTensor``'s
     layout): each *column* (the elements that differ only in ``axis``) on one tile, the columns
-    spread linearly over the tiles (grain 1, at least 1 per tile).
+    spread linearly over the tiles (grain 1, at least 1 per tile). With fewer columns than tiles
+    the columns go in groups of 4 bytes (PopLibs' ``unslicedGrainSize``: 2 halves, 1 float) and
+    the rows in ``tiles // groups`` equal ranges (at most ``MAX_ROW_PARTITIONS``), group ``j`` of
+    range ``p`` on tile ``p * groups + j``.
 
     The variable is created with the columns outermost and ``axis`` innermost, so that every
     column, and every tile's run of columns, is contiguous: its tile map is one run per tile.
@@ -95,10 +100,25 @@ def create_sliceable(g, type_, shape, axis: int, name: str, value=None):
     else:
         var = g.addVariable(type_, vshape, name)
     cols = math.prod(xs[d] for d in rest)
-    b, e = linear_tile_runs(cols, g.getTarget().getNumTiles(), 1, 1)
-    if b.size:
-        rows = xs[axis]
-        g.set_tile_runs(var, b * rows, e * rows, g._global_tiles(np.arange(b.size)))
+    rows = xs[axis]
+    T = g.getTarget().getNumTiles()
+    grain = max(1, 4 // type_.size)
+    groups = -(-cols // grain)
+    split = min(rows, T // max(groups, 1), popops.dynamic_slice.MAX_ROW_PARTITIONS)
+    if cols < T and split > 1:
+        # fewer columns than tiles: split the rows too (PopLibs' slicedDimSplit, with
+        # unslicedGrainSize 4 bytes), column group j of row partition p on tile p * groups + j
+        per = -(-rows // split)
+        bounds = [(p * per, min(rows, (p + 1) * per)) for p in range(split) if p * per < rows]
+        c = np.arange(cols, dtype=np.int64)
+        begins = np.concatenate([c * rows + r0 for r0, _ in bounds])
+        ends = np.concatenate([c * rows + r1 for _, r1 in bounds])
+        tiles = np.concatenate([p * groups + c // grain for p in range(len(bounds))])
+        g.set_tile_runs(var, begins, ends, g._global_tiles(tiles))
+    else:
+        b, e = linear_tile_runs(cols, T, 1, 1)
+        if b.size:
+            g.set_tile_runs(var, b * rows, e * rows, g._global_tiles(np.arange(b.size)))
     inv = [order.index(d) for d in range(len(xs))]
     return var.dimShuffle(inv)
 

@@ -6,6 +6,10 @@ by one vertex on the tile that holds the column's first element (``t[0, ..., col
 other elements of the column are exchanged to that tile (the exchange is static: the whole
 column moves, whatever the offset), so tensors made by :func:`createSliceableTensor`, which keep
 each column on one tile, slice without exchange. Slices and updates are mapped with their column.
+A table whose rows are split into a few ranges, each range keeping each of its columns on one
+tile (PopLibs' ``slicedDimSplit``, as PopART lays out an embedding with fewer columns than tiles),
+is sliced by ``multiSlice`` in two stages as PopLibs' planned multiSlice does: every range slices
+on its own tiles, then each slice is picked from its row's range.
 
 Layout: the tensors openipu creates here (:func:`createSliceableTensor`, :func:`createSliceTensor`,
 the outputs of :func:`dynamicSlice` and :func:`multiSlice`) are variables laid out column by
@@ -59,8 +63,9 @@ _OPTIONS = {"remapOutOfBoundIndices", "paddingIndexUsed", "usedForSlice", "usedF
 
 @dataclass(frozen=True)
 class SlicePlan:
-    """``popops::SlicePlan``. openipu has one implementation (columns sliced where they live), so a
-    plan only records what it was made for; the default plan is ``SlicePlan()``."""
+    """``popops::SlicePlan``. openipu slices columns where they live (in two stages for a table
+    split along its rows, see the module doc), whatever the plan, so a plan only records what it
+    was made for; the default plan is ``SlicePlan()``."""
 
     dataType: object = None  # noqa: N815 - PopLibs names
     numEntries: int = 0  # noqa: N815
@@ -576,6 +581,9 @@ def multiSlice(graph, t, offsets, dims, sizes, prog, plan=None, options=None, de
     offsets, dims, sizes, view, rest, cols, runs, remap, padding = _multi_common(
         graph, t, offsets, dims, sizes, name, options)
     N = offsets.dim(0)
+    parts = _row_partitions(graph, view, name) if N and len(dims) == 1 else None
+    if parts is not None:
+        return _multi_slice_two_stage(graph, t, view, offsets, dims, rest, cols, parts, remap, padding, prog, name)
     out = _by_columns(graph, t.elementType(), _slice_shape(t, dims, N), [0] + [1 + d for d in dims], name, runs)
     oview = out.dimShuffle([0] + [1 + d for d in dims] + [1 + d for d in rest]).reshape([N, cols])
     if N == 0 or t.numElements() == 0:
@@ -590,6 +598,122 @@ def multiSlice(graph, t, offsets, dims, sizes, prog, plan=None, options=None, de
         writes=[Access(oview, runs.boxes(oview))], multi=True, flops=0.0, state_bytes=32))
     prog.add(poplar.program.Execute(cs))
     return out
+
+
+#: Most row partitions a two-stage multiSlice handles (PopLibs' plans split the sliced dimension
+#: of the tables they create a few to a few tens of ways); a table mapped in more row ranges
+#: is sliced in one stage, its columns moved to their first rows' tiles.
+MAX_ROW_PARTITIONS = 64
+
+
+def _row_partitions(graph, view, name):
+    """The row partitions of a table ``view`` ``[rows, cols]`` whose sliced dimension is split
+    over tiles (PopLibs' ``slicedDimSplit``: :func:`createSliceableTensor` with a plan that splits
+    it): ``[(first row, end row, column runs)]`` when column 0 spans 2 to
+    :data:`MAX_ROW_PARTITIONS` tiles and every partition keeps each of its columns on one tile
+    (its first and last rows have the same column runs), else None."""
+    rows, cols = view.shape()
+    if rows < 2 or cols == 0:
+        return None
+    b, e, tl = graph.tile_runs_of(view.slice(0, 1, 1))
+    if not 2 <= b.size <= MAX_ROW_PARTITIONS or (tl < 0).any():
+        return None
+    parts = []
+    for r0, r1 in zip(b.tolist(), e.tolist()):
+        first = _column_runs(graph, view.slice(r0, r0 + 1, 0), name)
+        last = _column_runs(graph, view.slice(r1 - 1, r1, 0), name)
+        if not (np.array_equal(first.begin, last.begin) and np.array_equal(first.end, last.end)
+                and np.array_equal(first.tile, last.tile)):
+            return None
+        parts.append((r0, r1, first))
+    return parts
+
+
+def _multi_slice_two_stage(graph, t, view, offsets, dims, rest, cols, parts, remap, padding, prog, name):
+    """``multiSlice`` of a table split over tiles along its sliced dimension, as PopLibs'
+    planned multiSlice does it: stage 0 slices every partition on its own tiles into a buffer
+    ``[partitions, N, cols]`` (a row outside the partition gives zeros there); stage 1 picks each
+    slice from its row's partition, the lookups split over the partitions' tiles (lookup chunk
+    ``q`` on partition ``q``'s tiles), which is where the output is mapped. Returns the output
+    ``[N, *t.shape with dims -> 1]``."""
+    T = graph._top._target.getNumTiles()
+    type_, target = t.elementType(), graph.getTarget()
+    N, S = offsets.dim(0), len(parts)
+    Ds = [t.dim(d) for d in dims]
+    bufs = [_by_columns(graph, type_, [N, cols], [0], f"{name}/stage0", runs) for _, _, runs in parts]
+    tiles = np.concatenate([runs.tile for _, _, runs in parts])
+    used = np.unique(tiles)
+    cyc0 = np.zeros(T)
+    for _, _, runs in parts:
+        u, ncols, _ = runs.per_tile(T)
+        cyc0[u] += multi_slice_tile_cycles(ncols, N, type_, target)
+    cs0 = graph.addComputeSet(f"{name}/stage0")
+    graph.add_vertex_group(cs0, VertexGroup(
+        f"popops::MultiSlice<{type_}>", used, cyc0[used],
+        functools.partial(_stage0_kernel, view, bufs, [(r0, r1) for r0, r1, _ in parts], offsets, Ds, remap, padding),
+        reads=[Access(view.slice(r0, r1, 0), runs.boxes(view.slice(r0, r1, 0))) for r0, r1, runs in parts]
+        + [_bcast(offsets, used)],
+        writes=[Access(b, runs.boxes(b)) for b, (_, _, runs) in zip(bufs, parts)], multi=True, flops=0.0,
+        state_bytes=32))
+    prog.add(poplar.program.Execute(cs0))
+    # the output: lookup chunk q (rows of the output) on partition q's column runs
+    out = graph.addVariable(type_, [cols, N], name)            # column by column, as _by_columns
+    chunk = -(-N // S)
+    lo_l, sz_l, tl_l, beg_l, end_l, ctl_l = [], [], [], [], [], []
+    for q, (_, _, runs) in enumerate(parts):
+        q0, q1 = min(N, q * chunk), min(N, (q + 1) * chunk)
+        if q1 <= q0:
+            continue
+        width = runs.end - runs.begin
+        lo_l.append(np.c_[np.full(width.size, q0), runs.begin])
+        sz_l.append(np.c_[np.full(width.size, q1 - q0), width])
+        tl_l.append(runs.tile)
+        # each column of the run holds rows q0..q1 of the column-by-column variable on the tile
+        first = np.repeat(runs.begin - np.cumsum(width) + width, width) + np.arange(int(width.sum()))
+        beg_l.append(first * N + q0)
+        end_l.append(first * N + q1)
+        ctl_l.append(np.repeat(runs.tile, width))
+    graph.set_tile_runs(out.reshape([cols * N]), np.concatenate(beg_l), np.concatenate(end_l), np.concatenate(ctl_l))
+    oview = out.dimShuffle([1, 0])
+    boxes = Boxes(np.concatenate(lo_l).astype(np.int64), np.concatenate(sz_l).astype(np.int64),
+                  np.concatenate(tl_l).astype(np.int64))
+    used1 = np.unique(boxes.tile)
+    cyc1 = np.zeros(T)
+    np.add.at(cyc1, boxes.tile, multi_slice_tile_cycles(boxes.sz[:, 1], int(chunk), type_, target))
+    cs1 = graph.addComputeSet(f"{name}/stage1")
+    graph.add_vertex_group(cs1, VertexGroup(
+        f"popops::MultiSlice<{type_}>", used1, cyc1[used1],
+        functools.partial(_stage1_kernel, bufs, oview, [r1 for _, r1, _ in parts], offsets, Ds, remap, padding),
+        reads=[Access(b, boxes) for b in bufs] + [_bcast(offsets, used1)],
+        writes=[Access(oview, boxes)], multi=True, flops=0.0, state_bytes=32))
+    prog.add(poplar.program.Execute(cs1))
+    shape = _slice_shape(t, dims, N)
+    # oview is [N, cols]; the output's shape puts the sliced dim (size 1) back among the rest
+    res = oview.reshape([N] + [1] + [t.dim(d) for d in rest])
+    inv = [0] * len(shape)
+    for k, d in enumerate([0] + [1 + d for d in dims] + [1 + d for d in rest]):
+        inv[d] = k
+    return res.dimShuffle(inv)
+
+
+def _stage0_kernel(view, bufs, bounds, offsets, Ds, remap, padding, ctx):
+    base = ctx.read(view)
+    R = base.shape[0]
+    flat = base.reshape(R, -1, base.shape[-1])
+    lin, valid = _multi_rows(ctx.read(offsets).reshape(R, -1, len(Ds)).to(torch.int64), Ds, remap, padding)
+    for b, (r0, r1) in zip(bufs, bounds):
+        here = valid & (lin >= r0) & (lin < r1)
+        rows = torch.gather(flat, 1, lin.clamp(r0, r1 - 1)[..., None].expand(-1, -1, flat.shape[2]))
+        ctx.write(b, torch.where(here[..., None], rows, torch.zeros((), dtype=rows.dtype)))
+
+
+def _stage1_kernel(bufs, out_view, ends, offsets, Ds, remap, padding, ctx):
+    parts = torch.stack([ctx.read(b) for b in bufs], 1)          # [R, S, N, cols]
+    R = parts.shape[0]
+    lin, _ = _multi_rows(ctx.read(offsets).reshape(R, -1, len(Ds)).to(torch.int64), Ds, remap, padding)
+    which = torch.bucketize(lin, torch.tensor(ends, dtype=torch.int64), right=True).clamp(max=len(bufs) - 1)
+    out = torch.gather(parts, 1, which[:, None, :, None].expand(-1, 1, -1, parts.shape[3])).squeeze(1)
+    ctx.write(out_view, out)
 
 
 def _multi_update(graph, t, s, offsets, dims, sizes, prog, options, name, op, scale=None):
