@@ -340,13 +340,10 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
             cnt = np.bincount(sv, minlength=nv)
             seg_at = np.cumsum(cnt) - cnt                      # index of each variable's first segment
             g = np.flatnonzero(~loc)
-            owner, j = R.group_ranks(np.where(seg_ok, cnt, 1)[v[g]])
+            owner, j = R.group_ranks(cnt[v[g]])             # each run once per segment of its variable
             run = g[owner]
-            vv = v[run]
-            segd = seg_ok[vv]
-            si = np.where(segd, seg_at[vv] + j, 0)
-            sa = np.where(segd, s0[si] if s0.size else 0, first[vv])
-            se = np.where(segd, s1[si] if s1.size else 0, last[vv])
+            si = seg_at[v[run]] + j
+            sa, se = s0[si], s1[si]
             events_tile += [tl[run], tl[run]]
             events_step += [sa * 2 + 1, se * 2 + 2]                    # alloc before use, free after
             events_bytes += [nb[run], -nb[run]]

@@ -83,9 +83,7 @@ def create_sliceable(g, type_, shape, axis: int, name: str, value=None):
     """A weight of ``shape`` laid out for slicing along ``axis`` (``createSliceableTensor``'s
     layout): each *column* (the elements that differ only in ``axis``) on one tile, the columns
     spread linearly over the tiles (grain 1, at least 1 per tile). With fewer columns than tiles
-    the columns go in groups of 4 bytes (PopLibs' ``unslicedGrainSize``: 2 halves, 1 float) and
-    the rows in ``tiles // groups`` equal ranges (at most ``MAX_ROW_PARTITIONS``), group ``j`` of
-    range ``p`` on tile ``p * groups + j``.
+    the rows are split as well (``popops.dynamic_slice.row_split_runs``).
 
     The variable is created with the columns outermost and ``axis`` innermost, so that every
     column, and every tile's run of columns, is contiguous: its tile map is one run per tile.
@@ -102,18 +100,9 @@ def create_sliceable(g, type_, shape, axis: int, name: str, value=None):
     cols = math.prod(xs[d] for d in rest)
     rows = xs[axis]
     T = g.getTarget().getNumTiles()
-    grain = max(1, 4 // type_.size)
-    groups = -(-cols // grain)
-    split = min(rows, T // max(groups, 1), popops.dynamic_slice.MAX_ROW_PARTITIONS)
-    if cols < T and split > 1:
-        # fewer columns than tiles: split the rows too (PopLibs' slicedDimSplit, with
-        # unslicedGrainSize 4 bytes), column group j of row partition p on tile p * groups + j
-        per = -(-rows // split)
-        bounds = [(p * per, min(rows, (p + 1) * per)) for p in range(split) if p * per < rows]
-        c = np.arange(cols, dtype=np.int64)
-        begins = np.concatenate([c * rows + r0 for r0, _ in bounds])
-        ends = np.concatenate([c * rows + r1 for _, r1 in bounds])
-        tiles = np.concatenate([p * groups + c // grain for p in range(len(bounds))])
+    split = popops.dynamic_slice.row_split_runs(rows, cols, type_, T)
+    if split is not None:
+        begins, ends, tiles = split
         g.set_tile_runs(var, begins, ends, g._global_tiles(tiles))
     else:
         b, e = linear_tile_runs(cols, T, 1, 1)

@@ -606,6 +606,28 @@ def multiSlice(graph, t, offsets, dims, sizes, prog, plan=None, options=None, de
 MAX_ROW_PARTITIONS = 64
 
 
+def row_split_runs(rows: int, cols: int, type_, num_tiles: int):
+    """Where a table with fewer columns than tiles goes when its rows are split as well
+    (PopLibs' embedding plan: ``slicedDimSplit`` row ranges, ``unslicedGrainSize`` 4 bytes of
+    columns, i.e. 2 halves or 1 float): ``(begins, ends, local tiles)`` of the flattened
+    column-by-column variable ``[cols, rows]``, column group ``j`` of row range ``p`` on tile
+    ``p * groups + j``, with ``num_tiles // groups`` ranges (at most
+    :data:`MAX_ROW_PARTITIONS`); None when that gives fewer than 2 ranges (int64 arrays, one
+    interval per column and range). :func:`multiSlice` slices such a table in two stages."""
+    grain = max(1, 4 // type_.size)
+    groups = -(-cols // grain)
+    split = min(rows, num_tiles // max(groups, 1), MAX_ROW_PARTITIONS)
+    if cols >= num_tiles or split < 2:
+        return None
+    per = -(-rows // split)
+    bounds = [(p * per, min(rows, (p + 1) * per)) for p in range(split) if p * per < rows]
+    c = np.arange(cols, dtype=np.int64)
+    begins = np.concatenate([c * rows + r0 for r0, _ in bounds])
+    ends = np.concatenate([c * rows + r1 for _, r1 in bounds])
+    tiles = np.concatenate([p * groups + c // grain for p in range(len(bounds))])
+    return begins, ends, tiles
+
+
 def _row_partitions(graph, view, name):
     """The row partitions of a table ``view`` ``[rows, cols]`` whose sliced dimension is split
     over tiles (PopLibs' ``slicedDimSplit``: :func:`createSliceableTensor` with a plan that splits
