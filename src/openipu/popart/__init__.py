@@ -1,4 +1,4 @@
-"""``openipu.popart``: PopART's Python API (inference) on the simulated IPU.
+"""``openipu.popart``: PopART's Python API (inference and training) on the simulated IPU.
 
 ``import popart`` (the drop-in package) re-exports everything here. Build a model with
 :class:`Builder` (or load ONNX), run it with :class:`InferenceSession`::
@@ -31,9 +31,16 @@ AnchorReturnType("ALL") for out in outputs}), deviceInfo=DeviceManager().acquire
 inputShapeInfo=...)`` where symbolic input dims need an ``InputShapeInfo`` entry, then feeds
 ``PyStepIO`` with arrays of ``bps * replicas * nelms`` elements per input.
 
-Not supported: training (``TrainingSession``, optimizers, autodiff), pipelining, execution
-phases, subgraph ops (If/Loop/Scan via the builder), custom C++ ops, engine caching. The PopART
-rule "import popart before onnx" is not enforced.
+Training: ``TrainingSession(fnModel, dataFlow, loss, optimizer, deviceInfo, ...)`` with a loss
+from ``aiGraphcore.nllloss`` / ``l1loss`` / ``identityloss`` and ``ConstSGD`` / ``SGD``
+(momentum, dampening, weight decay, nesterov, velocity and loss scaling, per-weight values,
+non-const values changed by ``updateOptimizerFromHost``); call ``weightsFromHost()`` before the
+first ``run``. Gradients are ``Gradient___<id>`` (anchorable).
+
+Not supported yet: Adam / Adaptive optimizers, gradient accumulation and replication in
+training, pipelining, recomputation, execution phases, subgraph ops (If/Loop/Scan via the
+builder), custom C++ ops, engine caching. The PopART rule "import popart before onnx" is not
+enforced.
 """
 
 from openipu.popart import builder, session, tensorinfo  # noqa: F401 - submodules as in PopART
@@ -52,7 +59,8 @@ from openipu.popart.errors import (OutOfMemoryException, RecoveryAction, _throw_
 from openipu.popart.log import Logger, getLogger
 from openipu.popart.options import *  # noqa: F401,F403 - enums and settings structs
 from openipu.popart.options import InputShapeInfo, Patterns, SessionOptions
-from openipu.popart.session import InferenceSession
+from openipu.popart.optimizer import ConstSGD, Optimizer, OptimizerValue, SGD, SGDAccumulatorAndMomentum
+from openipu.popart.session import InferenceSession, TrainingSession
 from openipu.popart.stepio import PyStepIO, PyStepIOCallback, PyWeightsIO
 from openipu.popart.tensorinfo import DataType, TensorInfo
 

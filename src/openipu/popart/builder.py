@@ -300,6 +300,21 @@ class AiGraphcoreOpset1:
         return self._op("IdentityLoss", args, {"reduction": _REDUCTION[str(reduction).split(".")[-1]]},
                         debugContext)[0]
 
+    def nllloss(self, args, reduction="Mean", ignoreIndex=None, inputIsLogProbability=False,  # noqa: N803
+                debugContext=""):  # noqa: N803
+        """Negative log-likelihood of ``args = [probs, label]`` (probs ``[..., C]`` float, label
+        ``[...]`` int); a scalar unless ``reduction`` is ``NoReduction``."""
+        attrs = {"reduction": _REDUCTION[str(reduction).split(".")[-1]],
+                 "inputIsLogProbability": int(bool(inputIsLogProbability))}
+        if ignoreIndex is not None:
+            attrs["ignoreIndex"] = int(ignoreIndex)
+        return self._op("Nll", args, attrs, debugContext)[0]
+
+    def l1loss(self, args, lambda_, reduction="Mean", debugContext=""):  # noqa: N803
+        """``lambda_ * |x|`` reduced (``args = [x]``)."""
+        return self._op("L1", args, {"lambda": float(lambda_), "reduction": _REDUCTION[str(reduction).split(".")[-1]]},
+                        debugContext)[0]
+
     def reshape(self, args, shape, debugContext=""):  # noqa: N803
         return self._op("Reshape", args, {"shape": [int(s) for s in shape]}, debugContext)[0]
 

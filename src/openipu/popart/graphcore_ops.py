@@ -81,6 +81,41 @@ def identity_loss(inputs, attrs, opset):
     return [x.sum() if red == 0 else x.mean() if red == 1 else x.clone()]
 
 
+def _reduce(x, red: int):
+    """PopART's ReductionType (C++ order): Sum 0, Mean 1, NoReduction 2."""
+    return x.sum() if red == 0 else x.mean() if red == 1 else x
+
+
+@_gc("Nll", flops=lambda i, o, a: 2.0 * math.prod(i[1]))
+def nll(inputs, attrs, opset):
+    """``-log(probs[label])`` per sample (``-probs[label]`` when ``inputIsLogProbability``),
+    reduced; probs ``[..., C]``, label ``[...]`` (integers). Rows whose label is ``ignoreIndex``
+    count 0 and, for Mean, are left out of the count (as PyTorch's NLLLoss)."""
+    p, label = inputs
+    c = p.shape[-1]
+    p2, lab = p.float().reshape(-1, c), label.reshape(-1).long()
+    keep = torch.ones_like(lab, dtype=torch.bool)
+    if attrs.get("ignoreIndex") is not None:
+        keep = lab != int(attrs["ignoreIndex"])
+    picked = p2[torch.arange(p2.shape[0]), lab.clamp(0, c - 1)]
+    per = -picked if attrs.get("inputIsLogProbability", 0) else -torch.log(picked)
+    per = torch.where(keep, per, torch.zeros(()))
+    red = int(attrs.get("reduction", 1))
+    if red == 1:
+        out = per.sum() / max(int(keep.sum()), 1)
+    else:
+        out = _reduce(per, red).reshape(label.shape) if red == 2 else per.sum()
+    return [out.to(p.dtype)]
+
+
+@_gc("L1", flops=lambda i, o, a: 2.0 * math.prod(i[0]))
+def l1(inputs, attrs, opset):
+    """``lambda * |x|``, reduced (PopART's ``l1loss``)."""
+    x = inputs[0]
+    return [(_reduce(torch.abs(x.float()), int(attrs.get("reduction", 1))) * float(attrs.get("lambda", 1.0)))
+            .to(x.dtype)]
+
+
 @_gc("Reshape")
 def reshape(inputs, attrs, opset):
     return [inputs[0].reshape([int(s) for s in attrs["shape"]])]

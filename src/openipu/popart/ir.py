@@ -146,6 +146,10 @@ class IrOp:
     vgraph: int | None = None
     pipeline_stage: int | None = None
     lowering: str = ""
+    #: inputs the op writes in place (PopART's ``Op::modifies``: the weight update ops)
+    modifies: tuple = ()
+    #: the forward op a gradient op differentiates (it takes that op's placement)
+    grad_of: "IrOp | None" = None
 
     @property
     def opid(self) -> str:
@@ -209,8 +213,9 @@ class Ir:
     Raises ``popart_exception`` with PopART's messages (see module docstring).
     """
 
-    def __init__(self, model, data_flow, input_shape_info, options, num_vgraphs: int = 1):
+    def __init__(self, model, data_flow, input_shape_info, options, num_vgraphs: int = 1, training=None):
         self.model = _load_model(model)
+        self.training = training        # {"loss", "optimizer", "patterns"} for a TrainingSession
         # the weights: read out of the proto once; a proto parsed here gives up its copy
         self.weights = _take_weights(self.model, owned=self.model is not model)
         self.data_flow = data_flow
@@ -223,10 +228,17 @@ class Ir:
         self.onnx_tensor_ids: set[str] = set()
         self.opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): int(o.version)
                        for o in self.model.opset_import}
+        self.optimizer_tensors: set[str] = set()    # non-const optimizer scalars (optimizerFromHost)
+        self.optimizer_state: set[str] = set()      # velocities, accumulators (Variables)
+        self.updated: dict[str, str] = {}           # UpdatedVar___w -> w
+        self.grad_alias: dict[str, str] = {}        # Gradient___x -> the tensor holding it
+        self.weight_grads: dict[str, str] = {}
         self._check_model()
         self._fix_inputs(input_shape_info)
         inferred = self._infer()
         self._build(inferred)
+        if training is not None:
+            self._construct_backwards()
         self._validate_anchors()
         self._prune()
         self._virtual_graphs()
@@ -291,14 +303,56 @@ class Ir:
         self.tensors[tid] = t
         return t
 
+    # -- growing the IR (autodiff, optimizer) ---------------------------------------------
+    def unique_id(self, base: str) -> str:
+        """``base``, or ``base`` with the first free ``__<n>`` suffix."""
+        if base not in self.tensors:
+            return base
+        n = 1
+        while f"{base}__{n}" in self.tensors:
+            n += 1
+        return f"{base}__{n}"
+
+    def add_const(self, base: str, value: np.ndarray) -> str:
+        """A new Const tensor holding ``value`` (numpy); returns its id."""
+        value = np.asarray(value)
+        tid = self.unique_id(base)
+        self._add_tensor(tid, dtype_name(value.dtype), list(value.shape), "Const", value)
+        return tid
+
+    def add_op(self, op_type: str, inputs: list, outputs: list, attrs: dict | None = None, *, domain: str = "",
+               opset: int | None = None, name: str = "", like: "IrOp | None" = None, modifies: tuple = ()) -> IrOp:
+        """Append an op made by a transform. ``outputs``: ``(id, dtype name, shape)`` each (ids
+        made unique); ``like``: the forward op whose placement annotations it takes. Returns the
+        op (its ``outputs`` are the ids given)."""
+        a = dict(attrs or {})
+        a["__num_outputs__"] = len(outputs)
+        a["__node__"] = name or f"{op_type}_{len(self.ops)}"
+        if opset is None:
+            opset = self.opsets.get(domain, 1) if domain else max(self.opsets.get("", 11), 11)
+        op = IrOp(len(self.ops), op_type, domain, opset, a["__node__"], list(inputs), [], a,
+                  dict(like.annotations) if like is not None else {}, modifies=tuple(modifies))
+        for tid, dtype, shape in outputs:
+            tid = self.unique_id(tid)
+            self._add_tensor(tid, dtype, list(shape), "ActGrad", producer=op)
+            op.outputs.append(tid)
+        for x in inputs:
+            if x:
+                self.tensors[x].consumers.append(op)
+        self.ops.append(op)
+        return op
+
     def _build(self, inferred: dict):
         g = self.model.graph
-        const_weights = bool(self.options.constantWeights)
+        const_weights = bool(self.options.constantWeights) and self.training is None
         for init in g.initializer:
             arr = self.weights[init.name] if init.name in self.weights else np.array(numpy_helper.to_array(init))
             self.onnx_tensor_ids.add(init.name)
-            self._add_tensor(init.name, dtype_name(init.data_type), arr.shape,
-                             "Const" if const_weights else "Variable", arr)
+            dtype = dtype_name(init.data_type)
+            # training: float initializers are the (trainable) weights; integer ones stay
+            # constants so that shapes and indices still fold
+            variable = not const_weights and (self.training is None or dtype in ("FLOAT", "FLOAT16"))
+            self._add_tensor(init.name, dtype, arr.shape, "Variable" if variable else "Const", arr)
         for vi in g.input:
             self.onnx_tensor_ids.add(vi.name)
             if vi.name in self.tensors:
@@ -478,13 +532,36 @@ class Ir:
             # (np.ascontiguousarray would turn a 0-d scalar into shape [1])
             self._add_tensor(o, dtype, list(arr.shape), "Const", np.ascontiguousarray(arr).reshape(arr.shape))
 
+    # -- training ---------------------------------------------------------------------------
+    def _construct_backwards(self):
+        """``setFinalLoss``, autodiff and the optimizer's update ops (PopART's order)."""
+        from openipu.popart.transforms import autodiff, optimizer
+        loss, opt = self.training["loss"], self.training["optimizer"]
+        if loss not in self.tensors:
+            raise popart_exception(f"Could not find loss tensor '{loss}' in main graph tensors")
+        if self.tensors[loss].info.nelms() != 1 or self.tensors[loss].info.rank() > 1:
+            raise popart_exception(f"Loss tensor, '{loss}', must be a scalar tensor")
+        if self.tensors[loss].info.data_type() not in autodiff.FLOATS:
+            raise popart_exception(f"Loss tensor, '{loss}', must be a float tensor, not "
+                                   f"{self.tensors[loss].info.data_type()}")
+        af = float(self.options.accumulation_factor()) \
+            if str(self.options.accumulationAndReplicationReductionType).endswith("Mean") else 1.0
+        rf = float(self.options.replication_factor())
+        seed = optimizer.loss_scaling_seed(self, opt, loss)
+        self.weight_grads = autodiff.grow(self, loss, seed, self.training.get("patterns"))
+        optimizer.apply(self, opt, self.weight_grads, af, rf)
+
     # -- 5 --------------------------------------------------------------------------------
     def _validate_anchors(self):
         anchors = self.data_flow.anchors()
-        if not anchors:
+        if not anchors and self.training is None:
             raise popart_exception("User must specify an anchor tensor when doing inference.")
         self.anchor_alias: dict[str, str] = {}
         for a in anchors:
+            if a not in self.tensors and a in self.grad_alias:
+                self.anchor_alias[a] = self.grad_alias[a]
+                self.tensors[a] = self.tensors[self.grad_alias[a]]
+                continue
             named = [n for n in self.model.graph.node if n.name == a and n.output and n.output[0] in self.tensors]
             if a not in self.tensors and len(named) == 1:
                 # openipu extension: an anchor naming a node (a Builder op's debugContext) stands for
@@ -505,9 +582,11 @@ class Ir:
 
     def _prune(self):
         needed = {self.anchor_alias.get(a, a) for a in self.data_flow.anchors()}
+        if self.training is not None:
+            needed.add(self.training["loss"])
         keep = []
         for op in reversed(self.ops):
-            if any(o in needed for o in op.outputs):
+            if op.modifies or any(o in needed for o in op.outputs):
                 keep.append(op)
                 needed.update(x for x in op.inputs if x)
         keep.reverse()
@@ -564,14 +643,18 @@ class Ir:
             raise popart_exception(f"virtualGraphSplitRatios has {len(ratios)} entries but there are {n} virtual "
                                    "graphs. Give one ratio per IPU, or leave it empty")
         ratios = np.asarray(ratios or [1.0] * n, np.float64)
-        cost = np.zeros(len(self.ops))
-        for i, op in enumerate(self.ops):
+        fwd = [op for op in self.ops if op.grad_of is None and not op.modifies]
+        cost = np.zeros(len(fwd))
+        for i, op in enumerate(fwd):
             w = sum(self.tensors[x].info.nbytes() for x in op.inputs if x and self.tensors[x].kind in ("Const", "Variable"))
             cost[i] = w + sum(self.tensors[x].info.nbytes() for x in op.outputs if x in self.tensors)
         cum = np.cumsum(cost) - cost / 2
         bounds = np.cumsum(ratios / ratios.sum())[:-1] * (cost.sum() or 1.0)
-        for op, vg in zip(self.ops, np.searchsorted(bounds, cum, side="right")):
+        for op, vg in zip(fwd, np.searchsorted(bounds, cum, side="right")):
             op.vgraph = int(min(vg, n - 1))
+        for op in self.ops:         # gradient and update ops run where their forward op does
+            if op.grad_of is not None:
+                op.vgraph = op.grad_of.vgraph
 
     # -- queries --------------------------------------------------------------------------
     def home_vgraph(self, tid: str) -> int:
@@ -591,4 +674,6 @@ class Ir:
         return self.tensors[tid].info
 
     def variables(self) -> list[str]:
-        return [t.id for t in self.tensors.values() if t.kind == "Variable"]
+        """The device variables the host holds copies of (weights and optimizer state), not the
+        optimizer scalars (those are ``optimizer_tensors``)."""
+        return [t.id for t in self.tensors.values() if t.kind == "Variable" and t.id not in self.optimizer_tensors]

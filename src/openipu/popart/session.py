@@ -42,9 +42,12 @@ def _progress_bar(total: int):
 
 
 class _SessionBase:
-    def __init__(self, fnModel, dataFlow, deviceInfo, inputShapeInfo, patterns, userOptions, name):  # noqa: N803
+    _KIND = "InferenceSession"
+
+    def __init__(self, fnModel, dataFlow, deviceInfo, inputShapeInfo, patterns, userOptions, name,  # noqa: N803
+                 training=None):
         if deviceInfo is None or not isinstance(deviceInfo, DeviceInfo):
-            raise popart_exception("Must pass a valid deviceInfo to InferenceSession::createFromOnnxModel")
+            raise popart_exception(f"Must pass a valid deviceInfo to {self._KIND}::createFromOnnxModel")
         if not isinstance(dataFlow, DataFlow):
             raise popart_exception("dataFlow must be a popart.DataFlow")
         self.options = userOptions if userOptions is not None else SessionOptions()
@@ -59,7 +62,7 @@ class _SessionBase:
         if not o.enableGradientAccumulation and int(o.accumulationFactor) > 1:
             raise popart_exception("enableGradientAccumulation is false, but accumulationFactor > 1. Either enable "
                                    "gradient accumulation, or set the accumulation factor to 1")
-        if o.enableGradientAccumulation:
+        if o.enableGradientAccumulation and training is None:
             raise popart_exception("Gradient Accumulation only available when training.")
         n_ipus = deviceInfo.numIpus
         repl = o.replication_factor()
@@ -71,7 +74,7 @@ class _SessionBase:
             raise popart_exception(f"If virtual graphs are disabled, the replicated graph count ({repl}) needs to be "
                                    f"equal to the number of IPUs ({n_ipus})")
         self._num_vgraphs = n_ipus // repl if o.virtualGraphMode in (VirtualGraphMode.Manual, VirtualGraphMode.Auto) else 1
-        self._ir = Ir(fnModel, dataFlow, inputShapeInfo, o, self._num_vgraphs)
+        self._ir = Ir(fnModel, dataFlow, inputShapeInfo, o, self._num_vgraphs, training=training)
         self._engine = None
         self._lowered = None
         self._host_weights = {tid: np.require(self._ir.tensors[tid].value, requirements=["C", "W"]) for tid in self._ir.variables()}
@@ -469,3 +472,107 @@ class InferenceSession(_SessionBase):
     def checkInplacingAmbiguity(self) -> None:  # noqa: N802
         pass
 
+
+
+class TrainingSession(_SessionBase):
+    """``popart.TrainingSession(fnModel, dataFlow, loss, optimizer, deviceInfo,
+    inputShapeInfo=InputShapeInfo(), patterns=None, userOptions=SessionOptions(), name="training")``.
+
+    ``loss``: the id of a scalar float tensor (a loss op's output, e.g. ``aiGraphcore.nllloss``);
+    ``optimizer``: :class:`popart.SGD` / :class:`popart.ConstSGD`. The constructor builds the
+    forward IR, the backward ops (:mod:`openipu.popart.transforms.autodiff`) and one update per
+    trainable weight (every float initializer with a path to the loss); each ``run`` runs
+    ``batchesPerStep`` forward, backward and update passes. Weight gradients are anchorable as
+    ``Gradient___<weight>``.
+
+    Raises ``popart_exception``: "Could not find loss tensor '...' in main graph tensors", "Loss
+    tensor, '...', must be a scalar tensor", an op without a gradient on a weight's path to the
+    loss, and the InferenceSession's errors.
+    """
+
+    _KIND = "TrainingSession"
+
+    def __init__(self, fnModel, dataFlow=None, loss=None, optimizer=None, deviceInfo=None,  # noqa: N803
+                 inputShapeInfo=None, patterns=None, userOptions=None, name: str = "training",  # noqa: N803
+                 dataFeed=None, losses=None):
+        from openipu.popart.optimizer import Optimizer
+        if dataFlow is None and dataFeed is not None:
+            dataFlow = dataFeed
+        if losses is not None:
+            raise popart_exception("TrainingSession takes loss=<tensor id> (the `losses` list was removed in PopART "
+                                   "1.2): build the loss with builder.aiGraphcore.nllloss / l1loss / identityloss")
+        if not isinstance(loss, str):
+            raise popart_exception(f"TrainingSession needs loss=<tensor id> (a str), got {type(loss).__name__}")
+        if not isinstance(optimizer, Optimizer):
+            raise popart_exception("TrainingSession needs an optimizer (popart.ConstSGD, popart.SGD), got "
+                                   f"{type(optimizer).__name__}")
+        self._optimizer = optimizer
+        self._weights_sent = False
+        o = userOptions if userOptions is not None else SessionOptions()
+        unsupported = [what for what, on in (
+            ("gradient accumulation", o.enableGradientAccumulation and int(o.accumulationFactor) > 1),
+            ("graph replication", o.enableReplicatedGraphs and int(o.replicatedGraphCount) > 1),
+            ("pipelining", bool(o.enablePipelining)),
+            ("automatic recomputation", not str(o.autoRecomputation).endswith("NoRecompute"))) if on]
+        if unsupported:
+            raise popart_exception(f"openipu does not support {', '.join(unsupported)} in a TrainingSession yet: "
+                                   "turn it off in SessionOptions")
+        super().__init__(fnModel, dataFlow, deviceInfo, inputShapeInfo, patterns, userOptions, name,
+                         training={"loss": loss, "optimizer": optimizer, "patterns": patterns})
+
+    def getTensorIds(self) -> set:  # noqa: N802
+        return set(self._ir.tensors)
+
+    def _check_writable_weights(self, what: str):
+        pass        # a training session's weights are always device variables
+
+    def getIr(self):  # noqa: N802
+        return self._ir
+
+    def weightsFromHost(self) -> None:  # noqa: N802
+        super().weightsFromHost()
+        self._send_optimizer()
+        self._weights_sent = True
+
+    def run(self, stepio, debugName: str = "") -> None:  # noqa: N803
+        """One step: ``batchesPerStep`` forward, backward and weight-update passes. Raises
+        "Must call weightsFromHost before run ..." when the weights were never sent."""
+        self._check_runnable()
+        if not self._weights_sent and self._host_weights:
+            raise popart_exception("Must call weightsFromHost before run as the model has initializers and the "
+                                   "session has been created in training mode")
+        super().run(stepio, debugName)
+
+    def _scalars(self, opt) -> dict:
+        from openipu.popart.transforms.optimizer import scalar_values
+        af = float(self.options.accumulation_factor()) \
+            if str(self.options.accumulationAndReplicationReductionType).endswith("Mean") else 1.0
+        vals = scalar_values(opt, list(self._ir.weight_grads), af, float(self.replicationFactor))
+        loss = self._ir.training["loss"]
+        ls = f"lossScaling_{self._ir.tensors[loss].info.data_type()}"
+        if ls in self._ir.optimizer_tensors:
+            vals[ls] = opt.lossScaling().val()
+        return vals
+
+    def _send_optimizer(self):
+        low = self._lowered
+        if not low.optimizer_in:
+            return
+        bufs = {}
+        for tid, val in self._scalars(self._optimizer).items():
+            if tid in low.optimizer_in:
+                info = self._ir.tensors[tid].info
+                bufs[tid] = np.full(max(info.nelms(), 1), val, info.numpy_dtype())
+                self._engine.connectStream(low.optimizer_in[tid], bufs[tid])
+        self._engine.run(3, "optimizerFromHost")
+
+    def updateOptimizerFromHost(self, optimizer) -> None:  # noqa: N802
+        """Replace the optimizer's non-const values (learning rate, momentum, ...) on the device.
+        Raises ``popart_exception`` when ``optimizer`` is not compatible (another type, or a const
+        value changed: "Values are constant but do not match.")."""
+        self._optimizer.check_compatible(optimizer)
+        self._optimizer = optimizer
+        for tid, val in self._scalars(optimizer).items():
+            self._ir.tensors[tid].value = np.asarray(val, self._ir.tensors[tid].info.numpy_dtype())
+        if self._engine is not None and self._engine._storage is not None:
+            self._send_optimizer()

@@ -267,6 +267,39 @@ def host_offsets(sizes: np.ndarray, first: np.ndarray, last: np.ndarray, shared:
     return off, max(base + peak, 1)
 
 
+#: cells of the (half-step x tile) table in which per-tile peaks are found at once (128 MB of
+#: float64); a longer program is done in blocks of tiles
+PEAK_TABLE_CELLS = 1 << 24
+
+
+def _add_events(tiles: list, steps: list, nbytes: list, tl, alloc, free, nb) -> None:
+    """Record an allocation of ``nb`` bytes on tiles ``tl`` at half-steps ``alloc`` and its free
+    at ``free`` (compact dtypes: the event lists of a large model hold tens of millions)."""
+    tl = np.asarray(tl, np.int32)
+    tiles += [tl, tl]
+    steps += [np.asarray(alloc, np.int32), np.asarray(free, np.int32)]
+    nb = np.asarray(nb, np.float32)
+    nbytes += [nb, -nb]
+
+
+def _tile_peaks(et, es, eb, T: int, H: int):
+    """Per tile, the peak over half-steps of its live bytes (allocations at odd half-steps, frees
+    at even ones), from events (tile, half-step, +/- bytes); and the byte change per half-step.
+    The events of one (tile, half-step) all have one sign, so the peak at half-step granularity
+    is the peak of the running sum. Tiles are taken in blocks so that the dense table stays
+    within :data:`PEAK_TABLE_CELLS`."""
+    peak = np.zeros(T)
+    block = max(1, PEAK_TABLE_CELLS // H)
+    for lo in range(0, T, block):
+        hi = min(T, lo + block)
+        m = slice(None) if (lo, hi) == (0, T) else (et >= lo) & (et < hi)
+        table = np.zeros((H, hi - lo))
+        np.add.at(table, (es[m], et[m] - lo), eb[m])
+        np.cumsum(table, axis=0, out=table)
+        peak[lo:hi] = np.maximum(table.max(axis=0), 0)
+    return peak, np.bincount(es, weights=eb, minlength=H)
+
+
 def plan_memory(comp, prog_ranges) -> MemoryPlan:
     """Plan the memory of a compiled graph (``comp`` is the engine's compiler)."""
     st, spec = comp.state, comp.spec
@@ -344,37 +377,21 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
             run = g[owner]
             si = seg_at[v[run]] + j
             sa, se = s0[si], s1[si]
-            events_tile += [tl[run], tl[run]]
-            events_step += [sa * 2 + 1, se * 2 + 2]                    # alloc before use, free after
-            events_bytes += [nb[run], -nb[run]]
+            _add_events(events_tile, events_step, events_bytes, tl[run], sa * 2 + 1, se * 2 + 2, nb[run])
             for fid, a, _ in comp.calls:
                 k = loc & (lf[v] == fid)
                 if k.any():
-                    events_tile += [tl[k], tl[k]]
-                    events_step += [(a + lo_rel[v[k]]) * 2 + 1, (a + hi_rel[v[k]]) * 2 + 2]
-                    events_bytes += [nb[k], -nb[k]]
+                    _add_events(events_tile, events_step, events_bytes, tl[k], (a + lo_rel[v[k]]) * 2 + 1,
+                                (a + hi_rel[v[k]]) * 2 + 2, nb[k])
     # operands exchanged into a compute set live in receive buffers for that step only
     for s_idx, recv in comp.recv_buffers.items():
         tl = np.flatnonzero(recv)
-        events_tile += [tl, tl]
-        events_step += [np.full(tl.size, s_idx * 2 + 1), np.full(tl.size, s_idx * 2 + 2)]
-        events_bytes += [recv[tl], -recv[tl]]
+        _add_events(events_tile, events_step, events_bytes, tl, np.full(tl.size, s_idx * 2 + 1),
+                    np.full(tl.size, s_idx * 2 + 2), recv[tl])
     if events_tile:
-        et = np.concatenate(events_tile)
-        es = np.concatenate(events_step)
-        eb = np.concatenate(events_bytes)
-        # by tile, then half-step: allocations sit at odd half-steps and frees at even ones, so
-        # the events of one (tile, half-step) all have one sign and their order does not change
-        # the running peak
-        order = np.argsort(et.astype(np.int64) * (2 * nsteps + 3) + es)
-        et, es, eb = et[order], es[order], eb[order]
-        csum = np.cumsum(eb)
-        grp_start = np.flatnonzero(np.r_[True, et[1:] != et[:-1]])
-        base = np.repeat(np.r_[0.0, csum[grp_start[1:] - 1]], np.diff(np.r_[grp_start, et.size]))
-        running = csum - base
-        peak = np.maximum.reduceat(running, grp_start)
-        nal_peak[et[grp_start]] = np.maximum(peak, 0)
-        step_delta = np.bincount(es, weights=eb, minlength=2 * nsteps + 3)
+        H = 2 * nsteps + 3
+        nal_peak, step_delta = _tile_peaks(np.concatenate(events_tile), np.concatenate(events_step),
+                                           np.concatenate(events_bytes), T, H)
         live_by_half = np.cumsum(step_delta)
         liveness = live_by_half[1:2 * nsteps + 1:2] if nsteps else liveness
     variables = always + nal_peak

@@ -20,6 +20,10 @@ predicate (e.g. integer division). Every other op with a host kernel goes throug
 - :mod:`.variadic`: Sum, Mean -> one fused ``popops.map``;
 - :mod:`.views`: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Identity, Dropout (inference),
   Concat -> Poplar tensor views (PopART's in-place variants);
+- :mod:`.varupdate`: the weight update ops of training (SGD0VarUpdate, SGD1*) -> ``popops``
+  scaled adds in place;
+- :mod:`.grad`: the ``ai.graphcore`` gradient ops with a PopLibs form (non-linearity gradients ->
+  ``popnn.nonLinearityInputGradient``; ConvDataGrad / ConvWeightsGrad -> ``poplin``);
 - :mod:`.generic`: everything else with an onnx_ops kernel;
 - :mod:`.program`: the session programs (host streams, ``Repeat(batchesPerStep)``, anchor copies
   by return type, weight transfers, inter-IPU copies via :class:`.context.LoweringContext`).
@@ -34,7 +38,7 @@ import importlib
 
 _PRECISE: dict[tuple[str, str], list] = {}
 _MODULES = ("elementwise", "matmul", "unary", "compare", "variadic", "views", "pooling", "norm", "softmax",
-            "reduce", "gather", "conv")
+            "reduce", "gather", "conv", "varupdate", "grad")
 _LOADED = False
 
 

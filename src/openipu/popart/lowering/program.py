@@ -12,8 +12,10 @@ Engine programs:
    - FINAL: copied once after the loop (the device tensor then holds the last batch);
    - SUM: an accumulator zeroed before the loop, ``acc += t`` each batch (``popops.add``), copied
      after the loop.
-1. weightsFromHost: host -> device copies of every variable (``constantWeights=False``);
-2. weightsToHost: device -> host copies of every variable.
+1. weightsFromHost: host -> device copies of every variable (``constantWeights=False``, and the
+   weights and optimizer state of a training session);
+2. weightsToHost: device -> host copies of every variable;
+3. optimizerFromHost: host -> device copies of the non-const optimizer scalars (training).
 
 Stream handles: ``h2d:<id>`` inputs and weights in, ``d2h:<id>`` anchors and weights out. Inputs and
 anchors with no elements get no stream (their handle is ``None``): there is nothing to transfer.
@@ -55,6 +57,7 @@ class Lowered:
         self.anchors: dict[str, str] = {}      # anchor id -> stream handle
         self.weights_in: dict[str, str] = {}
         self.weights_out: dict[str, str] = {}
+        self.optimizer_in: dict[str, str] = {}   # non-const optimizer scalars (training)
         self.kinds: dict[int, str] = {}        # op id -> "precise" | "generic"
         self.in_place: dict[int, int] = {}     # op id -> the input its output overwrites (InPlace)
 
@@ -197,6 +200,11 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
                 poputil.mapTensorLinearly(g, dev)
             g.setInitialValue(dev, np.asarray(t.value))
             hi, ho = f"h2d:{tid}", f"d2h:{tid}"
+            if tid in ir.optimizer_tensors:     # a non-const optimizer scalar: optimizerFromHost
+                out.optimizer_in[tid] = hi
+                graph.addHostToDeviceFIFO(hi, ptype, t.info.nelms(), "BROADCAST")
+                ctx.set(tid, vg, dev)
+                continue
             out.weights_in[tid] = hi
             out.weights_out[tid] = ho
             graph.addHostToDeviceFIFO(hi, ptype, t.info.nelms(), "BROADCAST")
@@ -272,6 +280,8 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
                       for tid, h in out.weights_in.items()], name="weightsFromHost")
     wth = P.Sequence([P.Copy(ctx.get(tid, ctx._home[tid]), graph._state.streams[h])
                       for tid, h in out.weights_out.items()], name="weightsToHost")
-    out.programs = [step, wfh, wth]
+    ofh = P.Sequence([P.Copy(graph._state.streams[h], ctx.get(tid, ctx._home[tid]))
+                      for tid, h in out.optimizer_in.items()], name="optimizerFromHost")
+    out.programs = [step, wfh, wth, ofh]
     out.in_place = ctx.in_place
     return out

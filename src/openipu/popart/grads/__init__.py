@@ -1,0 +1,163 @@
+"""Gradient rules of the IR ops (PopART's ``Op::getGradOps`` and the ``*GradOp`` patterns that
+rewrite grad ops into ordinary ones), one op family per module:
+
+- :mod:`.elementwise`: Add, Sub, Mul, Div, Neg, Pow, Sqrt, Exp, Log, Abs, Reciprocal, Sum, Mean,
+  Cast, Identity, Dropout (inference), Where;
+- :mod:`.matmul`: MatMul, Gemm -> MatMul / Transpose (PopART's ``MatMulLhsGradOp`` /
+  ``MatMulRhsGradOp`` patterns);
+- :mod:`.unary`: Relu, Sigmoid, Tanh, Gelu, GeluErf, LeakyRelu -> ``*Grad`` ops
+  (``popnn::nonLinearityInputGradient``);
+- :mod:`.softmax`: Softmax, LogSoftmax -> ``SoftmaxGrad`` / ``LogSoftmaxGrad``;
+- :mod:`.views`: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat, Slice;
+- :mod:`.reduce`: ReduceSum, ReduceMean -> Expand;
+- :mod:`.conv`: Conv -> ``ConvDataGrad`` / ``ConvWeightsGrad`` (``poplin`` input-gradient and
+  weight-delta convolutions) and a ReduceSum for the bias;
+- :mod:`.pooling`: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool;
+- :mod:`.gather`: Gather -> ``GatherGrad`` (a scatter-add into the table's shape);
+- :mod:`.loss`: Nll, L1, IdentityLoss (``ai.graphcore``).
+
+A rule is ``fn(g: GradContext, op) -> list`` (one gradient tensor id, or None, per op input). It
+reads the gradients of the op's outputs with ``g.gy(k)`` and adds ops with ``g.add`` (ordinary
+ONNX ops wherever they express the gradient, so they are lowered and costed like forward ops;
+``ai.graphcore`` ``*Grad`` ops, whose host kernels are in :mod:`openipu.popart.onnx_ops.grad`,
+otherwise). Ops with no rule have no gradient: PopART's error names them when a weight's
+gradient would have to pass through one.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+from openipu.popart.tensorinfo import NUMPY_OF
+
+GRAPHCORE = "ai.graphcore"
+_RULES: dict[tuple[str, str], object] = {}
+_MODULES = ("elementwise", "matmul", "unary", "softmax", "views", "reduce", "conv", "pooling", "gather", "loss")
+_LOADED = False
+
+
+def grad_rule(*op_types: str, domain: str = ""):
+    """Register ``fn(g, op)`` as the gradient rule of ``op_types`` in ``domain``."""
+    def reg(fn):
+        for t in op_types:
+            _RULES[(domain, t)] = fn
+        return fn
+    return reg
+
+
+def find_rule(op):
+    """The gradient rule of ``op``, or None."""
+    global _LOADED
+    if not _LOADED:
+        for m in _MODULES:
+            importlib.import_module(f"{__name__}.{m}")
+        _LOADED = True
+    return _RULES.get((op.domain, op.op_type))
+
+
+class GradContext:
+    """What a rule sees: the IR, the op being differentiated, its output gradients, and which of
+    its inputs need a gradient. ``add`` appends ops placed like the forward op."""
+
+    def __init__(self, ir, op, out_grads: list, needs: list):
+        self.ir, self.op = ir, op
+        self.tag = op.name or op.attrs.get("__node__") or f"{op.op_type}_{op.id}"
+        self._gy = out_grads
+        self._needs = needs
+
+    # -- reading --------------------------------------------------------------------------
+    def gy(self, k: int = 0) -> str | None:
+        """Id of the gradient of output ``k`` (None when no gradient reaches it)."""
+        return self._gy[k] if k < len(self._gy) else None
+
+    def needs(self, i: int) -> bool:
+        """Whether input ``i`` needs a gradient."""
+        return i < len(self._needs) and self._needs[i]
+
+    def x(self, i: int) -> str:
+        return self.op.inputs[i] if i < len(self.op.inputs) else ""
+
+    def y(self, k: int = 0) -> str:
+        return self.op.outputs[k]
+
+    def shape(self, tid: str) -> list[int]:
+        return list(self.ir.tensors[tid].info.shape())
+
+    def dtype(self, tid: str) -> str:
+        return self.ir.tensors[tid].info.data_type()
+
+    def const_value(self, tid: str):
+        """The value of a Const input (numpy), or None."""
+        t = self.ir.tensors.get(tid) if tid else None
+        return None if t is None or t.kind != "Const" else np.asarray(t.value)
+
+    # -- adding ---------------------------------------------------------------------------
+    def add(self, op_type: str, inputs: list, shape=None, dtype: str | None = None, attrs: dict | None = None,
+            domain: str = "", opset: int | None = None, n_out: int = 1):
+        """Append an op; its output (or outputs, ``n_out`` > 1) has ``shape`` and ``dtype``
+        (default: the first input's). Returns the output id (or list of ids)."""
+        first = inputs[0]
+        shape = self.shape(first) if shape is None else list(shape)
+        dtype = dtype or self.dtype(first)
+        base = f"{op_type}Grad:{self.tag}" if domain != GRAPHCORE else f"{op_type}:{self.tag}"
+        op = self.ir.add_op(op_type, inputs, [(f"{base}", dtype, shape)] * n_out, attrs, domain=domain,
+                            opset=opset, name=f"{op_type}/{self.tag}", like=self.op)
+        op.grad_of = self.op
+        return op.outputs[0] if n_out == 1 else op.outputs
+
+    def const(self, value, like: str, name: str = "const") -> str:
+        """A scalar (or array) Const of ``like``'s dtype."""
+        arr = np.asarray(value, dtype=NUMPY_OF[self.dtype(like)])
+        return self.ir.add_const(f"{name}:{self.tag}", arr)
+
+    def int64s(self, values, name: str = "shape") -> str:
+        return self.ir.add_const(f"{name}:{self.tag}", np.asarray(list(values), np.int64))
+
+    def scale(self, t: str, factor: float) -> str:
+        """``t * factor`` (``t`` itself when ``factor`` is 1)."""
+        if factor == 1.0:
+            return t
+        return self.add("Mul", [t, self.const(factor, t, "scale")])
+
+    def neg(self, t: str) -> str:
+        return self.add("Neg", [t])
+
+    def reshape(self, t: str, shape) -> str:
+        if self.shape(t) == list(shape):
+            return t
+        return self.add("Reshape", [t, self.int64s(shape)], shape=shape, opset=5)
+
+    def transpose(self, t: str, perm) -> str:
+        s = self.shape(t)
+        return self.add("Transpose", [t], shape=[s[p] for p in perm], attrs={"perm": list(perm)})
+
+    def reduce_sum(self, t: str, axes, keepdims: bool) -> str:
+        s = self.shape(t)
+        axes = sorted(a % len(s) for a in axes)
+        out = [1 if d in axes else n for d, n in enumerate(s)] if keepdims else [n for d, n in enumerate(s)
+                                                                                  if d not in axes]
+        return self.add("ReduceSum", [t], shape=out, attrs={"axes": axes, "keepdims": int(keepdims)}, opset=11)
+
+    def expand(self, t: str, shape) -> str:
+        if self.shape(t) == list(shape):
+            return t
+        return self.add("Expand", [t, self.int64s(shape)], shape=shape, opset=8)
+
+    def unbroadcast(self, t: str, shape) -> str:
+        """Sum ``t`` over the dimensions numpy broadcasting added or stretched to reach its shape
+        from ``shape`` (PopART's ``ReduceSumToShape``); then reshape to ``shape``."""
+        s, shape = self.shape(t), list(shape)
+        if s == shape:
+            return t
+        lead = len(s) - len(shape)
+        axes = list(range(lead)) + [lead + d for d, n in enumerate(shape) if n == 1 and s[lead + d] != 1]
+        r = self.reduce_sum(t, axes, keepdims=True) if axes else t
+        return self.reshape(r, shape)
+
+    def cast(self, t: str, dtype: str) -> str:
+        if self.dtype(t) == dtype:
+            return t
+        from openipu.popart.tensorinfo import TensorInfo
+        return self.add("Cast", [t], dtype=dtype, attrs={"to": TensorInfo(dtype, [1]).onnx_type()}, opset=13)

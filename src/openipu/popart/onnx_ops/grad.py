@@ -1,0 +1,209 @@
+"""Host kernels of the ``ai.graphcore`` gradient ops that autodiff adds (:mod:`openipu.popart.grads`).
+
+Element types follow the forward op's. The convolution and pooling gradients are the
+vector-Jacobian products of the forward kernels (``torch.func.vjp`` of this package's Conv /
+MaxPool / AveragePool kernels), so their padding, stride, dilation and ceil rules are exactly the
+forward ones. ``reduction`` attributes use PopART's C++ ``ReductionType`` order (Sum 0, Mean 1,
+NoReduction 2).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from openipu.popart.onnx_ops import get_kernel, onnx_op
+from openipu.popart.onnx_ops._common import numel
+
+GC = "ai.graphcore"
+
+
+def _elementwise_flops(k):
+    return lambda i, o, a: float(k * numel(o[0]))
+
+
+def _vjp(op_type: str, inputs: list, attrs: dict, opset: int, wrt: int, gy: torch.Tensor) -> torch.Tensor:
+    """Gradient of forward ``op_type``'s first output w.r.t. its input ``wrt``."""
+    fwd = get_kernel("", op_type).fn
+    a = {k: v for k, v in attrs.items() if k not in ("input_shape", "weights_shape")}
+    a["__num_outputs__"] = 1
+    with torch.enable_grad():
+        ins = [t.detach().float() if t is not None else None for t in inputs]
+        ins[wrt].requires_grad_(True)
+        y = fwd(ins, a, opset)[0]
+        (gx,) = torch.autograd.grad(y, ins[wrt], gy.float().reshape(y.shape))
+    return gx.to(gy.dtype)
+
+
+@onnx_op("ReluGrad", domain=GC, flops=_elementwise_flops(2))
+def relu_grad(inputs, attrs, opset):
+    y, gy = inputs
+    return [torch.where(y > 0, gy, torch.zeros((), dtype=gy.dtype))]
+
+
+@onnx_op("SigmoidGrad", domain=GC, flops=_elementwise_flops(3))
+def sigmoid_grad(inputs, attrs, opset):
+    y, gy = inputs
+    return [(gy * y * (1 - y)).to(gy.dtype)]
+
+
+@onnx_op("TanhGrad", domain=GC, flops=_elementwise_flops(3))
+def tanh_grad(inputs, attrs, opset):
+    y, gy = inputs
+    return [(gy * (1 - y * y)).to(gy.dtype)]
+
+
+def _act_grad(fn, x, gy):
+    with torch.enable_grad():
+        xf = x.detach().float().requires_grad_(True)
+        (gx,) = torch.autograd.grad(fn(xf), xf, gy.float())
+    return gx.to(gy.dtype)
+
+
+@onnx_op("GeluGrad", domain=GC, flops=_elementwise_flops(12))
+def gelu_grad(inputs, attrs, opset):
+    return [_act_grad(lambda t: torch.nn.functional.gelu(t, approximate="tanh"), *inputs)]
+
+
+@onnx_op("GeluErfGrad", domain=GC, flops=_elementwise_flops(10))
+def gelu_erf_grad(inputs, attrs, opset):
+    return [_act_grad(torch.nn.functional.gelu, *inputs)]
+
+
+@onnx_op("LeakyReluGrad", domain=GC, flops=_elementwise_flops(2))
+def leaky_relu_grad(inputs, attrs, opset):
+    x, gy = inputs
+    return [torch.where(x > 0, gy, gy * float(attrs.get("alpha", 0.01))).to(gy.dtype)]
+
+
+def _rows(t, attrs):
+    """``t`` with the softmax axis last (and its inverse), or as a matrix (opset < 13)."""
+    axis = int(attrs.get("axis", -1)) % t.dim()
+    if attrs.get("flatten", 0):
+        return t.reshape(math.prod(t.shape[:axis]), -1), lambda r: r.reshape(t.shape)
+    return t.movedim(axis, -1), lambda r: r.movedim(-1, axis)
+
+
+@onnx_op("SoftmaxGrad", domain=GC, flops=_elementwise_flops(4))
+def softmax_grad(inputs, attrs, opset):
+    y, gy = inputs
+    y2, back = _rows(y.float(), attrs)
+    g2, _ = _rows(gy.float(), attrs)
+    return [back(y2 * (g2 - (g2 * y2).sum(-1, keepdim=True))).to(gy.dtype)]
+
+
+@onnx_op("LogSoftmaxGrad", domain=GC, flops=_elementwise_flops(4))
+def log_softmax_grad(inputs, attrs, opset):
+    y, gy = inputs
+    y2, back = _rows(y.float(), attrs)
+    g2, _ = _rows(gy.float(), attrs)
+    return [back(g2 - torch.exp(y2) * g2.sum(-1, keepdim=True)).to(gy.dtype)]
+
+
+def _nll_scale(label, attrs, gy, n_rows):
+    """Per-row gradient scale: the loss gradient, over the non-ignored rows for Mean."""
+    keep = torch.ones_like(label, dtype=torch.bool)
+    ign = attrs.get("ignoreIndex")
+    if ign is not None:
+        keep = label != int(ign)
+    red = int(attrs.get("reduction", 1))
+    g = gy.float().reshape(-1) if red == 2 else gy.float().reshape(())
+    if red == 1:
+        g = g / max(int(keep.sum()), 1)
+    return keep, g
+
+
+@onnx_op("NllGrad", domain=GC, flops=_elementwise_flops(2))
+def nll_grad(inputs, attrs, opset):
+    """d(loss)/d(probs): ``-scale / p`` at the label (``-scale`` for log-probabilities)."""
+    p, label, gy = inputs
+    c = p.shape[-1]
+    p2, lab = p.float().reshape(-1, c), label.reshape(-1).long()
+    keep, g = _nll_scale(lab, attrs, gy, p2.shape[0])
+    rows = torch.arange(p2.shape[0])
+    safe = lab.clamp(0, c - 1)
+    picked = p2[rows, safe]
+    val = -g if attrs.get("inputIsLogProbability", 0) else -g / picked
+    out = torch.zeros_like(p2)
+    out[rows, safe] = torch.where(keep, val, torch.zeros(()))
+    return [out.reshape(p.shape).to(p.dtype)]
+
+
+@onnx_op("NlllWithSoftmaxGradDirect", domain=GC, flops=_elementwise_flops(8))
+def nll_softmax_grad(inputs, attrs, opset):
+    """d(nll(softmax(x)))/dx = ``(softmax(x) - onehot(label)) * scale`` per row."""
+    x, label, gy = inputs
+    c = x.shape[-1]
+    x2, lab = x.float().reshape(-1, c), label.reshape(-1).long()
+    keep, g = _nll_scale(lab, attrs, gy, x2.shape[0])
+    sm = torch.softmax(x2, -1)
+    sm[torch.arange(x2.shape[0]), lab.clamp(0, c - 1)] -= 1.0
+    out = sm * (keep.float() * (g if g.dim() else g.expand(x2.shape[0]))).unsqueeze(-1)
+    return [out.reshape(x.shape).to(x.dtype)]
+
+
+@onnx_op("L1Grad", domain=GC, flops=_elementwise_flops(3))
+def l1_grad(inputs, attrs, opset):
+    x, gy = inputs
+    red = int(attrs.get("reduction", 1))
+    g = gy.float() if red == 2 else gy.float().reshape(())
+    if red == 1:
+        g = g / max(x.numel(), 1)
+    return [(torch.sign(x.float()) * float(attrs.get("lambda", 1.0)) * g).to(x.dtype)]
+
+
+@onnx_op("IdentityLossGrad", domain=GC, flops=_elementwise_flops(1))
+def identity_loss_grad(inputs, attrs, opset):
+    x, gy = inputs
+    red = int(attrs.get("reduction", 1))
+    if red == 2:
+        return [gy.to(x.dtype).reshape(x.shape).clone()]
+    g = gy.float().reshape(()) / (max(x.numel(), 1) if red == 1 else 1)
+    return [g.expand(x.shape).to(x.dtype).clone()]
+
+
+@onnx_op("ConvDataGrad", domain=GC, flops=lambda i, o, a: 2.0 * numel(i[0]) * numel(i[1][1:]))
+def conv_data_grad(inputs, attrs, opset):
+    gy, w = inputs
+    x = torch.zeros(list(attrs["input_shape"]), dtype=torch.float32)
+    return [_vjp("Conv", [x, w], attrs, opset, 0, gy)]
+
+
+@onnx_op("ConvWeightsGrad", domain=GC, flops=lambda i, o, a: 2.0 * numel(i[0]) * numel(o[0][1:]))
+def conv_weights_grad(inputs, attrs, opset):
+    gy, x = inputs
+    w = torch.zeros(list(attrs["weights_shape"]), dtype=torch.float32)
+    return [_vjp("Conv", [x, w], attrs, opset, 1, gy)]
+
+
+@onnx_op("MaxPoolGrad", domain=GC, flops=lambda i, o, a: 2.0 * numel(i[0]))
+def max_pool_grad(inputs, attrs, opset):
+    x, _y, gy = inputs
+    return [_vjp("MaxPool", [x], attrs, opset, 0, gy)]
+
+
+@onnx_op("AveragePoolGrad", domain=GC, flops=lambda i, o, a: 2.0 * numel(o[0]))
+def average_pool_grad(inputs, attrs, opset):
+    (gy,) = inputs
+    x = torch.zeros(list(attrs["input_shape"]), dtype=torch.float32)
+    return [_vjp("AveragePool", [x], attrs, opset, 0, gy)]
+
+
+@onnx_op("GatherGrad", domain=GC, flops=lambda i, o, a: float(numel(i[0])))
+def gather_grad(inputs, attrs, opset):
+    """Each slice of ``gy`` added into its row of zeros shaped like the data (``data_shape``);
+    negative indices count from the end, as Gather's."""
+    gy, idx = inputs
+    axis = int(attrs.get("axis", 0))
+    shape = [int(d) for d in attrs["data_shape"]]
+    axis %= len(shape)
+    n = shape[axis]
+    i = idx.long().reshape(-1)
+    i = torch.where(i < 0, i + n, i)
+    # gy: data.shape[:axis] + idx.shape + data.shape[axis+1:]
+    lead, trail = shape[:axis], shape[axis + 1:]
+    g = gy.float().reshape(lead + [i.numel()] + trail)
+    out = torch.zeros(shape, dtype=torch.float32)
+    out.index_add_(axis, i, g)
+    return [out.to(gy.dtype)]

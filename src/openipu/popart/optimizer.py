@@ -1,0 +1,279 @@
+"""PopART's optimizers: ``ConstSGD``, ``SGD`` and their hyper-parameters (``research/popart.md`` 1.12).
+
+A hyper-parameter is an ``OptimizerValue`` ``(value, isConst)``. A const value is baked into the
+compiled graph; a non-const one is a device tensor that ``TrainingSession.updateOptimizerFromHost``
+rewrites (PopART's ``optimizerFromHost`` program). Values are given per session (``default*``
+keys) and per weight (``insertSpecific``).
+
+The update equations are PopART's (``willow/include/popart/sgd.hpp``), with mm momentum, dm
+dampening, wd weight decay, lr learning rate, ls loss scaling, vs velocity scaling, af the
+accumulation factor when gradients are meaned over it (else 1) and rf the replication factor
+(``SGDAccumulatorAndMomentum.Combined``, PopART's default):
+
+- without momentum ("SGD0"): ``w <- w * (1 - lr (1 - dm) wd) - g * lr (1 - dm) / ls``;
+- with momentum ("SGD1"): the velocity ``v`` starts at ``(1 - dm) wd vs w0``; each step
+  ``v += (1 - dm) vs rf / (ls af) * g``; ``w <- w - lr / (vs rf) * v``;
+  ``v <- v * mm / rf + (1 - dm) wd vs * w``. With ``nesterov`` the weight step is
+  ``w <- w - lr / (vs rf) * (vs rf (g / ls + wd w) + mm v)``.
+
+These match ``torch.optim.SGD`` whenever ``dm == 0`` (PyTorch does not dampen its first step).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+
+import numpy as np
+
+from openipu.popart.errors import popart_exception
+
+
+class SGDAccumulatorAndMomentum(enum.Enum):
+    """How SGD keeps its gradient accumulator and velocity (PopART's enum)."""
+
+    Combined = 0
+    Separate = 1
+
+
+class OptimizerValue:
+    """``popart.OptimizerValue(value=0.0, isConst=True)``: one hyper-parameter."""
+
+    def __init__(self, val=0.0, isConst: bool = True):  # noqa: N803
+        if isinstance(val, tuple):
+            val, isConst = val
+        self._val = float(val)
+        self._const = bool(isConst)
+
+    def val(self) -> float:
+        return self._val
+
+    def isConst(self) -> bool:  # noqa: N802
+        return self._const
+
+    def __eq__(self, other):
+        return isinstance(other, OptimizerValue) and (self._val, self._const) == (other._val, other._const)
+
+    def __repr__(self):
+        return f"OptimizerValue({self._val}, {'const' if self._const else 'non-const'})"
+
+
+def _value_dict(pyd: dict, where: str) -> dict:
+    out = {}
+    for k, v in pyd.items():
+        if isinstance(v, OptimizerValue):
+            out[k] = v
+            continue
+        if not isinstance(v, tuple) or len(v) != 2:
+            raise popart_exception(f"A value in the optimizer map must be a py::tuple (in {where})")
+        out[k] = OptimizerValue(float(v[0]), bool(v[1]))
+    return out
+
+
+class Optimizer:
+    """Base of the optimizers: per-session defaults, per-weight values, loss scaling."""
+
+    #: key -> (default value, const by default)
+    DEFAULTS: dict = {}
+    NAME = "Optimizer"
+
+    def __init__(self, values: dict, where: str):
+        vals = _value_dict(values, where)
+        for k in vals:
+            if k not in self.DEFAULTS:
+                raise popart_exception(f"Invalid {self.NAME} key, {k}, the allowed keys are "
+                                       f"( {' '.join(self.DEFAULTS)} )")
+        self._defaults = {k: vals.get(k, OptimizerValue(*d)) for k, d in self.DEFAULTS.items()}
+        self._specific: dict[str, dict] = {}
+        self.clip_norm_settings = []
+
+    # -- values ---------------------------------------------------------------------------
+    def _specific_key(self, key: str) -> str:
+        """``defaultLearningRate`` -> ``learningRate``; keys without ``default`` stay."""
+        if not key.startswith("default"):
+            return key
+        return key[len("default"):][0].lower() + key[len("default") + 1:]
+
+    def insertSpecific(self, weightId: str, values: dict) -> None:  # noqa: N802,N803
+        """Hyper-parameters for one weight (keys without ``default``: ``learningRate`` ...)."""
+        vals = _value_dict(values, "getOptimizerValueDictionary")
+        allowed = [self._specific_key(k) for k in self.DEFAULTS if k != "lossScaling"]
+        for k in vals:
+            if k not in allowed:
+                raise popart_exception(f"Invalid {self.NAME} key, {k}, the allowed keys are ( {' '.join(allowed)} )")
+        self._specific[weightId] = vals
+
+    def hasSpecific(self, weightId: str = None) -> bool:  # noqa: N802,N803
+        return bool(self._specific) if weightId is None else weightId in self._specific
+
+    def value(self, key: str, weight: str | None = None) -> OptimizerValue:
+        """The ``default*`` ``key``'s value for ``weight`` (its specific value if inserted)."""
+        if weight is not None and key != "lossScaling":
+            spec = self._specific.get(weight, {}).get(self._specific_key(key))
+            if spec is not None:
+                return spec
+        return self._defaults[key]
+
+    def lossScaling(self) -> OptimizerValue:  # noqa: N802
+        return self._defaults["lossScaling"]
+
+    def getLossScalingVal(self) -> float:  # noqa: N802
+        return self.lossScaling().val()
+
+    def keys(self) -> list[str]:
+        return list(self.DEFAULTS)
+
+    def check_compatible(self, new: "Optimizer") -> None:
+        """PopART's rule for ``updateOptimizerFromHost``: same type, same weights with specific
+        values, and const values unchanged. Raises ``popart_exception``."""
+        if type(new) is not type(self):
+            raise popart_exception(f"Can not update optimizer of type {self.NAME} with an optimizer of type "
+                                   f"{new.NAME}: create a new session to change the optimizer type")
+        if set(new._specific) != set(self._specific):
+            raise popart_exception("The new optimizer has specific values for other weights than the session's "
+                                   "optimizer; insertSpecific the same weights in both")
+        for w in [None, *self._specific]:
+            for k in self.DEFAULTS:
+                a, b = self.value(k, w), new.value(k, w)
+                if a.isConst() and not b.isConst():
+                    raise popart_exception(f"Can not replace a constant value with a non constant value. ({k})")
+                if a.isConst() and a.val() != b.val():
+                    raise popart_exception(f"Values are constant but do not match. ({k}: {a.val()} vs {b.val()})")
+                if not a.isConst() and b.isConst():
+                    raise popart_exception(f"Can not replace a non constant value with a constant value. ({k})")
+
+
+class SGD(Optimizer):
+    """``popart.SGD(values, clip_norm_settings=[], accumulatorAndMomentum=Combined, ...)``.
+
+    ``values``: ``{key: (value, isConst)}`` with keys ``defaultLearningRate`` (0.1),
+    ``defaultWeightDecay`` (0), ``defaultMomentum`` (0), ``defaultDampening`` (0),
+    ``defaultVelocityScaling`` (1), ``lossScaling`` (1), ``nesterov`` (0); absent keys are const.
+    Raises ``popart_exception`` ("Invalid SGD key, ...", "A value in the optimizer map must be a
+    py::tuple ...") as PopART does. Update equations: module docstring.
+    """
+
+    DEFAULTS = {"defaultLearningRate": (0.1, True), "defaultWeightDecay": (0.0, True),
+                "defaultMomentum": (0.0, True), "defaultDampening": (0.0, True),
+                "defaultVelocityScaling": (1.0, True), "lossScaling": (1.0, True), "nesterov": (0.0, True)}
+    NAME = "SGD"
+
+    def __init__(self, pyd: dict | None = None, clip_norm_settings=(), accumulatorAndMomentum=None,  # noqa: N803
+                 accumType=None, accl1Type=None, debugContext: str = "sgd"):  # noqa: N803
+        if pyd is not None and not isinstance(pyd, dict):
+            raise popart_exception("SGD expects a dict {key: (value, isConst)}, e.g. "
+                                   "popart.SGD({'defaultLearningRate': (0.01, True)}); for a constant learning rate "
+                                   "alone use popart.ConstSGD(0.01)")
+        pyd = dict(pyd or {})
+        super().__init__(pyd, "getOptimizerValueDictionary")
+        self.clip_norm_settings = list(clip_norm_settings)
+        self.accumulator_and_momentum = accumulatorAndMomentum or SGDAccumulatorAndMomentum.Combined
+        self.accum_type, self.accl1_type = accumType, accl1Type
+
+    def learningRates(self):  # noqa: N802
+        return self._per("defaultLearningRate")
+
+    def weightDecays(self):  # noqa: N802
+        return self._per("defaultWeightDecay")
+
+    def momentums(self):
+        return self._per("defaultMomentum")
+
+    def dampenings(self):
+        return self._per("defaultDampening")
+
+    def velocityScalings(self):  # noqa: N802
+        return self._per("defaultVelocityScaling")
+
+    def nesterov(self):
+        return self._per("nesterov")
+
+    def _per(self, key):
+        return _ValueMap(self, key)
+
+    def uses_momentum(self, weight: str | None = None) -> bool:
+        """Whether ``weight`` needs a velocity tensor (PopART: non-zero or non-const momentum)."""
+        mm = self.value("defaultMomentum", weight)
+        return not mm.isConst() or mm.val() != 0.0
+
+    def __repr__(self):
+        return f"SGD({ {k: (v.val(), v.isConst()) for k, v in self._defaults.items()} })"
+
+
+class ConstSGD(SGD):
+    """``popart.ConstSGD(learning_rate, weight_decay=0.0, loss_scaling=1.0, clip_norm_settings=[])``:
+    SGD without momentum whose values are all const."""
+
+    def __init__(self, learning_rate: float, weight_decay: float = 0.0, loss_scaling: float = 1.0,
+                 clip_norm_settings=()):
+        super().__init__({"defaultLearningRate": (float(learning_rate), True),
+                          "defaultWeightDecay": (float(weight_decay), True),
+                          "lossScaling": (float(loss_scaling), True)}, clip_norm_settings)
+
+    def insertSpecific(self, weightId, values):  # noqa: N802,N803
+        raise popart_exception("ConstSGD does not support insertSpecific: use popart.SGD for per-weight values")
+
+
+class _ValueMap:
+    """PopART's ``OptimizerValueMap``: ``getDefault()``, ``get(id)``, ``hasSpecific(id)``."""
+
+    def __init__(self, opt: Optimizer, key: str):
+        self._opt, self._key = opt, key
+
+    def getDefault(self) -> OptimizerValue:  # noqa: N802
+        return self._opt.value(self._key)
+
+    def get(self, weightId: str) -> OptimizerValue:  # noqa: N803
+        return self._opt.value(self._key, weightId)
+
+    def hasSpecific(self, weightId: str) -> bool:  # noqa: N802,N803
+        return self._opt.hasSpecific(weightId)
+
+
+# ---------------------------------------------------------------------------------------------
+# compound scalars (PopART's ``compoundscalarhelper``): what the weight update ops read
+# ---------------------------------------------------------------------------------------------
+def sgd_scalars(opt: SGD, weight: str, af: float = 1.0, rf: float = 1.0) -> dict[str, tuple[float, bool]]:
+    """The compound scalars of ``weight``'s SGD update: name -> (value, isConst).
+
+    Without momentum: ``weightDecayScaleFactor0``, ``scaledLearningRate0``. With momentum:
+    ``dampeningScaleFactor1``, ``scaledLearningRate1``, ``scaledMomentum1``,
+    ``scaledWeightDecay1`` (+ ``nesterovGradScaleFactor1`` with nesterov). A scalar is const
+    when every hyper-parameter it is made from is. ``af``: accumulation divisor (1 for Sum
+    reduction); ``rf``: replication factor (velocity all-reduce scaling).
+    """
+    v = {k: opt.value(k, weight) for k in opt.DEFAULTS}
+    lr, wd, mm, dm, vs, ls = (v[k].val() for k in ("defaultLearningRate", "defaultWeightDecay", "defaultMomentum",
+                                                    "defaultDampening", "defaultVelocityScaling", "lossScaling"))
+
+    def const(*keys):
+        return all(v[k].isConst() for k in keys)
+    if not opt.uses_momentum(weight):
+        return {"weightDecayScaleFactor0": (1.0 - lr * (1.0 - dm) * wd,
+                                            const("defaultLearningRate", "defaultDampening", "defaultWeightDecay")),
+                "scaledLearningRate0": (lr * (1.0 - dm) / ls,
+                                        const("defaultLearningRate", "defaultDampening", "lossScaling"))}
+    out = {"dampeningScaleFactor1": ((1.0 - dm) * vs * rf / (ls * af),
+                                     const("defaultDampening", "defaultVelocityScaling", "lossScaling")),
+           "scaledLearningRate1": (lr / (vs * rf), const("defaultLearningRate", "defaultVelocityScaling")),
+           "scaledMomentum1": (mm / rf, const("defaultMomentum")),
+           "scaledWeightDecay1": ((1.0 - dm) * wd * vs,
+                                  const("defaultDampening", "defaultWeightDecay", "defaultVelocityScaling"))}
+    if v["nesterov"].val():
+        out["nesterovGradScaleFactor1"] = (vs * rf / ls, const("defaultVelocityScaling", "lossScaling"))
+        out["nesterovWeightDecay1"] = (vs * rf * wd, const("defaultVelocityScaling", "defaultWeightDecay"))
+    return out
+
+
+def initial_velocity(opt: SGD, weight: str, w0: np.ndarray) -> np.ndarray:
+    """SGD1's initial velocity ``(1 - dm) wd vs w0`` (PopART precomputes terms 1 and 3)."""
+    wd, dm, vs = (opt.value(k, weight).val() for k in ("defaultWeightDecay", "defaultDampening",
+                                                       "defaultVelocityScaling"))
+    scale = (1.0 - dm) * wd * vs
+    return (np.asarray(w0, np.float32) * scale).astype(w0.dtype) if scale else np.zeros_like(w0)
+
+
+def check_finite(opt: Optimizer) -> None:
+    for k in opt.DEFAULTS:
+        if not math.isfinite(opt.value(k).val()):
+            raise popart_exception(f"{opt.NAME} value {k} is not finite ({opt.value(k).val()})")
