@@ -88,6 +88,12 @@ class GradContext:
     def dtype(self, tid: str) -> str:
         return self.ir.tensors[tid].info.data_type()
 
+    def fwd_attrs(self, **extra) -> dict:
+        """The forward op's attributes (without openipu's ``__`` entries), plus ``extra``."""
+        a = {k: v for k, v in self.op.attrs.items() if not k.startswith("__")}
+        a.update(extra)
+        return a
+
     def const_value(self, tid: str):
         """The value of a Const input (numpy), or None."""
         t = self.ir.tensors.get(tid) if tid else None

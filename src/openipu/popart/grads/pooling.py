@@ -9,24 +9,18 @@ import math
 from openipu.popart.grads import GRAPHCORE, grad_rule
 
 
-def _attrs(op, **extra):
-    a = {k: v for k, v in op.attrs.items() if not k.startswith("__")}
-    a.update(extra)
-    return a
-
-
 @grad_rule("MaxPool")
 def max_pool(g, op):
     if len(op.outputs) > 1 and op.outputs[1] and g.gy(1) is not None:
         return [None]
     return [g.add("MaxPoolGrad", [g.x(0), g.y(), g.gy()], shape=g.shape(g.x(0)), domain=GRAPHCORE,
-                  attrs=_attrs(op))]
+                  attrs=g.fwd_attrs())]
 
 
 @grad_rule("AveragePool")
 def average_pool(g, op):
     return [g.add("AveragePoolGrad", [g.gy()], shape=g.shape(g.x(0)), domain=GRAPHCORE,
-                  attrs=_attrs(op, input_shape=g.shape(g.x(0))))]
+                  attrs=g.fwd_attrs(input_shape=g.shape(g.x(0))))]
 
 
 @grad_rule("GlobalAveragePool")
