@@ -9,6 +9,7 @@ NoReduction 2).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -19,8 +20,29 @@ from openipu.popart.onnx_ops._common import numel
 GC = "ai.graphcore"
 
 
+def _per_output(k, i, o, a):
+    return float(k * numel(o[0]))
+
+
 def _elementwise_flops(k):
-    return lambda i, o, a: float(k * numel(o[0]))
+    """``k`` operations per output element (a picklable cost hint)."""
+    return functools.partial(_per_output, k)
+
+
+def _conv_data_flops(i, o, a):
+    return 2.0 * numel(i[0]) * numel(i[1][1:])
+
+
+def _conv_weights_flops(i, o, a):
+    return 2.0 * numel(i[0]) * numel(o[0][1:])
+
+
+def _first_input_flops(i, o, a):
+    return 2.0 * numel(i[0])
+
+
+def _gather_grad_flops(i, o, a):
+    return float(numel(i[0]))
 
 
 def _vjp(op_type: str, inputs: list, attrs: dict, opset: int, wrt: int, gy: torch.Tensor) -> torch.Tensor:
@@ -163,34 +185,34 @@ def identity_loss_grad(inputs, attrs, opset):
     return [g.expand(x.shape).to(x.dtype).clone()]
 
 
-@onnx_op("ConvDataGrad", domain=GC, flops=lambda i, o, a: 2.0 * numel(i[0]) * numel(i[1][1:]))
+@onnx_op("ConvDataGrad", domain=GC, flops=_conv_data_flops)
 def conv_data_grad(inputs, attrs, opset):
     gy, w = inputs
     x = torch.zeros(list(attrs["input_shape"]), dtype=torch.float32)
     return [_vjp("Conv", [x, w], attrs, opset, 0, gy)]
 
 
-@onnx_op("ConvWeightsGrad", domain=GC, flops=lambda i, o, a: 2.0 * numel(i[0]) * numel(o[0][1:]))
+@onnx_op("ConvWeightsGrad", domain=GC, flops=_conv_weights_flops)
 def conv_weights_grad(inputs, attrs, opset):
     gy, x = inputs
     w = torch.zeros(list(attrs["weights_shape"]), dtype=torch.float32)
     return [_vjp("Conv", [x, w], attrs, opset, 1, gy)]
 
 
-@onnx_op("MaxPoolGrad", domain=GC, flops=lambda i, o, a: 2.0 * numel(i[0]))
+@onnx_op("MaxPoolGrad", domain=GC, flops=_first_input_flops)
 def max_pool_grad(inputs, attrs, opset):
     x, _y, gy = inputs
     return [_vjp("MaxPool", [x], attrs, opset, 0, gy)]
 
 
-@onnx_op("AveragePoolGrad", domain=GC, flops=lambda i, o, a: 2.0 * numel(o[0]))
+@onnx_op("AveragePoolGrad", domain=GC, flops=_elementwise_flops(2))
 def average_pool_grad(inputs, attrs, opset):
     (gy,) = inputs
     x = torch.zeros(list(attrs["input_shape"]), dtype=torch.float32)
     return [_vjp("AveragePool", [x], attrs, opset, 0, gy)]
 
 
-@onnx_op("GatherGrad", domain=GC, flops=lambda i, o, a: float(numel(i[0])))
+@onnx_op("GatherGrad", domain=GC, flops=_gather_grad_flops)
 def gather_grad(inputs, attrs, opset):
     """Each slice of ``gy`` added into its row of zeros shaped like the data (``data_shape``);
     negative indices count from the end, as Gather's."""
