@@ -14,6 +14,7 @@ import math
 import torch
 
 from openipu.popart.onnx_ops import OpKernel, get_kernel
+from openipu.popart.onnx_ops._common import nll_rows
 
 _GC: dict[str, OpKernel] = {}
 GRAPHCORE = "ai.graphcore"
@@ -92,19 +93,15 @@ def nll(inputs, attrs, opset):
     reduced; probs ``[..., C]``, label ``[...]`` (integers). Rows whose label is ``ignoreIndex``
     count 0 and, for Mean, are left out of the count (as PyTorch's NLLLoss)."""
     p, label = inputs
-    c = p.shape[-1]
-    p2, lab = p.float().reshape(-1, c), label.reshape(-1).long()
-    keep = torch.ones_like(lab, dtype=torch.bool)
-    if attrs.get("ignoreIndex") is not None:
-        keep = lab != int(attrs["ignoreIndex"])
-    picked = p2[torch.arange(p2.shape[0]), lab.clamp(0, c - 1)]
+    p2, lab, keep = nll_rows(p, label, attrs.get("ignoreIndex"))
+    picked = p2[torch.arange(p2.shape[0]), lab]
     per = -picked if attrs.get("inputIsLogProbability", 0) else -torch.log(picked)
     per = torch.where(keep, per, torch.zeros(()))
     red = int(attrs.get("reduction", 1))
     if red == 1:
         out = per.sum() / max(int(keep.sum()), 1)
     else:
-        out = _reduce(per, red).reshape(label.shape) if red == 2 else per.sum()
+        out = per.reshape(label.shape) if red == 2 else per.sum()
     return [out.to(p.dtype)]
 
 

@@ -229,8 +229,6 @@ class Ir:
         self.opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): int(o.version)
                        for o in self.model.opset_import}
         self.optimizer_tensors: set[str] = set()    # non-const optimizer scalars (optimizerFromHost)
-        self.optimizer_state: set[str] = set()      # velocities, accumulators (Variables)
-        self.updated: dict[str, str] = {}           # UpdatedVar___w -> w
         self.grad_alias: dict[str, str] = {}        # Gradient___x -> the tensor holding it
         self.weight_grads: dict[str, str] = {}
         self._check_model()
@@ -544,12 +542,9 @@ class Ir:
         if self.tensors[loss].info.data_type() not in autodiff.FLOATS:
             raise popart_exception(f"Loss tensor, '{loss}', must be a float tensor, not "
                                    f"{self.tensors[loss].info.data_type()}")
-        af = float(self.options.accumulation_factor()) \
-            if str(self.options.accumulationAndReplicationReductionType).endswith("Mean") else 1.0
-        rf = float(self.options.replication_factor())
         seed = optimizer.loss_scaling_seed(self, opt, loss)
         self.weight_grads = autodiff.grow(self, loss, seed, self.training.get("patterns"))
-        optimizer.apply(self, opt, self.weight_grads, af, rf)
+        optimizer.apply(self, opt, self.weight_grads, *optimizer.reduction_factors(self.options))
 
     # -- 5 --------------------------------------------------------------------------------
     def _validate_anchors(self):

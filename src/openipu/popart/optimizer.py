@@ -22,7 +22,6 @@ These match ``torch.optim.SGD`` whenever ``dm == 0`` (PyTorch does not dampen it
 from __future__ import annotations
 
 import enum
-import math
 
 import numpy as np
 
@@ -119,9 +118,6 @@ class Optimizer:
 
     def getLossScalingVal(self) -> float:  # noqa: N802
         return self.lossScaling().val()
-
-    def keys(self) -> list[str]:
-        return list(self.DEFAULTS)
 
     def check_compatible(self, new: "Optimizer") -> None:
         """PopART's rule for ``updateOptimizerFromHost``: same type, same weights with specific
@@ -272,8 +268,3 @@ def initial_velocity(opt: SGD, weight: str, w0: np.ndarray) -> np.ndarray:
     scale = (1.0 - dm) * wd * vs
     return (np.asarray(w0, np.float32) * scale).astype(w0.dtype) if scale else np.zeros_like(w0)
 
-
-def check_finite(opt: Optimizer) -> None:
-    for k in opt.DEFAULTS:
-        if not math.isfinite(opt.value(k).val()):
-            raise popart_exception(f"{opt.NAME} value {k} is not finite ({opt.value(k).val()})")

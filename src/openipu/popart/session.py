@@ -544,10 +544,8 @@ class TrainingSession(_SessionBase):
         super().run(stepio, debugName)
 
     def _scalars(self, opt) -> dict:
-        from openipu.popart.transforms.optimizer import scalar_values
-        af = float(self.options.accumulation_factor()) \
-            if str(self.options.accumulationAndReplicationReductionType).endswith("Mean") else 1.0
-        vals = scalar_values(opt, list(self._ir.weight_grads), af, float(self.replicationFactor))
+        from openipu.popart.transforms.optimizer import reduction_factors, scalar_values
+        vals = scalar_values(opt, list(self._ir.weight_grads), *reduction_factors(self.options))
         loss = self._ir.training["loss"]
         ls = f"lossScaling_{self._ir.tensors[loss].info.data_type()}"
         if ls in self._ir.optimizer_tensors:

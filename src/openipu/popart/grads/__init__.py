@@ -30,7 +30,7 @@ import importlib
 
 import numpy as np
 
-from openipu.popart.tensorinfo import NUMPY_OF
+from openipu.popart.tensorinfo import NUMPY_OF, TensorInfo
 
 GRAPHCORE = "ai.graphcore"
 _RULES: dict[tuple[str, str], object] = {}
@@ -101,17 +101,17 @@ class GradContext:
 
     # -- adding ---------------------------------------------------------------------------
     def add(self, op_type: str, inputs: list, shape=None, dtype: str | None = None, attrs: dict | None = None,
-            domain: str = "", opset: int | None = None, n_out: int = 1):
-        """Append an op; its output (or outputs, ``n_out`` > 1) has ``shape`` and ``dtype``
-        (default: the first input's). Returns the output id (or list of ids)."""
+            domain: str = "", opset: int | None = None):
+        """Append an op; its output has ``shape`` and ``dtype`` (default: the first input's).
+        Returns the output id."""
         first = inputs[0]
         shape = self.shape(first) if shape is None else list(shape)
         dtype = dtype or self.dtype(first)
         base = f"{op_type}Grad:{self.tag}" if domain != GRAPHCORE else f"{op_type}:{self.tag}"
-        op = self.ir.add_op(op_type, inputs, [(f"{base}", dtype, shape)] * n_out, attrs, domain=domain,
+        op = self.ir.add_op(op_type, inputs, [(base, dtype, shape)], attrs, domain=domain,
                             opset=opset, name=f"{op_type}/{self.tag}", like=self.op)
         op.grad_of = self.op
-        return op.outputs[0] if n_out == 1 else op.outputs
+        return op.outputs[0]
 
     def const(self, value, like: str, name: str = "const") -> str:
         """A scalar (or array) Const of ``like``'s dtype."""
@@ -165,5 +165,4 @@ class GradContext:
     def cast(self, t: str, dtype: str) -> str:
         if self.dtype(t) == dtype:
             return t
-        from openipu.popart.tensorinfo import TensorInfo
         return self.add("Cast", [t], dtype=dtype, attrs={"to": TensorInfo(dtype, [1]).onnx_type()}, opset=13)

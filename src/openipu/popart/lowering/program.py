@@ -200,15 +200,13 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
                 poputil.mapTensorLinearly(g, dev)
             g.setInitialValue(dev, np.asarray(t.value))
             hi, ho = f"h2d:{tid}", f"d2h:{tid}"
-            if tid in ir.optimizer_tensors:     # a non-const optimizer scalar: optimizerFromHost
-                out.optimizer_in[tid] = hi
-                graph.addHostToDeviceFIFO(hi, ptype, t.info.nelms(), "BROADCAST")
-                ctx.set(tid, vg, dev)
-                continue
-            out.weights_in[tid] = hi
-            out.weights_out[tid] = ho
             graph.addHostToDeviceFIFO(hi, ptype, t.info.nelms(), "BROADCAST")
-            graph.addDeviceToHostFIFO(ho, ptype, t.info.nelms())
+            if tid in ir.optimizer_tensors:     # a non-const optimizer scalar: optimizerFromHost only
+                out.optimizer_in[tid] = hi
+            else:
+                out.weights_in[tid] = hi
+                out.weights_out[tid] = ho
+                graph.addDeviceToHostFIFO(ho, ptype, t.info.nelms())
         ctx.set(tid, vg, dev)
 
     # the model; outlined op sequences (SubgraphOutline) are called

@@ -109,3 +109,12 @@ def prod(xs) -> int:
 
 def numel(shape) -> int:
     return int(math.prod(shape)) if len(shape) else 1
+
+
+def nll_rows(p: torch.Tensor, label: torch.Tensor, ignore_index):
+    """PopART's Nll inputs as rows: probabilities ``[rows, C]`` (float32), labels ``[rows]``
+    clamped into ``[0, C)`` (int64), and which rows count (label != ``ignore_index``)."""
+    c = p.shape[-1]
+    lab = label.reshape(-1).long()
+    keep = lab != int(ignore_index) if ignore_index is not None else torch.ones_like(lab, dtype=torch.bool)
+    return p.float().reshape(-1, c), lab.clamp(0, c - 1), keep

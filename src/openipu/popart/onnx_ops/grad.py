@@ -15,7 +15,7 @@ import math
 import torch
 
 from openipu.popart.onnx_ops import get_kernel, onnx_op
-from openipu.popart.onnx_ops._common import numel
+from openipu.popart.onnx_ops._common import nll_rows, numel
 
 GC = "ai.graphcore"
 
@@ -123,32 +123,25 @@ def log_softmax_grad(inputs, attrs, opset):
     return [back(g2 - torch.exp(y2) * g2.sum(-1, keepdim=True)).to(gy.dtype)]
 
 
-def _nll_scale(label, attrs, gy, n_rows):
+def _nll_scale(keep, attrs, gy):
     """Per-row gradient scale: the loss gradient, over the non-ignored rows for Mean."""
-    keep = torch.ones_like(label, dtype=torch.bool)
-    ign = attrs.get("ignoreIndex")
-    if ign is not None:
-        keep = label != int(ign)
     red = int(attrs.get("reduction", 1))
     g = gy.float().reshape(-1) if red == 2 else gy.float().reshape(())
     if red == 1:
         g = g / max(int(keep.sum()), 1)
-    return keep, g
+    return g
 
 
 @onnx_op("NllGrad", domain=GC, flops=_elementwise_flops(2))
 def nll_grad(inputs, attrs, opset):
     """d(loss)/d(probs): ``-scale / p`` at the label (``-scale`` for log-probabilities)."""
     p, label, gy = inputs
-    c = p.shape[-1]
-    p2, lab = p.float().reshape(-1, c), label.reshape(-1).long()
-    keep, g = _nll_scale(lab, attrs, gy, p2.shape[0])
+    p2, lab, keep = nll_rows(p, label, attrs.get("ignoreIndex"))
+    g = _nll_scale(keep, attrs, gy)
     rows = torch.arange(p2.shape[0])
-    safe = lab.clamp(0, c - 1)
-    picked = p2[rows, safe]
-    val = -g if attrs.get("inputIsLogProbability", 0) else -g / picked
+    val = -g if attrs.get("inputIsLogProbability", 0) else -g / p2[rows, lab]
     out = torch.zeros_like(p2)
-    out[rows, safe] = torch.where(keep, val, torch.zeros(()))
+    out[rows, lab] = torch.where(keep, val, torch.zeros(()))
     return [out.reshape(p.shape).to(p.dtype)]
 
 
@@ -156,11 +149,10 @@ def nll_grad(inputs, attrs, opset):
 def nll_softmax_grad(inputs, attrs, opset):
     """d(nll(softmax(x)))/dx = ``(softmax(x) - onehot(label)) * scale`` per row."""
     x, label, gy = inputs
-    c = x.shape[-1]
-    x2, lab = x.float().reshape(-1, c), label.reshape(-1).long()
-    keep, g = _nll_scale(lab, attrs, gy, x2.shape[0])
+    x2, lab, keep = nll_rows(x, label, attrs.get("ignoreIndex"))
+    g = _nll_scale(keep, attrs, gy)
     sm = torch.softmax(x2, -1)
-    sm[torch.arange(x2.shape[0]), lab.clamp(0, c - 1)] -= 1.0
+    sm[torch.arange(x2.shape[0]), lab] -= 1.0
     out = sm * (keep.float() * (g if g.dim() else g.expand(x2.shape[0]))).unsqueeze(-1)
     return [out.reshape(x.shape).to(x.dtype)]
 

@@ -43,7 +43,8 @@ def grow(ir, loss: str, seed: str | float, patterns=None) -> dict[str, str]:
     ``seed``: the loss gradient, a float (the const loss scaling) or a tensor id.
     Raises ``popart_exception`` for an op without a gradient on a weight's path to the loss.
     """
-    weights = set(trainable(ir))
+    order = trainable(ir)
+    weights = set(order)
     needs: set[str] = set(weights)
     for op in ir.ops:
         if (op.domain, op.op_type) in NO_GRADIENT:
@@ -75,13 +76,13 @@ def grow(ir, loss: str, seed: str | float, patterns=None) -> dict[str, str]:
         if all(g is None for g in gys):
             continue
         want = [bool(x) and x in needs and x in to_loss for x in op.inputs]
-        if op.id in direct:
-            sm = direct[op.id]
-            g = GradContext(ir, op, gys, want)
-            grads = [None] * len(op.inputs)
-            grads[0] = g.add("NlllWithSoftmaxGradDirect", [sm.inputs[0], op.inputs[1], gys[0]],
-                             shape=g.shape(sm.inputs[0]), attrs=_nll_attrs(op, sm), domain=GRAPHCORE)
-            partial.setdefault(sm.inputs[0], []).append(grads[0])
+        if op.id in direct:     # the gradient of the softmax's input, in one op
+            x = direct[op.id].inputs[0]
+            gx = GradContext(ir, op, gys, want).add(
+                "NlllWithSoftmaxGradDirect", [x, op.inputs[1], gys[0]], shape=ir.tensors[x].info.shape(),
+                attrs={"reduction": int(op.attrs.get("reduction", 1)), "ignoreIndex": op.attrs.get("ignoreIndex")},
+                domain=GRAPHCORE)
+            partial.setdefault(x, []).append(gx)
             continue
         rule = find_rule(op)
         if rule is None:
@@ -96,7 +97,7 @@ def grow(ir, loss: str, seed: str | float, patterns=None) -> dict[str, str]:
             if w and gx is not None:
                 partial.setdefault(x, []).append(gx)
     out = {}
-    for w in sorted(weights, key=lambda w: list(ir.tensors).index(w)):
+    for w in order:
         if w in partial:
             out[w] = _total(ir, w, partial, done)
     return out
@@ -121,10 +122,9 @@ def _total(ir, tid: str, partial: dict, done: dict) -> str:
         ir.grad_alias[name] = parts[0]
         done[tid] = parts[0]
         return parts[0]
-    src = ir.tensors[parts[0]].producer
     op = ir.add_op("Sum", parts, [(name, info.data_type(), info.shape())], opset=13, name=f"GradSum/{tid}",
-                   like=src.grad_of if src is not None and src.grad_of is not None else src)
-    op.grad_of = src.grad_of if src is not None else None
+                   like=forward_op(ir, parts[0]))
+    op.grad_of = forward_op(ir, parts[0])
     done[tid] = op.outputs[0]
     return op.outputs[0]
 
@@ -163,6 +163,7 @@ def _softmax_nll_pairs(ir, on_path, patterns) -> dict:
     return out
 
 
-def _nll_attrs(op, sm) -> dict:
-    return {"reduction": int(op.attrs.get("reduction", 1)),
-            "ignoreIndex": op.attrs.get("ignoreIndex")}
+def forward_op(ir, grad: str):
+    """The forward op whose gradient ``grad`` is made for (None for the loss seed)."""
+    src = ir.tensors[grad].producer
+    return src.grad_of if src is not None else None

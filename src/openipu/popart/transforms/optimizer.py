@@ -22,6 +22,7 @@ import numpy as np
 from openipu.popart.errors import popart_exception
 from openipu.popart.grads import GRAPHCORE
 from openipu.popart.optimizer import SGD, initial_velocity, sgd_scalars
+from openipu.popart.transforms.autodiff import forward_op
 
 ACCL_PREFIX = "Accl___"
 UPDATED_PREFIX = "UpdatedVar___"
@@ -31,6 +32,13 @@ LOSS_SCALING_PREFIX = "lossScaling_"
 def _scalar_id(opt, name: str, weight: str) -> str:
     cap = name[0].upper() + name[1:]
     return f"Specific{cap}___{weight}" if opt.hasSpecific(weight) else f"Default{cap}___FLOAT"
+
+
+def reduction_factors(options) -> tuple[float, float]:
+    """``(af, rf)`` of the update equations: the accumulation factor when gradients are meaned
+    over it (``accumulationAndReplicationReductionType`` Mean), else 1; the replication factor."""
+    mean = str(options.accumulationAndReplicationReductionType).endswith("Mean")
+    return (float(options.accumulation_factor()) if mean else 1.0), float(options.replication_factor())
 
 
 def scalar_values(opt, weights: list[str], af: float, rf: float) -> dict[str, float]:
@@ -76,42 +84,41 @@ def apply(ir, opt, grads: dict[str, str], af: float = 1.0, rf: float = 1.0) -> N
                     ir._add_tensor(tid, "FLOAT", [], "Variable", np.asarray(val, np.float32))
                     ir.optimizer_tensors.add(tid)
                 extra[name] = tid
-        if g in ir.tensors and ir.tensors[g].info.data_type() != wt.info.data_type():
+        if ir.tensors[g].info.data_type() != wt.info.data_type():
             raise popart_exception(f"The gradient of weight {w} is {ir.tensors[g].info.data_type()} but the weight is "
                                    f"{wt.info.data_type()}")
-        like = ir.tensors[g].producer
+        fwd = forward_op(ir, g)
         if not opt.uses_momentum(w):
             _update(ir, "SGD0VarUpdate", [w, g], ["weightDecayScaleFactor0", "scaledLearningRate0"], attrs, extra,
-                    f"{UPDATED_PREFIX}{w}", wt, like)
+                    f"{UPDATED_PREFIX}{w}", wt, fwd)
             continue
         v = f"{ACCL_PREFIX}{w}"
         ir._add_tensor(v, wt.info.data_type(), list(wt.info.shape()), "Variable", initial_velocity(opt, w, wt.value))
-        ir.optimizer_state.add(v)
-        _update(ir, "SGD1Accumulate", [v, g], ["dampeningScaleFactor1"], attrs, extra, f"AcclUpdated___{w}", wt, like)
-        nesterov = "nesterovGradScaleFactor1" in scal
-        ins = [w, v, g] if nesterov else [w, v]
-        names = ["scaledLearningRate1"] + (["nesterovGradScaleFactor1", "nesterovWeightDecay1"] if nesterov else [])
-        if nesterov:
-            attrs["momentum"] = float(opt.value("defaultMomentum", w).val())
-            if not opt.value("defaultMomentum", w).isConst():
+        _update(ir, "SGD1Accumulate", [v, g], ["dampeningScaleFactor1"], attrs, extra, f"AcclUpdated___{w}", wt, fwd)
+        if "nesterovGradScaleFactor1" in scal:
+            mm = opt.value("defaultMomentum", w)
+            if not mm.isConst():
                 raise popart_exception("openipu supports nesterov SGD with a const momentum only: give "
                                        "defaultMomentum as (value, True)")
-        _update(ir, "SGD1VarUpdate", ins, names, attrs, extra, f"{UPDATED_PREFIX}{w}", wt, like)
+            _update(ir, "SGD1VarUpdate", [w, v, g],
+                    ["scaledLearningRate1", "nesterovGradScaleFactor1", "nesterovWeightDecay1"], attrs, extra,
+                    f"{UPDATED_PREFIX}{w}", wt, fwd, momentum=mm.val())
+        else:
+            _update(ir, "SGD1VarUpdate", [w, v], ["scaledLearningRate1"], attrs, extra, f"{UPDATED_PREFIX}{w}", wt, fwd)
         _update(ir, "SGD1AcclUpdate", [v, w], ["scaledMomentum1", "scaledWeightDecay1"], attrs, extra,
-                f"AcclFinal___{w}", wt, like)
+                f"AcclFinal___{w}", wt, fwd)
 
 
-def _update(ir, op_type, inputs, names, attrs, extra, out_id, wt, like):
+def _update(ir, op_type, inputs, names, attrs, extra, out_id, wt, fwd, **more):
+    """One update op writing ``inputs[0]``: its compound scalars ``names`` as attributes (const)
+    or trailing tensor inputs (``extra``), placed like the forward op ``fwd``."""
     ins = list(inputs) + [extra.get(n, "") for n in names]
     while ins and not ins[-1]:
         ins.pop()
     a = {n: attrs[n] for n in names if n in attrs}
-    if "momentum" in attrs and op_type == "SGD1VarUpdate":
-        a["momentum"] = attrs["momentum"]
+    a.update(more)
     a["scalar_names"] = list(names)
     op = ir.add_op(op_type, ins, [(out_id, wt.info.data_type(), wt.info.shape())], a, domain=GRAPHCORE,
-                   opset=1, name=f"{op_type}/{inputs[0]}", like=like.grad_of if like is not None and
-                   like.grad_of is not None else like, modifies=(0,))
-    op.grad_of = like.grad_of if like is not None else None
-    ir.updated[op.outputs[0]] = inputs[0]
+                   opset=1, name=f"{op_type}/{inputs[0]}", like=fwd, modifies=(0,))
+    op.grad_of = fwd
     return op
