@@ -33,14 +33,16 @@ inputShapeInfo=...)`` where symbolic input dims need an ``InputShapeInfo`` entry
 
 Training: ``TrainingSession(fnModel, dataFlow, loss, optimizer, deviceInfo, ...)`` with a loss
 from ``aiGraphcore.nllloss`` / ``l1loss`` / ``identityloss`` and ``ConstSGD`` / ``SGD``
-(momentum, dampening, weight decay, nesterov, velocity and loss scaling, per-weight values,
-non-const values changed by ``updateOptimizerFromHost``); call ``weightsFromHost()`` before the
-first ``run``. Gradients are ``Gradient___<id>`` (anchorable).
+(momentum, dampening, weight decay, nesterov, velocity and loss scaling, per-weight values),
+``Adam`` (Adam, AdamNoBias, AdaMax, Lamb, LambNoBias; decoupled or L2 weight decay) or
+``Adaptive`` (AdaGrad, RMSProp, CenteredRMSProp, AdaDelta), non-const values changed by
+``updateOptimizerFromHost``; gradient accumulation and graph replication (gradients all-reduced
+with ``gcl``); call ``weightsFromHost()`` before the first ``run``. Gradients are
+``Gradient___<id>`` (anchorable).
 
-Not supported yet: Adam / Adaptive optimizers, gradient accumulation and replication in
-training, pipelining, recomputation, execution phases, subgraph ops (If/Loop/Scan via the
-builder), custom C++ ops, engine caching. The PopART rule "import popart before onnx" is not
-enforced.
+Not supported yet: pipelining and recomputation in training, execution phases, subgraph ops
+(If/Loop/Scan via the builder), custom C++ ops, engine caching. The PopART rule "import popart
+before onnx" is not enforced.
 """
 
 from openipu.popart import builder, session, tensorinfo  # noqa: F401 - submodules as in PopART
@@ -59,7 +61,8 @@ from openipu.popart.errors import (OutOfMemoryException, RecoveryAction, _throw_
 from openipu.popart.log import Logger, getLogger
 from openipu.popart.options import *  # noqa: F401,F403 - enums and settings structs
 from openipu.popart.options import InputShapeInfo, Patterns, SessionOptions
-from openipu.popart.optimizer import ConstSGD, Optimizer, OptimizerValue, SGD, SGDAccumulatorAndMomentum
+from openipu.popart.optimizer import (Adam, AdamMode, Adaptive, AdaptiveMode, ConstSGD, Optimizer, OptimizerValue, SGD,
+                                     SGDAccumulatorAndMomentum, WeightDecayMode)
 from openipu.popart.session import InferenceSession, TrainingSession
 from openipu.popart.stepio import PyStepIO, PyStepIOCallback, PyWeightsIO
 from openipu.popart.tensorinfo import DataType, TensorInfo

@@ -129,6 +129,11 @@ class IrTensor:
     consumers: list = field(default_factory=list)
 
 
+#: PopART's ``ExecutionContext::AccumulateOuterFragment``: ops run once per batch, after the
+#: gradient accumulation loop (the weight update)
+OUTER_FRAGMENT = "AccumulateOuterFragment"
+
+
 @dataclass(eq=False)
 class IrOp:
     """One op: ONNX node plus its IR placement. ``lowering`` is ``"precise"`` (a PopLibs
@@ -150,6 +155,9 @@ class IrOp:
     modifies: tuple = ()
     #: the forward op a gradient op differentiates (it takes that op's placement)
     grad_of: "IrOp | None" = None
+    #: PopART's ``ExecutionContext``: "Normal" (every micro-batch) or "AccumulateOuterFragment"
+    #: (once per batch, after the gradient accumulation loop: the weight update)
+    execution_context: str = "Normal"
 
     @property
     def opid(self) -> str:
@@ -544,7 +552,7 @@ class Ir:
                                    f"{self.tensors[loss].info.data_type()}")
         seed = optimizer.loss_scaling_seed(self, opt, loss)
         self.weight_grads = autodiff.grow(self, loss, seed, self.training.get("patterns"))
-        optimizer.apply(self, opt, self.weight_grads, *optimizer.reduction_factors(self.options))
+        optimizer.apply(self, opt, self.weight_grads)
 
     # -- 5 --------------------------------------------------------------------------------
     def _validate_anchors(self):

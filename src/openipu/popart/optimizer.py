@@ -1,4 +1,5 @@
-"""PopART's optimizers: ``ConstSGD``, ``SGD`` and their hyper-parameters (``research/popart.md`` 1.12).
+"""PopART's optimizers: ``ConstSGD``, ``SGD``, ``Adam`` and ``Adaptive`` and their hyper-parameters
+(``research/popart.md`` 1.12).
 
 A hyper-parameter is an ``OptimizerValue`` ``(value, isConst)``. A const value is baked into the
 compiled graph; a non-const one is a device tensor that ``TrainingSession.updateOptimizerFromHost``
@@ -17,6 +18,10 @@ accumulation factor when gradients are meaned over it (else 1) and rf the replic
   ``w <- w - lr / (vs rf) * (vs rf (g / ls + wd w) + mm v)``.
 
 These match ``torch.optim.SGD`` whenever ``dm == 0`` (PyTorch does not dampen its first step).
+
+Adam and Adaptive follow PopART's ``adam.hpp`` / ``adaptive.hpp`` (equations in
+:mod:`openipu.popart.transforms.optimizer`); their gradient is first un-scaled by
+``1 / (ls * af)`` (``gradientScaling``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,32 @@ class SGDAccumulatorAndMomentum(enum.Enum):
 
     Combined = 0
     Separate = 1
+
+
+class WeightDecayMode(enum.Enum):
+    """``popart.WeightDecayMode``: ``Decay`` (decoupled, AdamW) or ``L2Regularization`` (``g += wd w``)."""
+
+    Decay = 0
+    L2Regularization = 1
+
+
+class AdamMode(enum.Enum):
+    """``popart.AdamMode``."""
+
+    Adam = 0
+    AdamNoBias = 1
+    Lamb = 2
+    LambNoBias = 3
+    AdaMax = 4
+
+
+class AdaptiveMode(enum.Enum):
+    """``popart.AdaptiveMode``."""
+
+    AdaGrad = 0
+    RMSProp = 1
+    CenteredRMSProp = 2
+    AdaDelta = 3
 
 
 class OptimizerValue:
@@ -187,10 +218,15 @@ class SGD(Optimizer):
     def _per(self, key):
         return _ValueMap(self, key)
 
-    def uses_momentum(self, weight: str | None = None) -> bool:
-        """Whether ``weight`` needs a velocity tensor (PopART: non-zero or non-const momentum)."""
+    def uses_velocity(self, weight: str | None = None, accumulating: bool = False) -> bool:
+        """Whether ``weight`` needs a velocity tensor, i.e. the SGD1 form (PopART: gradient
+        accumulation, or a non-zero or non-const momentum)."""
         mm = self.value("defaultMomentum", weight)
-        return not mm.isConst() or mm.val() != 0.0
+        return accumulating or not mm.isConst() or mm.val() != 0.0
+
+    def compound_scalars(self, weight: str, af: float = 1.0, rf: float = 1.0, accumulating: bool = False) -> dict:
+        """:func:`sgd_scalars`."""
+        return sgd_scalars(self, weight, af, rf, accumulating)
 
     def __repr__(self):
         return f"SGD({ {k: (v.val(), v.isConst()) for k, v in self._defaults.items()} })"
@@ -229,14 +265,17 @@ class _ValueMap:
 # ---------------------------------------------------------------------------------------------
 # compound scalars (PopART's ``compoundscalarhelper``): what the weight update ops read
 # ---------------------------------------------------------------------------------------------
-def sgd_scalars(opt: SGD, weight: str, af: float = 1.0, rf: float = 1.0) -> dict[str, tuple[float, bool]]:
+def sgd_scalars(opt: SGD, weight: str, af: float = 1.0, rf: float = 1.0,
+                accumulating: bool = False) -> dict[str, tuple[float, bool]]:
     """The compound scalars of ``weight``'s SGD update: name -> (value, isConst).
 
     Without momentum: ``weightDecayScaleFactor0``, ``scaledLearningRate0``. With momentum:
     ``dampeningScaleFactor1``, ``scaledLearningRate1``, ``scaledMomentum1``,
     ``scaledWeightDecay1`` (+ ``nesterovGradScaleFactor1`` with nesterov). A scalar is const
     when every hyper-parameter it is made from is. ``af``: accumulation divisor (1 for Sum
-    reduction); ``rf``: replication factor (velocity all-reduce scaling).
+    reduction); ``rf``: replication factor (velocity all-reduce scaling); ``accumulating``:
+    gradient accumulation is on (PopART then always uses the SGD1 form, accumulating into the
+    velocity).
     """
     v = {k: opt.value(k, weight) for k in opt.DEFAULTS}
     lr, wd, mm, dm, vs, ls = (v[k].val() for k in ("defaultLearningRate", "defaultWeightDecay", "defaultMomentum",
@@ -244,7 +283,7 @@ def sgd_scalars(opt: SGD, weight: str, af: float = 1.0, rf: float = 1.0) -> dict
 
     def const(*keys):
         return all(v[k].isConst() for k in keys)
-    if not opt.uses_momentum(weight):
+    if not opt.uses_velocity(weight, accumulating):
         return {"weightDecayScaleFactor0": (1.0 - lr * (1.0 - dm) * wd,
                                             const("defaultLearningRate", "defaultDampening", "defaultWeightDecay")),
                 "scaledLearningRate0": (lr * (1.0 - dm) / ls,
@@ -268,3 +307,139 @@ def initial_velocity(opt: SGD, weight: str, w0: np.ndarray) -> np.ndarray:
     scale = (1.0 - dm) * wd * vs
     return (np.asarray(w0, np.float32) * scale).astype(w0.dtype) if scale else np.zeros_like(w0)
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Adam and Adaptive
+# ---------------------------------------------------------------------------------------------
+def _dtype_name(t) -> str | None:
+    """A ``popart.DataType`` / string / None as a data type name (None: UNDEFINED)."""
+    if t is None:
+        return None
+    name = getattr(t, "name", str(t)).split(".")[-1].upper()
+    return None if name == "UNDEFINED" else name
+
+
+def _enum(cls, v, what):
+    if isinstance(v, cls):
+        return v
+    try:
+        return cls[str(v).split(".")[-1]]
+    except KeyError:
+        raise popart_exception(f"Invalid {what} '{v}': expected one of {', '.join(m.name for m in cls)}") from None
+
+
+def _gradient_scaling(v: dict, af: float) -> tuple[float, bool]:
+    """``1 / (ls * af)``: un-scales the (summed, loss-scaled) gradient; const iff ``ls`` is."""
+    ls = v["lossScaling"]
+    return 1.0 / (ls.val() * af), ls.isConst()
+
+
+class _StateOptimizer(Optimizer):
+    """Adam / Adaptive: per-weight state tensors of types ``accl1Type`` ... (FLOAT by default,
+    the weight's type when UNDEFINED), a weight decay mode, and compound scalars that are the
+    hyper-parameters themselves plus ``gradientScaling``."""
+
+    #: hyper-parameter key -> compound scalar name
+    SCALARS: dict = {}
+
+    def compound_scalars(self, weight: str, af: float = 1.0, rf: float = 1.0, accumulating: bool = False) -> dict:
+        """name -> (value, isConst) of ``weight``'s update: every hyper-parameter of
+        :attr:`SCALARS` and ``gradientScaling`` = ``1 / (ls * af)``."""
+        v = {k: self.value(k, weight) for k in self.DEFAULTS}
+        out = {name: (v[k].val(), v[k].isConst()) for k, name in self.SCALARS.items()}
+        out["gradientScaling"] = _gradient_scaling(v, af)
+        return out
+
+    def __repr__(self):
+        return f"{self.NAME}({ {k: (v.val(), v.isConst()) for k, v in self._defaults.items()} }, {self.mode.name})"
+
+
+class Adam(_StateOptimizer):
+    """``popart.Adam(values, mode=AdamMode.Adam, weight_decay_mode=WeightDecayMode.Decay,
+    accum_type=UNDEFINED, accl1_type=FLOAT, accl2_type=FLOAT, clip_norm_settings=[],
+    scaled_optimizer_state=False, debugContext="adam")`` (PopART's ``adam.hpp``).
+
+    ``values``: ``{key: (value, isConst)}`` with keys ``defaultLearningRate`` (0.1),
+    ``defaultWeightDecay`` (0), ``defaultBeta1`` (0.9), ``defaultBeta2`` (0.999),
+    ``defaultEps`` (1e-6), ``lossScaling`` (1), ``defaultMaxWeightNorm`` (10, Lamb's phi clip).
+    Modes ``Adam``, ``AdamNoBias`` (no bias correction), ``AdaMax``, ``Lamb``, ``LambNoBias``;
+    ``WeightDecayMode.Decay`` is decoupled weight decay (AdamW), ``L2Regularization`` adds
+    ``wd * w`` to the gradient. State per weight: ``Accl1___<w>`` (first moment, accl1_type),
+    ``Accl2___<w>`` (second moment, accl2_type), ``Step___<w>`` (FLOAT step counter).
+    Raises ``popart_exception`` for an unknown key ("Invalid Adam key, ...") or mode.
+    """
+
+    DEFAULTS = {"defaultLearningRate": (0.1, True), "defaultWeightDecay": (0.0, True),
+                "defaultBeta1": (0.9, True), "defaultBeta2": (0.999, True), "defaultEps": (1e-6, True),
+                "lossScaling": (1.0, True), "defaultMaxWeightNorm": (10.0, True)}
+    SCALARS = {"defaultLearningRate": "learningRate", "defaultWeightDecay": "weightDecay",
+               "defaultBeta1": "beta1", "defaultBeta2": "beta2", "defaultEps": "eps",
+               "defaultMaxWeightNorm": "maxWeightNorm"}
+    NAME = "Adam"
+
+    def __init__(self, values: dict | None = None, mode=AdamMode.Adam, weight_decay_mode=WeightDecayMode.Decay,
+                 accum_type=None, accl1_type="FLOAT", accl2_type="FLOAT", clip_norm_settings=(),
+                 scaled_optimizer_state: bool = False, debugContext: str = "adam"):  # noqa: N803
+        if values is not None and not isinstance(values, dict):
+            raise popart_exception("Adam expects a dict {key: (value, isConst)}, e.g. "
+                                   "popart.Adam({'defaultLearningRate': (1e-3, False)})")
+        super().__init__(dict(values or {}), "getOptimizerValueDictionary")
+        self.mode = _enum(AdamMode, mode, "AdamMode")
+        self.weight_decay_mode = _enum(WeightDecayMode, weight_decay_mode, "WeightDecayMode")
+        self.accum_type, self.accl1_type, self.accl2_type = (_dtype_name(t) for t in (accum_type, accl1_type,
+                                                                                        accl2_type))
+        self.clip_norm_settings = list(clip_norm_settings)
+        self.scaled_optimizer_state = bool(scaled_optimizer_state)
+        if self.scaled_optimizer_state:
+            raise popart_exception("openipu does not support scaled_optimizer_state yet: leave it False")
+
+    def learningRates(self):  # noqa: N802
+        return _ValueMap(self, "defaultLearningRate")
+
+    def weightDecays(self):  # noqa: N802
+        return _ValueMap(self, "defaultWeightDecay")
+
+    def beta1s(self):
+        return _ValueMap(self, "defaultBeta1")
+
+    def beta2s(self):
+        return _ValueMap(self, "defaultBeta2")
+
+    def epss(self):
+        return _ValueMap(self, "defaultEps")
+
+    def maxWeightNorms(self):  # noqa: N802
+        return _ValueMap(self, "defaultMaxWeightNorm")
+
+
+class Adaptive(_StateOptimizer):
+    """``popart.Adaptive(values, mode=AdaptiveMode.RMSProp, weight_decay_mode=WeightDecayMode.Decay,
+    accum_type=UNDEFINED, accl1_type=FLOAT, accl2_type=FLOAT, accl3_type=UNDEFINED,
+    rmsprop_tf_variant=False, debugContext="adaptive")`` (PopART's ``adaptive.hpp``).
+
+    ``values`` keys: ``defaultLearningRate`` (0.01), ``defaultWeightDecay`` (0),
+    ``defaultAlpha`` (0.99), ``defaultMomentum`` (0), ``defaultEps`` (1e-6), ``lossScaling`` (1).
+    Modes ``AdaGrad``, ``RMSProp``, ``CenteredRMSProp``, ``AdaDelta``. State per weight:
+    ``Accl1___<w>``, ``Accl2___<w>`` (CenteredRMSProp, AdaDelta), ``Accl3___<w>`` (momentum > 0).
+    """
+
+    DEFAULTS = {"defaultLearningRate": (0.01, True), "defaultWeightDecay": (0.0, True),
+                "defaultAlpha": (0.99, True), "defaultMomentum": (0.0, True), "defaultEps": (1e-6, True),
+                "lossScaling": (1.0, True)}
+    SCALARS = {"defaultLearningRate": "learningRate", "defaultWeightDecay": "weightDecay",
+               "defaultAlpha": "alpha", "defaultMomentum": "momentum", "defaultEps": "eps"}
+    NAME = "Adaptive"
+
+    def __init__(self, values: dict | None = None, mode=AdaptiveMode.RMSProp, weight_decay_mode=WeightDecayMode.Decay,
+                 accum_type=None, accl1_type="FLOAT", accl2_type="FLOAT", accl3_type=None,
+                 rmsprop_tf_variant: bool = False, debugContext: str = "adaptive"):  # noqa: N803
+        if values is not None and not isinstance(values, dict):
+            raise popart_exception("Adaptive expects a dict {key: (value, isConst)}, e.g. "
+                                   "popart.Adaptive({'defaultLearningRate': (0.01, True)})")
+        super().__init__(dict(values or {}), "getOptimizerValueDictionary")
+        self.mode = _enum(AdaptiveMode, mode, "AdaptiveMode")
+        self.weight_decay_mode = _enum(WeightDecayMode, weight_decay_mode, "WeightDecayMode")
+        self.accum_type, self.accl1_type, self.accl2_type, self.accl3_type = (
+            _dtype_name(t) for t in (accum_type, accl1_type, accl2_type, accl3_type))
+        self.rmsprop_tf_variant = bool(rmsprop_tf_variant)

@@ -166,7 +166,9 @@ def plan(ir, options) -> OutlinePlan:
     threshold = float(options.outlineThreshold)
     keys = _op_keys(ir)
     values = np.array([_op_value(op) for op in ops])
-    free = np.ones(len(ops), bool)
+    # ops that write a variable in place (weight updates) and the once-per-batch ops after the
+    # gradient accumulation loop stay out of subgraphs
+    free = np.array([not op.modifies and op.execution_context == "Normal" for op in ops], bool)
     anchored = {ir.anchor_alias.get(a, a) for a in ir.data_flow.anchors()}
     subgraphs: list[Subgraph] = []
     at: dict = {}

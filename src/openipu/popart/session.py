@@ -427,16 +427,23 @@ class _SessionBase:
         return {i.name for i in self._ir.model.graph.initializer}
 
     def modelToHost(self, fn: str) -> None:  # noqa: N802
-        """Write the ONNX model with the current weights (fetched from the device) to ``fn``."""
+        """Write the ONNX model with the current weights (fetched from the device) to ``fn``. A
+        training session also writes its optimizer state (``Accl1___<w>``, ``Step___<w>``, ...)
+        as initializers, as PopART does: a session made from that file resumes from it."""
         if self._engine is not None and self._engine._storage is not None and self._host_weights:
             self.weightsToHost()
         m = onnx.ModelProto()
         m.CopyFrom(self._ir.model)
+        names = set()
         for init in m.graph.initializer:
+            names.add(init.name)
             if init.name in self._host_weights:
                 init.CopyFrom(numpy_helper.from_array(self._host_weights[init.name], init.name))
             elif init.name in self._ir.weights:     # a weight the IR took out of its proto
                 init.CopyFrom(numpy_helper.from_array(np.asarray(self._ir.weights[init.name]), init.name))
+        for tid, arr in self._host_weights.items():
+            if tid not in names:                   # optimizer state
+                m.graph.initializer.append(numpy_helper.from_array(arr, tid))
         onnx.save(m, fn)
 
     def resetHostWeights(self, modelProtoOrFilename, ignoreWeightsInModelWithoutCorrespondingHostWeight=False):  # noqa: N802,N803
@@ -479,11 +486,13 @@ class TrainingSession(_SessionBase):
     inputShapeInfo=InputShapeInfo(), patterns=None, userOptions=SessionOptions(), name="training")``.
 
     ``loss``: the id of a scalar float tensor (a loss op's output, e.g. ``aiGraphcore.nllloss``);
-    ``optimizer``: :class:`popart.SGD` / :class:`popart.ConstSGD`. The constructor builds the
-    forward IR, the backward ops (:mod:`openipu.popart.transforms.autodiff`) and one update per
-    trainable weight (every float initializer with a path to the loss); each ``run`` runs
-    ``batchesPerStep`` forward, backward and update passes. Weight gradients are anchorable as
-    ``Gradient___<weight>``.
+    ``optimizer``: :class:`popart.SGD` / :class:`popart.ConstSGD` / :class:`popart.Adam` /
+    :class:`popart.Adaptive`. The constructor builds the forward IR, the backward ops
+    (:mod:`openipu.popart.transforms.autodiff`) and the updates of every trainable weight (every
+    float initializer with a path to the loss; :mod:`openipu.popart.transforms.optimizer`); each
+    ``run`` runs ``batchesPerStep`` weight updates, each of ``accumulationFactor`` micro-batches
+    per replica (``replicatedGraphCount`` replicas all-reduce their gradients). Weight gradients
+    are anchorable as ``Gradient___<weight>``.
 
     Raises ``popart_exception``: "Could not find loss tensor '...' in main graph tensors", "Loss
     tensor, '...', must be a scalar tensor", an op without a gradient on a weight's path to the
@@ -510,8 +519,6 @@ class TrainingSession(_SessionBase):
         self._weights_sent = False
         o = userOptions if userOptions is not None else SessionOptions()
         unsupported = [what for what, on in (
-            ("gradient accumulation", o.enableGradientAccumulation and int(o.accumulationFactor) > 1),
-            ("graph replication", o.enableReplicatedGraphs and int(o.replicatedGraphCount) > 1),
             ("pipelining", bool(o.enablePipelining)),
             ("automatic recomputation", not str(o.autoRecomputation).endswith("NoRecompute"))) if on]
         if unsupported:
@@ -544,12 +551,12 @@ class TrainingSession(_SessionBase):
         super().run(stepio, debugName)
 
     def _scalars(self, opt) -> dict:
-        from openipu.popart.transforms.optimizer import reduction_factors, scalar_values
-        vals = scalar_values(opt, list(self._ir.weight_grads), *reduction_factors(self.options))
+        from openipu.popart.transforms.optimizer import LOSS_SCALING_PREFIX, loss_seed, scalar_values
+        vals = scalar_values(opt, list(self._ir.weight_grads), self.options)
         loss = self._ir.training["loss"]
-        ls = f"lossScaling_{self._ir.tensors[loss].info.data_type()}"
+        ls = f"{LOSS_SCALING_PREFIX}{self._ir.tensors[loss].info.data_type()}"
         if ls in self._ir.optimizer_tensors:
-            vals[ls] = opt.lossScaling().val()
+            vals[ls] = loss_seed(opt, self.options)
         return vals
 
     def _send_optimizer(self):

@@ -20,12 +20,15 @@ predicate (e.g. integer division). Every other op with a host kernel goes throug
 - :mod:`.variadic`: Sum, Mean -> one fused ``popops.map``;
 - :mod:`.views`: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Identity, Dropout (inference),
   Concat -> Poplar tensor views (PopART's in-place variants);
-- :mod:`.varupdate`: the weight update ops of training (SGD0VarUpdate, SGD1*) -> ``popops``
-  scaled adds in place;
+- :mod:`.varupdate`: the weight update ops of training (SGD0VarUpdate, SGD1*, Accumulate,
+  AdamUpdater, LambSquare, AdamVarUpdate, RMSPropUpdater, AdaDeltaUpdater, ScaledVarUpdate,
+  AccumulatorUpdate) -> ``popops`` scaled adds / maps / reduces in place; ReplicatedAllReduce(Inplace)
+  -> ``gcl`` all-reduces;
 - :mod:`.grad`: the ``ai.graphcore`` gradient ops with a PopLibs form (non-linearity gradients ->
   ``popnn.nonLinearityInputGradient``; ConvDataGrad / ConvWeightsGrad -> ``poplin``);
 - :mod:`.generic`: everything else with an onnx_ops kernel;
-- :mod:`.program`: the session programs (host streams, ``Repeat(batchesPerStep)``, anchor copies
+- :mod:`.program`: the session programs (host streams, ``Repeat(batchesPerStep)`` around
+  ``Repeat(accumulationFactor)`` and the accumulate outer fragment in training, anchor copies
   by return type, weight transfers, inter-IPU copies via :class:`.context.LoweringContext`).
 
 A lowering function is ``fn(ctx, op) -> list of poplar Tensors`` (one per op output), appending

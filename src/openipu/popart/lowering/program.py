@@ -36,6 +36,7 @@ from openipu.poplibs import popops, poputil
 from openipu.poplibs.popops._common import tile_counts_of
 from openipu.popart import outline
 from openipu.popart.dataflow import AnchorReturnTypeId
+from openipu.popart.ir import OUTER_FRAGMENT
 from openipu.popart.lowering import precise_lowering
 from openipu.popart.lowering.context import LoweringContext, variables_of
 from openipu.popart.lowering.creators import weight_creator
@@ -212,6 +213,7 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
     # the model; outlined op sequences (SubgraphOutline) are called
     plan = outline.plan(ir, options)
     ctx.fix_current()
+    main, outer = ctx.prog, P.Sequence(name="accumulateOuterFragment")
     i = 0
     while i < len(ir.ops):
         if i in plan.at:
@@ -219,7 +221,9 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
             _call_subgraph(ctx, ir.ops, sg, j, out, progress)
             i += sg.length
             continue
+        ctx.prog = outer if ir.ops[i].execution_context == OUTER_FRAGMENT else main
         _lower_op(ctx, ir.ops[i], i, out)
+        ctx.prog = main
         if progress:
             progress()
         i += 1
@@ -259,9 +263,10 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
         else:
             everyn.setdefault(art.rp(), []).append(P.Copy(t, s, debugContext=f"anchor({a})"))
     step = P.Sequence([pre])
-    if not everyn:
+    af = options.accumulation_factor() if ir.training is not None else 1
+    if af == 1 and not everyn:
         step.add(P.Repeat(bps, body, debugContext="batchesPerStep"))
-    else:
+    elif af == 1:
         period = math.lcm(*everyn)
         marks = sorted({m for n in everyn for m in range(n, period + 1, n)})
         seg = P.Sequence()
@@ -273,6 +278,24 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
                     seg.add(P.Sequence(copies))
             prev = m
         step.add(P.Repeat(bps // period, seg, debugContext="batchesPerStep"))
+    else:
+        # gradient accumulation: each batch runs af micro-batches, then the outer fragment (the
+        # weight update); an EVERYN anchor is copied every micro-batch of every N-th batch
+        def batch(copies=()):
+            inner = P.Sequence([body, *copies]) if copies else body
+            return P.Sequence([P.Repeat(af, inner, debugContext="accumulationFactor"), outer])
+        if not everyn:
+            step.add(P.Repeat(bps, batch(), debugContext="batchesPerStep"))
+        else:
+            period = math.lcm(*everyn)
+            seg = P.Sequence()
+            prev = 0
+            for m in sorted({m for n in everyn for m in range(n, period + 1, n)}):
+                if m - prev > 1:
+                    seg.add(P.Repeat(m - prev - 1, batch()))
+                seg.add(batch([c for n, copies in everyn.items() if m % n == 0 for c in copies]))
+                prev = m
+            step.add(P.Repeat(bps // period, seg, debugContext="batchesPerStep"))
     step.add(post)
     wfh = P.Sequence([P.Copy(graph._state.streams[h], ctx.get(tid, ctx._home[tid]))
                       for tid, h in out.weights_in.items()], name="weightsFromHost")

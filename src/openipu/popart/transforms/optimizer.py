@@ -1,18 +1,49 @@
-"""The weight update ops of a training session (PopART's ``Optimizer::createOp`` per weight,
-after ``constructBackwards``), in ``ai.graphcore``, each writing its first input in place:
+"""The weight update ops of a training session (PopART's ``Optimizer::createOp`` per weight and the
+``SGD*Combo`` / ``AdamDecompose`` / ``AdaptiveDecompose`` patterns, after ``constructBackwards``),
+in ``ai.graphcore``. Every op writes its first input in place (``IrOp.modifies``).
 
-- no momentum: ``SGD0VarUpdate(w, g)``: ``w = w * wdsf0 - slr0 * g``;
-- momentum (``SGDAccumulatorAndMomentum.Combined``): ``SGD1Accumulate(v, g)``:
-  ``v += dpsf1 * g``; ``SGD1VarUpdate(w, v)``: ``w -= slr1 * v`` (with nesterov
-  ``SGD1VarUpdate(w, v, g)``: ``w -= slr1 * (ngsf1 * g + nwd1 * w + mm * v)``);
+**SGD** (:mod:`openipu.popart.optimizer` for the compound scalars):
+
+- no momentum, no accumulation: ``SGD0VarUpdate(w, g)``: ``w = w * wdsf0 - slr0 * g``;
+- otherwise (``SGDAccumulatorAndMomentum.Combined``): ``SGD1Accumulate(v, g)``:
+  ``v += dpsf1 * g`` (every micro-batch); ``SGD1VarUpdate(w, v)``: ``w -= slr1 * v`` (with
+  nesterov ``SGD1VarUpdate(w, v, g)``: ``w -= slr1 * (ngsf1 * g + nwd1 * w + mm * v)``);
   ``SGD1AcclUpdate(v, w)``: ``v = v * smm1 + swd1 * w``.
 
-The compound scalars (:func:`openipu.popart.optimizer.sgd_scalars`) are attributes when const;
-a non-const one is an optimizer tensor (a scalar FLOAT device variable, written by
-``optimizerFromHost``) passed as an extra input, named as PopART names them
-(``Default<Name>___FLOAT`` for the session default, ``Specific<Name>___<weight>`` for a weight
-with ``insertSpecific`` values). The velocity ``Accl___<weight>`` is a Variable of the weight's
-type and shape, initialised to SGD1's initial value.
+**Adam** (``adam.hpp``), with ``s = gs * g`` (``gs = 1 / (ls af)``), plus ``wd * w`` in
+``L2Regularization`` mode: ``Accumulate(m, g)`` MovingAverage ``m = b1 m + (1 - b1) s``;
+``Accumulate(v, g)`` MovingAverageSquare ``v = b2 v + (1 - b2) s^2`` (AdaMax: Infinity
+``v = max(b2 v, |s|)``); ``AdamUpdater(m, v, t, w) -> x``: ``t += 1``,
+``x = mc / (sqrt(vc) + eps)`` (AdaMax ``mc / (v + eps)``) ``+ wd * w`` in Decay mode, with the
+bias corrections ``mc = m / (1 - b1^t)``, ``vc = v / (1 - b2^t)`` (none in the NoBias modes,
+``vc = v`` for AdaMax); Lamb: ``LambSquare(w) -> r1sq``, ``LambSquare(x) -> r2sq``;
+``AdamVarUpdate(w, x[, r1sq, r2sq])``: ``w -= lr * x`` (Lamb: ``* min(r1, mwn) / r2``, 1 when
+either norm is 0).
+
+**Adaptive** (``adaptive.hpp``), same ``s``: ``Accumulate(v1, g)`` (AdaGrad DampenedAddSquare
+``v1 += s^2``, else MovingAverageSquare with ``alpha``); CenteredRMSProp ``Accumulate(v2, g)``
+MovingAverage; ``RMSPropUpdater(g, v1[, v2]) -> x = s / (sqrt(v1 - v2^2) + eps)`` (TF variant:
+``eps`` inside the root) or ``AdaDeltaUpdater(g, v1, v2) -> x = s sqrt(v2 + eps) / sqrt(v1 + eps)``
+then ``Accumulate(v2, x)`` MovingAverageSquare; momentum ``m > 0``: ``Accumulate(v3, x)`` DecayAdd
+``v3 = m v3 + x`` (TF variant: ``+ lr x``); ``ScaledVarUpdate(w, v3)``: ``w -= lr (v3 + wd w)``
+(``wd w`` in Decay mode only; TF variant with momentum: no ``lr``).
+
+**Scale-out.** Replicas all-reduce (sum) the gradient (``ReplicatedAllReduce``, PopART's
+``GradReduce``) or, with accumulation or SGD1, the accumulator / velocity in place
+(``ReplicatedAllReduceInplace``: ``AccumReduce`` / ``AcclReduce``). With gradient accumulation
+the gradient is summed into ``Accum___<w>`` by ``Accumulate`` Add every micro-batch; the
+all-reduce, the update ops and ``AccumulatorUpdate`` (zeroing the accumulator) run once per
+batch, in the ``AccumulateOuterFragment`` execution context. With
+``accumulationAndReplicationReductionType`` Mean the loss gradient is divided by the replication
+factor and the update by the accumulation factor (``sgd.hpp``), so training does not depend on
+the number of replicas.
+
+A compound scalar is an attribute when const; a non-const one is an optimizer tensor (a scalar
+FLOAT device variable written by ``optimizerFromHost``) passed as an extra input, named
+``Default<Name>___FLOAT`` (session default) or ``Specific<Name>___<weight>``. State tensors are
+Variables (``Accl___``, ``Accl1___``, ``Accl2___``, ``Accl3___``, ``Step___``, ``Accum___`` +
+weight id) initialised from the model when it has an initializer of that name (a model written
+by ``modelToHost``), else to PopART's initial value.
 """
 
 from __future__ import annotations
@@ -21,10 +52,14 @@ import numpy as np
 
 from openipu.popart.errors import popart_exception
 from openipu.popart.grads import GRAPHCORE
-from openipu.popart.optimizer import SGD, initial_velocity, sgd_scalars
+from openipu.popart.ir import OUTER_FRAGMENT
+from openipu.popart.optimizer import (SGD, Adam, AdamMode, Adaptive, AdaptiveMode, WeightDecayMode,
+                                      initial_velocity)
+from openipu.popart.tensorinfo import NUMPY_OF
 from openipu.popart.transforms.autodiff import forward_op
 
 ACCL_PREFIX = "Accl___"
+ACCUM_PREFIX = "Accum___"
 UPDATED_PREFIX = "UpdatedVar___"
 LOSS_SCALING_PREFIX = "lossScaling_"
 
@@ -34,91 +69,260 @@ def _scalar_id(opt, name: str, weight: str) -> str:
     return f"Specific{cap}___{weight}" if opt.hasSpecific(weight) else f"Default{cap}___FLOAT"
 
 
+def _mean(options) -> bool:
+    return str(options.accumulationAndReplicationReductionType).endswith("Mean")
+
+
 def reduction_factors(options) -> tuple[float, float]:
     """``(af, rf)`` of the update equations: the accumulation factor when gradients are meaned
     over it (``accumulationAndReplicationReductionType`` Mean), else 1; the replication factor."""
-    mean = str(options.accumulationAndReplicationReductionType).endswith("Mean")
-    return (float(options.accumulation_factor()) if mean else 1.0), float(options.replication_factor())
+    return (float(options.accumulation_factor()) if _mean(options) else 1.0), float(options.replication_factor())
 
 
-def scalar_values(opt, weights: list[str], af: float, rf: float) -> dict[str, float]:
+def loss_seed(opt, options) -> float:
+    """The loss gradient's value: the loss scaling, over the replication factor when gradients
+    are meaned over replicas (PopART's ``GradGrowerLoss``)."""
+    rf = options.replication_factor()
+    return opt.lossScaling().val() / (rf if _mean(options) and rf > 1 else 1)
+
+
+def scalar_values(opt, weights: list[str], options) -> dict[str, float]:
     """Values of the non-const optimizer tensors: id -> value (for ``optimizerFromHost``)."""
+    af, rf = reduction_factors(options)
+    acc = options.accumulation_factor() > 1
     out = {}
     for w in weights:
-        for name, (val, const) in sgd_scalars(opt, w, af, rf).items():
+        for name, (val, const) in opt.compound_scalars(w, af, rf, acc).items():
             if not const:
                 out[_scalar_id(opt, name, w)] = val
     return out
 
 
 def loss_scaling_seed(ir, opt, loss: str) -> str | float:
-    """The loss gradient: the const loss scaling, or the ``lossScaling_<TYPE>`` tensor."""
+    """The loss gradient: a float (const loss scaling), or the ``lossScaling_<TYPE>`` tensor
+    (holding :func:`loss_seed`)."""
     ls = opt.lossScaling()
     if ls.isConst():
-        return ls.val()
+        return loss_seed(opt, ir.options)
     dtype = ir.tensors[loss].info.data_type()
     tid = f"{LOSS_SCALING_PREFIX}{dtype}"
     if tid not in ir.tensors:
-        from openipu.popart.tensorinfo import NUMPY_OF
         ir._add_tensor(tid, dtype, list(ir.tensors[loss].info.shape()), "Variable",
-                       np.full(ir.tensors[loss].info.shape(), ls.val(), NUMPY_OF[dtype]))
+                       np.full(ir.tensors[loss].info.shape(), loss_seed(opt, ir.options), NUMPY_OF[dtype]))
         ir.optimizer_tensors.add(tid)
     return tid
 
 
-def apply(ir, opt, grads: dict[str, str], af: float = 1.0, rf: float = 1.0) -> None:
-    """Append the update ops of every weight in ``grads`` (weight id -> gradient id)."""
-    if not isinstance(opt, SGD):
-        raise popart_exception(f"openipu does not support the {type(opt).__name__} optimizer yet: use popart.SGD "
-                               "or popart.ConstSGD")
-    for w, g in grads.items():
-        wt = ir.tensors[w]
-        scal = sgd_scalars(opt, w, af, rf)
-        attrs, extra = {}, {}
-        for name, (val, const) in scal.items():
-            if const:
-                attrs[name] = float(val)
+class _Updates:
+    """Adds one weight's update ops: compound scalars as attributes or optimizer tensors,
+    placement of the weight's forward consumer, the execution context."""
+
+    def __init__(self, ir, opt, w: str, g: str, af: float, rf: float, accumulating: bool):
+        self.ir, self.opt, self.w = ir, opt, w
+        self.wt = ir.tensors[w]
+        self.fwd = forward_op(ir, g)
+        self.scal = opt.compound_scalars(w, af, rf, accumulating)
+        self.context = "Normal"
+
+    def scalar(self, name: str):
+        """(attribute value or None, tensor id or "") of compound scalar ``name``."""
+        val, const = self.scal[name]
+        if const:
+            return float(val), ""
+        tid = _scalar_id(self.opt, name, self.w)
+        if tid not in self.ir.tensors:
+            self.ir._add_tensor(tid, "FLOAT", [], "Variable", np.asarray(val, np.float32))
+            self.ir.optimizer_tensors.add(tid)
+        return None, tid
+
+    def state(self, prefix: str, dtype: str | None, init=None, shape=None) -> str:
+        """The state Variable ``<prefix><weight>`` of type ``dtype`` (None: the weight's), from
+        the model's initializer of that name if it has one, else ``init`` (default zeros)."""
+        tid = f"{prefix}{self.w}"
+        shape = list(self.wt.info.shape()) if shape is None else list(shape)
+        dtype = dtype or self.wt.info.data_type()
+        t = self.ir.tensors.get(tid)
+        if t is not None:
+            if t.kind != "Variable" or list(t.info.shape()) != shape or t.info.data_type() != dtype:
+                raise popart_exception(f"The model's initializer {tid} is not the {dtype} {shape} optimizer state "
+                                       f"of {self.w} (it is {t.info.data_type()} {list(t.info.shape())}): rename it")
+            return tid
+        value = np.zeros(shape, NUMPY_OF[dtype]) if init is None else np.asarray(init).astype(NUMPY_OF[dtype])
+        self.ir._add_tensor(tid, dtype, shape, "Variable", value)
+        return tid
+
+    def op(self, op_type: str, inputs: list, scalars=(), out: str = "", out_dtype=None, out_shape=None,
+           modifies=(0,), **attrs):
+        """An update op: tensor ``inputs``, then its compound scalars ``scalars`` (each a name, or a
+        ``(role, name)`` pair when the op reads scalar ``name`` as its ``role``): const ones are
+        attributes named by role, non-const ones trailing tensor inputs; ``scalar_names`` lists
+        the roles in order. Returns its output id."""
+        extra = []
+        a = dict(attrs)
+        roles = []
+        for item in scalars:
+            role, name = item if isinstance(item, tuple) else (item, item)
+            roles.append(role)
+            val, tid = self.scalar(name)
+            if tid:
+                extra.append(tid)
             else:
-                tid = _scalar_id(opt, name, w)
-                if tid not in ir.tensors:
-                    ir._add_tensor(tid, "FLOAT", [], "Variable", np.asarray(val, np.float32))
-                    ir.optimizer_tensors.add(tid)
-                extra[name] = tid
-        if ir.tensors[g].info.data_type() != wt.info.data_type():
+                a[role] = val
+                extra.append("")
+        ins = list(inputs) + extra
+        while ins and not ins[-1]:
+            ins.pop()
+        a["scalar_names"] = roles
+        a["n_tensors"] = len(inputs)
+        first = self.ir.tensors[inputs[0]].info
+        out = out or f"{op_type}___{inputs[0]}"
+        dtype = out_dtype or first.data_type()
+        shape = first.shape() if out_shape is None else out_shape
+        op = self.ir.add_op(op_type, ins, [(out, dtype, shape)], a, domain=GRAPHCORE, opset=1,
+                            name=f"{op_type}/{inputs[0]}", like=self.fwd, modifies=tuple(modifies))
+        op.grad_of = self.fwd
+        op.execution_context = self.context
+        return op.outputs[0]
+
+    def all_reduce(self, t: str, in_place: bool) -> str:
+        if in_place:
+            return self.op("ReplicatedAllReduceInplace", [t], out=f"{t}__reduced")
+        return self.op("ReplicatedAllReduce", [t], out=f"{t}__reduced", modifies=())
+
+
+def apply(ir, opt, grads: dict[str, str]) -> None:
+    """Append the update ops of every weight in ``grads`` (weight id -> gradient id).
+    Raises ``popart_exception`` for a gradient of another type than its weight, and for
+    combinations openipu does not support (nesterov with replication or accumulation)."""
+    af, rf = reduction_factors(ir.options)
+    acc = ir.options.accumulation_factor() > 1
+    repl = ir.options.replication_factor() > 1
+    for w, g in grads.items():
+        if ir.tensors[g].info.data_type() != ir.tensors[w].info.data_type():
             raise popart_exception(f"The gradient of weight {w} is {ir.tensors[g].info.data_type()} but the weight is "
-                                   f"{wt.info.data_type()}")
-        fwd = forward_op(ir, g)
-        if not opt.uses_momentum(w):
-            _update(ir, "SGD0VarUpdate", [w, g], ["weightDecayScaleFactor0", "scaledLearningRate0"], attrs, extra,
-                    f"{UPDATED_PREFIX}{w}", wt, fwd)
-            continue
-        v = f"{ACCL_PREFIX}{w}"
-        ir._add_tensor(v, wt.info.data_type(), list(wt.info.shape()), "Variable", initial_velocity(opt, w, wt.value))
-        _update(ir, "SGD1Accumulate", [v, g], ["dampeningScaleFactor1"], attrs, extra, f"AcclUpdated___{w}", wt, fwd)
-        if "nesterovGradScaleFactor1" in scal:
-            mm = opt.value("defaultMomentum", w)
-            if not mm.isConst():
-                raise popart_exception("openipu supports nesterov SGD with a const momentum only: give "
-                                       "defaultMomentum as (value, True)")
-            _update(ir, "SGD1VarUpdate", [w, v, g],
-                    ["scaledLearningRate1", "nesterovGradScaleFactor1", "nesterovWeightDecay1"], attrs, extra,
-                    f"{UPDATED_PREFIX}{w}", wt, fwd, momentum=mm.val())
+                                   f"{ir.tensors[w].info.data_type()}")
+        u = _Updates(ir, opt, w, g, af, rf, acc)
+        if isinstance(opt, SGD):
+            _sgd(u, g, acc, repl)
+        elif isinstance(opt, (Adam, Adaptive)):
+            if acc:     # sum the micro-batches' gradients
+                accum = u.state(ACCUM_PREFIX, opt.accum_type)
+                u.op("Accumulate", [accum, g], accumulationType="Add", out=f"AccumUpdated___{w}")
+                u.context = OUTER_FRAGMENT
+                g = u.all_reduce(accum, True) if repl else accum
+            elif repl:
+                g = u.all_reduce(g, False)
+            (_adam if isinstance(opt, Adam) else _adaptive)(u, g)
+            if acc:
+                u.op("AccumulatorUpdate", [accum], out=f"{UPDATED_PREFIX}{accum}")
         else:
-            _update(ir, "SGD1VarUpdate", [w, v], ["scaledLearningRate1"], attrs, extra, f"{UPDATED_PREFIX}{w}", wt, fwd)
-        _update(ir, "SGD1AcclUpdate", [v, w], ["scaledMomentum1", "scaledWeightDecay1"], attrs, extra,
-                f"AcclFinal___{w}", wt, fwd)
+            raise popart_exception(f"openipu does not support the {type(opt).__name__} optimizer: use popart.SGD, "
+                                   "popart.ConstSGD, popart.Adam or popart.Adaptive")
 
 
-def _update(ir, op_type, inputs, names, attrs, extra, out_id, wt, fwd, **more):
-    """One update op writing ``inputs[0]``: its compound scalars ``names`` as attributes (const)
-    or trailing tensor inputs (``extra``), placed like the forward op ``fwd``."""
-    ins = list(inputs) + [extra.get(n, "") for n in names]
-    while ins and not ins[-1]:
-        ins.pop()
-    a = {n: attrs[n] for n in names if n in attrs}
-    a.update(more)
-    a["scalar_names"] = list(names)
-    op = ir.add_op(op_type, ins, [(out_id, wt.info.data_type(), wt.info.shape())], a, domain=GRAPHCORE,
-                   opset=1, name=f"{op_type}/{inputs[0]}", like=fwd, modifies=(0,))
-    op.grad_of = fwd
-    return op
+def _sgd(u: _Updates, g: str, acc: bool, repl: bool) -> None:
+    opt, w = u.opt, u.w
+    if not opt.uses_velocity(w, acc):
+        if repl:
+            g = u.all_reduce(g, False)
+        u.op("SGD0VarUpdate", [w, g], ["weightDecayScaleFactor0", "scaledLearningRate0"], out=f"{UPDATED_PREFIX}{w}")
+        return
+    nesterov = "nesterovGradScaleFactor1" in u.scal
+    if nesterov and (acc or repl):
+        raise popart_exception("openipu supports nesterov SGD without gradient accumulation and replication only")
+    v = u.state(ACCL_PREFIX, None, initial_velocity(opt, w, u.wt.value))
+    u.op("SGD1Accumulate", [v, g], ["dampeningScaleFactor1"], out=f"AcclUpdated___{w}")
+    if acc:
+        u.context = OUTER_FRAGMENT
+    if repl:
+        u.all_reduce(v, True)
+    if nesterov:
+        mm = opt.value("defaultMomentum", w)
+        if not mm.isConst():
+            raise popart_exception("openipu supports nesterov SGD with a const momentum only: give "
+                                   "defaultMomentum as (value, True)")
+        u.op("SGD1VarUpdate", [w, v, g], ["scaledLearningRate1", "nesterovGradScaleFactor1", "nesterovWeightDecay1"],
+             out=f"{UPDATED_PREFIX}{w}", momentum=mm.val())
+    else:
+        u.op("SGD1VarUpdate", [w, v], ["scaledLearningRate1"], out=f"{UPDATED_PREFIX}{w}")
+    u.op("SGD1AcclUpdate", [v, w], ["scaledMomentum1", "scaledWeightDecay1"], out=f"AcclFinal___{w}")
+
+
+def _l2(u: _Updates) -> bool:
+    """Whether the gradient gets ``wd * w`` (L2Regularization mode with a non-zero weight decay)."""
+    val, const = u.scal["weightDecay"]
+    return u.opt.weight_decay_mode == WeightDecayMode.L2Regularization and (val != 0.0 or not const)
+
+
+def _decay(u: _Updates) -> bool:
+    val, const = u.scal["weightDecay"]
+    return u.opt.weight_decay_mode == WeightDecayMode.Decay and (val != 0.0 or not const)
+
+
+def _accumulate(u: _Updates, accl: str, g: str, kind: str, factor: str | None, l2: bool,
+                scale: str | None = "gradientScaling") -> str:
+    """``Accumulate`` of ``kind`` into ``accl`` of ``s = scale * g (+ wd * w)``: ``factor`` and
+    ``scale`` name compound scalars (None: none); ``l2`` adds the L2 term (``w`` then is the
+    third tensor input)."""
+    ins = [accl, g] + ([u.w] if l2 else [])
+    names = ([("factor", factor)] if factor else []) + ([("gradientScaling", scale)] if scale else []) + \
+        (["weightDecay"] if l2 else [])
+    return u.op("Accumulate", ins, names, accumulationType=kind, out=f"{accl}__updated")
+
+
+def _adam(u: _Updates, g: str) -> None:
+    opt, w = u.opt, u.w
+    mode = opt.mode
+    l2, decay = _l2(u), _decay(u)
+    m = u.state("Accl1___", opt.accl1_type)
+    v = u.state("Accl2___", opt.accl2_type)
+    t = u.state("Step___", "FLOAT", shape=[])
+    _accumulate(u, m, g, "MovingAverage", "beta1", l2)
+    _accumulate(u, v, g, "Infinity" if mode == AdamMode.AdaMax else "MovingAverageSquare", "beta2", l2)
+    x = u.op("AdamUpdater", [m, v, t] + ([w] if decay else []), ["beta1", "beta2", "eps"] +
+             (["weightDecay"] if decay else []), out=f"AdamUpdater___{w}", out_dtype=u.wt.info.data_type(),
+             out_shape=u.wt.info.shape(), modifies=(2,), mode=mode.name)
+    if mode in (AdamMode.Lamb, AdamMode.LambNoBias):
+        r1 = u.op("LambSquare", [w], out=f"LambR1Sq___{w}", out_dtype="FLOAT", out_shape=[], modifies=())
+        r2 = u.op("LambSquare", [x], out=f"LambR2Sq___{w}", out_dtype="FLOAT", out_shape=[], modifies=())
+        u.op("AdamVarUpdate", [w, x, r1, r2], ["learningRate", "maxWeightNorm"], out=f"{UPDATED_PREFIX}{w}")
+    else:
+        u.op("AdamVarUpdate", [w, x], ["learningRate"], out=f"{UPDATED_PREFIX}{w}")
+
+
+def _adaptive(u: _Updates, g: str) -> None:
+    opt, w = u.opt, u.w
+    mode = opt.mode
+    l2, decay = _l2(u), _decay(u)
+    wl2 = [w] if l2 else []
+    sl2 = ["weightDecay"] if l2 else []
+    v1 = u.state("Accl1___", opt.accl1_type)
+    if mode == AdaptiveMode.AdaGrad:
+        _accumulate(u, v1, g, "DampenedAddSquare", None, l2)
+    else:
+        _accumulate(u, v1, g, "MovingAverageSquare", "alpha", l2)
+    if mode == AdaptiveMode.AdaDelta:
+        v2 = u.state("Accl2___", opt.accl2_type)
+        x = u.op("AdaDeltaUpdater", [g, v1, v2] + wl2, ["eps", "gradientScaling"] + sl2,
+                 out=f"AdaDeltaUpdater___{w}", modifies=())
+        _accumulate(u, v2, x, "MovingAverageSquare", "alpha", False, scale=None)
+    else:
+        state = [v1]
+        if mode == AdaptiveMode.CenteredRMSProp:
+            v2 = u.state("Accl2___", opt.accl2_type)
+            _accumulate(u, v2, g, "MovingAverage", "alpha", l2)
+            state.append(v2)
+        x = u.op("RMSPropUpdater", [g, *state] + wl2, ["eps", "gradientScaling"] + sl2,
+                 out=f"RMSPropUpdater___{w}", modifies=(), centered=int(len(state) == 2),
+                 tf_variant=int(opt.rmsprop_tf_variant))
+    mm_val, mm_const = u.scal["momentum"]
+    momentum = mm_val != 0.0 or not mm_const
+    tf = opt.rmsprop_tf_variant and momentum and mode in (AdaptiveMode.RMSProp, AdaptiveMode.CenteredRMSProp)
+    step = x
+    if momentum:    # v3 = m v3 + x (TF variant: + lr x)
+        v3 = u.state("Accl3___", opt.accl3_type)
+        _accumulate(u, v3, x, "DecayAdd", "momentum", False, scale="learningRate" if tf else None)
+        step = v3
+    # w -= lr (v3 + wd w); the TF variant with momentum has lr in v3 already
+    scal = ([] if tf else ["learningRate"]) + (["weightDecay"] if decay else [])
+    u.op("ScaledVarUpdate", [w, step], scal, out=f"{UPDATED_PREFIX}{w}")

@@ -1,0 +1,332 @@
+"""PopART's Adam and Adaptive optimizers: steps against ``torch.optim`` on the same weights and
+gradients, and against PopART's documented formulas where torch has no match (Lamb, AdaMax's
+epsilon, the TF RMSProp variant)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import popart
+from test_popart_training import _mlp, _run, _session, _weights
+
+STEPS = 3
+
+
+def _feeds3(feeds):
+    return {k: np.ascontiguousarray(np.stack([v * (1 + 0.1 * j) if v.dtype == np.float32 else v
+                                              for j in range(STEPS)])) for k, v in feeds.items()}
+
+
+def _torch_steps(ws, x3, make_opt):
+    """``STEPS`` steps of the MLP of ``_mlp`` in PyTorch with optimizer ``make_opt(params)``."""
+    t = [torch.tensor(w, requires_grad=True) for w in ws]
+    opt = make_opt(t)
+    for j in range(STEPS):
+        opt.zero_grad()
+        logits = torch.relu(torch.tensor(x3["x"][j]) @ t[0] + t[1]) @ t[2]
+        torch.nn.functional.cross_entropy(logits, torch.tensor(x3["label"][j]).long()).backward()
+        opt.step()
+    return [tt.detach().numpy() for tt in t]
+
+
+def _popart_steps(opt, seed=3, **kw):
+    b, loss, ids, ws, feeds = _mlp(seed)
+    s = _session(b, loss, [loss], opt, bps=STEPS, **kw)
+    x3 = _feeds3(feeds)
+    _run(s, x3)
+    new = _weights(s, ids)
+    return [new[i] for i in ids], ws, x3, s
+
+
+ADAM_CASES = [
+    ("Adam", "Decay", 0.0, lambda t: torch.optim.Adam(t, lr=0.01, betas=(0.9, 0.999), eps=1e-6)),
+    ("Adam", "Decay", 0.1, lambda t: torch.optim.AdamW(t, lr=0.01, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.1)),
+    ("Adam", "L2Regularization", 0.1,
+     lambda t: torch.optim.Adam(t, lr=0.01, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.1)),
+]
+
+
+@pytest.mark.parametrize("mode,wdm,wd,make", ADAM_CASES, ids=["adam", "adamw", "adam-l2"])
+def test_adam_matches_torch(mode, wdm, wd, make):
+    opt = popart.Adam({"defaultLearningRate": (0.01, True), "defaultWeightDecay": (wd, True),
+                       "defaultEps": (1e-6, True)}, mode=getattr(popart.AdamMode, mode),
+                      weight_decay_mode=getattr(popart.WeightDecayMode, wdm))
+    got, ws, x3, s = _popart_steps(opt)
+    for g, r in zip(got, _torch_steps(ws, x3, make)):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6)
+    ops = [op.op_type for op in s.ops()]
+    assert ops.count("AdamUpdater") == 3 and ops.count("Accumulate") == 6
+    assert {op.lowering for op in s.ops() if op.op_type in ("AdamUpdater", "AdamVarUpdate", "Accumulate")} == \
+        {"precise"}
+
+
+def _numpy_adam(ws, x3, grads_of, lr, b1, b2, eps, wd, mode, mwn=10.0):
+    """PopART's adam.hpp equations, in numpy (Decay mode)."""
+    w = [np.array(x, np.float64) for x in ws]
+    m = [np.zeros_like(x) for x in w]
+    v = [np.zeros_like(x) for x in w]
+    for step in range(1, STEPS + 1):
+        gs = grads_of(w, step - 1)
+        for k, g in enumerate(gs):
+            m[k] = b1 * m[k] + (1 - b1) * g
+            v[k] = np.maximum(b2 * v[k], np.abs(g)) if mode == "AdaMax" else b2 * v[k] + (1 - b2) * g * g
+            bias = mode in ("Adam", "Lamb", "AdaMax")
+            mc = m[k] / (1 - b1 ** step) if bias else m[k]
+            vc = v[k] / (1 - b2 ** step) if mode in ("Adam", "Lamb") else v[k]
+            x = mc / ((vc if mode == "AdaMax" else np.sqrt(vc)) + eps) + wd * w[k]
+            ratio = 1.0
+            if mode.startswith("Lamb"):
+                r1, r2 = np.sqrt((w[k] ** 2).sum()), np.sqrt((x ** 2).sum())
+                ratio = min(r1, mwn) / r2 if r1 > 0 and r2 > 0 else 1.0
+            w[k] = w[k] - lr * ratio * x
+    return w
+
+
+def _grads_fn(x3):
+    def grads(w, j):
+        t = [torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in w]
+        logits = torch.relu(torch.tensor(x3["x"][j], dtype=torch.float64) @ t[0] + t[1]) @ t[2]
+        torch.nn.functional.cross_entropy(logits, torch.tensor(x3["label"][j]).long()).backward()
+        return [tt.grad.numpy() for tt in t]
+    return grads
+
+
+@pytest.mark.parametrize("mode", ["AdamNoBias", "AdaMax", "Lamb", "LambNoBias"])
+def test_adam_modes_follow_popart_formula(mode):
+    lr, wd, mwn = 0.02, 0.01, 0.5
+    opt = popart.Adam({"defaultLearningRate": (lr, True), "defaultWeightDecay": (wd, True),
+                       "defaultMaxWeightNorm": (mwn, True)}, mode=mode)
+    got, ws, x3, s = _popart_steps(opt, seed=6)
+    want = _numpy_adam(ws, x3, _grads_fn(x3), lr, 0.9, 0.999, 1e-6, wd, mode, mwn)
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(g, r, rtol=2e-4, atol=2e-6)
+    if mode.startswith("Lamb"):
+        assert sum(op.op_type == "LambSquare" for op in s.ops()) == 6
+
+
+def test_adamax_close_to_torch():
+    """PopART adds eps to the infinity norm after the max, PyTorch before: equal to ~eps."""
+    opt = popart.Adam({"defaultLearningRate": (0.01, True), "defaultEps": (1e-8, True)}, mode=popart.AdamMode.AdaMax)
+    got, ws, x3, _ = _popart_steps(opt)
+    for g, r in zip(got, _torch_steps(ws, x3, lambda t: torch.optim.Adamax(t, lr=0.01, eps=1e-8))):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6)
+
+
+ADAPTIVE_CASES = {
+    "adagrad": (dict(mode="AdaGrad"), lambda t: torch.optim.Adagrad(t, lr=0.05, eps=1e-6)),
+    "rmsprop": (dict(mode="RMSProp"), lambda t: torch.optim.RMSprop(t, lr=0.01, alpha=0.9, eps=1e-6)),
+    "rmsprop-momentum-l2": (dict(mode="RMSProp", momentum=0.8, wd=0.05, wdm="L2Regularization"),
+                            lambda t: torch.optim.RMSprop(t, lr=0.01, alpha=0.9, eps=1e-6, momentum=0.8,
+                                                          weight_decay=0.05)),
+    "centered": (dict(mode="CenteredRMSProp", momentum=0.5),
+                 lambda t: torch.optim.RMSprop(t, lr=0.01, alpha=0.9, eps=1e-6, centered=True, momentum=0.5)),
+    "adadelta": (dict(mode="AdaDelta", lr=1.0), lambda t: torch.optim.Adadelta(t, lr=1.0, rho=0.9, eps=1e-6)),
+}
+
+
+@pytest.mark.parametrize("case", list(ADAPTIVE_CASES))
+def test_adaptive_matches_torch(case):
+    kw, make = ADAPTIVE_CASES[case]
+    lr = kw.get("lr", 0.05 if kw["mode"] == "AdaGrad" else 0.01)
+    opt = popart.Adaptive({"defaultLearningRate": (lr, True), "defaultAlpha": (0.9, True),
+                           "defaultMomentum": (kw.get("momentum", 0.0), True),
+                           "defaultWeightDecay": (kw.get("wd", 0.0), True), "defaultEps": (1e-6, True)},
+                          mode=kw["mode"], weight_decay_mode=kw.get("wdm", "Decay"))
+    got, ws, x3, _ = _popart_steps(opt)
+    for g, r in zip(got, _torch_steps(ws, x3, make)):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6)
+
+
+def test_adaptive_decay_and_tf_variant_follow_popart_formula():
+    """RMSProp TF variant with momentum and decoupled weight decay:
+    v1 = a v1 + (1-a) g^2; v3 = m v3 + lr g / sqrt(v1 + eps); w -= v3 + wd w."""
+    lr, a, mm, eps, wd = 0.01, 0.9, 0.5, 1e-6, 0.02
+    opt = popart.Adaptive({"defaultLearningRate": (lr, True), "defaultAlpha": (a, True),
+                           "defaultMomentum": (mm, True), "defaultEps": (eps, True),
+                           "defaultWeightDecay": (wd, True)}, mode=popart.AdaptiveMode.RMSProp,
+                          rmsprop_tf_variant=True)
+    got, ws, x3, _ = _popart_steps(opt, seed=7)
+    grads = _grads_fn(x3)
+    w = [np.array(x, np.float64) for x in ws]
+    v1 = [np.zeros_like(x) for x in w]
+    v3 = [np.zeros_like(x) for x in w]
+    for j in range(STEPS):
+        for k, g in enumerate(grads(w, j)):
+            v1[k] = a * v1[k] + (1 - a) * g * g
+            v3[k] = mm * v3[k] + lr * g / np.sqrt(v1[k] + eps)
+            w[k] = w[k] - (v3[k] + wd * w[k])
+    for g, r in zip(got, w):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6)
+
+
+def test_non_const_adam_values_and_loss_scaling():
+    """Non-const hyper-parameters are device tensors: the same steps as const ones, and
+    ``updateOptimizerFromHost`` changes them (learning rate 0: the weights stay)."""
+    vals = {"defaultLearningRate": (0.01, False), "defaultBeta1": (0.8, False), "defaultEps": (1e-6, False),
+            "defaultWeightDecay": (0.1, False), "lossScaling": (16.0, False)}
+    got, ws, x3, s = _popart_steps(popart.Adam(vals))
+    ref = _torch_steps(ws, x3, lambda t: torch.optim.AdamW(t, lr=0.01, betas=(0.8, 0.999), eps=1e-6,
+                                                            weight_decay=0.1))
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6)
+    s.updateOptimizerFromHost(popart.Adam({**vals, "defaultLearningRate": (0.0, False),
+                                           "defaultWeightDecay": (0.0, False)}))
+    before = _weights(s, ["w1"])["w1"]
+    _run(s, x3)
+    np.testing.assert_array_equal(_weights(s, ["w1"])["w1"], before)
+
+
+def test_fp16_weights_with_fp32_adam_state():
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal((8, 4)).astype(np.float16)
+    x0 = rng.standard_normal((2, 8)).astype(np.float16)
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT16", [2, 8]), "x")
+    w = b.addInitializedInputTensor(w0, "w")
+    loss = b.aiGraphcore.l1loss([b.aiOnnx.matmul([x, w])], 0.5, popart.ReductionType.Sum)
+    s = _session(b, loss, [loss], popart.Adam({"defaultLearningRate": (1e-2, True)}))
+    _run(s, {x: x0})
+    assert s.getInfo("Accl1___w").data_type() == "FLOAT" and s.getInfo("w").data_type() == "FLOAT16"
+    t = torch.tensor(w0.astype(np.float32), requires_grad=True)
+    (0.5 * (torch.tensor(x0.astype(np.float32)) @ t).abs().sum()).backward()
+    topt = torch.optim.AdamW([t], lr=1e-2, eps=1e-6, weight_decay=0.0)
+    topt.step()
+    s.weightsToHost()
+    out = {"w": np.zeros((8, 4), np.float16)}
+    s.readWeights(popart.PyWeightsIO(out))
+    np.testing.assert_allclose(out["w"].astype(np.float32), t.detach().numpy(), rtol=1e-2, atol=2e-3)
+
+
+def test_optimizer_errors():
+    with pytest.raises(popart.popart_exception, match="Invalid Adam key, defaultBeta3"):
+        popart.Adam({"defaultBeta3": (0.5, True)})
+    with pytest.raises(popart.popart_exception, match="py::tuple"):
+        popart.Adaptive({"defaultAlpha": 0.5})
+    with pytest.raises(popart.popart_exception, match="Invalid AdamMode"):
+        popart.Adam({}, mode="Adamm")
+    b, loss, ids, ws, feeds = _mlp(1)
+    s = _session(b, loss, [loss], popart.Adam({"defaultLearningRate": (0.01, False)}))
+    with pytest.raises(popart.popart_exception, match="Can not update optimizer of type Adam"):
+        s.updateOptimizerFromHost(popart.SGD({"defaultLearningRate": (0.01, False)}))
+    _run(s, feeds)      # still usable
+
+
+# --- gradient accumulation and replication --------------------------------------------------
+SCALE_OUT = [(4, 1, "Sum", "sgd1"), (4, 1, "Mean", "sgd1"), (1, 2, "Sum", "sgd1"), (1, 2, "Mean", "sgd0"),
+             (2, 2, "Mean", "sgd1"), (2, 2, "Sum", "adam"), (1, 2, "Mean", "adam"), (3, 1, "Mean", "rmsprop")]
+
+
+def _scale_out_optimizer(kind):
+    return {"sgd0": (popart.ConstSGD(0.05), lambda t: torch.optim.SGD(t, lr=0.05)),
+            "sgd1": (popart.SGD({"defaultLearningRate": (0.05, True), "defaultMomentum": (0.9, True)}),
+                     lambda t: torch.optim.SGD(t, lr=0.05, momentum=0.9)),
+            "adam": (popart.Adam({"defaultLearningRate": (0.01, True)}),
+                     lambda t: torch.optim.Adam(t, lr=0.01, eps=1e-6)),
+            "rmsprop": (popart.Adaptive({"defaultLearningRate": (0.01, True), "defaultAlpha": (0.9, True)}),
+                        lambda t: torch.optim.RMSprop(t, lr=0.01, alpha=0.9, eps=1e-6))}[kind]
+
+
+@pytest.mark.parametrize("af,rf,red,kind", SCALE_OUT, ids=[f"af{a}-rf{r}-{m}-{k}" for a, r, m, k in SCALE_OUT])
+def test_accumulation_and_replication_match_one_large_batch(af, rf, red, kind):
+    """``af`` micro-batches on each of ``rf`` replicas make one weight update: the same as one
+    PyTorch step on the loss summed (or, with Mean reduction, meaned) over them."""
+    b, loss, ids, ws, feeds = _mlp(3)
+    o = popart.SessionOptions()
+    if af > 1:
+        o.enableGradientAccumulation, o.accumulationFactor = True, af
+    if rf > 1:
+        o.enableReplicatedGraphs, o.replicatedGraphCount = True, rf
+    o.accumulationAndReplicationReductionType = getattr(popart.ReductionType, red)
+    opt, make = _scale_out_optimizer(kind)
+    bps = 2
+    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(bps, {loss: popart.AnchorReturnType("All")}),
+                               loss, opt, popart.DeviceManager().createIpuModelDevice({"numIPUs": rf}),
+                               userOptions=o)
+    s.prepareDevice()
+    s.weightsFromHost()
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((bps, af, rf, 4, 5)).astype(np.float32)
+    lab = rng.integers(0, 3, (bps, af, rf, 4)).astype(np.int32)
+    a = s.initAnchorArrays()
+    s.run(popart.PyStepIO({"x": x, "label": lab}, a))
+    assert a[loss].shape == tuple(d for d in (bps, af, rf) if d > 1)
+    t = [torch.tensor(w, requires_grad=True) for w in ws]
+    topt = make(t)
+    for j in range(bps):
+        topt.zero_grad()
+        losses = [torch.nn.functional.cross_entropy(torch.relu(torch.tensor(x[j, k, r]) @ t[0] + t[1]) @ t[2],
+                                                    torch.tensor(lab[j, k, r]).long())
+                  for k in range(af) for r in range(rf)]
+        np.testing.assert_allclose(a[loss].reshape(bps, -1)[j], [v.item() for v in losses], rtol=1e-5)
+        (sum(losses) / (len(losses) if red == "Mean" else 1)).backward()
+        topt.step()
+    new = _weights(s, ids)
+    for i, tt in zip(ids, t):
+        np.testing.assert_allclose(new[i], tt.detach().numpy(), rtol=1e-4, atol=1e-6)
+    ops = s.ops()
+    if rf > 1:
+        assert any(op.op_type.startswith("ReplicatedAllReduce") and op.lowering == "precise" for op in ops)
+    if af > 1:
+        outer = [op.op_type for op in ops if op.execution_context == "AccumulateOuterFragment"]
+        assert outer and all(t_ not in outer for t_ in ("MatMul", "SGD1Accumulate"))
+
+
+def test_accumulation_amortises_the_update():
+    """Predicted cycles: af micro-batches cost about af forward/backward passes but one update,
+    so the cycles per image fall as af grows (Adam: the update is a large share)."""
+    cycles = {}
+    for af in (1, 4):
+        b, loss, ids, ws, feeds = _mlp(3)
+        o = popart.SessionOptions()
+        if af > 1:
+            o.enableGradientAccumulation, o.accumulationFactor = True, af
+        s = _session(b, loss, [loss], popart.Adam({}), userOptions=o)
+        x = np.zeros((af, 4, 5), np.float32)
+        _run(s, {"x": x, "label": np.zeros((af, 4), np.int32)})
+        cycles[af] = s.getCycleCount() / af
+    assert cycles[4] < 0.8 * cycles[1]
+
+
+def test_replication_adds_the_all_reduce_time():
+    cycles = {}
+    for rf in (1, 2):
+        b, loss, ids, ws, feeds = _mlp(3)
+        o = popart.SessionOptions()
+        if rf > 1:
+            o.enableReplicatedGraphs, o.replicatedGraphCount = True, rf
+        s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}),
+                                   loss, popart.ConstSGD(0.1),
+                                   popart.DeviceManager().createIpuModelDevice({"numIPUs": rf}), userOptions=o)
+        s.prepareDevice()
+        s.weightsFromHost()
+        _run(s, {"x": np.zeros((rf, 4, 5), np.float32), "label": np.zeros((rf, 4), np.int32)})
+        cycles[rf] = s.getCycleCount()
+    assert cycles[2] > cycles[1]
+
+
+def test_model_to_host_saves_and_resumes_the_optimizer_state(tmp_path):
+    """Two runs in one session equal one run, modelToHost, a new session from that file, and a
+    second run: the Adam moments and step counters travel in the ONNX file."""
+    b, loss, ids, ws, feeds = _mlp(2)
+    opt = popart.Adam({"defaultLearningRate": (0.01, True)})
+    one = _session(b, loss, [loss], opt)
+    _run(one, feeds)
+    _run(one, feeds)
+    first = _session(b, loss, [loss], opt)
+    _run(first, feeds)
+    path = str(tmp_path / "resume.onnx")
+    first.modelToHost(path)
+    import onnx
+    from onnx import numpy_helper
+    inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
+    assert {"Accl1___w1", "Accl2___w1"} <= set(inits) and float(inits["Step___w1"]) == 1.0
+    second = popart.TrainingSession(path, popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}), loss, opt,
+                                    popart.DeviceManager().createIpuModelDevice({}))
+    second.prepareDevice()
+    second.weightsFromHost()
+    _run(second, feeds)
+    a, c = _weights(one, ids), _weights(second, ids)
+    for i in ids:
+        np.testing.assert_allclose(c[i], a[i], rtol=1e-6, atol=1e-7)
