@@ -330,3 +330,29 @@ def test_model_to_host_saves_and_resumes_the_optimizer_state(tmp_path):
     a, c = _weights(one, ids), _weights(second, ids)
     for i in ids:
         np.testing.assert_allclose(c[i], a[i], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["sgd0", "adam"])
+def test_clip_norm_settings_match_torch_clip_grad_norm(kind):
+    """``ClipNormSettings`` clips the global gradient norm of its weights before the update, as
+    ``torch.nn.utils.clip_grad_norm_``."""
+    b, loss, ids, ws, feeds = _mlp(3)
+    clip = [popart.ClipNormSettings.clipWeights(["w1", "w2"], 0.2)]
+    opt = popart.ConstSGD(0.05, clip_norm_settings=clip) if kind == "sgd0" else \
+        popart.Adam({"defaultLearningRate": (0.01, True)}, clip_norm_settings=clip)
+    s = _session(b, loss, [loss], opt, bps=STEPS)
+    x3 = _feeds3(feeds)
+    _run(s, x3)
+    t = [torch.tensor(w, requires_grad=True) for w in ws]
+    topt = torch.optim.SGD(t, lr=0.05) if kind == "sgd0" else torch.optim.Adam(t, lr=0.01, eps=1e-6)
+    for j in range(STEPS):
+        topt.zero_grad()
+        logits = torch.relu(torch.tensor(x3["x"][j]) @ t[0] + t[1]) @ t[2]
+        torch.nn.functional.cross_entropy(logits, torch.tensor(x3["label"][j]).long()).backward()
+        assert torch.nn.utils.clip_grad_norm_([t[0], t[2]], 0.2) > 0.2     # the clip is active
+        topt.step()
+    new = _weights(s, ids)
+    for i, tt in zip(ids, t):
+        np.testing.assert_allclose(new[i], tt.detach().numpy(), rtol=1e-4, atol=1e-6)
+    with pytest.raises(popart.popart_exception, match="Could not find a varupdate op for tensor nope"):
+        _session(b, loss, [loss], popart.ConstSGD(0.05, clip_norm_settings=[popart.ClipNormSettings(["nope"], 1.0)]))

@@ -61,8 +61,8 @@ from openipu.popart.errors import (OutOfMemoryException, RecoveryAction, _throw_
 from openipu.popart.log import Logger, getLogger
 from openipu.popart.options import *  # noqa: F401,F403 - enums and settings structs
 from openipu.popart.options import InputShapeInfo, Patterns, SessionOptions
-from openipu.popart.optimizer import (Adam, AdamMode, Adaptive, AdaptiveMode, ConstSGD, Optimizer, OptimizerValue, SGD,
-                                     SGDAccumulatorAndMomentum, WeightDecayMode)
+from openipu.popart.optimizer import (Adam, AdamMode, Adaptive, AdaptiveMode, ClipNormSettings, ConstSGD, Optimizer,
+                                     OptimizerValue, SGD, SGDAccumulatorAndMomentum, WeightDecayMode)
 from openipu.popart.session import InferenceSession, TrainingSession
 from openipu.popart.stepio import PyStepIO, PyStepIOCallback, PyWeightsIO
 from openipu.popart.tensorinfo import DataType, TensorInfo

@@ -66,6 +66,38 @@ class AdaptiveMode(enum.Enum):
     AdaDelta = 3
 
 
+class ClipNormSettings:
+    """``popart.ClipNormSettings(weightIds, maxNorm)``: clip the gradients of ``weightIds`` (a
+    list of weight ids) so that their global L2 norm is at most ``maxNorm`` (PopART's
+    ``ClipWeightGradientsByNorm`` transform). ``clipWeights(weightIds, maxNorm)`` is the same;
+    ``clipAllWeights(maxNorm)`` takes every trained weight."""
+
+    def __init__(self, weightIds=(), maxNorm: float = 1.0, _all: bool = False):  # noqa: N803
+        if isinstance(weightIds, str):
+            raise popart_exception("ClipNormSettings takes a list of weight ids, not one id: wrap it in a list")
+        self.weightIds = [str(w) for w in weightIds]
+        self.maxNorm = float(maxNorm)
+        self._all = bool(_all)
+
+    @staticmethod
+    def clipWeights(weightIds, maxNorm: float) -> "ClipNormSettings":  # noqa: N802,N803
+        return ClipNormSettings(weightIds, maxNorm)
+
+    @staticmethod
+    def clipAllWeights(maxNorm: float) -> "ClipNormSettings":  # noqa: N802,N803
+        return ClipNormSettings((), maxNorm, _all=True)
+
+    def clips_all(self) -> bool:
+        return self._all
+
+    def __eq__(self, other):
+        return isinstance(other, ClipNormSettings) and \
+            (self.weightIds, self.maxNorm, self._all) == (other.weightIds, other.maxNorm, other._all)
+
+    def __repr__(self):
+        return f"ClipNormSettings({'all weights' if self._all else self.weightIds}, maxNorm={self.maxNorm})"
+
+
 class OptimizerValue:
     """``popart.OptimizerValue(value=0.0, isConst=True)``: one hyper-parameter."""
 
@@ -153,6 +185,8 @@ class Optimizer:
     def check_compatible(self, new: "Optimizer") -> None:
         """PopART's rule for ``updateOptimizerFromHost``: same type, same weights with specific
         values, and const values unchanged. Raises ``popart_exception``."""
+        if list(new.clip_norm_settings) != list(self.clip_norm_settings):
+            raise popart_exception("Clip norm settings do not match.")
         if type(new) is not type(self):
             raise popart_exception(f"Can not update optimizer of type {self.NAME} with an optimizer of type "
                                    f"{new.NAME}: create a new session to change the optimizer type")

@@ -191,61 +191,114 @@ class _Updates:
 
 
 def apply(ir, opt, grads: dict[str, str]) -> None:
-    """Append the update ops of every weight in ``grads`` (weight id -> gradient id).
-    Raises ``popart_exception`` for a gradient of another type than its weight, and for
-    combinations openipu does not support (nesterov with replication or accumulation)."""
+    """Append the update ops of every weight in ``grads`` (weight id -> gradient id), in three
+    passes: each weight's gradient reduction (all-reduce, accumulation; SGD1: the velocity),
+    the clipping of the optimizer's ``ClipNormSettings`` (:func:`clip_by_norm`), the updates.
+    Raises ``popart_exception`` for a gradient of another type than its weight, an unknown
+    weight in a ``ClipNormSettings``, and combinations openipu does not support (nesterov with
+    replication or accumulation)."""
+    if not isinstance(opt, (SGD, Adam, Adaptive)):
+        raise popart_exception(f"openipu does not support the {type(opt).__name__} optimizer: use popart.SGD, "
+                               "popart.ConstSGD, popart.Adam or popart.Adaptive")
     af, rf = reduction_factors(ir.options)
     acc = ir.options.accumulation_factor() > 1
     repl = ir.options.replication_factor() > 1
+    pending = {}
     for w, g in grads.items():
         if ir.tensors[g].info.data_type() != ir.tensors[w].info.data_type():
             raise popart_exception(f"The gradient of weight {w} is {ir.tensors[g].info.data_type()} but the weight is "
                                    f"{ir.tensors[w].info.data_type()}")
         u = _Updates(ir, opt, w, g, af, rf, acc)
-        if isinstance(opt, SGD):
-            _sgd(u, g, acc, repl)
-        elif isinstance(opt, (Adam, Adaptive)):
-            if acc:     # sum the micro-batches' gradients
-                accum = u.state(ACCUM_PREFIX, opt.accum_type)
-                u.op("Accumulate", [accum, g], accumulationType="Add", out=f"AccumUpdated___{w}")
-                u.context = OUTER_FRAGMENT
-                g = u.all_reduce(accum, True) if repl else accum
-            elif repl:
-                g = u.all_reduce(g, False)
-            (_adam if isinstance(opt, Adam) else _adaptive)(u, g)
-            if acc:
-                u.op("AccumulatorUpdate", [accum], out=f"{UPDATED_PREFIX}{accum}")
-        else:
-            raise popart_exception(f"openipu does not support the {type(opt).__name__} optimizer: use popart.SGD, "
-                                   "popart.ConstSGD, popart.Adam or popart.Adaptive")
+        pending[w] = (_sgd_reduce if isinstance(opt, SGD) else _reduce)(u, g, acc, repl)
+    updaters = clip_by_norm(ir, opt, {w: p[0] for w, p in pending.items()}, acc)
+    for w, (_, finish) in pending.items():
+        finish(updaters[w])
 
 
-def _sgd(u: _Updates, g: str, acc: bool, repl: bool) -> None:
+def _reduce(u: _Updates, g: str, acc: bool, repl: bool):
+    """Adam / Adaptive: the reduced (accumulated, all-reduced) gradient, and ``finish(updater)``
+    adding the update."""
+    accum = None
+    if acc:     # sum the micro-batches' gradients
+        accum = u.state(ACCUM_PREFIX, u.opt.accum_type)
+        u.op("Accumulate", [accum, g], accumulationType="Add", out=f"AccumUpdated___{u.w}")
+        u.context = OUTER_FRAGMENT
+        g = u.all_reduce(accum, True) if repl else accum
+    elif repl:
+        g = u.all_reduce(g, False)
+
+    def finish(updater):
+        (_adam if isinstance(u.opt, Adam) else _adaptive)(u, updater)
+        if accum is not None:
+            u.op("AccumulatorUpdate", [accum], out=f"{UPDATED_PREFIX}{accum}")
+    return g, finish
+
+
+def _sgd_reduce(u: _Updates, g: str, acc: bool, repl: bool):
+    """SGD: the all-reduced gradient (SGD0) or velocity (SGD1), and ``finish(updater)``."""
     opt, w = u.opt, u.w
     if not opt.uses_velocity(w, acc):
         if repl:
             g = u.all_reduce(g, False)
-        u.op("SGD0VarUpdate", [w, g], ["weightDecayScaleFactor0", "scaledLearningRate0"], out=f"{UPDATED_PREFIX}{w}")
-        return
+        return g, lambda updater: u.op("SGD0VarUpdate", [w, updater],
+                                       ["weightDecayScaleFactor0", "scaledLearningRate0"], out=f"{UPDATED_PREFIX}{w}")
     nesterov = "nesterovGradScaleFactor1" in u.scal
     if nesterov and (acc or repl):
         raise popart_exception("openipu supports nesterov SGD without gradient accumulation and replication only")
+    mm = opt.value("defaultMomentum", w)
+    if nesterov and not mm.isConst():
+        raise popart_exception("openipu supports nesterov SGD with a const momentum only: give "
+                               "defaultMomentum as (value, True)")
     v = u.state(ACCL_PREFIX, None, initial_velocity(opt, w, u.wt.value))
     u.op("SGD1Accumulate", [v, g], ["dampeningScaleFactor1"], out=f"AcclUpdated___{w}")
     if acc:
         u.context = OUTER_FRAGMENT
     if repl:
         u.all_reduce(v, True)
-    if nesterov:
-        mm = opt.value("defaultMomentum", w)
-        if not mm.isConst():
-            raise popart_exception("openipu supports nesterov SGD with a const momentum only: give "
-                                   "defaultMomentum as (value, True)")
-        u.op("SGD1VarUpdate", [w, v, g], ["scaledLearningRate1", "nesterovGradScaleFactor1", "nesterovWeightDecay1"],
-             out=f"{UPDATED_PREFIX}{w}", momentum=mm.val())
-    else:
-        u.op("SGD1VarUpdate", [w, v], ["scaledLearningRate1"], out=f"{UPDATED_PREFIX}{w}")
-    u.op("SGD1AcclUpdate", [v, w], ["scaledMomentum1", "scaledWeightDecay1"], out=f"AcclFinal___{w}")
+
+    def finish(updater):
+        if nesterov:
+            u.op("SGD1VarUpdate", [w, updater, g],
+                 ["scaledLearningRate1", "nesterovGradScaleFactor1", "nesterovWeightDecay1"],
+                 out=f"{UPDATED_PREFIX}{w}", momentum=mm.val())
+        else:
+            u.op("SGD1VarUpdate", [w, updater], ["scaledLearningRate1"], out=f"{UPDATED_PREFIX}{w}")
+        u.op("SGD1AcclUpdate", [v, w], ["scaledMomentum1", "scaledWeightDecay1"], out=f"AcclFinal___{w}")
+    return v, finish
+
+
+def clip_by_norm(ir, opt, updaters: dict[str, str], acc: bool) -> dict[str, str]:
+    """PopART's ``ClipWeightGradientsByNorm``: per ``ClipNormSettings`` group, the global norm
+    ``sqrt(sum_w sum(u_w^2))`` of its weights' updater inputs ``u_w`` (the reduced gradient;
+    SGD1's velocity, as PopART), and ``u_w * maxNorm / max(maxNorm, norm)`` in their place
+    (ONNX ReduceSumSquare, Sum, Sqrt, Max, Div, Mul; in the outer fragment with accumulation).
+    Returns weight -> updater input. Raises ``popart_exception`` ("Could not find a varupdate op
+    for tensor ...") for a weight without an update."""
+    out = dict(updaters)
+    for k, cns in enumerate(opt.clip_norm_settings):
+        ids = list(updaters) if cns.clips_all() else list(cns.weightIds)
+        for w in ids:
+            if w not in updaters:
+                raise popart_exception(f"Could not find a varupdate op for tensor {w}")
+        if not ids:
+            continue
+
+        def add(op_type, ins, out_id, shape, **attrs):
+            src = ir.tensors[ins[0]].producer
+            op = ir.add_op(op_type, ins, [(out_id, ir.tensors[ins[0]].info.data_type(), shape)], attrs,
+                           name=f"{op_type}/clipping{k}", like=src)
+            op.grad_of = src.grad_of if src is not None else None
+            op.execution_context = OUTER_FRAGMENT if acc else "Normal"
+            return op.outputs[0]
+        squares = [add("ReduceSumSquare", [updaters[w]], f"{w}_clipping", [], keepdims=0) for w in ids]
+        total = add("Sum", squares, "normsSum", []) if len(squares) > 1 else squares[0]
+        norm = add("Sqrt", [total], f"GlobalNorm_{k}", [])
+        dtype = ir.tensors[norm].info.data_type()
+        clip = ir.add_const("clipByNorm", np.asarray(cns.maxNorm, NUMPY_OF[dtype]))
+        factor = add("Div", [clip, add("Max", [norm, clip], "clipByNorm", [])], "clipFactor", [])
+        for w in ids:
+            out[w] = add("Mul", [updaters[w], factor], f"{w}_clipped", ir.tensors[updaters[w]].info.shape())
+    return out
 
 
 def _l2(u: _Updates) -> bool:
