@@ -40,7 +40,8 @@ from ``aiGraphcore.nllloss`` / ``l1loss`` / ``identityloss`` and ``ConstSGD`` / 
 with ``gcl``); call ``weightsFromHost()`` before the first ``run``. Gradients are
 ``Gradient___<id>`` (anchorable).
 
-Not supported yet: pipelining and recomputation in training, execution phases, subgraph ops
+Recomputation: ``autoRecomputation`` (Standard, NormOnly, RecomputeAll) or
+``builder.recomputeOutputInBackwardPass``. Not supported yet: pipelining in training, execution phases, subgraph ops
 (If/Loop/Scan via the builder), custom C++ ops, engine caching. The PopART rule "import popart
 before onnx" is not enforced.
 """

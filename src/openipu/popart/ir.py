@@ -239,6 +239,7 @@ class Ir:
         self.optimizer_tensors: set[str] = set()    # non-const optimizer scalars (optimizerFromHost)
         self.grad_alias: dict[str, str] = {}        # Gradient___x -> the tensor holding it
         self.weight_grads: dict[str, str] = {}
+        self.recomputed = 0                          # forward ops cloned into the backward pass
         self._check_model()
         self._fix_inputs(input_shape_info)
         inferred = self._infer()
@@ -541,7 +542,7 @@ class Ir:
     # -- training ---------------------------------------------------------------------------
     def _construct_backwards(self):
         """``setFinalLoss``, autodiff and the optimizer's update ops (PopART's order)."""
-        from openipu.popart.transforms import autodiff, optimizer
+        from openipu.popart.transforms import autodiff, optimizer, recompute
         loss, opt = self.training["loss"], self.training["optimizer"]
         if loss not in self.tensors:
             raise popart_exception(f"Could not find loss tensor '{loss}' in main graph tensors")
@@ -552,6 +553,7 @@ class Ir:
                                    f"{self.tensors[loss].info.data_type()}")
         seed = optimizer.loss_scaling_seed(self, opt, loss)
         self.weight_grads = autodiff.grow(self, loss, seed, self.training.get("patterns"))
+        self.recomputed = recompute.apply(self)
         optimizer.apply(self, opt, self.weight_grads)
 
     # -- 5 --------------------------------------------------------------------------------

@@ -518,9 +518,7 @@ class TrainingSession(_SessionBase):
         self._optimizer = optimizer
         self._weights_sent = False
         o = userOptions if userOptions is not None else SessionOptions()
-        unsupported = [what for what, on in (
-            ("pipelining", bool(o.enablePipelining)),
-            ("automatic recomputation", not str(o.autoRecomputation).endswith("NoRecompute"))) if on]
+        unsupported = [what for what, on in (("pipelining", bool(o.enablePipelining)),) if on]
         if unsupported:
             raise popart_exception(f"openipu does not support {', '.join(unsupported)} in a TrainingSession yet: "
                                    "turn it off in SessionOptions")

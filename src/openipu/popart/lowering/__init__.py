@@ -24,6 +24,7 @@ predicate (e.g. integer division). Every other op with a host kernel goes throug
   AdamUpdater, LambSquare, AdamVarUpdate, RMSPropUpdater, AdaDeltaUpdater, ScaledVarUpdate,
   AccumulatorUpdate) -> ``popops`` scaled adds / maps / reduces in place; ReplicatedAllReduce(Inplace)
   -> ``gcl`` all-reduces;
+- :mod:`.loss`: Nll -> ``popops`` one-hot, mul, reduce, map (the loss spread over the batch's tiles);
 - :mod:`.grad`: the ``ai.graphcore`` gradient ops with a PopLibs form (non-linearity gradients ->
   ``popnn.nonLinearityInputGradient``; ConvDataGrad / ConvWeightsGrad -> ``poplin``);
 - :mod:`.generic`: everything else with an onnx_ops kernel;
@@ -41,7 +42,7 @@ import importlib
 
 _PRECISE: dict[tuple[str, str], list] = {}
 _MODULES = ("elementwise", "matmul", "unary", "compare", "variadic", "views", "pooling", "norm", "softmax",
-            "reduce", "gather", "conv", "varupdate", "grad")
+            "reduce", "gather", "conv", "varupdate", "grad", "loss")
 _LOADED = False
 
 

@@ -1,0 +1,112 @@
+"""Recomputation (PopART's ``RecomputationType`` and ``builder.recomputeOutputInBackwardPass``,
+``research/popart.md`` 3.4): forward ops marked *Recompute* are cloned into the backward pass,
+just before the first gradient op that reads their outputs, and the gradient ops read the clones.
+The forward activations then die after their last forward use: predicted tile memory falls, and
+the clones add their cycles (the trade PopART's recomputation makes). This is PopART's explicit
+form (``explicitRecomputation``); the implicit one has the same cost on the chip.
+
+Which ops recompute:
+
+- manual: ops annotated ``recomputeOutputInBackwardPass(..., RecomputeType.Recompute)``;
+- ``RecomputeAll``: every forward op;
+- ``NormOnly``: the normalisation ops;
+- ``Standard``: every forward op except the checkpoints, the outputs of the heavy ops (Conv,
+  MatMul, Gemm: cheap to keep next to the cost of recomputing them). (PopART picks checkpoints
+  by a liveness heuristic; this rule keeps its effect on transformer and CNN layers.)
+
+Random ops (Dropout in training, Random*) and ops writing in place are never recomputed.
+Mixing automatic and manual recomputation raises PopART's error.
+"""
+
+from __future__ import annotations
+
+from openipu.popart.builder import RECOMPUTE_ATTR
+from openipu.popart.errors import popart_exception
+
+NORMS = {"BatchNormalization", "LayerNormalization", "GroupNormalization", "InstanceNormalization", "LpNormalization"}
+CHECKPOINTS = {"Conv", "MatMul", "Gemm", "ConvTranspose"}
+NEVER = {"Dropout", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "ShapedDropout"}
+RECOMPUTED_SUFFIX = "__re"
+
+
+def _mode(options) -> str:
+    return str(options.autoRecomputation).split(".")[-1]
+
+
+def _manual(op) -> bool:
+    v = op.annotations.get(RECOMPUTE_ATTR)
+    if isinstance(v, bytes):
+        v = v.decode()
+    return v is not None and str(v).split(".")[-1] == "Recompute"
+
+
+def marked(ir) -> set:
+    """Ids of the forward ops to recompute. Raises ``popart_exception`` for a mix of automatic
+    and manual recomputation."""
+    mode = _mode(ir.options)
+    fwd = [op for op in ir.ops if op.grad_of is None and not op.modifies and op.op_type not in NEVER]
+    manual = {op.id for op in fwd if _manual(op)}
+    if mode == "NoRecompute":
+        return manual
+    if manual:
+        raise popart_exception("A mixture of auto and manual recomputation is not supported")
+    if mode == "RecomputeAll":
+        return {op.id for op in fwd}
+    if mode == "NormOnly":
+        return {op.id for op in fwd if op.op_type in NORMS}
+    if mode == "Standard":
+        return {op.id for op in fwd if op.op_type not in CHECKPOINTS}
+    raise popart_exception(f"openipu does not support RecomputationType.{mode} yet (it needs pipelining)")
+
+
+def apply(ir) -> int:
+    """Clone the marked forward ops before their first gradient consumer; returns the number of
+    clones. Call after autodiff, before the weight updates."""
+    ids = marked(ir)
+    if not ids:
+        return 0
+    by_out = {o: op for op in ir.ops if op.id in ids for o in op.outputs if o}
+    clones: dict[int, object] = {}       # forward op id -> clone
+    before: dict[int, list] = {}         # gradient op id -> clones to insert before it
+    n_before = len(ir.ops)
+
+    def clone(op, at: int):
+        if op.id in clones:
+            return clones[op.id]
+        ins = []
+        for x in op.inputs:
+            src = by_out.get(x)
+            ins.append(clone(src, at).outputs[src.outputs.index(x)] if src is not None else x)
+        attrs = {k: v for k, v in op.attrs.items() if not k.startswith("__")}
+        outs = [(f"{o}{RECOMPUTED_SUFFIX}", ir.tensors[o].info.data_type(), ir.tensors[o].info.shape())
+                for o in op.outputs if o]
+        c = ir.add_op(op.op_type, ins, outs, attrs, domain=op.domain, opset=op.opset,
+                      name=f"{op.name}/recompute", like=op)
+        c.grad_of = op         # placed like the op it recomputes, in the backward pass
+        c.annotations.pop(RECOMPUTE_ATTR, None)
+        clones[op.id] = c
+        before.setdefault(at, []).append(c)
+        return c
+
+    for op in list(ir.ops[:n_before]):
+        if op.grad_of is None:
+            continue
+        for k, x in enumerate(op.inputs):
+            src = by_out.get(x)
+            if src is None:
+                continue
+            c = clone(src, op.id)
+            new = c.outputs[[o for o in src.outputs if o].index(x)]
+            ir.tensors[x].consumers.remove(op)
+            ir.tensors[new].consumers.append(op)
+            op.inputs[k] = new
+    made = set(id(c) for c in clones.values())
+    order = []
+    for op in ir.ops[:n_before]:
+        order.extend(before.get(op.id, []))
+        order.append(op)
+    order.extend(op for op in ir.ops[n_before:] if id(op) not in made)
+    ir.ops = order
+    for i, op in enumerate(ir.ops):
+        op.id = i
+    return len(clones)
