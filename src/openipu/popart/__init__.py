@@ -40,10 +40,16 @@ from ``aiGraphcore.nllloss`` / ``l1loss`` / ``identityloss`` and ``ConstSGD`` / 
 with ``gcl``); call ``weightsFromHost()`` before the first ``run``. Gradients are
 ``Gradient___<id>`` (anchorable).
 
+The ``aiGraphcore`` ops run in both kinds of session, with gradients where PopART has them:
+losses (``identityloss``, ``nllloss``, ``l1loss``, ``ctcloss``), ``dropout`` / ``shapeddropout``
+(seeded by ``session.setRandomSeed``), ``groupnormalization``, the dynamic slices, ``call`` of a
+``builder.createSubgraphBuilder()`` graph (also the body of ``aiOnnx.loop`` / ``logical_if``),
+``multiconv`` and the rest of PopART's opset (see :class:`AiGraphcoreOpset1`).
+
 Recomputation: ``autoRecomputation`` (Standard, NormOnly, RecomputeAll) or
-``builder.recomputeOutputInBackwardPass``. Not supported yet: pipelining in training, execution phases, subgraph ops
-(If/Loop/Scan via the builder), custom C++ ops, engine caching. The PopART rule "import popart
-before onnx" is not enforced.
+``builder.recomputeOutputInBackwardPass``. Not supported yet: pipelining in training, execution
+phases, custom C++ ops, engine caching. The PopART rule "import popart before onnx" is not
+enforced.
 """
 
 from openipu.popart import builder, session, tensorinfo  # noqa: F401 - submodules as in PopART

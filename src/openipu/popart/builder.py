@@ -10,8 +10,10 @@ output tensor.
 ``builder.aiOnnxOpsetN`` (N = 6 .. the installed onnx's newest) selects a version, and the first
 opset used fixes it (PopART's rule). Their op methods are generated from ``onnx.defs`` schemas:
 ``op(args, [num_outputs,] <attributes with ONNX defaults>, debugContext="")``, lower-case names,
-``And/Or/Xor/Not/If`` as ``logical_and`` ... ``logical_if``. ``builder.aiGraphcore`` holds the
-ai.graphcore ops that run at inference.
+``And/Or/Xor/Not/If`` as ``logical_and`` ... ``logical_if``. ``builder.aiGraphcore`` holds
+PopART's ai.graphcore ops (:class:`AiGraphcoreOpset1`). ``createSubgraphBuilder()`` makes the
+builder of a nested graph (a ``call`` callee, a ``loop`` body, an ``if`` branch), sharing this
+builder's tensor ids.
 
 Annotations are node attributes, as in PopART: ``__ipu_number`` (virtualGraph),
 ``__pipeline_stage``, ``__execution_phase``, ``__available_memory_proportion``,
@@ -20,6 +22,7 @@ Annotations are node attributes, as in PopART: ``__ipu_number`` (virtualGraph),
 
 from __future__ import annotations
 
+import collections
 import inspect
 import itertools
 import os
@@ -253,29 +256,42 @@ _REDUCTION = {"Sum": 0, "Mean": 1, "NoReduction": 2}
 
 
 class AiGraphcoreOpset1:
-    """``builder.aiGraphcore``: the ai.graphcore ops that run in inference sessions."""
+    """``builder.aiGraphcore``: PopART's ``ai.graphcore`` ops (``AiGraphcoreOpset1``).
+
+    Each method adds one node and returns its output id (a list for ops with several outputs),
+    as PopART's builder does. ``args`` is a list of tensor ids; a wrong count raises PopART's
+    ``"<Op> has invalid number of inputs <n>. Must be between <lo>..<hi>"`` (``popart_exception``).
+    Reduction enums (``popart.ReductionType``, ``popart.ScatterReduction``, ``popart.InitType``)
+    may be given as the enum member or its name.
+    """
 
     _version = 1
 
     def __init__(self, builder: "Builder"):
         self._builder = builder
 
-    def _op(self, op, args, attrs, debugContext="", n=1):  # noqa: N803
+    def _op(self, op, args, attrs, debugContext="", n=1, out_infos=None):  # noqa: N803
+        args = _tensor_ids(op, args)
+        lo, hi = _GC_ARITY.get(op, (None, None))
+        if lo is not None and not lo <= len(args) <= hi:
+            raise popart_exception(f"{op} has invalid number of inputs {len(args)}. Must be between {lo}..{hi}")
         at = {k: _to_attr_value(k, v) for k, v in attrs.items()}
-        return self._builder._op(op, GRAPHCORE, 1, list(args), n, at, debugContext)
+        return self._builder._op(op, GRAPHCORE, 1, args, n, at, debugContext, out_infos=out_infos)
 
     def getOpsetVersion(self) -> int:  # noqa: N802
         return 1
 
+    # -- element-wise and identity-like ---------------------------------------------------------
     def gelu(self, args, debugContext=""):  # noqa: N803
-        """GELU, tanh approximation (``popnn`` GELU)."""
+        """GELU, tanh approximation (``popnn`` GELU); float, shape kept."""
         return self._op("Gelu", args, {}, debugContext)[0]
 
     def geluerf(self, args, debugContext=""):  # noqa: N803
-        """GELU with the exact erf."""
+        """GELU with the exact erf; float, shape kept."""
         return self._op("GeluErf", args, {}, debugContext)[0]
 
     def swish(self, args, debugContext=""):  # noqa: N803
+        """``x * sigmoid(x)`` (SiLU); float, shape kept."""
         return self._op("Swish", args, {}, debugContext)[0]
 
     def scale(self, args, scale, debugContext=""):  # noqa: N803
@@ -283,86 +299,408 @@ class AiGraphcoreOpset1:
         return self._op("Scale", args, {"scale": float(scale)}, debugContext)[0]
 
     def scaledadd(self, args, scale0=1.0, scale1=1.0, debugContext=""):  # noqa: N803
-        """``scale0 * a + scale1 * b`` (optional 3rd/4th inputs give the scales as tensors)."""
+        """``scale0 * a + scale1 * b``; ``args = [a, b]`` or ``[a, b, scale0, scale1]`` (scalar
+        tensors that replace the attributes)."""
         return self._op("ScaledAdd", args, {"scale0": float(scale0), "scale1": float(scale1)}, debugContext)[0]
 
     def detach(self, args, debugContext=""):  # noqa: N803
+        """The input unchanged; no gradient flows back through it in training."""
         return self._op("Detach", args, {}, debugContext)[0]
 
     def nop(self, args, debugContext=""):  # noqa: N803
+        """The input unchanged (an identity the optimisations keep)."""
         return self._op("Nop", args, {}, debugContext)[0]
 
-    def printtensor(self, args, print_gradient=1, debugContext="", title=""):  # noqa: N803
+    def printtensor(self, args, print_gradient=1, debugContext="", title="", summariseThreshold=1000,  # noqa: N803
+                    edgeItems=3, maxLineWidth=75, digits=8, floatFormat=0, separator=" ", openBracket="[",
+                    closeBracket="]"):
+        """The input unchanged; each run prints it to stdout as ``title: [values]`` (``title``
+        defaults to the input id), and in training its gradient too (as ``<title>_gradient``, or
+        the gradient's id) unless ``print_gradient`` is 0. The formatting arguments are
+        accepted; the text is Poplar's ``PrintTensor`` format."""
         return self._op("PrintTensor", args, {"print_gradient": int(print_gradient), "title": title or None},
                         debugContext)[0]
 
-    def identityloss(self, args, reduction="Mean", debugContext=""):  # noqa: N803
-        return self._op("IdentityLoss", args, {"reduction": _REDUCTION[str(reduction).split(".")[-1]]},
+    def tensorremap(self, args, remap_type=0, debugContext=""):  # noqa: N803
+        """The input unchanged, with a layout chosen for its consumers (``popart.TensorRemapType``
+        FwdBwdReverse 0, FwdBwd 1, Fwd 2, or the number): functionally an identity."""
+        kinds = ("FwdBwdReverse", "FwdBwd", "Fwd")
+        if not isinstance(remap_type, (int, np.integer)):
+            name = str(remap_type).split(".")[-1]
+            if name not in kinds:
+                raise popart_exception(f"Unknown TensorRemapType '{remap_type}': use one of {', '.join(kinds)}")
+            remap_type = kinds.index(name)
+        return self._op("TensorRemap", args, {"remap_type": int(remap_type)}, debugContext)[0]
+
+    def replicatedallreduce(self, args, collectiveOperator=None, commGroup=None, debugContext=""):  # noqa: N803
+        """Sum (``collectiveOperator``, default Add) of the input over the replicas; with one
+        replica the input itself."""
+        if isinstance(collectiveOperator, str) and not debugContext and collectiveOperator not in _COLLECTIVE_OPS:
+            collectiveOperator, debugContext = None, collectiveOperator
+        op = str(collectiveOperator or "Add").split(".")[-1]
+        if op not in _COLLECTIVE_OPS:
+            raise popart_exception(f"Unsupported collective operator '{collectiveOperator}' for replicatedallreduce. "
+                                   f"Use one of {', '.join(_COLLECTIVE_OPS)}")
+        return self._op("ReplicatedAllReduce", args, {"op": op}, debugContext)[0]
+
+    def incrementmod(self, args, increment, modulus, debugContext=""):  # noqa: N803
+        """``(x + increment) % modulus`` (a float ``increment`` and ``modulus``; the type is x's)."""
+        if float(modulus) == 0:
+            raise popart_exception("IncrementModOp: modulus must not be 0")
+        return self._op("IncrementMod", args, {"increment": float(increment), "modulus": float(modulus)},
                         debugContext)[0]
+
+    def copyvarupdate(self, args, debugContext=""):  # noqa: N803
+        """``args = [variable, updater]``: each run, the variable (an initializer) takes the
+        updater's value; returns the updated variable (use it to order later reads)."""
+        return self._op("CopyVarUpdate", args, {}, debugContext)[0]
+
+    def abort(self, args=(), debugContext=""):  # noqa: N803
+        """Stop the program (``poplar_application_runtime_error`` from ``run``): always with no
+        input, else when the scalar input is non-zero. Returns None."""
+        self._op("Abort", list(args), {}, debugContext, n=0, out_infos=[])
+        return None
+
+    # -- losses --------------------------------------------------------------------------------
+    def identityloss(self, args, reduction="Mean", debugContext=""):  # noqa: N803
+        """The input as a loss: summed (Sum), averaged (Mean), or as it is (NoReduction)."""
+        return self._op("IdentityLoss", args, {"reduction": _reduction(reduction)}, debugContext)[0]
 
     def nllloss(self, args, reduction="Mean", ignoreIndex=None, inputIsLogProbability=False,  # noqa: N803
                 debugContext=""):  # noqa: N803
         """Negative log-likelihood of ``args = [probs, label]`` (probs ``[..., C]`` float, label
         ``[...]`` int); a scalar unless ``reduction`` is ``NoReduction``."""
-        attrs = {"reduction": _REDUCTION[str(reduction).split(".")[-1]],
-                 "inputIsLogProbability": int(bool(inputIsLogProbability))}
+        attrs = {"reduction": _reduction(reduction), "inputIsLogProbability": int(bool(inputIsLogProbability))}
         if ignoreIndex is not None:
             attrs["ignoreIndex"] = int(ignoreIndex)
         return self._op("Nll", args, attrs, debugContext)[0]
 
     def l1loss(self, args, lambda_, reduction="Mean", debugContext=""):  # noqa: N803
         """``lambda_ * |x|`` reduced (``args = [x]``)."""
-        return self._op("L1", args, {"lambda": float(lambda_), "reduction": _REDUCTION[str(reduction).split(".")[-1]]},
-                        debugContext)[0]
+        return self._op("L1", args, {"lambda": float(lambda_), "reduction": _reduction(reduction)}, debugContext)[0]
 
+    def ctcloss(self, args, reduction="Mean", blank=0, outDataType="UNDEFINED", zeroInfinity=False,  # noqa: N803
+                debugContext=""):
+        """Connectionist temporal classification loss (``torch.nn.functional.ctc_loss``) of
+        ``args = [log_probs [T, N, C] float, targets [N, S] int, input_lengths [N] int,
+        target_lengths [N] int]``; Mean divides each sample's loss by its target length, then
+        averages over the batch. ``outDataType`` ("UNDEFINED": the log_probs' type) is the
+        loss's type; ``zeroInfinity`` zeroes infinite losses and their gradients. Returns the
+        loss id (PopART's Ctc op has a second output, the gradient of the losses w.r.t. the
+        log-probabilities, which ``_ctcloss`` also returns)."""
+        return self._ctcloss(args, reduction, blank, outDataType, zeroInfinity, debugContext)[0]
+
+    def _ctcloss(self, args, reduction="Mean", blank=0, outDataType="UNDEFINED", zeroInfinity=False,  # noqa: N803
+                 debugContext=""):
+        out = str(outDataType).split(".")[-1].upper()
+        if out not in ("UNDEFINED", "FLOAT", "FLOAT16"):
+            raise popart_exception(f"CtcOp: outDataType must be UNDEFINED, FLOAT or FLOAT16, not {outDataType}")
+        attrs = {"reduction": _reduction(reduction), "blank": int(blank), "outDataType": out,
+                 "zeroInfinity": int(bool(zeroInfinity))}
+        return self._op("Ctc", args, attrs, debugContext, n=2)
+
+    # -- shapes, slices and views --------------------------------------------------------------
     def reshape(self, args, shape, debugContext=""):  # noqa: N803
+        """Reshape to ``shape`` (an attribute, not a tensor input)."""
+        if isinstance(args, str):
+            args = [args]
         return self._op("Reshape", args, {"shape": [int(s) for s in shape]}, debugContext)[0]
 
     def subsample(self, args, strides, debugContext=""):  # noqa: N803
+        """Every ``strides[d]``-th element along each dimension ``d``."""
+        if any(int(s) < 1 for s in strides):
+            raise popart_exception(f"Strides invalid. Must be greater than 0, got {list(strides)}")
         return self._op("Subsample", args, {"strides": [int(s) for s in strides]}, debugContext)[0]
 
     def reverse(self, args, dimensions, debugContext=""):  # noqa: N803
+        """The input flipped along ``dimensions``."""
         return self._op("Reverse", args, {"dimensions": [int(d) for d in dimensions]}, debugContext)[0]
 
     def slice(self, args, ends, starts, axes=(), debugContext=""):  # noqa: N803
+        """ONNX Slice with ``starts`` / ``ends`` / ``axes`` as attributes."""
         return self._op("Slice", args, {"ends": list(ends), "starts": list(starts), "axes": list(axes)},
                         debugContext)[0]
 
+    def depthtospace(self, args, blocksize, mode="DCR", debugContext=""):  # noqa: N803
+        """``[N, C, H, W] -> [N, C / B^2, H B, W B]`` (ONNX DepthToSpace-11, ``mode`` DCR or CRD)."""
+        if str(mode) not in ("DCR", "CRD"):
+            raise popart_exception(f"DepthToSpace: mode must be 'DCR' or 'CRD', not '{mode}'")
+        if int(blocksize) < 1:
+            raise popart_exception(f"DepthToSpace: blocksize must be positive, got {blocksize}")
+        return self._op("DepthToSpace", args, {"blocksize": int(blocksize), "mode": str(mode)}, debugContext)[0]
+
+    def dynamicslice(self, args, axes, sizes, noOverlap=0, debugContext=""):  # noqa: N803
+        """``tensor[offset]``: ``args = [tensor, offset]``, ``offset`` ``[len(axes)]`` (integers,
+        element offsets along ``axes``); the output has ``sizes[i]`` elements along ``axes[i]``."""
+        return self._op("DynamicSlice", args, _dyn_attrs(axes, sizes, noOverlap), debugContext)[0]
+
+    def dynamicupdate(self, args, axes, sizes, noOverlap=0, debugContext=""):  # noqa: N803
+        """A copy of ``tensor`` with ``slice`` written at ``offset``: ``args = [tensor, offset, slice]``."""
+        return self._op("DynamicUpdate", args, _dyn_attrs(axes, sizes, noOverlap), debugContext)[0]
+
+    def dynamiczero(self, args, axes, sizes, debugContext=""):  # noqa: N803
+        """A copy of ``tensor`` with the slice at ``offset`` zeroed: ``args = [tensor, offset]``."""
+        return self._op("DynamicZero", args, _dyn_attrs(axes, sizes), debugContext)[0]
+
+    def dynamicadd(self, args, axes, sizes, debugContext=""):  # noqa: N803
+        """A copy of ``tensor`` with ``slice`` added at ``offset``: ``args = [tensor, offset, slice]``."""
+        return self._op("DynamicAdd", args, _dyn_attrs(axes, sizes), debugContext)[0]
+
+    def sequenceslice(self, args, zeroUnused=0, debugContext=""):  # noqa: N803
+        """``args = [source, destination, N, sourceOffset, destinationOffset]``: a copy of
+        ``destination`` with rows ``destinationOffset[i] : +N[i]`` taken from rows
+        ``sourceOffset[i] : +N[i]`` of ``source`` (outer dimension; rank >= 2); unreferenced
+        rows zeroed when ``zeroUnused``."""
+        return self._op("SequenceSlice", args, {"zeroUnused": int(zeroUnused)}, debugContext)[0]
+
+    def init(self, shape, data_type, init_type, batch_axis=-1, debugContext=""):  # noqa: N803
+        """A new tensor of ``shape`` and ``data_type`` (``popart.DataType`` / name / PopART's enum
+        value), zeroed (``InitType.Zero``) or left as it is (``NoInit``; zeros in openipu's
+        fresh memory). ``batch_axis`` is recorded."""
+        if isinstance(batch_axis, str) and not debugContext:
+            batch_axis, debugContext = -1, batch_axis
+        attrs = {"shape": [int(s) for s in shape], "data_type": _data_type_code(data_type),
+                 "init_type": _init_type(init_type), "batch_axis": int(batch_axis)}
+        name = _DATA_TYPES[attrs["data_type"]]
+        return self._op("Init", [], attrs, debugContext, out_infos=[(name, attrs["shape"])])[0]
+
+    # -- normalisation, reductions, sorting, indexing --------------------------------------------
+    def groupnormalization(self, args, num_groups, epsilon=1e-5, debugContext=""):  # noqa: N803
+        """Group normalisation of ``args = [x [N, C, ...], scale [C], bias [C]]`` over
+        ``num_groups`` groups of channels (contiguous; strided with the session option
+        ``groupNormStridedChannelGrouping``). Returns ``[y, mean, invStdDev]``, the statistics
+        ``[N * num_groups]``."""
+        if int(num_groups) < 1:
+            raise popart_exception(f"GroupNormOp: num_groups must be positive, got {num_groups}")
+        return self._op("GroupNormalization", args, {"num_groups": int(num_groups), "epsilon": float(epsilon)},
+                        debugContext, n=3)
+
+    def reducemedian(self, args, axes=None, keepdims=1, debugContext=""):  # noqa: N803
+        """Median over ``axes`` (all by default; the lower median of an even count) and its index
+        (flattened over the reduced axes, INT32). Returns ``[values, indices]``."""
+        attrs = {"keepdims": int(keepdims)}
+        if axes is not None:
+            attrs["axes"] = [int(a) for a in axes]
+        return self._op("ReduceMedian", args, attrs, debugContext, n=2)
+
+    def scatterreduce(self, args, axis_size, axis=-1, reduction="Sum", enable_index_broadcast=1,  # noqa: N803
+                      debugContext=""):
+        """``out[i] = reduce(src[index == i])`` along ``axis`` (``axis_size`` rows out):
+        ``args = [src, index]`` or ``[src, index, initial]``; ``reduction`` Sum, Max, Min, Mul
+        or NoReduction (a plain scatter); rows no index selects are 0 (or ``initial``). A 1-D
+        ``index`` broadcasts along ``axis`` when ``enable_index_broadcast``."""
+        if isinstance(enable_index_broadcast, str) and not debugContext:
+            enable_index_broadcast, debugContext = 1, enable_index_broadcast
+        red = str(reduction).split(".")[-1]
+        if red.lower() not in _SCATTER_REDUCTIONS:
+            raise popart_exception(f"Unknown ScatterReduction '{reduction}'. Use one of Sum, Max, Min, Mul, "
+                                   "NoReduction")
+        return self._op("ScatterReduce", args, {"axis_size": int(axis_size), "axis": int(axis),
+                                                "reduction": _SCATTER_REDUCTIONS[red.lower()],
+                                                "enable_index_broadcast": int(enable_index_broadcast)},
+                        debugContext)[0]
+
+    def groupedgather(self, args, axis=0, group_size=1, debugContext=""):  # noqa: N803
+        """Gather per group: ``args = [data [G, ...], indices [G, ...]]``, group ``g``'s
+        indices index group ``g``'s data along ``axis`` (of the data, >= 1)."""
+        return self._op("GroupedGather", args, {"axis": int(axis), "group_size": int(group_size)}, debugContext)[0]
+
+    def sort(self, args, axis=-1, descending=False, stable=False, debugContext=""):  # noqa: N803
+        """Sort along ``axis``: returns ``[values, indices]`` (indices INT64, as PopART's Sort)."""
+        return self._op("Sort", args, {"axis": int(axis), "descending": int(bool(descending)),
+                                       "stable": int(bool(stable))}, debugContext, n=2)
+
+    def bucketize(self, args, right=False, debugContext=""):  # noqa: N803
+        """``torch.bucketize``: for ``args = [x, boundaries]`` (boundaries 1-D, sorted), the
+        index of each element's bucket (INT32)."""
+        return self._op("Bucketize", args, {"right": int(bool(right))}, debugContext)[0]
+
+    def normalize_image(self, args, scale=1.0, debugContext=""):  # noqa: N803
+        """``args = [image [..., 3], offsets [3], scales [3]]``: ``(image * scale - offsets[c]) *
+        scales[c]`` per channel, padded to 4 channels with zeros (``popops::normaliseImage``);
+        UINT8 images give FLOAT16."""
+        return self._op("NormalizeImage", args, {"scale": float(scale)}, debugContext)[0]
+
+    # -- dropout -------------------------------------------------------------------------------
+    def shapeddropout(self, args, shape, ratio=0.5, debugContext=""):  # noqa: N803
+        """Dropout whose mask has ``shape`` (broadcast over the input) in training: zero with
+        probability ``ratio``, else scale by ``1 / (1 - ratio)``; the identity at inference."""
+        if not 0 <= float(ratio) < 1:
+            raise popart_exception(f"{ratio} ratio value {ratio} is not valid. Please use a value in the interval "
+                                   "[0,1)")
+        return self._op("ShapedDropout", args, {"shape": [int(s) for s in shape], "ratio": float(ratio)},
+                        debugContext)[0]
+
+    # -- subgraphs, convolutions ---------------------------------------------------------------
+    def call(self, args, num_outputs, callee, debugContext=""):  # noqa: N803
+        """Call subgraph ``callee`` (a builder from ``createSubgraphBuilder``) on ``args`` (its
+        inputs, in order); returns its ``num_outputs`` outputs (a list). The session inlines the
+        call, so training differentiates through it."""
+        if not isinstance(callee, Builder) or callee._parent is None:
+            raise popart_exception("call: callee must be a subgraph builder (builder.createSubgraphBuilder())")
+        g = callee._model.graph
+        args = _tensor_ids("Call", args)
+        if len(args) != len(g.input):
+            raise popart_exception(f"call: the callee has {len(g.input)} inputs but {len(args)} arguments were given")
+        if int(num_outputs) != len(g.output):
+            raise popart_exception(f"call: the callee has {len(g.output)} outputs but num_outputs is {num_outputs}")
+        outs = [callee._infos.get(o.name) for o in g.output]
+        return self._op("Call", args, {"callee": callee}, debugContext, n=int(num_outputs),
+                        out_infos=outs if all(o is not None for o in outs) else None)
+
+    def multiconv(self, args, dilations=(), inDilations=(), pads=(), outPads=(), strides=(),  # noqa: N803
+                  availableMemoryProportions=(), partialsTypes=(), planType=None, perConvReservedTiles=None,
+                  cycleBackOff=None, enableConvDithering=(), debugContext=""):
+        """Several convolutions as one op: ``args = [[X0, W0(, B0)], [X1, W1(, B1)], ...]``,
+        each as ``aiOnnx.conv`` (groups from the shapes). The per-convolution lists (dilations,
+        pads, strides, availableMemoryProportions, partialsTypes) are empty or one entry per
+        convolution. Returns one output id per convolution."""
+        convs = [list(c) for c in args]
+        n = len(convs)
+        if n == 0:
+            raise popart_exception("MultiConvOp: at least one convolution is needed")
+        for name, v in (("dilations", dilations), ("inDilations", inDilations), ("pads", pads), ("outPads", outPads),
+                        ("strides", strides), ("availableMemoryProportions", availableMemoryProportions),
+                        ("partialsTypes", partialsTypes), ("enableConvDithering", enableConvDithering)):
+            if len(v) not in (0, n):
+                raise popart_exception(f"MultiConvOp: {name} must be empty or have one entry per convolution ({n}), "
+                                       f"got {len(v)}")
+        if any(any(int(d) != 1 for d in v) for v in inDilations) or any(any(int(p) for p in v) for v in outPads):
+            raise popart_exception("openipu's multiconv supports no inDilations / outPads (ONNX Conv has none)")
+        flat = []
+        for c in convs:
+            if len(c) not in (2, 3):
+                raise popart_exception(f"MultiConvOp: each convolution takes [data, weights] or [data, weights, bias], "
+                                       f"got {len(c)} tensors")
+            flat += c + [""] * (3 - len(c))
+        attrs = {"num_convs": n}
+        for name, v in (("strides", strides), ("pads", pads), ("dilations", dilations)):
+            if len(v):
+                attrs[name] = [int(x) for e in v for x in e]
+                attrs[f"{name}_lens"] = [len(e) for e in v]
+        if len(availableMemoryProportions):
+            attrs["availableMemoryProportions"] = [float(x) for x in availableMemoryProportions]
+        if len(partialsTypes):
+            attrs["partialsTypes"] = [str(x) for x in partialsTypes]
+        return self._op("MultiConv", flat, attrs, debugContext, n=n)
+
+    # -- other element-wise ops ----------------------------------------------------------------
     def round(self, args, debugContext=""):  # noqa: N803
+        """Round half to even (ONNX Round-11), shape and type kept."""
         return self._op("Round", args, {}, debugContext)[0]
 
     def nearbyint(self, args, debugContext=""):  # noqa: N803
+        """Round to the nearest integer, ties to even (as ``round``)."""
         return self._op("Nearbyint", args, {}, debugContext)[0]
 
     def fmod(self, args, debugContext=""):  # noqa: N803
+        """``fmod(a, b)``: remainder with the dividend's sign (C ``fmod``), broadcasting."""
         return self._op("Fmod", args, {}, debugContext)[0]
 
     def remainder(self, args, debugContext=""):  # noqa: N803
+        """``a % b`` with the divisor's sign (Python's ``%``), broadcasting."""
         return self._op("Remainder", args, {}, debugContext)[0]
 
     def atan2(self, args, debugContext=""):  # noqa: N803
+        """``atan2(y, x)`` of ``args = [y, x]`` (radians in (-pi, pi]), broadcasting."""
         return self._op("Atan2", args, {}, debugContext)[0]
 
     def expm1(self, args, debugContext=""):  # noqa: N803
+        """``exp(x) - 1``, shape kept."""
         return self._op("Expm1", args, {}, debugContext)[0]
 
     def log1p(self, args, debugContext=""):  # noqa: N803
+        """``log(x + 1)``, shape kept."""
         return self._op("Log1p", args, {}, debugContext)[0]
 
     def bitwisenot(self, args, debugContext=""):  # noqa: N803
+        """``~x`` of an integer tensor."""
         return self._op("BitwiseNot", args, {}, debugContext)[0]
 
     def bitwiseand(self, args, debugContext=""):  # noqa: N803
+        """``a & b`` of integer tensors, broadcasting."""
         return self._op("BitwiseAnd", args, {}, debugContext)[0]
 
     def bitwiseor(self, args, debugContext=""):  # noqa: N803
+        """``a | b`` of integer tensors, broadcasting."""
         return self._op("BitwiseOr", args, {}, debugContext)[0]
 
     def bitwisexor(self, args, debugContext=""):  # noqa: N803
+        """``a ^ b`` of integer tensors, broadcasting."""
         return self._op("BitwiseXor", args, {}, debugContext)[0]
 
     def bitwisexnor(self, args, debugContext=""):  # noqa: N803
+        """``~(a ^ b)`` of integer tensors, broadcasting."""
         return self._op("BitwiseXnor", args, {}, debugContext)[0]
+
+
+#: input counts of the ai.graphcore ops (PopART's ``OperatorIdentifier`` NumInputs)
+_GC_ARITY = {
+    "Gelu": (1, 1), "GeluErf": (1, 1), "Swish": (1, 1), "Scale": (1, 1), "ScaledAdd": (2, 4), "Detach": (1, 1),
+    "Nop": (1, 1), "PrintTensor": (1, 1), "TensorRemap": (1, 2), "ReplicatedAllReduce": (1, 1),
+    "IncrementMod": (1, 1), "CopyVarUpdate": (2, 2), "Abort": (0, 1), "IdentityLoss": (1, 1),
+    "Nll": (2, 2), "L1": (1, 1), "Ctc": (4, 4), "Reshape": (1, 1), "Subsample": (1, 1), "Reverse": (1, 1),
+    "Slice": (1, 1), "DepthToSpace": (1, 1), "DynamicSlice": (2, 2), "DynamicUpdate": (3, 3),
+    "DynamicZero": (2, 2), "DynamicAdd": (3, 3), "SequenceSlice": (5, 5), "Init": (0, 0),
+    "GroupNormalization": (3, 3), "ReduceMedian": (1, 1), "ScatterReduce": (2, 3), "GroupedGather": (2, 2),
+    "Sort": (1, 1), "Bucketize": (2, 2), "NormalizeImage": (3, 3), "ShapedDropout": (1, 1),
+    "Round": (1, 1), "Nearbyint": (1, 1), "Fmod": (2, 2), "Remainder": (2, 2), "Atan2": (2, 2), "Expm1": (1, 1),
+    "Log1p": (1, 1), "BitwiseNot": (1, 1), "BitwiseAnd": (2, 2), "BitwiseOr": (2, 2), "BitwiseXor": (2, 2),
+    "BitwiseXnor": (2, 2),
+}
+#: PopART's C++ ``DataType`` enum order (the ``data_type`` attribute of Init)
+_DATA_TYPES = ["UINT8", "INT8", "UINT16", "INT16", "INT32", "INT64", "UINT32", "UINT64", "BOOL", "FLOAT", "FLOAT16",
+               "BFLOAT16", "FLOAT8_143", "FLOAT8_152", "DOUBLE", "COMPLEX64", "COMPLEX128", "STRING", "UNDEFINED"]
+_SCATTER_REDUCTIONS = {"sum": "sum", "max": "max", "min": "min", "mul": "mul", "noreduction": "none", "none": "none"}
+_COLLECTIVE_OPS = ("Add", "Mean", "Mul", "Min", "Max", "LogicalAnd", "LogicalOr", "SquareAdd", "Local")
+
+
+def _tensor_ids(op: str, args) -> list:
+    if isinstance(args, str) or not isinstance(args, (list, tuple)):
+        raise popart_exception(f"{op}: args must be a list of tensor ids, got {type(args).__name__} {args!r}")
+    bad = [a for a in args if not isinstance(a, str)]
+    if bad:
+        raise popart_exception(f"{op}: args must be tensor ids (str), got {bad[0]!r}")
+    return list(args)
+
+
+def _reduction(reduction) -> int:
+    name = str(reduction).split(".")[-1]
+    if name not in _REDUCTION:
+        raise popart_exception(f"Unknown ReductionType '{reduction}': use popart.ReductionType.Sum, Mean or "
+                               "NoReduction")
+    return _REDUCTION[name]
+
+
+def _dyn_attrs(axes, sizes, no_overlap=None) -> dict:
+    axes, sizes = [int(a) for a in axes], [int(s) for s in sizes]
+    if len(axes) != len(sizes):
+        raise popart_exception(f"DynamicBaseOp: axes {axes} and sizes {sizes} must have the same length")
+    a = {"axes": axes, "sizes": sizes}
+    if no_overlap is not None:
+        a["noOverlap"] = int(no_overlap)
+    return a
+
+
+def _data_type_code(dt) -> int:
+    if isinstance(dt, (int, np.integer)) and not isinstance(dt, bool):
+        if not 0 <= int(dt) < len(_DATA_TYPES):
+            raise popart_exception(f"Init: unknown data_type {dt}")
+        return int(dt)
+    name = dtype_name(dt) if not isinstance(dt, str) else dt.upper()
+    name = {"FLOAT32": "FLOAT", "HALF": "FLOAT16", "INT": "INT32"}.get(name, name)
+    if name not in _DATA_TYPES:
+        raise popart_exception(f"Init: unknown data_type {dt}")
+    return _DATA_TYPES.index(name)
+
+
+def _init_type(it) -> int:
+    if isinstance(it, (int, np.integer)) and not isinstance(it, bool):
+        return int(it)
+    name = str(it).split(".")[-1]
+    if name not in ("NoInit", "Zero"):
+        raise popart_exception(f"Init: unknown init_type {it} (InitType.NoInit or InitType.Zero)")
+    return 0 if name == "NoInit" else 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -405,14 +743,23 @@ class Builder:
     input counts and mixed opsets; ``RuntimeError`` for selecting a second ai.onnx opset.
     """
 
-    def __init__(self, modelProtoOrFilename=None, opsets=None, builderCore=None):  # noqa: N803
+    def __init__(self, modelProtoOrFilename=None, opsets=None, builderCore=None, _parent=None):  # noqa: N803
+        self._parent = _parent
         self._scopes: list[str] = []
         self._attr_stack: dict[str, list] = {}
-        self._ids: set[str] = set()
-        self._infos: dict[str, tuple] = {}          # id -> (dtype name, shape list)
-        self._consts: dict[str, np.ndarray] = {}    # constant / initializer values (for shape inference)
-        self._opset_versions: dict[str, int] = {}
-        self._default_onnx = DEFAULT_AI_ONNX_OPSET
+        if _parent is None:
+            self._ids: set[str] = set()
+            self._infos = {}            # id -> (dtype name, shape list)
+            self._consts = {}           # constant / initializer values (for shape inference)
+            self._opset_versions: dict[str, int] = {}
+        else:
+            # a subgraph: one id namespace with its parents (ONNX subgraphs may not redefine an
+            # enclosing scope's names), its parents' tensors readable, its own ones written here
+            self._ids = _parent._ids
+            self._infos = collections.ChainMap({}, _parent._infos)
+            self._consts = collections.ChainMap({}, _parent._consts)
+            self._opset_versions = _parent._opset_versions
+        self._default_onnx = DEFAULT_AI_ONNX_OPSET if _parent is None else _parent._default_onnx
         if opsets:
             if "ai.onnx" not in opsets or "ai.graphcore" not in opsets:
                 raise popart_exception("Builder opsets must give versions for both 'ai.onnx' and 'ai.graphcore'")
@@ -507,8 +854,41 @@ class Builder:
         return tid
 
     def addUntypedInputTensor(self, debugContext=""):  # noqa: N802,N803
-        raise popart_exception("Can not add untyped tensors to the top-level graph. Use Builder::addInputTensor("
-                               "const TensorInfo &tensorInfo, const std::string &debugPrefix) instead.")
+        """An input of no stated type or shape: subgraphs only (a ``Loop`` body's iteration count
+        ...). Raises PopART's error on the top-level graph."""
+        if self._parent is None:
+            raise popart_exception("Can not add untyped tensors to the top-level graph. Use Builder::addInputTensor("
+                                   "const TensorInfo &tensorInfo, const std::string &debugPrefix) instead.")
+        tid = self._next_id(str(debugContext) or "input")
+        self._model.graph.input.append(onnx.ValueInfoProto(name=tid))
+        return tid
+
+    def addInputTensorFromParentGraph(self, tensorId):  # noqa: N802,N803
+        """Use tensor ``tensorId`` of an enclosing graph in this subgraph (ONNX lexical scope):
+        returns ``tensorId``. Raises ``popart_exception`` on the top-level graph or for a tensor
+        no enclosing graph has."""
+        if self._parent is None:
+            raise popart_exception("Can not add a tensor from a parent graph to the top-level graph: "
+                                   "addInputTensorFromParentGraph is for subgraph builders (createSubgraphBuilder)")
+        if tensorId not in self._parent._ids:
+            raise popart_exception(f"Could not find tensor '{tensorId}' in the parent graph of this subgraph builder")
+        return tensorId
+
+    def createSubgraphBuilder(self) -> "Builder":  # noqa: N802
+        """A builder for a graph nested in this one: the ``callee`` of ``aiGraphcore.call``, the
+        body of ``aiOnnx.loop`` / ``scan``, a branch of ``aiOnnx.logical_if``. It shares this
+        builder's tensor ids (names stay unique across the nesting) and reads its tensors
+        (``addInputTensorFromParentGraph``); its inputs are ``addInputTensor`` /
+        ``addUntypedInputTensor``, its outputs ``addOutputTensor``."""
+        child = Builder(_parent=self)
+        child._model.graph.name = f"{self._model.graph.name}_subgraph_{next(_graph_uid)}"
+        return child
+
+    def _root(self) -> "Builder":
+        b = self
+        while b._parent is not None:
+            b = b._parent
+        return b
 
     def addInitializedInputTensor(self, initVal, variableSettings=None, debugContext=""):  # noqa: N802,N803
         """A weight with value ``initVal`` (numpy array, made C-contiguous) -> its id
@@ -536,7 +916,10 @@ class Builder:
         self._model.graph.output.append(vi)
 
     # -- ops ------------------------------------------------------------------------------
-    def _op(self, op_type, domain, version, inputs, num_outputs, attrs, debugContext="", schema=None):  # noqa: N803
+    def _op(self, op_type, domain, version, inputs, num_outputs, attrs, debugContext="", schema=None,  # noqa: N803
+            out_infos=None):
+        """Append a node; returns its output ids. ``out_infos``: the outputs' ``(dtype name,
+        shape)`` when the caller knows them (no shape inference then)."""
         dkey = "ai.onnx" if domain in ("", "ai.onnx") else domain
         if schema is not None and schema.min_input > 0:
             mx = schema.max_input
@@ -544,7 +927,7 @@ class Builder:
                 raise popart_exception(f"{op_type} has invalid number of inputs {len(inputs)}. Must be between "
                                        f"{schema.min_input}..{mx if mx < _INF else 'inf'}")
         for i, x in enumerate(inputs):
-            if x == "" and schema is not None and i >= schema.min_input:
+            if x == "" and (schema is None or i >= schema.min_input):      # an omitted optional input
                 continue
             if x not in self._ids:
                 valid = sorted(self._ids)
@@ -553,9 +936,10 @@ class Builder:
         cur = self._opset_versions.get(dkey)
         if cur is None:
             self._opset_versions[dkey] = version
-            self._model.opset_import.append(helper.make_opsetid("" if dkey == "ai.onnx" else dkey, version))
+            root = self._root()._model        # a subgraph's ops count in the model's opsets
+            root.opset_import.append(helper.make_opsetid("" if dkey == "ai.onnx" else dkey, version))
             if dkey == "ai.onnx":
-                self._model.ir_version = 3 if version <= 8 else 4 if version <= 11 else \
+                root.ir_version = 3 if version <= 8 else 4 if version <= 11 else \
                     helper.find_min_ir_version_for([helper.make_opsetid("", version)])
         elif cur != version:
             raise popart_exception(f"Invalid opset {version} used to add an operation. Opset for domain {dkey} "
@@ -574,8 +958,17 @@ class Builder:
             if stack:
                 node.attribute.append(helper.make_attribute(k, stack[-1]))
         self._model.graph.node.append(node)
-        self._infer(node, version)
+        if out_infos is not None:
+            self._set_infos(node, out_infos)
+        else:
+            self._infer(node, version)
         return outputs
+
+    def _set_infos(self, node, outs) -> None:
+        for o, info in zip(node.output, outs):
+            if info is not None:
+                self._infos[o] = (info[0], list(info[1]))
+                self._model.graph.value_info.append(helper.make_tensor_value_info(o, ONNX_OF[info[0]], info[1]))
 
     def _infer(self, node: onnx.NodeProto, version: int) -> None:
         """Output types/shapes of ``node``: ONNX per-node inference, else the host kernel on zeros."""
@@ -613,10 +1006,7 @@ class Builder:
         if outs is None:
             log("builder").warning("Shape inference failed for output '%s' of node '%s'", node.output[0], node.op_type)
             return
-        for o, info in zip(node.output, outs):
-            if info is not None:
-                self._infos[o] = (info[0], list(info[1]))
-                self._model.graph.value_info.append(helper.make_tensor_value_info(o, ONNX_OF[info[0]], info[1]))
+        self._set_infos(node, outs)
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             for a in node.attribute:
                 if a.name == "value":

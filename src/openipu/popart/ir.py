@@ -11,7 +11,11 @@ Steps, in the session constructor as in PopART:
    onnx_ops kernel and becomes a constant (PopART's ConstExpr folding); so do ``Shape`` /
    ``Size`` of statically shaped tensors. Other nodes become ops; their output shapes come from
    ONNX inference or, where it has none, from running the kernel on zeros;
-5. check anchors ("Anchor tensor `x' not in Ir Tensors."), prune ops no anchor needs;
+   ai.graphcore ``Call`` nodes are inlined and ``MultiConv`` nodes split into Conv ops
+   (:mod:`openipu.popart.transforms.graphcore_ir`); then the random ops read the session's seed
+   (:mod:`openipu.popart.transforms.random_seed`, PopART's RandomSetup);
+5. check anchors ("Anchor tensor `x' not in Ir Tensors."), prune ops no anchor needs (ops with
+   side effects, Abort and PrintTensor, and ops that write a variable stay);
 6. virtual graphs (``VirtualGraphMode.Manual``: all ops or none annotated);
 7. INT64 / UINT64 constants that ops read on the device are stored as 32-bit there
    (``enableSupportedDataTypeCasting``): values outside the 32-bit range (``Slice``'s "to the
@@ -48,19 +52,22 @@ from onnx import numpy_helper
 from openipu.popart import lowering
 from openipu.popart.builder import VGRAPH_ATTR, PIPELINE_ATTR, _load_model
 from openipu.popart.errors import popart_exception
-from openipu.popart.graphcore_ops import find_kernel
+from openipu.popart.graphcore_ops import GRAPHCORE, find_kernel
 from openipu.popart.log import log
 from openipu.popart.options import VirtualGraphMode
 from openipu.popart.shapes import (KERNEL_TORCH_OF, NAME_OF_TORCH, annotations, call_kernel, decode_attrs, is_static,
                                   probe, subgraph_free_names, to_torch, value_info_of, zeros)
 from openipu.popart.tensorinfo import NUMPY_OF, TensorInfo, dtype_name
+from openipu.popart.transforms import graphcore_ir, random_seed
 
 #: ops whose output shapes depend on input values (PopART has no class for them): always probed
 #: twice, even when the model states a static shape, and refused unless the shapes agree
 VALUE_SHAPED = {"NonZero", "Unique"}
+#: ops kept although no anchor needs their outputs (they act when they run)
+SIDE_EFFECT_OPS = {(GRAPHCORE, "Abort"), (GRAPHCORE, "PrintTensor")}
 #: ops never folded on the host (random results differ per run)
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
-           "Dropout", "PrintTensor"}
+           "Dropout", "PrintTensor", "ShapedDropout", "Abort", "Init"}
 
 #: ops whose INT64 constant inputs are indices, bounds or counts, for which clamping to the 32-bit
 #: range of their device tensor keeps the meaning (Slice's INT64_MAX "to the end" ...)
@@ -238,12 +245,14 @@ class Ir:
                        for o in self.model.opset_import}
         self.optimizer_tensors: set[str] = set()    # non-const optimizer scalars (optimizerFromHost)
         self.grad_alias: dict[str, str] = {}        # Gradient___x -> the tensor holding it
+        self.random_seed: str | None = None         # the seed tensor of the random ops (RandomSetup)
         self.weight_grads: dict[str, str] = {}
         self.recomputed = 0                          # forward ops cloned into the backward pass
         self._check_model()
         self._fix_inputs(input_shape_info)
         inferred = self._infer()
         self._build(inferred)
+        self.random_seed = random_seed.apply(self)      # None, or the id of the seed tensor
         if training is not None:
             self._construct_backwards()
         self._validate_anchors()
@@ -374,8 +383,12 @@ class Ir:
 
     def _node(self, idx, node, inferred):
         domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        if domain == GRAPHCORE and node.op_type in ("Call", "MultiConv"):
+            return graphcore_ir.expand(self, idx, node, inferred)
         opset = self.opsets.get(domain, 1)
         attrs = decode_attrs(node)
+        if (domain, node.op_type) == (GRAPHCORE, "GroupNormalization") and self.options.groupNormStridedChannelGrouping:
+            attrs["stridedChannelGrouping"] = 1
         attrs["__num_outputs__"] = len(node.output)     # the onnx_ops kernel contract
         node_inputs = list(node.input)
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
@@ -423,6 +436,8 @@ class Ir:
             return self._fold(node, outs, inferred)
         op = IrOp(len(self.ops), node.op_type, domain, opset, node.name, node_inputs, list(node.output), attrs,
                   annotations(node))
+        if (domain, node.op_type) == (GRAPHCORE, "CopyVarUpdate"):
+            graphcore_ir.check_copy_var_update(op, ins)
         if kernel is None and not lowering.has_lowering(op):
             raise popart_exception(f"No class for {domain or 'ai.onnx'}.{node.op_type}:0. openipu has no kernel or "
                                    "lowering for this operator; replace it in the model (see popart."
@@ -591,7 +606,7 @@ class Ir:
             needed.add(self.training["loss"])
         keep = []
         for op in reversed(self.ops):
-            if op.modifies or any(o in needed for o in op.outputs):
+            if op.modifies or (op.domain, op.op_type) in SIDE_EFFECT_OPS or any(o in needed for o in op.outputs):
                 keep.append(op)
                 needed.update(x for x in op.inputs if x)
         keep.reverse()
@@ -681,4 +696,5 @@ class Ir:
     def variables(self) -> list[str]:
         """The device variables the host holds copies of (weights and optimizer state), not the
         optimizer scalars (those are ``optimizer_tensors``)."""
-        return [t.id for t in self.tensors.values() if t.kind == "Variable" and t.id not in self.optimizer_tensors]
+        return [t.id for t in self.tensors.values() if t.kind == "Variable" and t.id not in self.optimizer_tensors
+                and t.id != self.random_seed]

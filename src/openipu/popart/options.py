@@ -52,6 +52,9 @@ AccumulateOuterFragmentSchedule = _enum("AccumulateOuterFragmentSchedule",
 SyncPattern = _enum("SyncPattern", ["Full", "SinglePipeline", "ReplicaAndLadder"])
 InitType = _enum("InitType", ["NoInit", "Zero"])
 ScatterReduction = _enum("ScatterReduction", ["Sum", "Max", "Min", "Mul", "NoReduction"])
+CollectiveOperator = _enum("CollectiveOperator", ["Add", "Mean", "Mul", "Min", "Max", "LogicalAnd", "LogicalOr",
+                                                  "SquareAdd", "Local"])
+TensorRemapType = _enum("TensorRemapType", ["FwdBwdReverse", "FwdBwd", "Fwd"])
 VariableRetrievalMode = _enum("VariableRetrievalMode", ["OnePerGroup", "AllReduceReplicas", "AllReplicas"])
 CommGroupType = _enum("CommGroupType", ["All", "Consecutive", "Orthogonal", "Ungrouped"])
 GradientTensorTrackingMethod = _enum("GradientTensorTrackingMethod",

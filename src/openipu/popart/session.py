@@ -146,6 +146,7 @@ class _SessionBase:
             return
         self.deviceInfo.attach()
         self._engine.load(self.deviceInfo.device)
+        self._send_seed()
 
     def compileAndExport(self, filename) -> None:  # noqa: N802
         if self._engine is None:
@@ -357,12 +358,42 @@ class _SessionBase:
         return self._engine.getProfile()
 
     def getRandomSeed(self) -> int:  # noqa: N802
-        return getattr(self, "_seed", 0)
+        """The seed last given to :meth:`setRandomSeed` (else the one the session drew). Warns
+        and returns 0 when the session has no random op."""
+        seed = self._ir.random_seed
+        if seed is None:
+            log("session").warning("Trying to get the random seed, but this session has no random behaviour. Doing "
+                                   "nothing.")
+            return 0
+        if self._engine is None:
+            raise popart_exception("There is no executatable. Try calling Session::prepareDevice first.")
+        w = np.asarray(self._ir.tensors[seed].value, np.uint64).reshape(-1)
+        return int(w[0]) | (int(w[1]) << 32)
 
     def setRandomSeed(self, seed: int) -> None:  # noqa: N802
-        log("session").warning("Trying to set the random seed, but this session has no random behaviour. Doing "
-                               "nothing.")
-        self._seed = int(seed)
+        """Seed the session's random ops (dropout in training ...) with the 64-bit ``seed``: the
+        same seed gives the same masks, batch after batch (the seed advances by one each
+        batch). Needs ``prepareDevice()`` first; with no random op it only warns (PopART)."""
+        tid = self._ir.random_seed
+        if tid is None:
+            log("session").warning("Trying to set the random seed, but this session has no random behaviour. Doing "
+                                   "nothing.")
+            return
+        if self._engine is None:
+            raise popart_exception("There is no executatable. Try calling Session::prepareDevice first.")
+        from openipu.popart.transforms.random_seed import seed_words
+        self._ir.tensors[tid].value = seed_words(seed)
+        if self._engine._storage is not None:
+            self._send_seed()
+
+    def _send_seed(self) -> None:
+        low = self._lowered
+        tid = self._ir.random_seed
+        if tid is None or tid not in low.seed_in:
+            return
+        buf = np.ascontiguousarray(np.asarray(self._ir.tensors[tid].value, np.uint32).reshape(-1))
+        self._engine.connectStream(low.seed_in[tid], buf)
+        self._engine.run(4, "randomSeedFromHost")
 
     # -- weights --------------------------------------------------------------------------
     def weightsFromHost(self) -> None:  # noqa: N802

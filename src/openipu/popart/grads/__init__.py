@@ -14,7 +14,9 @@ rewrite grad ops into ordinary ones), one op family per module:
   weight-delta convolutions) and a ReduceSum for the bias;
 - :mod:`.pooling`: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool;
 - :mod:`.gather`: Gather -> ``GatherGrad`` (a scatter-add into the table's shape);
-- :mod:`.loss`: Nll, L1, IdentityLoss (``ai.graphcore``).
+- :mod:`.loss`: Nll, L1, IdentityLoss (``ai.graphcore``);
+- :mod:`.graphcore`: the other ``ai.graphcore`` ops (ScaledAdd, Subsample, Reverse, Swish, Ctc,
+  ReduceMedian, GroupNormalization, dropout, the dynamic slices, ScatterReduce ...).
 
 A rule is ``fn(g: GradContext, op) -> list`` (one gradient tensor id, or None, per op input). It
 reads the gradients of the op's outputs with ``g.gy(k)`` and adds ops with ``g.add`` (ordinary
@@ -34,7 +36,8 @@ from openipu.popart.tensorinfo import NUMPY_OF, TensorInfo
 
 GRAPHCORE = "ai.graphcore"
 _RULES: dict[tuple[str, str], object] = {}
-_MODULES = ("elementwise", "matmul", "unary", "softmax", "views", "reduce", "conv", "pooling", "gather", "loss")
+_MODULES = ("elementwise", "matmul", "unary", "softmax", "views", "reduce", "conv", "pooling", "gather", "loss",
+            "graphcore")
 _LOADED = False
 
 

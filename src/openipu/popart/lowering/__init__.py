@@ -22,11 +22,13 @@ predicate (e.g. integer division). Every other op with a host kernel goes throug
   Concat -> Poplar tensor views (PopART's in-place variants);
 - :mod:`.varupdate`: the weight update ops of training (SGD0VarUpdate, SGD1*, Accumulate,
   AdamUpdater, LambSquare, AdamVarUpdate, RMSPropUpdater, AdaDeltaUpdater, ScaledVarUpdate,
-  AccumulatorUpdate) -> ``popops`` scaled adds / maps / reduces in place; ReplicatedAllReduce(Inplace)
-  -> ``gcl`` all-reduces;
+  AccumulatorUpdate) -> ``popops`` scaled adds / maps / reduces in place; ReplicatedAllReduceInplace
+  -> ``gcl`` all-reduce;
 - :mod:`.loss`: Nll -> ``popops`` one-hot, mul, reduce, map (the loss spread over the batch's tiles);
 - :mod:`.grad`: the ``ai.graphcore`` gradient ops with a PopLibs form (non-linearity gradients ->
   ``popnn.nonLinearityInputGradient``; ConvDataGrad / ConvWeightsGrad -> ``poplin``);
+- :mod:`.graphcore`: ai.graphcore ops with a Poplar / PopLibs form (identity views, PrintTensor,
+  Abort, dropout through ``poprand``, the random seed, group normalisation through ``popnn.gn``);
 - :mod:`.generic`: everything else with an onnx_ops kernel;
 - :mod:`.program`: the session programs (host streams, ``Repeat(batchesPerStep)`` around
   ``Repeat(accumulationFactor)`` and the accumulate outer fragment in training, anchor copies
@@ -42,7 +44,7 @@ import importlib
 
 _PRECISE: dict[tuple[str, str], list] = {}
 _MODULES = ("elementwise", "matmul", "unary", "compare", "variadic", "views", "pooling", "norm", "softmax",
-            "reduce", "gather", "conv", "varupdate", "grad", "loss")
+            "reduce", "gather", "conv", "varupdate", "grad", "loss", "graphcore")
 _LOADED = False
 
 

@@ -15,7 +15,8 @@ Engine programs:
 1. weightsFromHost: host -> device copies of every variable (``constantWeights=False``, and the
    weights and optimizer state of a training session);
 2. weightsToHost: device -> host copies of every variable;
-3. optimizerFromHost: host -> device copies of the non-const optimizer scalars (training).
+3. optimizerFromHost: host -> device copies of the non-const optimizer scalars (training);
+4. randomSeedFromHost: host -> device copy of the random seed (``setRandomSeed``).
 
 Stream handles: ``h2d:<id>`` inputs and weights in, ``d2h:<id>`` anchors and weights out. Inputs and
 anchors with no elements get no stream (their handle is ``None``): there is nothing to transfer.
@@ -59,6 +60,7 @@ class Lowered:
         self.weights_in: dict[str, str] = {}
         self.weights_out: dict[str, str] = {}
         self.optimizer_in: dict[str, str] = {}   # non-const optimizer scalars (training)
+        self.seed_in: dict[str, str] = {}        # the random seed (setRandomSeed)
         self.kinds: dict[int, str] = {}        # op id -> "precise" | "generic"
         self.in_place: dict[int, int] = {}     # op id -> the input its output overwrites (InPlace)
 
@@ -204,6 +206,8 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
             graph.addHostToDeviceFIFO(hi, ptype, t.info.nelms(), "BROADCAST")
             if tid in ir.optimizer_tensors:     # a non-const optimizer scalar: optimizerFromHost only
                 out.optimizer_in[tid] = hi
+            elif tid == ir.random_seed:         # the random seed: randomSeedFromHost only
+                out.seed_in[tid] = hi
             else:
                 out.weights_in[tid] = hi
                 out.weights_out[tid] = ho
@@ -303,6 +307,8 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
                       for tid, h in out.weights_out.items()], name="weightsToHost")
     ofh = P.Sequence([P.Copy(graph._state.streams[h], ctx.get(tid, ctx._home[tid]))
                       for tid, h in out.optimizer_in.items()], name="optimizerFromHost")
-    out.programs = [step, wfh, wth, ofh]
+    sfh = P.Sequence([P.Copy(graph._state.streams[h], ctx.get(tid, ctx._home[tid]))
+                      for tid, h in out.seed_in.items()], name="randomSeedFromHost")
+    out.programs = [step, wfh, wth, ofh, sfh]
     out.in_place = ctx.in_place
     return out

@@ -1,10 +1,11 @@
 """The weight update ops of a training session (PopART's ``SGD0VarUpdateOpx``,
 ``SGD1*Opx``, ``AccumulateOpx``, ``AccumulatorUpdateOpx``, ``AdamUpdaterOpx``, ``LambSquareOpx``,
 ``AdamVarUpdateOpx``, ``RMSPropUpdaterOpx``, ``AdaDeltaUpdaterOpx``, ``ScaledVarUpdateOpx``,
-``ReplicatedAllReduceOpx``) through ``popops``: ``scaledAddTo`` / ``scaledSubtractFrom`` where
+``ReplicatedAllReduceInplaceOpx``) through ``popops``: ``scaledAddTo`` / ``scaledSubtractFrom`` where
 the update is a scaled add (one ``ScaledAdd``-family vertex per tile), else ``map`` /
 ``mapInPlace`` of the update expression (one generated vertex per tile), ``reduce`` for Lamb's
-norms and ``gcl`` all-reduces across replicas. State is written in place. Equations:
+norms and a ``gcl`` all-reduce across replicas (the gradient's ReplicatedAllReduce is lowered in
+:mod:`.graphcore`). State is written in place. Equations:
 :mod:`openipu.popart.transforms.optimizer`.
 
 A compound scalar is the op's attribute (named by its role) when const, else a tensor input
@@ -136,13 +137,6 @@ def accumulator_update(ctx, op):
     acc = ctx.input(op, 0)
     popops.zero(graph(ctx, op), acc, ctx.prog, name(op))
     return [acc]
-
-
-@lowering("ReplicatedAllReduce", domain=GC)
-def replicated_all_reduce(ctx, op):
-    """Sum over the replicas into a new tensor (``gcl::allReduceCrossReplica``)."""
-    return [gcl.allReduceCrossReplica(graph(ctx, op), ctx.input(op, 0), gcl.CollectiveOperator.ADD, ctx.prog,
-                                      debug_name=name(op))]
 
 
 @lowering("ReplicatedAllReduceInplace", domain=GC)

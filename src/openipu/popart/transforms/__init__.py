@@ -1,2 +1,5 @@
-"""IR transforms of a training session, one per module, in the order of PopART's ``Ir::prepare``:
-:mod:`.autodiff` (``constructBackwards``), :mod:`.optimizer` (the weight update ops)."""
+"""IR transforms, one per module, in the order of PopART's ``Ir::prepare``:
+:mod:`.graphcore_ir` (ai.graphcore Call / MultiConv built as ordinary ops, while the model is
+read), :mod:`.random_seed` (``RandomSetup``: the random ops read the session's seed), then, in a
+training session, :mod:`.autodiff` (``constructBackwards``) and :mod:`.optimizer` (the weight
+update ops)."""
