@@ -68,11 +68,14 @@ def test_batchnorm_inference(opset, dt):
     check("BatchNormalization", {"x": _x((3, 6), dt)}, consts=_bn_consts(6, dt), opset=opset)
 
 
-def test_batchnorm_runtime_stats_and_training_generic():
-    c = _bn_consts(4, np.float32)
-    x = _x((2, 4, 3, 3), np.float32)
+@pytest.mark.parametrize("dt", DTS)
+def test_batchnorm_runtime_stats_and_training(dt):
+    c = _bn_consts(4, dt)
+    x = _x((2, 4, 3, 3), dt)
     check("BatchNormalization", {"x": x, "s": c["s"], "b": c["b"], "m": c["m"], "v": c["v"]}, opset=15)
-    check("BatchNormalization", {"x": x}, {"training_mode": 1}, consts=c, opset=15, n_out=3, precise=False)
+    check("BatchNormalization", {"x": x}, {"training_mode": 1, "momentum": 0.7}, consts=c, opset=15, n_out=3)
+    # opsets 7-13: training mode is the 5-output form (Y, running mean / var, saved mean / var)
+    check("BatchNormalization", {"x": x}, consts=c, opset=9, n_out=5)
 
 
 @pytest.mark.parametrize("dt", DTS)

@@ -174,8 +174,10 @@ def _make_onnx_method(schema):
             params.append(P("args", P.POSITIONAL_OR_KEYWORD))
         if takes_n:
             params.append(P("num_outputs", P.POSITIONAL_OR_KEYWORD))
-        required = sorted(n for n, a in attrs.items() if a.required and a.type != onnx.AttributeProto.GRAPH)
-        optional = sorted(n for n, a in attrs.items() if not a.required)
+        # Split-18's ``num_outputs`` attribute is the ``num_outputs`` argument
+        own = {n: a for n, a in attrs.items() if not (takes_n and n == "num_outputs")}
+        required = sorted(n for n, a in own.items() if a.required and a.type != onnx.AttributeProto.GRAPH)
+        optional = sorted(n for n, a in own.items() if not a.required)
         graphs = sorted(n for n, a in attrs.items() if a.required and a.type == onnx.AttributeProto.GRAPH)
         attr_names = required + graphs + optional
         for n in required + graphs:
@@ -209,6 +211,8 @@ def _make_onnx_method(schema):
             at[n] = _to_attr_value(n, val, attrs[n].type)
         inputs = list(v["args"]) if takes_args else []
         n_out = int(v["num_outputs"]) if takes_n else n_fixed
+        if takes_n and "num_outputs" in attrs and len(inputs) < 2:      # Split-18 without a split input
+            at["num_outputs"] = _to_attr_value("num_outputs", n_out, attrs["num_outputs"].type)
         outs = self._builder._op(op, "", self._version, inputs, n_out, at, v["debugContext"], schema=schema)
         return outs if (takes_n or n_fixed > 1) else outs[0]
 

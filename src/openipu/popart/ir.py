@@ -501,7 +501,8 @@ class Ir:
                 continue
             if t.value.min() < lo or t.value.max() > hi:
                 users = ", ".join(sorted({f"{c.op_type} '{c.name}'" for c in t.consumers}))
-                index_like = all(c.op_type in INDEX_INPUT_OPS for c in t.consumers)
+                # (a gradient op reads its forward op's index inputs alike)
+                index_like = all((c.grad_of or c).op_type in INDEX_INPUT_OPS for c in t.consumers)
                 (log("ir").debug if index_like else log("ir").warning)(
                     "INT64 constant '%s' (read by %s) has values outside the 32-bit range of its device tensor; "
                     "they are clamped to it (enableSupportedDataTypeCasting)", t.id, users)
@@ -570,6 +571,7 @@ class Ir:
         self.weight_grads = autodiff.grow(self, loss, seed, self.training.get("patterns"))
         self.recomputed = recompute.apply(self)
         optimizer.apply(self, opt, self.weight_grads)
+        optimizer.copy_var_updates(self)
 
     # -- 5 --------------------------------------------------------------------------------
     def _validate_anchors(self):

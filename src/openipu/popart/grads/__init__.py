@@ -2,21 +2,40 @@
 rewrite grad ops into ordinary ones), one op family per module:
 
 - :mod:`.elementwise`: Add, Sub, Mul, Div, Neg, Pow, Sqrt, Exp, Log, Abs, Reciprocal, Sum, Mean,
-  Cast, Identity, Dropout (inference), Where;
+  Cast, Identity, Dropout (``Where`` of its mask in training mode), Where, Max, Min, Clip
+  (``ClipGrad``), PRelu, Mod, ``ai.graphcore`` Scale / Fmod / Atan2; Sign, Floor, Ceil, Round:
+  zero; RandomNormalLike, RandomUniformLike, EyeLike, Bernoulli: none;
 - :mod:`.matmul`: MatMul, Gemm -> MatMul / Transpose (PopART's ``MatMulLhsGradOp`` /
-  ``MatMulRhsGradOp`` patterns);
-- :mod:`.unary`: Relu, Sigmoid, Tanh, Gelu, GeluErf, LeakyRelu -> ``*Grad`` ops
-  (``popnn::nonLinearityInputGradient``);
-- :mod:`.softmax`: Softmax, LogSoftmax -> ``SoftmaxGrad`` / ``LogSoftmaxGrad``;
-- :mod:`.views`: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat, Slice;
-- :mod:`.reduce`: ReduceSum, ReduceMean -> Expand;
+  ``MatMulRhsGradOp`` patterns); Einsum, Det (generic);
+- :mod:`.unary`: Relu, Sigmoid, Tanh, Gelu, GeluErf, LeakyRelu, Erf, Elu, Selu, Celu, HardSigmoid,
+  Softsign, Softplus, ThresholdedRelu, Shrink, HardSwish, Mish, Swish, Tan, Asin, Acos, Atan,
+  Sinh, Cosh, Asinh, Acosh, Atanh -> ``*Grad`` ops (``popnn::nonLinearityInputGradient`` or one
+  ``popops.map``); Sin, Cos, ``ai.graphcore`` Expm1, Log1p -> ONNX ops;
+- :mod:`.softmax`: Softmax, LogSoftmax (any axis) -> ``SoftmaxGrad`` / ``LogSoftmaxGrad``;
+- :mod:`.views`: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat, Slice, Expand, Tile,
+  Split, Pad, DepthToSpace, SpaceToDepth, Trilu, ReverseSequence, Resize, Upsample,
+  CenterCropPad, AffineGrid, ``ai.graphcore`` Reshape / Slice / Reverse / Subsample;
+- :mod:`.reduce`: ReduceSum, ReduceMean, ReduceMax, ReduceMin, ReduceL1, ReduceL2,
+  ReduceSumSquare, ReduceLogSumExp, ReduceLogSum, ReduceProd, CumSum, CumProd;
 - :mod:`.conv`: Conv -> ``ConvDataGrad`` / ``ConvWeightsGrad`` (``poplin`` input-gradient and
-  weight-delta convolutions) and a ReduceSum for the bias;
-- :mod:`.pooling`: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool;
+  weight-delta convolutions) and a ReduceSum for the bias; ConvTranspose, Col2Im;
+- :mod:`.pooling`: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, LpPool, GlobalLpPool,
+  MaxUnpool, RoiAlign;
 - :mod:`.gather`: Gather -> ``GatherGrad`` (a scatter-add into the table's shape);
-- :mod:`.loss`: Nll, L1, IdentityLoss (``ai.graphcore``);
+  ScatterElements / Scatter -> ``ScatterDataGrad`` / ``ScatterUpdateGrad``; GatherElements,
+  GatherND, ScatterND, TopK, Compress;
+- :mod:`.norm`: LayerNormalization, BatchNormalization (training mode), InstanceNormalization,
+  GroupNormalization -> ``<Norm>Grad`` (``popnn`` norm gradients); RMSNormalization,
+  LpNormalization, MeanVarianceNormalization, LRN;
+- :mod:`.loss`: Nll, L1, IdentityLoss (``ai.graphcore``).
 - :mod:`.graphcore`: the other ``ai.graphcore`` ops (ScaledAdd, Subsample, Reverse, Swish, Ctc,
   ReduceMedian, GroupNormalization, dropout, the dynamic slices, ScatterReduce ...).
+
+Ops without a closed form as ONNX ops or PopLibs calls get a *generic* gradient op
+(:meth:`GradContext.vjp`): ``ai.graphcore`` ``<Op>Grad`` (PopART's name where PopART has one),
+whose host kernel is the vector-Jacobian product of the forward op's host kernel. Integer and
+bool tensors (indices, shapes, masks: Equal, Not, IsNaN, ArgMax ...) carry no gradient, so those
+ops are never differentiated.
 
 A rule is ``fn(g: GradContext, op) -> list`` (one gradient tensor id, or None, per op input). It
 reads the gradients of the op's outputs with ``g.gy(k)`` and adds ops with ``g.add`` (ordinary
@@ -37,7 +56,7 @@ from openipu.popart.tensorinfo import NUMPY_OF, TensorInfo
 GRAPHCORE = "ai.graphcore"
 _RULES: dict[tuple[str, str], object] = {}
 _MODULES = ("elementwise", "matmul", "unary", "softmax", "views", "reduce", "conv", "pooling", "gather", "loss",
-            "graphcore")
+            "norm", "graphcore")
 _LOADED = False
 
 
@@ -115,6 +134,47 @@ class GradContext:
                             opset=opset, name=f"{op_type}/{self.tag}", like=self.op)
         op.grad_of = self.op
         return op.outputs[0]
+
+    def add_n(self, op_type: str, inputs: list, outs: list, attrs: dict | None = None, domain: str = GRAPHCORE,
+              opset: int | None = None) -> list[str]:
+        """Append an op with several outputs, ``outs`` giving ``(shape, dtype)`` each (PopART's
+        grad ops with one output per differentiated input, e.g. ``BatchNormalizationGrad``).
+        Returns the output ids."""
+        outputs = [(f"{op_type}:{self.tag}:{k}", dt, list(s)) for k, (s, dt) in enumerate(outs)]
+        op = self.ir.add_op(op_type, inputs, outputs, attrs, domain=domain, opset=opset, name=f"{op_type}/{self.tag}",
+                            like=self.op)
+        op.grad_of = self.op
+        return list(op.outputs)
+
+    def vjp(self, wrt: int, out: int = 0, op_type: str | None = None, **extra) -> str:
+        """The gradient of input ``wrt`` through output ``out`` by the generic ``ai.graphcore``
+        ``<Op>Grad`` op (``op_type``; inputs: the forward inputs, then the output gradient), whose
+        host kernel is the vector-Jacobian product of the forward op's host kernel
+        (:func:`openipu.popart.onnx_ops.grad.vjp_many`). For ops without a closed form in ONNX
+        ops or PopLibs: exact, and costed by the generic lowering. Returns the gradient's id."""
+        x = self.x(wrt)
+        attrs = self.fwd_attrs(wrt=wrt, fwd_out=out, fwd_opset=self.op.opset,
+                               fwd_outputs=len(self.op.outputs), **extra)
+        return self.add(op_type or f"{self.op.op_type}Grad", list(self.op.inputs) + [self.gy(out)], shape=self.shape(x),
+                        dtype=self.dtype(x), attrs=attrs, domain=GRAPHCORE)
+
+    def fwd_output(self, k: int, shape, dtype: str) -> str:
+        """The forward op's output ``k`` (an optional output it saves for its gradient, e.g.
+        LayerNormalization's ``Mean``), added to the op (``shape``, ``dtype``) when it has none."""
+        op = self.op
+        if k < len(op.outputs) and op.outputs[k]:
+            return op.outputs[k]
+        while len(op.outputs) <= k:
+            op.outputs.append("")
+        tid = self.ir.unique_id(f"{op.outputs[0]}:{k}")
+        self.ir._add_tensor(tid, dtype, list(shape), "ActGrad", producer=op)
+        op.outputs[k] = tid
+        op.attrs["__num_outputs__"] = len(op.outputs)
+        return tid
+
+    def zeros(self, shape, like: str, name: str = "zeros") -> str:
+        """A Const of zeros of ``shape`` and ``like``'s dtype."""
+        return self.const(np.zeros(list(shape)), like, name)
 
     def const(self, value, like: str, name: str = "const") -> str:
         """A scalar (or array) Const of ``like``'s dtype."""

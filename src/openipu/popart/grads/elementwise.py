@@ -1,9 +1,22 @@
 """Gradients of the elementwise ops (PopART's ``AddArg0GradOp`` ... after the ``*ArgGradOp``
-patterns): products and quotients as ONNX ops, summed back over broadcast dimensions."""
+patterns): products and quotients as ONNX ops, summed back over broadcast dimensions.
+
+- Max, Min (PopART's ``MaxArgGrad`` / ``MinArgGrad``): the output gradient where the input is
+  the result (``Where(Equal(x, y), gy, 0)``);
+- Clip: ``ClipGrad`` (the gradient where ``min <= x <= max``; a tensor bound gets the gradient
+  where it clipped); PRelu, Mod, ``ai.graphcore`` Fmod / Atan2: the generic gradient ops (vjp);
+- Dropout: the identity in inference mode; in training mode the output gradient where the
+  forward op's mask kept the element, scaled by ``1 / (1 - ratio)`` (PopART's ``DropoutGrad``);
+- Sign, Floor, Ceil, Round (``ai.graphcore`` Round, Nearbyint): zero (PopART's ``SignGrad``);
+  RandomNormalLike, RandomUniformLike, EyeLike, Bernoulli: no gradient (shape only).
+"""
 
 from __future__ import annotations
 
-from openipu.popart.grads import grad_rule
+import numpy as np
+
+from openipu.popart.errors import popart_exception
+from openipu.popart.grads import GRAPHCORE, grad_rule
 
 
 def _ub(g, t, i):
@@ -97,9 +110,33 @@ def mean(g, op):
     return [_ub(g, t, i) if g.needs(i) else None for i in range(len(op.inputs))]
 
 
-@grad_rule("Identity", "Dropout")
+@grad_rule("Identity")
 def identity(g, op):
     return [g.gy()] + [None] * (len(op.inputs) - 1)
+
+
+@grad_rule("Dropout")
+def dropout(g, op):
+    """Inference: the identity. Training mode (opset >= 12 ``training_mode`` true, opset 6
+    ``is_test=0``): ``Where(mask, gy / (1 - ratio), 0)`` with the forward op's mask output
+    (PopART's ``DropoutGrad``)."""
+    rest = [None] * (len(op.inputs) - 1)
+    if op.opset < 12:
+        training, ratio = op.opset < 7 and not op.attrs.get("is_test", 0), float(op.attrs.get("ratio", 0.5))
+    else:
+        t = g.const_value(op.inputs[2]) if len(op.inputs) > 2 and op.inputs[2] else np.zeros(1, bool)
+        r = g.const_value(op.inputs[1]) if len(op.inputs) > 1 and op.inputs[1] else np.full(1, 0.5)
+        if t is None or r is None:
+            raise popart_exception(f"Dropout '{op.name}': openipu differentiates Dropout only with a constant ratio "
+                                   "and training_mode")
+        training, ratio = bool(np.asarray(t).reshape(-1)[0]), float(np.asarray(r).reshape(-1)[0])
+    if not training or ratio == 0:
+        return [g.gy()] + rest
+    gy, x = g.gy(), g.x(0)
+    mask = g.fwd_output(1, g.shape(x), "BOOL")
+    gx = g.add("Where", [mask, g.scale(gy, 1.0 / (1.0 - ratio)), g.const(0.0, gy, "zero")], shape=g.shape(x),
+               dtype=g.dtype(gy))
+    return [gx] + rest
 
 
 @grad_rule("Scale", domain="ai.graphcore")
@@ -116,6 +153,61 @@ def cast(g, op):
 def where(g, op):
     gy, c = g.gy(), g.x(0)
     zero = g.const(0.0, gy, "zero")
-    ga = _ub(g, g.add("Where", [c, gy, zero], shape=g.shape(gy)), 1) if g.needs(1) else None
-    gb = _ub(g, g.add("Where", [c, zero, gy], shape=g.shape(gy)), 2) if g.needs(2) else None
+    ga = _ub(g, g.add("Where", [c, gy, zero], shape=g.shape(gy), dtype=g.dtype(gy)), 1) if g.needs(1) else None
+    gb = _ub(g, g.add("Where", [c, zero, gy], shape=g.shape(gy), dtype=g.dtype(gy)), 2) if g.needs(2) else None
     return [None, ga, gb]
+
+
+@grad_rule("Max", "Min")
+def max_min(g, op):
+    gy, y = g.gy(), g.y()
+    zero = g.const(0.0, gy, "zero")
+    out = []
+    for i, x in enumerate(op.inputs):
+        if not g.needs(i):
+            out.append(None)
+            continue
+        hit = g.add("Equal", [x, y], shape=g.shape(y), dtype="BOOL")
+        out.append(_ub(g, g.add("Where", [hit, gy, zero], shape=g.shape(gy), dtype=g.dtype(gy)), i))
+    return out
+
+
+@grad_rule("Clip")
+def clip(g, op):
+    gy, x = g.gy(), g.x(0)
+    out = [g.vjp(0, op_type="ClipGrad") if g.needs(0) else None]
+    zero = g.const(0.0, gy, "zero")
+    for i, cmp in ((1, "Less"), (2, "Greater")):       # a tensor bound: where it clipped
+        if i < len(op.inputs) and op.inputs[i] and g.needs(i):
+            hit = g.add(cmp, [x, g.x(i)], shape=g.shape(x), dtype="BOOL")
+            part = g.add("Where", [hit, gy, zero], shape=g.shape(gy), dtype=g.dtype(gy))
+            out.append(g.reshape(g.reduce_sum(part, range(len(g.shape(part))), keepdims=False), g.shape(g.x(i))))
+        elif i < len(op.inputs):
+            out.append(None)
+    return out
+
+
+@grad_rule("PRelu", "Mod")
+def generic_binary(g, op):
+    return [g.vjp(i) if g.needs(i) else None for i in range(len(op.inputs))]
+
+
+@grad_rule("Fmod", "Atan2", domain=GRAPHCORE)
+def generic_binary_gc(g, op):
+    return [g.vjp(i) if g.needs(i) else None for i in range(len(op.inputs))]
+
+
+@grad_rule("Sign", "Floor", "Ceil", "Round")
+def zero(g, op):
+    return [g.scale(g.gy(), 0.0)]
+
+
+@grad_rule("Round", "Nearbyint", domain=GRAPHCORE)
+def zero_gc(g, op):
+    return [g.scale(g.gy(), 0.0)]
+
+
+@grad_rule("RandomNormalLike", "RandomUniformLike", "EyeLike", "Bernoulli")
+def no_gradient(g, op):
+    """Ops whose output depends on their input's shape (or a random draw) only: no gradient."""
+    return [None] * len(op.inputs)

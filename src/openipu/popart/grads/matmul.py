@@ -1,6 +1,7 @@
 """Gradients of MatMul and Gemm as MatMuls of transposed operands (PopART's
 ``MatMulLhsGradOp`` / ``MatMulRhsGradOp`` patterns): ``dA = dY @ B^T`` and ``dB = A^T @ dY``,
-summed over broadcast batch dimensions; a 1-D operand is viewed as a matrix first."""
+summed over broadcast batch dimensions; a 1-D operand is viewed as a matrix first. Einsum and Det
+use the generic ``<Op>Grad`` ops (vjp of the forward kernel)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,8 @@ def gemm(g, op):
     if len(op.inputs) > 2 and op.inputs[2] and g.needs(2):
         grads[2] = g.unbroadcast(g.scale(gy, beta), g.shape(g.x(2)))
     return grads
+
+
+@grad_rule("Einsum", "Det")
+def generic_linalg(g, op):
+    return [g.vjp(i) if g.needs(i) else None for i in range(len(op.inputs))]

@@ -1,6 +1,7 @@
 """Gradients of the pooling ops (``popnn::poolInputGradient``): ``MaxPoolGrad`` reads the
 forward input and output, ``AveragePoolGrad`` only the output gradient; the global poolings
-broadcast the gradient back (divided by the field size for the average)."""
+broadcast the gradient back (divided by the field size for the average). LpPool, GlobalLpPool,
+MaxUnpool and RoiAlign use the generic ``<Op>Grad`` ops (vjp of the forward kernel)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,8 @@ def global_max_pool(g, op):
     xs = g.shape(g.x(0))
     return [g.add("MaxPoolGrad", [g.x(0), g.y(), g.gy()], shape=xs, domain=GRAPHCORE,
                   attrs={"kernel_shape": xs[2:]})]
+
+
+@grad_rule("LpPool", "GlobalLpPool", "MaxUnpool", "RoiAlign")
+def generic_pool(g, op):
+    return [g.vjp(0) if g.needs(0) else None] + [None] * (len(op.inputs) - 1)

@@ -1,10 +1,12 @@
 """ONNX normalisations through ``popnn`` (PopART's ``BatchNormOpx``, ``GroupNormOpx``,
 ``LayerNormOpx``, ``InstanceNormOpx``).
 
-- BatchNormalization (inference only): per channel ``mul = scale * rsqrt(var + eps)`` and
+- BatchNormalization, inference: per channel ``mul = scale * rsqrt(var + eps)`` and
   ``add = B - mean * mul`` (two ``popops.map`` over ``[C]``), then
   ``popnn.bn.batchNormalise(acts, mul, add)`` (PopLibs' combined-multiplicand overload, one
-  ``AFFINE`` map over the activations). Training mode uses the generic lowering.
+  ``AFFINE`` map over the activations). Training mode (``training_mode=1``, or the 5-output form
+  of opsets < 14): ``popnn.bn.batchNormStatistics`` of the batch, the same normalise with them,
+  and the running mean / variance (and saved batch mean / variance) by ``popops.map``.
 - LayerNormalization: ``x`` viewed as ``[prod(shape[:axis]), prod(shape[axis:])]``;
   ``popnn.ln.layerNormStatistics`` then ``layerNormalise``. The ``Mean`` / ``InvStdDevs``
   outputs are lowered when their type is the input's (float models).
@@ -29,6 +31,7 @@ from openipu.poplibs.popops import expr as E
 from openipu.popart.lowering import lowering
 from openipu.popart.lowering._util import FLOATS, dtype, graph, live_outputs, name, shape
 from openipu.popart.onnx_ops._common import norm_axis
+from openipu.popart.onnx_ops.normalization import bn_training
 
 
 def _same_float(ir, ids) -> bool:
@@ -42,9 +45,7 @@ def _stable(ctx) -> bool:
 
 # -- BatchNormalization -----------------------------------------------------------------------
 def _bn_training(op) -> bool:
-    if op.opset >= 14:
-        return bool(op.attrs.get("training_mode", 0))
-    return (not op.attrs.get("is_test", 0)) and op.attrs.get("__num_outputs__", 1) > 1 and op.opset < 7
+    return bn_training(op.attrs, op.opset)
 
 
 def _accepts_bn(op, ir):
@@ -66,6 +67,39 @@ def batch_norm(ctx, op):
     mul = popops.map(g, E.Mul(E._1, E.Rsqrt(E.Add(E._2, E.Const(eps)))), [scale, var], ctx.prog, f"{nm}/mul")
     add = popops.map(g, E.Sub(E._1, E.Mul(E._2, E._3)), [b, mean, mul], ctx.prog, f"{nm}/add")
     return [popnn.bn.batchNormalise(g, x, mul, add, ctx.prog, nm)]
+
+
+def _accepts_bn_training(op, ir):
+    if len(op.inputs) < 5 or not all(op.inputs[:5]) or not _bn_training(op):
+        return False
+    if not _same_float(ir, op.inputs[:5] + [o for o in op.outputs if o]) or len(shape(ir, op.inputs[0])) < 2:
+        return False
+    xs = shape(ir, op.inputs[0])
+    return math.prod(xs) > 0 and all(math.prod(shape(ir, x)) == xs[1] for x in op.inputs[1:5])
+
+
+@lowering("BatchNormalization", accepts=_accepts_bn_training)
+def batch_norm_training(ctx, op):
+    """Training mode (PopART's ``BatchNormOpx::growSpatial``): the batch statistics
+    (``popnn.bn.batchNormStatistics``), ``batchNormalise`` with them, the batch variance from
+    the inverse standard deviation, and the running statistics ``m * input + (1 - m) * batch``."""
+    g = graph(ctx, op)
+    nm = name(op)
+    x, scale, b, mean, var = (ctx.input(op, i) for i in range(5))
+    pshape = scale.shape()
+    scale, b, mean, var = (t.flatten() for t in (scale, b, mean, var))
+    eps = float(op.attrs.get("epsilon", 1e-5))
+    m = float(op.attrs.get("momentum", 0.9))
+    bm, inv = popnn.bn.batchNormStatistics(g, x, eps, ctx.prog, False, _stable(ctx), poplar.FLOAT, f"{nm}/stats")
+    mul = popops.map(g, E.Mul(E._1, E._2), [scale, inv], ctx.prog, f"{nm}/multiplicand")
+    add = popops.map(g, E.Sub(E._1, E.Mul(E._2, E._3)), [b, mul, bm], ctx.prog, f"{nm}/addend")
+    y = popnn.bn.batchNormalise(g, x, mul, add, ctx.prog, nm)
+    bv = popops.map(g, E.Sub(E.Inv(E.Square(E._1)), E.Const(eps)), [inv], ctx.prog, f"{nm}/batchVar")
+    run = E.Add(E.Mul(E.Const(1.0 - m), E._2), E.Mul(E.Const(m), E._1))
+    rm = popops.map(g, run, [mean, bm], ctx.prog, f"{nm}/runningMean")
+    rv = popops.map(g, run, [var, bv], ctx.prog, f"{nm}/runningVar")
+    outs = [y, rm.reshape(pshape), rv.reshape(pshape), bm.reshape(pshape), bv.reshape(pshape)]
+    return [outs[k] if o else None for k, o in enumerate(op.outputs)]
 
 
 # -- Layer / Instance / Group normalisation ---------------------------------------------------

@@ -1,10 +1,14 @@
 """Host kernels of the ``ai.graphcore`` gradient ops that autodiff adds (:mod:`openipu.popart.grads`).
 
 Element types follow the forward op's. The convolution and pooling gradients are the
-vector-Jacobian products of the forward kernels (``torch.func.vjp`` of this package's Conv /
+vector-Jacobian products of the forward kernels (``torch.autograd`` through this package's Conv /
 MaxPool / AveragePool kernels), so their padding, stride, dilation and ceil rules are exactly the
-forward ones. ``reduction`` attributes use PopART's C++ ``ReductionType`` order (Sum 0, Mean 1,
-NoReduction 2).
+forward ones. So are the *generic* gradient ops (:data:`VJP_OPS`: ``ErfGrad``, ``PadGrad``,
+``ResizeGrad`` ..., inputs ``forward inputs + [gy]``, attributes the forward op's plus ``wrt``,
+``fwd_out``, ``fwd_opset``) and the normalisation gradients (:data:`NORM_GRADS`), which give the
+forward kernel's exact gradient whatever its attributes; the PopLibs lowerings of the common
+cases are in :mod:`openipu.popart.lowering.grad`. ``reduction`` attributes use PopART's C++
+``ReductionType`` order (Sum 0, Mean 1, NoReduction 2).
 """
 
 from __future__ import annotations
@@ -47,15 +51,114 @@ def _gather_grad_flops(i, o, a):
 
 def _vjp(op_type: str, inputs: list, attrs: dict, opset: int, wrt: int, gy: torch.Tensor) -> torch.Tensor:
     """Gradient of forward ``op_type``'s first output w.r.t. its input ``wrt``."""
-    fwd = get_kernel("", op_type).fn
     a = {k: v for k, v in attrs.items() if k not in ("input_shape", "weights_shape")}
     a["__num_outputs__"] = 1
+    return vjp_many(get_kernel("", op_type).fn, inputs, a, opset, [wrt], gy)[0].to(gy.dtype)
+
+
+def vjp_many(fwd, inputs: list, attrs: dict, opset: int, wrt: list, gy: torch.Tensor, out: int = 0) -> list:
+    """Vector-Jacobian product of a forward host kernel ``fwd(inputs, attrs, opset)``: the
+    gradients (float32, zeros where the output does not depend on it) of its output ``out``
+    w.r.t. the inputs ``wrt``, given that output's gradient ``gy``. Float inputs are run in
+    float32; integer inputs (indices, shapes) are passed as they are."""
     with torch.enable_grad():
-        ins = [t.detach().float() if t is not None else None for t in inputs]
-        ins[wrt].requires_grad_(True)
-        y = fwd(ins, a, opset)[0]
-        (gx,) = torch.autograd.grad(y, ins[wrt], gy.float().reshape(y.shape))
-    return gx.to(gy.dtype)
+        ins = [None if t is None else (t.detach().float() if t.is_floating_point() else t) for t in inputs]
+        for i in wrt:
+            ins[i] = ins[i].clone().requires_grad_(True)
+        y = fwd(ins, attrs, opset)[out]
+        gs = torch.autograd.grad(y, [ins[i] for i in wrt], gy.float().reshape(y.shape), allow_unused=True)
+    return [torch.zeros(ins[i].shape) if g is None else g for i, g in zip(wrt, gs)]
+
+
+# -- generic gradient ops: the vector-Jacobian product of the forward op's host kernel ----------
+#: attributes of a generic gradient op that are not the forward op's
+GRAD_ATTRS = ("wrt", "fwd_out", "fwd_opset", "fwd_outputs", "bias_shape", "input_shape", "weights_shape")
+#: grad op type -> forward (domain, op type). The grad op's inputs are the forward op's inputs,
+#: then the gradient of its output ``fwd_out``; its output is the gradient of input ``wrt``.
+#: PopART's names where PopART has the grad op (ErfGrad, EluGrad, SeluGrad, HardSigmoidGrad,
+#: SoftSignGrad, SoftPlusGrad, ThresholdedReluGrad, ShrinkGrad, AsinGrad, AtanGrad, SinhGrad,
+#: ClipGrad, PadGrad, ResizeGrad, LRNGrad, ReduceProdGrad, TopKGrad, ScatterDataGrad,
+#: ScatterUpdateGrad), ``<Op>Grad`` otherwise.
+VJP_OPS = {
+    **{f"{t}Grad": ("", t) for t in (
+        "Erf", "Elu", "Selu", "HardSigmoid", "ThresholdedRelu", "Shrink", "Celu", "Mish", "HardSwish", "Swish",
+        "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh",
+        "Clip", "PRelu", "Mod", "Pad", "Tile", "Resize", "Upsample", "LRN", "RMSNormalization",
+        "LpNormalization", "MeanVarianceNormalization", "ReduceProd", "ReduceSum", "ReduceMean", "ReduceMax",
+        "ReduceMin", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp", "ReduceLogSum", "TopK",
+        "GatherElements", "GatherND", "ScatterND",
+        "SpaceToDepth", "ConvTranspose", "LpPool", "GlobalLpPool", "Einsum", "CumProd",
+        "ReverseSequence", "Compress", "Trilu", "RoiAlign", "MaxUnpool", "Det", "Col2Im",
+        "CenterCropPad", "AffineGrid")},
+    "SoftSignGrad": ("", "Softsign"), "SoftPlusGrad": ("", "Softplus"),
+    # the ai.graphcore Slice / DepthToSpace have their own SliceGrad / DepthToSpaceGrad
+    "SliceStepsGrad": ("", "Slice"), "DepthToSpaceCrdGrad": ("", "DepthToSpace"),
+    "ScatterDataGrad": ("", "ScatterElements"), "ScatterUpdateGrad": ("", "ScatterElements"),
+    "ScatterElementsGrad": ("", "ScatterElements"),
+    "Atan2Grad": (GC, "Atan2"), "FmodGrad": (GC, "Fmod"), "SubsampleGrad": (GC, "Subsample"),
+}
+
+
+def _fwd_kernel(fwd):
+    from openipu.popart.graphcore_ops import find_kernel
+    return find_kernel(*fwd)
+
+
+def _vjp_kernel(fwd, inputs, attrs, opset):
+    """A generic gradient op (:data:`VJP_OPS`): inputs ``forward inputs + [gy]``."""
+    a = {k: v for k, v in attrs.items() if k not in GRAD_ATTRS}
+    a["__num_outputs__"] = int(attrs.get("fwd_outputs", 1))
+    wrt = int(attrs["wrt"])
+    g = vjp_many(_fwd_kernel(fwd).fn, inputs[:-1], a, int(attrs.get("fwd_opset", opset)), [wrt], inputs[-1],
+                 int(attrs.get("fwd_out", 0)))[0]
+    return [g.to(inputs[wrt].dtype)]
+
+
+def _vjp_flops(fwd, i, o, a):
+    """Twice the forward op's flops (its cost hint, else one per output element)."""
+    k = _fwd_kernel(fwd)
+    f = k.flops(i[:-1], [i[-1]], a) if k is not None and k.flops else numel(i[-1])
+    return 2.0 * float(f)
+
+
+for _name, _fwd in VJP_OPS.items():
+    onnx_op(_name, domain=GC, flops=functools.partial(_vjp_flops, _fwd))(functools.partial(_vjp_kernel, _fwd))
+
+
+# -- normalisations: one grad op for the input, scale and bias gradients ----------------------
+#: grad op type -> forward op type. Inputs ``(x, scale, mean, invStdDev | var, gy)`` (PopART's
+#: ``GroupNormGradOp`` / ``BatchNormGradOp`` order; the statistics may be omitted, ""),
+#: outputs ``(dx, dscale, dbias)``; attribute ``bias_shape`` (the forward bias' shape).
+NORM_GRADS = {"LayerNormalizationGrad": "LayerNormalization", "BatchNormalizationGrad": "BatchNormalization",
+              "InstanceNormalizationGrad": "InstanceNormalization",
+              "GroupNormalizationGrad": "GroupNormalization"}
+
+
+def _norm_grad_flops(i, o, a):
+    return 12.0 * numel(i[0])
+
+
+def _norm_grad(fwd_type, inputs, attrs, opset):
+    """The gradients of a normalisation (statistics recomputed from ``x``: its own
+    batch / group / layer statistics, as in training mode), as the forward kernel's vjp."""
+    x, scale, gy = inputs[0], inputs[1], inputs[-1]
+    a = {k: v for k, v in attrs.items() if k not in GRAD_ATTRS}
+    fwd_opset = int(attrs.get("fwd_opset", opset))
+    bias = torch.zeros(list(attrs.get("bias_shape") or scale.shape))
+    ins = [x, scale, bias]
+    if fwd_type == "BatchNormalization":        # batch statistics: the training-mode kernel
+        c = x.shape[1]
+        ins += [torch.zeros(c), torch.ones(c)]
+        a.update(training_mode=1, __num_outputs__=3)
+        fwd_opset = 15
+    else:
+        a["__num_outputs__"] = 1
+    dx, ds, db = vjp_many(get_kernel("", fwd_type).fn, ins, a, fwd_opset, [0, 1, 2], gy)
+    return [dx.to(x.dtype), ds.to(scale.dtype), db.to(scale.dtype)]      # bias: scale's type (ONNX)
+
+
+for _name, _fwd in NORM_GRADS.items():
+    onnx_op(_name, domain=GC, flops=_norm_grad_flops)(functools.partial(_norm_grad, _fwd))
 
 
 @onnx_op("ReluGrad", domain=GC, flops=_elementwise_flops(2))

@@ -26,14 +26,25 @@ def _bshape(t, rank):
     return t.reshape((1, -1) + (1,) * (rank - 2))
 
 
+def bn_training(attrs, opset: int) -> bool:
+    """Whether a BatchNormalization node runs in training mode: its ``training_mode`` (opset >= 14),
+    else whether it has the running-statistics outputs (opsets 7-13; opset 6 also needs
+    ``is_test=0``), as PopART's ``BatchNormOp`` decides."""
+    if opset >= 14:
+        return bool(attrs.get("training_mode", 0))
+    return (opset >= 7 or not attrs.get("is_test", 0)) and attrs.get("__num_outputs__", 1) > 1
+
+
 @onnx_op("BatchNormalization", flops=_norm_flops)
 def batch_norm(inputs, attrs, opset):
+    """Inference: the given statistics. Training: the batch statistics; outputs ``Y``, the
+    running mean and variance (``input * momentum + batch * (1 - momentum)``, the batch variance
+    biased), and for opsets < 14 the saved batch mean and variance (PopART's ``savedMean`` /
+    ``savedVar``)."""
     x, scale, b, mean, var = inputs[:5]
     eps = attrs.get("epsilon", 1e-5)
     r = x.dim()
-    training = attrs.get("training_mode", 0) if opset >= 14 else \
-        (not attrs.get("is_test", 0) and attrs.get("__num_outputs__", 1) > 1 and opset < 7)
-    if not training:
+    if not bn_training(attrs, opset):
         y = (x - _bshape(mean, r)) / torch.sqrt(_bshape(var, r) + eps) * _bshape(scale, r) \
             + _bshape(b, r)
         return [y.to(x.dtype)]
@@ -44,7 +55,8 @@ def batch_norm(inputs, attrs, opset):
     y = (x - _bshape(bm, r)) / torch.sqrt(_bshape(bv, r) + eps) * _bshape(scale, r) + _bshape(b, r)
     run_mean = mean * m + bm * (1 - m)
     run_var = var * m + bv * (1 - m)
-    return [y.to(x.dtype), run_mean.to(mean.dtype), run_var.to(var.dtype)]
+    outs = [y.to(x.dtype), run_mean.to(mean.dtype), run_var.to(var.dtype), bm.to(mean.dtype), bv.to(var.dtype)]
+    return outs[:5 if opset < 14 else 3]
 
 
 @onnx_op("InstanceNormalization", flops=_norm_flops)
@@ -128,7 +140,6 @@ def lrn(inputs, attrs, opset):
     x = inputs[0]
     size = attrs["size"]
     alpha, beta, bias = attrs.get("alpha", 1e-4), attrs.get("beta", 0.75), attrs.get("bias", 1.0)
-    c = x.shape[1]
     lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
     sq = (x * x).movedim(1, -1)
     sq = F.pad(sq, (lo, hi))

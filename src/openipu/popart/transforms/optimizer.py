@@ -44,6 +44,10 @@ FLOAT device variable written by ``optimizerFromHost``) passed as an extra input
 Variables (``Accl___``, ``Accl1___``, ``Accl2___``, ``Accl3___``, ``Step___``, ``Accum___`` +
 weight id) initialised from the model when it has an initializer of that name (a model written
 by ``modelToHost``), else to PopART's initial value.
+
+Weights updated by copy rather than by a gradient (PopART's ``VariableUpdateType::Copy``): the
+running mean and variance of a training BatchNormalization, ``CopyVarUpdate(var, running)``
+(:func:`copy_var_updates`).
 """
 
 from __future__ import annotations
@@ -379,3 +383,22 @@ def _adaptive(u: _Updates, g: str) -> None:
     # w -= lr (v3 + wd w); the TF variant with momentum has lr in v3 already
     scal = ([] if tf else ["learningRate"]) + (["weightDecay"] if decay else [])
     u.op("ScaledVarUpdate", [w, step], scal, out=f"{UPDATED_PREFIX}{w}")
+
+
+def copy_var_updates(ir) -> None:
+    """Append ``CopyVarUpdate(var, from)`` for each weight a training BatchNormalization
+    replaces: its mean / var inputs, when they are Variables, take the running mean / variance
+    outputs (PopART's ``BatchNormOp::setup`` marks them ``VariableUpdateType::Copy``;
+    ``Ir::growCopyVarUpdateOp``)."""
+    from openipu.popart.onnx_ops.normalization import bn_training
+    for op in list(ir.ops):
+        if op.domain != "" or op.op_type != "BatchNormalization" or not bn_training(op.attrs, op.opset):
+            continue
+        for i, k in ((3, 1), (4, 2)):
+            var = op.inputs[i] if i < len(op.inputs) else ""
+            src = op.outputs[k] if k < len(op.outputs) else ""
+            if not var or not src or ir.tensors[var].kind != "Variable" or var in ir.optimizer_tensors:
+                continue
+            info = ir.tensors[var].info
+            ir.add_op("CopyVarUpdate", [var, src], [(f"{UPDATED_PREFIX}{var}", info.data_type(), info.shape())],
+                      domain=GRAPHCORE, opset=1, name=f"CopyVarUpdate/{var}", like=op, modifies=(0,))
