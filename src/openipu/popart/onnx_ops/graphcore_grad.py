@@ -9,23 +9,14 @@ module-level functions (the registry stays picklable).
 
 from __future__ import annotations
 
-import functools
 
 import torch
 
 from openipu.popart.onnx_ops import onnx_op
+from openipu.popart.onnx_ops.grad import _elementwise_flops as _flops
 from openipu.popart.onnx_ops._common import numel
 
 GC = "ai.graphcore"
-
-
-def _per_output(k, i, o, a):
-    return float(k * numel(o[0]))
-
-
-def _flops(k):
-    """``k`` operations per element of the first output (picklable)."""
-    return functools.partial(_per_output, k)
 
 
 def _gn_grad_flops(i, o, a):
