@@ -157,3 +157,55 @@ def test_minilm_training_step_gradients_match_pytorch(minilm):
     new = {q: np.zeros(inits[q].shape, np.float32)}
     session.readWeights(popart.PyWeightsIO(new))
     np.testing.assert_allclose(new[q], inits[q] - lr * anchors[G + q], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_minilm_fine_tunes_with_adam_and_model_to_host_loads_in_onnxruntime(minilm, tmp_path):
+    """Three Adam steps on the real all-MiniLM-L6-v2 (loss: mean of last_hidden_state^2) lower
+    the loss; ``modelToHost`` writes the trained weights (and the Adam state); loaded into the
+    exported model, onnxruntime gives the trained model's outputs: their loss equals the one a
+    session resumed from the file computes."""
+    import onnxruntime as ort
+    import popart
+    path, data = minilm
+    b = popart.Builder(str(path))
+    h = "last_hidden_state"
+    loss = b.aiGraphcore.identityloss([b.aiOnnx.mul([h, h])], popart.ReductionType.Mean)
+    feeds = {"input_ids": data["input_ids"], "attention_mask": data["attention_mask"]}
+    session = popart.TrainingSession(
+        b.getModelProto(), popart.DataFlow(3, {loss: popart.AnchorReturnType("All")}), loss,
+        popart.Adam({"defaultLearningRate": (1e-3, True)}, weight_decay_mode=popart.WeightDecayMode.L2Regularization),
+        popart.DeviceManager().acquireAvailableDevice(numIpus=1))
+    session.prepareDevice()
+    session.weightsFromHost()
+    anchors = session.initAnchorArrays()
+    session.run(popart.PyStepIO({k: np.ascontiguousarray(np.stack([v] * 3)) for k, v in feeds.items()}, anchors))
+    losses = [float(x) for x in anchors[loss]]
+    assert losses[2] < losses[1] < losses[0]
+    trained = str(tmp_path / "trained.onnx")
+    session.modelToHost(trained)
+    names = {i.name for i in onnx.load(trained, load_external_data=False).graph.initializer}
+    assert any(n.startswith("Accl1___") for n in names) and any(n.startswith("Step___") for n in names)
+    # the trained weights, loaded by name into the exported model (whose loss-free graph
+    # onnxruntime runs; the training graph has PopART's ai.graphcore loss op)
+    new = {i.name: i for i in onnx.load(trained).graph.initializer}
+    exported = onnx.load(str(path))
+    for init in exported.graph.initializer:
+        init.CopyFrom(new[init.name])
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    out = ort.InferenceSession(exported.SerializeToString(), opts,
+                               providers=["CPUExecutionProvider"]).run([h], feeds)[0]
+    ort_loss = float((out.astype(np.float64) ** 2).mean())
+    # a session made from the file resumes there: its first forward pass sees the trained weights
+    nxt = popart.TrainingSession(
+        trained, popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}), loss,
+        popart.Adam({"defaultLearningRate": (1e-3, True)}, weight_decay_mode=popart.WeightDecayMode.L2Regularization),
+        popart.DeviceManager().acquireAvailableDevice(numIpus=1))
+    nxt.prepareDevice()
+    nxt.weightsFromHost()
+    a4 = nxt.initAnchorArrays()
+    nxt.run(popart.PyStepIO(feeds, a4))
+    assert float(a4[loss]) == pytest.approx(ort_loss, rel=1e-4)
+    print(f"all-MiniLM-L6-v2 + Adam: loss {losses[0]:.4f} -> {losses[1]:.4f} -> {losses[2]:.4f}; onnxruntime on "
+          f"the modelToHost file: {ort_loss:.4f}, openipu resumed from it: {float(a4[loss]):.4f}")
