@@ -10,11 +10,11 @@ rewrite grad ops into ordinary ones), one op family per module:
 - :mod:`.unary`: Relu, Sigmoid, Tanh, Gelu, GeluErf, LeakyRelu, Erf, Elu, Selu, Celu, HardSigmoid,
   Softsign, Softplus, ThresholdedRelu, Shrink, HardSwish, Mish, Swish, Tan, Asin, Acos, Atan,
   Sinh, Cosh, Asinh, Acosh, Atanh -> ``*Grad`` ops (``popnn::nonLinearityInputGradient`` or one
-  ``popops.map``); Sin, Cos, ``ai.graphcore`` Expm1, Log1p -> ONNX ops;
+  ``popops.map``); Sin, Cos -> ONNX ops;
 - :mod:`.softmax`: Softmax, LogSoftmax (any axis) -> ``SoftmaxGrad`` / ``LogSoftmaxGrad``;
 - :mod:`.views`: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat, Slice, Expand, Tile,
   Split, Pad, DepthToSpace, SpaceToDepth, Trilu, ReverseSequence, Resize, Upsample,
-  CenterCropPad, AffineGrid, ``ai.graphcore`` Reshape / Slice / Reverse / Subsample;
+  CenterCropPad, AffineGrid;
 - :mod:`.reduce`: ReduceSum, ReduceMean, ReduceMax, ReduceMin, ReduceL1, ReduceL2,
   ReduceSumSquare, ReduceLogSumExp, ReduceLogSum, ReduceProd, CumSum, CumProd;
 - :mod:`.conv`: Conv -> ``ConvDataGrad`` / ``ConvWeightsGrad`` (``poplin`` input-gradient and
@@ -28,7 +28,8 @@ rewrite grad ops into ordinary ones), one op family per module:
   GroupNormalization -> ``<Norm>Grad`` (``popnn`` norm gradients); RMSNormalization,
   LpNormalization, MeanVarianceNormalization, LRN;
 - :mod:`.loss`: Nll, L1, IdentityLoss (``ai.graphcore``).
-- :mod:`.graphcore`: the other ``ai.graphcore`` ops (ScaledAdd, Subsample, Reverse, Swish, Ctc,
+- :mod:`.graphcore`: the other ``ai.graphcore`` ops (ScaledAdd, Reshape, Slice, Subsample, Reverse,
+  Swish, Expm1, Log1p, Atan2, Fmod, Ctc,
   ReduceMedian, GroupNormalization, dropout, the dynamic slices, ScatterReduce ...).
 
 Ops without a closed form as ONNX ops or PopLibs calls get a *generic* gradient op

@@ -192,11 +192,6 @@ def generic_binary(g, op):
     return [g.vjp(i) if g.needs(i) else None for i in range(len(op.inputs))]
 
 
-@grad_rule("Fmod", "Atan2", domain=GRAPHCORE)
-def generic_binary_gc(g, op):
-    return [g.vjp(i) if g.needs(i) else None for i in range(len(op.inputs))]
-
-
 @grad_rule("Sign", "Floor", "Ceil", "Round")
 def zero(g, op):
     return [g.scale(g.gy(), 0.0)]

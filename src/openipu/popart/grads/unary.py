@@ -4,13 +4,12 @@ and the output gradient:
 
 - Relu, Sigmoid, Tanh (output), Gelu, GeluErf (input): ``popnn``'s ``nonLinearityInputGradient``;
 - LeakyRelu, Erf, Elu, Selu, Celu, HardSigmoid, Softsign, Softplus, ThresholdedRelu, Shrink,
-  HardSwish, Mish, Swish (ONNX and ``ai.graphcore``), Tan, Asin, Acos, Atan, Sinh, Cosh, Asinh,
+  HardSwish, Mish, Swish (ONNX; the ``ai.graphcore`` one is in :mod:`.graphcore`), Tan, Asin, Acos, Atan, Sinh, Cosh, Asinh,
   Acosh, Atanh (input): one fused ``popops.map`` of the derivative (PopART's ``ErfGrad``,
   ``EluGrad``, ``SoftPlusGrad``, ``AtanGrad`` ...; :mod:`openipu.popart.lowering.grad`), whose
   host kernel is the vjp of the forward kernel;
 - Sin, Cos: ``gy * Cos(x)``, ``-gy * Sin(x)`` as ONNX ops (PopART's ``SinGradOp`` /
-  ``CosGradOp`` patterns); ``ai.graphcore`` Expm1, Log1p: ``gy * (y + 1)``, ``gy / (x + 1)``
-  (the ``Expm1GradOp`` / ``Log1pGradOp`` patterns).
+  ``CosGradOp`` patterns).
 """
 
 from __future__ import annotations
@@ -68,11 +67,6 @@ def fused(g, op):
     return [g.vjp(0, op_type=_FUSED[op.op_type])]
 
 
-@grad_rule("Swish", domain=GRAPHCORE)
-def swish_gc(g, op):
-    return [g.vjp(0, op_type="SwishGrad")]
-
-
 @grad_rule("Sin")
 def sin(g, op):
     return [g.add("Mul", [g.gy(), g.add("Cos", [g.x(0)])])]
@@ -81,15 +75,3 @@ def sin(g, op):
 @grad_rule("Cos")
 def cos(g, op):
     return [g.neg(g.add("Mul", [g.gy(), g.add("Sin", [g.x(0)])]))]
-
-
-@grad_rule("Expm1", domain=GRAPHCORE)
-def expm1(g, op):
-    y = g.y()
-    return [g.add("Mul", [g.gy(), g.add("Add", [y, g.const(1.0, y, "one")])])]
-
-
-@grad_rule("Log1p", domain=GRAPHCORE)
-def log1p(g, op):
-    x = g.x(0)
-    return [g.add("Div", [g.gy(), g.add("Add", [x, g.const(1.0, x, "one")])])]

@@ -7,11 +7,13 @@ input's shape, the inverse permutation), split for Concat, padded back for Slice
   PopART's ``SplitGradOpToConcat`` pattern);
 - Pad (constant mode, constant non-negative pads): the ``ai.graphcore`` Slice of the gradient
   (PopART's ``PadGrad``); other modes and pads: the generic ``PadGrad`` (vjp);
-- DepthToSpace (DCR) / SpaceToDepth: the inverse rearrangement; Trilu, ReverseSequence and
-  ``ai.graphcore`` Reverse: the same op on the gradient; ``ai.graphcore`` Slice: a Pad;
-- Slice with steps, or bounds computed on the device, Resize, Upsample, CenterCropPad,
-  ``ai.graphcore`` Subsample, DepthToSpace (CRD): the generic ``<Op>Grad`` ops (vjp of the
-  forward kernel; PopART's ``SliceGrad``, ``ResizeGrad``, ``SubsampleGrad``).
+- DepthToSpace (DCR) / SpaceToDepth: the inverse rearrangement; Trilu, ReverseSequence: the
+  same op on the gradient;
+- Slice with steps, or bounds computed on the device (``SliceStepsGrad``), Resize, Upsample,
+  CenterCropPad, DepthToSpace (CRD, ``DepthToSpaceCrdGrad``): the generic ``<Op>Grad`` ops (vjp
+  of the forward kernel; PopART's ``SliceGrad``, ``ResizeGrad``).
+
+The ``ai.graphcore`` view ops (Reshape, Reverse, Slice, Subsample) are in :mod:`.graphcore`.
 """
 
 from __future__ import annotations
@@ -24,11 +26,6 @@ from openipu.popart.grads import GRAPHCORE, grad_rule
 @grad_rule("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 def reshape(g, op):
     return [g.reshape(g.gy(), g.shape(g.x(0)))] + [None] * (len(op.inputs) - 1)
-
-
-@grad_rule("Reshape", domain=GRAPHCORE)
-def reshape_gc(g, op):
-    return [g.reshape(g.gy(), g.shape(g.x(0)))]
 
 
 @grad_rule("Transpose")
@@ -160,29 +157,3 @@ def same_op(g, op):
 @grad_rule("Resize", "Upsample", "CenterCropPad", "AffineGrid")
 def generic_view(g, op):
     return [g.vjp(0)] + [None] * (len(op.inputs) - 1)
-
-
-@grad_rule("Reverse", domain=GRAPHCORE)
-def reverse(g, op):
-    return [g.add("Reverse", [g.gy()], attrs=g.fwd_attrs(), domain=GRAPHCORE)]
-
-
-@grad_rule("Slice", domain=GRAPHCORE)
-def slice_gc(g, op):
-    xs = g.shape(g.x(0))
-    r = len(xs)
-    starts, ends = list(op.attrs.get("starts", [])), list(op.attrs.get("ends", []))
-    axes = list(op.attrs.get("axes", range(len(starts))))
-    pads = [0] * (2 * r)
-    for s, e, a in zip(starts, ends, axes):
-        a = int(a) % r
-        n = xs[a]
-        s = min(max(s + n if s < 0 else s, 0), n)
-        e = min(max(e + n if e < 0 else e, 0), n)
-        pads[a], pads[r + a] = s, n - max(e, s)
-    return [g.add("Pad", [g.gy(), g.int64s(pads, "pads")], shape=xs, opset=11)]
-
-
-@grad_rule("Subsample", domain=GRAPHCORE)
-def subsample(g, op):
-    return [g.vjp(0)]
