@@ -356,3 +356,25 @@ def test_clip_norm_settings_match_torch_clip_grad_norm(kind):
         np.testing.assert_allclose(new[i], tt.detach().numpy(), rtol=1e-4, atol=1e-6)
     with pytest.raises(popart.popart_exception, match="Could not find a varupdate op for tensor nope"):
         _session(b, loss, [loss], popart.ConstSGD(0.05, clip_norm_settings=[popart.ClipNormSettings(["nope"], 1.0)]))
+
+
+def test_everyn_anchor_with_accumulation():
+    """An EVERYN(2) anchor with accumulation holds every micro-batch of every second batch."""
+    b, loss, ids, ws, feeds = _mlp(3)
+    o = popart.SessionOptions()
+    o.enableGradientAccumulation, o.accumulationFactor = True, 2
+    import onnx
+    probs = [n for n in onnx.load_from_string(b.getModelProto()).graph.node if n.op_type == "Softmax"][0].output[0]
+    df = popart.DataFlow(4, {loss: popart.AnchorReturnType("All"), probs: popart.AnchorReturnType("EveryN", 2)})
+    s = popart.TrainingSession(b.getModelProto(), df, loss, popart.ConstSGD(0.0),
+                               popart.DeviceManager().createIpuModelDevice({}), userOptions=o)
+    s.prepareDevice()
+    s.weightsFromHost()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 2, 4, 5)).astype(np.float32)
+    lab = rng.integers(0, 3, (4, 2, 4)).astype(np.int32)
+    a = s.initAnchorArrays()
+    s.run(popart.PyStepIO({"x": x, "label": lab}, a))
+    assert a[loss].shape == (4, 2) and a[probs].shape == (2, 2, 4, 3)
+    rows = -np.log(np.take_along_axis(a[probs], lab[[1, 3]][..., None], -1)[..., 0]).mean(-1)
+    np.testing.assert_allclose(rows, a[loss][[1, 3]], rtol=1e-5)
