@@ -218,6 +218,23 @@ SCALE_OUT = [(4, 1, "Sum", "sgd1"), (4, 1, "Mean", "sgd1"), (1, 2, "Sum", "sgd1"
              (2, 2, "Mean", "sgd1"), (2, 2, "Sum", "adam"), (1, 2, "Mean", "adam"), (3, 1, "Mean", "rmsprop")]
 
 
+def _scale_out_session(b, loss, opt, af=1, rf=1, bps=1, reduction="Sum"):
+    """A prepared TrainingSession with accumulation factor ``af`` and ``rf`` replicas (one IPU
+    each), gradients reduced by ``reduction``, anchoring the loss every micro-batch."""
+    o = popart.SessionOptions()
+    if af > 1:
+        o.enableGradientAccumulation, o.accumulationFactor = True, af
+    if rf > 1:
+        o.enableReplicatedGraphs, o.replicatedGraphCount = True, rf
+    o.accumulationAndReplicationReductionType = getattr(popart.ReductionType, reduction)
+    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(bps, {loss: popart.AnchorReturnType("All")}),
+                               loss, opt, popart.DeviceManager().createIpuModelDevice({"numIPUs": rf}),
+                               userOptions=o)
+    s.prepareDevice()
+    s.weightsFromHost()
+    return s
+
+
 def _scale_out_optimizer(kind):
     return {"sgd0": (popart.ConstSGD(0.05), lambda t: torch.optim.SGD(t, lr=0.05)),
             "sgd1": (popart.SGD({"defaultLearningRate": (0.05, True), "defaultMomentum": (0.9, True)}),
@@ -233,19 +250,9 @@ def test_accumulation_and_replication_match_one_large_batch(af, rf, red, kind):
     """``af`` micro-batches on each of ``rf`` replicas make one weight update: the same as one
     PyTorch step on the loss summed (or, with Mean reduction, meaned) over them."""
     b, loss, ids, ws, feeds = _mlp(3)
-    o = popart.SessionOptions()
-    if af > 1:
-        o.enableGradientAccumulation, o.accumulationFactor = True, af
-    if rf > 1:
-        o.enableReplicatedGraphs, o.replicatedGraphCount = True, rf
-    o.accumulationAndReplicationReductionType = getattr(popart.ReductionType, red)
     opt, make = _scale_out_optimizer(kind)
     bps = 2
-    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(bps, {loss: popart.AnchorReturnType("All")}),
-                               loss, opt, popart.DeviceManager().createIpuModelDevice({"numIPUs": rf}),
-                               userOptions=o)
-    s.prepareDevice()
-    s.weightsFromHost()
+    s = _scale_out_session(b, loss, opt, af, rf, bps, red)
     rng = np.random.default_rng(1)
     x = rng.standard_normal((bps, af, rf, 4, 5)).astype(np.float32)
     lab = rng.integers(0, 3, (bps, af, rf, 4)).astype(np.int32)
@@ -279,10 +286,7 @@ def test_accumulation_amortises_the_update():
     cycles = {}
     for af in (1, 4):
         b, loss, ids, ws, feeds = _mlp(3)
-        o = popart.SessionOptions()
-        if af > 1:
-            o.enableGradientAccumulation, o.accumulationFactor = True, af
-        s = _session(b, loss, [loss], popart.Adam({}), userOptions=o)
+        s = _scale_out_session(b, loss, popart.Adam({}), af=af)
         x = np.zeros((af, 4, 5), np.float32)
         _run(s, {"x": x, "label": np.zeros((af, 4), np.int32)})
         cycles[af] = s.getCycleCount() / af
@@ -293,14 +297,7 @@ def test_replication_adds_the_all_reduce_time():
     cycles = {}
     for rf in (1, 2):
         b, loss, ids, ws, feeds = _mlp(3)
-        o = popart.SessionOptions()
-        if rf > 1:
-            o.enableReplicatedGraphs, o.replicatedGraphCount = True, rf
-        s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}),
-                                   loss, popart.ConstSGD(0.1),
-                                   popart.DeviceManager().createIpuModelDevice({"numIPUs": rf}), userOptions=o)
-        s.prepareDevice()
-        s.weightsFromHost()
+        s = _scale_out_session(b, loss, popart.ConstSGD(0.1), rf=rf)
         _run(s, {"x": np.zeros((rf, 4, 5), np.float32), "label": np.zeros((rf, 4), np.int32)})
         cycles[rf] = s.getCycleCount()
     assert cycles[2] > cycles[1]

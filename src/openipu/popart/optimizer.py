@@ -377,6 +377,16 @@ class _StateOptimizer(Optimizer):
     #: hyper-parameter key -> compound scalar name
     SCALARS: dict = {}
 
+    def __init__(self, values: dict | None, mode: enum.Enum, weight_decay_mode):
+        """``values`` as the bindings take them; raises ``popart_exception`` for a non-dict
+        ``values`` and an unknown ``WeightDecayMode``."""
+        if values is not None and not isinstance(values, dict):
+            raise popart_exception(f"{self.NAME} expects a dict {{key: (value, isConst)}}, e.g. "
+                                   f"popart.{self.NAME}({{'defaultLearningRate': (0.01, True)}})")
+        super().__init__(dict(values or {}), "getOptimizerValueDictionary")
+        self.mode = mode
+        self.weight_decay_mode = _enum(WeightDecayMode, weight_decay_mode, "WeightDecayMode")
+
     def compound_scalars(self, weight: str, af: float = 1.0, rf: float = 1.0, accumulating: bool = False) -> dict:
         """name -> (value, isConst) of ``weight``'s update: every hyper-parameter of
         :attr:`SCALARS` and ``gradientScaling`` = ``1 / (ls * af)``."""
@@ -415,12 +425,7 @@ class Adam(_StateOptimizer):
     def __init__(self, values: dict | None = None, mode=AdamMode.Adam, weight_decay_mode=WeightDecayMode.Decay,
                  accum_type=None, accl1_type="FLOAT", accl2_type="FLOAT", clip_norm_settings=(),
                  scaled_optimizer_state: bool = False, debugContext: str = "adam"):  # noqa: N803
-        if values is not None and not isinstance(values, dict):
-            raise popart_exception("Adam expects a dict {key: (value, isConst)}, e.g. "
-                                   "popart.Adam({'defaultLearningRate': (1e-3, False)})")
-        super().__init__(dict(values or {}), "getOptimizerValueDictionary")
-        self.mode = _enum(AdamMode, mode, "AdamMode")
-        self.weight_decay_mode = _enum(WeightDecayMode, weight_decay_mode, "WeightDecayMode")
+        super().__init__(values, _enum(AdamMode, mode, "AdamMode"), weight_decay_mode)
         self.accum_type, self.accl1_type, self.accl2_type = (_dtype_name(t) for t in (accum_type, accl1_type,
                                                                                         accl2_type))
         self.clip_norm_settings = list(clip_norm_settings)
@@ -468,12 +473,7 @@ class Adaptive(_StateOptimizer):
     def __init__(self, values: dict | None = None, mode=AdaptiveMode.RMSProp, weight_decay_mode=WeightDecayMode.Decay,
                  accum_type=None, accl1_type="FLOAT", accl2_type="FLOAT", accl3_type=None,
                  rmsprop_tf_variant: bool = False, debugContext: str = "adaptive"):  # noqa: N803
-        if values is not None and not isinstance(values, dict):
-            raise popart_exception("Adaptive expects a dict {key: (value, isConst)}, e.g. "
-                                   "popart.Adaptive({'defaultLearningRate': (0.01, True)})")
-        super().__init__(dict(values or {}), "getOptimizerValueDictionary")
-        self.mode = _enum(AdaptiveMode, mode, "AdaptiveMode")
-        self.weight_decay_mode = _enum(WeightDecayMode, weight_decay_mode, "WeightDecayMode")
+        super().__init__(values, _enum(AdaptiveMode, mode, "AdaptiveMode"), weight_decay_mode)
         self.accum_type, self.accl1_type, self.accl2_type, self.accl3_type = (
             _dtype_name(t) for t in (accum_type, accl1_type, accl2_type, accl3_type))
         self.rmsprop_tf_variant = bool(rmsprop_tf_variant)

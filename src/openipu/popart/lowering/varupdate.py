@@ -59,6 +59,17 @@ def _is(v, value: float) -> bool:
     return isinstance(v, float) and v == value
 
 
+def _grad_term(e, ctx, op, sc, g_index: int, w_index: int):
+    """``s = gradientScaling * g (+ weightDecay * w)``: the un-scaled gradient (input
+    ``g_index``) with the L2 term (weight: input ``w_index``) when the op has one."""
+    s = e.t(ctx.input(op, g_index))
+    if "gradientScaling" in sc and not _is(sc["gradientScaling"], 1.0):
+        s = s * e.s(sc["gradientScaling"])
+    if "weightDecay" in sc:
+        s = s + e.s(sc["weightDecay"]) * e.t(ctx.input(op, w_index))
+    return s
+
+
 @lowering("SGD0VarUpdate", domain=GC)
 def sgd0(ctx, op):
     g_, w, grad = graph(ctx, op), ctx.input(op, 0), ctx.input(op, 1)
@@ -116,11 +127,8 @@ def accumulate(ctx, op):
         popops.scaledAddTo(g_, acc, grad, 1.0, ctx.prog, name(op))
         return [acc]
     e = _Expr()
-    a, s = e.t(acc), e.t(grad)
-    if "gradientScaling" in sc and not _is(sc["gradientScaling"], 1.0):
-        s = s * e.s(sc["gradientScaling"])
-    if "weightDecay" in sc:
-        s = s + e.s(sc["weightDecay"]) * e.t(ctx.input(op, 2))
+    a = e.t(acc)
+    s = _grad_term(e, ctx, op, sc, 1, 2)
     f = e.s(sc.get("factor", 1.0))
     expr = {"Add": lambda: a + s, "DampenedAdd": lambda: a + f * s, "DampenedAddSquare": lambda: a + f * s * s,
             "DecayAdd": lambda: f * a + s, "DecayAddSquare": lambda: f * a + s * s,
@@ -196,22 +204,13 @@ def adam_var_update(ctx, op):
 
 
 # -- Adaptive ---------------------------------------------------------------------------------
-def _adaptive_grad(e, ctx, op, sc, n_state):
-    s = e.t(ctx.input(op, 0))
-    if not _is(sc["gradientScaling"], 1.0):
-        s = s * e.s(sc["gradientScaling"])
-    if "weightDecay" in sc:
-        s = s + e.s(sc["weightDecay"]) * e.t(ctx.input(op, 1 + n_state))
-    return s
-
-
 @lowering("RMSPropUpdater", domain=GC)
 def rmsprop_updater(ctx, op):
     """``x = s / (sqrt(v1 [- v2^2]) + eps)`` (TF variant ``s / sqrt(v1 [- v2^2] + eps)``)."""
     sc = _scalars(ctx, op)
     centered = bool(op.attrs.get("centered", 0))
     e = _Expr()
-    s = _adaptive_grad(e, ctx, op, sc, 2 if centered else 1)
+    s = _grad_term(e, ctx, op, sc, 0, 3 if centered else 2)
     d = e.t(ctx.input(op, 1))
     if centered:
         v2 = e.t(ctx.input(op, 2))
@@ -226,7 +225,7 @@ def adadelta_updater(ctx, op):
     """``x = s * sqrt(v2 + eps) / sqrt(v1 + eps)``."""
     sc = _scalars(ctx, op)
     e = _Expr()
-    s = _adaptive_grad(e, ctx, op, sc, 2)
+    s = _grad_term(e, ctx, op, sc, 0, 3)
     v1, v2, eps = e.t(ctx.input(op, 1)), e.t(ctx.input(op, 2)), e.s(sc["eps"])
     x = s * pe.Sqrt(v2 + eps) / pe.Sqrt(v1 + eps)
     return [popops.map(graph(ctx, op), pe.Cast(x, ctx.ptype(op.outputs[0])), e.tensors, ctx.prog, name(op))]

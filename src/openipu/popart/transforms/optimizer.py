@@ -305,15 +305,11 @@ def clip_by_norm(ir, opt, updaters: dict[str, str], acc: bool) -> dict[str, str]
     return out
 
 
-def _l2(u: _Updates) -> bool:
-    """Whether the gradient gets ``wd * w`` (L2Regularization mode with a non-zero weight decay)."""
+def _weight_decay_in(u: _Updates, mode: WeightDecayMode) -> bool:
+    """Whether the weight decay acts, in ``mode`` (L2Regularization: ``wd * w`` added to the
+    gradient; Decay: to the update term): the optimizer's mode, a non-zero or non-const ``wd``."""
     val, const = u.scal["weightDecay"]
-    return u.opt.weight_decay_mode == WeightDecayMode.L2Regularization and (val != 0.0 or not const)
-
-
-def _decay(u: _Updates) -> bool:
-    val, const = u.scal["weightDecay"]
-    return u.opt.weight_decay_mode == WeightDecayMode.Decay and (val != 0.0 or not const)
+    return u.opt.weight_decay_mode == mode and (val != 0.0 or not const)
 
 
 def _accumulate(u: _Updates, accl: str, g: str, kind: str, factor: str | None, l2: bool,
@@ -330,7 +326,7 @@ def _accumulate(u: _Updates, accl: str, g: str, kind: str, factor: str | None, l
 def _adam(u: _Updates, g: str) -> None:
     opt, w = u.opt, u.w
     mode = opt.mode
-    l2, decay = _l2(u), _decay(u)
+    l2, decay = (_weight_decay_in(u, wdm) for wdm in (WeightDecayMode.L2Regularization, WeightDecayMode.Decay))
     m = u.state("Accl1___", opt.accl1_type)
     v = u.state("Accl2___", opt.accl2_type)
     t = u.state("Step___", "FLOAT", shape=[])
@@ -350,7 +346,7 @@ def _adam(u: _Updates, g: str) -> None:
 def _adaptive(u: _Updates, g: str) -> None:
     opt, w = u.opt, u.w
     mode = opt.mode
-    l2, decay = _l2(u), _decay(u)
+    l2, decay = (_weight_decay_in(u, wdm) for wdm in (WeightDecayMode.L2Regularization, WeightDecayMode.Decay))
     wl2 = [w] if l2 else []
     sl2 = ["weightDecay"] if l2 else []
     v1 = u.state("Accl1___", opt.accl1_type)
