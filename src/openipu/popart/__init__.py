@@ -46,9 +46,11 @@ losses (``identityloss``, ``nllloss``, ``l1loss``, ``ctcloss``), ``dropout`` / `
 ``builder.createSubgraphBuilder()`` graph (also the body of ``aiOnnx.loop`` / ``logical_if``),
 ``multiconv`` and the rest of PopART's opset (see :class:`AiGraphcoreOpset1`).
 
-Recomputation: ``autoRecomputation`` (Standard, NormOnly, RecomputeAll) or
-``builder.recomputeOutputInBackwardPass``. Not supported yet: pipelining in training, execution
-phases, custom C++ ops, engine caching. The PopART rule "import popart before onnx" is not
+Recomputation: ``autoRecomputation`` (Standard, NormOnly, RecomputeAll, Pipeline) or
+``builder.recomputeOutputInBackwardPass``. Pipelining (``enablePipelining`` with virtual graphs
+and ``pipelineStage``) in inference and training: fill, main and flush cycles, stashed
+activations, stale weights without gradient accumulation. Not supported yet: execution phases,
+custom C++ ops, engine caching. The PopART rule "import popart before onnx" is not
 enforced.
 """
 

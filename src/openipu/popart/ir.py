@@ -162,6 +162,8 @@ class IrOp:
     modifies: tuple = ()
     #: the forward op a gradient op differentiates (it takes that op's placement)
     grad_of: "IrOp | None" = None
+    #: the forward op a recomputation clone recomputes (RecomputationType, pipelining)
+    recomputes: "IrOp | None" = None
     #: PopART's ``ExecutionContext``: "Normal" (every micro-batch) or "AccumulateOuterFragment"
     #: (once per batch, after the gradient accumulation loop: the weight update)
     execution_context: str = "Normal"
@@ -248,6 +250,7 @@ class Ir:
         self.random_seed: str | None = None         # the seed tensor of the random ops (RandomSetup)
         self.weight_grads: dict[str, str] = {}
         self.recomputed = 0                          # forward ops cloned into the backward pass
+        self.num_stages = 0                          # pipeline stages (0: not pipelined)
         self._check_model()
         self._fix_inputs(input_shape_info)
         inferred = self._infer()
@@ -258,6 +261,8 @@ class Ir:
         self._validate_anchors()
         self._prune()
         self._virtual_graphs()
+        from openipu.popart.transforms import pipeline
+        self.num_stages = pipeline.apply(self)      # 0: not pipelined
         self._narrow_int64_constants()
         for op in self.ops:
             op.lowering = "precise" if lowering.precise_lowering(op, self) is not None else "generic"

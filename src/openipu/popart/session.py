@@ -548,11 +548,6 @@ class TrainingSession(_SessionBase):
                                    f"{type(optimizer).__name__}")
         self._optimizer = optimizer
         self._weights_sent = False
-        o = userOptions if userOptions is not None else SessionOptions()
-        unsupported = [what for what, on in (("pipelining", bool(o.enablePipelining)),) if on]
-        if unsupported:
-            raise popart_exception(f"openipu does not support {', '.join(unsupported)} in a TrainingSession yet: "
-                                   "turn it off in SessionOptions")
         super().__init__(fnModel, dataFlow, deviceInfo, inputShapeInfo, patterns, userOptions, name,
                          training={"loss": loss, "optimizer": optimizer, "patterns": patterns})
 

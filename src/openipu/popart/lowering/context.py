@@ -53,6 +53,10 @@ class LoweringContext:
                 if x:
                     self.last_use[x] = pos
         self.pinned = {ir.anchor_alias.get(a, a) for a in ir.data_flow.anchors()}
+        # pipelining: the stage programs (lowering.pipeline.Pipeline) and the stage of the op
+        # being lowered (None outside the pipeline: the outer fragment, a subgraph's body)
+        self.pipeline = None
+        self.stage: int | None = None
 
     def ptype(self, tid: str):
         """Poplar type of an IR tensor's device tensor (PopART's casting rule)."""
@@ -78,12 +82,14 @@ class LoweringContext:
         """Within the block, IR tensors ``tids`` are ``tensors`` on virtual graph ``vg`` (a
         subgraph's inputs while its body is lowered); their own tensors come back afterwards."""
         saved = {x: (self._t.get(x), self._home.get(x)) for x in tids}
+        stage, self.stage = self.stage, None    # the body reads its inputs as bound, unstaged
         try:
             for x, t in zip(tids, tensors):
                 self._t[x], self._home[x] = {vg: t}, vg
                 self._register(x, t)
             yield
         finally:
+            self.stage = stage
             for x, (per, home) in saved.items():
                 self._t[x], self._home[x] = per, home
 
@@ -123,17 +129,26 @@ class LoweringContext:
         return tid in self._t
 
     def get(self, tid: str, vg: int) -> poplar.Tensor:
-        """``tid`` on virtual graph ``vg``, copying it there (once) from its home if needed."""
+        """``tid`` on virtual graph ``vg``, copying it there (once) from its home if needed; for an
+        op of a pipeline stage, see :meth:`openipu.popart.lowering.pipeline.Pipeline.get`."""
         per = self._t.get(tid)
         if per is None:
             raise popart_exception(f"Tensor '{tid}' has no device tensor yet (internal lowering order error)")
+        if self.pipeline is not None and self.stage is not None:
+            return self.pipeline.get(tid, vg, self.stage)
         if vg in per:
             return per[vg]
+        return self.copy_to(tid, vg)
+
+    def copy_to(self, tid: str, vg: int, prog=None) -> poplar.Tensor:
+        """A copy of ``tid`` on virtual graph ``vg`` (PopART's IpuCopy), mapped linearly there, made
+        by a copy appended to ``prog`` (default: the current program)."""
+        per = self._t[tid]
         src = per[self._home[tid]]
         g = self.graph_of(vg)
         dst = g.addVariable(src.elementType(), src.shape(), f"{tid}/IpuCopy{vg}")
         poputil.mapTensorLinearly(g, dst)
-        self.prog.add(P.Copy(src, dst, debugContext=f"IpuCopy({tid})->{vg}"))
+        (self.prog if prog is None else prog).add(P.Copy(src, dst, debugContext=f"IpuCopy({tid})->{vg}"))
         per[vg] = dst
         self._register(tid, dst)
         return dst

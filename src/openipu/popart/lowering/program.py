@@ -37,11 +37,13 @@ from openipu.poplibs import popops, poputil
 from openipu.poplibs.popops._common import tile_counts_of
 from openipu.popart import outline
 from openipu.popart.dataflow import AnchorReturnTypeId
+from openipu.popart.errors import popart_exception
 from openipu.popart.ir import OUTER_FRAGMENT
 from openipu.popart.lowering import precise_lowering
 from openipu.popart.lowering.context import LoweringContext, variables_of
 from openipu.popart.lowering.creators import weight_creator
 from openipu.popart.lowering.generic import lower_generic
+from openipu.popart.lowering.pipeline import Pipeline
 
 #: Tile cycles to zero a SUM accumulator's elements on one tile (popops::Fill-like). [A] 20 fixed
 #: plus one 64-bit store per vector.
@@ -146,6 +148,24 @@ def _call_subgraph(ctx, ops, sg, j: int, out: Lowered, progress) -> None:
             progress()
 
 
+def _place(ctx, op, main, outer) -> None:
+    """Point the context at the program ``op`` is lowered into: its pipeline stage's, the outer
+    fragment's or the model's."""
+    if op.execution_context == OUTER_FRAGMENT:
+        ctx.prog, ctx.stage = outer, None
+    elif ctx.pipeline is not None:
+        ctx.stage = op.pipeline_stage if op.pipeline_stage is not None else 0
+        ctx.prog = ctx.pipeline.body[ctx.stage]
+    else:
+        ctx.prog, ctx.stage = main, None
+
+
+def _anchor_stage(pipe, tid: str) -> int:
+    """The stage whose cycle copies anchor ``tid``: the one making it, else the last."""
+    s = pipe.stage_of(tid)
+    return s if s is not None else pipe.num - 1
+
+
 def build(ir, target, options, progress=None, patterns=None) -> Lowered:
     """Lower ``ir`` for ``target`` (a poplar Target). ``progress()`` is called once per op;
     ``patterns`` (``popart.Patterns``) turns in-place ops off when its ``InPlace`` is False.
@@ -163,6 +183,7 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
     else:
         vgraphs = [graph]
     ctx = LoweringContext(ir, graph, vgraphs, options, patterns)
+    pipe = ctx.pipeline = Pipeline(ctx) if ir.num_stages else None
     used_ids = set(ir.used) | {x for op in ir.ops for x in op.inputs if x}
     input_copies = []
 
@@ -183,7 +204,8 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
                 continue
             h = f"h2d:{tid}"
             s = graph.addHostToDeviceFIFO(h, ptype, t.info.nelms())
-            input_copies.append(P.Copy(s, dev, debugContext=f"fromHost({tid})"))
+            copy = P.Copy(s, dev, debugContext=f"fromHost({tid})")
+            pipe.to_device[pipe.stage_of(tid)].add(copy) if pipe else input_copies.append(copy)
             out.inputs[tid] = h
         elif t.kind == "Const":
             create = weight_creator(ctx, tid, vg)
@@ -220,14 +242,13 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
     main, outer = ctx.prog, P.Sequence(name="accumulateOuterFragment")
     i = 0
     while i < len(ir.ops):
+        _place(ctx, ir.ops[i], main, outer)
         if i in plan.at:
             sg, j = plan.at[i]
             _call_subgraph(ctx, ir.ops, sg, j, out, progress)
             i += sg.length
             continue
-        ctx.prog = outer if ir.ops[i].execution_context == OUTER_FRAGMENT else main
         _lower_op(ctx, ir.ops[i], i, out)
-        ctx.prog = main
         if progress:
             progress()
         i += 1
@@ -235,7 +256,8 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
     # anchors
     df = ir.data_flow
     bps = df.batchesPerStep()
-    body = P.Sequence([*input_copies, ctx.prog], name="step")
+    ctx.prog, ctx.stage = main, None
+    body = P.Sequence([*input_copies, main], name="step")
     pre, post = P.Sequence(), P.Sequence()
     everyn: dict[int, list] = {}
     for a in df.anchors():
@@ -250,8 +272,10 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
         s = graph.addDeviceToHostFIFO(h, t.elementType(), t.numElements())
         out.anchors[a] = h
         kind = art.id()
+        # pipelined: copied (or summed) in the stage that makes it
+        every = pipe.to_host[_anchor_stage(pipe, src)] if pipe else body
         if kind == AnchorReturnTypeId.All:
-            body.add(P.Copy(t, s, debugContext=f"anchor({a})"))
+            every.add(P.Copy(t, s, debugContext=f"anchor({a})"))
         elif kind == AnchorReturnTypeId.Final:
             post.add(P.Copy(t, s, debugContext=f"anchor({a})"))
         elif kind == AnchorReturnTypeId.Sum:
@@ -262,13 +286,22 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
             acc_prog = P.Sequence()
             tot = popops.add(g, acc, t, acc_prog, f"{a}/sum/add")
             acc_prog.add(P.Copy(tot, acc))
-            body.add(acc_prog)
+            every.add(acc_prog)
             post.add(P.Copy(acc, s, debugContext=f"anchor({a})"))
+        elif pipe:
+            raise popart_exception(f"openipu does not support AnchorReturnType EveryN with pipelining yet (anchor "
+                                   f"'{a}'): use All, Sum or Final")
         else:
             everyn.setdefault(art.rp(), []).append(P.Copy(t, s, debugContext=f"anchor({a})"))
     step = P.Sequence([pre])
     af = options.accumulation_factor() if ir.training is not None else 1
-    if af == 1 and not everyn:
+    if pipe:
+        # the pipeline runs the micro-batches of a batch (with gradient accumulation) or of the
+        # step, then the outer fragment
+        step.add(pipe.pre)
+        run = P.Sequence([pipe.program(af if af > 1 else bps), outer])
+        step.add(P.Repeat(bps, run, debugContext="batchesPerStep") if af > 1 else run)
+    elif af == 1 and not everyn:
         step.add(P.Repeat(bps, body, debugContext="batchesPerStep"))
     elif af == 1:
         period = math.lcm(*everyn)

@@ -14,13 +14,17 @@ Which ops recompute:
   MatMul, Gemm: cheap to keep next to the cost of recomputing them). (PopART picks checkpoints
   by a liveness heuristic; this rule keeps its effect on transformer and CNN layers.)
 
-Random ops (Dropout in training, Random*) and ops writing in place are never recomputed.
+- ``Pipeline`` (with ``enablePipelining``): every forward op, within its pipeline stage.
+
+With pipelining, an op whose output another pipeline stage reads is a checkpoint (PopART's rule:
+what crosses to another IPU is stashed, not recomputed), so each stage recomputes from its own
+inputs. Random ops (Dropout in training, Random*) and ops writing in place are never recomputed.
 Mixing automatic and manual recomputation raises PopART's error.
 """
 
 from __future__ import annotations
 
-from openipu.popart.builder import RECOMPUTE_ATTR
+from openipu.popart.builder import PIPELINE_ATTR, RECOMPUTE_ATTR, VGRAPH_ATTR
 from openipu.popart.errors import popart_exception
 
 NORMS = {"BatchNormalization", "LayerNormalization", "GroupNormalization", "InstanceNormalization", "LpNormalization"}
@@ -45,6 +49,9 @@ def marked(ir) -> set:
     and manual recomputation."""
     mode = _mode(ir.options)
     fwd = [op for op in ir.ops if op.grad_of is None and not op.modifies and op.op_type not in NEVER]
+    if ir.options.enablePipelining:     # what another stage reads is a checkpoint
+        fwd = [op for op in fwd if all(_stage_key(c) == _stage_key(op) for o in op.outputs if o
+                                       for c in ir.tensors[o].consumers if c.grad_of is None)]
     manual = {op.id for op in fwd if _manual(op)}
     if mode == "NoRecompute":
         return manual
@@ -56,7 +63,17 @@ def marked(ir) -> set:
         return {op.id for op in fwd if op.op_type in NORMS}
     if mode == "Standard":
         return {op.id for op in fwd if op.op_type not in CHECKPOINTS}
-    raise popart_exception(f"openipu does not support RecomputationType.{mode} yet (it needs pipelining)")
+    if mode == "Pipeline":
+        if not ir.options.enablePipelining:
+            raise popart_exception("RecomputationType.Pipeline recomputes the forward pipeline stages: it needs "
+                                   "enablePipelining (use RecomputeAll without pipelining)")
+        return {op.id for op in fwd}
+    raise popart_exception(f"Unknown RecomputationType {mode}")
+
+
+def _stage_key(op):
+    """The op's place as annotated (pipeline stage, virtual graph)."""
+    return op.annotations.get(PIPELINE_ATTR), op.annotations.get(VGRAPH_ATTR)
 
 
 def apply(ir) -> int:
@@ -83,6 +100,7 @@ def apply(ir) -> int:
         c = ir.add_op(op.op_type, ins, outs, attrs, domain=op.domain, opset=op.opset,
                       name=f"{op.name}/recompute", like=op)
         c.grad_of = op         # placed like the op it recomputes, in the backward pass
+        c.recomputes = op
         c.annotations.pop(RECOMPUTE_ATTR, None)
         clones[op.id] = c
         before.setdefault(at, []).append(c)

@@ -1,0 +1,166 @@
+"""Programs of a pipelined session (PopART's implicit pipelining, ``research/popart.md`` 3.6).
+
+Each pipeline stage (:mod:`openipu.popart.transforms.pipeline`) gets its own fragments: the
+host -> device input copies, the ops (with their restores), a tail, the anchor copies to the host
+and the copies to other IPUs. With ``S`` stages and ``G`` micro-batches (the accumulation factor,
+else ``batchesPerStep``), the pipeline runs ``G + S - 1`` cycles:
+
+- fill: cycles ``0 .. S-2``, cycle ``t`` runs stages ``0 .. t``;
+- main: ``Repeat(G - S + 1)`` of a cycle running every stage;
+- flush: cycles ``1 .. S-1`` run stages ``t .. S-1``;
+
+each cycle runs its stages' input copies, then their ops, then their anchor copies, then the
+copies between IPUs of every stage. Stage ``s`` works on micro-batch ``t - s`` in cycle ``t``.
+Stages on different IPUs advance their IPUs' clocks independently and meet at the copies: the
+predicted cycle lasts as long as its busiest IPU, which is the speed-up of pipelining over
+sharding (where each micro-batch crosses the IPUs one after the other).
+
+Between stages:
+
+- a tensor read on another IPU is copied there at the end of its producer's cycle (available
+  to the next stage; openipu copies it directly, where PopART chains the copy through the IPUs
+  in between);
+- a tensor read in a later stage than the one it is available in is *stashed*: written into a
+  ring buffer of ``D = (last reading stage) - (available stage) + 1`` slots, mapped like the
+  tensor (PopART's ``StashOp``: ``popops::dynamicUpdate`` at a per-stage counter), and restored
+  in the reading stage (``RestoreOp``: ``popops::dynamicSlice``). Each stage counts its
+  micro-batches modulo ``D``; the counters are zeroed when the pipeline starts.
+"""
+
+from __future__ import annotations
+
+from openipu import poplar
+from openipu.poplar import program as P
+from openipu.poplibs import popops
+from openipu.poplibs.popops import expr as pe
+from openipu.popart.errors import popart_exception
+from openipu.popart.ir import OUTER_FRAGMENT
+
+
+class Pipeline:
+    """The stage fragments and stashes of a pipelined IR (``ir.num_stages > 0``), filled while the
+    ops are lowered; :meth:`program` assembles the cycles."""
+
+    def __init__(self, ctx):
+        ir = ctx.ir
+        self.ctx = ctx
+        self.num = S = ir.num_stages
+        self.to_device = [P.Sequence(name=f"pipelineStage{s}/toDevice") for s in range(S)]
+        self.body = [P.Sequence(name=f"pipelineStage{s}") for s in range(S)]
+        self.tail = [P.Sequence(name=f"pipelineStage{s}/counters") for s in range(S)]
+        self.to_host = [P.Sequence(name=f"pipelineStage{s}/toHost") for s in range(S)]
+        self.copies = [P.Sequence(name=f"pipelineStage{s}/ipuCopies") for s in range(S)]
+        self.reset = P.Sequence(name="pipeline/resetCounters")
+        self.pre = P.Sequence(name="pipeline/constantCopies")
+        self._copied: dict = {}        # (tid, vg) -> (tensor on vg, stage it is available in)
+        self._stash: dict = {}         # (tid, vg) -> (stash tensor, slots)
+        self._restored: dict = {}      # (tid, vg, stage) -> restored tensor
+        self._counter: dict = {}       # (stage, slots, vg) -> counter tensor
+        self.last: dict = {}           # (tid, vg) -> the last stage reading it there
+        self.first: dict = {}          # tid -> the first stage reading it
+        for op in ir.ops:
+            if op.pipeline_stage is None:
+                continue
+            vg = ctx.vgraph_of(op)
+            for x in op.inputs:
+                if x:
+                    k = (x, vg)
+                    self.last[k] = max(self.last.get(k, -1), op.pipeline_stage)
+                    self.first[x] = min(self.first.get(x, S), op.pipeline_stage)
+
+    # -- where tensors are -------------------------------------------------------------------
+    def stage_of(self, tid: str):
+        """The stage ``tid`` is made in (a streamed input: the first stage reading it); None for
+        constants, variables and what the outer fragment makes (unchanged during the pipeline)."""
+        t = self.ctx.ir.tensors[tid]
+        if t.producer is not None:
+            p = t.producer
+            return p.pipeline_stage if p.execution_context != OUTER_FRAGMENT else None
+        if t.kind == "Stream":
+            return self.first.get(tid, 0)
+        return None
+
+    def get(self, tid: str, vg: int, stage: int) -> poplar.Tensor:
+        """``tid`` on virtual graph ``vg`` for an op of ``stage``: the tensor itself, its copy from
+        another IPU, or its restore from a stash."""
+        ctx = self.ctx
+        per = ctx._t[tid]
+        home = ctx._home[tid]
+        p = self.stage_of(tid)
+        if p is None:
+            if vg in per:
+                return per[vg]
+            return ctx.copy_to(tid, vg, self.pre)      # unchanged in the pipeline: copied once per step
+        if vg == home:
+            t, avail = per[home], p
+        else:
+            t, avail = self._copy(tid, vg, p)
+        if stage <= avail:
+            if stage < avail:
+                raise popart_exception(f"Pipeline stage {stage} reads '{tid}' before stage {avail} makes it available "
+                                       "(internal pipelining error)")
+            return t
+        key = (tid, vg, stage)
+        if key not in self._restored:
+            stash, slots = self._stash_of(tid, vg, t, avail)
+            g = ctx.graph_of(vg)
+            r = popops.dynamicSlice(g, stash, self._counter_of(stage, slots, vg), [0], [1], ctx.prog,
+                                    f"{tid}/restore{stage}").squeeze([0])
+            ctx._register(tid, r)
+            self._restored[key] = r
+        return self._restored[key]
+
+    def _copy(self, tid: str, vg: int, p: int):
+        """The copy of ``tid`` (made in stage ``p``) on ``vg``, made at the end of ``p``'s cycle."""
+        if (tid, vg) not in self._copied:
+            self._copied[(tid, vg)] = (self.ctx.copy_to(tid, vg, self.copies[p]), p + 1)
+        return self._copied[(tid, vg)]
+
+    def _stash_of(self, tid: str, vg: int, t: poplar.Tensor, avail: int):
+        if (tid, vg) not in self._stash:
+            slots = self.last[(tid, vg)] - avail + 1
+            g = self.ctx.graph_of(vg)
+            stash = g.cloneN(t, slots, f"{tid}/stash")
+            popops.dynamicUpdate(g, stash, t.expand([0]), self._counter_of(avail, slots, vg), [0], [1],
+                                 self.body[avail], f"{tid}/stash")
+            self._stash[(tid, vg)] = (stash, slots)
+        return self._stash[(tid, vg)]
+
+    def _counter_of(self, stage: int, slots: int, vg: int) -> poplar.Tensor:
+        """Micro-batches stage ``stage`` has run, modulo ``slots`` (an UNSIGNED_INT[1] on ``vg``)."""
+        key = (stage, slots, vg)
+        if key not in self._counter:
+            g = self.ctx.graph_of(vg)
+            c = g.addVariable(poplar.UNSIGNED_INT, [1], f"pipelineStage{stage}/counter{slots}")
+            g.setTileMapping(c, 0)
+            popops.zero(g, c, self.reset, f"pipelineStage{stage}/counter{slots}/reset")
+            popops.mapInPlace(g, pe.Rem(pe.Add(pe._1, pe.Const(1)), pe.Const(slots)), [c], self.tail[stage],
+                              f"pipelineStage{stage}/counter{slots}/next")
+            self._counter[key] = c
+        return self._counter[key]
+
+    # -- the schedule ------------------------------------------------------------------------
+    def cycle(self, stages) -> P.Sequence:
+        stages = list(stages)
+        seq = P.Sequence(name=f"pipelineCycle{stages[0]}-{stages[-1]}")
+        for s in stages:
+            seq.add(self.to_device[s])
+        for s in stages:
+            seq.add(self.body[s])
+            seq.add(self.tail[s])
+        for s in stages:
+            seq.add(self.to_host[s])
+        for s in range(self.num):       # every cycle copies for every stage, as PopART does
+            seq.add(self.copies[s])
+        return seq
+
+    def program(self, micro_batches: int) -> P.Sequence:
+        """Fill, main and flush over ``micro_batches`` (>= the number of stages)."""
+        S = self.num
+        prog = P.Sequence([self.reset], name="pipeline")
+        for t in range(S - 1):
+            prog.add(self.cycle(range(t + 1)))
+        prog.add(P.Repeat(micro_batches - S + 1, self.cycle(range(S)), debugContext="pipelineMain"))
+        for t in range(1, S):
+            prog.add(self.cycle(range(t, S)))
+        return prog

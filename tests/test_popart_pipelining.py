@@ -1,0 +1,288 @@
+"""Pipelining (``enablePipelining``): results, the stale-weights schedule, predicted overlap of the
+stages, and PopART's errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import popart
+
+ALL = popart.AnchorReturnType("ALL")
+
+
+def _mlp(stages=((0, 0), (1, 1)), seed=0, batch=4, width=8):
+    """x -> matmul w0 -> relu -> matmul w1 -> softmax -> nll; layer ``i`` on (virtual graph,
+    pipeline stage) ``stages[i]`` (None: not annotated)."""
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [batch, width]), "x")
+    lab = b.addInputTensor(popart.TensorInfo("INT32", [batch]), "lab")
+    w0 = b.addInitializedInputTensor(np.random.RandomState(seed + 1).randn(width, 16).astype(np.float32), "w0")
+    w1 = b.addInitializedInputTensor(np.random.RandomState(seed + 2).randn(16, 5).astype(np.float32), "w1")
+
+    def annotate(ids, i):
+        vg, ps = stages[i]
+        for t in ids:
+            if vg is not None:
+                b.virtualGraph(t, vg)
+            if ps is not None:
+                b.pipelineStage(t, ps)
+    m0 = b.aiOnnx.matmul([x, w0])
+    h = b.aiOnnx.relu([m0])
+    annotate([m0, h], 0)
+    y = b.aiOnnx.matmul([h, w1])
+    p = b.aiOnnx.softmax([y], axis=1)
+    loss = b.aiGraphcore.nllloss([p, lab], popart.ReductionType.Sum)
+    annotate([y, p, loss], 1)
+    return b, x, lab, p, loss
+
+
+def _options(pipelined=True, af=1, recompute=None):
+    o = popart.SessionOptions()
+    o.virtualGraphMode = popart.VirtualGraphMode.Manual
+    o.enablePipelining = pipelined
+    if af > 1:
+        o.enableGradientAccumulation = True
+        o.accumulationFactor = af
+    if recompute is not None:
+        o.autoRecomputation = recompute
+    return o
+
+
+def _device(n=2, tiles=16):
+    return popart.DeviceManager().createIpuModelDevice({"numIPUs": n, "tilesPerIPU": tiles})
+
+
+def _data(bps, af=1, batch=4, width=8, seed=5):
+    rs = np.random.RandomState(seed)
+    shp = [bps] + ([af] if af > 1 else [])
+    return rs.randn(*shp, batch, width).astype(np.float32), rs.randint(0, 5, size=shp + [batch]).astype(np.int32)
+
+
+def _train(pipelined, bps, af=1, lr=0.01, recompute=None, anchors=None):
+    b, x, lab, p, loss = _mlp()
+    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(bps, anchors or {loss: ALL, p: ALL}), loss=loss,
+                               optimizer=popart.ConstSGD(lr), deviceInfo=_device(),
+                               userOptions=_options(pipelined, af, recompute))
+    s.prepareDevice()
+    s.weightsFromHost()
+    out = s.initAnchorArrays()
+    xs, ls = _data(bps, af)
+    s.run(popart.PyStepIO({x: xs, lab: ls}, out))
+    w = {"w0": np.zeros((8, 16), np.float32), "w1": np.zeros((16, 5), np.float32)}
+    s.weightsToHost()
+    s.readWeights(popart.PyWeightsIO(w))
+    out = {k: v.copy() for k, v in out.items()}
+    out.update(w)
+    return out, s
+
+
+def test_pipelined_inference_matches_sharded():
+    res = []
+    for pipelined in (False, True):
+        b, x, lab, p, loss = _mlp()
+        s = popart.InferenceSession(b.getModelProto(), popart.DataFlow(6, {p: ALL}), _device(),
+                                    userOptions=_options(pipelined))
+        s.prepareDevice()
+        out = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: _data(6)[0]}, out))
+        res.append(out[p].copy())
+    np.testing.assert_array_equal(res[0], res[1])
+
+
+def test_pipelined_training_with_accumulation_matches_sharded():
+    """With gradient accumulation the weights change once per batch, after the flush: the
+    pipelined run computes exactly what the sharded one does."""
+    a, _ = _train(False, bps=2, af=4)
+    b, s = _train(True, bps=2, af=4)
+    assert s.getIr().num_stages == 3
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-6, atol=1e-6, err_msg=k)
+
+
+def test_pipelined_training_without_accumulation_updates_stale_weights():
+    """Without accumulation each stage updates its weights every micro-batch (PopART's stale
+    weights): forward stage 0 of micro-batch m runs with w0 before the updates of micro-batches
+    m-1 and m-2 reach it. A numpy replay of the 3-stage schedule gives the same losses and weights."""
+    bps, lr = 8, 0.01
+    out, _ = _train(True, bps=bps, lr=lr)
+    xs, ls = _data(bps)
+    w0 = np.random.RandomState(1).randn(8, 16)
+    w1 = np.random.RandomState(2).randn(16, 5)
+    pre, h, gh, losses = {}, {}, {}, {}
+    for t in range(bps + 2):            # cycle t: stage 0 on micro-batch t, stage 1 on t-1, stage 2 on t-2
+        if t < bps:
+            pre[t] = xs[t] @ w0
+            h[t] = np.maximum(pre[t], 0)
+        if 0 <= t - 1 < bps:
+            m = t - 1
+            y = h[m] @ w1
+            e = np.exp(y - y.max(1, keepdims=True))
+            prob = e / e.sum(1, keepdims=True)
+            losses[m] = -np.log(prob[np.arange(4), ls[m]]).sum()
+            gy = prob.copy()
+            gy[np.arange(4), ls[m]] -= 1
+            gh[m] = gy @ w1.T
+            w1 = w1 - lr * h[m].T @ gy
+        if 0 <= t - 2 < bps:
+            m = t - 2
+            w0 = w0 - lr * xs[m].T @ (gh[m] * (pre[m] > 0))
+    np.testing.assert_allclose(out["Nll:0"], [losses[m] for m in range(bps)], rtol=1e-5)
+    np.testing.assert_allclose(out["w0"], w0, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["w1"], w1, rtol=1e-5, atol=1e-6)
+    # and it differs from the sharded run, where every micro-batch sees all earlier updates
+    sharded, _ = _train(False, bps=bps, lr=lr)
+    assert np.abs(sharded["w0"] - out["w0"]).max() > 1e-4
+
+
+def test_replicated_pipeline_matches_replicated_sharding():
+    """2 replicas of a 2-IPU pipeline (4 IPUs): the accumulated gradients are all-reduced after
+    the flush, as without pipelining."""
+    res = []
+    for pipelined in (False, True):
+        b, x, lab, p, loss = _mlp()
+        o = _options(pipelined, af=4)
+        o.enableReplicatedGraphs = True
+        o.replicatedGraphCount = 2
+        s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(2, {loss: ALL}), loss=loss,
+                                   optimizer=popart.ConstSGD(0.01), deviceInfo=_device(4), userOptions=o)
+        s.prepareDevice()
+        s.weightsFromHost()
+        out = s.initAnchorArrays()
+        rs = np.random.RandomState(3)
+        s.run(popart.PyStepIO({x: rs.randn(2, 4, 2, 4, 8).astype(np.float32),
+                               lab: rs.randint(0, 5, size=(2, 4, 2, 4)).astype(np.int32)}, out))
+        w = {"w0": np.zeros((8, 16), np.float32)}
+        s.weightsToHost()
+        s.readWeights(popart.PyWeightsIO(w))
+        res.append((out[loss].copy(), w["w0"]))
+    np.testing.assert_allclose(res[1][0], res[0][0], rtol=1e-6)
+    np.testing.assert_allclose(res[1][1], res[0][1], rtol=1e-6, atol=1e-7)
+
+
+def test_stages_inferred_from_virtual_graphs_and_recompute_keeps_results():
+    """No pipelineStage annotations: the stage is the virtual graph id (InferPipelineStages);
+    recomputation (Standard, and Pipeline: every forward op within its stage) changes nothing
+    in the results."""
+    b, x, lab, p, loss = _mlp(stages=((0, None), (1, None)))
+    ref, _ = _train(True, bps=2, af=4)
+    for mode in (popart.RecomputationType.Standard, popart.RecomputationType.Pipeline):
+        s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(2, {loss: ALL}), loss=loss,
+                                   optimizer=popart.ConstSGD(0.01), deviceInfo=_device(),
+                                   userOptions=_options(True, 4, mode))
+        assert s.getIr().num_stages == 3
+        # Standard: h (read by stage 1) is a checkpoint and the softmax gradient is direct, so
+        # nothing is recomputed here; Pipeline recomputes the first matmul for the relu gradient
+        assert s.getIr().recomputed == (mode == popart.RecomputationType.Pipeline)
+        s.prepareDevice()
+        s.weightsFromHost()
+        out = s.initAnchorArrays()
+        xs, ls = _data(2, 4)
+        s.run(popart.PyStepIO({x: xs, lab: ls}, out))
+        np.testing.assert_allclose(out[loss], ref[loss], rtol=1e-5)
+
+
+def test_sum_and_final_anchors_when_pipelined():
+    b, x, lab, p, loss = _mlp()
+    ref, _ = _train(False, bps=2, af=4)
+    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(2, {loss: popart.AnchorReturnType("Sum"),
+                                                                       p: popart.AnchorReturnType("Final")}),
+                               loss=loss, optimizer=popart.ConstSGD(0.01), deviceInfo=_device(),
+                               userOptions=_options(True, 4))
+    s.prepareDevice()
+    s.weightsFromHost()
+    out = s.initAnchorArrays()
+    xs, ls = _data(2, 4)
+    s.run(popart.PyStepIO({x: xs, lab: ls}, out))
+    np.testing.assert_allclose(out[loss].reshape(-1), [ref[loss].sum()], rtol=1e-5)
+    np.testing.assert_allclose(out[p].reshape(ref[p].shape[-2:]), ref[p][-1, -1], rtol=1e-5)
+
+
+def _deep(pipelined, n=4, width=256, batch=64):
+    """A compute-heavy fp16 MLP, one layer per IPU: (session, predicted cycles of a step)."""
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT16", [batch, width]), "x")
+    lab = b.addInputTensor(popart.TensorInfo("INT32", [batch]), "lab")
+    h = x
+    for i in range(n):
+        w = b.addInitializedInputTensor((np.random.RandomState(i).randn(width, width) * 0.05).astype(np.float16))
+        with b.virtualGraph(i), b.pipelineStage(i):
+            h = b.aiOnnx.relu([b.aiOnnx.matmul([h, w])])
+            if i == n - 1:
+                loss = b.aiGraphcore.nllloss([b.aiOnnx.softmax([h], axis=1), lab], popart.ReductionType.Sum)
+    dev = popart.DeviceManager().createOfflineIPUDevice({"numIPUs": n, "tilesPerIPU": 64})
+    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: popart.AnchorReturnType("Final")}),
+                               loss=loss, optimizer=popart.ConstSGD(0.01), deviceInfo=dev,
+                               userOptions=_options(pipelined, af=16))
+    s.prepareDevice()
+    s._engine.predict_run(0)
+    from openipu.poplar.profile import run_breakdown
+    return s, run_breakdown(s._engine)["cycles"]
+
+
+def test_four_stage_pipeline_predicts_a_speed_up_over_sharding():
+    """The same 4-IPU model, 16 micro-batches: sharded, each micro-batch crosses the IPUs one
+    after the other; pipelined, the stages overlap (IPU clocks advance independently between
+    the copies of a cycle). The stashes cost tile memory."""
+    sharded, c_sharded = _deep(False)
+    pipelined, c_pipelined = _deep(True)
+    assert pipelined.getIr().num_stages == 7
+    assert c_pipelined < c_sharded / 1.5
+
+
+@pytest.mark.parametrize("case,match", [
+    ("off", r"Pipelining requires more than 1 IPU \(currently 1\) and the 'virtualGraphMode' session option"),
+    ("partial", r"^Only some ops have had their pipeline stage set\. Ops missing the pipeline stage:"),
+    ("mixed", r"Ops \[.*\] have the same pipeline stage 1, but different virtual graph ids \[0, 1\]"),
+    ("depth_bps", r"For pipelining, depth \(batchesPerStep\) must equal at least the number of pipeline stages \(3\)"),
+    ("depth_af", r"For pipelining, depth \(gradient accumulation factor\) must equal at least the number of "
+                 r"pipeline stages \(3\)"),
+    ("manual_recompute", r"When pipelining is enabled, user annotation for recomputation is not allowed"),
+    ("backwards", r"in pipeline stage 0 reads .* made in the later pipeline stage 1"),
+])
+def test_pipeline_errors(case, match):
+    stages = {"partial": ((0, 0), (1, None)), "mixed": ((0, 1), (1, 1)), "backwards": ((0, 1), (1, 0))}
+    b, x, lab, p, loss = _mlp(stages=stages.get(case, ((0, 0), (1, 1))))
+    o = _options(True, af=2 if case == "depth_af" else 1)
+    dev = _device()
+    bps = 2 if case == "depth_bps" else 4
+    if case == "off":
+        o.virtualGraphMode = popart.VirtualGraphMode.Off
+        dev = _device(1)
+    if case == "manual_recompute":
+        b.recomputeOutputInBackwardPass(p)
+    with pytest.raises(popart.popart_exception, match=match):
+        popart.TrainingSession(b.getModelProto(), popart.DataFlow(bps, {loss: ALL}), loss=loss,
+                               optimizer=popart.ConstSGD(0.01), deviceInfo=dev, userOptions=o)
+
+
+def test_a_weight_on_two_ipus_and_an_input_on_two_ipus_are_refused():
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 4]), "x")
+    w = b.addInitializedInputTensor(np.ones((4, 4), np.float32), "w")
+    with b.virtualGraph(0), b.pipelineStage(0):
+        h = b.aiOnnx.matmul([x, w])
+    with b.virtualGraph(1), b.pipelineStage(1):
+        y = b.aiOnnx.matmul([h, w])
+    o = _options(True)
+    o.constantWeights = False       # the weight is a variable
+    with pytest.raises(popart.popart_exception, match=r"Can not copy variable tensor w between virtual graphs when "
+                                                      r"pipelining"):
+        popart.InferenceSession(b.getModelProto(), popart.DataFlow(4, {y: ALL}), _device(), userOptions=o)
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 4]), "x")
+    with b.virtualGraph(0), b.pipelineStage(0):
+        h = b.aiOnnx.relu([x])
+    with b.virtualGraph(1), b.pipelineStage(1):
+        y = b.aiOnnx.add([h, x])
+    with pytest.raises(popart.popart_exception, match=r"stream tensors can only be streamed directly onto a single IPU"):
+        popart.InferenceSession(b.getModelProto(), popart.DataFlow(4, {y: ALL}), _device(),
+                                userOptions=_options(True))
+
+
+def test_every_n_anchor_is_refused_when_pipelined():
+    b, x, lab, p, loss = _mlp()
+    s = popart.InferenceSession(b.getModelProto(), popart.DataFlow(4, {p: popart.AnchorReturnType("EveryN", 2)}),
+                                _device(), userOptions=_options(True))
+    with pytest.raises(popart.popart_exception, match="EveryN with pipelining"):
+        s.prepareDevice()
