@@ -215,7 +215,8 @@ def test_optimizer_errors():
 
 # --- gradient accumulation and replication --------------------------------------------------
 SCALE_OUT = [(4, 1, "Sum", "sgd1"), (4, 1, "Mean", "sgd1"), (1, 2, "Sum", "sgd1"), (1, 2, "Mean", "sgd0"),
-             (2, 2, "Mean", "sgd1"), (2, 2, "Sum", "adam"), (1, 2, "Mean", "adam"), (3, 1, "Mean", "rmsprop")]
+             (2, 2, "Mean", "sgd1"), (2, 2, "Sum", "adam"), (1, 2, "Mean", "adam"), (3, 1, "Mean", "rmsprop"),
+             (1, 1, "Sum", "sgd2"), (4, 1, "Mean", "sgd2"), (1, 2, "Sum", "sgd2"), (2, 2, "Mean", "sgd2")]
 
 
 def _scale_out_session(b, loss, opt, af=1, rf=1, bps=1, reduction="Sum"):
@@ -238,6 +239,9 @@ def _scale_out_session(b, loss, opt, af=1, rf=1, bps=1, reduction="Sum"):
 def _scale_out_optimizer(kind):
     return {"sgd0": (popart.ConstSGD(0.05), lambda t: torch.optim.SGD(t, lr=0.05)),
             "sgd1": (popart.SGD({"defaultLearningRate": (0.05, True), "defaultMomentum": (0.9, True)}),
+                     lambda t: torch.optim.SGD(t, lr=0.05, momentum=0.9)),
+            "sgd2": (popart.SGD({"defaultLearningRate": (0.05, True), "defaultMomentum": (0.9, True)},
+                                accumulatorAndMomentum=popart.SGDAccumulatorAndMomentum.Separate),
                      lambda t: torch.optim.SGD(t, lr=0.05, momentum=0.9)),
             "adam": (popart.Adam({"defaultLearningRate": (0.01, True)}),
                      lambda t: torch.optim.Adam(t, lr=0.01, eps=1e-6)),
@@ -278,6 +282,11 @@ def test_accumulation_and_replication_match_one_large_batch(af, rf, red, kind):
     if af > 1:
         outer = [op.op_type for op in ops if op.execution_context == "AccumulateOuterFragment"]
         assert outer and all(t_ not in outer for t_ in ("MatMul", "SGD1Accumulate"))
+    if kind == "sgd2":      # separate accumulator and velocity (Accl1___), PopART's SGD2 ops
+        types = [op.op_type for op in ops]
+        assert types.count("SGD2VarUpdate") == 3 and types.count("SGD2PartialAcclUpdate") == 3
+        assert all(f"Accl1___{i}" in s.getTensorIds() for i in ids)
+        assert (f"Accum___{ids[0]}" in s.getTensorIds()) == (af > 1)
 
 
 def test_accumulation_amortises_the_update():
@@ -375,3 +384,23 @@ def test_everyn_anchor_with_accumulation():
     assert a[loss].shape == (4, 2) and a[probs].shape == (2, 2, 4, 3)
     rows = -np.log(np.take_along_axis(a[probs], lab[[1, 3]][..., None], -1)[..., 0]).mean(-1)
     np.testing.assert_allclose(rows, a[loss][[1, 3]], rtol=1e-5)
+
+
+def test_sgd2_fp16_accumulator_with_fp32_velocity():
+    """SGD2 (Separate) with ``accumType`` FLOAT16: the gradient accumulator is half precision,
+    the velocity (``accl1Type`` FLOAT) full; the steps stay within fp16 rounding of SGD1's."""
+    got = {}
+    for mode, acc_type in (("Combined", None), ("Separate", popart.DataType.FLOAT16)):
+        b, loss, ids, ws, feeds = _mlp(3)
+        opt = popart.SGD({"defaultLearningRate": (0.05, True), "defaultMomentum": (0.9, True)},
+                         accumulatorAndMomentum=getattr(popart.SGDAccumulatorAndMomentum, mode),
+                         accumType=acc_type, accl1Type=popart.DataType.FLOAT)
+        s = _scale_out_session(b, loss, opt, af=4, bps=2)
+        rng = np.random.default_rng(1)
+        _run(s, {"x": rng.standard_normal((2, 4, 4, 5)).astype(np.float32),
+                 "label": rng.integers(0, 3, (2, 4, 4)).astype(np.int32)})
+        got[mode] = _weights(s, ids)
+        if mode == "Separate":
+            assert s.getIr().tensors[f"Accum___{ids[0]}"].info.data_type() == "FLOAT16"
+    for i in ids:
+        np.testing.assert_allclose(got["Separate"][i], got["Combined"][i], rtol=2e-3, atol=2e-4)

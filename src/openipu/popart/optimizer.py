@@ -17,6 +17,12 @@ accumulation factor when gradients are meaned over it (else 1) and rf the replic
   ``v <- v * mm / rf + (1 - dm) wd vs * w``. With ``nesterov`` the weight step is
   ``w <- w - lr / (vs rf) * (vs rf (g / ls + wd w) + mm v)``.
 
+With ``SGDAccumulatorAndMomentum.Separate`` ("SGD2") the gradient accumulator and the velocity
+are two tensors (``Accum___`` of ``accumType``, ``Accl1___`` of ``accl1Type``): the velocity
+starts at 0; each batch ``v <- v mm + (1 - dm) wd vs w``, ``v += (1 - dm) vs / (ls af) * a``
+(``a`` the accumulated, all-reduced gradient), ``w <- w - lr / vs * v``, then ``a <- 0``. The
+replicas reduce ``a``, not ``v``, so no ``rf`` appears; the steps equal SGD1's.
+
 These match ``torch.optim.SGD`` whenever ``dm == 0`` (PyTorch does not dampen its first step).
 
 Adam and Adaptive follow PopART's ``adam.hpp`` / ``adaptive.hpp`` (equations in
@@ -229,7 +235,7 @@ class SGD(Optimizer):
         super().__init__(pyd, "getOptimizerValueDictionary")
         self.clip_norm_settings = list(clip_norm_settings)
         self.accumulator_and_momentum = accumulatorAndMomentum or SGDAccumulatorAndMomentum.Combined
-        self.accum_type, self.accl1_type = accumType, accl1Type
+        self.accum_type, self.accl1_type = _dtype_name(accumType), _dtype_name(accl1Type)
 
     def learningRates(self):  # noqa: N802
         return self._per("defaultLearningRate")
@@ -312,6 +318,8 @@ def sgd_scalars(opt: SGD, weight: str, af: float = 1.0, rf: float = 1.0,
     velocity).
     """
     v = {k: opt.value(k, weight) for k in opt.DEFAULTS}
+    if opt.accumulator_and_momentum == SGDAccumulatorAndMomentum.Separate:
+        rf = 1.0        # SGD2 reduces the accumulator, not the velocity
     lr, wd, mm, dm, vs, ls = (v[k].val() for k in ("defaultLearningRate", "defaultWeightDecay", "defaultMomentum",
                                                     "defaultDampening", "defaultVelocityScaling", "lossScaling"))
 

@@ -90,7 +90,7 @@ def sgd1_accumulate(ctx, op):
     return [v]
 
 
-@lowering("SGD1VarUpdate", domain=GC)
+@lowering("SGD1VarUpdate", "SGD2VarUpdate", domain=GC)
 def sgd1_var_update(ctx, op):
     g_, w, v = graph(ctx, op), ctx.input(op, 0), ctx.input(op, 1)
     nesterov = "nesterovGradScaleFactor1" in op.attrs.get("scalar_names", [])
@@ -107,7 +107,7 @@ def sgd1_var_update(ctx, op):
     return [w]
 
 
-@lowering("SGD1AcclUpdate", domain=GC)
+@lowering("SGD1AcclUpdate", "SGD2PartialAcclUpdate", domain=GC)
 def sgd1_accl_update(ctx, op):
     v, w = ctx.input(op, 0), ctx.input(op, 1)
     s = _scalars(ctx, op)

@@ -9,6 +9,11 @@ in ``ai.graphcore``. Every op writes its first input in place (``IrOp.modifies``
   ``v += dpsf1 * g`` (every micro-batch); ``SGD1VarUpdate(w, v)``: ``w -= slr1 * v`` (with
   nesterov ``SGD1VarUpdate(w, v, g)``: ``w -= slr1 * (ngsf1 * g + nwd1 * w + mm * v)``);
   ``SGD1AcclUpdate(v, w)``: ``v = v * smm1 + swd1 * w``.
+- ``SGDAccumulatorAndMomentum.Separate`` (PopART's ``SGD2Decompose``): ``Accumulate(a, g)`` Add
+  into ``Accum___<w>`` (with accumulation), the all-reduce of ``a``, then once per batch
+  ``SGD2PartialAcclUpdate(v, w)``: ``v = v * smm1 + swd1 * w``; ``Accumulate(v, a)``
+  DampenedAdd ``v += dpsf1 * a``; ``SGD2VarUpdate(w, v)``: ``w -= slr1 * v``;
+  ``AccumulatorUpdate(a)``. ``v`` is ``Accl1___<w>``, starting at 0.
 
 **Adam** (``adam.hpp``), with ``s = gs * g`` (``gs = 1 / (ls af)``), plus ``wd * w`` in
 ``L2Regularization`` mode: ``Accumulate(m, g)`` MovingAverage ``m = b1 m + (1 - b1) s``;
@@ -57,8 +62,8 @@ import numpy as np
 from openipu.popart.errors import popart_exception
 from openipu.popart.grads import GRAPHCORE
 from openipu.popart.ir import OUTER_FRAGMENT
-from openipu.popart.optimizer import (SGD, Adam, AdamMode, Adaptive, AdaptiveMode, WeightDecayMode,
-                                      initial_velocity)
+from openipu.popart.optimizer import (SGD, Adam, AdamMode, Adaptive, AdaptiveMode, SGDAccumulatorAndMomentum,
+                                      WeightDecayMode, initial_velocity)
 from openipu.popart.tensorinfo import NUMPY_OF
 from openipu.popart.transforms.autodiff import forward_op
 
@@ -247,6 +252,10 @@ def _sgd_reduce(u: _Updates, g: str, acc: bool, repl: bool):
         return g, lambda updater: u.op("SGD0VarUpdate", [w, updater],
                                        ["weightDecayScaleFactor0", "scaledLearningRate0"], out=f"{UPDATED_PREFIX}{w}")
     nesterov = "nesterovGradScaleFactor1" in u.scal
+    if opt.accumulator_and_momentum == SGDAccumulatorAndMomentum.Separate:
+        if nesterov:
+            raise popart_exception("openipu supports nesterov SGD with SGDAccumulatorAndMomentum.Combined only")
+        return _sgd2_reduce(u, g, acc, repl)
     if nesterov and (acc or repl):
         raise popart_exception("openipu supports nesterov SGD without gradient accumulation and replication only")
     mm = opt.value("defaultMomentum", w)
@@ -269,6 +278,29 @@ def _sgd_reduce(u: _Updates, g: str, acc: bool, repl: bool):
             u.op("SGD1VarUpdate", [w, updater], ["scaledLearningRate1"], out=f"{UPDATED_PREFIX}{w}")
         u.op("SGD1AcclUpdate", [v, w], ["scaledMomentum1", "scaledWeightDecay1"], out=f"AcclFinal___{w}")
     return v, finish
+
+
+def _sgd2_reduce(u: _Updates, g: str, acc: bool, repl: bool):
+    """SGD2 (``Separate``): the accumulated, all-reduced gradient and ``finish(updater)``."""
+    w = u.w
+    accum = None
+    if acc:
+        accum = u.state(ACCUM_PREFIX, u.opt.accum_type)
+        u.op("Accumulate", [accum, g], accumulationType="Add", out=f"AccumUpdated___{w}")
+        u.context = OUTER_FRAGMENT
+        g = u.all_reduce(accum, True) if repl else accum
+    elif repl:
+        g = u.all_reduce(g, False)
+
+    def finish(updater):
+        v = u.state("Accl1___", u.opt.accl1_type)
+        u.op("SGD2PartialAcclUpdate", [v, w], ["scaledMomentum1", "scaledWeightDecay1"], out=f"AcclDecayed___{w}")
+        u.op("Accumulate", [v, updater], [("factor", "dampeningScaleFactor1")], accumulationType="DampenedAdd",
+             out=f"AcclUpdated___{w}")
+        u.op("SGD2VarUpdate", [w, v], ["scaledLearningRate1"], out=f"{UPDATED_PREFIX}{w}")
+        if accum is not None:
+            u.op("AccumulatorUpdate", [accum], out=f"{UPDATED_PREFIX}{accum}")
+    return g, finish
 
 
 def clip_by_norm(ir, opt, updaters: dict[str, str], acc: bool) -> dict[str, str]:
