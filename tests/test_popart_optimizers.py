@@ -404,3 +404,84 @@ def test_sgd2_fp16_accumulator_with_fp32_velocity():
             assert s.getIr().tensors[f"Accum___{ids[0]}"].info.data_type() == "FLOAT16"
     for i in ids:
         np.testing.assert_allclose(got["Separate"][i], got["Combined"][i], rtol=2e-3, atol=2e-4)
+
+
+RTS_CASES = [("adam", 1), ("adam", 2), ("lamb", 1), ("sgd2", 2), ("rmsprop", 1)]
+
+
+@pytest.mark.parametrize("kind,af", RTS_CASES, ids=[f"{k}-af{a}" for k, a in RTS_CASES])
+def test_replicated_tensor_sharding_of_the_optimizer_state(kind, af, tmp_path):
+    """``optimizerStateTensorLocationSettings`` with replicated tensor sharding on 2 replicas:
+    each replica keeps half of every state tensor (gradients reduce-scattered, the weight's
+    slice updated, the slices all-gathered); the weights and the state written by
+    ``modelToHost`` equal the unsharded run's, and the state's tile memory halves."""
+    opt = {"adam": lambda: popart.Adam({"defaultLearningRate": (0.01, True)}),
+           "lamb": lambda: popart.Adam({"defaultLearningRate": (0.01, True)}, mode=popart.AdamMode.Lamb),
+           "sgd2": lambda: popart.SGD({"defaultLearningRate": (0.05, True), "defaultMomentum": (0.9, True)},
+                                      accumulatorAndMomentum=popart.SGDAccumulatorAndMomentum.Separate),
+           "rmsprop": lambda: popart.Adaptive({"defaultLearningRate": (0.01, True)})}[kind]
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, af, 2, 4, 5)).astype(np.float32).squeeze(1 if af == 1 else ())
+    lab = rng.integers(0, 3, x.shape[:-1]).astype(np.int32)
+    got = {}
+    for rts in (False, True):
+        b, loss, ids, ws, feeds = _mlp(3)
+        o = popart.SessionOptions()
+        o.enableReplicatedGraphs, o.replicatedGraphCount = True, 2
+        if af > 1:
+            o.enableGradientAccumulation, o.accumulationFactor = True, af
+        if rts:
+            o.optimizerStateTensorLocationSettings.location.replicatedTensorSharding = popart.ReplicatedTensorSharding.On
+            o.optimizerStateTensorLocationSettings.minElementsForReplicatedTensorSharding = 4
+        s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(2, {loss: popart.AnchorReturnType("All")}),
+                                   loss, opt(), popart.DeviceManager().createIpuModelDevice({"numIPUs": 2}),
+                                   userOptions=o)
+        s.prepareDevice()
+        s.weightsFromHost()
+        _run(s, {"x": x, "label": lab})
+        path = str(tmp_path / f"rts{rts}.onnx")
+        s.modelToHost(path)
+        import onnx
+        got[rts] = {i.name: onnx.numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
+        if rts:
+            types = [op.op_type for op in s.ops()]
+            assert types.count("ReplicatedReduceScatter") == 3 and types.count("ReplicatedAllGather") == 3
+            state = [t for t in s.getIr().sharded_state]
+            assert state and all(s.getIr().tensors[t].info.nelms() * 2 >= got[rts][t].size for t in state)
+    assert set(got[True]) == set(got[False])
+    for k, v in got[False].items():
+        np.testing.assert_allclose(got[True][k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_replicated_tensor_sharding_of_combined_sgd_is_refused():
+    b, loss, ids, ws, feeds = _mlp(3)
+    o = popart.SessionOptions()
+    o.enableReplicatedGraphs, o.replicatedGraphCount = True, 2
+    o.optimizerStateTensorLocationSettings.location.replicatedTensorSharding = popart.ReplicatedTensorSharding.On
+    o.optimizerStateTensorLocationSettings.minElementsForReplicatedTensorSharding = 4
+    with pytest.raises(popart.popart_exception, match="SGDAccumulatorAndMomentum.Separate"):
+        popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}), loss,
+                               popart.SGD({"defaultMomentum": (0.9, True)}),
+                               popart.DeviceManager().createIpuModelDevice({"numIPUs": 2}), userOptions=o)
+
+
+def test_replicated_tensor_sharding_halves_the_state_memory():
+    """A 512x512 weight trained with Adam on 2 replicas: its two moments (2 MB) sharded over the
+    replicas hold half the always-live variable bytes per replica."""
+    live = {}
+    for rts in (False, True):
+        b = popart.Builder()
+        x = b.addInputTensor(popart.TensorInfo("FLOAT", [8, 512]), "x")
+        w = b.addInitializedInputTensor(np.zeros((512, 512), np.float32), "w")
+        loss = b.aiGraphcore.identityloss([b.aiOnnx.matmul([x, w])])
+        o = popart.SessionOptions()
+        o.enableReplicatedGraphs, o.replicatedGraphCount = True, 2
+        if rts:
+            o.optimizerStateTensorLocationSettings.location.replicatedTensorSharding = popart.ReplicatedTensorSharding.On
+        s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}),
+                                   loss, popart.Adam({}), popart.DeviceManager().createIpuModelDevice(
+                                       {"numIPUs": 2, "tilesPerIPU": 64}), userOptions=o)
+        s.prepareDevice()
+        live[rts] = float(s._engine._compiled.memory.always_live_variables.sum())
+    # weight 1 MB + moments 2 MB unsharded; moments 1 MB sharded
+    assert live[True] < live[False] - 0.9 * (1 << 20)

@@ -176,6 +176,16 @@ class IrOp:
         return f"IrOp({self.id}, {self.op_type}, {self.inputs} -> {self.outputs}, {self.lowering})"
 
 
+def shard_rows(value, replicas: int) -> np.ndarray:
+    """A sharded tensor's host value as its replicas' pieces: ``[replicas, ceil(n / replicas)]``,
+    the flattened value zero-padded (the layout of ``gcl.reduceScatterCrossReplica``)."""
+    flat = np.asarray(value).reshape(-1)
+    k = -(-flat.size // replicas)
+    out = np.zeros(replicas * k, flat.dtype)
+    out[:flat.size] = flat
+    return out.reshape(replicas, k)
+
+
 #: initializers of at least this many bytes are held as numpy arrays, outside the ModelProto
 WEIGHT_BYTES = 1 << 16
 
@@ -251,6 +261,10 @@ class Ir:
         self.weight_grads: dict[str, str] = {}
         self.recomputed = 0                          # forward ops cloned into the backward pass
         self.num_stages = 0                          # pipeline stages (0: not pipelined)
+        # replicated tensor sharding: the weights whose optimizer state is sharded, and each
+        # sharded state tensor's (full shape, replicas); its IR shape is one replica's shard
+        self.sharded_weights: set[str] = set()
+        self.sharded_state: dict[str, tuple] = {}
         self._check_model()
         self._fix_inputs(input_shape_info)
         inferred = self._infer()

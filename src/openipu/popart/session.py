@@ -23,7 +23,7 @@ from openipu.popart.dataflow import AnchorReturnTypeId, DataFlow, anchor_element
 from openipu.popart.devices import DeviceInfo, DeviceType
 from openipu.popart.errors import (OutOfMemoryException, popart_exception, popart_runtime_error, poplar_exception,
                                    poplar_application_runtime_error)
-from openipu.popart.ir import Ir
+from openipu.popart.ir import Ir, shard_rows
 from openipu.popart.log import log
 from openipu.popart.options import SessionOptions
 from openipu.popart.stepio import PyStepIO, PyStepIOCallback
@@ -401,8 +401,12 @@ class _SessionBase:
         self._check_runnable()
         if not self._lowered.weights_in:
             return
+        sharded = self._ir.sharded_state
         for tid, h in self._lowered.weights_in.items():
-            self._engine.connectStream(h, self._host_weights[tid].reshape(-1))
+            host = self._host_weights[tid]
+            # a sharded optimizer state: each replica receives its piece
+            self._engine.connectStream(h, shard_rows(host, self.replicationFactor).reshape(-1)
+                                       if tid in sharded else host.reshape(-1))
         self._engine.run(1, "weightsFromHost")
 
     def weightsToHost(self) -> None:  # noqa: N802
@@ -411,13 +415,17 @@ class _SessionBase:
         if not self._lowered.weights_out:
             return
         repl = self.replicationFactor
-        bufs = {tid: np.zeros((repl,) + self._host_weights[tid].shape, self._host_weights[tid].dtype)
+        sharded = self._ir.sharded_state
+        bufs = {tid: (shard_rows(self._host_weights[tid], repl) if tid in sharded else
+                      np.zeros((repl,) + self._host_weights[tid].shape, self._host_weights[tid].dtype))
                 for tid in self._lowered.weights_out}
         for tid, h in self._lowered.weights_out.items():
             self._engine.connectStream(h, bufs[tid].reshape(-1))
         self._engine.run(2, "weightsToHost")
         for tid, b in bufs.items():
-            self._host_weights[tid][...] = b[0]
+            host = self._host_weights[tid]
+            # a sharded optimizer state: the replicas' pieces, in order, trimmed
+            host[...] = b.reshape(-1)[:host.size].reshape(host.shape) if tid in sharded else b[0]
 
     def _check_writable_weights(self, what: str):
         if self.options.constantWeights:
@@ -576,7 +584,7 @@ class TrainingSession(_SessionBase):
 
     def _scalars(self, opt) -> dict:
         from openipu.popart.transforms.optimizer import LOSS_SCALING_PREFIX, loss_seed, scalar_values
-        vals = scalar_values(opt, list(self._ir.weight_grads), self.options)
+        vals = scalar_values(opt, list(self._ir.weight_grads), self.options, self._ir.sharded_weights)
         loss = self._ir.training["loss"]
         ls = f"{LOSS_SCALING_PREFIX}{self._ir.tensors[loss].info.data_type()}"
         if ls in self._ir.optimizer_tensors:

@@ -5,6 +5,9 @@
 - Detach, Nop, TensorRemap, ShapedDropout at inference, ReplicatedAllReduce with one replica:
   the input itself (a view; PopART's in-place variants);
 - ReplicatedAllReduce across replicas: ``gcl.allReduceCrossReplica`` (``ReplicatedAllReduceOpx``);
+  ReplicatedReduceScatter, ReplicaSlice, ReplicatedAllGather: the collectives of replicated tensor
+  sharding (``gcl.reduceScatterCrossReplica``, a slice at the replication index,
+  ``gcl.allGatherCrossReplica``);
 - PrintTensor: Poplar's ``PrintTensor`` program (stdout, ``title: [values]``) and the input as the
   output (``PrintTensorOpx``); the title is the ``title`` attribute or the input's id, and for the
   gradient op ``<title>_gradient`` or the gradient's id (PopART's ``getTitle``);
@@ -72,6 +75,46 @@ def replicated_all_reduce(ctx, op):
         return [x]
     return [gcl.allReduceCrossReplica(graph(ctx, op), x, _COLLECTIVE.get(str(op.attrs.get("op", "Add")), "ADD"),
                                       ctx.prog, debug_name=name(op))]
+
+
+@lowering("ReplicatedReduceScatter", domain=GC)
+def replicated_reduce_scatter(ctx, op):
+    """The input flattened, summed over the replicas, and cut into one ``ceil(n / replicas)``
+    piece per replica (zero-padded): ``gcl.reduceScatterCrossReplica`` (PopART's
+    ``ReplicatedReduceScatterOpx``)."""
+    x = ctx.input(op, 0).flatten()
+    return [gcl.reduceScatterCrossReplica(graph(ctx, op), x, _COLLECTIVE.get(str(op.attrs.get("op", "Add")), "ADD"),
+                                          ctx.prog, debug_name=name(op))]
+
+
+@lowering("ReplicaSlice", domain=GC)
+def replica_slice(ctx, op):
+    """This replica's piece of the flattened input, ``[ceil(n / replicas)]`` (zero-padded): a
+    ``popops.dynamicSlice`` at the replication index (the weight slice a sharded optimizer
+    state updates)."""
+    g = graph(ctx, op)
+    x = ctx.input(op, 0).flatten()
+    rf = ctx.options.replication_factor()
+    k = -(-x.numElements() // rf)
+    if rf * k > x.numElements():
+        pad = g.addConstant(x.elementType(), [rf * k - x.numElements()], 0, f"{name(op)}/padding")
+        g.setTileMapping(pad, 0)        # fewer than `replicas` zeros
+        x = poplar.concat([x, pad], 0)
+    index = g.addReplicationIndexConstant(f"{name(op)}/replica")
+    g.setTileMapping(index, 0)
+    out = g.addVariable(x.elementType(), [1, k], name(op))
+    ctx.prog.add(P.WriteUndef(out))     # written whole by the slice: live from here only
+    popops.dynamicSliceWithOutput(g, out, x.reshape([rf, k]), index.reshape([1]), [0], [1], ctx.prog, name(op))
+    return [out.reshape([k])]
+
+
+@lowering("ReplicatedAllGather", domain=GC)
+def replicated_all_gather(ctx, op):
+    """Every replica's piece gathered (``gcl.allGatherCrossReplica``), flattened, trimmed to the
+    output's elements and shaped like it (PopART's ``ReplicatedAllGatherOpx``)."""
+    x = ctx.input(op, 0)
+    out = gcl.allGatherCrossReplica(graph(ctx, op), x, ctx.prog, debug_name=name(op)).flatten()
+    return [out.slice(0, ctx.ir.tensors[op.outputs[0]].info.nelms(), 0).reshape(shape(ctx.ir, op.outputs[0]))]
 
 
 def print_title(op, ir) -> str:

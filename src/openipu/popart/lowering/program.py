@@ -38,7 +38,7 @@ from openipu.poplibs.popops._common import tile_counts_of
 from openipu.popart import outline
 from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.errors import popart_exception
-from openipu.popart.ir import OUTER_FRAGMENT
+from openipu.popart.ir import OUTER_FRAGMENT, shard_rows
 from openipu.popart.lowering import precise_lowering
 from openipu.popart.lowering.context import LoweringContext, variables_of
 from openipu.popart.lowering.creators import weight_creator
@@ -223,9 +223,10 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
             else:
                 dev = g.addVariable(ptype, shape, tid)
                 poputil.mapTensorLinearly(g, dev)
-            g.setInitialValue(dev, np.asarray(t.value))
+            sharded = tid in ir.sharded_state     # one piece per replica (replicated tensor sharding)
+            g.setInitialValue(dev, shard_rows(t.value, repl)[0] if sharded else np.asarray(t.value))
             hi, ho = f"h2d:{tid}", f"d2h:{tid}"
-            graph.addHostToDeviceFIFO(hi, ptype, t.info.nelms(), "BROADCAST")
+            graph.addHostToDeviceFIFO(hi, ptype, t.info.nelms(), "REPLICATE" if sharded else "BROADCAST")
             if tid in ir.optimizer_tensors:     # a non-const optimizer scalar: optimizerFromHost only
                 out.optimizer_in[tid] = hi
             elif tid == ir.random_seed:         # the random seed: randomSeedFromHost only

@@ -43,6 +43,17 @@ batch, in the ``AccumulateOuterFragment`` execution context. With
 factor and the update by the accumulation factor (``sgd.hpp``), so training does not depend on
 the number of replicas.
 
+**Replicated tensor sharding** of the optimizer state
+(``optimizerStateTensorLocationSettings.location.replicatedTensorSharding`` On, weights of at
+least ``minElementsForReplicatedTensorSharding`` elements, more than one replica): each replica
+holds ``ceil(n / replicas)`` elements of every state tensor of the weight. The gradient (or the
+accumulator) is reduce-scattered instead of all-reduced (``ReplicatedReduceScatter``), the
+updates run on this replica's slice of the weight (``ReplicaSlice``), and the slices are
+gathered back into the weight (``ReplicatedAllGather``, ``CopyVarUpdate``); Lamb's squared norms
+are all-reduced. The host keeps the whole state (``ir.sharded_state``; weightsFromHost sends
+each replica its piece, weightsToHost and modelToHost gather them). SGD shards with
+``SGDAccumulatorAndMomentum.Separate`` only; ``ClipNormSettings`` with sharding is not supported.
+
 A compound scalar is an attribute when const; a non-const one is an optimizer tensor (a scalar
 FLOAT device variable written by ``optimizerFromHost``) passed as an extra input, named
 ``Default<Name>___FLOAT`` (session default) or ``Specific<Name>___<weight>``. State tensors are
@@ -64,7 +75,7 @@ from openipu.popart.grads import GRAPHCORE
 from openipu.popart.ir import OUTER_FRAGMENT
 from openipu.popart.optimizer import (SGD, Adam, AdamMode, Adaptive, AdaptiveMode, SGDAccumulatorAndMomentum,
                                       WeightDecayMode, initial_velocity)
-from openipu.popart.tensorinfo import NUMPY_OF
+from openipu.popart.tensorinfo import NUMPY_OF, TensorInfo
 from openipu.popart.transforms.autodiff import forward_op
 
 ACCL_PREFIX = "Accl___"
@@ -95,13 +106,16 @@ def loss_seed(opt, options) -> float:
     return opt.lossScaling().val() / (rf if _mean(options) and rf > 1 else 1)
 
 
-def scalar_values(opt, weights: list[str], options) -> dict[str, float]:
-    """Values of the non-const optimizer tensors: id -> value (for ``optimizerFromHost``)."""
+def scalar_values(opt, weights: list[str], options, sharded=()) -> dict[str, float]:
+    """Values of the non-const optimizer tensors: id -> value (for ``optimizerFromHost``).
+    ``sharded``: the weights whose state is sharded over the replicas (SGD: no velocity
+    all-reduce, so no replication factor in the scalars)."""
     af, rf = reduction_factors(options)
     acc = options.accumulation_factor() > 1
     out = {}
     for w in weights:
-        for name, (val, const) in opt.compound_scalars(w, af, rf, acc).items():
+        r = 1.0 if w in sharded and isinstance(opt, SGD) else rf
+        for name, (val, const) in opt.compound_scalars(w, af, r, acc).items():
             if not const:
                 out[_scalar_id(opt, name, w)] = val
     return out
@@ -126,12 +140,42 @@ class _Updates:
     """Adds one weight's update ops: compound scalars as attributes or optimizer tensors,
     placement of the weight's forward consumer, the execution context."""
 
-    def __init__(self, ir, opt, w: str, g: str, af: float, rf: float, accumulating: bool):
+    def __init__(self, ir, opt, w: str, g: str, af: float, rf: float, accumulating: bool, shards: int = 1):
         self.ir, self.opt, self.w = ir, opt, w
         self.wt = ir.tensors[w]
         self.fwd = forward_op(ir, g)
         self.scal = opt.compound_scalars(w, af, rf, accumulating)
         self.context = "Normal"
+        # replicated tensor sharding: the state holds this replica's 1/shards of the elements
+        self.shards = shards
+        self.shard_len = -(-self.wt.info.nelms() // shards)
+        self.var = w        # what the update reads and writes: the weight, or its shard
+
+    def shape(self) -> list:
+        """The shape of the weight's state: the weight's, or ``[ceil(n / replicas)]`` sharded."""
+        return [self.shard_len] if self.shards > 1 else list(self.wt.info.shape())
+
+    def reduce(self, t: str, in_place: bool) -> str:
+        """``t`` summed over the replicas: all-reduced, or reduce-scattered to this replica's
+        shard (``ReplicatedReduceScatter``, ``[ceil(n / replicas)]``) when the state is sharded."""
+        if self.shards > 1:
+            return self.op("ReplicatedReduceScatter", [t], out=f"{t}__scattered", out_shape=[self.shard_len],
+                           modifies=())
+        return self.all_reduce(t, in_place)
+
+    def shard_weight(self) -> None:
+        """Sharded: the updates work on this replica's slice of the weight (``ReplicaSlice``)."""
+        if self.shards > 1:
+            self.var = self.op("ReplicaSlice", [self.w], out=f"{self.w}__shard", out_shape=[self.shard_len],
+                               modifies=())
+
+    def gather_weight(self, updated: str) -> None:
+        """Sharded: the updated slices of all replicas gathered into the weight
+        (``ReplicatedAllGather``, then ``CopyVarUpdate``)."""
+        if self.shards > 1:
+            full = self.op("ReplicatedAllGather", [updated], out=f"{self.w}__gathered",
+                           out_shape=self.wt.info.shape(), modifies=())
+            self.op("CopyVarUpdate", [self.w, full], out=f"{UPDATED_PREFIX}{self.w}__copy")
 
     def scalar(self, name: str):
         """(attribute value or None, tensor id or "") of compound scalar ``name``."""
@@ -146,11 +190,28 @@ class _Updates:
 
     def state(self, prefix: str, dtype: str | None, init=None, shape=None) -> str:
         """The state Variable ``<prefix><weight>`` of type ``dtype`` (None: the weight's), from
-        the model's initializer of that name if it has one, else ``init`` (default zeros)."""
+        the model's initializer of that name if it has one, else ``init`` (default zeros).
+        ``shape`` None: the weight's state, sharded over the replicas when the state is (its IR
+        shape is the shard's; its value, the host copy, has the weight's shape:
+        ``ir.sharded_state``)."""
         tid = f"{prefix}{self.w}"
+        sharded = shape is None and self.shards > 1
         shape = list(self.wt.info.shape()) if shape is None else list(shape)
         dtype = dtype or self.wt.info.data_type()
         t = self.ir.tensors.get(tid)
+        if sharded:
+            value = (t.value if t is not None and t.kind == "Variable" and list(t.info.shape()) == shape
+                     and t.info.data_type() == dtype else None)
+            if t is not None and value is None:
+                raise popart_exception(f"The model's initializer {tid} is not the {dtype} {shape} optimizer state "
+                                       f"of {self.w} (it is {t.info.data_type()} {list(t.info.shape())}): rename it")
+            if value is None:
+                value = np.zeros(shape, NUMPY_OF[dtype]) if init is None else np.asarray(init).astype(NUMPY_OF[dtype])
+                self.ir._add_tensor(tid, dtype, [self.shard_len], "Variable", value)
+            else:
+                t.info = TensorInfo(dtype, [self.shard_len])
+            self.ir.sharded_state[tid] = (shape, self.shards)
+            return tid
         if t is not None:
             if t.kind != "Variable" or list(t.info.shape()) != shape or t.info.data_type() != dtype:
                 raise popart_exception(f"The model's initializer {tid} is not the {dtype} {shape} optimizer state "
@@ -213,15 +274,40 @@ def apply(ir, opt, grads: dict[str, str]) -> None:
     acc = ir.options.accumulation_factor() > 1
     repl = ir.options.replication_factor() > 1
     pending = {}
+    sharded = ir.sharded_weights = sharded_weights(ir, opt, grads)
+    if sharded and opt.clip_norm_settings:
+        raise popart_exception("openipu does not support ClipNormSettings with replicated tensor sharding of the "
+                               "optimizer state yet")
     for w, g in grads.items():
         if ir.tensors[g].info.data_type() != ir.tensors[w].info.data_type():
             raise popart_exception(f"The gradient of weight {w} is {ir.tensors[g].info.data_type()} but the weight is "
                                    f"{ir.tensors[w].info.data_type()}")
-        u = _Updates(ir, opt, w, g, af, rf, acc)
+        shards = int(rf) if w in sharded else 1
+        u = _Updates(ir, opt, w, g, af, 1.0 if shards > 1 and isinstance(opt, SGD) else rf, acc, shards)
         pending[w] = (_sgd_reduce if isinstance(opt, SGD) else _reduce)(u, g, acc, repl)
     updaters = clip_by_norm(ir, opt, {w: p[0] for w, p in pending.items()}, acc)
     for w, (_, finish) in pending.items():
         finish(updaters[w])
+
+
+def sharded_weights(ir, opt, weights) -> set:
+    """The weights whose optimizer state is sharded over the replicas (PopART's replicated tensor
+    sharding: ``optimizerStateTensorLocationSettings.location.replicatedTensorSharding`` On, more
+    than one replica, at least ``minElementsForReplicatedTensorSharding`` elements, and some
+    state to shard). Raises ``popart_exception`` for SGD with a combined velocity and accumulator
+    (use ``SGDAccumulatorAndMomentum.Separate``)."""
+    o = ir.options
+    settings = o.optimizerStateTensorLocationSettings
+    if o.replication_factor() < 2 or not str(settings.location.replicatedTensorSharding).endswith("On"):
+        return set()
+    acc = o.accumulation_factor() > 1
+    out = {w for w in weights if ir.tensors[w].info.nelms() >= int(settings.minElementsForReplicatedTensorSharding)
+           and (not isinstance(opt, SGD) or opt.uses_velocity(w, acc))}
+    if out and isinstance(opt, SGD) and opt.accumulator_and_momentum != SGDAccumulatorAndMomentum.Separate:
+        raise popart_exception("openipu shards the SGD optimizer state over replicas with "
+                               "SGDAccumulatorAndMomentum.Separate only: pass accumulatorAndMomentum="
+                               "popart.SGDAccumulatorAndMomentum.Separate to popart.SGD")
+    return out
 
 
 def _reduce(u: _Updates, g: str, acc: bool, repl: bool):
@@ -229,15 +315,16 @@ def _reduce(u: _Updates, g: str, acc: bool, repl: bool):
     adding the update."""
     accum = None
     if acc:     # sum the micro-batches' gradients
-        accum = u.state(ACCUM_PREFIX, u.opt.accum_type)
+        accum = u.state(ACCUM_PREFIX, u.opt.accum_type, shape=u.wt.info.shape())  # not sharded
         u.op("Accumulate", [accum, g], accumulationType="Add", out=f"AccumUpdated___{u.w}")
         u.context = OUTER_FRAGMENT
-        g = u.all_reduce(accum, True) if repl else accum
+        g = u.reduce(accum, True) if repl else accum
     elif repl:
-        g = u.all_reduce(g, False)
+        g = u.reduce(g, False)
 
     def finish(updater):
-        (_adam if isinstance(u.opt, Adam) else _adaptive)(u, updater)
+        u.shard_weight()
+        u.gather_weight((_adam if isinstance(u.opt, Adam) else _adaptive)(u, updater))
         if accum is not None:
             u.op("AccumulatorUpdate", [accum], out=f"{UPDATED_PREFIX}{accum}")
     return g, finish
@@ -285,19 +372,21 @@ def _sgd2_reduce(u: _Updates, g: str, acc: bool, repl: bool):
     w = u.w
     accum = None
     if acc:
-        accum = u.state(ACCUM_PREFIX, u.opt.accum_type)
+        accum = u.state(ACCUM_PREFIX, u.opt.accum_type, shape=u.wt.info.shape())  # not sharded
         u.op("Accumulate", [accum, g], accumulationType="Add", out=f"AccumUpdated___{w}")
         u.context = OUTER_FRAGMENT
-        g = u.all_reduce(accum, True) if repl else accum
+        g = u.reduce(accum, True) if repl else accum
     elif repl:
-        g = u.all_reduce(g, False)
+        g = u.reduce(g, False)
 
     def finish(updater):
         v = u.state("Accl1___", u.opt.accl1_type)
-        u.op("SGD2PartialAcclUpdate", [v, w], ["scaledMomentum1", "scaledWeightDecay1"], out=f"AcclDecayed___{w}")
+        u.shard_weight()
+        u.op("SGD2PartialAcclUpdate", [v, u.var], ["scaledMomentum1", "scaledWeightDecay1"],
+             out=f"AcclDecayed___{w}")
         u.op("Accumulate", [v, updater], [("factor", "dampeningScaleFactor1")], accumulationType="DampenedAdd",
              out=f"AcclUpdated___{w}")
-        u.op("SGD2VarUpdate", [w, v], ["scaledLearningRate1"], out=f"{UPDATED_PREFIX}{w}")
+        u.gather_weight(u.op("SGD2VarUpdate", [u.var, v], ["scaledLearningRate1"], out=f"{UPDATED_PREFIX}{w}"))
         if accum is not None:
             u.op("AccumulatorUpdate", [accum], out=f"{UPDATED_PREFIX}{accum}")
     return g, finish
@@ -349,14 +438,15 @@ def _accumulate(u: _Updates, accl: str, g: str, kind: str, factor: str | None, l
     """``Accumulate`` of ``kind`` into ``accl`` of ``s = scale * g (+ wd * w)``: ``factor`` and
     ``scale`` name compound scalars (None: none); ``l2`` adds the L2 term (``w`` then is the
     third tensor input)."""
-    ins = [accl, g] + ([u.w] if l2 else [])
+    ins = [accl, g] + ([u.var] if l2 else [])
     names = ([("factor", factor)] if factor else []) + ([("gradientScaling", scale)] if scale else []) + \
         (["weightDecay"] if l2 else [])
     return u.op("Accumulate", ins, names, accumulationType=kind, out=f"{accl}__updated")
 
 
-def _adam(u: _Updates, g: str) -> None:
-    opt, w = u.opt, u.w
+def _adam(u: _Updates, g: str) -> str:
+    """Adam's ops on ``u.var``; returns the updated weight (or shard)."""
+    opt, w = u.opt, u.var
     mode = opt.mode
     l2, decay = (_weight_decay_in(u, wdm) for wdm in (WeightDecayMode.L2Regularization, WeightDecayMode.Decay))
     m = u.state("Accl1___", opt.accl1_type)
@@ -365,18 +455,20 @@ def _adam(u: _Updates, g: str) -> None:
     _accumulate(u, m, g, "MovingAverage", "beta1", l2)
     _accumulate(u, v, g, "Infinity" if mode == AdamMode.AdaMax else "MovingAverageSquare", "beta2", l2)
     x = u.op("AdamUpdater", [m, v, t] + ([w] if decay else []), ["beta1", "beta2", "eps"] +
-             (["weightDecay"] if decay else []), out=f"AdamUpdater___{w}", out_dtype=u.wt.info.data_type(),
-             out_shape=u.wt.info.shape(), modifies=(2,), mode=mode.name)
+             (["weightDecay"] if decay else []), out=f"AdamUpdater___{u.w}", out_dtype=u.wt.info.data_type(),
+             out_shape=u.shape(), modifies=(2,), mode=mode.name)
     if mode in (AdamMode.Lamb, AdamMode.LambNoBias):
-        r1 = u.op("LambSquare", [w], out=f"LambR1Sq___{w}", out_dtype="FLOAT", out_shape=[], modifies=())
-        r2 = u.op("LambSquare", [x], out=f"LambR2Sq___{w}", out_dtype="FLOAT", out_shape=[], modifies=())
-        u.op("AdamVarUpdate", [w, x, r1, r2], ["learningRate", "maxWeightNorm"], out=f"{UPDATED_PREFIX}{w}")
-    else:
-        u.op("AdamVarUpdate", [w, x], ["learningRate"], out=f"{UPDATED_PREFIX}{w}")
+        r1 = u.op("LambSquare", [w], out=f"LambR1Sq___{u.w}", out_dtype="FLOAT", out_shape=[], modifies=())
+        r2 = u.op("LambSquare", [x], out=f"LambR2Sq___{u.w}", out_dtype="FLOAT", out_shape=[], modifies=())
+        if u.shards > 1:        # the squared norms of the whole weight: summed over the shards
+            r1, r2 = (u.all_reduce(r, False) for r in (r1, r2))
+        return u.op("AdamVarUpdate", [w, x, r1, r2], ["learningRate", "maxWeightNorm"], out=f"{UPDATED_PREFIX}{u.w}")
+    return u.op("AdamVarUpdate", [w, x], ["learningRate"], out=f"{UPDATED_PREFIX}{u.w}")
 
 
-def _adaptive(u: _Updates, g: str) -> None:
-    opt, w = u.opt, u.w
+def _adaptive(u: _Updates, g: str) -> str:
+    """Adaptive's ops on ``u.var``; returns the updated weight (or shard)."""
+    opt, w = u.opt, u.var
     mode = opt.mode
     l2, decay = (_weight_decay_in(u, wdm) for wdm in (WeightDecayMode.L2Regularization, WeightDecayMode.Decay))
     wl2 = [w] if l2 else []
@@ -389,7 +481,7 @@ def _adaptive(u: _Updates, g: str) -> None:
     if mode == AdaptiveMode.AdaDelta:
         v2 = u.state("Accl2___", opt.accl2_type)
         x = u.op("AdaDeltaUpdater", [g, v1, v2] + wl2, ["eps", "gradientScaling"] + sl2,
-                 out=f"AdaDeltaUpdater___{w}", modifies=())
+                 out=f"AdaDeltaUpdater___{u.w}", modifies=())
         _accumulate(u, v2, x, "MovingAverageSquare", "alpha", False, scale=None)
     else:
         state = [v1]
@@ -398,7 +490,7 @@ def _adaptive(u: _Updates, g: str) -> None:
             _accumulate(u, v2, g, "MovingAverage", "alpha", l2)
             state.append(v2)
         x = u.op("RMSPropUpdater", [g, *state] + wl2, ["eps", "gradientScaling"] + sl2,
-                 out=f"RMSPropUpdater___{w}", modifies=(), centered=int(len(state) == 2),
+                 out=f"RMSPropUpdater___{u.w}", modifies=(), centered=int(len(state) == 2),
                  tf_variant=int(opt.rmsprop_tf_variant))
     mm_val, mm_const = u.scal["momentum"]
     momentum = mm_val != 0.0 or not mm_const
@@ -410,7 +502,7 @@ def _adaptive(u: _Updates, g: str) -> None:
         step = v3
     # w -= lr (v3 + wd w); the TF variant with momentum has lr in v3 already
     scal = ([] if tf else ["learningRate"]) + (["weightDecay"] if decay else [])
-    u.op("ScaledVarUpdate", [w, step], scal, out=f"{UPDATED_PREFIX}{w}")
+    return u.op("ScaledVarUpdate", [w, step], scal, out=f"{UPDATED_PREFIX}{u.w}")
 
 
 def copy_var_updates(ir) -> None:
