@@ -288,6 +288,46 @@ CASES = {
 }
 
 
+def _rnn_ref(kind, x, w, r, bias, h_out=False):
+    """ONNX RNN / GRU / LSTM (forward, default activations, zero initial state) in torch:
+    ``Y`` [seq, 1, batch, hidden] (plus ``Y_h`` broadcast onto it when ``h_out``)."""
+    hid = r.shape[-1]
+    wb, rb = bias[0].chunk(2)
+    h = torch.zeros(x.shape[1], hid)
+    c = torch.zeros_like(h)
+    ys = []
+    for xt in x:
+        gx, gh = xt @ w[0].T + wb, h @ r[0].T + rb
+        if kind == "RNN":
+            h = torch.tanh(gx + gh)
+        elif kind == "LSTM":
+            i, o, f, cc = (gx + gh).chunk(4, -1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(cc)
+            h = torch.sigmoid(o) * torch.tanh(c)
+        else:
+            (zx, rx, hx), (zh, rh, hh) = gx.chunk(3, -1), gh.chunk(3, -1)
+            z, rr = torch.sigmoid(zx + zh), torch.sigmoid(rx + rh)
+            ht = torch.tanh(hx + (rr * h) @ r[0][2 * hid:].T + rb[2 * hid:])
+            h = (1 - z) * ht + z * h
+        ys.append(h)
+    y = torch.stack(ys)[:, None]
+    return y + h[None] if h_out else y
+
+
+def _rnn(kind, gates, h_out=False):
+    """A recurrent case: seq 3, batch 2, input 4, hidden 3."""
+    def build(b, x, w, r, bias):
+        fn = {"RNN": b.aiOnnx.rnn, "GRU": b.aiOnnx.gru, "LSTM": b.aiOnnx.lstm}[kind]
+        outs = fn([x, w, r, bias], num_outputs=2, hidden_size=3)
+        return b.aiOnnx.add([outs[0], outs[1]]) if h_out else outs[0]
+    return Case([_rand(3, 2, 4), 0.5 * _rand(1, gates * 3, 4), 0.5 * _rand(1, gates * 3, 3), 0.5 * _rand(1, gates * 6)],
+                build, lambda x, w, r, bias: _rnn_ref(kind, x, w, r, bias, h_out), opset=14)
+
+
+CASES.update({"rnn": _rnn("RNN", 1), "gru": _rnn("GRU", 3), "lstm": _rnn("LSTM", 4),
+              "lstm_y_and_y_h": _rnn("LSTM", 4, h_out=True)})
+
+
 def _session(b, loss, anchors):
     df = popart.DataFlow(1, {a: ALL for a in anchors})
     s = popart.TrainingSession(b.getModelProto(), df, loss, popart.ConstSGD(0.0),

@@ -265,6 +265,7 @@ class Ir:
         # sharded state tensor's (full shape, replicas); its IR shape is one replica's shard
         self.sharded_weights: set[str] = set()
         self.sharded_state: dict[str, tuple] = {}
+        self.auto_loss_scale: dict | None = None     # automatic loss scaling: factor, final scale, tracked
         self._check_model()
         self._fix_inputs(input_shape_info)
         inferred = self._infer()
@@ -577,7 +578,7 @@ class Ir:
     # -- training ---------------------------------------------------------------------------
     def _construct_backwards(self):
         """``setFinalLoss``, autodiff and the optimizer's update ops (PopART's order)."""
-        from openipu.popart.transforms import autodiff, optimizer, recompute
+        from openipu.popart.transforms import autodiff, loss_scaling, optimizer, recompute
         loss, opt = self.training["loss"], self.training["optimizer"]
         if loss not in self.tensors:
             raise popart_exception(f"Could not find loss tensor '{loss}' in main graph tensors")
@@ -590,6 +591,7 @@ class Ir:
         self.weight_grads = autodiff.grow(self, loss, seed, self.training.get("patterns"))
         self.recomputed = recompute.apply(self)
         optimizer.apply(self, opt, self.weight_grads)
+        loss_scaling.apply(self, opt, seed)
         optimizer.copy_var_updates(self)
 
     # -- 5 --------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ from openipu.popart.tensorinfo import NUMPY_OF, TensorInfo
 GRAPHCORE = "ai.graphcore"
 _RULES: dict[tuple[str, str], object] = {}
 _MODULES = ("elementwise", "matmul", "unary", "softmax", "views", "reduce", "conv", "pooling", "gather", "loss",
-            "norm", "graphcore")
+            "norm", "graphcore", "recurrent")
 _LOADED = False
 
 

@@ -18,7 +18,8 @@ Engine programs:
 3. optimizerFromHost: host -> device copies of the non-const optimizer scalars (training);
 4. randomSeedFromHost: host -> device copy of the random seed (``setRandomSeed``).
 
-Stream handles: ``h2d:<id>`` inputs and weights in, ``d2h:<id>`` anchors and weights out. Inputs and
+Stream handles: ``h2d:<id>`` inputs and weights in, ``d2h:<id>`` anchors, ``d2h:weight/<id>`` weights
+out. Inputs and
 anchors with no elements get no stream (their handle is ``None``): there is nothing to transfer.
 """
 
@@ -225,7 +226,7 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
                 poputil.mapTensorLinearly(g, dev)
             sharded = tid in ir.sharded_state     # one piece per replica (replicated tensor sharding)
             g.setInitialValue(dev, shard_rows(t.value, repl)[0] if sharded else np.asarray(t.value))
-            hi, ho = f"h2d:{tid}", f"d2h:{tid}"
+            hi, ho = f"h2d:{tid}", f"d2h:weight/{tid}"     # an anchored weight keeps d2h:<id>
             graph.addHostToDeviceFIFO(hi, ptype, t.info.nelms(), "REPLICATE" if sharded else "BROADCAST")
             if tid in ir.optimizer_tensors:     # a non-const optimizer scalar: optimizerFromHost only
                 out.optimizer_in[tid] = hi

@@ -89,7 +89,7 @@ VJP_OPS = {
         "GatherElements", "GatherND", "ScatterND",
         "SpaceToDepth", "ConvTranspose", "LpPool", "GlobalLpPool", "Einsum", "CumProd",
         "ReverseSequence", "Compress", "Trilu", "RoiAlign", "MaxUnpool", "Det", "Col2Im",
-        "CenterCropPad", "AffineGrid")},
+        "CenterCropPad", "AffineGrid", "RNN", "GRU", "LSTM")},
     "SoftSignGrad": ("", "Softsign"), "SoftPlusGrad": ("", "Softplus"),
     # the ai.graphcore Slice / DepthToSpace have their own SliceGrad / DepthToSpaceGrad
     "SliceStepsGrad": ("", "Slice"), "DepthToSpaceCrdGrad": ("", "DepthToSpace"),
