@@ -305,7 +305,7 @@ def _rnn_ref(kind, x, w, r, bias, h_out=False):
             c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(cc)
             h = torch.sigmoid(o) * torch.tanh(c)
         else:
-            (zx, rx, hx), (zh, rh, hh) = gx.chunk(3, -1), gh.chunk(3, -1)
+            (zx, rx, hx), (zh, rh, _) = gx.chunk(3, -1), gh.chunk(3, -1)
             z, rr = torch.sigmoid(zx + zh), torch.sigmoid(rx + rh)
             ht = torch.tanh(hx + (rr * h) @ r[0][2 * hid:].T + rb[2 * hid:])
             h = (1 - z) * ht + z * h
