@@ -310,9 +310,11 @@ def sharded_weights(ir, opt, weights) -> set:
     return out
 
 
-def _reduce(u: _Updates, g: str, acc: bool, repl: bool):
-    """Adam / Adaptive: the reduced (accumulated, all-reduced) gradient, and ``finish(updater)``
-    adding the update."""
+def _reduce(u: _Updates, g: str, acc: bool, repl: bool, update=None):
+    """The reduced (accumulated, all-reduced or reduce-scattered) gradient, and
+    ``finish(updater)`` adding the update ``update(u, updater) -> updated weight`` (default:
+    Adam's or Adaptive's) on the weight or its shard, then zeroing the accumulator."""
+    update = update or (_adam if isinstance(u.opt, Adam) else _adaptive)
     accum = None
     if acc:     # sum the micro-batches' gradients
         accum = u.state(ACCUM_PREFIX, u.opt.accum_type, shape=u.wt.info.shape())  # not sharded
@@ -324,7 +326,7 @@ def _reduce(u: _Updates, g: str, acc: bool, repl: bool):
 
     def finish(updater):
         u.shard_weight()
-        u.gather_weight((_adam if isinstance(u.opt, Adam) else _adaptive)(u, updater))
+        u.gather_weight(update(u, updater))
         if accum is not None:
             u.op("AccumulatorUpdate", [accum], out=f"{UPDATED_PREFIX}{accum}")
     return g, finish
@@ -342,7 +344,7 @@ def _sgd_reduce(u: _Updates, g: str, acc: bool, repl: bool):
     if opt.accumulator_and_momentum == SGDAccumulatorAndMomentum.Separate:
         if nesterov:
             raise popart_exception("openipu supports nesterov SGD with SGDAccumulatorAndMomentum.Combined only")
-        return _sgd2_reduce(u, g, acc, repl)
+        return _reduce(u, g, acc, repl, _sgd2)
     if nesterov and (acc or repl):
         raise popart_exception("openipu supports nesterov SGD without gradient accumulation and replication only")
     mm = opt.value("defaultMomentum", w)
@@ -367,29 +369,14 @@ def _sgd_reduce(u: _Updates, g: str, acc: bool, repl: bool):
     return v, finish
 
 
-def _sgd2_reduce(u: _Updates, g: str, acc: bool, repl: bool):
-    """SGD2 (``Separate``): the accumulated, all-reduced gradient and ``finish(updater)``."""
+def _sgd2(u: _Updates, a: str) -> str:
+    """SGD2's ops on ``u.var`` from the reduced gradient ``a``; returns the updated weight."""
     w = u.w
-    accum = None
-    if acc:
-        accum = u.state(ACCUM_PREFIX, u.opt.accum_type, shape=u.wt.info.shape())  # not sharded
-        u.op("Accumulate", [accum, g], accumulationType="Add", out=f"AccumUpdated___{w}")
-        u.context = OUTER_FRAGMENT
-        g = u.reduce(accum, True) if repl else accum
-    elif repl:
-        g = u.reduce(g, False)
-
-    def finish(updater):
-        v = u.state("Accl1___", u.opt.accl1_type)
-        u.shard_weight()
-        u.op("SGD2PartialAcclUpdate", [v, u.var], ["scaledMomentum1", "scaledWeightDecay1"],
-             out=f"AcclDecayed___{w}")
-        u.op("Accumulate", [v, updater], [("factor", "dampeningScaleFactor1")], accumulationType="DampenedAdd",
-             out=f"AcclUpdated___{w}")
-        u.gather_weight(u.op("SGD2VarUpdate", [u.var, v], ["scaledLearningRate1"], out=f"{UPDATED_PREFIX}{w}"))
-        if accum is not None:
-            u.op("AccumulatorUpdate", [accum], out=f"{UPDATED_PREFIX}{accum}")
-    return g, finish
+    v = u.state("Accl1___", u.opt.accl1_type)
+    u.op("SGD2PartialAcclUpdate", [v, u.var], ["scaledMomentum1", "scaledWeightDecay1"], out=f"AcclDecayed___{w}")
+    u.op("Accumulate", [v, a], [("factor", "dampeningScaleFactor1")], accumulationType="DampenedAdd",
+         out=f"AcclUpdated___{w}")
+    return u.op("SGD2VarUpdate", [u.var, v], ["scaledLearningRate1"], out=f"{UPDATED_PREFIX}{w}")
 
 
 def clip_by_norm(ir, opt, updaters: dict[str, str], acc: bool) -> dict[str, str]:
