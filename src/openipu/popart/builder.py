@@ -32,6 +32,7 @@ import onnx
 from onnx import defs, helper, numpy_helper
 
 from openipu.popart.errors import popart_exception
+from openipu.popart import graphcore_ops as gco
 from openipu.popart.graphcore_ops import GRAPHCORE, find_kernel
 from openipu.popart.log import log
 from openipu.popart.shapes import decode_attrs, probe, to_torch, value_info_of
@@ -637,6 +638,197 @@ class AiGraphcoreOpset1:
         """``~(a ^ b)`` of integer tensors, broadcasting."""
         return self._op("BitwiseXnor", args, {}, debugContext)[0]
 
+    # -- normalisation, recurrent, decoding, graph-network and packed-sequence ops --------------
+    def _known(self, args) -> list:
+        """``(dtype name, shape)`` of each id in ``args`` ("" or unknown: None)."""
+        return [self._builder._infos.get(a) if a else None for a in args]
+
+    @staticmethod
+    def _setup(fn, *a):
+        """Run an op's setup check (``graphcore_ops.*_setup``): its ``ValueError`` becomes
+        PopART's ``popart_exception``."""
+        try:
+            return fn(*a)
+        except ValueError as e:
+            raise popart_exception(str(e)) from None
+
+    def batchnormalization(self, args, num_outputs, epsilon=1e-5, momentum=0.9, debugContext=""):  # noqa: N803
+        """PopART's batch normalisation (``ai.graphcore`` BatchNormalization): ONNX
+        BatchNormalization-9 whose batch variance is the unbiased one (``N - 1``, PyTorch's running
+        variance). ``args = [x [N, C, ...], scale [C], B [C], mean [C], var [C]]``. One output
+        (inference: ``y`` from ``mean`` / ``var``) or five (training: ``[y, running mean, running
+        var, saved mean, saved var]``, ``running = (1 - momentum) * batch + momentum * input``);
+        a training session copies the running statistics into ``mean`` / ``var`` when they are
+        weights. Returns the list of output ids."""
+        args = _tensor_ids("BatchNormalization", args)
+        n = int(num_outputs)
+        if not 1 <= n <= 5:
+            raise popart_exception(f"BatchNormalization: num_outputs must be between 1 and 5, got {num_outputs}")
+        known = self._known(args)
+        out_infos = None
+        if len(args) == 5 and all(k is not None and k[1] is not None for k in known):
+            names = ("X", "scale", "B", "mean", "var")
+            self._setup(gco.batch_norm_setup, known[0][1], {nm: k[1] for nm, k in zip(names[1:], known[1:])}, True)
+            out_infos = [known[0], known[3], known[4], known[3], known[4]][:n]
+        return self._op("BatchNormalization", args, {"epsilon": float(epsilon), "momentum": float(momentum)},
+                        debugContext, n=n, out_infos=out_infos)
+
+    def lstm(self, args, outputFullSequence=1, debugContext=""):  # noqa: N803
+        """PopART's LSTM (``PopartLSTMOp``, the layout of popnn's LSTM): ``args = [X [seq,
+        batch, input], weights [4, input + hidden, hidden](, biases [4, hidden](, initialState [2,
+        batch, hidden](, seq_lens [batch] INT32)))]``, gates in the order forget, input, candidate,
+        output; ``initialState`` holds the output ``h`` then the cell state ``c`` (zeros when
+        omitted). Returns ``[output, cell_state]``: the output ``[seq, batch, hidden]`` when
+        ``outputFullSequence`` (default) else the last one ``[batch, hidden]``, the last cell state
+        ``[batch, hidden]``."""
+        args = _tensor_ids("LSTM", args)
+        known = self._known(args)
+        out_infos = None
+        if len(args) >= 2 and all(k is not None and k[1] is not None for k in known[:4]):
+            shapes = [k[1] for k in known] + [None] * (4 - len(known))
+            self._setup(gco.lstm_setup, shapes[0], shapes[1], shapes[2], shapes[3])
+            (dt, xs), h = known[0], shapes[1][2]
+            out_infos = [(dt, [xs[0], xs[1], h] if int(outputFullSequence) else [xs[1], h]), (dt, [xs[1], h])]
+        return self._op("LSTM", args, {"output_full_sequence": int(outputFullSequence)}, debugContext, n=2,
+                        out_infos=out_infos)
+
+    def ctcbeamsearchdecoder(self, args, blank=0, beam_width=100, top_paths=1, debug_context=""):
+        """Connectionist temporal classification beam search decoder (popnn's
+        ``beamSearchDecoderLogProbabilities``): ``args = [logProbs [maxTime, batch, classes] float,
+        dataLengths [batch] UINT32]``. Returns ``[labelProbs [batch, top_paths] (log
+        probabilities, logProbs' type), labelLengths [batch, top_paths] UINT32, decodedLabels
+        [batch, top_paths, maxTime] UINT32]``, most probable path first; ``top_paths`` must not
+        exceed ``beam_width``."""
+        args = _tensor_ids("CtcBeamSearchDecoder", args)
+        if int(beam_width) < 1 or not 1 <= int(top_paths) <= int(beam_width):
+            raise popart_exception(f"CtcBeamSearchDecoder: top_paths ({top_paths}) must be between 1 and beam_width "
+                                   f"({beam_width})")
+        known = self._known(args)
+        out_infos = None
+        if len(args) == 2 and all(k is not None and k[1] is not None for k in known):
+            name = f"{debug_context or 'CtcBeamSearchDecoder'} (ai.graphcore.CtcBeamSearchDecoder:1)"
+            self._setup(gco.ctc_beam_search_setup, known[0][1], known[0][0], known[1][1], known[1][0], name)
+            t, n, _ = known[0][1]
+            p = int(top_paths)
+            out_infos = [(known[0][0], [n, p]), ("UINT32", [n, p]), ("UINT32", [n, p, t])]
+        attrs = {"blank": int(blank), "beam_width": int(beam_width), "top_paths": int(top_paths)}
+        return self._op("CtcBeamSearchDecoder", args, attrs, debug_context, n=3, out_infos=out_infos)
+
+    def groupedscatterreduce(self, args, axis_size, axis=-1, reduction="Sum", group_size=1,  # noqa: N803
+                             enable_index_broadcast=1, debugContext=""):
+        """``scatterreduce`` per group: ``args = [src [group_size, ...], index [group_size, ...](,
+        initial)]``, group ``g`` reducing ``src[g]`` into ``out[g]`` along ``axis`` (an axis of
+        ``src``, not the group axis 0); ``out[g][.., i, ..] = reduce(src[g][index[g] == i])``. A
+        ``[group_size, n]`` index broadcasts along ``axis`` when ``enable_index_broadcast``."""
+        red = str(reduction).split(".")[-1]
+        if red.lower() not in _SCATTER_REDUCTIONS:
+            raise popart_exception(f"Unknown ScatterReduction '{reduction}'. Use one of Sum, Max, Min, Mul, "
+                                   "NoReduction")
+        attrs = {"axis_size": int(axis_size), "axis": int(axis), "reduction": _SCATTER_REDUCTIONS[red.lower()],
+                 "group_size": int(group_size), "enable_index_broadcast": int(enable_index_broadcast)}
+        for name in ("axis_size", "group_size"):
+            if attrs[name] < 1:
+                raise popart_exception(f"ScatterReduceOp {name} = {attrs[name]} is not valid: must be > 0.")
+        if attrs["enable_index_broadcast"] not in (0, 1):
+            raise popart_exception(f"ScatterReduceOp enable_index_broadcast = {enable_index_broadcast} is not valid: "
+                                   "must be either 0 or 1.")
+        known = self._known(_tensor_ids("ScatterReduce", args))
+        if known and known[0] is not None and known[0][1] is not None:
+            self._setup(gco.scatter_reduce_setup, known[0][1], attrs)
+        return self._op("ScatterReduce", args, attrs, debugContext)[0]
+
+    def replicatedreducescatter(self, args, collectiveOperator=None, commGroup=None, debugContext=""):  # noqa: N803
+        """The input flattened, reduced over the replicas (``collectiveOperator``, default Add) and
+        scattered: replica ``r`` gets elements ``[r k, (r + 1) k)`` of the result, ``k =
+        ceil(n / replicas)`` (zero-padded), as a ``[k]`` tensor. Its shape depends on the
+        session's replication factor, so the builder records none (the session infers it);
+        with one replica it is the flattened input. ``commGroup`` is accepted and ignored (all
+        replicas form the group)."""
+        if isinstance(collectiveOperator, str) and not debugContext and collectiveOperator not in _COLLECTIVE_OPS:
+            collectiveOperator, debugContext = None, collectiveOperator
+        op = str(collectiveOperator or "Add").split(".")[-1]
+        if op not in _COLLECTIVE_OPS:
+            raise popart_exception(f"Unsupported collective operator '{collectiveOperator}' for "
+                                   f"replicatedreducescatter. Use one of {', '.join(_COLLECTIVE_OPS)}")
+        return self._op("ReplicatedReduceScatter", args, {"op": op}, debugContext, out_infos=[None])[0]
+
+    def splinebasis(self, args, degree=1, debugContext=""):  # noqa: N803
+        """B-spline basis of PyTorch Geometric's SplineConv (``popops::splineBasis``): ``args =
+        [pseudo [E, D] float, kernel_size [D] INT32, is_open_spline [D] UINT8]``. Returns ``[basis
+        [E, S], weight_index [E, S] INT32]``, ``S = (degree + 1)^D``: the basis coefficients and
+        the weight index of each spline. ``degree`` 0 .. 3 (popops computes 1, 2 and 3)."""
+        if not 0 <= int(degree) <= 3:
+            raise popart_exception(f"SplineBasisOp degree = {degree} is not valid: must be between 0 and 3.")
+        args = _tensor_ids("SplineBasis", args)
+        known = self._known(args)
+        out_infos = None
+        if len(args) == 3 and all(k is not None and k[1] is not None for k in known):
+            self._setup(gco.spline_basis_setup, known[0][1], known[1][1], known[2][1])
+            e, d = known[0][1]
+            s = (int(degree) + 1) ** d
+            out_infos = [(known[0][0], [e, s]), (known[1][0], [e, s])]
+        return self._op("SplineBasis", args, {"degree": int(degree)}, debugContext, n=2, out_infos=out_infos)
+
+    def splineweighting(self, args, debugContext=""):  # noqa: N803
+        """Features weighted by the B-spline kernel (``popops::splineWeighting``): ``args = [input
+        [E, Cin], weight [K, Cin, Cout], basis [E, S], weightIndex [E, S] INT32]`` (basis and
+        weightIndex from ``splinebasis``); ``out[e] = sum_s basis[e, s] input[e] @
+        weight[weightIndex[e, s]]``, ``[E, Cout]``."""
+        args = _tensor_ids("SplineWeighting", args)
+        known = self._known(args)
+        out_infos = None
+        if len(args) == 4 and all(k is not None and k[1] is not None for k in known):
+            self._setup(gco.spline_weighting_setup, *[k[1] for k in known], known[0][0], known[1][0], known[2][0])
+            out_infos = [(known[0][0], [known[0][1][0], known[1][1][2]])]
+        return self._op("SplineWeighting", args, {}, debugContext, out_infos=out_infos)[0]
+
+    def packedDataBlock(self, args, maxSequenceLengths, resultSize, callbackBatchSize, callback,  # noqa: N802,N803
+                        debugName=""):
+        """Run ``callback`` (a subgraph builder) on unpacked sequences (PopART's
+        ``PackedDataBlockOp``). ``args = [data_0, offsets_0, lengths_0, ..., resultOffsets,
+        resultLengths]``: sequence ``j`` of input ``i`` is ``data_i[offsets_i[j] : +
+        lengths_i[j]]``, zero-padded to ``maxSequenceLengths[i]``; the callback takes
+        ``callbackBatchSize`` such sequences of each input (``[callbackBatchSize,
+        maxSequenceLengths[i], ...]``) and returns ``[callbackBatchSize, L, ...]``, whose first
+        ``resultLengths[j]`` rows for sequence ``j`` are written at row ``resultOffsets[j]`` of the
+        result ``[resultSize, ...]`` (zeros elsewhere). Returns the result id."""
+        if not isinstance(callback, Builder) or callback._parent is None:
+            raise popart_exception("packedDataBlock: callback must be a subgraph builder "
+                                   "(builder.createSubgraphBuilder())")
+        args = _tensor_ids("PackedDataBlock", args)
+        lens = [int(m) for m in maxSequenceLengths]
+        if len(args) < 5 or (len(args) - 2) % 3 or len(lens) != (len(args) - 2) // 3:
+            raise popart_exception(f"packedDataBlock: {len(args)} inputs for {len(lens)} maxSequenceLengths: give "
+                                   "[data, offsets, lengths] per data input, then [resultOffsets, resultLengths], "
+                                   "and one maxSequenceLength per data input")
+        if int(callbackBatchSize) < 1:
+            raise popart_exception(f"packedDataBlock: callbackBatchSize must be positive, got {callbackBatchSize}")
+        g = callback._model.graph
+        if len(g.input) != len(lens) or len(g.output) != 1:
+            raise popart_exception(f"packedDataBlock: the callback has {len(g.input)} inputs and {len(g.output)} "
+                                   f"outputs; it needs one input per data input ({len(lens)}) and one output")
+        attrs = {"maxSequenceLengths": lens, "resultSize": int(resultSize),
+                 "callbackBatchSize": int(callbackBatchSize), "callback": callback}
+        return self._op("PackedDataBlock", args, attrs, debugName,
+                        out_infos=[self._packed_info(args, attrs, callback)])[0]
+
+    def _packed_info(self, args, attrs, callback):
+        """The result's ``(dtype, shape)``: the callback run on zeros of its input shapes, or None."""
+        known = self._known(args)
+        if any(k is None or k[1] is None for k in known):
+            return None
+        from openipu.popart.shapes import probe
+        b = self._builder._root()
+        opsets = {"": b._opset_versions.get("ai.onnx", b._default_onnx), **{
+            k: v for k, v in b._opset_versions.items() if k != "ai.onnx"}}
+        a = {k: v for k, v in attrs.items() if k != "callback"}
+        a.update(callback=callback._model.graph, __opsets__=opsets, __outer__={})
+        try:
+            return probe(find_kernel(GRAPHCORE, "PackedDataBlock"), known, a, 1)[0]
+        except Exception as e:  # noqa: BLE001 - left to the session's inference
+            log("builder").warning("Shape inference failed for the packedDataBlock result (%s)", e)
+            return None
+
 
 #: input counts of the ai.graphcore ops (PopART's ``OperatorIdentifier`` NumInputs)
 _GC_ARITY = {
@@ -650,7 +842,8 @@ _GC_ARITY = {
     "Sort": (1, 1), "Bucketize": (2, 2), "NormalizeImage": (3, 3), "ShapedDropout": (1, 1),
     "Round": (1, 1), "Nearbyint": (1, 1), "Fmod": (2, 2), "Remainder": (2, 2), "Atan2": (2, 2), "Expm1": (1, 1),
     "Log1p": (1, 1), "BitwiseNot": (1, 1), "BitwiseAnd": (2, 2), "BitwiseOr": (2, 2), "BitwiseXor": (2, 2),
-    "BitwiseXnor": (2, 2),
+    "BitwiseXnor": (2, 2), "BatchNormalization": (5, 5), "LSTM": (2, 5), "CtcBeamSearchDecoder": (2, 2),
+    "ReplicatedReduceScatter": (1, 1), "SplineBasis": (3, 3), "SplineWeighting": (4, 4),
 }
 #: PopART's C++ ``DataType`` enum order (the ``data_type`` attribute of Init)
 _DATA_TYPES = ["UINT8", "INT8", "UINT16", "INT16", "INT32", "INT64", "UINT32", "UINT64", "BOOL", "FLOAT", "FLOAT16",

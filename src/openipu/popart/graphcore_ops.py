@@ -443,25 +443,55 @@ def sequence_slice(inputs, attrs, opset):
 SCATTER_REDUCE = {"sum": "sum", "max": "amax", "min": "amin", "mul": "prod"}
 
 
-def scatter_index(src, index, axis: int, broadcast: bool):
-    """``index`` as a tensor of ``src``'s shape: itself, or a 1-D index broadcast along ``axis``."""
+def scatter_index(src, index, axis: int, broadcast: bool, groups: int = 1):
+    """``index`` as a tensor of ``src``'s shape: itself, or a 1-D index broadcast along ``axis``
+    (grouped, ``groups > 1``: ``[G, L]``, one 1-D index per group along ``src``'s axis 0)."""
     idx = index.long()
     if idx.shape != src.shape:
-        if broadcast and idx.dim() == 1 and idx.shape[0] == src.shape[axis]:
+        g = 1 if groups > 1 else 0
+        if broadcast and idx.dim() == 1 + g and idx.shape[g] == src.shape[axis] and \
+                (not g or idx.shape[0] == src.shape[0]):
             shape = [1] * src.dim()
             shape[axis] = -1
+            if g:
+                shape[0] = src.shape[0]
             idx = idx.reshape(shape).expand(src.shape)
         else:
             idx = idx.expand(src.shape)
     return idx
 
 
+def scatter_reduce_setup(src_shape, attrs) -> int:
+    """PopART's ScatterReduceOp checks (``axis_size``, ``group_size``, the axis range); returns
+    the axis, non-negative. Grouped (``group_size > 1``): ``src`` is ``[group_size, ...]`` and
+    the axis is not the group axis."""
+    axis_size, groups = int(attrs["axis_size"]), int(attrs.get("group_size", 1))
+    if axis_size < 1:
+        raise ValueError(f"ScatterReduceOp axis_size = {axis_size} is not valid: must be > 0.")
+    if groups < 1:
+        raise ValueError(f"ScatterReduceOp group_size = {groups} is not valid: must be > 0.")
+    r = len(src_shape)
+    axis = int(attrs.get("axis", -1))
+    if not -r <= axis <= r - 1:
+        raise ValueError(f"ScatterReduceOp::setup axis = {axis} is outside the acceptable range [{-r}, {r - 1}]")
+    axis %= r
+    if groups > 1:
+        if src_shape[0] != groups:
+            raise ValueError(f"ScatterReduceOp: the grouped data's first dimension ({src_shape[0]}) must be "
+                             f"group_size = {groups}")
+        if axis == 0:
+            raise ValueError("ScatterReduceOp: with group_size > 1 axis 0 is the group axis; scatter along an "
+                             "axis >= 1")
+    return axis
+
+
 def scatter_reduce_fn(src, index, initial, attrs):
     """The ScatterReduce computation (differentiable in ``src`` and ``initial``)."""
-    axis = _axis(int(attrs.get("axis", -1)), src.dim(), "ScatterReduceOp::setup")
+    axis = scatter_reduce_setup(list(src.shape), attrs)
     shape = list(src.shape)
     shape[axis] = int(attrs["axis_size"])
-    idx = scatter_index(src, index, axis, bool(attrs.get("enable_index_broadcast", 1)))
+    idx = scatter_index(src, index, axis, bool(attrs.get("enable_index_broadcast", 1)),
+                        int(attrs.get("group_size", 1)))
     red = str(attrs.get("reduction", "sum"))
     red = {"0": "sum", "1": "max", "2": "min", "3": "mul", "4": "none"}.get(red, red)
     base = initial.to(src.dtype) if initial is not None else torch.zeros(shape, dtype=src.dtype)
@@ -474,7 +504,9 @@ def scatter_reduce_fn(src, index, initial, attrs):
 def scatter_reduce(inputs, attrs, opset):
     """PopART's ``ScatterReduce``: ``[src, index(, initial)] -> out`` of ``src``'s shape with
     ``axis_size`` along ``axis``: ``out[.., i, ..] = reduce(src[index == i])`` (Sum, Max, Min,
-    Mul; ``none`` scatters); rows nothing is scattered to are 0, or ``initial``'s."""
+    Mul; ``none`` scatters); rows nothing is scattered to are 0, or ``initial``'s. With
+    ``group_size > 1`` (``aiGraphcore.groupedscatterreduce``) ``src`` / ``index`` are
+    ``[group_size, ...]`` and each group scatters into its own slice of the output."""
     src, index = inputs[0], inputs[1]
     initial = inputs[2] if len(inputs) > 2 else None
     return [scatter_reduce_fn(src, index, initial, attrs)]
@@ -669,3 +701,430 @@ def get_random_seed(inputs, attrs, opset):
     s = inputs[0].to(torch.int64).reshape(2).clone()
     s[0] = (s[0] + 1) & 0xFFFFFFFF
     return [s.to(inputs[0].dtype)]
+
+
+# ----------------------------------------------------------------------------------------------
+# BatchNormalization (PopART's ai.graphcore variant), LSTM (PopartLSTMOp), grouped ScatterReduce,
+# ReplicatedReduceScatter, CtcBeamSearchDecoder, SplineBasis / SplineWeighting, PackedDataBlock.
+# ``*_setup`` functions are the ops' ``setup()`` checks on shapes / types (the builder runs them
+# on the inferred shapes, the kernels on their inputs); they raise ``ValueError`` with PopART's
+# message.
+# ----------------------------------------------------------------------------------------------
+def pshape(shape) -> str:
+    """A shape as PopART prints one (``[2 3 4]``)."""
+    return "[" + " ".join(str(int(d)) for d in shape) + "]"
+
+
+def batch_norm_setup(xs, params: dict, spatial: bool) -> None:
+    """PopART's ``BatchNormOp::setup`` checks: ``x`` of rank >= 3, and each of ``params``
+    (name -> shape: scale, B, mean, var) ``[C]`` (``spatial``) or ``x.shape[1:]``."""
+    if len(xs) < 3:
+        raise ValueError(f"batch norm requires X to have a rank >= 3.  x has rank {len(xs)}")
+    want, what = ([xs[1]], "dimension 1") if spatial else (list(xs[1:]), "all but the first dimension")
+    for name, s in params.items():
+        if s is not None and list(s) != want:
+            raise ValueError(f"expected shape of batch norm input tensor {name} ({pshape(s)}) to be {pshape(want)} "
+                             f"to match {what} of X ({pshape(xs)})")
+
+
+def _bn_flops(i, o, a):
+    return 8.0 * math.prod(i[0])
+
+
+@_gc("BatchNormalization", flops=_bn_flops)
+def gc_batch_norm(inputs, attrs, opset):
+    """PopART's ``ai.graphcore`` ``BatchNormalization`` (``aiGraphcore.batchnormalization``):
+    ONNX BatchNormalization-9 whose batch variance is the unbiased one (PyTorch's running
+    variance). ``[x, scale, B, mean, var]``; one output (inference: the given statistics) or
+    five (training, PopART's rule ``outputs > 1``: the batch statistics normalise, and
+    ``[y, running mean, running var, saved mean, saved var]`` with ``running = (1 - momentum) *
+    batch + momentum * input``). The saved variance is PopART's: the biased batch variance's
+    inverse standard deviation scaled by ``sqrt((n - 1) / n)`` and turned back into a variance,
+    ``(var_b + eps) n / (n - 1) - eps`` (``n`` values per channel). ``spatial=0`` normalises each
+    feature of ``x.shape[1:]`` separately."""
+    x, scale, b, mean, var = inputs[:5]
+    xs = list(x.shape)
+    spatial = bool(attrs.get("spatial", 1))
+    batch_norm_setup(xs, {"scale": scale.shape, "B": b.shape, "mean": mean.shape, "var": var.shape}, spatial)
+    eps, m = float(attrs.get("epsilon", 1e-5)), float(attrs.get("momentum", 0.9))
+    pshape_ = list(scale.shape)
+    if not spatial:
+        x = x.reshape(xs[0], -1, 1)
+    c = x.shape[1]
+    bshape = [1, c] + [1] * (x.dim() - 2)
+    xf = x.float()
+    sc, bi = scale.float().reshape(bshape), b.float().reshape(bshape)
+    if int(attrs.get("__num_outputs__", 1)) <= 1:
+        y = (xf - mean.float().reshape(bshape)) * torch.rsqrt(var.float().reshape(bshape) + eps) * sc + bi
+        return [y.reshape(xs).to(x.dtype)]
+    dims = [0] + list(range(2, x.dim()))
+    bm = xf.mean(dims)
+    bv = xf.var(dims, unbiased=False)
+    inv = torch.rsqrt(bv + eps)
+    y = (xf - bm.reshape(bshape)) * inv.reshape(bshape) * sc + bi
+    n = x.numel() // max(c, 1)
+    inv_u = inv * math.sqrt((n - 1) / n) if n else inv
+    saved_var = 1.0 / (inv_u * inv_u) - eps
+    run_mean = (1 - m) * bm + m * mean.float().reshape(-1)
+    run_var = (1 - m) * saved_var + m * var.float().reshape(-1)
+    outs = [y.reshape(xs).to(x.dtype), run_mean.reshape(pshape_).to(mean.dtype),
+            run_var.reshape(pshape_).to(var.dtype), bm.reshape(pshape_).to(mean.dtype),
+            saved_var.reshape(pshape_).to(var.dtype)]
+    return outs[:int(attrs.get("__num_outputs__", 5))]
+
+
+#: PopART's gate order of the packed LSTM weights (``[forget, input, candidate, output]``,
+#: popnn's default ``BasicLstmCellUnit`` order) as indices of ONNX's ``[i, o, f, c]`` order
+_POPART_GATE_OF_ONNX = (1, 3, 0, 2)
+
+
+def lstm_setup(xs, ws, bs=None, init=None) -> None:
+    """PopART's ``PopartLSTMOp::setup`` checks (its message, which prints the input index)."""
+    if len(xs) != 3:
+        raise ValueError(f"Bad input shape 0, should be [seq_length batch_size input_size], got {pshape(xs)}")
+    if len(ws) != 3:
+        raise ValueError(f"Bad weights shape 1, should be [4 input_size+hidden_size hidden_size], got {pshape(ws)}")
+    t, n, i = xs
+    h = ws[2]
+    for name, idx, got, want in (("weights", 1, ws, [4, i + h, h]), ("bias", 2, bs, [4, h]),
+                                 ("initialState", 3, init, [2, n, h])):
+        if got is not None and list(got) != want:
+            raise ValueError(f"Bad {name} shape {idx}, should be {pshape(want)}")
+
+
+def _popart_lstm_flops(i, o, a):
+    t, n, _ = i[0]
+    return 2.0 * t * n * math.prod(i[1]) + 10.0 * t * n * i[1][2] * 4
+
+
+@_gc("LSTM", flops=_popart_lstm_flops)
+def popart_lstm(inputs, attrs, opset):
+    """PopART's own LSTM (``PopartLSTMOp``, ``aiGraphcore.lstm``): ``[X [T, N, I], weights
+    [4, I + H, H], (biases [4, H]), (initialState [2, N, H]: h then c), (seq_lens [N] INT32)] ->
+    [Y, cell state [N, H]]``, ``Y`` ``[T, N, H]`` (``output_full_sequence``, default) or the last
+    output ``[N, H]``. Gates in popnn's order forget, input, candidate, output; ``X_t @
+    weights[g, :I] + h @ weights[g, I:] + biases[g]``; sigmoid gates, tanh candidate and cell
+    output. Steps past a sequence length keep the state and output zeros (ONNX's rule). Runs as
+    ONNX LSTM (:mod:`openipu.popart.onnx_ops.recurrent`) on the weights rearranged."""
+    from openipu.popart.onnx_ops.recurrent import _run
+    x, w = inputs[0], inputs[1]
+    b = inputs[2] if len(inputs) > 2 else None
+    init = inputs[3] if len(inputs) > 3 else None
+    lens = inputs[4] if len(inputs) > 4 else None
+    lstm_setup(list(x.shape), list(w.shape), None if b is None else list(b.shape),
+               None if init is None else list(init.shape))
+    n_in, h = x.shape[2], w.shape[2]
+    wi, wr = w[:, :n_in, :], w[:, n_in:, :]                      # [4, I, H], [4, H, H]
+    order = list(_POPART_GATE_OF_ONNX)
+    w_onnx = wi[order].transpose(1, 2).reshape(1, 4 * h, n_in)
+    r_onnx = wr[order].transpose(1, 2).reshape(1, 4 * h, h)
+    bias = b[order].reshape(4 * h) if b is not None else torch.zeros(4 * h, dtype=x.dtype)
+    b_onnx = torch.cat([bias, torch.zeros(4 * h, dtype=bias.dtype)]).reshape(1, 8 * h)
+    h0 = init[0:1] if init is not None else None
+    c0 = init[1:2] if init is not None else None
+    y, yh, yc = _run("LSTM", [x, w_onnx, r_onnx, b_onnx, lens, h0, c0], {"hidden_size": h}, 7)
+    out = y[:, 0] if int(attrs.get("output_full_sequence", 1)) else yh[0]
+    return [out.contiguous(), yc[0].contiguous()]
+
+
+@_gc("ReplicatedReduceScatter", flops=lambda i, o, a: float(math.prod(i[0])))
+def replicated_reduce_scatter(inputs, attrs, opset):
+    """PopART's ``ReplicatedReduceScatter``: the input flattened, reduced over the replicas
+    (``op``: Add, Mean, Mul, Min, Max, LogicalAnd, LogicalOr, SquareAdd, Local) and cut into
+    ``ceil(n / replicas)``-element pieces, zero-padded, one per replica: ``[ceil(n / replicas)]``.
+    ``attrs["__replicas__"]`` is the replication factor (the IR's; 1 by default). One replica:
+    the flattened input. On several replicas the session lowers it to ``gcl``'s
+    reduce-scatter; this host kernel, which sees one replica's input, gives replica 0's piece
+    as if every replica held that input (it serves shape inference)."""
+    x = inputs[0].reshape(-1)
+    r = max(int(attrs.get("__replicas__", 1)), 1)
+    op = str(attrs.get("op", "Add"))
+    k = -(-x.numel() // r)
+    xw = x if x.is_floating_point() else x.to(torch.int64)
+    red = {"Add": xw * r, "Mul": xw ** r, "SquareAdd": xw * xw * r}.get(op, xw) if r > 1 else \
+        (xw * xw if op == "SquareAdd" else xw)
+    out = torch.zeros(r * k, dtype=red.dtype)
+    out[:x.numel()] = red
+    return [out[:k].to(x.dtype)]
+
+
+def ctc_beam_search_setup(lp_shape, lp_type: str, len_shape, len_type: str, name: str) -> None:
+    """PopART's ``CtcBeamSearchDecoderOp::setup`` checks (``name``: the op as PopART prints it)."""
+    if len(lp_shape) != 3:
+        raise ValueError(f"Unsupported shape for input 0 of Op {name} (expected a 'logarithmized probabilities' "
+                         f"tensor of rank 3, got a tensor with shape {pshape(lp_shape)}).")
+    if lp_type not in ("FLOAT", "FLOAT16"):
+        raise ValueError(f"Unsupported data type for input 0 of Op {name} (expected a 'logarithmized probabilities' "
+                         f"tensor comprised of floating point data, got {lp_type}).")
+    if list(len_shape) != [lp_shape[1]]:
+        raise ValueError(f"Unsupported shape for input 1 of Op {name} (expected a 'data lengths' tensor of shape "
+                         f"{pshape([lp_shape[1]])}, got {pshape(len_shape)}).")
+    if len_type != "UINT32":
+        raise ValueError(f"Unsupported data type for input 1 of Op {name} (expected a 'input lengths' tensor of "
+                         f"type UINT32, got {len_type}).")
+
+
+def _lse(a, b):
+    """``log(exp(a) + exp(b))`` elementwise, ``-inf`` where both are."""
+    m = torch.maximum(a, b)
+    ms = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    return ms + torch.log(torch.exp(a - ms) + torch.exp(b - ms))
+
+
+def _scatter_lse(vals, group, n_groups):
+    """Per row, ``logsumexp`` of ``vals`` over the entries of each ``group`` id (``[B, K]``)."""
+    b = vals.shape[0]
+    m = torch.full((b, n_groups), -math.inf, dtype=vals.dtype).scatter_reduce(1, group, vals, "amax")
+    ms = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    s = torch.zeros((b, n_groups), dtype=vals.dtype).scatter_add(1, group, torch.exp(vals - ms.gather(1, group)))
+    return ms + torch.log(s)
+
+
+_HASH_P = (1_000_003, 998_244_353)
+_HASH_M = 2_147_483_647
+
+
+def ctc_prefix_beam_search(lp, lengths, blank: int, beam_width: int, top_paths: int):
+    """CTC prefix beam search (popnn's ``beamSearchDecoderLogProbabilities``; the algorithm of
+    Hannun et al., "distill.pub/2017/ctc"), vectorised over the batch and the beams.
+
+    ``lp`` ``[T, B, C]`` log-probabilities, ``lengths`` ``[B]`` (steps used per batch entry).
+    Each step, every beam either stays (a blank, or its last label repeated) or is extended by a
+    non-blank class; candidates with equal prefixes merge (``logsumexp`` of their blank / non-blank
+    probabilities; prefixes are compared by two 31-bit polynomial hashes of their labels), and
+    the ``beam_width`` most probable survive. Returns ``(log probs [B, P], lengths [B, P],
+    labels [B, P, T])`` for the ``top_paths`` best prefixes, labels zero-padded."""
+    t_max, b, c = lp.shape
+    w = beam_width
+    lp = lp.float()
+    ninf = -math.inf
+    labels = torch.zeros(b, w, t_max, dtype=torch.int64)
+    plen = torch.zeros(b, w, dtype=torch.int64)
+    pb = torch.full((b, w), ninf)
+    pb[:, 0] = 0.0
+    pnb = torch.full((b, w), ninf)
+    keys = torch.zeros(b, w, 2, dtype=torch.int64)
+    lengths = lengths.reshape(-1).to(torch.int64)
+    classes = torch.arange(c)
+    p = torch.tensor(_HASH_P, dtype=torch.int64)
+    for t in range(t_max):
+        step = lp[t]                                                   # [B, C]
+        last = labels.gather(2, (plen - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1)   # [B, W]
+        has_last = plen > 0
+        tot = _lse(pb, pnb)
+        # stay: the prefix unchanged
+        stay_pb = tot + step[:, blank].unsqueeze(1)
+        stay_pnb = torch.where(has_last, pnb + step.gather(1, last), torch.full_like(pnb, ninf))
+        # extend by class k (not blank)
+        same = has_last.unsqueeze(-1) & (last.unsqueeze(-1) == classes)           # [B, W, C]
+        ext_pnb = torch.where(same, pb.unsqueeze(-1), tot.unsqueeze(-1)) + step.unsqueeze(1)
+        ext_pnb[:, :, blank] = ninf
+        ext_keys = (keys.unsqueeze(2) * p + classes.reshape(1, 1, c, 1) + 1) % _HASH_M   # [B, W, C, 2]
+        # candidates: [B, W, 1 + C], slot 0 stays, slot 1 + k extends by k
+        cand_pb = torch.cat([stay_pb.unsqueeze(-1), torch.full((b, w, c), ninf)], -1).reshape(b, -1)
+        cand_pnb = torch.cat([stay_pnb.unsqueeze(-1), ext_pnb], -1).reshape(b, -1)
+        cand_keys = torch.cat([keys.unsqueeze(2), ext_keys], 2).reshape(b, -1, 2)
+        key1 = cand_keys[..., 0] * _HASH_M + cand_keys[..., 1]            # < 2^62: exact in int64
+        order = torch.argsort(key1, dim=1, stable=True)
+        sk = key1.gather(1, order)
+        new_group = torch.ones_like(sk, dtype=torch.bool)
+        new_group[:, 1:] = sk[:, 1:] != sk[:, :-1]
+        gid_sorted = torch.cumsum(new_group.to(torch.int64), 1) - 1
+        group = torch.empty_like(gid_sorted).scatter_(1, order, gid_sorted)
+        k = key1.shape[1]
+        g_pb = _scatter_lse(cand_pb, group, k)
+        g_pnb = _scatter_lse(cand_pnb, group, k)
+        n_groups = new_group.sum(1, keepdim=True)
+        score = _lse(g_pb, g_pnb)
+        score = torch.where(torch.arange(k) < n_groups, score, torch.full_like(score, ninf))
+        # each group's first candidate (in candidate order) represents it
+        rep = torch.full((b, k), k, dtype=torch.int64).scatter_reduce(1, group, torch.arange(k).expand(b, k), "amin")
+        top = torch.topk(score, w, dim=1)
+        sel = top.indices                                               # [B, W] group ids
+        cand = rep.gather(1, sel).clamp(max=k - 1)
+        parent, slot = cand // (c + 1), cand % (c + 1)
+        valid = torch.isfinite(top.values)
+        n_pb = torch.where(valid, g_pb.gather(1, sel), torch.full_like(top.values, ninf))
+        n_pnb = torch.where(valid, g_pnb.gather(1, sel), torch.full_like(top.values, ninf))
+        n_labels = labels.gather(1, parent.unsqueeze(-1).expand(b, w, t_max)).clone()
+        n_len = plen.gather(1, parent)
+        extend = slot > 0
+        pos = n_len.clamp(max=t_max - 1)
+        n_labels.scatter_(2, pos.unsqueeze(-1), torch.where(extend, slot - 1, n_labels.gather(2, pos.unsqueeze(-1))
+                                                            .squeeze(-1)).unsqueeze(-1))
+        n_len = n_len + extend.to(torch.int64)
+        n_keys = cand_keys.gather(1, cand.unsqueeze(-1).expand(b, w, 2))
+        active = (t < lengths).reshape(b, 1)
+        pb = torch.where(active, n_pb, pb)
+        pnb = torch.where(active, n_pnb, pnb)
+        labels = torch.where(active.unsqueeze(-1), n_labels, labels)
+        plen = torch.where(active, n_len, plen)
+        keys = torch.where(active.unsqueeze(-1), n_keys, keys)
+    score = _lse(pb, pnb)
+    order = torch.argsort(score, dim=1, descending=True, stable=True)[:, :top_paths]
+    out_len = plen.gather(1, order)
+    out_labels = labels.gather(1, order.unsqueeze(-1).expand(b, top_paths, t_max))
+    out_labels = torch.where(torch.arange(t_max) < out_len.unsqueeze(-1), out_labels, torch.zeros_like(out_labels))
+    return score.gather(1, order), out_len, out_labels
+
+
+def _ctc_beam_flops(i, o, a):
+    t, n, c = i[0] if len(i[0]) == 3 else (1, 1, 1)
+    return 12.0 * t * n * c * int(a.get("beam_width", 100))
+
+
+@_gc("CtcBeamSearchDecoder", flops=_ctc_beam_flops)
+def ctc_beam_search_decoder(inputs, attrs, opset):
+    """PopART's ``CtcBeamSearchDecoder`` (``aiGraphcore.ctcbeamsearchdecoder``): ``[logProbs [T,
+    N, C] float, dataLengths [N] UINT32] -> [labelProbs [N, P] (logProbs' type), labelLengths
+    [N, P] UINT32, decodedLabels [N, P, T] UINT32]``, the ``top_paths`` (P) best label sequences
+    of a prefix beam search of ``beam_width`` beams (:func:`ctc_prefix_beam_search`) over each
+    entry's first ``dataLengths[n]`` steps, most probable first; labels past a path's length
+    are 0."""
+    lp, lengths = inputs
+    if lp.dim() != 3:
+        raise ValueError(f"CtcBeamSearchDecoder: logProbs must be [maxTime, batchSize, numClasses], got "
+                         f"{pshape(lp.shape)}")
+    blank, width, paths = int(attrs.get("blank", 0)), int(attrs.get("beam_width", 100)), int(attrs.get("top_paths", 1))
+    probs, lens, labels = ctc_prefix_beam_search(lp, lengths.to(torch.int64), blank, width, paths)
+    return [probs.to(lp.dtype), lens.to(torch.uint32), labels.to(torch.uint32)]
+
+
+def spline_basis_setup(pseudo_shape, ks_shape, open_shape) -> None:
+    """PopART's ``SplineBasisOp::setup`` checks."""
+    if len(pseudo_shape) != 2:
+        raise ValueError(f"SplineBasisOp::setup: pseudo tensor is not a 2-D tensor. Pseudo tensor rank = "
+                         f"{len(pseudo_shape)}.")
+    if len(ks_shape) != 1:
+        raise ValueError(f"SplineBasisOp::setup: kernelSize tensor is not a 1-D tensor. KernelSize tensor rank = "
+                         f"{len(ks_shape)}.")
+    if len(open_shape) != 1:
+        raise ValueError(f"SplineBasisOp::setup: isOpenSpline tensor is not a 1-D tensor. isOpenSpline tensor rank "
+                         f"= {len(open_shape)}.")
+
+
+def _spline_basis_1d(v, degree: int):
+    """The ``degree + 1`` B-spline basis values at fractional positions ``v`` (``[..., degree + 1]``,
+    popops / torch_spline_conv's ``Basis::forward`` for ``kMod = 0 .. degree``)."""
+    if degree == 1:
+        parts = [1 - v, v]
+    elif degree == 2:
+        parts = [0.5 * v * v - v + 0.5, -v * v + v + 0.5, 0.5 * v * v]
+    else:
+        parts = [(1 - v) ** 3 / 6, (3 * v ** 3 - 6 * v * v + 4) / 6, (-3 * v ** 3 + 3 * v * v + 3 * v + 1) / 6,
+                 v ** 3 / 6]
+    return torch.stack(parts, -1)
+
+
+def _spline_basis_flops(i, o, a):
+    return 6.0 * math.prod(o[0]) * max(i[0][-1] if i[0] else 1, 1)
+
+
+@_gc("SplineBasis", flops=_spline_basis_flops)
+def spline_basis(inputs, attrs, opset):
+    """PopART's ``SplineBasis`` (``popops::splineBasis``, PyTorch Geometric's ``spline_basis``):
+    ``[pseudo [E, D] float, kernel_size [D] INT32, is_open_spline [D] UINT8] -> [basis [E, S],
+    weight_index [E, S] INT32]``, ``S = (degree + 1)^D``. Spline ``s`` has digits ``k_d`` (base
+    ``degree + 1``, dimension 0 least significant); with ``v = pseudo[e, d] * (kernel_size[d] -
+    degree * is_open_spline[d])``, ``basis = prod_d B_{k_d}(v - floor(v))`` and ``weight_index =
+    sum_d ((floor(v) + k_d) mod kernel_size[d]) * prod(kernel_size[:d])``. ``degree`` 1, 2 or 3
+    (PopART accepts 0, which popops rejects)."""
+    pseudo, ks, is_open = inputs
+    spline_basis_setup(list(pseudo.shape), list(ks.shape), list(is_open.shape))
+    degree = int(attrs.get("degree", 1))
+    if degree not in (1, 2, 3):
+        raise ValueError("Degree must be 1, 2 or 3")
+    e, d = pseudo.shape
+    ksl = ks.to(torch.int64)
+    n_s = (degree + 1) ** d
+    digits = (torch.arange(n_s).unsqueeze(-1) // (degree + 1) ** torch.arange(d)) % (degree + 1)   # [S, D]
+    v = pseudo.float() * (ksl - degree * is_open.to(torch.int64)).float()                           # [E, D]
+    fl = torch.floor(v)
+    offsets = torch.cumprod(torch.cat([torch.ones(1, dtype=torch.int64), ksl[:-1]]), 0)           # [D]
+    wi = (((fl.to(torch.int64).unsqueeze(1) + digits) % ksl.clamp(min=1)) * offsets).sum(-1)       # [E, S]
+    per_dim = _spline_basis_1d(v - fl, degree)                                                       # [E, D, deg+1]
+    picked = per_dim.unsqueeze(1).expand(e, n_s, d, degree + 1).gather(3, digits.expand(e, n_s, d).unsqueeze(-1))
+    basis = picked.squeeze(-1).prod(-1)
+    return [basis.to(pseudo.dtype), wi.to(torch.int32)]
+
+
+def spline_weighting_setup(in_shape, w_shape, b_shape, wi_shape, in_type: str, w_type: str, b_type: str) -> None:
+    """PopART's ``SplineWeightingOp::setup`` checks."""
+    for what, s, r in (("input", in_shape, 2), ("weight", w_shape, 3), ("basis", b_shape, 2),
+                       ("weightIndex", wi_shape, 2)):
+        if len(s) != r:
+            big = what[0].upper() + what[1:] if what != "weightIndex" else what
+            raise ValueError(f"SplineWeightingOp::setup: {what} tensor is not a {r}-D tensor. {big} tensor rank = "
+                             f"{len(s)}.")
+    for what, t in (("weight", w_type), ("basis", b_type)):
+        if t != in_type:
+            raise ValueError(f"SplineWeightingOp::setup: The input and {what} tensors have different data types. "
+                             f"The input tensor data type = {in_type.lower()}. The {what} tensor data type = "
+                             f"{t.lower()}.")
+
+
+def _spline_weighting_flops(i, o, a):
+    return 2.0 * math.prod(i[2]) * i[1][1] * i[1][2] if len(i[1]) == 3 else 0.0
+
+
+@_gc("SplineWeighting", flops=_spline_weighting_flops)
+def spline_weighting(inputs, attrs, opset):
+    """PopART's ``SplineWeighting`` (``popops::splineWeighting``, PyTorch Geometric's
+    ``spline_weighting``): ``[input [E, Cin], weight [K, Cin, Cout], basis [E, S], weight_index
+    [E, S] INT32] -> [E, Cout]``, ``out[e] = sum_s basis[e, s] * input[e] @ weight[weight_index[e,
+    s]]``; one batched product per spline."""
+    x, w, basis, wi = inputs
+    from openipu.popart.shapes import NAME_OF_TORCH
+    names = [NAME_OF_TORCH.get(t.dtype, str(t.dtype)) for t in (x, w, basis)]
+    spline_weighting_setup(list(x.shape), list(w.shape), list(basis.shape), list(wi.shape), *names)
+    xf, wf, bf = x.float(), w.float(), basis.float()
+    idx = wi.to(torch.int64)
+    out = torch.zeros(x.shape[0], w.shape[2])
+    for s in range(basis.shape[1]):
+        out = out + bf[:, s:s + 1] * torch.bmm(xf.unsqueeze(1), wf[idx[:, s]]).squeeze(1)
+    return [out.to(x.dtype)]
+
+
+def _packed_flops(i, o, a):
+    return 4.0 * sum(math.prod(s) for s in i)
+
+
+@_gc("PackedDataBlock", flops=_packed_flops)
+def packed_data_block(inputs, attrs, opset):
+    """PopART's ``PackedDataBlock`` (``aiGraphcore.packedDataBlock``): ``[data_0, offsets_0,
+    lengths_0, ..., data_N, offsets_N, lengths_N, resultOffsets, resultLengths]``. Sequence ``j``
+    of data input ``i`` is ``data_i[offsets_i[j] : + lengths_i[j]]``, zero-padded to
+    ``maxSequenceLengths[i]``; the ``callback`` graph runs on ``callbackBatchSize`` sequences of
+    each input at a time (inputs ``[callbackBatchSize, maxSequenceLengths[i], ...]``), and row
+    ``k < resultLengths[j]`` of its output for sequence ``j`` goes to row ``resultOffsets[j] +
+    k`` of the result, ``[resultSize, *out.shape[2:]]``, zeros elsewhere."""
+    from openipu.popart.onnx_ops.control_flow import _ctx, _run_body
+    opsets, outer = _ctx(attrs, opset)
+    callback = attrs["callback"]
+    max_lens = _ints(attrs.get("maxSequenceLengths"))
+    size, cbs = int(attrs["resultSize"]), int(attrs.get("callbackBatchSize", 1))
+    n_data = (len(inputs) - 2) // 3
+    if len(inputs) < 5 or (len(inputs) - 2) % 3 or len(max_lens) != n_data:
+        raise ValueError(f"PackedDataBlock: {len(inputs)} inputs and {len(max_lens)} maxSequenceLengths; it takes "
+                         "3 inputs (data, offsets, lengths) per maxSequenceLength, then resultOffsets and "
+                         "resultLengths")
+    unpacked = []
+    for i in range(n_data):
+        data, off, ln = inputs[3 * i], inputs[3 * i + 1].to(torch.int64), inputs[3 * i + 2].to(torch.int64)
+        steps = torch.arange(max_lens[i])
+        rows = off.reshape(-1, 1) + steps
+        keep = (steps < ln.reshape(-1, 1)) & (rows < data.shape[0])
+        seq = data[torch.where(keep, rows, torch.zeros_like(rows))]
+        mask = keep.reshape(list(keep.shape) + [1] * (data.dim() - 1))
+        unpacked.append(torch.where(mask, seq, torch.zeros((), dtype=data.dtype)))
+    n_seq = unpacked[0].shape[0]
+    results = [_run_body(callback, [u[k * cbs:(k + 1) * cbs] for u in unpacked], opsets, outer)[0]
+               for k in range(n_seq // cbs)]
+    r = torch.cat(results) if results else torch.zeros([0, 0])
+    out = torch.zeros([size] + list(r.shape[2:]), dtype=r.dtype)
+    r_off, r_len = inputs[-2].to(torch.int64).reshape(-1)[:r.shape[0]], inputs[-1].to(torch.int64).reshape(-1)
+    steps = torch.arange(r.shape[1] if r.dim() > 1 else 0)
+    dst = r_off.reshape(-1, 1) + steps
+    keep = (steps < r_len[:r.shape[0]].reshape(-1, 1)) & (dst < size)
+    out[dst[keep]] = r[keep]
+    return [out]

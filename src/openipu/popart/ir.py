@@ -67,7 +67,9 @@ VALUE_SHAPED = {"NonZero", "Unique"}
 SIDE_EFFECT_OPS = {(GRAPHCORE, "Abort"), (GRAPHCORE, "PrintTensor")}
 #: ops never folded on the host (random results differ per run)
 NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
-           "Dropout", "PrintTensor", "ShapedDropout", "Abort", "Init"}
+           "Dropout", "PrintTensor", "ShapedDropout", "Abort", "Init",
+           # collectives: their value depends on the other replicas (not const-expr ops in PopART)
+           "ReplicatedAllReduce", "ReplicatedReduceScatter"}
 
 #: ops whose INT64 constant inputs are indices, bounds or counts, for which clamping to the 32-bit
 #: range of their device tensor keeps the meaning (Slice's INT64_MAX "to the end" ...)
@@ -409,6 +411,11 @@ class Ir:
         attrs = decode_attrs(node)
         if (domain, node.op_type) == (GRAPHCORE, "GroupNormalization") and self.options.groupNormStridedChannelGrouping:
             attrs["stridedChannelGrouping"] = 1
+        # ReplicatedReduceScatter's output, [ceil(n / replicas)], depends on the session's
+        # replication (PopART's setup reads the global replication factor): always inferred here
+        per_replica = (domain, node.op_type) == (GRAPHCORE, "ReplicatedReduceScatter")
+        if per_replica:
+            attrs["__replicas__"] = int(self.options.getGlobalReplicationFactor())
         attrs["__num_outputs__"] = len(node.output)     # the onnx_ops kernel contract
         node_inputs = list(node.input)
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
@@ -462,7 +469,7 @@ class Ir:
             raise popart_exception(f"No class for {domain or 'ai.onnx'}.{node.op_type}:0. openipu has no kernel or "
                                    "lowering for this operator; replace it in the model (see popart."
                                    "getSupportedOperations())")
-        out_infos = [inferred.get(o) for o in node.output]
+        out_infos = [None if per_replica else inferred.get(o) for o in node.output]
         value_shaped = domain == "" and node.op_type in VALUE_SHAPED
         if value_shaped or any(o and (i is None or not is_static(i[1]) or i[0] == "UNDEFINED")
                                for o, i in zip(node.output, out_infos)):

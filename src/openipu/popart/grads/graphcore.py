@@ -16,8 +16,13 @@ host kernels are in :mod:`openipu.popart.onnx_ops.graphcore_grad`:
 - DynamicSlice -> ``DynamicSlicePadGrad``; DynamicUpdate -> DynamicZero (tensor) and
   DynamicSlice (slice); DynamicZero -> DynamicZero; DynamicAdd -> the gradient (tensor) and
   DynamicSlice (slice); SequenceSlice -> ``SequenceSliceGrad`` (source, destination);
-- ScatterReduce -> ``ScatterReduceGrad`` (src, initial); GroupedGather -> ``GroupedGatherGrad``;
-  DepthToSpace -> ``DepthToSpaceGrad``.
+- ScatterReduce (grouped too) -> ``ScatterReduceGrad`` (src, initial); GroupedGather ->
+  ``GroupedGatherGrad``; DepthToSpace -> ``DepthToSpaceGrad``;
+- BatchNormalization (PopART's variant, training mode) -> ``BatchNormalizationGrad``; LSTM
+  (``PopartLSTMOp``) -> ``PopartLSTMGrad`` (the generic vjp, per output).
+
+CtcBeamSearchDecoder, ReplicatedReduceScatter, SplineBasis, SplineWeighting and PackedDataBlock
+have no gradient in PopART (no ``getGradOps``), so none here.
 
 Detach passes no gradient (:mod:`openipu.popart.transforms.autodiff`); Call and MultiConv are
 inlined / split into ordinary ops by the IR, so their gradients are those ops'.
@@ -25,6 +30,7 @@ inlined / split into ordinary ops by the IR, so their gradients are those ops'.
 
 from __future__ import annotations
 
+from openipu.popart.errors import popart_exception
 from openipu.popart.grads import GRAPHCORE, grad_rule
 
 GC = GRAPHCORE
@@ -240,3 +246,52 @@ def grouped_gather(g, op):
 def depth_to_space(g, op):
     return [_gc(g, "DepthToSpaceGrad", [g.gy()], shape=g.shape(g.x(0)),
                 attrs=g.fwd_attrs(input_shape=g.shape(g.x(0))))]
+
+
+@grad_rule("BatchNormalization", domain=GC)
+def batch_norm(g, op):
+    """PopART's ``BatchNormGradOp`` for the ai.graphcore BatchNormalization: one
+    ``BatchNormalizationGrad`` (x, scale, B) of the batch statistics, recomputed from ``x`` (the
+    exact gradient of the normalisation; the op's saved variance is the unbiased one, which is
+    not the normaliser). ``spatial=0``: through ``x`` viewed as ``[N, C*D1*..., 1]``. An op with
+    one output (inference mode) raises PopART's error: detach it to train around it."""
+    if len(op.outputs) != 5:
+        raise popart_exception(
+            f"BatchNorm Op \"{op.name}\" has {len(op.outputs)} output(s) which means it is in inference mode, but "
+            "its gradient Op is being created. To use the BatchNorm Op in inference mode during training, it has "
+            "to be detached first.")
+    gy = g.gy(0)
+    if gy is None:              # only the statistics reach the loss: PopART ignores their gradients
+        return [None] * len(op.inputs)
+    x, scale, bias = g.x(0), g.x(1), g.x(2)
+    xs, ps = g.shape(x), g.shape(scale)
+    spatial = bool(op.attrs.get("spatial", 1))
+    if not spatial:
+        f = 1
+        for d in xs[1:]:
+            f *= d
+        x, gy = g.reshape(x, [xs[0], f, 1]), g.reshape(gy, [xs[0], f, 1])
+        scale = g.reshape(scale, [f])
+    vs = g.shape(scale)
+    outs = [(g.shape(x), g.dtype(x)), (vs, g.dtype(g.x(1))), (vs, g.dtype(g.x(1)))]
+    attrs = g.fwd_attrs(fwd_opset=op.opset, bias_shape=vs)
+    dx, ds, db = g.add_n("BatchNormalizationGrad", [x, scale, "", "", gy], outs, attrs)
+    if not spatial:
+        dx, ds, db = g.reshape(dx, xs), g.reshape(ds, ps), g.reshape(db, g.shape(bias))
+    return [dx if g.needs(0) else None, ds if g.needs(1) else None, db if g.needs(2) else None, None, None]
+
+
+@grad_rule("LSTM", domain=GC)
+def popart_lstm(g, op):
+    """PopART's ``PopartLSTMGrad`` (X, weights, biases, initialState; not seq_lens): the
+    generic vector-Jacobian product of the forward kernel, one per output a gradient reaches
+    (the output, the cell state), summed."""
+    outs = [k for k, o in enumerate(op.outputs) if o and g.gy(k) is not None]
+    grads = []
+    for i in range(len(op.inputs)):
+        if not g.needs(i) or i == 4 or not outs or not op.inputs[i]:
+            grads.append(None)
+            continue
+        parts = [g.vjp(i, k, op_type="PopartLSTMGrad") for k in outs]
+        grads.append(parts[0] if len(parts) == 1 else g.add("Sum", parts))
+    return grads

@@ -20,6 +20,8 @@
   copy, or in place where PopART's inplacing allows); DynamicZero / DynamicAdd and the gradient
   ops use the generic lowering;
 - GetRandomSeed: one vertex on the seed's tile incrementing its first word in place;
+- BatchNormalization (PopART's variant, ``spatial=1``): the ONNX op's ``popnn.bn`` lowerings,
+  the saved / running variance unbiased (``BatchNormOpx`` with ``unbiased_variance``);
 - GroupNormalization and GroupNormalizationGrad (float): ``popnn.gn`` statistics, normalise,
   gradients and parameter gradients (``GroupNormOpx`` / ``GroupNormGradOpx``), channel groups
   contiguous unless the session option ``groupNormStridedChannelGrouping``.
@@ -115,6 +117,23 @@ def replicated_all_gather(ctx, op):
     x = ctx.input(op, 0)
     out = gcl.allGatherCrossReplica(graph(ctx, op), x, ctx.prog, debug_name=name(op)).flatten()
     return [out.slice(0, ctx.ir.tensors[op.outputs[0]].info.nelms(), 0).reshape(shape(ctx.ir, op.outputs[0]))]
+
+
+def _accepts_gc_batch_norm(op, ir):
+    from openipu.popart.lowering import norm
+    return bool(int(op.attrs.get("spatial", 1))) and len(shape(ir, op.inputs[0])) >= 3 and \
+        (norm._accepts_bn(op, ir) or norm._accepts_bn_training(op, ir))
+
+
+@lowering("BatchNormalization", domain=GC, accepts=_accepts_gc_batch_norm)
+def gc_batch_norm(ctx, op):
+    """PopART's ai.graphcore BatchNormalization (``BatchNormOpx`` with ``unbiased_variance``),
+    ``spatial=1``: the ONNX op's ``popnn.bn`` lowerings; in training the batch variance comes from
+    the inverse standard deviation scaled by ``sqrt((n - 1) / n)``."""
+    from openipu.popart.lowering import norm
+    if norm._bn_training(op):
+        return norm.batch_norm_training(ctx, op, unbiased=True)
+    return norm.batch_norm(ctx, op)
 
 
 def print_title(op, ir) -> str:

@@ -79,10 +79,12 @@ def _accepts_bn_training(op, ir):
 
 
 @lowering("BatchNormalization", accepts=_accepts_bn_training)
-def batch_norm_training(ctx, op):
+def batch_norm_training(ctx, op, unbiased: bool = False):
     """Training mode (PopART's ``BatchNormOpx::growSpatial``): the batch statistics
     (``popnn.bn.batchNormStatistics``), ``batchNormalise`` with them, the batch variance from
-    the inverse standard deviation, and the running statistics ``m * input + (1 - m) * batch``."""
+    the inverse standard deviation (``unbiased``: the inverse standard deviation first scaled by
+    ``sqrt((n - 1) / n)``, PopART's ``unbiased_variance``), and the running statistics ``m *
+    input + (1 - m) * batch``."""
     g = graph(ctx, op)
     nm = name(op)
     x, scale, b, mean, var = (ctx.input(op, i) for i in range(5))
@@ -94,6 +96,10 @@ def batch_norm_training(ctx, op):
     mul = popops.map(g, E.Mul(E._1, E._2), [scale, inv], ctx.prog, f"{nm}/multiplicand")
     add = popops.map(g, E.Sub(E._1, E.Mul(E._2, E._3)), [b, mul, bm], ctx.prog, f"{nm}/addend")
     y = popnn.bn.batchNormalise(g, x, mul, add, ctx.prog, nm)
+    if unbiased:
+        n = x.numElements() // max(x.dim(1), 1)
+        inv = popops.map(g, E.Mul(E._1, E.Const(math.sqrt((n - 1) / n) if n else 1.0)), [inv], ctx.prog,
+                         f"{nm}/unbiasedInvSd")
     bv = popops.map(g, E.Sub(E.Inv(E.Square(E._1)), E.Const(eps)), [inv], ctx.prog, f"{nm}/batchVar")
     run = E.Add(E.Mul(E.Const(1.0 - m), E._2), E.Mul(E.Const(m), E._1))
     rm = popops.map(g, run, [mean, bm], ctx.prog, f"{nm}/runningMean")

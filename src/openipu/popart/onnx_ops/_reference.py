@@ -120,6 +120,9 @@ def run_node_on_host(node, inputs: Sequence[torch.Tensor | None],
     """
     domain = "" if node.domain in ("", "ai.onnx") else node.domain
     k = get_kernel(domain, node.op_type)
+    if k is None and domain == "ai.graphcore":     # PopART's own ops (in a subgraph body)
+        from openipu.popart.graphcore_ops import find_kernel
+        k = find_kernel(domain, node.op_type)
     if k is None:
         raise OnnxKernelError(f"no host kernel for {domain or 'ai.onnx'}.{node.op_type}")
     if isinstance(opsets, int):

@@ -96,6 +96,7 @@ VJP_OPS = {
     "ScatterDataGrad": ("", "ScatterElements"), "ScatterUpdateGrad": ("", "ScatterElements"),
     "ScatterElementsGrad": ("", "ScatterElements"),
     "Atan2Grad": (GC, "Atan2"), "FmodGrad": (GC, "Fmod"), "SubsampleGrad": (GC, "Subsample"),
+    "PopartLSTMGrad": (GC, "LSTM"),
 }
 
 
