@@ -26,8 +26,9 @@ The scenarios, and the figures printed for each model:
 - ``pipeline`` against ``sharded``: the model cut into 4 contiguous chunks of ONNX nodes, one per
   IPU and pipeline stage (``__ipu_number``, ``__pipeline_stage``; ``virtualGraphMode`` Manual),
   with and without ``enablePipelining``; the steady-state samples/s of each is the marginal cost
-  of a micro-batch, from accumulation factors N and 2N; the speed-up (expected > 1). Skipped,
-  with the reason, while openipu's TrainingSession rejects pipelining;
+  of a micro-batch, from accumulation factors N and 2N; the speed-up (expected > 1; the chunks
+  are not balanced by cost, so the slowest IPU bounds it). Skipped, with the reason, if the
+  TrainingSession rejects pipelining (openipu before pipelining landed);
 - PyTorch eager: host wall time of one training step (forward, backward, SGD step; fp32 on this
   machine's CPU; median of ``--torch-steps`` after one warm-up) of the same model at the same
   batch. A host figure, not a prediction.
