@@ -60,7 +60,7 @@ import gc
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -101,7 +101,7 @@ class TrainModel:
     loss: str             # the loss tensor id
     batch: int            # micro-batch
     ipu: str
-    notes: list = field(default_factory=list)
+    tiles_per_ipu: int | None = None      # None: the target's
 
 
 def _fp16(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -216,7 +216,8 @@ def predict(model: TrainModel, opts, num_ipus: int = 1, proto: bytes | None = No
     from openipu.poplar.profile import run_breakdown
     opts.engineOptions = {"debug.allowOutOfMemory": "true"}
     dev = popart.DeviceManager().createOfflineIPUDevice(
-        {"numIPUs": num_ipus, "ipuVersion": model.ipu, "tilesPerIPU": ipu_target(model.ipu).tiles_per_ipu})
+        {"numIPUs": num_ipus, "ipuVersion": model.ipu,
+         "tilesPerIPU": model.tiles_per_ipu or ipu_target(model.ipu).tiles_per_ipu})
     t0 = time.perf_counter()
     s = popart.TrainingSession(fnModel=proto or model.proto,
                                dataFlow=popart.DataFlow(1, {model.loss: popart.AnchorReturnType("Final")}),

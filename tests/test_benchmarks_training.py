@@ -1,7 +1,8 @@
 """``benchmarks/training.py``'s scenario functions on a small MLP (offline IPU): the predictions
 move the way the chip does. Recomputation lowers the predicted peak tile memory and raises the
 cycles; accumulation factor N cuts the weight-update share of a batch by about N; replication
-adds an all-reduce; the stage annotation cuts the nodes into contiguous chunks."""
+adds an all-reduce; a 4-stage pipeline beats the same 4 IPUs sharded in the steady state; the
+stage annotation cuts the nodes into contiguous chunks. The IPUs have 128 tiles, to keep it fast."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import training  # noqa: E402
 
 @pytest.fixture(scope="module")
 def mlp():
-    """3 layers of 256, batch 2048, fp32, on ipu2 (the recomputation test's model)."""
+    """3 layers of 256, batch 2048, fp32, on ipu2 with 128 tiles (the recomputation test's model)."""
     rng = np.random.default_rng(0)
     batch, width = 2048, 256
     b = popart.Builder()
@@ -30,7 +31,7 @@ def mlp():
         w = b.addInitializedInputTensor((rng.standard_normal((width, width)) * 0.05).astype(np.float32), f"w{i}")
         h = b.aiOnnx.add([b.aiOnnx.tanh([b.aiOnnx.sigmoid([b.aiOnnx.matmul([h, w])])])] * 2)
     loss = b.aiGraphcore.nllloss([b.aiOnnx.softmax([h], axis=1), lab])
-    return training.TrainModel("mlp", "MLP", b.getModelProto(), loss, batch, "ipu2")
+    return training.TrainModel("mlp", "MLP", b.getModelProto(), loss, batch, "ipu2", tiles_per_ipu=128)
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +59,23 @@ def test_replication_adds_the_all_reduce(mlp, base):
     assert base["all_reduce_cycles"] == 0 and rep["all_reduce_cycles"] > 0
     assert rep["cycles"] > base["cycles"]
     assert rep["grad_bytes"] == 3 * 256 * 256 * 4
+
+
+def test_pipeline_beats_sharding_in_the_steady_state():
+    """8 tanh layers of 128 over 4 IPUs of 64 tiles, 8 and 16 micro-batches of 64."""
+    rng = np.random.default_rng(0)
+    b = popart.Builder()
+    h = b.addInputTensor(popart.TensorInfo("FLOAT", [64, 128]), "x")
+    lab = b.addInputTensor(popart.TensorInfo("INT32", [64]), "label")
+    for i in range(8):
+        w = b.addInitializedInputTensor((rng.standard_normal((128, 128)) * 0.05).astype(np.float32), f"w{i}")
+        h = b.aiOnnx.tanh([b.aiOnnx.matmul([h, w])])
+    loss = b.aiGraphcore.nllloss([b.aiOnnx.softmax([h], axis=1), lab])
+    m = training.TrainModel("mlp8", "MLP", b.getModelProto(), loss, 64, "ipu2", tiles_per_ipu=64)
+    p = training.steady_state(training.pipeline, m, 4, 8)
+    s = training.steady_state(training.sharded, m, 4, 8)
+    assert p["steady_samples_per_s"] > 1.5 * s["steady_samples_per_s"]
+    assert p["samples"] == s["samples"] == 8 * 64
 
 
 def test_annotate_stages_cuts_contiguous_chunks(mlp):
