@@ -15,7 +15,10 @@ The scenarios, and the figures printed for each model:
 - ``baseline``: predicted cycles of a batch, seconds, samples/s and peak tile memory (bytes on
   the fullest tile; whether every tile fits);
 - ``recompute``: ``autoRecomputation`` Standard and RecomputeAll: peak tile memory and cycles
-  against the baseline (expected: less memory, more cycles);
+  against the baseline (expected: less memory, more cycles), at the batch used and, when that is
+  not the first one tried (the real batch did not fit), at the first too. (RecomputeAll without
+  pipelining recomputes the whole forward pass when the backward pass starts, so it frees no
+  activations; PopART meant it for pipelined stages);
 - ``accumulation``: ``accumulationFactor`` N against 1: the weight-update share of a batch's
   cycles, and the ratio of the two shares (expected: about N). The update is the ops PopART runs
   once per weight update, in the accumulate outer fragment when N > 1 (``SGD1VarUpdate``,
@@ -28,7 +31,8 @@ The scenarios, and the figures printed for each model:
   with and without ``enablePipelining``; the steady-state samples/s of each is the marginal cost
   of a micro-batch, from accumulation factors N and 2N; the speed-up (expected > 1; the chunks
   are not balanced by cost, so the slowest IPU bounds it). Skipped, with the reason, if the
-  TrainingSession rejects pipelining (openipu before pipelining landed);
+  TrainingSession does not support pipelining (openipu before pipelining landed); any other
+  error is printed as a failure;
 - PyTorch eager: host wall time of one training step (forward, backward, SGD step; fp32 on this
   machine's CPU; median of ``--torch-steps`` after one warm-up) of the same model at the same
   batch. A host figure, not a prediction.
@@ -414,15 +418,22 @@ def run_model(name: str, cache: Path, quick: bool, batch: int | None, af: int, r
     res = {"model": model, "base": base, "tried": tried}
     for kind in ("Standard", "RecomputeAll"):
         res[f"recompute {kind}"] = recompute(model, kind)
+    if model.batch != candidates[0]:
+        # recomputation also at the first batch tried (the real one), where activations dominate
+        first = make_model(name, cache, candidates[0], quick)
+        res["first"] = {"batch": candidates[0], "base": tried[0][1]}
+        for kind in ("Standard", "RecomputeAll"):
+            res["first"][kind] = recompute(first, kind)
+        del first
     res[f"accumulation {af}"] = accumulation(model, af)
     res[f"replication {replicas}"] = replication(model, replicas)
+    import popart
     try:
         res["pipeline"] = steady_state(pipeline, model, stages, pipe_af)
-    except Exception as e:  # noqa: BLE001 - popart_exception, reported below
-        import popart
-        if not (isinstance(e, popart.popart_exception) and "pipelining" in str(e)):
-            raise
-        res["pipeline skipped"] = str(e)
+    except popart.popart_exception as e:
+        # skipped where the session does not support pipelining; any other error is openipu's
+        unsupported = "does not support pipelining" in str(e)
+        res["pipeline skipped" if unsupported else "pipeline failed"] = str(e)
     if "pipeline" in res:
         res["sharded"] = steady_state(sharded, model, stages, pipe_af)
     res["torch_s"] = torch_step_seconds(name, model.batch, quick, torch_steps)
@@ -453,7 +464,13 @@ def report(res: dict, af: int, replicas: int, stages: int, pipe_af: int, torch_s
         code = c["Internal Exchange Code"] + c["Control Code"] + c["Vertex Code"]
         print(f"  {label}: variables {_b(c['Variables'])}, exchange + control + vertex code {_b(code)} "
               f"(exchange {_b(c['Internal Exchange Code'])}), vertex state {_b(c['Vertex Instances'])}")
+    first = res.get("first")
     for kind in ("Standard", "RecomputeAll"):
+        if first:
+            r, b0 = first[kind], first["base"]
+            print(f"Recomputation {kind} at batch {first['batch']} (does not fit one IPU; the real batch): peak tile "
+                  f"memory x{r['peak_tile_bytes'] / b0['peak_tile_bytes']:.3f} ({_b(b0['peak_tile_bytes'])} -> "
+                  f"{_b(r['peak_tile_bytes'])} B), cycles x{r['cycles'] / b0['cycles']:.3f} (predicted).")
         r = res[f"recompute {kind}"]
         print(f"Recomputation {kind}: peak tile memory x{r['peak_tile_bytes'] / base['peak_tile_bytes']:.3f} "
               f"({_b(base['peak_tile_bytes'])} -> {_b(r['peak_tile_bytes'])} B), cycles "
@@ -468,9 +485,9 @@ def report(res: dict, af: int, replicas: int, stages: int, pipe_af: int, torch_s
     added_s = rep["seconds"] - base["seconds"]
     bw = rep["link_bytes_per_s"]
     simple = rep["grad_bytes"] / bw
-    print(f"Replication {replicas} (predicted): all-reduce {_b(rep['all_reduce_cycles'])} cycles = {ar_s * 1e3:.3f} ms; "
-          f"the batch grows by {added_s * 1e3:.3f} ms ({_b(rep['cycles'] - base['cycles'])} cycles). Gradient bytes "
-          f"{_b(rep['grad_bytes'])} / IPU-Link bandwidth {bw / 1e9:.0f} GB/s = {simple * 1e3:.3f} ms; all-reduce / "
+    print(f"Replication {replicas} (predicted): all-reduce {_b(rep['all_reduce_cycles'])} cycles = {ar_s * 1e3:.4g} ms; "
+          f"the batch grows by {added_s * 1e3:.4g} ms ({_b(rep['cycles'] - base['cycles'])} cycles). Gradient bytes "
+          f"{_b(rep['grad_bytes'])} / IPU-Link bandwidth {bw / 1e9:.0f} GB/s = {simple * 1e3:.4g} ms; all-reduce / "
           f"(bytes / bandwidth) = {ar_s / simple:.2f} (a ring all-reduce sends 2 (R-1)/R of the bytes per IPU, over "
           "half the links in each direction).")
     if "pipeline" in res:
@@ -478,8 +495,10 @@ def report(res: dict, af: int, replicas: int, stages: int, pipe_af: int, torch_s
         print(f"Pipeline vs sharded ({stages} IPUs, predicted steady state, marginal micro-batch): pipeline "
               f"{p['steady_samples_per_s']:,.0f} samples/s, sharded {sh['steady_samples_per_s']:,.0f} samples/s; "
               f"speed-up x{p['steady_samples_per_s'] / sh['steady_samples_per_s']:.2f}.")
-    else:
+    elif "pipeline skipped" in res:
         print(f"Pipeline vs sharded: skipped: {res['pipeline skipped']}")
+    else:
+        print(f"Pipeline vs sharded: FAILED, an openipu error (please report it): {res['pipeline failed']}")
     ipu_s = base["seconds"]
     print(f"PyTorch eager, HOST wall time of one training step (fp32, this machine's CPU, median of {torch_steps}; "
           f"not a prediction): {res['torch_s']:.3f} s at batch {model.batch}; the predicted IPU time of the baseline "
@@ -497,12 +516,17 @@ def summary(results: dict, af: int, replicas: int) -> None:
         cells = []
         for kind in ("Standard", "RecomputeAll"):
             r = res[f"recompute {kind}"]
-            cells.append(f"x{r['peak_tile_bytes'] / base['peak_tile_bytes']:.3f}, x{r['cycles'] / base['cycles']:.3f}")
+            cell = f"x{r['peak_tile_bytes'] / base['peak_tile_bytes']:.3f}, x{r['cycles'] / base['cycles']:.3f}"
+            if res.get("first"):
+                f, b0 = res["first"][kind], res["first"]["base"]
+                cell += (f" (batch {res['first']['batch']}: x{f['peak_tile_bytes'] / b0['peak_tile_bytes']:.3f}, "
+                         f"x{f['cycles'] / b0['cycles']:.3f})")
+            cells.append(cell)
         acc, rep = res[f"accumulation {af}"], res[f"replication {replicas}"]
         share = (base["update_cycles"] / base["cycles"]) / (acc["update_cycles"] / acc["cycles"])
         ar = (rep["all_reduce_cycles"] / rep["clock_hz"]) / (rep["grad_bytes"] / rep["link_bytes_per_s"])
         pipe = (f"x{res['pipeline']['steady_samples_per_s'] / res['sharded']['steady_samples_per_s']:.2f}"
-                if "pipeline" in res else "skipped")
+                if "pipeline" in res else "skipped" if "pipeline skipped" in res else "FAILED")
         print(f"| {model.label} | {model.batch} | {_fit(base)} | {cells[0]} | {cells[1]} | {share:.2f} | {ar:.2f} | "
               f"{pipe} | {res['torch_s']:.2f} |")
 
