@@ -286,3 +286,45 @@ def test_every_n_anchor_is_refused_when_pipelined():
                                 _device(), userOptions=_options(True))
     with pytest.raises(popart.popart_exception, match="EveryN with pipelining"):
         s.prepareDevice()
+
+
+def test_skip_connection_across_stages_sums_its_gradients_on_the_earlier_ipu():
+    """``h`` made on stage 0 is read on stage 0 and again on stage 1 (a skip connection, as in
+    ResNet's residual blocks cut between stages): the sum of its two gradients runs in backward
+    stage 2 on IPU 0, where its later input is made (it was left on IPU 1 in stage 2, and the
+    lowering failed with "reads ... before stage 3 makes it available"). Pipelined with
+    accumulation, the step matches the sharded one."""
+    def model():
+        rs = np.random.RandomState(0)
+        b = popart.Builder()
+        x = b.addInputTensor(popart.TensorInfo("FLOAT", [4, 8]), "x")
+        lab = b.addInputTensor(popart.TensorInfo("INT32", [4]), "lab")
+        w0, w1, w2 = (b.addInitializedInputTensor(rs.randn(8, 8).astype(np.float32) * 0.3, f"w{i}") for i in range(3))
+        with b.virtualGraph(0), b.pipelineStage(0):
+            h = b.aiOnnx.relu([b.aiOnnx.matmul([x, w0])])
+            g = b.aiOnnx.matmul([h, w2])
+        with b.virtualGraph(1), b.pipelineStage(1):
+            y = b.aiOnnx.add([b.aiOnnx.matmul([g, w1]), h])
+            loss = b.aiGraphcore.nllloss([b.aiOnnx.softmax([y], axis=1), lab], popart.ReductionType.Sum)
+        return b, x, lab, loss
+
+    xs, labs = _data(1, af=4)
+    results = []
+    for pipelined in (False, True):
+        b, x, lab, loss = model()
+        s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: ALL}), loss, popart.ConstSGD(0.1),
+                                   _device(), userOptions=_options(pipelined, af=4))
+        s.prepareDevice()
+        s.weightsFromHost()
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: xs, lab: labs.clip(0, 7)}, a))
+        s.weightsToHost()
+        w = {f"w{i}": np.zeros((8, 8), np.float32) for i in range(3)}
+        s.readWeights(popart.PyWeightsIO(w))
+        results.append((a[loss], w))
+        if pipelined:
+            (gs,) = [op for op in s.ops() if op.op_type == "Sum" and op.grad_of is not None]
+            assert (gs.vgraph, gs.pipeline_stage) == (0, 2)
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-6)
+    for k in results[0][1]:
+        np.testing.assert_allclose(results[1][1][k], results[0][1][k], rtol=1e-6, atol=1e-7)

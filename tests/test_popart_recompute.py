@@ -85,3 +85,29 @@ def test_nll_with_ignore_index_matches_torch(reduction):
                                        reduction={"Mean": "mean", "Sum": "sum", "NoReduction": "none"}[reduction])
     np.testing.assert_allclose(a[out], ref.numpy(), rtol=1e-6, atol=1e-7)
     assert next(op for op in s.ops() if op.op_type == "Nll").lowering == "precise"
+
+
+@pytest.mark.parametrize("reduction", ["Mean", "Sum", "NoReduction"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_l1_loss_lowered_over_the_tiles_matches_torch(reduction, dtype):
+    """``l1loss`` runs through popops (map |x|, reduce) on the tiles holding its input, not as one
+    generic vertex gathering the whole input on one tile (167 K cycles for a 256 x 256 loss)."""
+    import torch
+    rng = np.random.default_rng(3)
+    x0 = rng.standard_normal((64, 48)).astype(dtype)
+    b = popart.Builder()
+    x = b.addInitializedInputTensor(x0, "x")
+    out = b.aiGraphcore.l1loss([x], 0.25, getattr(popart.ReductionType, reduction))
+    loss = out if reduction != "NoReduction" else b.aiGraphcore.identityloss([out], popart.ReductionType.Sum)
+    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {out: popart.AnchorReturnType("All")}), loss,
+                               popart.ConstSGD(0.0), popart.DeviceManager().createIpuModelDevice({}))
+    s.prepareDevice()
+    s.weightsFromHost()
+    a = s.initAnchorArrays()
+    s.run(popart.PyStepIO({}, a))
+    t = 0.25 * torch.tensor(x0.astype(np.float32)).abs()
+    ref = {"Mean": t.mean(), "Sum": t.sum(), "NoReduction": t}[reduction].numpy()
+    tol = 1e-6 if dtype == np.float32 else 2e-3
+    np.testing.assert_allclose(a[out].astype(np.float32), ref, rtol=tol, atol=tol)
+    assert a[out].dtype == dtype
+    assert next(op for op in s.ops() if op.op_type == "L1").lowering == "precise"

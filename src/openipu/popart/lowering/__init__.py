@@ -24,7 +24,7 @@ predicate (e.g. integer division). Every other op with a host kernel goes throug
   AdamUpdater, LambSquare, AdamVarUpdate, RMSPropUpdater, AdaDeltaUpdater, ScaledVarUpdate,
   AccumulatorUpdate) -> ``popops`` scaled adds / maps / reduces in place; ReplicatedAllReduceInplace
   -> ``gcl`` all-reduce;
-- :mod:`.loss`: Nll -> ``popops`` one-hot, mul, reduce, map (the loss spread over the batch's tiles);
+- :mod:`.loss`: Nll -> ``popops`` one-hot, mul, reduce, map; L1 -> ``popops`` map, reduce (the loss spread over the batch's tiles);
 - :mod:`.grad`: the ``ai.graphcore`` gradient ops with a PopLibs form (non-linearity gradients ->
   ``popnn.nonLinearityInputGradient``; ConvDataGrad / ConvWeightsGrad -> ``poplin``);
 - :mod:`.graphcore`: ai.graphcore ops with a Poplar / PopLibs form (identity views, PrintTensor,

@@ -39,6 +39,7 @@ class LoweringContext:
         self.kinds: dict[int, str] = {}
         self.cast = bool(options.enableSupportedDataTypeCasting)
         self.created: set[str] = set()      # weights created by their consumer's creator
+        self._deferred: dict[str, tuple] = {}   # tid -> (vg, make()): variables made when first read
         # in-place analysis: the op being lowered (its position in the schedule), the last
         # position reading each tensor, the tensors that must keep their value to the end, the IR
         # tensors using each variable, and the variables no op may overwrite
@@ -126,11 +127,30 @@ class LoweringContext:
         return None
 
     def has(self, tid: str) -> bool:
-        return tid in self._t
+        return tid in self._t or tid in self._deferred
+
+    def defer(self, tid: str, vg: int, make) -> None:
+        """Make variable ``tid`` on virtual graph ``vg`` with ``make()`` when it is first read (an
+        accumulator cloned from its gradient: PopART's ``mustExistBeforeCreate``). Like the
+        variables made before the ops, no op may overwrite it in place."""
+        self._deferred[tid] = (vg, make)
+
+    def _make(self, tid: str) -> None:
+        vg, make = self._deferred.pop(tid)
+        t = make()
+        self.set(tid, vg, t)
+        self._fixed |= variables_of(t)
+
+    def make_deferred(self) -> None:
+        """Make the deferred variables that no op has read."""
+        for tid in list(self._deferred):
+            self._make(tid)
 
     def get(self, tid: str, vg: int) -> poplar.Tensor:
         """``tid`` on virtual graph ``vg``, copying it there (once) from its home if needed; for an
         op of a pipeline stage, see :meth:`openipu.popart.lowering.pipeline.Pipeline.get`."""
+        if tid in self._deferred:
+            self._make(tid)
         per = self._t.get(tid)
         if per is None:
             raise popart_exception(f"Tensor '{tid}' has no device tensor yet (internal lowering order error)")

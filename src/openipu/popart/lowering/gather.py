@@ -20,6 +20,10 @@ Without it the linearly mapped table would be exchanged whole to the tiles holdi
 
 Declined (generic lowering): empty tensors, index types other than int32/int64, constant indices
 out of range, value types other than float, half and int32.
+
+GatherGrad (the gradient of the data, ``ai.graphcore``): ``popops.multiUpdateAdd`` into zeros laid
+out like the sliceable table, so that the table's update reads its gradient on the tile (the
+generic op's linear output made BERT-base's word-embedding update exchange every element).
 """
 
 from __future__ import annotations
@@ -131,3 +135,38 @@ def gather(ctx, op):
     if pre:
         out = out.dimShuffle(list(range(1, 1 + len(pre))) + [0] + list(range(1 + len(pre), 1 + len(pre) + len(post))))
     return [out.reshape(shape(ctx.ir, op.outputs[0]))]
+
+
+def _accepts_grad(op, ir):
+    if len(op.inputs) != 2 or not all(op.inputs) or "data_shape" not in op.attrs:
+        return False
+    xs = [int(d) for d in op.attrs["data_shape"]]
+    if dtype(ir, op.inputs[0]) not in FLOATS or dtype(ir, op.inputs[1]) not in ("INT32", "INT64"):
+        return False
+    return math.prod(xs) > 0 and math.prod(shape(ir, op.inputs[1])) > 0 and -len(xs) <= int(op.attrs.get("axis", 0)) < len(xs)
+
+
+@lowering("GatherGrad", domain="ai.graphcore", accepts=_accepts_grad)
+def gather_grad(ctx, op):
+    """The gradient of a Gather's data (PopART's ``GatherGradOpx``): zeros laid out like a
+    sliceable table (:func:`create_sliceable`, the layout the forward Gather gives its weight, so
+    the weight update stays on the tile), then ``popops.multiUpdateAdd`` of each slice of the
+    output gradient at its index (repeated indices add up; negative ones count from the end)."""
+    g = graph(ctx, op)
+    nm = name(op)
+    gy, idx = ctx.input(op, 0), ctx.input(op, 1)
+    xs = [int(d) for d in op.attrs["data_shape"]]
+    axis = int(op.attrs.get("axis", 0)) % len(xs)
+    out = create_sliceable(g, gy.elementType(), xs, axis, op.outputs[0])
+    popops.zero(g, out, ctx.prog, f"{nm}/zero")
+    n = idx.numElements()
+    if const_value(ctx.ir, op.inputs[1]) is None or (np.asarray(const_value(ctx.ir, op.inputs[1])) < 0).any():
+        idx = popops.map(g, E.Select(E.Add(E._1, E.Const(int(xs[axis]))), E._1, E.Lt(E._1, E.Const(0))), [idx],
+                         ctx.prog, f"{nm}/wrapIndices")
+    pre, post = xs[:axis], xs[axis + 1:]
+    s = gy.reshape(pre + [n] + post)
+    if pre:           # the indexed dimension first: [n, *pre, *post]
+        s = s.dimShuffle([len(pre)] + list(range(len(pre))) + list(range(len(pre) + 1, len(pre) + 1 + len(post))))
+    s = s.reshape([n] + pre + [1] + post)
+    popops.multiUpdateAdd(g, out, s, idx.reshape([n, 1]), 1.0, [axis], [1], ctx.prog, debug_name=nm)
+    return [out]

@@ -1,5 +1,5 @@
 """The ``ai.graphcore`` gradient ops autodiff adds, where PopLibs has their form (PopART's
-``*GradOpx``); the others (loss and pooling gradients, GatherGrad, LogSoftmaxGrad, the generic
+``*GradOpx``; GatherGrad in :mod:`.gather`); the others (loss and pooling gradients, LogSoftmaxGrad, the generic
 ``<Op>Grad`` ops) use the generic lowering with their host kernels
 (:mod:`openipu.popart.onnx_ops.grad`).
 

@@ -6,7 +6,8 @@ whole input on the tile of the scalar output).
   probabilities and ``reduce`` over C picks ``p[label]``; ``map`` gives ``-log(p)`` (``-p`` when
   ``inputIsLogProbability``), 0 for rows whose label is ``ignoreIndex``; ``reduce`` over the
   rows for Sum / Mean (Mean divides by the rows kept, as PyTorch's NLLLoss);
-- L1 (x): ``reduce`` (ADD of ``|x|``, via ``map``) times ``lambda`` (Mean: over the elements).
+- L1 (x): ``map`` ``|x|`` and ``reduce`` (ADD, in FLOAT) times ``lambda`` (Mean: over the elements);
+  NoReduction: ``map`` ``lambda |x|``.
 """
 
 from __future__ import annotations
@@ -59,4 +60,25 @@ def nll(ctx, op):
             total = popops.map(g_, pe._1 / pe.Max(pe._2, pe.Const(1.0)), [total, count], prog, f"{n}/mean")
         else:
             total = popops.map(g_, pe._1 * pe.Const(1.0 / max(l1.numElements(), 1)), [total], prog, f"{n}/mean")
+    return [popops.cast(g_, total, ftype, prog, f"{n}/cast") if ftype != poplar.FLOAT else total]
+
+
+def _accepts_l1(op, ir):
+    return dtype(ir, op.inputs[0]) in ("FLOAT", "FLOAT16")
+
+
+@lowering("L1", domain=GC, accepts=_accepts_l1)
+def l1(ctx, op):
+    g_, prog, n = graph(ctx, op), ctx.prog, name(op)
+    x = ctx.input(op, 0)
+    lam = float(op.attrs.get("lambda", 1.0))
+    red = int(op.attrs.get("reduction", MEAN))
+    ftype = x.elementType()
+    if red == NO_REDUCTION:
+        return [popops.map(g_, pe.Cast(pe.Abs(pe.Cast(pe._1, poplar.FLOAT)) * pe.Const(lam), ftype), [x], prog,
+                           f"{n}/abs")]
+    absx = popops.map(g_, pe.Abs(pe._1), [x], prog, f"{n}/abs")
+    total = popops.reduce(g_, absx.flatten(), poplar.FLOAT, [0], Operation.ADD, prog, debug_name=f"{n}/sum")
+    scale = lam / max(x.numElements(), 1) if red == MEAN else lam
+    total = popops.map(g_, pe._1 * pe.Const(scale), [total], prog, f"{n}/scale")
     return [popops.cast(g_, total, ftype, prog, f"{n}/cast") if ftype != poplar.FLOAT else total]

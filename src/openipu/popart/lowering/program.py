@@ -42,7 +42,7 @@ from openipu.popart.errors import popart_exception
 from openipu.popart.ir import OUTER_FRAGMENT, shard_rows
 from openipu.popart.lowering import precise_lowering
 from openipu.popart.lowering.context import LoweringContext, variables_of
-from openipu.popart.lowering.creators import weight_creator
+from openipu.popart.lowering.creators import updater_clone, weight_creator
 from openipu.popart.lowering.generic import lower_generic
 from openipu.popart.lowering.pipeline import Pipeline
 
@@ -80,6 +80,13 @@ def _zero(graph, t, prog, name):
     graph.add_vertex_group(cs, VertexGroup(f"popops::Fill<{t.elementType()}>", used, cycles,
                                            functools.partial(_zero_kernel, t), writes=[Access(t)], multi=True))
     prog.add(P.Execute(cs))
+
+
+def _make_later(g, ptype, make, value):
+    """A deferred accumulator: made by ``make(g, ptype)``, with its initial value."""
+    dev = make(g, ptype)
+    g.setInitialValue(dev, value)
+    return dev
 
 
 def _lower_op(ctx, op, pos: int, out: Lowered) -> None:
@@ -217,15 +224,21 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
                 dev = g.addConstant(ptype, shape, np.asarray(t.value), tid)
                 poputil.mapTensorLinearly(g, dev)
         else:  # Variable
-            create = weight_creator(ctx, tid, vg)
-            if create is not None:
-                dev = create(g, ptype, None)
-                ctx.created.add(tid)
-            else:
-                dev = g.addVariable(ptype, shape, tid)
-                poputil.mapTensorLinearly(g, dev)
             sharded = tid in ir.sharded_state     # one piece per replica (replicated tensor sharding)
-            g.setInitialValue(dev, shard_rows(t.value, repl)[0] if sharded else np.asarray(t.value))
+            value = shard_rows(t.value, repl)[0] if sharded else np.asarray(t.value)
+            later = None if sharded else updater_clone(ctx, tid, vg)
+            if later is not None:                 # an accumulator: made from its gradient, when lowered
+                ctx.defer(tid, vg, functools.partial(_make_later, g, ptype, later, value))
+                dev = None
+            else:
+                create = weight_creator(ctx, tid, vg)
+                if create is not None:
+                    dev = create(g, ptype, None)
+                    ctx.created.add(tid)
+                else:
+                    dev = g.addVariable(ptype, shape, tid)
+                    poputil.mapTensorLinearly(g, dev)
+                g.setInitialValue(dev, value)
             hi, ho = f"h2d:{tid}", f"d2h:weight/{tid}"     # an anchored weight keeps d2h:<id>
             graph.addHostToDeviceFIFO(hi, ptype, t.info.nelms(), "REPLICATE" if sharded else "BROADCAST")
             if tid in ir.optimizer_tensors:     # a non-const optimizer scalar: optimizerFromHost only
@@ -236,7 +249,8 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
                 out.weights_in[tid] = hi
                 out.weights_out[tid] = ho
                 graph.addDeviceToHostFIFO(ho, ptype, t.info.nelms())
-        ctx.set(tid, vg, dev)
+        if dev is not None:
+            ctx.set(tid, vg, dev)
 
     # the model; outlined op sequences (SubgraphOutline) are called
     plan = outline.plan(ir, options)
@@ -254,6 +268,8 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
         if progress:
             progress()
         i += 1
+
+    ctx.make_deferred()         # accumulators no op read (none in practice)
 
     # anchors
     df = ir.data_flow

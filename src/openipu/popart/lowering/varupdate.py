@@ -109,9 +109,19 @@ def sgd1_var_update(ctx, op):
 
 @lowering("SGD1AcclUpdate", "SGD2PartialAcclUpdate", domain=GC)
 def sgd1_accl_update(ctx, op):
-    v, w = ctx.input(op, 0), ctx.input(op, 1)
+    """``v = smm1 * v + swd1 * w`` in place. With a const zero ``swd1`` the weight is not read:
+    ``v *= smm1`` (zeroed when ``smm1`` is 0), as PopART's ``SGD1AcclUpdateOpx`` does; the
+    velocity, laid out like the gradient, then needs no exchange from the weight's layout."""
+    g_, v = graph(ctx, op), ctx.input(op, 0)
     s = _scalars(ctx, op)
-    popops.scaledAddTo(graph(ctx, op), v, s["scaledMomentum1"], w, s["scaledWeightDecay1"], ctx.prog, name(op))
+    smm, swd = s["scaledMomentum1"], s["scaledWeightDecay1"]
+    if not _is(swd, 0.0):
+        popops.scaledAddTo(g_, v, smm, ctx.input(op, 1), swd, ctx.prog, name(op))
+    elif _is(smm, 0.0):
+        popops.zero(g_, v, ctx.prog, name(op))
+    elif not _is(smm, 1.0):
+        e = _Expr()
+        popops.mapInPlace(g_, pe.Cast(e.t(v) * e.s(smm), v.elementType()), e.tensors, ctx.prog, name(op))
     return [v]
 
 

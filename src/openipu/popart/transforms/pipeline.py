@@ -113,6 +113,11 @@ def _stage_the_rest(ir, stage_vg: dict, num_fwd: int) -> None:
         for t in range(s, 2 * num_fwd - 1 if ir.training is not None else num_fwd):
             if stage_vg.get(t, vg) == vg:
                 return t
+        # no stage from s on runs on the op's IPU (the sum of a skip connection's gradients, one
+        # of them from the later stage of an earlier layer): the op moves to stage s's IPU, as
+        # every op of a stage is on the stage's IPU
+        if s in stage_vg and stage_vg[s] >= 0:
+            op.vgraph = stage_vg[s]
         return s
 
     recomputed = [op for op in ir.ops if op.recomputes is not None]
