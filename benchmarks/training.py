@@ -48,7 +48,9 @@ Models (random weights; the ONNX models of ``benchmarks/scale.py``, cached in ``
   (ResNet-50 v1.5, the light model's architecture).
 - BERT-base: ``BertForQuestionAnswering`` (``BertConfig()`` defaults, ``export_transformers.py``,
   eval mode: no dropout) exported at sequence length 128 (pre-training phase 1 and fine-tuning
-  length), fp16 on ``ipu21``; SQuAD loss: ``nllloss`` of the softmax of the start and of the end
+  length), its scalar initializers made constants (:func:`scalars_to_constants`: the attention
+  scale is no parameter) and its weights untied (:func:`untie_weights`: the export stores equal
+  initial values, e.g. all zero biases, once), fp16 on ``ipu21``; SQuAD loss: ``nllloss`` of the softmax of the start and of the end
   logits, summed (``identityloss``). Batch as for ResNet-50, from 32 down. PyTorch peer: the same
   ``transformers`` model.
 
@@ -123,6 +125,56 @@ def _bn_training(proto: onnx.ModelProto) -> None:
             n.output.extend([f"{o}/runningMean", f"{o}/runningVar", f"{o}/savedMean", f"{o}/savedVar"])
 
 
+def scalars_to_constants(proto: onnx.ModelProto) -> int:
+    """Turn the rank-0 float initializers into ``Constant`` nodes (what PopART's
+    ``GraphTransformer.convertInitializersToConstants`` does): a training session trains every
+    float initializer, and BERT's export keeps its attention scale and mask values as scalar
+    initializers, which are no parameters (BERT has no rank-0 parameter); trained, each would
+    cost a reduction of its whole broadcast gradient. Returns the number converted."""
+    keep, nodes = [], []
+    for t in proto.graph.initializer:
+        if len(t.dims) == 0 and t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+            nodes.append(onnx.helper.make_node("Constant", [], [t.name], value=t, name=f"{t.name}/constant"))
+        else:
+            keep.append(t)
+    if nodes:
+        names = {n.output[0] for n in nodes}
+        del proto.graph.initializer[:]
+        proto.graph.initializer.extend(keep)
+        inputs = [i for i in proto.graph.input if i.name not in names]
+        del proto.graph.input[:]
+        proto.graph.input.extend(inputs)
+        rest = list(proto.graph.node)
+        del proto.graph.node[:]
+        proto.graph.node.extend(nodes + rest)
+    return len(nodes)
+
+
+def untie_weights(proto: onnx.ModelProto) -> int:
+    """Give every reader but the first of a float initializer read by several nodes its own copy
+    (``<name>/untied<k>``). ``torch.onnx.export`` stores initializers of equal value once: in a
+    freshly initialised BERT all 85 zero biases of 768 are one tensor, and all 25 LayerNorm
+    scales another, which training would then tie (and pipelining could not split). Returns the
+    number of copies made."""
+    from onnx import numpy_helper
+    inits = {t.name: t for t in proto.graph.initializer}
+    seen: set = set()
+    copies = []
+    for node in proto.graph.node:
+        for k, x in enumerate(node.input):
+            t = inits.get(x)
+            if t is None or t.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+                continue
+            if x not in seen:
+                seen.add(x)
+                continue
+            c = numpy_helper.from_array(numpy_helper.to_array(t), f"{x}/untied{len(copies)}")
+            copies.append(c)
+            node.input[k] = c.name
+    proto.graph.initializer.extend(copies)
+    return len(copies)
+
+
 def resnet50_model(cache: Path, batch: int) -> TrainModel:
     import popart
 
@@ -152,7 +204,10 @@ def bert_model(cache: Path, batch: int, layers: int | None = None) -> TrainModel
 
     from openipu import runner
     m = MODELS["bert-base"]
-    proto = _fp16(runner.set_batch_size(onnx.load(str(bert_path(cache, m["seq"], layers))), batch))
+    proto = runner.set_batch_size(onnx.load(str(bert_path(cache, m["seq"], layers))), batch)
+    scalars_to_constants(proto)
+    untie_weights(proto)
+    proto = _fp16(proto)
     b = popart.Builder(proto.SerializeToString())
     losses = []
     for out, lab in zip(proto.graph.output[:2], ("start_positions", "end_positions")):
