@@ -340,12 +340,7 @@ class AiGraphcoreOpset1:
     def replicatedallreduce(self, args, collectiveOperator=None, commGroup=None, debugContext=""):  # noqa: N803
         """Sum (``collectiveOperator``, default Add) of the input over the replicas; with one
         replica the input itself."""
-        if isinstance(collectiveOperator, str) and not debugContext and collectiveOperator not in _COLLECTIVE_OPS:
-            collectiveOperator, debugContext = None, collectiveOperator
-        op = str(collectiveOperator or "Add").split(".")[-1]
-        if op not in _COLLECTIVE_OPS:
-            raise popart_exception(f"Unsupported collective operator '{collectiveOperator}' for replicatedallreduce. "
-                                   f"Use one of {', '.join(_COLLECTIVE_OPS)}")
+        op, debugContext = _collective(collectiveOperator, debugContext, "replicatedallreduce")
         return self._op("ReplicatedAllReduce", args, {"op": op}, debugContext)[0]
 
     def incrementmod(self, args, increment, modulus, debugContext=""):  # noqa: N803
@@ -744,12 +739,7 @@ class AiGraphcoreOpset1:
         session's replication factor, so the builder records none (the session infers it);
         with one replica it is the flattened input. ``commGroup`` is accepted and ignored (all
         replicas form the group)."""
-        if isinstance(collectiveOperator, str) and not debugContext and collectiveOperator not in _COLLECTIVE_OPS:
-            collectiveOperator, debugContext = None, collectiveOperator
-        op = str(collectiveOperator or "Add").split(".")[-1]
-        if op not in _COLLECTIVE_OPS:
-            raise popart_exception(f"Unsupported collective operator '{collectiveOperator}' for "
-                                   f"replicatedreducescatter. Use one of {', '.join(_COLLECTIVE_OPS)}")
+        op, debugContext = _collective(collectiveOperator, debugContext, "replicatedreducescatter")
         return self._op("ReplicatedReduceScatter", args, {"op": op}, debugContext, out_infos=[None])[0]
 
     def splinebasis(self, args, degree=1, debugContext=""):  # noqa: N803
@@ -850,6 +840,19 @@ _DATA_TYPES = ["UINT8", "INT8", "UINT16", "INT16", "INT32", "INT64", "UINT32", "
                "BFLOAT16", "FLOAT8_143", "FLOAT8_152", "DOUBLE", "COMPLEX64", "COMPLEX128", "STRING", "UNDEFINED"]
 _SCATTER_REDUCTIONS = {"sum": "sum", "max": "max", "min": "min", "mul": "mul", "noreduction": "none", "none": "none"}
 _COLLECTIVE_OPS = ("Add", "Mean", "Mul", "Min", "Max", "LogicalAnd", "LogicalOr", "SquareAdd", "Local")
+
+
+def _collective(operator, debug_context, what: str):
+    """``(operator name, debugContext)`` of a collective builder op: the operator (default Add;
+    a lone string that is no operator is the debugContext, PopART's positional form). Raises
+    ``popart_exception`` for an unknown operator."""
+    if isinstance(operator, str) and not debug_context and operator not in _COLLECTIVE_OPS:
+        operator, debug_context = None, operator
+    op = str(operator or "Add").split(".")[-1]
+    if op not in _COLLECTIVE_OPS:
+        raise popart_exception(f"Unsupported collective operator '{operator}' for {what}. Use one of "
+                               f"{', '.join(_COLLECTIVE_OPS)}")
+    return op, debug_context
 
 
 def _tensor_ids(op: str, args) -> list:
