@@ -216,19 +216,31 @@ def test_optimizer_errors():
 # --- gradient accumulation and replication --------------------------------------------------
 SCALE_OUT = [(4, 1, "Sum", "sgd1"), (4, 1, "Mean", "sgd1"), (1, 2, "Sum", "sgd1"), (1, 2, "Mean", "sgd0"),
              (2, 2, "Mean", "sgd1"), (2, 2, "Sum", "adam"), (1, 2, "Mean", "adam"), (3, 1, "Mean", "rmsprop"),
-             (1, 1, "Sum", "sgd2"), (4, 1, "Mean", "sgd2"), (1, 2, "Sum", "sgd2"), (2, 2, "Mean", "sgd2")]
+             (1, 1, "Sum", "sgd2"), (4, 1, "Mean", "sgd2"), (1, 2, "Sum", "sgd2"), (2, 2, "Mean", "sgd2"),
+             # the other mean strategies (the ones above are Post, the default)
+             (2, 2, "Mean/Running", "sgd1"), (2, 2, "Mean/Running", "adam"), (3, 2, "Mean/Running", "sgd2"),
+             (1, 2, "Mean/Running", "sgd0"), (4, 1, "Mean/Running", "rmsprop"), (2, 2, "Mean/PostAndLoss", "sgd1"),
+             (1, 2, "Mean/PostAndLoss", "adam"), (2, 2, "Mean/PostAndLoss", "sgd2"),
+             # nesterov momentum: the gradients summed over micro-batches and replicas
+             (2, 2, "Sum", "nesterov"), (1, 2, "Sum", "nesterov"), (3, 1, "Sum", "nesterov2"),
+             (2, 2, "Sum", "nesterov2")]
 
 
-def _scale_out_session(b, loss, opt, af=1, rf=1, bps=1, reduction="Sum"):
+def _scale_out_session(b, loss, opt, af=1, rf=1, bps=1, reduction="Sum", anchors=()):
     """A prepared TrainingSession with accumulation factor ``af`` and ``rf`` replicas (one IPU
-    each), gradients reduced by ``reduction``, anchoring the loss every micro-batch."""
+    each), gradients reduced by ``reduction`` (``Mean/<MeanReductionStrategy>`` for a strategy
+    other than Post), anchoring the loss (and ``anchors``) every micro-batch."""
     o = popart.SessionOptions()
     if af > 1:
         o.enableGradientAccumulation, o.accumulationFactor = True, af
     if rf > 1:
         o.enableReplicatedGraphs, o.replicatedGraphCount = True, rf
+    reduction, _, strategy = reduction.partition("/")
     o.accumulationAndReplicationReductionType = getattr(popart.ReductionType, reduction)
-    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(bps, {loss: popart.AnchorReturnType("All")}),
+    if strategy:
+        o.meanAccumulationAndReplicationReductionStrategy = getattr(popart.MeanReductionStrategy, strategy)
+    flow = {t: popart.AnchorReturnType("All") for t in (loss, *anchors)}
+    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(bps, flow),
                                loss, opt, popart.DeviceManager().createIpuModelDevice({"numIPUs": rf}),
                                userOptions=o)
     s.prepareDevice()
@@ -246,7 +258,14 @@ def _scale_out_optimizer(kind):
             "adam": (popart.Adam({"defaultLearningRate": (0.01, True)}),
                      lambda t: torch.optim.Adam(t, lr=0.01, eps=1e-6)),
             "rmsprop": (popart.Adaptive({"defaultLearningRate": (0.01, True), "defaultAlpha": (0.9, True)}),
-                        lambda t: torch.optim.RMSprop(t, lr=0.01, alpha=0.9, eps=1e-6))}[kind]
+                        lambda t: torch.optim.RMSprop(t, lr=0.01, alpha=0.9, eps=1e-6)),
+            "nesterov": (popart.SGD({"defaultLearningRate": (0.05, True), "defaultMomentum": (0.9, False),
+                                     "defaultWeightDecay": (0.01, True), "nesterov": (1, True)}),
+                         lambda t: torch.optim.SGD(t, lr=0.05, momentum=0.9, weight_decay=0.01, nesterov=True)),
+            "nesterov2": (popart.SGD({"defaultLearningRate": (0.05, True), "defaultMomentum": (0.9, True),
+                                      "nesterov": (1, True), "lossScaling": (4.0, True)},
+                                     accumulatorAndMomentum=popart.SGDAccumulatorAndMomentum.Separate),
+                          lambda t: torch.optim.SGD(t, lr=0.05, momentum=0.9, nesterov=True))}[kind]
 
 
 @pytest.mark.parametrize("af,rf,red,kind", SCALE_OUT, ids=[f"af{a}-rf{r}-{m}-{k}" for a, r, m, k in SCALE_OUT])
@@ -271,7 +290,7 @@ def test_accumulation_and_replication_match_one_large_batch(af, rf, red, kind):
                                                     torch.tensor(lab[j, k, r]).long())
                   for k in range(af) for r in range(rf)]
         np.testing.assert_allclose(a[loss].reshape(bps, -1)[j], [v.item() for v in losses], rtol=1e-5)
-        (sum(losses) / (len(losses) if red == "Mean" else 1)).backward()
+        (sum(losses) / (len(losses) if red.startswith("Mean") else 1)).backward()
         topt.step()
     new = _weights(s, ids)
     for i, tt in zip(ids, t):
@@ -282,6 +301,11 @@ def test_accumulation_and_replication_match_one_large_batch(af, rf, red, kind):
     if af > 1:
         outer = [op.op_type for op in ops if op.execution_context == "AccumulateOuterFragment"]
         assert outer and all(t_ not in outer for t_ in ("MatMul", "SGD1Accumulate"))
+    if red == "Mean/Running" and af > 1 and kind != "sgd1":  # a running-mean accumulator, never zeroed
+        assert "Counter___" in s.getTensorIds()
+        assert any(op.op_type == "Accumulate" and op.attrs["accumulationType"] == "Mean" for op in ops)
+        assert all(op.op_type != "AccumulatorUpdate" or op.inputs[0].startswith(("Counter", "Accl___"))
+                   for op in ops)
     if kind == "sgd2":      # separate accumulator and velocity (Accl1___), PopART's SGD2 ops
         types = [op.op_type for op in ops]
         assert types.count("SGD2VarUpdate") == 3 and types.count("SGD2PartialAcclUpdate") == 3
@@ -513,3 +537,112 @@ def test_replicated_tensor_sharding_halves_the_state_memory():
         live[rts] = float(s._engine._compiled.memory.always_live_variables.sum())
     # weight 1 MB + moments 2 MB unsharded; moments 1 MB sharded
     assert live[True] < live[False] - 0.9 * (1 << 20)
+
+
+# --- the mean strategies, nesterov with Mean, Adam's scaled state ------------------------------
+@pytest.mark.parametrize("strategy", ["Post", "PostAndLoss", "Running"])
+def test_mean_strategy_decides_where_the_replicas_mean_is_taken(strategy):
+    """Mean over 2 replicas: with Post and Running the anchored gradient is each replica's own
+    (the update divides by R, or the all-reduce means), with PostAndLoss the loss gradient, and
+    so the anchored gradient, is divided by R (PopART's ``lossMeanReplication``); the trained
+    weights are the same."""
+    b, loss, ids, ws, feeds = _mlp(3)
+    G = popart.reservedGradientPrefix()
+    s = _scale_out_session(b, loss, _scale_out_optimizer("sgd1")[0], 1, 2, 1, f"Mean/{strategy}",
+                           anchors=[G + ids[2]])
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 4, 5)).astype(np.float32)
+    lab = rng.integers(0, 3, (2, 4)).astype(np.int32)
+    a = s.initAnchorArrays()
+    s.run(popart.PyStepIO({"x": x, "label": lab}, a))
+    grads = []
+    for r in range(2):
+        t = [torch.tensor(w, requires_grad=True) for w in ws]
+        torch.nn.functional.cross_entropy(torch.relu(torch.tensor(x[r]) @ t[0] + t[1]) @ t[2],
+                                          torch.tensor(lab[r]).long()).backward()
+        grads.append(t[2].grad.numpy() / (2 if strategy == "PostAndLoss" else 1))
+    np.testing.assert_allclose(a[G + ids[2]], np.stack(grads), rtol=1e-4, atol=1e-6)
+    mean_grad = np.mean([g * (2 if strategy == "PostAndLoss" else 1) for g in grads], axis=0)
+    np.testing.assert_allclose(_weights(s, ids)[ids[2]], ws[2] - 0.05 * mean_grad, rtol=1e-5, atol=1e-6)
+
+
+def test_nesterov_with_mean_reduction_follows_popart_formula():
+    """SGD1 nesterov, accumulation factor 2 on 2 replicas, Mean: the velocity takes the mean
+    gradient but the nesterov term the sum of the 4 micro-batch gradients (``sgd.hpp``:
+    ``a = vs rf (a / ls + wd w) + mm v``, ``ndsf1 * dpsf1 = 1 / ls``):
+    ``w1 = w0 - lr (sum g + wd w0 + mm v1)``, ``v1 = mean g + wd w0``."""
+    b, loss, ids, ws, feeds = _mlp(3)
+    lr, mm, wd = 0.05, 0.9, 0.01
+    opt = popart.SGD({"defaultLearningRate": (lr, True), "defaultMomentum": (mm, True),
+                      "defaultWeightDecay": (wd, True), "nesterov": (1, True)})
+    s = _scale_out_session(b, loss, opt, 2, 2, 1, "Mean")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 2, 4, 5)).astype(np.float32)
+    lab = rng.integers(0, 3, (2, 2, 4)).astype(np.int32)
+    s.run(popart.PyStepIO({"x": x, "label": lab}, s.initAnchorArrays()))
+    t = [torch.tensor(w, requires_grad=True) for w in ws]
+    total = sum(torch.nn.functional.cross_entropy(torch.relu(torch.tensor(x[k, r]) @ t[0] + t[1]) @ t[2],
+                                                  torch.tensor(lab[k, r]).long()) for k in range(2) for r in range(2))
+    total.backward()
+    new = _weights(s, ids)
+    for i, w, tt in zip(ids, ws, t):
+        g_sum = tt.grad.numpy()
+        v1 = g_sum / 4 + wd * w
+        np.testing.assert_allclose(new[i], w - lr * (g_sum + wd * w + mm * v1), rtol=1e-5, atol=1e-6)
+    assert all(f"Accl___{i}_nesterovGrad" in s.getTensorIds() for i in ids)
+
+
+@pytest.mark.parametrize("wdm", ["Decay", "L2Regularization"])
+def test_adam_scaled_optimizer_state(wdm):
+    """``scaled_optimizer_state``: the moments keep the loss scaling (``m`` times ``ls``, ``v``
+    times ``ls^2``) and the steps equal plain Adam's; with a non-const loss scaling changed
+    between steps (``updateOptimizerFromHost``) the state is rescaled to the new value."""
+    def adam(ls, const, scaled):
+        return popart.Adam({"defaultLearningRate": (0.01, True), "defaultWeightDecay": (0.1, True),
+                            "lossScaling": (ls, const)}, weight_decay_mode=getattr(popart.WeightDecayMode, wdm),
+                           scaled_optimizer_state=scaled)
+    got = {}
+    for const, scaled in ((True, False), (True, True), (False, True)):
+        b, loss, ids, ws, feeds = _mlp(3)
+        s = _session(b, loss, [loss], adam(8.0, const, scaled))
+        _run(s, feeds)
+        if not const:
+            s.updateOptimizerFromHost(adam(32.0, const, scaled))
+        _run(s, feeds)
+        state = [f"Accl1___{ids[2]}", f"Accl2___{ids[2]}"]
+        got[const, scaled] = _weights(s, list(ids) + state)
+    ref = got[True, False]
+    for key, scale in (((True, True), 8.0), ((False, True), 32.0)):
+        for i in ids:
+            np.testing.assert_allclose(got[key][i], ref[i], rtol=1e-5, atol=1e-6, err_msg=f"{key} {i}")
+        np.testing.assert_allclose(got[key][f"Accl1___{ids[2]}"], scale * ref[f"Accl1___{ids[2]}"], rtol=1e-4)
+        np.testing.assert_allclose(got[key][f"Accl2___{ids[2]}"], scale ** 2 * ref[f"Accl2___{ids[2]}"], rtol=1e-4)
+
+
+def test_clip_norm_with_replicated_tensor_sharding():
+    """Gradient clipping with the optimizer state sharded over 2 replicas: each replica's norm
+    is the whole gradient's (its slice's squares all-reduced); the weights equal the unsharded
+    run's."""
+    got = {}
+    for rts in (False, True):
+        b, loss, ids, ws, feeds = _mlp(3)
+        o = popart.SessionOptions()
+        o.enableReplicatedGraphs, o.replicatedGraphCount = True, 2
+        if rts:
+            o.optimizerStateTensorLocationSettings.location.replicatedTensorSharding = popart.ReplicatedTensorSharding.On
+            o.optimizerStateTensorLocationSettings.minElementsForReplicatedTensorSharding = 4
+        opt = popart.Adam({"defaultLearningRate": (0.01, True)},
+                          clip_norm_settings=[popart.ClipNormSettings.clipAllWeights(0.05)])
+        s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}),
+                                   loss, opt, popart.DeviceManager().createIpuModelDevice({"numIPUs": 2}),
+                                   userOptions=o)
+        s.prepareDevice()
+        s.weightsFromHost()
+        rng = np.random.default_rng(4)
+        _run(s, {"x": rng.standard_normal((2, 4, 5)).astype(np.float32),
+                 "label": rng.integers(0, 3, (2, 4)).astype(np.int32)})
+        got[rts] = _weights(s, ids)
+        if rts:
+            assert sum(op.op_type == "ReplicatedReduceScatter" for op in s.ops()) == 3
+    for i in got[False]:
+        np.testing.assert_allclose(got[True][i], got[False][i], rtol=1e-5, atol=1e-7, err_msg=i)

@@ -59,11 +59,14 @@ def _data(bps, af=1, batch=4, width=8, seed=5):
     return rs.randn(*shp, batch, width).astype(np.float32), rs.randint(0, 5, size=shp + [batch]).astype(np.int32)
 
 
-def _train(pipelined, bps, af=1, lr=0.01, recompute=None, anchors=None):
+def _train(pipelined, bps, af=1, lr=0.01, recompute=None, anchors=None, optimizer=None, strategy=None):
     b, x, lab, p, loss = _mlp()
+    o = _options(pipelined, af, recompute)
+    if strategy:
+        o.accumulationAndReplicationReductionType = popart.ReductionType.Mean
+        o.meanAccumulationAndReplicationReductionStrategy = getattr(popart.MeanReductionStrategy, strategy)
     s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(bps, anchors or {loss: ALL, p: ALL}), loss=loss,
-                               optimizer=popart.ConstSGD(lr), deviceInfo=_device(),
-                               userOptions=_options(pipelined, af, recompute))
+                               optimizer=optimizer or popart.ConstSGD(lr), deviceInfo=_device(), userOptions=o)
     s.prepareDevice()
     s.weightsFromHost()
     out = s.initAnchorArrays()
@@ -98,6 +101,21 @@ def test_pipelined_training_with_accumulation_matches_sharded():
     assert s.getIr().num_stages == 3
     for k in a:
         np.testing.assert_allclose(b[k], a[k], rtol=1e-6, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("strategy", ["Post", "Running"])
+def test_pipelined_adam_with_a_mean_over_micro_batches_matches_sharded(strategy):
+    """Adam's gradient accumulators, meaned after the batch (Post) or as a running mean whose
+    micro-batch counter is one per IPU and pipeline stage (Running), give the sharded run's
+    weights."""
+    def adam():
+        return popart.Adam({"defaultLearningRate": (0.02, True)})
+    a, _ = _train(False, bps=2, af=4, optimizer=adam(), strategy=strategy)
+    b, s = _train(True, bps=2, af=4, optimizer=adam(), strategy=strategy)
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    counters = sorted(t for t in s.getTensorIds() if t.startswith("Counter___"))
+    assert counters == (["Counter____VGraph0_PStage0", "Counter____VGraph1_PStage1"] if strategy == "Running" else [])
 
 
 def test_pipelined_training_without_accumulation_updates_stale_weights():

@@ -267,6 +267,7 @@ class Ir:
         # sharded state tensor's (full shape, replicas); its IR shape is one replica's shard
         self.sharded_weights: set[str] = set()
         self.sharded_state: dict[str, tuple] = {}
+        self.running_mean_counters: dict = {}     # Counter___ id -> the forward op it is placed like
         self.auto_loss_scale: dict | None = None     # automatic loss scaling: factor, final scale, tracked
         self._check_model()
         self._fix_inputs(input_shape_info)

@@ -6,37 +6,86 @@ compiled graph; a non-const one is a device tensor that ``TrainingSession.update
 rewrites (PopART's ``optimizerFromHost`` program). Values are given per session (``default*``
 keys) and per weight (``insertSpecific``).
 
-The update equations are PopART's (``willow/include/popart/sgd.hpp``), with mm momentum, dm
-dampening, wd weight decay, lr learning rate, ls loss scaling, vs velocity scaling, af the
-accumulation factor when gradients are meaned over it (else 1) and rf the replication factor
-(``SGDAccumulatorAndMomentum.Combined``, PopART's default):
+The update equations are PopART's (``willow/include/popart/sgd.hpp``, SDK 3.x), with mm
+momentum, dm dampening, wd weight decay, lr learning rate, ls loss scaling, vs velocity scaling,
+A the accumulation factor and R the replication factor. How the micro-batches' and replicas'
+gradients are combined is a :class:`Reduction` (``accumulationAndReplicationReductionType`` and
+``meanAccumulationAndReplicationReductionStrategy``): with Sum they are summed; with Mean and
+the ``Post`` strategy (the default) summed and the update divided by A and R; with
+``PostAndLoss`` the loss gradient is divided by R and the update by A; with ``Running`` the
+gradient accumulator keeps a running mean and the replicas all-reduce a mean. Below, ``af`` and
+``rf`` are the divisors that apply (1 when summing).
 
-- without momentum ("SGD0"): ``w <- w * (1 - lr (1 - dm) wd) - g * lr (1 - dm) / ls``;
-- with momentum ("SGD1"): the velocity ``v`` starts at ``(1 - dm) wd vs w0``; each step
-  ``v += (1 - dm) vs rf / (ls af) * g``; ``w <- w - lr / (vs rf) * v``;
-  ``v <- v * mm / rf + (1 - dm) wd vs * w``. With ``nesterov`` the weight step is
-  ``w <- w - lr / (vs rf) * (vs rf (g / ls + wd w) + mm v)``.
-
-With ``SGDAccumulatorAndMomentum.Separate`` ("SGD2") the gradient accumulator and the velocity
-are two tensors (``Accum___`` of ``accumType``, ``Accl1___`` of ``accl1Type``): the velocity
-starts at 0; each batch ``v <- v mm + (1 - dm) wd vs w``, ``v += (1 - dm) vs / (ls af) * a``
-(``a`` the accumulated, all-reduced gradient), ``w <- w - lr / vs * v``, then ``a <- 0``. The
-replicas reduce ``a``, not ``v``, so no ``rf`` appears; the steps equal SGD1's.
+- without momentum ("SGD0"): the replicas' gradients all-reduced, then
+  ``w <- w * (1 - lr (1 - dm) wd) - g * lr (1 - dm) / (ls rf)``;
+- with momentum or accumulation, ``SGDAccumulatorAndMomentum.Combined`` ("SGD1"): the velocity
+  ``v`` starts at ``(1 - dm) wd vs w0``; each micro-batch ``v += (1 - dm) vs / (ls af) * g`` (the
+  replicas' gradients all-reduced first without accumulation, the velocity itself all-reduced
+  after the last micro-batch with it, which scales it by R); ``w <- w - lr / (vs R') * v``;
+  ``v <- v * mm / R' + (1 - dm) wd vs * w`` (R' = R with accumulation, else 1). With ``nesterov``
+  the (all-reduced) gradients are summed in ``Accl___<w>_nesterovGrad`` as well and the weight
+  step is ``w <- w - lr / (vs R') * (vs R' (a / ls + wd w) + mm v)`` (``sgd.hpp``: the nesterov
+  term takes the gradient sum ``a`` un-divided by A and R even with Mean reduction).
+- ``SGDAccumulatorAndMomentum.Separate`` ("SGD2"): the gradient accumulator and the velocity
+  are two tensors (``Accum___`` of ``accumType``, ``Accl1___`` of ``accl1Type``): the velocity
+  starts at 0; each batch ``v <- v mm + (1 - dm) wd vs w``, ``v += (1 - dm) vs / (ls af rf) * a``
+  (``a`` the accumulated, all-reduced gradient), ``w <- w - lr / vs * v`` (nesterov:
+  ``w <- w - lr / vs * (vs (a / ls + wd w) + mm v)``), then ``a <- 0``.
 
 These match ``torch.optim.SGD`` whenever ``dm == 0`` (PyTorch does not dampen its first step).
 
 Adam and Adaptive follow PopART's ``adam.hpp`` / ``adaptive.hpp`` (equations in
 :mod:`openipu.popart.transforms.optimizer`); their gradient is first un-scaled by
-``1 / (ls * af)`` (``gradientScaling``).
+``1 / (ls af rf)`` (``gradientScaling``; Adam with ``scaled_optimizer_state``: ``1 / (af rf)``,
+the state keeps the loss scaling and ``eps`` is scaled by ``ls`` instead).
 """
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 import numpy as np
 
 from openipu.popart.errors import popart_exception
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """How a weight update combines the gradients of ``accumulation`` micro-batches on each of
+    ``replicas`` replicas (PopART's ``Optimizer::setFactorsFromOptions``): summed, or with
+    ``mean`` (``ReductionType.Mean``) by ``strategy``, a ``MeanReductionStrategy`` name:
+    ``Post`` divides the update by A and R, ``PostAndLoss`` the update by A and the loss
+    gradient by R, ``Running`` keeps a running mean in the accumulator and all-reduces a mean."""
+
+    accumulation: int = 1
+    replicas: int = 1
+    mean: bool = False
+    strategy: str = "Post"
+
+    @property
+    def accumulating(self) -> bool:
+        return self.accumulation > 1
+
+    @property
+    def running(self) -> bool:
+        """The accumulator keeps a running mean (Accumulate Mean) and the replicas all-reduce a mean."""
+        return self.mean and self.strategy == "Running"
+
+    @property
+    def post_af(self) -> float:
+        """The accumulation divisor applied in the update (PopART's ``postMeanAccumulation``)."""
+        return float(self.accumulation) if self.mean and self.accumulating and not self.running else 1.0
+
+    @property
+    def post_rf(self) -> float:
+        """The replication divisor applied in the update (``postMeanReplication``)."""
+        return float(self.replicas) if self.mean and self.strategy == "Post" else 1.0
+
+    @property
+    def loss_rf(self) -> float:
+        """The replication divisor applied to the loss gradient (``lossMeanReplication``)."""
+        return float(self.replicas) if self.mean and self.strategy == "PostAndLoss" else 1.0
 
 
 class SGDAccumulatorAndMomentum(enum.Enum):
@@ -264,9 +313,9 @@ class SGD(Optimizer):
         mm = self.value("defaultMomentum", weight)
         return accumulating or not mm.isConst() or mm.val() != 0.0
 
-    def compound_scalars(self, weight: str, af: float = 1.0, rf: float = 1.0, accumulating: bool = False) -> dict:
+    def compound_scalars(self, weight: str, red: Reduction = Reduction()) -> dict:
         """:func:`sgd_scalars`."""
-        return sgd_scalars(self, weight, af, rf, accumulating)
+        return sgd_scalars(self, weight, red)
 
     def __repr__(self):
         return f"SGD({ {k: (v.val(), v.isConst()) for k, v in self._defaults.items()} })"
@@ -305,40 +354,49 @@ class _ValueMap:
 # ---------------------------------------------------------------------------------------------
 # compound scalars (PopART's ``compoundscalarhelper``): what the weight update ops read
 # ---------------------------------------------------------------------------------------------
-def sgd_scalars(opt: SGD, weight: str, af: float = 1.0, rf: float = 1.0,
-                accumulating: bool = False) -> dict[str, tuple[float, bool]]:
-    """The compound scalars of ``weight``'s SGD update: name -> (value, isConst).
+def sgd_scalars(opt: SGD, weight: str, red: Reduction = Reduction()) -> dict[str, tuple[float, bool]]:
+    """The compound scalars of ``weight``'s SGD update under the reduction ``red``: name ->
+    (value, isConst), PopART's ``compoundscalarhelper`` (equations: module docstring).
 
     Without momentum: ``weightDecayScaleFactor0``, ``scaledLearningRate0``. With momentum:
     ``dampeningScaleFactor1``, ``scaledLearningRate1``, ``scaledMomentum1``,
-    ``scaledWeightDecay1`` (+ ``nesterovGradScaleFactor1`` with nesterov). A scalar is const
-    when every hyper-parameter it is made from is. ``af``: accumulation divisor (1 for Sum
-    reduction); ``rf``: replication factor (velocity all-reduce scaling); ``accumulating``:
-    gradient accumulation is on (PopART then always uses the SGD1 form, accumulating into the
-    velocity).
+    ``scaledWeightDecay1`` (SGD2 reuses the names for its dpsf2, slr2, smm2), plus with nesterov
+    ``nesterovGradScaleFactor1`` (``vs R' / ls``), ``nesterovWeightDecay1`` (``vs R' wd``) and
+    ``momentum``. A scalar is const when every hyper-parameter it is made from is.
     """
     v = {k: opt.value(k, weight) for k in opt.DEFAULTS}
-    if opt.accumulator_and_momentum == SGDAccumulatorAndMomentum.Separate:
-        rf = 1.0        # SGD2 reduces the accumulator, not the velocity
     lr, wd, mm, dm, vs, ls = (v[k].val() for k in ("defaultLearningRate", "defaultWeightDecay", "defaultMomentum",
                                                     "defaultDampening", "defaultVelocityScaling", "lossScaling"))
 
     def const(*keys):
         return all(v[k].isConst() for k in keys)
-    if not opt.uses_velocity(weight, accumulating):
+    if not opt.uses_velocity(weight, red.accumulating):
         return {"weightDecayScaleFactor0": (1.0 - lr * (1.0 - dm) * wd,
                                             const("defaultLearningRate", "defaultDampening", "defaultWeightDecay")),
-                "scaledLearningRate0": (lr * (1.0 - dm) / ls,
+                "scaledLearningRate0": (lr * (1.0 - dm) / (ls * red.post_rf),
                                         const("defaultLearningRate", "defaultDampening", "lossScaling"))}
-    out = {"dampeningScaleFactor1": ((1.0 - dm) * vs * rf / (ls * af),
-                                     const("defaultDampening", "defaultVelocityScaling", "lossScaling")),
-           "scaledLearningRate1": (lr / (vs * rf), const("defaultLearningRate", "defaultVelocityScaling")),
-           "scaledMomentum1": (mm / rf, const("defaultMomentum")),
+    if opt.accumulator_and_momentum == SGDAccumulatorAndMomentum.Separate:
+        r_velocity = 1.0
+        dpsf = (1.0 - dm) * vs / (ls * red.post_af * red.post_rf)
+    else:
+        # SGD1: with accumulation the replicas all-reduce (sum) the velocity, so it carries a
+        # factor R the learning rate and momentum take out; without, they all-reduce the gradient
+        r_velocity = float(red.replicas) if red.accumulating else 1.0
+        af = float(red.accumulation) if red.mean else 1.0
+        if red.accumulating:
+            rf = float(red.replicas) if not red.mean or red.strategy == "PostAndLoss" else 1.0
+        else:
+            rf = 1.0 / red.replicas if red.mean and red.strategy != "PostAndLoss" else 1.0
+        dpsf = (1.0 - dm) * vs * rf / (ls * af)
+    out = {"dampeningScaleFactor1": (dpsf, const("defaultDampening", "defaultVelocityScaling", "lossScaling")),
+           "scaledLearningRate1": (lr / (vs * r_velocity), const("defaultLearningRate", "defaultVelocityScaling")),
+           "scaledMomentum1": (mm / r_velocity, const("defaultMomentum")),
            "scaledWeightDecay1": ((1.0 - dm) * wd * vs,
                                   const("defaultDampening", "defaultWeightDecay", "defaultVelocityScaling"))}
     if v["nesterov"].val():
-        out["nesterovGradScaleFactor1"] = (vs * rf / ls, const("defaultVelocityScaling", "lossScaling"))
-        out["nesterovWeightDecay1"] = (vs * rf * wd, const("defaultVelocityScaling", "defaultWeightDecay"))
+        out["nesterovGradScaleFactor1"] = (vs * r_velocity / ls, const("defaultVelocityScaling", "lossScaling"))
+        out["nesterovWeightDecay1"] = (vs * r_velocity * wd, const("defaultVelocityScaling", "defaultWeightDecay"))
+        out["momentum"] = (mm, const("defaultMomentum"))
     return out
 
 
@@ -371,10 +429,13 @@ def _enum(cls, v, what):
         raise popart_exception(f"Invalid {what} '{v}': expected one of {', '.join(m.name for m in cls)}") from None
 
 
-def _gradient_scaling(v: dict, af: float) -> tuple[float, bool]:
-    """``1 / (ls * af)``: un-scales the (summed, loss-scaled) gradient; const iff ``ls`` is."""
+def _gradient_scaling(v: dict, red: Reduction, scaled_state: bool = False) -> tuple[float, bool]:
+    """``1 / (ls * af * rf)``: un-scales the (reduced, loss-scaled) gradient; const iff ``ls``
+    is. With a scaled optimizer state the loss scaling stays: ``1 / (af * rf)``."""
     ls = v["lossScaling"]
-    return 1.0 / (ls.val() * af), ls.isConst()
+    if scaled_state:
+        return 1.0 / (red.post_af * red.post_rf), True
+    return 1.0 / (ls.val() * red.post_af * red.post_rf), ls.isConst()
 
 
 class _StateOptimizer(Optimizer):
@@ -384,6 +445,8 @@ class _StateOptimizer(Optimizer):
 
     #: hyper-parameter key -> compound scalar name
     SCALARS: dict = {}
+    #: the state keeps the loss scaling (Adam's ``scaled_optimizer_state``)
+    scaled_optimizer_state = False
 
     def __init__(self, values: dict | None, mode: enum.Enum, weight_decay_mode):
         """``values`` as the bindings take them; raises ``popart_exception`` for a non-dict
@@ -395,12 +458,22 @@ class _StateOptimizer(Optimizer):
         self.mode = mode
         self.weight_decay_mode = _enum(WeightDecayMode, weight_decay_mode, "WeightDecayMode")
 
-    def compound_scalars(self, weight: str, af: float = 1.0, rf: float = 1.0, accumulating: bool = False) -> dict:
+    def compound_scalars(self, weight: str, red: Reduction = Reduction()) -> dict:
         """name -> (value, isConst) of ``weight``'s update: every hyper-parameter of
-        :attr:`SCALARS` and ``gradientScaling`` = ``1 / (ls * af)``."""
+        :attr:`SCALARS` and ``gradientScaling`` (:func:`_gradient_scaling`). Adam with
+        ``scaled_optimizer_state`` scales ``eps`` (and, in L2Regularization mode, ``weightDecay``)
+        by the loss scaling instead (PopART's ``AdamEpsHelper`` / ``AdamWeightDecayHelper``)."""
         v = {k: self.value(k, weight) for k in self.DEFAULTS}
         out = {name: (v[k].val(), v[k].isConst()) for k, name in self.SCALARS.items()}
-        out["gradientScaling"] = _gradient_scaling(v, af)
+        scaled = self.scaled_optimizer_state
+        out["gradientScaling"] = _gradient_scaling(v, red, scaled)
+        if scaled:
+            ls = v["lossScaling"]
+            scale = [("eps", "defaultEps")]
+            if self.weight_decay_mode == WeightDecayMode.L2Regularization:
+                scale.append(("weightDecay", "defaultWeightDecay"))
+            for name, key in scale:
+                out[name] = (v[key].val() * ls.val(), v[key].isConst() and ls.isConst())
         return out
 
     def __repr__(self):
@@ -419,6 +492,9 @@ class Adam(_StateOptimizer):
     ``WeightDecayMode.Decay`` is decoupled weight decay (AdamW), ``L2Regularization`` adds
     ``wd * w`` to the gradient. State per weight: ``Accl1___<w>`` (first moment, accl1_type),
     ``Accl2___<w>`` (second moment, accl2_type), ``Step___<w>`` (FLOAT step counter).
+    ``scaled_optimizer_state``: the moments keep the loss scaling (``m`` scaled by ``ls``, ``v`` by
+    ``ls^2``; for fp16 state) and ``eps`` is scaled by ``ls``; a non-const loss scaling then
+    rescales the moments by ``ls / previous ls`` when it changes (``PreviousLossScaling___``).
     Raises ``popart_exception`` for an unknown key ("Invalid Adam key, ...") or mode.
     """
 
@@ -438,8 +514,6 @@ class Adam(_StateOptimizer):
                                                                                         accl2_type))
         self.clip_norm_settings = list(clip_norm_settings)
         self.scaled_optimizer_state = bool(scaled_optimizer_state)
-        if self.scaled_optimizer_state:
-            raise popart_exception("openipu does not support scaled_optimizer_state yet: leave it False")
 
     def learningRates(self):  # noqa: N802
         return _ValueMap(self, "defaultLearningRate")

@@ -584,7 +584,7 @@ class TrainingSession(_SessionBase):
 
     def _scalars(self, opt) -> dict:
         from openipu.popart.transforms.optimizer import LOSS_SCALING_PREFIX, loss_seed, scalar_values
-        vals = scalar_values(opt, list(self._ir.weight_grads), self.options, self._ir.sharded_weights)
+        vals = scalar_values(opt, list(self._ir.weight_grads), self.options)
         loss = self._ir.training["loss"]
         ls = f"{LOSS_SCALING_PREFIX}{self._ir.tensors[loss].info.data_type()}"
         if ls in self._ir.optimizer_tensors:

@@ -16,7 +16,6 @@ and cast the result to the written tensor's type (fp16 weights with fp32 state).
 from __future__ import annotations
 
 from openipu import poplar
-from openipu.poplar import program as P
 from openipu.poplibs import gcl, popops
 from openipu.poplibs.popops import expr as pe
 from openipu.poplibs.popops.reduce import Operation
@@ -96,13 +95,12 @@ def sgd1_var_update(ctx, op):
     nesterov = "nesterovGradScaleFactor1" in op.attrs.get("scalar_names", [])
     s = _scalars(ctx, op)
     step = v
-    if nesterov:        # step = mm * v + ngsf1 * g + nwd1 * w
-        grad = ctx.input(op, 2)
-        step = g_.clone(w, f"{name(op)}/nesterov")
-        ctx.prog.add(P.Copy(v, step))
-        popops.scaledAddTo(g_, step, float(op.attrs["momentum"]), grad, s["nesterovGradScaleFactor1"], ctx.prog,
-                           f"{name(op)}/grad")
-        popops.scaledAddTo(g_, step, w, s["nesterovWeightDecay1"], ctx.prog, f"{name(op)}/decay")
+    if nesterov:        # step = mm * v + ngsf1 * a + nwd1 * w (PopART's SGD1NesterovOpx: one map)
+        e = _Expr()
+        x = e.s(s["momentum"]) * e.t(v) + e.s(s["nesterovGradScaleFactor1"]) * e.t(ctx.input(op, 2))
+        if not _is(s["nesterovWeightDecay1"], 0.0):
+            x = x + e.s(s["nesterovWeightDecay1"]) * e.t(w)
+        step = popops.map(g_, pe.Cast(x, w.elementType()), e.tensors, ctx.prog, f"{name(op)}/nesterov")
     popops.scaledSubtractFrom(g_, w, step, s["scaledLearningRate1"], ctx.prog, name(op))
     return [w]
 
@@ -129,19 +127,26 @@ def sgd1_accl_update(ctx, op):
 @lowering("Accumulate", domain=GC)
 def accumulate(ctx, op):
     """``accl = f(accl, s)`` in place, ``s = gradientScaling * g (+ weightDecay * w)``; ``f`` by
-    ``accumulationType`` (PopART's ``AccumulationType``)."""
+    ``accumulationType`` (PopART's ``AccumulationType``; ``Mean``: the running mean
+    ``(c * accl + s) / (c + 1)`` with ``c`` the micro-batch counter, input 2)."""
     g_, acc, grad = graph(ctx, op), ctx.input(op, 0), ctx.input(op, 1)
     sc = _scalars(ctx, op)
     kind = op.attrs["accumulationType"]
+    if kind == "Mean":
+        sc["factor"] = ctx.input(op, 2)
     if kind == "Add" and "gradientScaling" not in sc and "weightDecay" not in sc:
         popops.scaledAddTo(g_, acc, grad, 1.0, ctx.prog, name(op))
         return [acc]
     e = _Expr()
     a = e.t(acc)
+    if "rescaleRatio" in sc:    # a scaled optimizer state follows a new loss scaling (RescaleAccumulate)
+        r = e.s(sc["rescaleRatio"])
+        a = a * (r * r if kind == "MovingAverageSquare" else r)
     s = _grad_term(e, ctx, op, sc, 1, 2)
     f = e.s(sc.get("factor", 1.0))
     expr = {"Add": lambda: a + s, "DampenedAdd": lambda: a + f * s, "DampenedAddSquare": lambda: a + f * s * s,
             "DecayAdd": lambda: f * a + s, "DecayAddSquare": lambda: f * a + s * s,
+            "Mean": lambda: (f * a + s) / (f + 1.0),
             "MovingAverage": lambda: f * a + (1.0 - f) * s,
             "MovingAverageSquare": lambda: f * a + (1.0 - f) * s * s,
             "Infinity": lambda: pe.Max(f * a, pe.Abs(s))}[kind]()
@@ -159,9 +164,11 @@ def accumulator_update(ctx, op):
 
 @lowering("ReplicatedAllReduceInplace", domain=GC)
 def replicated_all_reduce_inplace(ctx, op):
-    """Sum over the replicas in place (``gcl::allReduceInPlaceCrossReplica``)."""
+    """Sum (attribute ``op`` Mean: mean) over the replicas in place
+    (``gcl::allReduceInPlaceCrossReplica``)."""
     t = ctx.input(op, 0)
-    gcl.allReduceInPlaceCrossReplica(graph(ctx, op), t, gcl.CollectiveOperator.ADD, ctx.prog, debug_name=name(op))
+    operator = gcl.CollectiveOperator.MEAN if op.attrs.get("op") == "Mean" else gcl.CollectiveOperator.ADD
+    gcl.allReduceInPlaceCrossReplica(graph(ctx, op), t, operator, ctx.prog, debug_name=name(op))
     return [t]
 
 

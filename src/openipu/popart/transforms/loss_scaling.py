@@ -45,12 +45,16 @@ def apply(ir, opt, seed) -> None:
     Raises ``popart_exception`` with PopART's messages: const loss scaling, ``binEdgeLocation``
     or ``thresholdUpperCountProportion`` out of [0, 1], ``toTrackTensors`` without the matching
     tracking method (and the reverse), no fp16 gradient to track, pipelining without gradient
-    accumulation."""
+    accumulation; and (openipu) Adam's ``scaled_optimizer_state``."""
     s = ir.options.automaticLossScalingSettings
     if not s.enabled:
         return
     if not isinstance(seed, str):
         raise popart_exception("[AutomaticLossScale transform] The optimizer must have non-const loss scaling")
+    if getattr(opt, "scaled_optimizer_state", False):
+        raise popart_exception("openipu does not support automatic loss scaling with Adam's scaled_optimizer_state "
+                               "(the state would keep a loss scaling the transform changes): pass "
+                               "scaled_optimizer_state=False")
     for name in ("binEdgeLocation", "thresholdUpperCountProportion"):
         v = float(getattr(s, name))
         if not 0.0 <= v <= 1.0:

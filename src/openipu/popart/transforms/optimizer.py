@@ -6,16 +6,19 @@ in ``ai.graphcore``. Every op writes its first input in place (``IrOp.modifies``
 
 - no momentum, no accumulation: ``SGD0VarUpdate(w, g)``: ``w = w * wdsf0 - slr0 * g``;
 - otherwise (``SGDAccumulatorAndMomentum.Combined``): ``SGD1Accumulate(v, g)``:
-  ``v += dpsf1 * g`` (every micro-batch); ``SGD1VarUpdate(w, v)``: ``w -= slr1 * v`` (with
-  nesterov ``SGD1VarUpdate(w, v, g)``: ``w -= slr1 * (ngsf1 * g + nwd1 * w + mm * v)``);
-  ``SGD1AcclUpdate(v, w)``: ``v = v * smm1 + swd1 * w``.
+  ``v += dpsf1 * g`` (every micro-batch); ``SGD1VarUpdate(w, v)``: ``w -= slr1 * v``;
+  ``SGD1AcclUpdate(v, w)``: ``v = v * smm1 + swd1 * w``. With nesterov the gradients are also
+  summed in ``Accl___<w>_nesterovGrad`` (``a``, ``Accumulate`` Add every micro-batch) and
+  ``SGD1VarUpdate(w, v, a)``: ``w -= slr1 * (ngsf1 * a + nwd1 * w + mm * v)``, then
+  ``AccumulatorUpdate(a)`` (PopART's ``SGD1Nesterov``).
 - ``SGDAccumulatorAndMomentum.Separate`` (PopART's ``SGD2Decompose``): ``Accumulate(a, g)`` Add
   into ``Accum___<w>`` (with accumulation), the all-reduce of ``a``, then once per batch
   ``SGD2PartialAcclUpdate(v, w)``: ``v = v * smm1 + swd1 * w``; ``Accumulate(v, a)``
-  DampenedAdd ``v += dpsf1 * a``; ``SGD2VarUpdate(w, v)``: ``w -= slr1 * v``;
-  ``AccumulatorUpdate(a)``. ``v`` is ``Accl1___<w>``, starting at 0.
+  DampenedAdd ``v += dpsf1 * a``; ``SGD2VarUpdate(w, v)``: ``w -= slr1 * v`` (nesterov
+  ``SGD2VarUpdate(w, v, a)`` as SGD1's); ``AccumulatorUpdate(a)``. ``v`` is ``Accl1___<w>``,
+  starting at 0.
 
-**Adam** (``adam.hpp``), with ``s = gs * g`` (``gs = 1 / (ls af)``), plus ``wd * w`` in
+**Adam** (``adam.hpp``), with ``s = gs * g`` (``gs = 1 / (ls af rf)``), plus ``wd * w`` in
 ``L2Regularization`` mode: ``Accumulate(m, g)`` MovingAverage ``m = b1 m + (1 - b1) s``;
 ``Accumulate(v, g)`` MovingAverageSquare ``v = b2 v + (1 - b2) s^2`` (AdaMax: Infinity
 ``v = max(b2 v, |s|)``); ``AdamUpdater(m, v, t, w) -> x``: ``t += 1``,
@@ -33,15 +36,19 @@ then ``Accumulate(v2, x)`` MovingAverageSquare; momentum ``m > 0``: ``Accumulate
 ``v3 = m v3 + x`` (TF variant: ``+ lr x``); ``ScaledVarUpdate(w, v3)``: ``w -= lr (v3 + wd w)``
 (``wd w`` in Decay mode only; TF variant with momentum: no ``lr``).
 
-**Scale-out.** Replicas all-reduce (sum) the gradient (``ReplicatedAllReduce``, PopART's
-``GradReduce``) or, with accumulation or SGD1, the accumulator / velocity in place
-(``ReplicatedAllReduceInplace``: ``AccumReduce`` / ``AcclReduce``). With gradient accumulation
-the gradient is summed into ``Accum___<w>`` by ``Accumulate`` Add every micro-batch; the
-all-reduce, the update ops and ``AccumulatorUpdate`` (zeroing the accumulator) run once per
-batch, in the ``AccumulateOuterFragment`` execution context. With
-``accumulationAndReplicationReductionType`` Mean the loss gradient is divided by the replication
-factor and the update by the accumulation factor (``sgd.hpp``), so training does not depend on
-the number of replicas.
+**Scale-out** (:class:`~openipu.popart.optimizer.Reduction`). Replicas all-reduce (sum) the
+gradient (``ReplicatedAllReduce``, PopART's ``GradReduce``) or, with gradient accumulation, the
+accumulator or SGD1's velocity in place (``ReplicatedAllReduceInplace``: ``AccumReduce`` /
+``AcclReduce``). With gradient accumulation the gradient is summed into ``Accum___<w>`` by
+``Accumulate`` Add every micro-batch; the all-reduce, the update ops and ``AccumulatorUpdate``
+(zeroing the accumulator) run once per batch, in the ``AccumulateOuterFragment`` execution
+context. ``accumulationAndReplicationReductionType`` Mean divides the update by the
+accumulation and replication factors (strategy ``Post``, the default), the update by the
+accumulation factor and the loss gradient by the replication factor (``PostAndLoss``), or
+(``Running``) keeps a running mean in the accumulator (``Accumulate`` Mean, its factor the
+micro-batch counter ``Counter___``, one per virtual graph and pipeline stage, incremented after
+the accumulators and zeroed once per batch; no ``AccumulatorUpdate``) and all-reduces a mean;
+training then does not depend on the number of replicas or micro-batches.
 
 **Replicated tensor sharding** of the optimizer state
 (``optimizerStateTensorLocationSettings.location.replicatedTensorSharding`` On, weights of at
@@ -50,9 +57,9 @@ holds ``ceil(n / replicas)`` elements of every state tensor of the weight. The g
 accumulator) is reduce-scattered instead of all-reduced (``ReplicatedReduceScatter``), the
 updates run on this replica's slice of the weight (``ReplicaSlice``), and the slices are
 gathered back into the weight (``ReplicatedAllGather``, ``CopyVarUpdate``); Lamb's squared norms
-are all-reduced. The host keeps the whole state (``ir.sharded_state``; weightsFromHost sends
-each replica its piece, weightsToHost and modelToHost gather them). SGD shards with
-``SGDAccumulatorAndMomentum.Separate`` only; ``ClipNormSettings`` with sharding is not supported.
+and the squared norms of gradient clipping are all-reduced. The host keeps the whole state
+(``ir.sharded_state``; weightsFromHost sends each replica its piece, weightsToHost and
+modelToHost gather them). SGD shards with ``SGDAccumulatorAndMomentum.Separate`` only.
 
 A compound scalar is an attribute when const; a non-const one is an optimizer tensor (a scalar
 FLOAT device variable written by ``optimizerFromHost``) passed as an extra input, named
@@ -70,11 +77,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from openipu.popart.builder import PIPELINE_ATTR, VGRAPH_ATTR
 from openipu.popart.errors import popart_exception
 from openipu.popart.grads import GRAPHCORE
 from openipu.popart.ir import OUTER_FRAGMENT
-from openipu.popart.optimizer import (SGD, Adam, AdamMode, Adaptive, AdaptiveMode, SGDAccumulatorAndMomentum,
-                                      WeightDecayMode, initial_velocity)
+from openipu.popart.optimizer import (SGD, Adam, AdamMode, Adaptive, AdaptiveMode, Reduction,
+                                      SGDAccumulatorAndMomentum, WeightDecayMode, initial_velocity)
 from openipu.popart.tensorinfo import NUMPY_OF, TensorInfo
 from openipu.popart.transforms.autodiff import forward_op
 
@@ -89,33 +97,27 @@ def _scalar_id(opt, name: str, weight: str) -> str:
     return f"Specific{cap}___{weight}" if opt.hasSpecific(weight) else f"Default{cap}___FLOAT"
 
 
-def _mean(options) -> bool:
-    return str(options.accumulationAndReplicationReductionType).endswith("Mean")
-
-
-def reduction_factors(options) -> tuple[float, float]:
-    """``(af, rf)`` of the update equations: the accumulation factor when gradients are meaned
-    over it (``accumulationAndReplicationReductionType`` Mean), else 1; the replication factor."""
-    return (float(options.accumulation_factor()) if _mean(options) else 1.0), float(options.replication_factor())
+def reduction(options) -> Reduction:
+    """The :class:`Reduction` of a session's options (``accumulationFactor``,
+    ``replicatedGraphCount``, ``accumulationAndReplicationReductionType``,
+    ``meanAccumulationAndReplicationReductionStrategy``)."""
+    return Reduction(options.accumulation_factor(), options.replication_factor(),
+                     str(options.accumulationAndReplicationReductionType).endswith("Mean"),
+                     str(options.meanAccumulationAndReplicationReductionStrategy).split(".")[-1])
 
 
 def loss_seed(opt, options) -> float:
-    """The loss gradient's value: the loss scaling, over the replication factor when gradients
-    are meaned over replicas (PopART's ``GradGrowerLoss``)."""
-    rf = options.replication_factor()
-    return opt.lossScaling().val() / (rf if _mean(options) and rf > 1 else 1)
+    """The loss gradient's value: the loss scaling, over the replication factor with the
+    ``PostAndLoss`` mean strategy (PopART's ``getFinalLossScalingVal``)."""
+    return opt.lossScaling().val() / reduction(options).loss_rf
 
 
-def scalar_values(opt, weights: list[str], options, sharded=()) -> dict[str, float]:
-    """Values of the non-const optimizer tensors: id -> value (for ``optimizerFromHost``).
-    ``sharded``: the weights whose state is sharded over the replicas (SGD: no velocity
-    all-reduce, so no replication factor in the scalars)."""
-    af, rf = reduction_factors(options)
-    acc = options.accumulation_factor() > 1
+def scalar_values(opt, weights: list[str], options) -> dict[str, float]:
+    """Values of the non-const optimizer tensors: id -> value (for ``optimizerFromHost``)."""
+    red = reduction(options)
     out = {}
     for w in weights:
-        r = 1.0 if w in sharded and isinstance(opt, SGD) else rf
-        for name, (val, const) in opt.compound_scalars(w, af, r, acc).items():
+        for name, (val, const) in opt.compound_scalars(w, red).items():
             if not const:
                 out[_scalar_id(opt, name, w)] = val
     return out
@@ -140,11 +142,11 @@ class _Updates:
     """Adds one weight's update ops: compound scalars as attributes or optimizer tensors,
     placement of the weight's forward consumer, the execution context."""
 
-    def __init__(self, ir, opt, w: str, g: str, af: float, rf: float, accumulating: bool, shards: int = 1):
-        self.ir, self.opt, self.w = ir, opt, w
+    def __init__(self, ir, opt, w: str, g: str, red: Reduction, shards: int = 1):
+        self.ir, self.opt, self.w, self.red = ir, opt, w, red
         self.wt = ir.tensors[w]
         self.fwd = forward_op(ir, g)
-        self.scal = opt.compound_scalars(w, af, rf, accumulating)
+        self.scal = opt.compound_scalars(w, red)
         self.context = "Normal"
         # replicated tensor sharding: the state holds this replica's 1/shards of the elements
         self.shards = shards
@@ -160,8 +162,13 @@ class _Updates:
         shard (``ReplicatedReduceScatter``, ``[ceil(n / replicas)]``) when the state is sharded."""
         if self.shards > 1:
             return self.op("ReplicatedReduceScatter", [t], out=f"{t}__scattered", out_shape=[self.shard_len],
-                           modifies=())
+                           modifies=(), **self._collective())
         return self.all_reduce(t, in_place)
+
+    def _collective(self) -> dict:
+        """The all-reduce's operator: a mean with the Running strategy (PopART's
+        ``CollectiveOperator::Mean``), else a sum."""
+        return {"op": "Mean"} if self.red.running else {}
 
     def shard_weight(self) -> None:
         """Sharded: the updates work on this replica's slice of the weight (``ReplicaSlice``)."""
@@ -188,13 +195,13 @@ class _Updates:
             self.ir.optimizer_tensors.add(tid)
         return None, tid
 
-    def state(self, prefix: str, dtype: str | None, init=None, shape=None) -> str:
+    def state(self, prefix: str, dtype: str | None, init=None, shape=None, suffix: str = "") -> str:
         """The state Variable ``<prefix><weight>`` of type ``dtype`` (None: the weight's), from
         the model's initializer of that name if it has one, else ``init`` (default zeros).
         ``shape`` None: the weight's state, sharded over the replicas when the state is (its IR
         shape is the shard's; its value, the host copy, has the weight's shape:
-        ``ir.sharded_state``)."""
-        tid = f"{prefix}{self.w}"
+        ``ir.sharded_state``). ``suffix``: after the weight id (``Accl___<w>_nesterovGrad``)."""
+        tid = f"{prefix}{self.w}{suffix}"
         sharded = shape is None and self.shards > 1
         shape = list(self.wt.info.shape()) if shape is None else list(shape)
         dtype = dtype or self.wt.info.data_type()
@@ -222,18 +229,19 @@ class _Updates:
         return tid
 
     def op(self, op_type: str, inputs: list, scalars=(), out: str = "", out_dtype=None, out_shape=None,
-           modifies=(0,), **attrs):
+           modifies=(0,), tensor_scalars=None, **attrs):
         """An update op: tensor ``inputs``, then its compound scalars ``scalars`` (each a name, or a
         ``(role, name)`` pair when the op reads scalar ``name`` as its ``role``): const ones are
         attributes named by role, non-const ones trailing tensor inputs; ``scalar_names`` lists
-        the roles in order. Returns its output id."""
+        the roles in order. ``tensor_scalars``: role -> id of a scalar tensor computed in the
+        graph, read like a non-const compound scalar. Returns its output id."""
         extra = []
         a = dict(attrs)
         roles = []
-        for item in scalars:
+        for item in list(scalars) + list((tensor_scalars or {}).items()):
             role, name = item if isinstance(item, tuple) else (item, item)
             roles.append(role)
-            val, tid = self.scalar(name)
+            val, tid = (None, name) if tensor_scalars and role in tensor_scalars else self.scalar(name)
             if tid:
                 extra.append(tid)
             else:
@@ -254,37 +262,76 @@ class _Updates:
         op.execution_context = self.context
         return op.outputs[0]
 
-    def all_reduce(self, t: str, in_place: bool) -> str:
+    def all_reduce(self, t: str, in_place: bool, mean_if_running: bool = True) -> str:
+        """``t`` all-reduced over the replicas (in place: ``ReplicatedAllReduceInplace``); a
+        mean with the Running strategy unless ``mean_if_running`` is False (SGD1's own
+        reductions always sum)."""
+        attrs = self._collective() if mean_if_running else {}
         if in_place:
-            return self.op("ReplicatedAllReduceInplace", [t], out=f"{t}__reduced")
-        return self.op("ReplicatedAllReduce", [t], out=f"{t}__reduced", modifies=())
+            return self.op("ReplicatedAllReduceInplace", [t], out=f"{t}__reduced", **attrs)
+        return self.op("ReplicatedAllReduce", [t], out=f"{t}__reduced", modifies=(), **attrs)
+
+    def accumulate(self, accum: str, g: str) -> str:
+        """``g`` added into the accumulator ``accum`` (``Accumulate`` Add), or averaged into it
+        (``Accumulate`` Mean, factor the micro-batch counter) with the Running strategy."""
+        if self.red.running:
+            counter = running_mean_counter(self.ir, self.fwd)
+            return self.op("Accumulate", [accum, g, counter], accumulationType="Mean", out=f"AccumUpdated___{self.w}")
+        return self.op("Accumulate", [accum, g], accumulationType="Add", out=f"AccumUpdated___{self.w}")
+
+
+COUNTER_PREFIX = "Counter___"
+
+
+def running_mean_counter(ir, fwd) -> str:
+    """The micro-batch counter of the running-mean accumulators of the weights used by ``fwd``
+    (PopART's ``Counter___``, one per virtual graph and pipeline stage: ``_VGraph<v>``,
+    ``_PStage<s>``): a FLOAT scalar Variable starting at 0, incremented and reset by
+    :func:`count_micro_batches`."""
+    ann = fwd.annotations if fwd is not None else {}
+    tid = COUNTER_PREFIX + "".join(f"_{tag}{int(ann[key])}" for tag, key in (("VGraph", VGRAPH_ATTR),
+                                                                              ("PStage", PIPELINE_ATTR)) if key in ann)
+    if tid not in ir.tensors:
+        ir._add_tensor(tid, "FLOAT", [], "Variable", np.zeros((), np.float32))
+        ir.running_mean_counters[tid] = fwd
+    return tid
+
+
+def count_micro_batches(ir) -> None:
+    """After the micro-batch's accumulators: each running-mean counter ``+= 1``
+    (``Accumulate`` Add of 1), and zeroed once per batch (``AccumulatorUpdate``, in the outer
+    fragment)."""
+    for tid, fwd in ir.running_mean_counters.items():
+        one = ir.add_const("one", np.ones((), np.float32))
+        for op_type, ins, context, attrs in (("Accumulate", [tid, one], "Normal", {"accumulationType": "Add"}),
+                                             ("AccumulatorUpdate", [tid], OUTER_FRAGMENT, {})):
+            op = ir.add_op(op_type, ins, [(f"{UPDATED_PREFIX}{tid}", "FLOAT", [])],
+                           {**attrs, "scalar_names": [], "n_tensors": len(ins)}, domain=GRAPHCORE, opset=1,
+                           name=f"{op_type}/{tid}", like=fwd, modifies=(0,))
+            op.grad_of = fwd
+            op.execution_context = context
 
 
 def apply(ir, opt, grads: dict[str, str]) -> None:
     """Append the update ops of every weight in ``grads`` (weight id -> gradient id), in three
     passes: each weight's gradient reduction (all-reduce, accumulation; SGD1: the velocity),
     the clipping of the optimizer's ``ClipNormSettings`` (:func:`clip_by_norm`), the updates.
-    Raises ``popart_exception`` for a gradient of another type than its weight, an unknown
-    weight in a ``ClipNormSettings``, and combinations openipu does not support (nesterov with
-    replication or accumulation)."""
+    Raises ``popart_exception`` for a gradient of another type than its weight and an unknown
+    weight in a ``ClipNormSettings``."""
     if not isinstance(opt, (SGD, Adam, Adaptive)):
         raise popart_exception(f"openipu does not support the {type(opt).__name__} optimizer: use popart.SGD, "
                                "popart.ConstSGD, popart.Adam or popart.Adaptive")
-    af, rf = reduction_factors(ir.options)
-    acc = ir.options.accumulation_factor() > 1
-    repl = ir.options.replication_factor() > 1
+    red = reduction(ir.options)
+    acc, repl = red.accumulating, red.replicas > 1
     pending = {}
     sharded = ir.sharded_weights = sharded_weights(ir, opt, grads)
-    if sharded and opt.clip_norm_settings:
-        raise popart_exception("openipu does not support ClipNormSettings with replicated tensor sharding of the "
-                               "optimizer state yet")
     for w, g in grads.items():
         if ir.tensors[g].info.data_type() != ir.tensors[w].info.data_type():
             raise popart_exception(f"The gradient of weight {w} is {ir.tensors[g].info.data_type()} but the weight is "
                                    f"{ir.tensors[w].info.data_type()}")
-        shards = int(rf) if w in sharded else 1
-        u = _Updates(ir, opt, w, g, af, 1.0 if shards > 1 and isinstance(opt, SGD) else rf, acc, shards)
+        u = _Updates(ir, opt, w, g, red, red.replicas if w in sharded else 1)
         pending[w] = (_sgd_reduce if isinstance(opt, SGD) else _reduce)(u, g, acc, repl)
+    count_micro_batches(ir)
     updaters = clip_by_norm(ir, opt, {w: p[0] for w, p in pending.items()}, acc)
     for w, (_, finish) in pending.items():
         finish(updaters[w])
@@ -316,9 +363,9 @@ def _reduce(u: _Updates, g: str, acc: bool, repl: bool, update=None):
     Adam's or Adaptive's) on the weight or its shard, then zeroing the accumulator."""
     update = update or (_adam if isinstance(u.opt, Adam) else _adaptive)
     accum = None
-    if acc:     # sum the micro-batches' gradients
+    if acc:     # sum (or average) the micro-batches' gradients
         accum = u.state(ACCUM_PREFIX, u.opt.accum_type, shape=u.wt.info.shape())  # not sharded
-        u.op("Accumulate", [accum, g], accumulationType="Add", out=f"AccumUpdated___{u.w}")
+        u.accumulate(accum, g)
         u.context = OUTER_FRAGMENT
         g = u.reduce(accum, True) if repl else accum
     elif repl:
@@ -327,13 +374,14 @@ def _reduce(u: _Updates, g: str, acc: bool, repl: bool, update=None):
     def finish(updater):
         u.shard_weight()
         u.gather_weight(update(u, updater))
-        if accum is not None:
+        if accum is not None and not u.red.running:     # a running mean restarts by itself
             u.op("AccumulatorUpdate", [accum], out=f"{UPDATED_PREFIX}{accum}")
     return g, finish
 
 
 def _sgd_reduce(u: _Updates, g: str, acc: bool, repl: bool):
-    """SGD: the all-reduced gradient (SGD0) or velocity (SGD1), and ``finish(updater)``."""
+    """SGD: the all-reduced gradient (SGD0), the velocity (SGD1) or the reduced accumulator
+    (SGD2), and ``finish(updater)``."""
     opt, w = u.opt, u.w
     if not opt.uses_velocity(w, acc):
         if repl:
@@ -342,31 +390,38 @@ def _sgd_reduce(u: _Updates, g: str, acc: bool, repl: bool):
                                        ["weightDecayScaleFactor0", "scaledLearningRate0"], out=f"{UPDATED_PREFIX}{w}")
     nesterov = "nesterovGradScaleFactor1" in u.scal
     if opt.accumulator_and_momentum == SGDAccumulatorAndMomentum.Separate:
-        if nesterov:
-            raise popart_exception("openipu supports nesterov SGD with SGDAccumulatorAndMomentum.Combined only")
         return _reduce(u, g, acc, repl, _sgd2)
-    if nesterov and (acc or repl):
-        raise popart_exception("openipu supports nesterov SGD without gradient accumulation and replication only")
-    mm = opt.value("defaultMomentum", w)
-    if nesterov and not mm.isConst():
-        raise popart_exception("openipu supports nesterov SGD with a const momentum only: give "
-                               "defaultMomentum as (value, True)")
+    # SGD1 (PopART's SGD1Decompose): without accumulation the replicas sum the gradient
+    # (GradReduce), with it the velocity (AcclReduce); both sums, whatever the mean strategy
+    if repl and not acc:
+        g = u.all_reduce(g, False, mean_if_running=False)
     v = u.state(ACCL_PREFIX, None, initial_velocity(opt, w, u.wt.value))
     u.op("SGD1Accumulate", [v, g], ["dampeningScaleFactor1"], out=f"AcclUpdated___{w}")
+    a = None
+    if nesterov:        # the gradients' sum, for the nesterov step
+        a = u.state(ACCL_PREFIX, None, shape=u.wt.info.shape(), suffix="_nesterovGrad")
+        u.op("Accumulate", [a, g], accumulationType="Add", out=f"AcclUpdated___{w}_nesterovGrad")
     if acc:
         u.context = OUTER_FRAGMENT
-    if repl:
-        u.all_reduce(v, True)
+        if repl:
+            for t in (v, a) if a else (v,):
+                u.all_reduce(t, True, mean_if_running=False)
 
     def finish(updater):
         if nesterov:
-            u.op("SGD1VarUpdate", [w, updater, g],
-                 ["scaledLearningRate1", "nesterovGradScaleFactor1", "nesterovWeightDecay1"],
-                 out=f"{UPDATED_PREFIX}{w}", momentum=mm.val())
+            _nesterov_var_update(u, "SGD1VarUpdate", w, updater, a)
+            u.op("AccumulatorUpdate", [a], out=f"{UPDATED_PREFIX}{a}")
         else:
             u.op("SGD1VarUpdate", [w, updater], ["scaledLearningRate1"], out=f"{UPDATED_PREFIX}{w}")
         u.op("SGD1AcclUpdate", [v, w], ["scaledMomentum1", "scaledWeightDecay1"], out=f"AcclFinal___{w}")
     return v, finish
+
+
+def _nesterov_var_update(u: _Updates, op_type: str, w: str, v: str, a: str) -> str:
+    """The nesterov weight step ``w -= slr1 * (ngsf1 * a + nwd1 * w + mm * v)`` from the
+    gradients' sum ``a`` (PopART's ``SGD1Nesterov`` and var update in one op)."""
+    return u.op(op_type, [w, v, a], ["scaledLearningRate1", "nesterovGradScaleFactor1", "nesterovWeightDecay1",
+                                     "momentum"], out=f"{UPDATED_PREFIX}{u.w}")
 
 
 def _sgd2(u: _Updates, a: str) -> str:
@@ -376,14 +431,17 @@ def _sgd2(u: _Updates, a: str) -> str:
     u.op("SGD2PartialAcclUpdate", [v, u.var], ["scaledMomentum1", "scaledWeightDecay1"], out=f"AcclDecayed___{w}")
     u.op("Accumulate", [v, a], [("factor", "dampeningScaleFactor1")], accumulationType="DampenedAdd",
          out=f"AcclUpdated___{w}")
+    if "nesterovGradScaleFactor1" in u.scal:
+        return _nesterov_var_update(u, "SGD2VarUpdate", u.var, v, a)
     return u.op("SGD2VarUpdate", [u.var, v], ["scaledLearningRate1"], out=f"{UPDATED_PREFIX}{w}")
 
 
 def clip_by_norm(ir, opt, updaters: dict[str, str], acc: bool) -> dict[str, str]:
     """PopART's ``ClipWeightGradientsByNorm``: per ``ClipNormSettings`` group, the global norm
     ``sqrt(sum_w sum(u_w^2))`` of its weights' updater inputs ``u_w`` (the reduced gradient;
-    SGD1's velocity, as PopART), and ``u_w * maxNorm / max(maxNorm, norm)`` in their place
-    (ONNX ReduceSumSquare, Sum, Sqrt, Max, Div, Mul; in the outer fragment with accumulation).
+    SGD1's velocity, as PopART; a sharded weight's slice, its squares all-reduced), and
+    ``u_w * maxNorm / max(maxNorm, norm)`` in their place (ONNX ReduceSumSquare, Sum, Sqrt, Max,
+    Div, Mul; in the outer fragment with accumulation).
     Returns weight -> updater input. Raises ``popart_exception`` ("Could not find a varupdate op
     for tensor ...") for a weight without an update."""
     out = dict(updaters)
@@ -395,14 +453,17 @@ def clip_by_norm(ir, opt, updaters: dict[str, str], acc: bool) -> dict[str, str]
         if not ids:
             continue
 
-        def add(op_type, ins, out_id, shape, **attrs):
+        def add(op_type, ins, out_id, shape, domain="", **attrs):
             src = ir.tensors[ins[0]].producer
-            op = ir.add_op(op_type, ins, [(out_id, ir.tensors[ins[0]].info.data_type(), shape)], attrs,
-                           name=f"{op_type}/clipping{k}", like=src)
+            op = ir.add_op(op_type, ins, [(out_id, ir.tensors[ins[0]].info.data_type(), shape)], attrs, domain=domain,
+                           opset=1 if domain else None, name=f"{op_type}/clipping{k}", like=src)
             op.grad_of = src.grad_of if src is not None else None
             op.execution_context = OUTER_FRAGMENT if acc else "Normal"
             return op.outputs[0]
         squares = [add("ReduceSumSquare", [updaters[w]], f"{w}_clipping", [], keepdims=0) for w in ids]
+        # a sharded weight's updater is this replica's slice: its squares summed over the replicas
+        squares = [add("ReplicatedAllReduce", [sq], f"{sq}__reduced", [], domain=GRAPHCORE) if w in ir.sharded_weights
+                   else sq for w, sq in zip(ids, squares)]
         total = add("Sum", squares, "normsSum", []) if len(squares) > 1 else squares[0]
         norm = add("Sqrt", [total], f"GlobalNorm_{k}", [])
         dtype = ir.tensors[norm].info.data_type()
@@ -421,14 +482,44 @@ def _weight_decay_in(u: _Updates, mode: WeightDecayMode) -> bool:
 
 
 def _accumulate(u: _Updates, accl: str, g: str, kind: str, factor: str | None, l2: bool,
-                scale: str | None = "gradientScaling") -> str:
+                scale: str | None = "gradientScaling", ratio: str | None = None) -> str:
     """``Accumulate`` of ``kind`` into ``accl`` of ``s = scale * g (+ wd * w)``: ``factor`` and
     ``scale`` name compound scalars (None: none); ``l2`` adds the L2 term (``w`` then is the
-    third tensor input)."""
+    third tensor input); ``ratio``: the loss scaling's change, rescaling a scaled state first
+    (PopART's ``RescaleAccumulate``)."""
     ins = [accl, g] + ([u.var] if l2 else [])
     names = ([("factor", factor)] if factor else []) + ([("gradientScaling", scale)] if scale else []) + \
         (["weightDecay"] if l2 else [])
-    return u.op("Accumulate", ins, names, accumulationType=kind, out=f"{accl}__updated")
+    return u.op("Accumulate", ins, names, accumulationType=kind, out=f"{accl}__updated",
+                tensor_scalars={"rescaleRatio": ratio} if ratio else None)
+
+
+def _loss_scaling_ratio(u: _Updates) -> str:
+    """``lossScaling / previousLossScaling`` (FLOAT scalar), then ``previousLossScaling``
+    set to the loss scaling (``CopyVarUpdate``): how much a scaled optimizer state must be
+    rescaled when ``updateOptimizerFromHost`` changed a non-const loss scaling (PopART's
+    ``AdamDecompose::rescaleRatio``). One pair per session; returns the ratio's id."""
+    ir = u.ir
+    ls = f"{LOSS_SCALING_PREFIX}{ir.tensors[ir.training['loss']].info.data_type()}"
+    ratio = "lossScalingRatio_FLOAT"
+    if ratio in ir.tensors:
+        return ratio
+    prev = "previousLossScaling_FLOAT"
+    if prev not in ir.tensors:
+        ir._add_tensor(prev, "FLOAT", [], "Variable", np.asarray(ir.tensors[ls].value, np.float32).reshape(()))
+
+    def add(op_type, ins, out, domain="", **attrs):
+        op = ir.add_op(op_type, ins, [(out, "FLOAT", [])], attrs, domain=domain, opset=1 if domain else None,
+                       name=f"{op_type}/{out}", like=u.fwd, modifies=(0,) if op_type == "CopyVarUpdate" else ())
+        op.grad_of, op.execution_context = u.fwd, u.context
+        return op.outputs[0]
+    if ir.tensors[ls].info.data_type() != "FLOAT":
+        ls = add("Cast", [ls], f"{ls}__FLOAT", to=1)
+    if ir.tensors[ls].info.rank():
+        ls = add("Reshape", [ls, ir.add_const("scalarShape", np.zeros(0, np.int64))], f"{ls}__scalar")
+    out = add("Div", [ls, prev], ratio)
+    add("CopyVarUpdate", [prev, ls], f"{UPDATED_PREFIX}{prev}", domain=GRAPHCORE)
+    return out
 
 
 def _adam(u: _Updates, g: str) -> str:
@@ -439,8 +530,9 @@ def _adam(u: _Updates, g: str) -> str:
     m = u.state("Accl1___", opt.accl1_type)
     v = u.state("Accl2___", opt.accl2_type)
     t = u.state("Step___", "FLOAT", shape=[])
-    _accumulate(u, m, g, "MovingAverage", "beta1", l2)
-    _accumulate(u, v, g, "Infinity" if mode == AdamMode.AdaMax else "MovingAverageSquare", "beta2", l2)
+    ratio = _loss_scaling_ratio(u) if opt.scaled_optimizer_state and not opt.lossScaling().isConst() else None
+    _accumulate(u, m, g, "MovingAverage", "beta1", l2, ratio=ratio)
+    _accumulate(u, v, g, "Infinity" if mode == AdamMode.AdaMax else "MovingAverageSquare", "beta2", l2, ratio=ratio)
     x = u.op("AdamUpdater", [m, v, t] + ([w] if decay else []), ["beta1", "beta2", "eps"] +
              (["weightDecay"] if decay else []), out=f"AdamUpdater___{u.w}", out_dtype=u.wt.info.data_type(),
              out_shape=u.shape(), modifies=(2,), mode=mode.name)
