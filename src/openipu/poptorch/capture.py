@@ -1,0 +1,167 @@
+"""Capture a ``torch.nn.Module`` and build its PopART model: ``torch.export`` (non-strict) on
+micro-batch inputs records the ATen graph with the blocks' annotations; the decompositions bring
+it to core ATen but keep the ops PopART lowers as one (``linear``, ``layer_norm``, ``conv*``,
+``dropout``, the losses ...); :func:`build` lowers it with a ``popart.Builder``
+(:mod:`openipu.poptorch.lower`): parameters and buffers become initializers named by their
+module path (``fc1.weight``: PopART then names the gradient ``Gradient___fc1.weight``), inputs
+are named by ``forward``'s parameters.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+
+from openipu import popart
+from openipu.poptorch import blocks
+from openipu.poptorch.errors import Error
+from openipu.poptorch.lower import LOSS_OPS, NUMPY_TYPE, POPART_TYPE, Lowering, lower_graph, op_name
+
+#: composite ops kept whole (PopART has one op, and one cost, for each)
+KEEP = ("linear", "layer_norm", "group_norm", "conv1d", "conv2d", "conv3d", "dropout", "cross_entropy_loss",
+        "nll_loss_nd", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
+        "binary_cross_entropy_with_logits", "gelu", "silu", "hardswish", "hardsigmoid", "mish",
+        "adaptive_avg_pool2d", "max_pool2d", "avg_pool2d")
+
+
+def _decompositions():
+    table = torch.export.default_decompositions()
+    for name in KEEP:
+        packet = getattr(torch.ops.aten, name, None)
+        if packet is None:
+            continue
+        for overload in packet.overloads():
+            table.pop(getattr(packet, overload), None)
+    return table
+
+
+def capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> ExportedProgram:
+    """The decomposed ATen graph of ``model(*args, **kwargs)`` with block annotations. Raises
+    :class:`Error` (PopTorch's wording where it has one) when the model cannot be captured:
+    data-dependent values (``.item()``) and control flow."""
+    try:
+        with blocks.capturing(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)      # torch-internal pytree deprecations
+            ep = torch.export.export(model, tuple(args), dict(kwargs), strict=False)
+            return ep.run_decompositions(_decompositions())
+    except Error:
+        raise
+    except Exception as e:  # torch's capture errors, re-worded as PopTorch's Error
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "data-dependent" in str(e) or "GuardOnDataDependent" in type(e).__name__ or "item()" in str(e):
+            raise Error("Could not capture the model: it reads a tensor's value on the host (e.g. .item(), int(t), "
+                        "bool(t) or data-dependent control flow), which a static IPU graph cannot do. Use "
+                        f"poptorch.dynamic_slice / torch.where instead. ({msg})") from e
+        raise Error(f"Could not capture the model with torch.export: {msg}") from e
+
+
+@dataclass
+class Built:
+    """A lowered model: the ONNX model, its input ids (in ``forward``'s flattened order), the
+    user outputs' ids and pytree spec, the loss id (training), the weights (PopART id -> module
+    attribute path), the IPUs and pipelining the blocks ask for."""
+
+    model: bytes
+    inputs: list
+    input_info: list
+    outputs: list
+    out_spec: object
+    loss: str | None
+    weights: dict = field(default_factory=dict)
+    num_ipus: int = 1
+    pipelined: bool = False
+
+
+def build(ep: ExportedProgram, input_names: list[str], training: bool, strategy=None) -> Built:
+    """Lower ``ep`` (``input_names``: one per user input, in order). With ``training`` the loss
+    is the output of the one final loss op (PopTorch's ``RemoveSurplusIdentityLosses``)."""
+    gm = ep.graph_module
+    num_ipus, pipelined = blocks.resolve(gm, strategy)
+    b = popart.Builder()
+    lw = Lowering(b, training)
+    state = ep.state_dict
+    consts = getattr(ep, "constants", {})
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    ids, inputs, infos, weights = {}, [], [], {}
+    user = iter(input_names)
+    for n, spec in zip(placeholders, ep.graph_signature.input_specs):
+        v = n.meta.get("val")
+        if spec.kind == InputKind.USER_INPUT:
+            if not isinstance(v, torch.Tensor):
+                ids[n] = v
+                continue
+            name = next(user)
+            info = popart.TensorInfo(POPART_TYPE[v.dtype], [int(d) for d in v.shape])
+            ids[n] = b.addInputTensor(info, name)
+            inputs.append(ids[n])
+            infos.append(info)
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            value = state[spec.target] if spec.target in state else consts[spec.target]
+            if not value.is_floating_point() and not any(u.op == "call_function" for u in n.users):
+                continue        # e.g. num_batches_tracked, read by nothing
+            arr = value.detach().cpu().numpy()
+            arr = arr.astype(NUMPY_TYPE[POPART_TYPE[value.dtype]])
+            ids[n] = b.addInitializedInputTensor(arr, spec.target)
+            if value.is_floating_point():       # integer buffers (num_batches_tracked) stay constants
+                weights[ids[n]] = spec.target
+        elif spec.kind in (InputKind.CONSTANT_TENSOR,):
+            value = consts[spec.target]
+            ids[n] = b.aiOnnxOpset11.constant(value.detach().cpu().numpy().astype(
+                NUMPY_TYPE[POPART_TYPE[value.dtype]]), spec.target)
+        else:
+            raise Error(f"Unsupported model input kind {spec.kind} ({spec.target})")
+    lower_graph(gm, lw, ids)
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    results = out_node.args[0]
+    outputs = []
+    for r, spec in zip(results, ep.graph_signature.output_specs):
+        if spec.kind == OutputKind.USER_OUTPUT:
+            tid = lw.ids.get(r) if isinstance(r, torch.fx.Node) else None
+            if tid is None:
+                raise Error("Model outputs must be tensors computed by the model")
+            b.addOutputTensor(tid)
+            outputs.append(tid)
+        elif spec.kind == OutputKind.BUFFER_MUTATION:
+            src = r.args[0] if isinstance(r, torch.fx.Node) and op_name(r.target) == "getitem" else r
+            producer = src.target if isinstance(src, torch.fx.Node) else None
+            if producer is not None and "batch_norm" in op_name(producer) or spec.target.endswith("num_batches_tracked"):
+                continue    # PopART updates a training BatchNorm's running statistics itself
+            if training:
+                raise Error(f"The model updates buffer '{spec.target}' in place; openipu supports the running "
+                            "statistics of BatchNorm only")
+        elif spec.kind == OutputKind.LOSS_OUTPUT or spec.kind == OutputKind.USER_INPUT_MUTATION:
+            raise Error(f"Unsupported model output kind {spec.kind}")
+    loss = _find_loss(gm, lw) if training else None
+    return Built(b.getModelProto(), inputs, infos, outputs, ep.call_spec.out_spec, loss, weights, num_ipus, pipelined)
+
+
+def _find_loss(gm, lw) -> str:
+    """The final loss: the output of the one loss op whose result feeds no other loss op."""
+    losses = [n for n in gm.graph.nodes if n.op == "call_function" and op_name(n.target) in LOSS_OPS]
+    if not losses:
+        raise Error("Couldn't find a loss in graph!")
+    loss_set = set(losses)
+
+    def feeds_a_loss(n):
+        seen, todo = set(), list(n.users)
+        while todo:
+            u = todo.pop()
+            if u in loss_set:
+                return True
+            if u not in seen:
+                seen.add(u)
+                todo.extend(u.users)
+        return False
+    final = [n for n in losses if not feeds_a_loss(n)]
+    if len(final) > 1:
+        raise Error("Multiple independent losses found in graph. Graph must have one final loss. Wrap final graph "
+                    "loss in poptorch.identity_loss.")
+    tid = lw.ids[final[0]]
+    return tid[0] if isinstance(tid, (tuple, list)) else tid
+
+
+

@@ -1,0 +1,394 @@
+"""``poptorch.Options`` (``research/poptorch.md`` 1.4): how a wrapped model is batched, placed and
+compiled, translated to PopART ``SessionOptions`` and an IPU device.
+
+Setters return the options so calls chain (``Options().deviceIterations(20).randomSeed(1)``).
+``set(**kw)`` and attribute assignment are type-checked ("Invalid option ...", "Unexpected
+type ..."); once a model is wrapped its options are frozen (``AttributeError("Can't modify frozen
+Options")``) and ``clone()`` gives an unfrozen copy. ``toDict()`` lists every value.
+
+Batching (1.7): each call's inputs hold ``deviceIterations * replicationFactor *
+gradientAccumulation`` micro-batches along dim 0 (:meth:`Options.batch_factor`), in PopART's
+order ``[deviceIterations][gradientAccumulation][replicationFactor][micro-batch]``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import torch
+
+from openipu import popart
+from openipu.poptorch.enums import (ConnectionType, MeanReductionStrategy, OutputMode, ReductionType,
+                                    SyncPattern)
+from openipu.poptorch.errors import Error
+
+
+class _OptionsDict:
+    """Type-checked, freezable option storage: ``_values`` name -> value (the type of the default
+    is the allowed type)."""
+
+    def __init__(self, **defaults):
+        object.__setattr__(self, "_values", dict(defaults))
+        object.__setattr__(self, "_frozen", False)
+
+    def set(self, **kw):
+        """Set options by name; asserts "Invalid option ..." / "Unexpected type ..." (PopTorch)."""
+        for k, v in kw.items():
+            self._check(k, v)
+        for k, v in kw.items():
+            self._values[k] = v
+        return self
+
+    def _check(self, k, v):
+        if self._frozen:
+            raise AttributeError("Can't modify frozen Options")
+        if k not in self._values:
+            raise AssertionError(f"Invalid option {k}, valid options are {sorted(self._values)}")
+        cur = self._values[k]
+        ok = cur is None or isinstance(v, type(cur)) or (type(cur) is float and type(v) is int)
+        if not ok:
+            raise AssertionError(f"Unexpected type {type(v)} for option {k}. Expected {type(cur)}")
+
+    def __getattr__(self, k):
+        values = object.__getattribute__(self, "_values")
+        if k in values:
+            return values[k]
+        raise AttributeError(f"Unknown option '{k}'")
+
+    def __setattr__(self, k, v):
+        if k.startswith("_") or k in type(self).__dict__:
+            object.__setattr__(self, k, v)
+        else:
+            self.set(**{k: v})
+
+    def _freeze(self):
+        object.__setattr__(self, "_frozen", True)
+        for v in vars(self).values():
+            if isinstance(v, _OptionsDict):
+                v._freeze()
+
+    def toDict(self) -> dict:  # noqa: N802
+        return dict(self._values)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
+
+
+class _PrecisionOptions(_OptionsDict):
+    """``Options.Precision``."""
+
+    def __init__(self):
+        super().__init__(partials_type="", stochastic_rounding=False, fp_exceptions=False)
+
+    def setPartialsType(self, dtype):  # noqa: N802
+        """``torch.float`` or ``torch.half``: the partials of matmuls and convolutions."""
+        if dtype not in (torch.float, torch.half, torch.float32, torch.float16):
+            raise ValueError("setPartialsType only accepts torch.float or torch.half")
+        return self.set(partials_type="half" if dtype in (torch.half, torch.float16) else "float")
+
+    def enableStochasticRounding(self, enabled: bool):  # noqa: N802
+        return self.set(stochastic_rounding=bool(enabled))
+
+    def enableFloatingPointExceptions(self, enabled: bool):  # noqa: N802
+        return self.set(fp_exceptions=bool(enabled))
+
+    def halfFloatCasting(self, *_):  # noqa: N802
+        import warnings
+        warnings.warn("halfFloatCasting is deprecated and has no effect", DeprecationWarning)
+        return self
+
+    def runningStatisticsAlwaysFloat(self, *_):  # noqa: N802
+        import warnings
+        warnings.warn("runningStatisticsAlwaysFloat is deprecated and has no effect", DeprecationWarning)
+        return self
+
+
+class _TrainingOptions(_OptionsDict):
+    """``Options.Training``."""
+
+    def __init__(self):
+        super().__init__(gradient_accumulation=1, accumulation_and_replication_reduction_type=ReductionType.Mean,
+                         mean_accumulation_and_replication_reduction_strategy=MeanReductionStrategy.Post,
+                         automatic_loss_scaling=False, convolution_dithering=False)
+
+    def gradientAccumulation(self, n: int):  # noqa: N802
+        """Micro-batches summed (or meaned) into one weight update."""
+        if int(n) < 1:
+            raise ValueError("gradientAccumulation must be at least 1")
+        return self.set(gradient_accumulation=int(n))
+
+    def accumulationAndReplicationReductionType(self, t):  # noqa: N802
+        if str(t).split(".")[-1] not in ("Mean", "Sum"):
+            raise ValueError("accumulationAndReplicationReductionType must be ReductionType.Mean or ReductionType.Sum")
+        return self.set(accumulation_and_replication_reduction_type=t)
+
+    def setMeanAccumulationAndReplicationReductionStrategy(self, s):  # noqa: N802
+        return self.set(mean_accumulation_and_replication_reduction_strategy=s)
+
+    def setAutomaticLossScaling(self, enabled: bool):  # noqa: N802
+        return self.set(automatic_loss_scaling=bool(enabled))
+
+    def setConvolutionDithering(self, enabled: bool):  # noqa: N802
+        return self.set(convolution_dithering=bool(enabled))
+
+
+class _PopartOptions:
+    """``Options._Popart``: raw PopART ``SessionOptions`` keys (``set``), engine options and
+    patterns, applied last."""
+
+    def __init__(self):
+        self.options: dict = {}
+        self.patterns: dict = {}
+        self.pattern_level = 2
+
+    def set(self, key: str, value):
+        self.options[key] = value
+        return self
+
+    def setEngineOptions(self, engine_options: dict):  # noqa: N802
+        self.options["engineOptions"] = dict(engine_options)
+        return self
+
+    def setPatterns(self, patterns: dict, level: int = 2):  # noqa: N802
+        self.patterns, self.pattern_level = dict(patterns), int(level)
+        return self
+
+
+class _JitOptions(_OptionsDict):
+    def __init__(self):
+        super().__init__(trace_model=False)
+
+    def traceModel(self, trace: bool):  # noqa: N802
+        if trace:
+            raise ValueError("poptorch.Options.Jit.traceModel(True) is no longer supported: PopTorch captures "
+                             "the model with the dispatcher (torch.export here) only")
+        return self
+
+
+class Options(_OptionsDict):
+    """``poptorch.Options()`` (module docstring). Environment: ``POPTORCH_DEFAULT_OPTIONS`` (JSON
+    ``{"name": value}`` applied at construction), ``POPTORCH_IPU_MODEL`` (``useIpuModel``),
+    ``POPTORCH_CACHE_DIR`` (``enableExecutableCaching``)."""
+
+    def __init__(self):
+        super().__init__(device_iterations=1, replication_factor=1, input_group_size=1, output_mode=OutputMode.Default,
+                         output_return_period=1, random_seed=None, use_ipu_model=None, ipu_id=-1,
+                         offline_ipu_version=None, connection_type=ConnectionType.Always, sync_pattern=SyncPattern.Full,
+                         auto_round_num_ipus=False, log_cycle_count=False, log_dir=".", max_repeat_logs=4,
+                         executable_cache_dir="", synthetic_data=False, available_memory_proportion={},
+                         enable_stable_norm=False, broadcast_buffers=True, model_name="", profile_dir="",
+                         anchored_tensors={}, updatable_named_buffers=[], relax_optimizer_attributes_checks=False,
+                         show_compilation_progress_bar=False, disable_module_namescope=False)
+        object.__setattr__(self, "Precision", _PrecisionOptions())
+        object.__setattr__(self, "Training", _TrainingOptions())
+        object.__setattr__(self, "Jit", _JitOptions())
+        object.__setattr__(self, "_Popart", _PopartOptions())
+        object.__setattr__(self, "_execution_strategy", None)
+        env = os.environ.get("POPTORCH_DEFAULT_OPTIONS")
+        if env:
+            for k, v in json.loads(env).items():
+                target = self
+                *path, name = k.split(".")
+                for p in path:
+                    target = getattr(target, p)
+                target.set(**{name: v})
+        if os.environ.get("POPTORCH_CACHE_DIR"):
+            self.enableExecutableCaching(os.environ["POPTORCH_CACHE_DIR"])
+
+    @property
+    def _popart(self):
+        """OG spells it lower-case."""
+        return self._Popart
+
+    # -- batching --------------------------------------------------------------------------
+    def deviceIterations(self, n: int):  # noqa: N802
+        """Batches run per call (PopART's ``batchesPerStep``)."""
+        if int(n) < 1:
+            raise ValueError("deviceIterations must be at least 1")
+        return self.set(device_iterations=int(n))
+
+    def replicationFactor(self, n: int):  # noqa: N802
+        if int(n) < 1:
+            raise ValueError("replicationFactor must be at least 1")
+        return self.set(replication_factor=int(n))
+
+    def outputMode(self, mode: OutputMode, output_return_period: int | None = None):  # noqa: N802
+        """What each call returns (module docstring); ``EveryN`` needs ``output_return_period``."""
+        mode = OutputMode(mode)
+        if mode == OutputMode.EveryN:
+            if not output_return_period or int(output_return_period) < 1:
+                raise ValueError("EveryN output mode must specify a non-zero output_return_period")
+        elif output_return_period is not None:
+            raise ValueError("A return period should only be provided for EveryN output mode")
+        return self.set(output_mode=mode, output_return_period=int(output_return_period or 1))
+
+    def defaultOutputMode(self) -> bool:  # noqa: N802
+        return self.output_mode == OutputMode.Default
+
+    def anchorTensor(self, short_name: str, long_name: str, output_mode=None, output_return_period: int = 1):  # noqa: N802
+        """Return PopART tensor ``long_name`` (e.g. ``Gradient___fc1.weight``) as
+        ``getAnchoredTensor(short_name)``."""
+        anchors = dict(self.anchored_tensors)
+        anchors[short_name] = (long_name, output_mode, int(output_return_period))
+        return self.set(anchored_tensors=anchors)
+
+    def batch_factor(self) -> int:
+        """Micro-batches per call: ``deviceIterations * replicationFactor / inputGroupSize *
+        gradientAccumulation`` (openipu helper; PopTorch's ``_combined_batch``)."""
+        return self.device_iterations * (self.replication_factor // self.input_group_size) * \
+            self.Training.gradient_accumulation
+
+    # -- device ----------------------------------------------------------------------------
+    def randomSeed(self, seed: int):  # noqa: N802
+        """The device's seed (and ``torch.manual_seed``, as PopTorch does)."""
+        torch.manual_seed(int(seed))
+        return self.set(random_seed=int(seed))
+
+    def useIpuModel(self, use: bool):  # noqa: N802
+        return self.set(use_ipu_model=bool(use))
+
+    def useIpuId(self, ipu_id: int):  # noqa: N802
+        return self.set(ipu_id=int(ipu_id))
+
+    def useOfflineIpuTarget(self, ipu_version: int = 2):  # noqa: N802
+        """Compile for an IPU without one attached (``ConnectionType.Never``): predictions only."""
+        self.set(offline_ipu_version=int(ipu_version))
+        return self.connectionType(ConnectionType.Never)
+
+    def connectionType(self, t: ConnectionType):  # noqa: N802
+        return self.set(connection_type=ConnectionType(t))
+
+    def syncPattern(self, p: SyncPattern):  # noqa: N802
+        return self.set(sync_pattern=SyncPattern(p))
+
+    def autoRoundNumIPUs(self, enabled: bool):  # noqa: N802
+        return self.set(auto_round_num_ipus=bool(enabled))
+
+    def setAvailableMemoryProportion(self, proportions: dict):  # noqa: N802
+        """``{"IPU0": 0.5, ...}``: the share of tile memory matmuls and convolutions may use."""
+        for k, v in proportions.items():
+            if not str(k).startswith("IPU"):
+                raise ValueError(f"Invalid key {k} for setAvailableMemoryProportion: keys must be of the form 'IPU<n>'")
+            if not 0.0 < float(v) <= 1.0:
+                raise ValueError(f"Invalid available memory proportion {v} for {k}: it must be in (0, 1]")
+        return self.set(available_memory_proportion={str(k): float(v) for k, v in proportions.items()})
+
+    def setExecutionStrategy(self, strategy):  # noqa: N802
+        object.__setattr__(self, "_execution_strategy", strategy)
+        return self
+
+    def enableExecutableCaching(self, path: str | None):  # noqa: N802
+        return self.set(executable_cache_dir=str(path) if path else "")
+
+    def enableSyntheticData(self, enabled: bool):  # noqa: N802
+        return self.set(synthetic_data=bool(enabled))
+
+    def enableStableNorm(self, enabled: bool):  # noqa: N802
+        return self.set(enable_stable_norm=bool(enabled))
+
+    def broadcastBuffers(self, enabled: bool):  # noqa: N802
+        return self.set(broadcast_buffers=bool(enabled))
+
+    def logCycleCount(self, enabled: bool):  # noqa: N802
+        """Count the cycles of each call (``PoplarExecutor.cycleCount()``)."""
+        return self.set(log_cycle_count=bool(enabled))
+
+    def logDir(self, path: str):  # noqa: N802
+        return self.set(log_dir=str(path))
+
+    def maxRepeatLogs(self, n: int):  # noqa: N802
+        return self.set(max_repeat_logs=int(n))
+
+    def modelName(self, name: str):  # noqa: N802
+        return self.set(model_name=str(name))
+
+    def enableProfiling(self, profile_dir: str | None = None):  # noqa: N802
+        return self.set(profile_dir=str(profile_dir or "."))
+
+    def disableModuleNamescope(self):  # noqa: N802
+        return self.set(disable_module_namescope=True)
+
+    def updatableNamedBuffers(self, buffers: list):  # noqa: N802
+        return self.set(updatable_named_buffers=list(buffers))
+
+    def relaxOptimizerAttributesChecks(self, relaxed: bool = True):  # noqa: N802
+        return self.set(relax_optimizer_attributes_checks=bool(relaxed))
+
+    def showCompilationProgressBar(self, show: bool = True):  # noqa: N802
+        return self.set(show_compilation_progress_bar=bool(show))
+
+    def loadFromFile(self, filepath: str):  # noqa: N802
+        """One setter call per line (``deviceIterations(32)``); ``#`` starts a comment."""
+        with open(filepath) as f:
+            for line in f:
+                line = line.split("#")[0].strip()
+                if line:
+                    target = self
+                    call = line
+                    while "." in call.split("(")[0]:
+                        head, call = call.split(".", 1)
+                        target = getattr(target, head)
+                    name, args = call.split("(", 1)
+                    getattr(target, name)(*json.loads("[" + args.rsplit(")", 1)[0] + "]"))
+        return self
+
+    # -- whole-object ----------------------------------------------------------------------
+    def clone(self) -> "Options":
+        """An unfrozen deep copy."""
+        out = copy.deepcopy(self)
+        for o in (out, out.Precision, out.Training, out.Jit):
+            object.__setattr__(o, "_frozen", False)
+        return out
+
+    def toDict(self) -> dict:  # noqa: N802
+        if self.output_mode == OutputMode.Default:
+            raise AssertionError("An output mode must be picked: call outputMode() or wrap the model first")
+        out = dict(self._values)
+        out.update({f"Precision.{k}": v for k, v in self.Precision.toDict().items()})
+        out.update({f"Training.{k}": v for k, v in self.Training.toDict().items()})
+        out.update({f"_Popart.{k}": v for k, v in self._Popart.options.items()})
+        return out
+
+    # -- to PopART (openipu) ---------------------------------------------------------------
+    def session_options(self, training: bool, num_ipus: int, pipelined: bool) -> "popart.SessionOptions":
+        """The PopART ``SessionOptions`` these options compile to: ``batchesPerStep`` is the
+        DataFlow's, so not here; gradient accumulation and its reduction (training only),
+        replication, virtual graphs and pipelining, partials, stochastic rounding, the raw
+        ``_Popart`` keys last."""
+        o = popart.SessionOptions()
+        af = self.Training.gradient_accumulation if training else 1
+        if af > 1:
+            o.enableGradientAccumulation, o.accumulationFactor = True, af
+        if self.replication_factor > 1:
+            o.enableReplicatedGraphs, o.replicatedGraphCount = True, self.replication_factor
+        if training:
+            o.accumulationAndReplicationReductionType = self.Training.accumulation_and_replication_reduction_type
+            o.meanAccumulationAndReplicationReductionStrategy = \
+                self.Training.mean_accumulation_and_replication_reduction_strategy
+            o.automaticLossScalingSettings.enabled = self.Training.automatic_loss_scaling
+        if num_ipus > 1:
+            o.virtualGraphMode = popart.VirtualGraphMode.Manual
+            o.enablePipelining = pipelined
+        if self.Precision.partials_type:
+            o.partialsTypeMatMuls = self.Precision.partials_type
+            o.convolutionOptions = {**o.convolutionOptions, "partialsType": self.Precision.partials_type}
+        o.enableStochasticRounding = self.Precision.stochastic_rounding
+        o.enableFloatingPointChecks = self.Precision.fp_exceptions
+        o.enableStableNorm = self.enable_stable_norm
+        if self.log_cycle_count:
+            o.instrumentWithHardwareCycleCounter = True
+        for k, v in self._Popart.options.items():
+            try:
+                setattr(o, k, v)
+            except AttributeError:
+                raise Error(f"Unknown PopART option '{k}' given to Options._Popart.set") from None
+        return o
+
+    def ipu_version(self) -> str:
+        """The simulated target: ``ipu2`` unless ``useOfflineIpuTarget(21)`` or
+        ``POPTORCH_IPU_MODEL_VERSION`` say otherwise."""
+        v = self.offline_ipu_version or os.environ.get("POPTORCH_IPU_MODEL_VERSION", "2")
+        v = str(v).replace("ipu", "")
+        return {"1": "ipu1", "2": "ipu2", "21": "ipu21"}.get(v, "ipu2")

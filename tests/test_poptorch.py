@@ -1,0 +1,192 @@
+"""PopTorch (``import poptorch``): capture, lowering and PopTorch's batching, weights and errors,
+against the same ``torch.nn`` modules on the CPU."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import poptorch
+
+
+class Net(torch.nn.Module):
+    """A small classifier returning ``(logits, loss)`` with labels, ``logits`` without."""
+
+    def __init__(self, loss=None):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(10, 16)
+        self.fc2 = torch.nn.Linear(16, 4)
+        self.loss = loss or torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, y=None):
+        out = self.fc2(torch.relu(self.fc1(x)))
+        return out if y is None else (out, self.loss(out, y))
+
+
+def _data(n=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 10, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def test_inference_matches_the_module():
+    torch.manual_seed(0)
+    m = Net()
+    x, _ = _data()
+    out = poptorch.inferenceModel(m)(x)
+    torch.testing.assert_close(out, m(x), rtol=1e-5, atol=1e-6)
+
+
+OPTIMIZERS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.1),
+    "sgd-momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01),
+    "adam": lambda p: torch.optim.Adam(p, lr=0.01),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
+    "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.01),
+    "poptorch-sgd": lambda p: poptorch.optim.SGD(p, lr=0.1, momentum=0.9),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_training_matches_torch_optim(name):
+    """Three calls of a trainingModel give the weights of three torch.optim steps."""
+    torch.manual_seed(0)
+    m = Net()
+    ref = copy.deepcopy(m)
+    opt = OPTIMIZERS[name](ref.parameters())
+    tm = poptorch.trainingModel(m, optimizer=OPTIMIZERS[name](m.parameters()))
+    for step in range(3):
+        x, y = _data(seed=step)
+        out, loss = tm(x, y)
+        opt.zero_grad()
+        ref_out, ref_loss = ref(x, y)
+        ref_loss.backward()
+        opt.step()
+        assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
+    for (n, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6, msg=n)
+    assert "Gradient___fc1.weight" in tm.getTensorNames()
+
+
+def test_batching_rules():
+    """deviceIterations x replicas x gradient accumulation micro-batches per call: the loss of
+    every micro-batch comes back under OutputMode.All, one update per device iteration."""
+    torch.manual_seed(0)
+    m = Net()
+    ref = copy.deepcopy(m)
+    o = poptorch.Options().deviceIterations(2).replicationFactor(2).outputMode(poptorch.OutputMode.All)
+    o.Training.gradientAccumulation(3)
+    tm = poptorch.trainingModel(m, o, torch.optim.SGD(m.parameters(), lr=0.1))
+    x, y = _data(n=2 * 2 * 3 * 4)           # micro-batch 4
+    out, loss = tm(x, y)
+    assert out.shape == (48, 4) and loss.shape == (12,)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    # PopART order of the combined batch: [iteration][micro-batch][replica][sample]
+    xs, ys = x.reshape(2, 3, 2, 4, 10), y.reshape(2, 3, 2, 4)
+    for i in range(2):
+        opt.zero_grad()
+        losses = [ref(xs[i, a, r], ys[i, a, r])[1] for a in range(3) for r in range(2)]
+        torch.stack(losses).mean().backward()      # Mean reduction over micro-batches and replicas
+        opt.step()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+
+
+def test_inference_after_training_sees_the_new_weights():
+    torch.manual_seed(0)
+    m = Net()
+    x, y = _data()
+    im = poptorch.inferenceModel(m)
+    before = im(x)
+    tm = poptorch.trainingModel(m, optimizer=torch.optim.SGD(m.parameters(), lr=0.5))
+    tm(x, y)
+    after = im(x)
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, m(x), rtol=1e-5, atol=1e-6)
+
+
+def test_errors():
+    torch.manual_seed(0)
+    m = Net()
+    x, y = _data(n=6)
+    o = poptorch.Options().deviceIterations(4)
+    with pytest.raises(poptorch.Error, match=r"Invalid batch dimension: In the input x, the batch dimension \(6\)"):
+        poptorch.inferenceModel(m, o)(x)
+    im = poptorch.inferenceModel(m)
+    im(x)
+    with pytest.raises(poptorch.Error, match="don't match the inputs used to compile the model"):
+        im(torch.randn(3, 10))
+    o = poptorch.Options()
+    o.Training.gradientAccumulation(2)
+    with pytest.raises(poptorch.Error, match="gradientAccumulation to 1"):
+        poptorch.inferenceModel(m, o)
+    with pytest.raises(poptorch.Error, match="Couldn't find a loss in graph"):
+        poptorch.trainingModel(Net())(x)
+
+    class TwoLosses(Net):
+        def forward(self, x, y):
+            out = self.fc2(torch.relu(self.fc1(x)))
+            return self.loss(out, y) + torch.nn.functional.mse_loss(out, torch.zeros_like(out))
+    with pytest.raises(poptorch.Error, match="Multiple independent losses found in graph"):
+        poptorch.trainingModel(TwoLosses())(x, y)
+
+    class Item(Net):
+        def forward(self, x):
+            return x * int(x.sum() > 0)
+    with pytest.raises(poptorch.Error, match="reads a tensor's value on the host"):
+        poptorch.inferenceModel(Item())(x)
+    with pytest.raises(AttributeError, match="Can't modify frozen Options"):
+        im.options.deviceIterations(2)
+
+
+def test_identity_loss_of_two_losses_trains():
+    torch.manual_seed(0)
+
+    class TwoLosses(Net):
+        def forward(self, x, y):
+            out = self.fc2(torch.relu(self.fc1(x)))
+            return out, poptorch.identity_loss(self.loss(out, y) + 0.5 * out.pow(2).mean(), reduction="sum")
+    m = TwoLosses()
+    ref = copy.deepcopy(m)
+    tm = poptorch.trainingModel(m, optimizer=torch.optim.SGD(m.parameters(), lr=0.1))
+    x, y = _data()
+    tm(x, y)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    ref(x, y)[1].backward()
+    opt.step()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+
+
+def test_blocks_place_layers_on_ipus():
+    """BeginBlock over 2 IPUs, sharded and pipelined: the same trained weights as one IPU."""
+    results = {}
+    for strategy in (None, "sharded", "pipelined"):
+        torch.manual_seed(0)
+        m = Net()
+        if strategy:
+            poptorch.BeginBlock(m.fc1, "b0", ipu_id=0)
+            poptorch.BeginBlock(m.fc2, "b1", ipu_id=1)
+        o = poptorch.Options().deviceIterations(2)
+        o.Training.gradientAccumulation(4)
+        if strategy == "sharded":
+            o.setExecutionStrategy(poptorch.ShardedExecution())
+        tm = poptorch.trainingModel(m, o, torch.optim.SGD(m.parameters(), lr=0.1))
+        x, y = _data(n=2 * 4 * 2)
+        tm(x, y)
+        results[strategy] = [p.detach().clone() for p in m.parameters()]
+        if strategy:
+            assert tm._built.num_ipus == 2 and tm._built.pipelined == (strategy == "pipelined")
+    for s in ("sharded", "pipelined"):
+        for p, q in zip(results[s], results[None]):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_cycle_count_is_a_prediction():
+    m = Net()
+    im = poptorch.inferenceModel(m, poptorch.Options().logCycleCount(True))
+    im(_data()[0])
+    assert im.cycleCount() > 0
+    with pytest.raises(poptorch.Error, match="Cycle count logging is disabled"):
+        poptorch.inferenceModel(Net()).cycleCount()
