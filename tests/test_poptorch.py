@@ -190,3 +190,18 @@ def test_cycle_count_is_a_prediction():
     assert im.cycleCount() > 0
     with pytest.raises(poptorch.Error, match="Cycle count logging is disabled"):
         poptorch.inferenceModel(Net()).cycleCount()
+
+
+@pytest.mark.parametrize("mode", ["Sync", "Async"])
+def test_dataloader_combined_batch(mode):
+    """One batch of the loader is one call's worth: batch x iterations x replicas x accumulation."""
+    ds = torch.utils.data.TensorDataset(torch.arange(200).float().reshape(100, 2), torch.arange(100))
+    o = poptorch.Options().deviceIterations(3).replicationFactor(2)
+    o.Training.gradientAccumulation(2)
+    dl = poptorch.DataLoader(o, ds, batch_size=4, mode=getattr(poptorch.DataLoaderMode, mode))
+    assert dl.combinedBatchSize == 48 and len(dl) == 2
+    for epoch in range(2):
+        batches = [b for b in dl]
+        assert [b[0].shape for b in batches] == [(48, 2)] * 2
+        assert torch.equal(batches[1][1], torch.arange(48, 96))
+    dl.terminate()

@@ -8,6 +8,7 @@ from __future__ import annotations
 from openipu.poptorch import optim  # noqa: F401
 from openipu.poptorch.blocks import (BeginBlock, Block, BlockFunction, PipelinedExecution,  # noqa: F401
                                      ShardedExecution, Stage, removeBlocks)
+from openipu.poptorch.dataloader import AsynchronousDataAccessor, DataLoader  # noqa: F401
 from openipu.poptorch.enums import *  # noqa: F401,F403
 from openipu.poptorch.errors import Error, RecoverableError, UnrecoverableError, createPoptorchError  # noqa: F401
 from openipu.poptorch.executor import PoplarExecutor
