@@ -11,8 +11,10 @@ from openipu.poptorch.blocks import (BeginBlock, Block, BlockFunction, Pipelined
 from openipu.poptorch.enums import *  # noqa: F401,F403
 from openipu.poptorch.errors import Error, RecoverableError, UnrecoverableError, createPoptorchError  # noqa: F401
 from openipu.poptorch.executor import PoplarExecutor
-from openipu.poptorch.ops import (identity_loss, ipu_print_tensor, isRunningOnIpu, nop,  # noqa: F401
-                                  recomputationCheckpoint, set_available_memory)
+from openipu.poptorch.ops import (CPU, Attribute, MultiConv, NameScope, cond, custom_op,  # noqa: F401
+                                  dynamic_slice, dynamic_update, for_loop, identity_loss, ipu_print_tensor,
+                                  isRunningOnIpu, nop, recomputationCheckpoint, register_custom_op,
+                                  serializedMatMul, set_available_memory)
 from openipu.poptorch.options import Options  # noqa: F401
 
 __version__ = "3.4.0+openipu"
