@@ -192,3 +192,129 @@ def test_multiconv_records_its_options_on_each_convolution():
     assert [_attr(c, "__available_memory_proportion") for c in convs] == pytest.approx([0.2, 0.4])
     assert {_attr(c, "__partials_type") for c in convs} == {"HALF"}
     assert {_attr(c, "__multiconv_plan_type") for c in convs} == {"serial"}
+
+
+# -- PoplarExecutor -------------------------------------------------------------------------------
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(6, 8)
+        self.fc2 = torch.nn.Linear(8, 3)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x, y=None):
+        out = self.fc2(self.drop(torch.relu(self.fc1(x))))
+        return out if y is None else (out, torch.nn.functional.cross_entropy(out, y))
+
+
+def _data(n=4):
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def test_state_dict_rng_timings_and_backward_error():
+    torch.manual_seed(0)
+    m = Net().eval()
+    x, _ = _data()
+    pm = poptorch.inferenceModel(m, poptorch.Options().deviceIterations(2))
+    assert not pm.isCompiled() and pm.getPerfCounters()["input"] == [[]]
+    with pytest.raises(poptorch.Error, match="not been compiled"):
+        pm.rng_state
+    out = pm(x)
+    assert pm.isCompiled() and pm.compilationTime() > 0
+    other = Net().state_dict()
+    pm.load_state_dict(other)                       # attached: the new weights reach the device
+    torch.testing.assert_close(pm(x), m(x), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(out, pm(x))
+    pc = pm.getPerfCounters()
+    assert len(pc["input"]) == 1 and len(pc["input"][0]) == 2 and len(pc["output"][0]) == 2
+    for lat in (pm.getHostIpuLatency(), pm.getComputeLatency(), pm.getIpuHostLatency(), pm.getLatency()):
+        assert len(lat) == 3 and 0 <= lat[0] <= lat[2] <= lat[1]
+    with pytest.raises(poptorch.Error, match=r"backward\(\) cannot be called explicitly on outputs"):
+        pm(x).backward()
+    tm = poptorch.trainingModel(Net(), poptorch.Options().randomSeed(42))
+    tm(*_data())
+    assert tm.rng_state == [42]
+    tm.rng_state = [7]
+    assert tm.rng_state == [7]
+
+
+def test_detach_then_call_reattaches():
+    m = Net().eval()
+    x, _ = _data()
+    pm = poptorch.inferenceModel(m)
+    ref = pm(x)
+    pm.detachFromDevice()
+    assert not pm.isAttachedToDevice()
+    with pytest.raises(poptorch.Error, match="Device is not attached"):
+        pm.detachFromDevice()
+    torch.testing.assert_close(pm(x), ref)          # PopTorch attaches again on a call
+    assert pm.isAttachedToDevice()
+
+
+def test_wrapping_twice_for_training():
+    m = Net()
+    tm = poptorch.trainingModel(m)
+    msg = r"Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy\(\) on the model"
+    with pytest.raises(RuntimeError, match=msg):
+        poptorch.trainingModel(m)
+    poptorch.inferenceModel(m)                      # inference wrappers may share it
+    m.destroy()
+    tm2 = poptorch.trainingModel(m)
+    tm2.destroy()
+    poptorch.trainingModel(tm2)                      # a destroyed wrapper can be wrapped again
+    assert tm is not None
+    from poptorch import _impl
+    _impl.unwrapModelIfNecessary(m)
+    _impl.rewrapModelIfNecessary(m)
+
+
+def test_save_and_load_without_pickle(tmp_path):
+    torch.manual_seed(0)
+    m = Net().eval()
+    x, y = _data()
+    opts = poptorch.Options().deviceIterations(2)
+    pm = poptorch.inferenceModel(m, opts)
+    path = str(tmp_path / "infer.poptorch")
+    pm.compileAndExport(path, x)
+    import zipfile
+    with zipfile.ZipFile(path) as z:
+        assert sorted(z.namelist()) == ["model.onnx", "poptorch.json", "weights.npz"]
+        meta = json.loads(z.read("poptorch.json"))
+    assert meta["format"] == "openipu.poptorch.executable" and meta["version"] == 1
+    loaded = poptorch.load(path)
+    torch.testing.assert_close(loaded(x), m(x), rtol=1e-5, atol=1e-6)
+    assert loaded.options.device_iterations == 2
+    assert poptorch.load(path, lambda o: o.deviceIterations(4)).options.device_iterations == 4
+    with pytest.raises(poptorch.Error, match="stores no Python code"):
+        loaded.model(x)
+    # loadExecutable: the wrapper's own model supplies the weights
+    m2 = Net().eval()
+    pm2 = poptorch.inferenceModel(m2, opts)
+    pm2.loadExecutable(path)
+    torch.testing.assert_close(pm2(x), m2(x), rtol=1e-5, atol=1e-6)
+    with pytest.raises(poptorch.Error, match="don't match the inputs used to compile"):
+        pm2(torch.randn(6, 6))
+    bad = tmp_path / "bad.poptorch"
+    bad.write_bytes(b"\x80\x04K\x01.")              # a pickle: refused, never unpickled
+    with pytest.raises(poptorch.Error, match="not an openipu PopTorch executable"):
+        poptorch.load(str(bad))
+
+
+def test_saved_training_model_keeps_training(tmp_path):
+    torch.manual_seed(0)
+    m = Net()
+    m.drop.p = 0.0
+    x, y = _data()
+    tm = poptorch.trainingModel(m, optimizer=poptorch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9))
+    tm(x, y)
+    path = str(tmp_path / "train.poptorch")
+    tm.save(path)
+    ref = Net()
+    ref.drop.p = 0.0
+    ref.load_state_dict(m.state_dict())
+    loaded = poptorch.load(path)
+    assert isinstance(loaded._optimizer, poptorch.optim.SGD) and loaded._optimizer.param_groups[0]["momentum"] == 0.9
+    _, loss = loaded(x, y)
+    torch.testing.assert_close(loss.reshape(()), torch.nn.functional.cross_entropy(ref(x), y), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(loaded.model.fc1.weight, ref.fc1.weight)     # trained on

@@ -5,7 +5,7 @@ with PopTorch's batching rules (:class:`Options`)."""
 
 from __future__ import annotations
 
-from openipu.poptorch import optim  # noqa: F401
+from openipu.poptorch import _impl, optim  # noqa: F401
 from openipu.poptorch.blocks import (BeginBlock, Block, BlockFunction, PipelinedExecution,  # noqa: F401
                                      ShardedExecution, Stage, removeBlocks)
 from openipu.poptorch.enums import *  # noqa: F401,F403
@@ -30,6 +30,32 @@ def trainingModel(model, options=None, optimizer=None) -> PoplarExecutor:  # noq
     on the IPU (default optimizer ``poptorch.optim.SGD(lr=0.01)``, output mode Final); the loss is
     what ``forward`` computes with a ``torch.nn`` loss or ``poptorch.identity_loss``."""
     return PoplarExecutor(model, options, training=True, optimizer=optimizer)
+
+
+def load(filename: str, edit_opts_fn=None) -> PoplarExecutor:
+    """The wrapper saved in ``filename`` (``PoplarExecutor.save`` / ``compileAndExport`` with
+    ``export_model=True``), ready to run: its model is a module holding the saved weights (the
+    file stores no Python code, so it runs on the IPU only). ``edit_opts_fn(options)`` may change
+    the options first. Raises :class:`Error` for a file that is not such an executable."""
+    import torch
+
+    from openipu.poptorch import export
+    meta, model_bytes, weights = export.read(filename)
+    if not meta.get("export_model"):
+        raise Error(f"{filename} was saved with export_model=False: wrap the model with poptorch.inferenceModel / "
+                    "trainingModel and call loadExecutable(filename)")
+    opts = export.options_from_json(meta["options"])
+    if edit_opts_fn is not None:
+        edit_opts_fn(opts)
+    model = export.LoadedModel(meta.get("forward"))
+    params = set(meta["params"])
+    for tid, path in meta["weights"].items():
+        export._set(model, path, torch.from_numpy(weights[tid].copy()), path in params)
+    training = bool(meta["training"])
+    optimizer = export.optimizer_from_json(meta["optimizer"], model) if training else None
+    pm = PoplarExecutor(model, opts, training=training, optimizer=optimizer)
+    pm._install(meta, model_bytes)
+    return pm
 
 
 def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:  # noqa: N802
