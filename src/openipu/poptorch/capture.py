@@ -47,6 +47,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> ExportedProgra
         with blocks.capturing(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)      # torch-internal pytree deprecations
             ep = torch.export.export(model, tuple(args), dict(kwargs), strict=False)
+            _drop_dynamo_meta(ep)
             return ep.run_decompositions(_decompositions())
     except Error:
         raise
@@ -57,6 +58,19 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> ExportedProgra
                         "bool(t) or data-dependent control flow), which a static IPU graph cannot do. Use "
                         f"poptorch.dynamic_slice / torch.where instead. ({msg})") from e
         raise Error(f"Could not capture the model with torch.export: {msg}") from e
+
+
+def _drop_dynamo_meta(ep: ExportedProgram) -> None:
+    """Drop the ``_torchdynamo_*`` keys torch's control-flow ops (``torch.cond``, ``while_loop``:
+    ``poptorch.cond`` / ``for_loop``) leave in their subgraphs' ``custom`` node metadata: with
+    preserved node metadata they make ``run_decompositions`` fail ("Mismatch in custom metadata
+    for key _torchdynamo_disable_method")."""
+    for m in ep.graph_module.modules():
+        if isinstance(m, torch.fx.GraphModule):
+            for n in m.graph.nodes:
+                c = n.meta.get("custom")
+                if c and any(k.startswith("_torchdynamo") for k in c):
+                    n.meta["custom"] = {k: v for k, v in c.items() if not k.startswith("_torchdynamo")}
 
 
 @dataclass

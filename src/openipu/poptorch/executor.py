@@ -13,6 +13,8 @@ trained by a ``trainingModel`` of the same module). Predicted IPU cycles of the 
 from __future__ import annotations
 
 import inspect
+import time
+import weakref
 
 import numpy as np
 import torch
@@ -26,6 +28,11 @@ from openipu.poptorch.errors import Error, from_popart
 from openipu.poptorch.lower import NUMPY_TYPE, POPART_TYPE
 
 _ART = {OutputMode.All: "All", OutputMode.Final: "Final", OutputMode.Sum: "Sum"}
+#: user model -> weak reference to the training wrapper that owns it (until ``destroy()``)
+_TRAINING_WRAPPERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_BACKWARD_ERROR = ("backward() cannot be called explicitly on outputs of a PopTorch model. If you're using a "
+                   "trainingModel, the backwards pass is performed automatically when invoking the model. If "
+                   "you're using an inferenceModel, you should use a trainingModel instead.")
 
 
 def _to_numpy(t: torch.Tensor, dtype: str) -> np.ndarray:
@@ -46,6 +53,11 @@ class PoplarExecutor:
             raise Error("You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its default "
                         "value (1) when running a poptorch.inferenceModel().")
         options._freeze()
+        if training:
+            owner = _TRAINING_WRAPPERS.get(model)
+            if owner is not None and owner() is not None:
+                raise RuntimeError("Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() "
+                                   "on the model to unwrap before wrapping again.")
         if training and optimizer is None:
             optimizer = poptorch_optim.SGD(model.parameters(), lr=0.01)
         self._user_model = model
@@ -58,6 +70,17 @@ class PoplarExecutor:
         self._attached = False
         self._uploaded_versions = None
         self._cycles = None
+        self._compile_seconds = None
+        self._perf = None
+        self._rng_state = None
+        if training:
+            _TRAINING_WRAPPERS[model] = weakref.ref(self)
+            parent = weakref.ref(self)
+
+            def destroy():      # ``model.destroy()`` on the user model, as PopTorch's wrapped class has
+                if parent() is not None:
+                    parent().destroy()
+            object.__setattr__(model, "destroy", destroy)
 
     # -- properties --------------------------------------------------------------------------
     @property
@@ -133,6 +156,7 @@ class PoplarExecutor:
             import warnings
             warnings.warn("Call to compile() ignored: the model is already compiled")
             return
+        start = time.perf_counter()
         args_, kwargs_, tensors, others = self._bind(args, kwargs)
         micro = self._micro(tensors)
         it = iter(micro)
@@ -148,6 +172,7 @@ class PoplarExecutor:
         self._built = built
         self._signature = ([(n, tuple(t.shape), t.dtype) for n, t in tensors], others)
         self._make_session(built)
+        self._compile_seconds = time.perf_counter() - start
 
     def _make_session(self, built: "cap.Built") -> None:
         o = self._options
@@ -253,8 +278,9 @@ class PoplarExecutor:
         if self._connection_never():
             raise Error("Trying to run a model compiled for an offline IPU target (useOfflineIpuTarget / "
                         "ConnectionType.Never): it can be compiled and exported, not run")
-        if not self._attached:
-            raise Error("Device is not attached: call attachToDevice() before running the model")
+        if not self._attached:       # PopTorch re-attaches a detached model when it is called
+            self.attachToDevice()
+        t0 = time.perf_counter()
         _, _, tensors, others = self._bind(args, kwargs)
         self._validate(tensors, others)
         if not self._training:
@@ -267,16 +293,21 @@ class PoplarExecutor:
             feeds[tid] = arr.reshape(lead + list(info.shape())) if t.dim() else \
                 np.broadcast_to(arr, lead + list(info.shape())).copy()
         anchors = self._session.initAnchorArrays()
+        t1 = time.perf_counter()
         try:
             self._session.run(popart.PyStepIO(feeds, anchors))
         except popart.popart_exception as e:
             raise from_popart(e) from e
+        t2 = time.perf_counter()
         if self._options.log_cycle_count:
             self._cycles = self._session.getCycleCount()
         self._anchors = anchors
         if self._training:
             self.copyWeightsToHost()
         outs = [self._output(anchors[tid]) for tid in self._built.outputs]
+        for o in outs:
+            o.backward = _error_on_backward
+        self._perf = (t0, t1, t2, time.perf_counter())
         return pytree.tree_unflatten(outs, self._built.out_spec)
 
     def _output(self, arr: np.ndarray) -> torch.Tensor:
@@ -328,7 +359,13 @@ class PoplarExecutor:
         self._upload_weights(force=True)
 
     def destroy(self) -> None:
-        """Free the compiled model (a training model copies its weights back first)."""
+        """Free the compiled model (a training model copies its weights back first, and releases
+        the user model so that it can be wrapped again)."""
+        if self._training:
+            owner = _TRAINING_WRAPPERS.get(self._user_model)
+            if owner is not None and owner() is self:
+                del _TRAINING_WRAPPERS[self._user_model]
+                self._user_model.__dict__.pop("destroy", None)
         if self._session is None:
             return
         if self._training and self._attached and not self._connection_never():
@@ -374,8 +411,184 @@ class PoplarExecutor:
         long_name = self._options.anchored_tensors[short_name][0]
         return torch.from_numpy(np.ascontiguousarray(self._anchors[long_name]))
 
+    # -- state ---------------------------------------------------------------------------------
+    def load_state_dict(self, state_dict, strict: bool = True):
+        """``load_state_dict`` on the user model, then the weights go to the device if attached.
+        Returns torch's ``(missing_keys, unexpected_keys)``."""
+        out = self._user_model.load_state_dict(state_dict, strict)
+        if self.isAttachedToDevice():
+            self.copyWeightsToDevice()
+        return out
+
+    @property
+    def rng_state(self) -> list:
+        """``[seed]``: the seed of the device's random ops (dropout ...), PopART's
+        ``getRandomSeed``. PopTorch appends the per-tile hardware RNG state; the simulated IPU
+        draws from the seed alone, so the list has one entry."""
+        self._check_compiled()
+        s = self._session
+        if s._ir.random_seed is None:      # no random op: nothing on the device to read
+            return list(self._rng_state or [self._options.random_seed or 0])
+        return [int(s.getRandomSeed())]
+
+    @rng_state.setter
+    def rng_state(self, state) -> None:
+        self._check_compiled()
+        state = [int(v) for v in state]
+        if not state:
+            raise Error("rng_state must hold at least the seed")
+        self._rng_state = state
+        if self._session._ir.random_seed is not None:
+            self._session.setRandomSeed(state[0])
+
+    # -- timings -------------------------------------------------------------------------------
+    def compilationTime(self) -> float:  # noqa: N802
+        """Host wall-clock seconds the last compile took (capture, lowering to PopART, the
+        simulated IPU's compile): a measurement of this simulator, not of an IPU system."""
+        if self._compile_seconds is None:
+            raise Error("Model has not been compiled (or was loaded from a file): no compilation time")
+        return float(self._compile_seconds)
+
+    def getPerfCounters(self) -> dict:  # noqa: N802
+        """PopTorch's performance counters of the last call, in seconds (``time.perf_counter``):
+        ``input`` / ``input_complete`` / ``output`` / ``output_complete``, each ``[tensor][step]``.
+
+        These are **host-measured** timestamps of the simulation, not predictions of the IPU (for
+        those see ``cycleCount()``): the host's input preparation, the run and the output copies
+        are timed once per call and spread evenly over its device iterations (one output step per
+        iteration returned by the output mode)."""
+        empty = {"input": [[]], "input_complete": [[]], "output": [[]], "output_complete": [[]]}
+        if self._session is None or self._perf is None:
+            return empty
+        t0, t1, t2, t3 = self._perf
+        di = self._options.device_iterations
+        mode = self._options.output_mode
+        n_out = di if mode == OutputMode.All else di // self._options.output_return_period \
+            if mode == OutputMode.EveryN else 1
+        d_in, d_run, d_out = (t1 - t0) / di, (t2 - t1) / di, (t3 - t2) / max(n_out, 1)
+        starts = [t1 + k * d_run for k in range(di)]
+        ins = [s - d_in for s in starts]
+        step = di // max(n_out, 1)
+        outs = [t1 + (k + 1) * step * d_run for k in range(n_out)]
+        n_in, n_o = max(len(self._built.inputs), 1), max(len(self._built.outputs), 1)
+        return {"input": [list(ins) for _ in range(n_in)], "input_complete": [list(starts) for _ in range(n_in)],
+                "output": [list(outs) for _ in range(n_o)],
+                "output_complete": [[o + d_out for o in outs] for _ in range(n_o)]}
+
+    def _latency(self, from_event, from_reduce, to_event, to_reduce) -> tuple:
+        pc = self.getPerfCounters()
+        starts = [from_reduce(col) for col in zip(*pc[from_event])]
+        ends = [to_reduce(col) for col in zip(*pc[to_event])]
+        if not ends:
+            return (0.0, 0.0, 0.0)
+        f = len(starts) // len(ends)
+        groups = [min(starts[i:i + f]) for i in range(0, len(starts), f)]
+        d = [e - s for s, e in zip(groups, ends)]
+        return (min(d), max(d), sum(d) / len(d))
+
+    def getHostIpuLatency(self) -> tuple:  # noqa: N802
+        """(min, max, mean) seconds from the first input requested to the last input sent, per
+        step of the last call: host-measured (see :meth:`getPerfCounters`)."""
+        return self._latency("input", min, "input_complete", max)
+
+    def getComputeLatency(self) -> tuple:  # noqa: N802
+        """(min, max, mean) seconds from the last input sent to the last output ready:
+        host-measured simulation time (see :meth:`getPerfCounters`), not the IPU's."""
+        return self._latency("input_complete", max, "output", max)
+
+    def getIpuHostLatency(self) -> tuple:  # noqa: N802
+        """(min, max, mean) seconds from the first output ready to the last output copied:
+        host-measured (see :meth:`getPerfCounters`)."""
+        return self._latency("output", min, "output_complete", max)
+
+    def getLatency(self) -> tuple:  # noqa: N802
+        """(min, max, mean) round-trip seconds of the steps of the last call: host-measured (see
+        :meth:`getPerfCounters`)."""
+        return self._latency("input", min, "output_complete", max)
+
+    # -- executable files ----------------------------------------------------------------------
+    def save(self, filename: str, export_model: bool = True, save_rng_state: bool = True) -> None:
+        """Save the compiled model to ``filename`` (a directory gets ``model.poptorch``) in
+        openipu's safe format (:mod:`openipu.poptorch.export`: JSON, the ONNX model and the
+        weights; no pickle). ``export_model``: :func:`poptorch.load` may rebuild the wrapper from
+        the file alone (else wrap the model again and call :meth:`loadExecutable`)."""
+        from openipu.poptorch import __version__, export
+        self._check_compiled()
+        if self._training and self._attached and not self._connection_never():
+            self.copyWeightsToHost()
+        b = self._built
+        weights = {tid: _to_numpy(self._module_tensor(p), POPART_TYPE[self._module_tensor(p).dtype])
+                   for tid, p in b.weights.items()}
+        want, others = self._signature
+        params = {p: n for n, p in self._user_model.named_parameters()}
+        meta = {"poptorch_version": __version__, "training": self._training, "export_model": bool(export_model),
+                "options": export.options_to_json(self._options),
+                "signature": [[n, list(shape), str(dt)] for n, shape, dt in want], "others": export.encode(others),
+                "inputs": list(b.inputs), "input_info": [[i.data_type(), list(i.shape())] for i in b.input_info],
+                "outputs": list(b.outputs), "out_spec": export.spec_dumps(b.out_spec), "loss": b.loss,
+                "weights": dict(b.weights), "params": [p for p in b.weights.values() if _is_param(self._user_model, p)],
+                "forward": _forward_signature(self._user_model),
+                "num_ipus": b.num_ipus, "pipelined": b.pipelined,
+                "rng_state": self.rng_state if save_rng_state else None,
+                "optimizer": export.optimizer_to_json(self._optimizer, params) if self._training else None}
+        export.write(filename, meta, b.model, weights)
+
+    def compileAndExport(self, filename: str, *args, export_model: bool = True, **kwargs) -> None:  # noqa: N802
+        """Compile for these inputs (without running) and :meth:`save` to ``filename``."""
+        self.compile(*args, **kwargs)
+        self.save(filename, export_model)
+
+    def loadExecutable(self, filename: str) -> None:  # noqa: N802
+        """Use the model compiled in ``filename`` (:meth:`save` / :meth:`compileAndExport`) with
+        this wrapper's user model: its weights (not the file's) go to the device."""
+        from openipu.poptorch import export
+        meta, model_bytes, _ = export.read(filename)
+        if bool(meta["training"]) != self._training:
+            kind = "training" if meta["training"] else "inference"
+            raise Error(f"Invalid file {filename}: it holds a {kind} model, this wrapper is not one")
+        for p in meta["weights"].values():
+            try:
+                self._module_tensor(p)
+            except AttributeError:
+                raise Error(f"Invalid file {filename}: the model has no parameter or buffer '{p}'") from None
+        self._install(meta, model_bytes)
+
+    def _install(self, meta: dict, model_bytes: bytes) -> None:
+        """Compile the saved ONNX model as this wrapper's executable."""
+        from openipu.poptorch import export
+        built = cap.Built(model_bytes, list(meta["inputs"]),
+                          [popart.TensorInfo(dt, shape) for dt, shape in meta["input_info"]], list(meta["outputs"]),
+                          export.spec_loads(meta["out_spec"]), meta["loss"], dict(meta["weights"]),
+                          int(meta["num_ipus"]), bool(meta["pipelined"]))
+        self._built = built
+        self._signature = ([(n, tuple(shape), export._DTYPES[dt]) for n, shape, dt in meta["signature"]],
+                           export.decode(meta["others"]))
+        self._session = None
+        self._make_session(built)
+        if meta.get("rng_state"):
+            self.rng_state = meta["rng_state"]
+
     def __repr__(self):
         return f"PoplarExecutor({'training' if self._training else 'inference'}, {self._user_model!r})"
+
+
+def _forward_signature(model) -> list:
+    """``forward``'s parameters as JSON: ``[name, kind, has_default, default]``."""
+    from openipu.poptorch import export
+    out = []
+    for p in inspect.signature(model.forward).parameters.values():
+        has, default = p.default is not inspect.Parameter.empty, None
+        if has:
+            try:
+                default = export.encode(p.default)
+            except Error:
+                has = False
+        out.append([p.name, p.kind.name, has, default])
+    return out
+
+
+def _error_on_backward(*args, **kwargs):
+    raise Error(_BACKWARD_ERROR)
 
 
 def _is_param(model: torch.nn.Module, path: str) -> bool:

@@ -23,6 +23,7 @@ from openipu import popart
 from openipu.poptorch.enums import (ConnectionType, MeanReductionStrategy, OutputMode, ReductionType,
                                     SyncPattern)
 from openipu.poptorch.errors import Error
+from openipu.poptorch.ops import Attribute  # noqa: F401 - poptorch.options.Attribute (optimum-graphcore)
 
 
 class _OptionsDict:

@@ -138,7 +138,7 @@ class Lowering:
 def lower_graph(gm: torch.fx.GraphModule, lw: Lowering, inputs: dict) -> dict:
     """Lower every call of ``gm`` (placeholders already in ``lw.ids`` via ``inputs``: node ->
     id). Raises :class:`Error` naming every op without a lowering before lowering any."""
-    from openipu.poptorch.lower import elementwise, linear, loss, norm, pool, reduce, shape  # noqa: F401
+    from openipu.poptorch.lower import elementwise, linear, loss, norm, pool, poptorch_ops, reduce, shape  # noqa: F401
     missing = sorted({op_name(n.target) for n in gm.graph.nodes if n.op == "call_function"
                       and lowering_of(n.target) is None and n.target is not operator.getitem})
     if missing:
@@ -158,13 +158,14 @@ def lower_graph(gm: torch.fx.GraphModule, lw: Lowering, inputs: dict) -> dict:
         ann = n.meta.get("custom") or {}
         ctx = lw.b.virtualGraph(int(ann["ipu"])) if "ipu" in ann else None
         stage = lw.b.pipelineStage(int(ann["stage"])) if "stage" in ann else None
-        for c in (ctx, stage):
+        scopes = poptorch_ops.node_contexts(lw, n)      # NameScope, Attribute, MultiConv
+        for c in (ctx, stage, *scopes):
             if c is not None:
                 c.__enter__()
         try:
             lw.ids[n] = lowering_of(n.target)(lw, n)
         finally:
-            for c in (stage, ctx):
+            for c in (*reversed(scopes), stage, ctx):
                 if c is not None:
                     c.__exit__(None, None, None)
     return lw.ids
