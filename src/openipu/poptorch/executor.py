@@ -327,7 +327,7 @@ class PoplarExecutor:
         shape = list(arr.shape[len(lead):]) if lead else list(arr.shape)
         if lead:
             arr = arr.reshape([n] + shape) if not shape else arr.reshape([n * shape[0]] + shape[1:])
-        return torch.from_numpy(np.ascontiguousarray(arr))
+        return torch.from_numpy(np.array(arr, order="C"))
 
     def _validate(self, tensors, others) -> None:
         want, want_others = self._signature
@@ -409,7 +409,7 @@ class PoplarExecutor:
         if short_name not in self._options.anchored_tensors:
             raise Error(f"Tensor {short_name} has not been anchored: use Options.anchorTensor")
         long_name = self._options.anchored_tensors[short_name][0]
-        return torch.from_numpy(np.ascontiguousarray(self._anchors[long_name]))
+        return torch.from_numpy(np.array(self._anchors[long_name], order="C"))
 
     # -- state ---------------------------------------------------------------------------------
     def load_state_dict(self, state_dict, strict: bool = True):
