@@ -111,3 +111,24 @@ def test_l1_loss_lowered_over_the_tiles_matches_torch(reduction, dtype):
     np.testing.assert_allclose(a[out].astype(np.float32), ref, rtol=tol, atol=tol)
     assert a[out].dtype == dtype
     assert next(op for op in s.ops() if op.op_type == "L1").lowering == "precise"
+
+
+def test_checkpoint_annotation_is_not_recomputed():
+    """RecomputeAll with one op annotated Checkpoint: every forward op but that one is cloned
+    into the backward pass (PopART's RecomputeType.Checkpoint; PopTorch's recomputationCheckpoint)."""
+    counts = {}
+    for checkpoint in (False, True):
+        b = popart.Builder()
+        x = b.addInputTensor(popart.TensorInfo("FLOAT", [4, 8]), "x")
+        w = b.addInitializedInputTensor(np.ones((8, 8), np.float32) * 0.1, "w")
+        h = b.aiOnnx.sigmoid([b.aiOnnx.matmul([x, w])])
+        if checkpoint:
+            b.recomputeOutputInBackwardPass(h, popart.RecomputeType.Checkpoint)
+        loss = b.aiGraphcore.identityloss([b.aiOnnx.tanh([h])])
+        o = popart.SessionOptions()
+        o.autoRecomputation = popart.RecomputationType.RecomputeAll
+        s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}),
+                                   loss, popart.ConstSGD(0.1), popart.DeviceManager().createIpuModelDevice({}),
+                                   userOptions=o)
+        counts[checkpoint] = {op.op_type for op in s._ir.ops if op.recomputes is not None}
+    assert "Sigmoid" in counts[False] and "Sigmoid" not in counts[True]

@@ -16,6 +16,8 @@ Which ops recompute:
 
 - ``Pipeline`` (with ``enablePipelining``): every forward op, within its pipeline stage.
 
+An op annotated ``RecomputeType.Checkpoint`` is never recomputed (its output is kept).
+
 With pipelining, an op whose output another pipeline stage reads is a checkpoint (PopART's rule:
 what crosses to another IPU is stashed, not recomputed), so each stage recomputes from its own
 inputs. Random ops (Dropout in training, Random*) and ops writing in place are never recomputed.
@@ -37,18 +39,25 @@ def _mode(options) -> str:
     return str(options.autoRecomputation).split(".")[-1]
 
 
-def _manual(op) -> bool:
+def _annotation(op) -> str | None:
+    """The op's ``recomputeOutputInBackwardPass`` value: Recompute, Checkpoint, or None."""
     v = op.annotations.get(RECOMPUTE_ATTR)
     if isinstance(v, bytes):
         v = v.decode()
-    return v is not None and str(v).split(".")[-1] == "Recompute"
+    return None if v is None else str(v).split(".")[-1]
+
+
+def _manual(op) -> bool:
+    return _annotation(op) == "Recompute"
 
 
 def marked(ir) -> set:
     """Ids of the forward ops to recompute. Raises ``popart_exception`` for a mix of automatic
     and manual recomputation."""
     mode = _mode(ir.options)
-    fwd = [op for op in ir.ops if op.grad_of is None and not op.modifies and op.op_type not in NEVER]
+    # an op annotated Checkpoint keeps its output under every mode (PopTorch's recomputationCheckpoint)
+    fwd = [op for op in ir.ops if op.grad_of is None and not op.modifies and op.op_type not in NEVER
+           and _annotation(op) != "Checkpoint"]
     if ir.options.enablePipelining:     # what another stage reads is a checkpoint
         fwd = [op for op in fwd if all(_stage_key(c) == _stage_key(op) for o in op.outputs if o
                                        for c in ir.tensors[o].consumers if c.grad_of is None)]
