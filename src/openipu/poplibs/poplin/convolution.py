@@ -16,7 +16,7 @@ import numpy as np
 from openipu import poplar
 from openipu.poplar.exchange import tile_boxes
 from openipu.poplar.graph import Access, VertexGroup
-from openipu.poplibs.poplin import core
+from openipu.poplibs.poplin import core, transforms
 from openipu.poplibs.poplin.matmul import _scaled_add_to
 from openipu.poplibs.poplin.params import ConvParams, getGradientParams, poplibs_error, weight_update_params
 from openipu.poplibs.poplin.plan import parse_options, plan_convolution
@@ -196,8 +196,35 @@ def calculateWeightDeltas(graph, zDeltas, activations, params: ConvParams, prog,
         .dimShuffle([1, 2, 0, *range(3, 3 + n)])
     w = zDeltas.reshape([N, G, params.outputChannelsPerConvGroup, *params.getOutputFieldShape()]) \
         .dimShuffle([1, 2, 0, *range(3, 3 + n)])
+    wu, x, w = _wu_transform(graph, wu, x, w, options, cache, op)
     out = _conv(graph, x, w, wu, prog, name or op, options, cache, op)       # [G, Ci, Co, *kernel]
     return out.dimShuffle([0, 2, 1, *range(3, 3 + n)])
+
+
+def _wu_transform(graph, wu: ConvParams, x, w, options, cache, op):
+    """The weight-update convolution as planned: ``(params, x, w)``, either as given or with its
+    field dimensions folded into the input channels (:mod:`~openipu.poplibs.poplin.transforms`
+    ``expandDims``, where that is a view), whichever plan is predicted faster (PopLibs' planner
+    tries every ``expandDims`` candidate and keeps the cheapest plan, ``ConvPlan.cpp
+    getExpandDimsCandidates``). A candidate with no plan within the memory budget loses; if
+    neither has one, the untransformed convolution raises the planner's error."""
+    dims = transforms.view_expandable_dims(wu)
+    if not dims:
+        return wu, x, w
+    target = graph.getTarget()
+    exp = transforms.expand_dims_params(wu, dims)
+    try:
+        p_exp = plan_convolution(exp, target, options, cache, op=op)
+    except poplibs_error:
+        return wu, x, w
+    try:
+        p_wu = plan_convolution(wu, target, options, cache, op=op)
+    except poplibs_error:
+        p_wu = None
+    if p_wu is not None and p_wu.cycles <= p_exp.cycles:
+        return wu, x, w
+    x, w = transforms.expand_dims_views(x, w, wu, dims)
+    return exp, x, w
 
 
 def convolutionWeightUpdate(graph, zDeltas, weights, activations, params: ConvParams, scale, prog,  # noqa: N802,N803
