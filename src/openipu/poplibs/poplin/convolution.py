@@ -196,35 +196,51 @@ def calculateWeightDeltas(graph, zDeltas, activations, params: ConvParams, prog,
         .dimShuffle([1, 2, 0, *range(3, 3 + n)])
     w = zDeltas.reshape([N, G, params.outputChannelsPerConvGroup, *params.getOutputFieldShape()]) \
         .dimShuffle([1, 2, 0, *range(3, 3 + n)])
-    wu, x, w = _wu_transform(graph, wu, x, w, options, cache, op)
+    wu, x, w = _wu_transform(graph, wu, x, w, options, cache, op, prog, name or op)
     out = _conv(graph, x, w, wu, prog, name or op, options, cache, op)       # [G, Ci, Co, *kernel]
     return out.dimShuffle([0, 2, 1, *range(3, 3 + n)])
 
 
-def _wu_transform(graph, wu: ConvParams, x, w, options, cache, op):
-    """The weight-update convolution as planned: ``(params, x, w)``, either as given or with its
-    field dimensions folded into the input channels (:mod:`~openipu.poplibs.poplin.transforms`
-    ``expandDims``, where that is a view), whichever plan is predicted faster (PopLibs' planner
-    tries every ``expandDims`` candidate and keeps the cheapest plan, ``ConvPlan.cpp
-    getExpandDimsCandidates``). A candidate with no plan within the memory budget loses; if
-    neither has one, the untransformed convolution raises the planner's error."""
-    dims = transforms.view_expandable_dims(wu)
-    if not dims:
-        return wu, x, w
+def _wu_transform(graph, wu: ConvParams, x, w, options, cache, op, prog, name):
+    """The weight-update convolution as planned: ``(params, x, w)``, either as given or with field
+    dimensions folded into the input channels (PopLibs' ``expandDims``,
+    :mod:`~openipu.poplibs.poplin.transforms`): as a view of the operands where the forward kernel
+    is 1 wide, or with a copy of the expanded input (added to ``prog``) for wider kernels. The
+    planner tries each candidate and keeps the one predicted fastest, the copy's estimate included
+    (PopLibs' planner tries every ``expandDims`` candidate and keeps the cheapest plan, transform
+    costs included: ``ConvPlan.cpp getExpandDimsCandidates``). A candidate with no plan within the
+    memory budget loses; if none has one, the untransformed convolution raises the planner's
+    error."""
     target = graph.getTarget()
-    exp = transforms.expand_dims_params(wu, dims)
+    cands = []                      # (cycles, kind, dims, params, plan)
     try:
-        p_exp = plan_convolution(exp, target, options, cache, op=op)
+        p0 = plan_convolution(wu, target, options, cache, op=op)
+        cands.append((p0.cycles, 0, "none", (), wu, p0))
     except poplibs_error:
+        pass
+    view = transforms.view_expandable_dims(wu)
+    copy = transforms.copy_expandable_dims(wu)
+    for kind, dims in (("view", view), ("copy", copy)):
+        if not dims or (kind == "copy" and dims == view):
+            continue
+        e = transforms.expand_dims_params(wu, dims)
+        try:
+            pe = plan_convolution(e, target, options, cache, op=op)
+        except poplibs_error:
+            continue
+        extra = transforms.expand_copy_cycles(wu, dims, target) if kind == "copy" else 0.0
+        cands.append((pe.cycles + extra, len(cands), kind, dims, e, pe))
+    if not cands:
         return wu, x, w
-    try:
-        p_wu = plan_convolution(wu, target, options, cache, op=op)
-    except poplibs_error:
-        p_wu = None
-    if p_wu is not None and p_wu.cycles <= p_exp.cycles:
+    _, _, kind, dims, e, pe = min(cands)
+    if kind == "none":
         return wu, x, w
-    x, w = transforms.expand_dims_views(x, w, wu, dims)
-    return exp, x, w
+    if kind == "view":
+        x, w = transforms.expand_dims_views(x, w, wu, dims)
+        return e, x, w
+    xe = core.create_input(graph, wu.inputType, e, pe, f"{name}/expandDims")
+    x, w = transforms.expand_dims_copy(graph, x, w, wu, dims, xe, prog, name)
+    return e, x, w
 
 
 def convolutionWeightUpdate(graph, zDeltas, weights, activations, params: ConvParams, scale, prog,  # noqa: N802,N803
