@@ -183,8 +183,15 @@ def calculateWeightDeltas(graph, zDeltas, activations, params: ConvParams, prog,
                           options=None, cache=None):
     """Weight gradients ``[G, Co, Ci, *kernel]`` from output gradients ``zDeltas``
     ``[N, G*Co, *outField]`` and forward ``activations`` ``[N, G*Ci, *field]``
-    (``poplin::calculateWeightDeltas``): a convolution over the batch and output field, planned
-    as such (:func:`~openipu.poplibs.poplin.params.weight_update_params`)."""
+    (``poplin::calculateWeightDeltas``): a convolution over the batch and output field
+    (:func:`~openipu.poplibs.poplin.params.weight_update_params`, PopLibs
+    ``getWeightUpdateParams``), planned with or without ``expandDims`` (:func:`_wu_transform`).
+
+    The result is laid out as the weight-update convolution's output (its plan's output
+    layout), not as :func:`createWeights` lays out the weights: PopLibs' ``calculateWeightDeltas``
+    returns the output of ``convolution(..., wuPlan, wuParams, ...)`` reshaped, and
+    ``convolutionWeightUpdate`` regroups it (``popops::rearrange::regroupIfBeneficial``) before
+    ``scaledAddTo`` into the weights (``lib/poplin/Convolution.cpp``)."""
     op = "calculateWeightDeltas"
     _check_shape(op, "zDeltas", zDeltas, params.getOutputShape())
     _check_shape(op, "activations", activations, params.getInputShape())
