@@ -16,7 +16,7 @@ import numpy as np
 from openipu import poplar
 from openipu.poplar.exchange import tile_boxes
 from openipu.poplar.graph import Access, VertexGroup
-from openipu.poplibs.poplin import core
+from openipu.poplibs.poplin import core, transforms
 from openipu.poplibs.poplin.matmul import _scaled_add_to
 from openipu.poplibs.poplin.params import ConvParams, getGradientParams, poplibs_error, weight_update_params
 from openipu.poplibs.poplin.plan import parse_options, plan_convolution
@@ -183,8 +183,15 @@ def calculateWeightDeltas(graph, zDeltas, activations, params: ConvParams, prog,
                           options=None, cache=None):
     """Weight gradients ``[G, Co, Ci, *kernel]`` from output gradients ``zDeltas``
     ``[N, G*Co, *outField]`` and forward ``activations`` ``[N, G*Ci, *field]``
-    (``poplin::calculateWeightDeltas``): a convolution over the batch and output field, planned
-    as such (:func:`~openipu.poplibs.poplin.params.weight_update_params`)."""
+    (``poplin::calculateWeightDeltas``): a convolution over the batch and output field
+    (:func:`~openipu.poplibs.poplin.params.weight_update_params`, PopLibs
+    ``getWeightUpdateParams``), planned with or without ``expandDims`` (:func:`_wu_transform`).
+
+    The result is laid out as the weight-update convolution's output (its plan's output
+    layout), not as :func:`createWeights` lays out the weights: PopLibs' ``calculateWeightDeltas``
+    returns the output of ``convolution(..., wuPlan, wuParams, ...)`` reshaped, and
+    ``convolutionWeightUpdate`` regroups it (``popops::rearrange::regroupIfBeneficial``) before
+    ``scaledAddTo`` into the weights (``lib/poplin/Convolution.cpp``)."""
     op = "calculateWeightDeltas"
     _check_shape(op, "zDeltas", zDeltas, params.getOutputShape())
     _check_shape(op, "activations", activations, params.getInputShape())
@@ -196,8 +203,51 @@ def calculateWeightDeltas(graph, zDeltas, activations, params: ConvParams, prog,
         .dimShuffle([1, 2, 0, *range(3, 3 + n)])
     w = zDeltas.reshape([N, G, params.outputChannelsPerConvGroup, *params.getOutputFieldShape()]) \
         .dimShuffle([1, 2, 0, *range(3, 3 + n)])
+    wu, x, w = _wu_transform(graph, wu, x, w, options, cache, op, prog, name or op)
     out = _conv(graph, x, w, wu, prog, name or op, options, cache, op)       # [G, Ci, Co, *kernel]
     return out.dimShuffle([0, 2, 1, *range(3, 3 + n)])
+
+
+def _wu_transform(graph, wu: ConvParams, x, w, options, cache, op, prog, name):
+    """The weight-update convolution as planned: ``(params, x, w)``, either as given or with field
+    dimensions folded into the input channels (PopLibs' ``expandDims``,
+    :mod:`~openipu.poplibs.poplin.transforms`): as a view of the operands where the forward kernel
+    is 1 wide, or with a copy of the expanded input (added to ``prog``) for wider kernels. The
+    planner tries each candidate and keeps the one predicted fastest, the copy's estimate included
+    (PopLibs' planner tries every ``expandDims`` candidate and keeps the cheapest plan, transform
+    costs included: ``ConvPlan.cpp getExpandDimsCandidates``). A candidate with no plan within the
+    memory budget loses; if none has one, the untransformed convolution raises the planner's
+    error."""
+    target = graph.getTarget()
+    cands = []                      # (cycles, kind, dims, params, plan)
+    try:
+        p0 = plan_convolution(wu, target, options, cache, op=op)
+        cands.append((p0.cycles, 0, "none", (), wu, p0))
+    except poplibs_error:
+        pass
+    view = transforms.view_expandable_dims(wu)
+    copy = transforms.copy_expandable_dims(wu)
+    for kind, dims in (("view", view), ("copy", copy)):
+        if not dims or (kind == "copy" and dims == view):
+            continue
+        e = transforms.expand_dims_params(wu, dims)
+        try:
+            pe = plan_convolution(e, target, options, cache, op=op)
+        except poplibs_error:
+            continue
+        extra = transforms.expand_copy_cycles(wu, dims, target) if kind == "copy" else 0.0
+        cands.append((pe.cycles + extra, len(cands), kind, dims, e, pe))
+    if not cands:
+        return wu, x, w
+    _, _, kind, dims, e, pe = min(cands)
+    if kind == "none":
+        return wu, x, w
+    if kind == "view":
+        x, w = transforms.expand_dims_views(x, w, wu, dims)
+        return e, x, w
+    xe = core.create_input(graph, wu.inputType, e, pe, f"{name}/expandDims")
+    x, w = transforms.expand_dims_copy(graph, x, w, wu, dims, xe, prog, name)
+    return e, x, w
 
 
 def convolutionWeightUpdate(graph, zDeltas, weights, activations, params: ConvParams, scale, prog,  # noqa: N802,N803

@@ -42,9 +42,13 @@ The AMP's conv units come from the target table: ``units = Target.getAmpMacsPerC
 partials) x core cycles / weights per conv unit`` (ipu2: 16 for half with half partials, 8 for
 half with float partials, 16 for float), so a tile never exceeds the table's MACs per cycle.
 
-Not modelled: PopLibs' transforms (``expandDims``, ``swapOperands``, ``outChanFlattenDims``,
-``combineConvGroups``), so layers with few input channels (ResNet's first 7x7) use the AMP
-poorly, as they would without those transforms; SLIC, VMAC and OuterProduct vertices;
+Transforms: the weight-update pass (``calculateWeightDeltas``) tries PopLibs' ``expandDims``
+on its convolution (:mod:`openipu.poplibs.poplin.transforms`: the forward output field folded
+into the input channels, so that the ``N x H x W`` reduction is split over tiles) and keeps the
+cheapest of the plans with and without it. Not modelled: ``expandDims`` in the forward and
+input-gradient passes, ``swapOperands``, ``outChanFlattenDims``, ``combineConvGroups``, so
+forward layers with few input channels (ResNet's first 7x7) use the AMP poorly, as they would
+without those transforms; SLIC, VMAC and OuterProduct vertices;
 multi-stage reductions; the multi-IPU (system) level of the plan. Positions that meet the zeros
 of a dilated input are skipped at a rate of ``1 / inputDilation`` [A].
 
