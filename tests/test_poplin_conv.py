@@ -475,3 +475,35 @@ def test_weight_update_plan_splits_the_batch_and_field_reduction():
     a, b = PL.plan_convolution(wu, t, cache=PL.PlanningCache()), PL.plan_convolution(e, t, cache=PL.PlanningCache())
     assert b.in_chan_split > 1
     assert b.cycles * 4 < a.cycles and b.temp_bytes * 4 < a.temp_bytes
+
+
+# a kernel transform with every part (truncation, dilation, padding, flip), as weight-update and
+# input-gradient passes produce them, and a kernel dimension truncated away (all-zero output)
+HOST_CASES = CASES + [
+    (2, [9, 7], [4, 3], 3, 4, 1, IT(paddingLower=[2, 1], paddingUpper=[1, 1]),
+     IT(truncationLower=[1, 0], truncationUpper=[0, 1], dilation=[2, 2], paddingLower=[1, 0], paddingUpper=[0, 2],
+        flip=[True, False]), OT(stride=[1, 2])),
+    (1, [6], [2], 2, 3, 1, None, IT(truncationLower=[2], paddingLower=[1]), None),
+    (2, [6, 5], [3, 2], 60, 8, 1, IT(paddingLower=[1, 1], paddingUpper=[1, 1]),      # input channels split
+     IT(dilation=[2, 1], paddingUpper=[1, 0], flip=[True, False]), None),
+]
+
+
+@pytest.mark.parametrize("form", ["direct", "im2col"])
+@pytest.mark.parametrize("case", range(len(HOST_CASES)))
+def test_host_kernel_formulations_match_reference(case, form, monkeypatch):
+    """Both host formulations of the partial sums (a grouped direct convolution, a batched
+    matmul of the input's windows) give the reference's results, with the kernel transform
+    applied without materialising it, and with the input channels split over several blocks."""
+    from openipu.poplibs.poplin import core
+    other = core._im2col_conv if form == "im2col" else core._grouped_conv
+    monkeypatch.setattr(core, "_grouped_conv", other)
+    monkeypatch.setattr(core, "_im2col_conv", other)
+    N, fld, ker, Ci, Co, G, it, kt, ot = HOST_CASES[case]
+    p = poplin.ConvParams(poplar.FLOAT, N, fld, ker, Ci, Co, G, inputTransform=it, kernelTransform=kt,
+                          outputTransform=ot)
+    rng = np.random.default_rng(case)
+    X = rng.standard_normal([N, G * Ci, *fld]).astype(np.float32)
+    W = rng.standard_normal([G, Co, Ci, *ker]).astype(np.float32)
+    out, _ = run_conv(p, X, W)
+    np.testing.assert_allclose(out.astype(np.float64), ref_conv(X, W, p), atol=1e-4, rtol=0)

@@ -26,6 +26,7 @@ blocks and of the partials from regions; a serial step's output is a view (slice
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -390,6 +391,7 @@ class _Spec:
     ciB: int
     acc_dtype: str
     write_dtype: str            # the destination's element type name
+    macs: int = 0               # multiply-accumulates of the vertex group (host threading)
 
 
 def _apply_input_transform(x: torch.Tensor, t: tuple, first: int) -> torch.Tensor:
@@ -419,10 +421,87 @@ def _apply_input_transform(x: torch.Tensor, t: tuple, first: int) -> torch.Tenso
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
+#: Host kernels with less work than this (multiply-accumulates, or elements for a reduction) run
+#: on one host thread. Tiny BLAS / oneDNN calls gain little from OpenMP and, when other processes
+#: share the host's cores, each parallel region can wait a scheduler time slice for its second
+#: thread (measured: 26 ms instead of 0.3 ms per conv of a small ResNet on a loaded 2-core host).
+#: The choice depends on the problem's shape only, so results do not depend on the host's load.
+HOST_SERIAL_WORK = 1 << 26
+
+
+@contextlib.contextmanager
+def host_threads(work: int):
+    """Run the enclosed host kernel on one thread when ``work`` is below :data:`HOST_SERIAL_WORK`."""
+    n = torch.get_num_threads()
+    if work >= HOST_SERIAL_WORK or n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def _kernel_taps(X: torch.Tensor, W: torch.Tensor, spec: _Spec):
+    """The kernel transform without materialising it: ``W`` truncated and flipped (its taps),
+    ``X`` narrowed by the output truncation and by the kernel's padding, so that a convolution
+    of the two with dilation ``kernel dilation`` (and the output stride) gives the transformed
+    convolution. None when a kernel dimension has no taps left."""
+    tl, tu, dil, pl, pu, flip = spec.k_t
+    otl, otu = spec.out_t[0], spec.out_t[1]
+    for d in range(X.dim() - 4):
+        ax = 4 + d
+        k = W.shape[ax] - tl[d] - tu[d]
+        if k <= 0:
+            return None
+        W = W.narrow(ax, tl[d], k)
+        if flip[d]:
+            W = torch.flip(W, (ax,))
+        lo, hi = (pu[d], pl[d]) if flip[d] else (pl[d], pu[d])
+        X = X.narrow(ax, otl[d] + lo, X.shape[ax] - otl[d] - otu[d] - lo - hi)
+    return X, W, tuple(dil)
+
+
+def _grouped_conv(X, W, R, G, N, Co, ics, ciB, stride, dil):
+    """``X[R, G, N, C, *F]``, ``W[R, G, Co, C, *K]`` -> ``[R, ics, G, N, Co, *Fo]``, as one direct
+    convolution grouped over ``R * G * ics``."""
+    nd = X.dim() - 4
+    Xc = X.permute(2, 0, 1, 3, *range(4, 4 + nd)).reshape(N, R * G * ics * ciB, *X.shape[4:])
+    Wc = W.reshape(R, G, Co, ics, ciB, *W.shape[4:]).permute(0, 1, 3, 2, 4, *range(5, 5 + nd))
+    Wc = Wc.reshape(R * G * ics * Co, ciB, *W.shape[4:])
+    Y = _CONV[nd](Xc, Wc, stride=stride, dilation=dil, groups=R * G * ics)
+    return Y.reshape(N, R, G, ics, Co, *Y.shape[2:]).permute(1, 3, 2, 0, 4, *range(5, 5 + nd))
+
+
+def _im2col_conv(X, W, R, G, N, Co, ics, ciB, stride, dil):
+    """As :func:`_grouped_conv`, as a batched matmul (one per ``R * G * ics`` group) of the
+    input's windows (``[N * Fo, ciB * K]``, gathered as strided views) by the kernel."""
+    nd = X.dim() - 4
+    k = W.shape[4:]
+    Xw = X.reshape(R, G, N, ics, ciB, *X.shape[4:])
+    for d in range(nd):
+        Xw = Xw.unfold(5 + d, (k[d] - 1) * dil[d] + 1, stride[d])
+    if any(v > 1 for v in dil):
+        Xw = Xw[(Ellipsis, *[slice(None, None, v) for v in dil])]
+    fo = Xw.shape[5:5 + nd]
+    rows, cols = N * math.prod(fo), ciB * math.prod(k)
+    Xm = Xw.permute(0, 1, 3, 2, *range(5, 5 + nd), 4, *range(5 + nd, 5 + 2 * nd)).reshape(R * G * ics, rows, cols)
+    Wm = W.reshape(R, G, Co, ics, ciB, *k).permute(0, 1, 3, 4, *range(5, 5 + nd), 2).reshape(R * G * ics, cols, Co)
+    Y = torch.bmm(Xm, Wm)                                              # [R*G*ics, N*Fo, Co]
+    return Y.reshape(R, G, ics, N, *fo, Co).permute(0, 2, 1, 3, 4 + nd, *range(4, 4 + nd))
+
 
 def conv_partials(X: torch.Tensor, W: torch.Tensor, spec: _Spec) -> torch.Tensor:
     """``X[R, G, N, Ci, *F]`` (*) ``W[R, G, Co, Ci, *K]`` -> ``[R, ics, G, N, Co, *Fo]``: partial sums
-    over each of ``ics`` blocks of ``ciB`` input channels, in ``spec.acc_dtype``."""
+    over each of ``ics`` blocks of ``ciB`` input channels, in ``spec.acc_dtype``.
+
+    The input transform is applied to the input (dilation as inserted zeros); the kernel's
+    dilation and padding are not materialised (:func:`_kernel_taps`), so a weight-update pass
+    (the gradient as a dilated kernel) costs its taps only. The product is a direct convolution
+    grouped over ``R * G * ics`` where oneDNN does that well (large output fields, dense kernels,
+    dilated inputs), else a batched matmul of the input's windows (small fields, 1x1 or dilated
+    kernels, many channel groups, fp16): a choice by shape only."""
     acc = getattr(torch, spec.acc_dtype)
     X, W = X.to(acc), W.to(acc)
     R, G, N, Ci = X.shape[:4]
@@ -440,22 +519,25 @@ def conv_partials(X: torch.Tensor, W: torch.Tensor, spec: _Spec) -> torch.Tensor
         Wm = F.pad(W.reshape(R, G, Co, Ci).to(wide), (0, pad)).reshape(R, G, Co, ics, ciB)
         return torch.einsum("rgnic,rgoic->rigno", Xm, Wm).to(acc).reshape(R, ics, G, N, Co, *([1] * nd))
     nd = X.dim() - 4
-    X = _apply_input_transform(X, spec.in_t, 4)
-    W = _apply_input_transform(W, spec.k_t, 4)
     otl, otu, stride, opl, opu = spec.out_t
-    for d in range(nd):
-        ax = 4 + d
-        X = X.narrow(ax, otl[d], X.shape[ax] - otl[d] - otu[d])
+    stride = tuple(stride)
+    X = _apply_input_transform(X, spec.in_t, 4)
+    taps = _kernel_taps(X, W, spec)
+    if taps is None:               # a kernel dimension truncated away: materialise the transform
+        W = _apply_input_transform(W, spec.k_t, 4)
+        for d in range(nd):
+            X = X.narrow(4 + d, otl[d], X.shape[4 + d] - otl[d] - otu[d])
+        dil = (1,) * nd
+    else:
+        X, W, dil = taps
     if pad:
-        X = torch.cat([X, X.new_zeros((R, G, N, pad, *X.shape[4:]))], dim=3)
-        W = torch.cat([W, W.new_zeros((R, G, Co, pad, *W.shape[4:]))], dim=3)
-    fx = X.shape[4:]
-    Xc = X.permute(2, 0, 1, 3, *range(4, 4 + nd)).reshape(N, R * G * ics * ciB, *fx)
-    Wc = W.reshape(R, G, Co, ics, ciB, *W.shape[4:]).permute(0, 1, 3, 2, 4, *range(5, 5 + nd))
-    Wc = Wc.reshape(R * G * ics * Co, ciB, *W.shape[4:])
-    Y = _CONV[nd](Xc, Wc, stride=tuple(stride), groups=R * G * ics)
-    fo = Y.shape[2:]
-    Y = Y.reshape(N, R, G, ics, Co, *fo).permute(1, 3, 2, 0, 4, *range(5, 5 + nd))
+        X = F.pad(X, [0, 0] * nd + [0, pad])
+        W = F.pad(W, [0, 0] * nd + [0, pad])
+    k = W.shape[4:]
+    fo = [(X.shape[4 + d] - (k[d] - 1) * dil[d] - 1) // stride[d] + 1 for d in range(nd)]
+    direct = acc != torch.float16 and (any(v > 1 for v in spec.in_t[2]) or (
+        math.prod(k) > 1 and all(v == 1 for v in dil) and N * math.prod(fo) >= 128))
+    Y = (_grouped_conv if direct else _im2col_conv)(X, W, R, G, N, Co, ics, ciB, stride, dil)
     if any(opl) or any(opu):
         padding = []
         for d in reversed(range(nd)):
@@ -465,18 +547,20 @@ def conv_partials(X: torch.Tensor, W: torch.Tensor, spec: _Spec) -> torch.Tensor
 
 
 def _partials_kernel(x, w, dst, spec: _Spec, ctx):
-    X, W = ctx.read(x), ctx.read(w)
-    Y = conv_partials(X, W, spec)
-    if spec.ics == 1:
-        Y = Y[:, 0]
-    ctx.write(dst, Y.to(poplar.types.type_from_name(spec.write_dtype).torch_dtype))
+    with host_threads(spec.macs):
+        X, W = ctx.read(x), ctx.read(w)
+        Y = conv_partials(X, W, spec)
+        if spec.ics == 1:
+            Y = Y[:, 0]
+        ctx.write(dst, Y.to(poplar.types.type_from_name(spec.write_dtype).torch_dtype))
 
 
-def _reduce_kernel(partials, dst, ctx):
-    P = ctx.read(partials)
-    # fp32 partials are summed in fp64 (see conv_partials): torch's vectorised sum over a strided
-    # dimension rounds differently per output position.
-    ctx.write(dst, P.to(torch.float64).sum(dim=1) if P.dtype == torch.float32 else P.sum(dim=1))
+def _reduce_kernel(partials, dst, ctx, work: int = 0):
+    with host_threads(work):
+        P = ctx.read(partials)
+        # fp32 partials are summed in fp64 (see conv_partials): torch's vectorised sum over a
+        # strided dimension rounds differently per output position.
+        ctx.write(dst, P.to(torch.float64).sum(dim=1) if P.dtype == torch.float32 else P.sum(dim=1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -771,7 +855,7 @@ def _build_step(graph, x, w, out, own_out: bool, params: ConvParams, plan, lay: 
                   tuple(kt.paddingLower), tuple(kt.paddingUpper), tuple(kt.flip)),
                  (tuple(ot.truncationLower), tuple(ot.truncationUpper), tuple(ot.stride),
                   tuple(ot.paddingLower), tuple(ot.paddingUpper)),
-                 plain, ics, lay.ciB, acc, (out_type if ics == 1 else ptype).name)
+                 plain, ics, lay.ciB, acc, (out_type if ics == 1 else ptype).name, int(flops // 2))
     # the output blocks: (group block, batch block, out-channel block, rows)
     GB, NB, OB, FR = _cross(g0.size, n0.size, o0.size, f_out.size)
     out_lo = [g0[GB], n0[NB], o0[OB], fr0[FR]] + [np.zeros_like(GB)] * len(o_tail)
@@ -826,7 +910,7 @@ def _build_step(graph, x, w, out, own_out: bool, params: ConvParams, plan, lay: 
     rcs = graph.addComputeSet(f"{name}/Reduce")
     graph.add_vertex_group(rcs, VertexGroup(
         f"poplin::ReduceAdd<{out_type},{ptype}>", used, rcyc,
-        functools.partial(_reduce_kernel, partials, out),
+        functools.partial(_reduce_kernel, partials, out, work=int(outs * ics)),
         reads=[p_read],
         writes=[Access(out)], multi=True, flops=float(outs * (ics - 1)),
         state_bytes=REDUCE_VERTEX_STATE_BYTES))
