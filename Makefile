@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-.PHONY: install demo test test-slow bench
+.PHONY: install demo test test-slow test-tutorials bench
 install: $(STAMP)
 
 demo: $(STAMP)
@@ -19,11 +19,15 @@ demo: $(STAMP)
 
 # the suite without the tests marked slow (heavy light models, multi-node ONNX, exports): < 10 min
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not tutorial"
 
 # the tests marked slow; CI runs both
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "slow and not tutorial"
+
+# the PopTorch tutorials run in full (hours on a 2-core host): not in CI
+test-tutorials: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m tutorial
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_overhead.py

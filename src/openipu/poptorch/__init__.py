@@ -16,7 +16,7 @@ from openipu.poptorch.ops import (CPU, Attribute, MultiConv, NameScope, cond, cu
                                   dynamic_slice, dynamic_update, for_loop, identity_loss, ipu_print_tensor,
                                   isRunningOnIpu, nop, recomputationCheckpoint, register_custom_op,
                                   serializedMatMul, set_available_memory)
-from openipu.poptorch.options import Options  # noqa: F401
+from openipu.poptorch.options import Options, TensorLocationSettings  # noqa: F401
 
 __version__ = "3.4.0+openipu"
 

@@ -157,6 +157,79 @@ class _PopartOptions:
         return self
 
 
+class TensorLocationSettings(_OptionsDict):
+    """``poptorch.TensorLocationSettings``: where one kind of tensor lives (PopART's
+    ``TensorLocationSettings``)."""
+
+    def __init__(self):
+        super().__init__(on_chip=True, replicated_tensor_sharding=False, io_tiles_to_load=False,
+                         io_tiles_to_store=False, min_elements_off_chip=2, min_elements_rts=8192)
+
+    def useOnChipStorage(self, use: bool = True):  # noqa: N802
+        return self.set(on_chip=bool(use))
+
+    def useReplicatedTensorSharding(self, use: bool = True):  # noqa: N802
+        return self.set(replicated_tensor_sharding=bool(use))
+
+    def useIOTilesToLoad(self, use: bool = True):  # noqa: N802
+        return self.set(io_tiles_to_load=bool(use))
+
+    def useIOTilesToStore(self, use: bool = True):  # noqa: N802
+        return self.set(io_tiles_to_store=bool(use))
+
+    def minElementsForOffChip(self, n: int):  # noqa: N802
+        return self.set(min_elements_off_chip=int(n))
+
+    def minElementsForReplicatedTensorSharding(self, n: int):  # noqa: N802
+        return self.set(min_elements_rts=int(n))
+
+    def to_popart(self, settings) -> None:
+        """Write these settings into PopART's ``TensorLocationSettings`` ``settings``."""
+        loc = settings.location
+        loc.storage = popart.TensorStorage.OnChip if self.on_chip else popart.TensorStorage.OffChip
+        loc.replicatedTensorSharding = popart.ReplicatedTensorSharding.On if self.replicated_tensor_sharding \
+            else popart.ReplicatedTensorSharding.Off
+        loc.loadTileSet = "IO" if self.io_tiles_to_load else "Compute"
+        loc.storageTileSet = "IO" if self.io_tiles_to_store else "Compute"
+        settings.minElementsForOffChip = self.min_elements_off_chip
+        settings.minElementsForReplicatedTensorSharding = self.min_elements_rts
+
+
+class _TensorLocationOptions(_OptionsDict):
+    """``Options.TensorLocations``: IO tiles and the location of activations, weights, optimizer
+    state and accumulators."""
+
+    KINDS = {"activation": "activationTensorLocationSettings", "weight": "weightTensorLocationSettings",
+             "optimizer": "optimizerStateTensorLocationSettings", "accumulator": "accumulatorTensorLocationSettings"}
+
+    def __init__(self):
+        super().__init__(num_io_tiles=0, locations={})
+
+    def numIOTiles(self, n: int):  # noqa: N802
+        """Tiles set aside for IO: even, in [32, 192]."""
+        n = int(n)
+        if n % 2 or not 32 <= n <= 192:
+            raise AssertionError("numIOTiles must be an even number between 32 and 192.")
+        return self.set(num_io_tiles=n)
+
+    def _location(self, kind, settings: TensorLocationSettings):
+        if not isinstance(settings, TensorLocationSettings):
+            raise ValueError(f"set{kind.capitalize()}Location takes a poptorch.TensorLocationSettings")
+        return self.set(locations={**self.locations, kind: settings})
+
+    def setActivationLocation(self, settings):  # noqa: N802
+        return self._location("activation", settings)
+
+    def setWeightLocation(self, settings):  # noqa: N802
+        return self._location("weight", settings)
+
+    def setOptimizerLocation(self, settings):  # noqa: N802
+        return self._location("optimizer", settings)
+
+    def setAccumulatorLocation(self, settings):  # noqa: N802
+        return self._location("accumulator", settings)
+
+
 class _JitOptions(_OptionsDict):
     def __init__(self):
         super().__init__(trace_model=False)
@@ -185,6 +258,7 @@ class Options(_OptionsDict):
         object.__setattr__(self, "Precision", _PrecisionOptions())
         object.__setattr__(self, "Training", _TrainingOptions())
         object.__setattr__(self, "Jit", _JitOptions())
+        object.__setattr__(self, "TensorLocations", _TensorLocationOptions())
         object.__setattr__(self, "_Popart", _PopartOptions())
         object.__setattr__(self, "_execution_strategy", None)
         env = os.environ.get("POPTORCH_DEFAULT_OPTIONS")
@@ -339,7 +413,7 @@ class Options(_OptionsDict):
     def clone(self) -> "Options":
         """An unfrozen deep copy."""
         out = copy.deepcopy(self)
-        for o in (out, out.Precision, out.Training, out.Jit):
+        for o in (out, out.Precision, out.Training, out.Jit, out.TensorLocations):
             object.__setattr__(o, "_frozen", False)
         return out
 
@@ -378,6 +452,9 @@ class Options(_OptionsDict):
         o.enableStochasticRounding = self.Precision.stochastic_rounding
         o.enableFloatingPointChecks = self.Precision.fp_exceptions
         o.enableStableNorm = self.enable_stable_norm
+        o.numIOTiles = self.TensorLocations.num_io_tiles
+        for kind, settings in self.TensorLocations.locations.items():
+            settings.to_popart(getattr(o, _TensorLocationOptions.KINDS[kind]))
         if self.log_cycle_count:
             o.instrumentWithHardwareCycleCounter = True
         for k, v in self._Popart.options.items():
