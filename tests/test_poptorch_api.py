@@ -12,6 +12,9 @@ import torch
 
 import poptorch
 
+# compiles about a dozen models: kept out of `make test` (< 10 min), run by `make test-slow`
+pytestmark = pytest.mark.slow
+
 
 def _nodes(pm):
     return list(onnx.load_from_string(pm._built.model).graph.node)
