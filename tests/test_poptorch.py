@@ -205,3 +205,23 @@ def test_dataloader_combined_batch(mode):
         assert [b[0].shape for b in batches] == [(48, 2)] * 2
         assert torch.equal(batches[1][1], torch.arange(48, 96))
     dl.terminate()
+
+
+def test_parameter_groups_keep_their_own_values():
+    """A second parameter group's learning rate becomes PopART's per-weight value."""
+    torch.manual_seed(0)
+    m = Net()
+    ref = copy.deepcopy(m)
+
+    def groups(net):
+        return [{"params": net.fc1.parameters(), "lr": 0.05}, {"params": net.fc2.parameters()}]
+    tm = poptorch.trainingModel(m, optimizer=torch.optim.SGD(groups(m), lr=0.1, momentum=0.9))
+    opt = torch.optim.SGD(groups(ref), lr=0.1, momentum=0.9)
+    x, y = _data()
+    for _ in range(2):
+        tm(x, y)
+        opt.zero_grad()
+        ref(x, y)[1].backward()
+        opt.step()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)

@@ -196,7 +196,6 @@ def to_popart(opt: torch.optim.Optimizer, weight_ids: dict) -> "popart.Optimizer
             popart.SGDAccumulatorAndMomentum.Separate
         out = popart.SGD(vals, clip, accumulatorAndMomentum=mode, accumType=_dtype(extra.get("accum_type")),
                          accl1Type=_dtype(extra.get("velocity_accum_type")))
-        specific = lambda g: {k[0].lower() + k[1:]: v for k, v in values(g, "").items()}  # noqa: E731
     elif isinstance(opt, (torch.optim.Adam, torch.optim.AdamW, LAMB)):
         if any(g.get("amsgrad") for g in groups):
             raise Error("Adam with amsgrad=True is not supported by PopTorch")
@@ -223,7 +222,6 @@ def to_popart(opt: torch.optim.Optimizer, weight_ids: dict) -> "popart.Optimizer
                           accl1_type=_dtype(extra.get("first_order_momentum_accum_type")) or "FLOAT",
                           accl2_type=_dtype(extra.get("second_order_momentum_accum_type")) or "FLOAT",
                           clip_norm_settings=clip)
-        specific = lambda g: {k[0].lower() + k[1:]: v for k, v in values(g, "").items()}  # noqa: E731
     elif isinstance(opt, torch.optim.RMSprop):
         def values(g, prefix):
             return {f"{prefix}LearningRate": value("lr", g), f"{prefix}Alpha": value("alpha", g),
@@ -237,12 +235,12 @@ def to_popart(opt: torch.optim.Optimizer, weight_ids: dict) -> "popart.Optimizer
                               accl1_type=_dtype(extra.get("first_order_momentum_accum_type")) or "FLOAT",
                               accl2_type=_dtype(extra.get("second_order_momentum_accum_type")) or "FLOAT",
                               rmsprop_tf_variant=bool(extra.get("use_tf_variant")))
-        specific = lambda g: {k[0].lower() + k[1:]: v for k, v in values(g, "").items()}  # noqa: E731
     else:
         raise Error(f"Unsupported optimizer {type(opt).__name__}: PopTorch runs SGD, Adam, AdamW, RMSprop and LAMB "
                     "(torch.optim or poptorch.optim)")
     for g in groups[1:]:
-        spec = specific(g)
+        # insertSpecific's keys: the defaults' names without "default" (``learningRate`` ...)
+        spec = {k[0].lower() + k[1:]: v for k, v in values(g, "").items()}
         for p in g["params"]:
             if p in weight_ids:
                 out.insertSpecific(weight_ids[p], spec)
