@@ -48,7 +48,7 @@ def _build_parser() -> argparse.ArgumentParser:
     r.add_argument("--precision", default="fp32", choices=["fp32", "fp16"], help="model precision (default fp32)")
     r.add_argument("--input", metavar="FILE", help=".npz of input arrays keyed by input name (default: random)")
     r.add_argument("--output", metavar="FILE", help="write the outputs to this .npz")
-    r.add_argument("--report", metavar="DIR", help="write the profile (profile.json, summary.txt) to DIR")
+    r.add_argument("--report", metavar="DIR", help="write the profile (profile.pop, summary.txt; read it with pva or `openipu report`) to DIR")
     r.add_argument("--available-memory-proportion", type=float, default=None,
                    help="temporary-memory budget of matmuls and convolutions (default 0.6)")
     r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
@@ -75,6 +75,10 @@ def _print_run(res, out, amp_used: float | None = None) -> None:
     fit = "yes" if res.fits else f"NO ({res.out_of_memory_tiles:,} tiles over)"
     w(f"  tile memory         max {_kib(res.tile_bytes_max)} ({res.tile_bytes_max / res.bytes_per_tile:.0%} of a tile), "
       f"mean {_kib(res.tile_bytes_mean)}; fits: {fit}")
+    if res.worst_tiles:
+        t, b = res.worst_tiles[0]
+        w(f"  total memory        {res.tile_bytes_total:,} B over {res.num_ipus * res.tiles_per_ipu:,} tiles; "
+          f"worst tile {t} ({b:,} B)")
     if not res.fits:
         w("  worst tiles         " + ", ".join(f"tile {t}: {_kib(b)}" for t, b in res.worst_tiles))
         w()

@@ -179,6 +179,7 @@ class ModelRun:
     flops: float = 0.0
     tile_bytes_max: int = 0
     tile_bytes_mean: float = 0.0
+    tile_bytes_total: int = 0           # bytes over all tiles (predicted)
     worst_tiles: list = field(default_factory=list)
     out_of_memory_tiles: int = 0
     offline: bool = False             # predicted without running (no outputs)
@@ -314,6 +315,7 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     res.num_elements = int(sum(v.numel for v in engine.graph._state.variables))
     res.tile_bytes_max = int(mem.total.max()) if mem.total.size else 0
     res.tile_bytes_mean = float(mem.total.mean()) if mem.total.size else 0.0
+    res.tile_bytes_total = int(mem.total.astype(np.int64).sum())
     res.worst_tiles = mem.worst_tiles(5)
     res.out_of_memory_tiles = int(mem.out_of_memory_tiles.size)
     res.fits = mem.fits()

@@ -353,9 +353,21 @@ class _SessionBase:
         return buf.getvalue()
 
     def getReport(self):  # noqa: N802
+        """The profile as a ``pva.Report`` (libpva's API: ``report.compilation.tiles[i].memory``,
+        ``report.execution.runs`` ...): the engine's ``profile.pop``, written to a temporary
+        directory unless ``autoReport.directory`` names one."""
         if self._engine is None:
             raise popart_exception("Session must have been prepared before a report can be fetched")
-        return self._engine.getProfile()
+        import tempfile
+
+        from openipu.poplar.profile import write_profile
+        from openipu.popvision import openReport
+        opts = self._engine.options
+        if opts.get_bool("autoReport.all") or opts.get_bool("autoReport.outputExecutionProfile"):
+            return openReport(write_profile(opts.get("autoReport.directory", "./"), self._engine.graph,
+                                            self._engine._compiled, self._engine))
+        with tempfile.TemporaryDirectory(prefix="openipu-report-") as d:
+            return openReport(write_profile(d, self._engine.graph, self._engine._compiled, self._engine))
 
     def getRandomSeed(self) -> int:  # noqa: N802
         """The seed last given to :meth:`setRandomSeed` (else the one the session drew). Warns

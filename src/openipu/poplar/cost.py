@@ -45,6 +45,7 @@ class StepCost:
     flops: float = 0.0
     by_vertex_type: dict = field(default_factory=dict)
     syncs: int = 0
+    tile_compute: np.ndarray | None = None   # compute cycles of each tile (compute sets; for profiles)
 
     def __post_init__(self):
         for c in CATEGORIES:
@@ -123,6 +124,7 @@ def compute_cost(spec, tiles: np.ndarray, cycles: np.ndarray, multi: np.ndarray,
     cost.duration["compute"] = _per_ipu(spec, incl, "max")
     cost.tile_sum["compute"] = _per_ipu(spec, incl, "sum")
     cost.tile_sum["compute_excl"] = _per_ipu(spec, excl, "sum")
+    cost.tile_compute = incl.astype(np.float32)
     if type_ids is not None:
         tile_cycles = np.where(multi, cycles, cycles * W)
         per_type = np.bincount(type_ids, weights=tile_cycles, minlength=len(type_names))

@@ -286,7 +286,8 @@ class Engine:
         (out or sys.stdout).write(profile_summary(self.graph, self._compiled, self, dict(options or {})))
 
     def getProfile(self) -> dict:  # noqa: N802
-        """The profile as a dict (what ``autoReport`` writes to ``profile.json``)."""
+        """The profile as a plain dict (target, memory per tile, liveness, steps, execution);
+        ``autoReport`` writes the same facts to ``profile.pop`` (read it with ``pva.openReport``)."""
         from openipu.poplar.profile import profile_dict
         return profile_dict(self.graph, self._compiled, self)
 

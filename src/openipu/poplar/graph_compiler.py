@@ -362,6 +362,7 @@ class _Compiler:
             self.cs_cache[cs.id] = self.build_compute_set(cs)
         runners, c, uses, recv = self.cs_cache[cs.id]
         leaf = self.leaf(_ExecuteStep(runners), c, uses, cs.name)
+        leaf.step.cs_id = cs.id
         if recv.any():
             self.recv_buffers[leaf.step.idx] = recv
         return leaf
@@ -459,6 +460,7 @@ class _Compiler:
         total.add(comp)
         if vout.any():
             total.add(costmod.sync_cost(spec, involved)).add(costmod.exchange_cost(spec, vout))
+        total.tile_compute = comp.tile_compute
         return runners, total, uses, vin.recv_bytes
 
     def user_vertex_costs(self, cs, codelet, vids):

@@ -193,12 +193,222 @@ def profile_dict(graph, compiled, engine=None) -> dict:
     return d
 
 
+#: Version of the ``profile.pop`` format :func:`write_profile` writes (docs/profile-format.md).
+PROFILE_FORMAT_VERSION = 1
+#: The ``meta.magic`` value that marks an openipu profile.
+PROFILE_MAGIC = "openipu-profile"
+#: The Poplar SDK version whose API openipu implements (``report.poplarVersion``).
+POPLAR_API_VERSION = (3, 4, 0)
+
+_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE arrays (name TEXT PRIMARY KEY, data BLOB NOT NULL);
+CREATE TABLE target (key TEXT PRIMARY KEY, value);
+CREATE TABLE graph (key TEXT PRIMARY KEY, value INTEGER);
+CREATE TABLE memory_categories (position INTEGER PRIMARY KEY, name TEXT NOT NULL, array TEXT NOT NULL);
+CREATE TABLE variables (id INTEGER PRIMARY KEY, name TEXT, type TEXT, shape TEXT, bytes INTEGER,
+                        num_tiles INTEGER, constant INTEGER, always_live INTEGER);
+CREATE TABLE vertex_types (id INTEGER PRIMARY KEY, name TEXT, count INTEGER, state_bytes REAL,
+                           code_bytes REAL, cycles REAL);
+CREATE TABLE compute_sets (id INTEGER PRIMARY KEY, name TEXT, num_vertices INTEGER, num_tiles INTEGER);
+CREATE TABLE compute_set_vertices (compute_set INTEGER, vertex_type INTEGER, count INTEGER);
+CREATE TABLE steps (idx INTEGER PRIMARY KEY, type TEXT, name TEXT, compute_set INTEGER, flops REAL,
+                    tile_cycles TEXT);
+CREATE TABLE programs (id INTEGER PRIMARY KEY, parent INTEGER, position INTEGER, type TEXT, name TEXT,
+                       step INTEGER, repeat_count INTEGER, root INTEGER);
+CREATE TABLE runs (id INTEGER PRIMARY KEY, program INTEGER, name TEXT, host_seconds REAL, dry INTEGER);
+"""
+
+
+def _npy(a) -> bytes:
+    """``a`` as the bytes of a ``.npy`` file (numpy's own format; no pickled objects)."""
+    import io
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _pva_type(step) -> str:
+    """libpva's program type of a lowered step: OnTileExecute, DoExchange (a copy that exchanges),
+    StreamCopyMid, GlobalExchange, Sync, ..."""
+    name = type(step).__name__
+    if name == "_CopyStep":
+        return "DoExchange" if float(step.cost.duration["exchange"].max()) > 0 else "OnTileExecute"
+    if step.kind == "StreamCopy":
+        return "StreamCopyMid"
+    if step.kind == "Step":
+        return "Sync" if step.name.startswith("Sync") else (step.name or "Step")
+    return step.kind
+
+
+def _program_rows(roots) -> list:
+    """Rows ``(id, parent, position, type, name, step, repeat_count, root)`` of the program trees of
+    the compiled ``roots`` (one per engine program); ``step`` is the program step a leaf runs."""
+    from openipu.poplar import executable as E
+    rows: list = []
+    stack = [(r, -1, i, i) for i, r in reversed(list(enumerate(roots)))]
+    while stack:
+        node, parent, pos, root = stack.pop()
+        nid = len(rows)
+        children: list = []
+        if isinstance(node, E._Leaf):
+            st = node.step
+            rows.append((nid, parent, pos, _pva_type(st), st.name, int(st.idx), None, root))
+        elif isinstance(node, E._Step):          # a branch's predicate read
+            rows.append((nid, parent, pos, _pva_type(node), node.name, int(node.idx), None, root))
+        elif isinstance(node, E._Seq):
+            rows.append((nid, parent, pos, "Sequence", f"program {root}" if parent < 0 else "", None, None, root))
+            children = node.nodes
+        elif isinstance(node, E._Repeat):
+            rows.append((nid, parent, pos, "Repeat", "", None, int(node.count), root))
+            children = [node.body]
+        elif isinstance(node, E._While):
+            rows.append((nid, parent, pos, "RepeatWhileTrue" if not node.until else "RepeatWhileFalse", "",
+                         None, None, root))
+            children = [node.cond, node.branch, node.body]
+        elif isinstance(node, E._If):
+            rows.append((nid, parent, pos, "If", "", None, None, root))
+            children = [node.branch, node.then, node.other]
+        elif isinstance(node, E._Switch):
+            rows.append((nid, parent, pos, "Switch", "", None, None, root))
+            children = [node.branch] + list(node.cases.values()) + [node.default]
+        else:
+            rows.append((nid, parent, pos, type(node).__name__.lstrip("_"), "", None, None, root))
+        stack.extend((c, nid, k, root) for k, c in reversed(list(enumerate(children))))
+    return rows
+
+
+def _profile_tables(graph, compiled, engine):
+    """The tables of ``profile.pop`` as ``{table: rows}`` plus ``{array name: ndarray}``."""
+    spec = graph._top._target.spec
+    st = graph._state
+    mem = compiled.memory
+    comp = compiled.compiler
+    arrays: dict = {}
+    tables: dict = {}
+    tables["target"] = [("version", spec.version), ("arch", spec.arch), ("type", spec.target_type),
+                        ("numIPUs", spec.num_ipus), ("tilesPerIPU", spec.tiles_per_ipu),
+                        ("numTiles", spec.num_tiles), ("bytesPerTile", spec.bytes_per_tile),
+                        ("clockHz", float(spec.clock_hz)), ("replicationFactor", st.replication_factor),
+                        ("numWorkerContexts", spec.num_worker_contexts)]
+    tables["graph"] = [("numVertices", graph.getNumVertices()), ("numEdges", mem.num_edges),
+                       ("numVariables", mem.num_variables), ("numComputeSets", len(st.compute_sets)),
+                       ("numProgramSteps", len(comp.steps))]
+    cats = []
+    for i, (k, v) in enumerate(mem.categories.items()):
+        arrays[f"memory/category/{k}"] = np.asarray(v, np.float64).astype(np.int64)
+        cats.append((i, k, f"memory/category/{k}"))
+    tables["memory_categories"] = cats
+    arrays["memory/total"] = mem.total.astype(np.int64)
+    arrays["memory/alwaysLiveVariables"] = mem.always_live_variables.astype(np.int64)
+    arrays["memory/notAlwaysLivePeak"] = mem.not_always_live_peak.astype(np.int64)
+    arrays["memory/outOfMemoryTiles"] = np.asarray(mem.out_of_memory_tiles, np.int64)
+    arrays["liveness/notAlwaysLive"] = np.asarray(mem.liveness, np.float64).astype(np.int64)
+
+    var_rows = []
+    for v in st.variables:
+        if v._pending:
+            v._flush()
+        ti = v._ti
+        ntiles = int(np.unique(ti[ti >= 0]).size) if ti.size else 0
+        var_rows.append((v.id, v.name, v.type.name, ",".join(str(d) for d in v.shape), int(v.nbytes), ntiles,
+                         int(bool(v.constant)), None))
+    tables["variables"] = var_rows
+
+    vt_names: dict = {}
+    cs_rows, csv_rows = [], []
+    counts: dict = {}
+    for cs in st.compute_sets:
+        per: dict = {}
+        tiles = []
+        for g in cs.groups:
+            per[g.type_name] = per.get(g.type_name, 0) + int(np.asarray(g.tiles).size)
+            tiles.append(np.asarray(g.tiles, np.int64).reshape(-1))
+        for vid in cs.user_vertices:
+            per[st.v_type[vid]] = per.get(st.v_type[vid], 0) + 1
+        if cs.user_vertices:
+            tiles.append(np.array([st.v_tile[v] for v in cs.user_vertices], np.int64))
+        ntiles = int(np.unique(np.concatenate(tiles)).size) if tiles else 0
+        cs_rows.append((cs.id, cs.name, sum(per.values()), ntiles))
+        for name, n in per.items():
+            tid = vt_names.setdefault(name, len(vt_names))
+            csv_rows.append((cs.id, tid, n))
+            counts[name] = counts.get(name, 0) + n
+    cycles_by_type: dict = {}
+    if engine is not None and engine._runs:
+        cycles_by_type = {k: c for k, (_, c) in execution_totals(engine)[2].items()}
+    tables["vertex_types"] = [(i, n, counts.get(n, 0), float(comp.vertex_state_by_type.get(n, 0.0)),
+                               float(comp.vertex_type_code.get(n, 0.0)), float(cycles_by_type.get(n, 0.0)))
+                              for n, i in vt_names.items()]
+    tables["compute_sets"] = cs_rows
+    tables["compute_set_vertices"] = csv_rows
+
+    n = len(comp.steps)
+    ipus = spec.num_ipus
+    for c in CATEGORIES:
+        arrays[f"steps/cycles/{c}"] = (np.stack([s.cost.duration[c] for s in comp.steps]) if n
+                                       else np.zeros((0, ipus))).astype(np.float64)
+    step_rows = []
+    seen: dict = {}
+    for s in comp.steps:
+        key = None
+        tc = getattr(s.cost, "tile_compute", None)
+        if tc is not None:
+            key = seen.get(id(tc))
+            if key is None:
+                key = seen[id(tc)] = f"steps/tileCompute/{len(seen)}"
+                arrays[key] = np.asarray(tc, np.float32)
+        step_rows.append((s.idx, _pva_type(s), s.name, getattr(s, "cs_id", None), float(s.cost.flops), key))
+    tables["steps"] = step_rows
+    tables["programs"] = _program_rows(compiled.roots)
+
+    run_rows = []
+    if engine is not None:
+        for i, r in enumerate(engine._runs):
+            run_rows.append((i, int(r["program"]), r["name"] or "", float(r["host_seconds"]), int(bool(r.get("dry")))))
+            arrays[f"runs/{i}/cyclesPerIpu"] = np.asarray(r["cycles_per_ipu"], np.float64)
+            arrays[f"runs/{i}/counts"] = np.asarray(r["counts"], np.int64)
+            tr = r["trace"] or []
+            arrays[f"runs/{i}/trace/step"] = np.fromiter((t[0] for t in tr), np.int32, len(tr))
+            arrays[f"runs/{i}/trace/end"] = np.fromiter((t[1] for t in tr), np.float64, len(tr))
+    tables["runs"] = run_rows
+    return tables, arrays
+
+
 def write_profile(directory: str, graph, compiled, engine=None) -> str:
-    """Write ``profile.json`` under ``directory``; return its path (Poplar writes ``profile.pop``)."""
+    """Write the profile (``profile.pop``, format in docs/profile-format.md) under ``directory``.
+
+    An SQLite database (stdlib ``sqlite3``): tables for target, graph, variables, vertex types,
+    compute sets, program steps, program trees and runs; per-tile and per-step numbers as ``.npy``
+    BLOBs (``np.save``, no pickles) in ``arrays``. Written to a temporary file and renamed, so a
+    reader never sees half a profile. Cycle figures are predicted IPU cycles; ``runs.host_seconds``
+    is host wall time. Returns the path of ``profile.pop``.
+    """
+    import sqlite3
+    import time as _time
+
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, "profile.json")
-    with open(path, "w") as f:
-        json.dump(profile_dict(graph, compiled, engine), f)
+    path = os.path.join(directory, "profile.pop")
+    tmp = f"{path}.tmp{os.getpid()}"
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    tables, arrays = _profile_tables(graph, compiled, engine)
+    con = sqlite3.connect(tmp)
+    try:
+        con.executescript(_SCHEMA)
+        meta = {"magic": PROFILE_MAGIC, "format_version": str(PROFILE_FORMAT_VERSION),
+                "poplar_version": ".".join(map(str, POPLAR_API_VERSION)), "openipu_version": __version__,
+                "created_unix": f"{_time.time():.3f}", "compile_host_seconds": f"{compiled.compile_seconds:.6f}"}
+        con.executemany("INSERT INTO meta VALUES (?, ?)", meta.items())
+        con.executemany("INSERT INTO arrays VALUES (?, ?)", ((k, _npy(v)) for k, v in arrays.items()))
+        for name, rows in tables.items():
+            if rows:
+                q = ",".join("?" * len(rows[0]))
+                con.executemany(f"INSERT INTO {name} VALUES ({q})", rows)
+        con.commit()
+    finally:
+        con.close()
+    os.replace(tmp, path)
     return path
 
 
