@@ -1,0 +1,170 @@
+"""PopVision: profile.pop, the ``pva`` reader and its errors, on a small PopART model."""
+
+import os
+import shutil
+import sqlite3
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import pva
+from openipu import runner
+
+
+def _mlp(path):
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((256, 128)).astype(np.float32)
+    w2 = rng.standard_normal((128, 10)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+         helper.make_node("MatMul", ["r", "W2"], ["y"])], "mlp",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [8, 256])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [8, 10])],
+        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pv")
+    _mlp(d / "mlp.onnx")
+    res = runner.run_model(str(d / "mlp.onnx"), report_dir=str(d / "rep"))
+    return res, d / "rep"
+
+
+def test_report_matches_the_run(profiled):
+    res, rep = profiled
+    r = pva.openReport(str(rep / "profile.pop"))
+    c = r.compilation
+    assert r.poplarVersion.major == 3 and "openipu" in r.poplarVersion.string
+    assert c.target.numTiles == 1472 and c.target.numIPUs == 1 and c.target.bytesPerTile == res.bytes_per_tile
+    assert len(c.tiles) == 1472
+    total = sum(t.memory.total.includingGaps for t in c.tiles)
+    assert total == res.tile_bytes_total == sum(t.memory.total.excludingGaps for t in c.tiles)
+    assert c.worstTile() == res.worst_tiles[0]
+    # the categories add up to the total on every tile
+    cats = ("variable", "constant", "stack", "vertexInstanceState", "controlCode", "vertexCode", "internalExchangeCode")
+    t0 = c.tiles[res.worst_tiles[0][0]]
+    assert abs(sum(getattr(t0.memory.category, k).total for k in cats) - t0.memory.total.includingGaps) <= len(cats)
+    assert c.graph.numComputeSets == len(c.computeSets) > 0
+    assert any(v.size > 0 for v in c.variables)
+    assert r.execution.totalCycles.total == round(res.step_cycles)
+    [run] = r.execution.runs
+    assert run.cycles == round(res.step_cycles)
+    assert run.steps[-1].cyclesTo == pytest.approx(res.step_cycles)
+    assert sum(s.ipus[0].cycles for s in run.steps) == pytest.approx(res.step_cycles, rel=1e-6, abs=len(run.steps))
+    s = max(run.steps, key=lambda s: s.cycles)
+    assert s.cyclesByTile.shape == (1472,) and s.cyclesByTile.max() == pytest.approx(s.cycles, rel=1e-5)
+    peak_step, peak = c.livenessPeak()
+    assert peak == max(x.notAlwaysLiveMemory.bytes for x in c.livenessProgramSteps) > 0
+
+
+def test_visitors(profiled):
+    _, rep = profiled
+    r = pva.openReport(str(rep))           # a profile directory works too
+
+    class V(pva.ProgramVisitor):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def visitOnTileExecute(self, p):  # noqa: N802
+            self.names.append((p.name, len(p.computeset.vertices) if p.computeset else 0))
+
+    v = V()
+    for s in r.execution.steps:
+        s.program.accept(v)
+    assert v.names and any(n > 0 for _, n in v.names)
+
+    class Steps(pva.ExecutionStepVisitor):
+        n = 0
+
+        def visitStep(self, step):  # noqa: N802
+            Steps.n += 1
+    r.execution.accept(Steps())
+    assert Steps.n == len(r.execution.steps)
+    roots = r.compilation.controlPrograms
+    assert roots and roots[0].type == pva.Program.Type.Sequence and roots[0].children
+
+
+def test_not_a_report(tmp_path):
+    p = tmp_path / "profile.pop"
+    p.write_text('{"not": "a profile"}')
+    with pytest.raises(pva.NotAReport, match="not a profile"):
+        pva.openReport(str(p))
+    con = sqlite3.connect(tmp_path / "other.db")
+    con.execute("CREATE TABLE t (x)")
+    con.commit()
+    con.close()
+    with pytest.raises(pva.NotAReport):
+        pva.openReport(str(tmp_path / "other.db"))
+    with pytest.raises(FileNotFoundError):
+        pva.openReport(str(tmp_path / "missing.pop"))
+    assert issubclass(pva.NotAReport, pva.Error)
+
+
+def test_older_format_version(profiled, tmp_path):
+    _, rep = profiled
+    p = tmp_path / "old.pop"
+    shutil.copy(rep / "profile.pop", p)
+    con = sqlite3.connect(p)
+    con.execute("UPDATE meta SET value='0' WHERE key='format_version'")
+    con.commit()
+    con.close()
+    with pytest.raises(pva.UnsupportedFormat, match="older format version 0"):
+        pva.openReport(str(p))
+
+
+def test_truncated_and_damaged(profiled, tmp_path):
+    _, rep = profiled
+    data = (rep / "profile.pop").read_bytes()
+    for n in (50, 4096, len(data) // 2, len(data) - 1):
+        p = tmp_path / f"cut{n}.pop"
+        p.write_bytes(data[:n])
+        with pytest.raises(pva.CorruptReport):
+            pva.openReport(str(p))
+    # a damaged array: bytes that np.load rejects (and a pickle is never loaded)
+    p = tmp_path / "bad.pop"
+    shutil.copy(rep / "profile.pop", p)
+    con = sqlite3.connect(p)
+    import pickle
+    con.execute("UPDATE arrays SET data=? WHERE name='memory/total'", (pickle.dumps(os.getcwd()),))
+    con.commit()
+    con.close()
+    with pytest.raises(pva.CorruptReport, match="memory/total"):
+        pva.openReport(str(p))
+
+
+def test_object_arrays_are_refused(profiled, tmp_path):
+    """An .npy of Python objects needs a pickle to load: the reader refuses it."""
+    import io
+    _, rep = profiled
+    p = tmp_path / "obj.pop"
+    shutil.copy(rep / "profile.pop", p)
+    buf = io.BytesIO()
+    np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    con = sqlite3.connect(p)
+    con.execute("UPDATE arrays SET data=? WHERE name='memory/total'", (buf.getvalue(),))
+    con.commit()
+    con.close()
+    with pytest.raises(pva.CorruptReport):
+        pva.openReport(str(p))
+
+
+def test_popart_get_report(profiled):
+    import popart
+    builder = popart.Builder()
+    x = builder.addInputTensor(popart.TensorInfo("FLOAT", [4, 8]), "x")
+    o = builder.aiOnnx.relu([x])
+    builder.addOutputTensor(o)
+    s = popart.InferenceSession(fnModel=builder.getModelProto(), dataFlow=popart.DataFlow(1, {o: popart.AnchorReturnType("ALL")}),
+                                deviceInfo=popart.DeviceManager().createIpuModelDevice({}))
+    s.prepareDevice()
+    a = s.initAnchorArrays()
+    s.run(popart.PyStepIO({x: np.ones((4, 8), np.float32)}, a))
+    r = s.getReport()
+    assert isinstance(r, pva.Report)
+    assert r.execution.totalCycles.total == s.getCycleCount()
+    assert sum(t.memory.total.excludingGaps for t in r.compilation.tiles) > 0
