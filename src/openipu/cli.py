@@ -55,7 +55,36 @@ def _build_parser() -> argparse.ArgumentParser:
     r.add_argument("--offline", action="store_true",
                    help="predict only: compile for an offline IPU and predict cycles and memory without "
                         "running the model (no device memory, no kernels)")
+    rp = sub.add_parser("report", help="write the Graph Analyser HTML report of a profile",
+                        description="Write a self-contained HTML page (memory per tile, liveness, program tree, "
+                                    "execution trace, largest variables and vertices) of PROFILE_DIR's profile.pop.")
+    rp.add_argument("profile", metavar="PROFILE_DIR", help="a directory holding profile.pop, or the file")
+    rp.add_argument("-o", "--output", metavar="FILE.html", help="where to write the page (default PROFILE_DIR/report.html)")
+    rp.add_argument("--compare", metavar="OTHER_DIR", help="a second profile to compare with")
     return p
+
+
+def _report(args) -> int:
+    import os
+
+    from openipu import popvision
+    from openipu.popvision.html import summary_figures, write_report
+    out = args.output or os.path.join(args.profile if os.path.isdir(args.profile) else os.path.dirname(args.profile) or ".",
+                                      "report.html")
+    try:
+        r = popvision.openReport(args.profile)
+        other = popvision.openReport(args.compare) if args.compare else None
+    except (FileNotFoundError, popvision.Error) as e:
+        print(f"openipu report: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    write_report(r, out, other)
+    f = summary_figures(r)
+    print(f"Report of {r.path} written to {out}")
+    print(f"  total memory {f['total_memory']:,} B; worst tile {f['worst_tile']} ({f['worst_tile_bytes']:,} B); "
+          f"liveness peak {f['liveness_peak']:,} B at step {f['liveness_peak_step']}")
+    if f["cycles_per_run"] is not None:
+        print(f"  cycles per run {f['cycles_per_run']:,} (predicted)")
+    return 0
 
 
 def _print_run(res, out, amp_used: float | None = None) -> None:
@@ -112,6 +141,8 @@ def _print_run(res, out, amp_used: float | None = None) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``openipu`` script. Returns the exit status."""
     args = _build_parser().parse_args(argv)
+    if args.command == "report":
+        return _report(args)
     from openipu import runner
 
     inputs = None
