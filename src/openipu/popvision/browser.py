@@ -1,0 +1,58 @@
+"""Open a report page in a real headless browser (Debian's chromium driven by playwright, a test
+extra; no browser download) and check it: console errors, each view rendered, screenshots.
+
+Used by the tests and by ``scripts/popvision_screenshots.py`` (the screenshots in docs/).
+"""
+
+from __future__ import annotations
+
+import os
+
+#: The report's views: section id -> the element that shows it has rendered.
+VIEWS = {"summary": "#total-memory", "memory-heatmap": "#plot-memory-heatmap .main-svg",
+         "memory-histogram": "#plot-memory-histogram .main-svg",
+         "memory-categories": "#plot-memory-categories .main-svg", "liveness": "#plot-liveness .main-svg",
+         "program-tree": "ul.tree li", "execution-trace": "#plot-execution-trace .main-svg",
+         "largest-variables": "#table-variables tbody tr", "largest-vertices": "#table-vertex-types tbody tr"}
+COMPARE_VIEW = {"compare": "#plot-compare-histogram .main-svg"}
+CHROMIUM = os.environ.get("OPENIPU_CHROMIUM", "/usr/bin/chromium")
+
+
+def check_page(html_path: str, screenshot_dir: str | None = None, compare: bool = False,
+               width: int = 1400) -> dict:
+    """Load ``html_path`` in headless chromium; return ``{"errors": [console errors and page
+    errors], "rendered": {view: bool}, "texts": {element id: text}, "screenshots": [paths]}``.
+    Screenshots (PNG, one per view) go to ``screenshot_dir`` if given. Raises playwright's
+    errors if chromium cannot start."""
+    from playwright.sync_api import sync_playwright
+    views = dict(VIEWS, **(COMPARE_VIEW if compare else {}))
+    out = {"errors": [], "rendered": {}, "texts": {}, "screenshots": []}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": width, "height": 900})
+            page.on("console", lambda m: out["errors"].append(f"console {m.type}: {m.text}")
+                    if m.type == "error" else None)
+            page.on("pageerror", lambda e: out["errors"].append(f"page error: {e}"))
+            page.goto("file://" + os.path.abspath(html_path), wait_until="load")
+            for view, sel in views.items():
+                try:
+                    page.wait_for_selector(sel, timeout=30_000)
+                    out["rendered"][view] = True
+                except Exception:  # noqa: BLE001 - reported as not rendered
+                    out["rendered"][view] = False
+            for i in ("total-memory", "worst-tile", "cycles-per-run", "liveness-peak", "biggest-compute-set"):
+                loc = page.locator(f"#{i}")
+                if loc.count():
+                    out["texts"][i] = loc.inner_text()
+            if screenshot_dir:
+                os.makedirs(screenshot_dir, exist_ok=True)
+                for view in views:
+                    path = os.path.join(screenshot_dir, f"{view}.png")
+                    sec = page.locator(f"section#{view}")
+                    sec.scroll_into_view_if_needed()
+                    sec.screenshot(path=path)
+                    out["screenshots"].append(path)
+        finally:
+            browser.close()
+    return out
