@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	@# the HTML report tests drive Debian's chromium (no browser download): install it when missing
-	@command -v chromium >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ]; then apt-get install -y -q chromium; \
+	@command -v chromium >/dev/null 2>&1 || { if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q chromium; \
 		else echo "chromium is missing: run 'sudo apt-get install -y chromium' (the HTML report tests need it)"; fi; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip

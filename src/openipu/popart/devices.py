@@ -36,6 +36,12 @@ class DeviceInfo:
         self._connection = connection
         self._attached = dtype != DeviceType.Ipu or connection == DeviceConnectionType.Always
         self._options = dict(options or {})
+        if dtype == DeviceType.Ipu and self._attached:
+            self._register()
+
+    def _register(self):
+        from openipu.poplar import runtime_state
+        runtime_state.device_attached(str(id(self)), self._id, self.device.getTarget().spec)
 
     # PopART properties
     @property
@@ -80,6 +86,8 @@ class DeviceInfo:
 
     def attach(self) -> bool:
         self._attached = True
+        if self._type == DeviceType.Ipu:
+            self._register()
         return True
 
     def tryAttachUntilTimeout(self) -> bool:  # noqa: N802
@@ -87,6 +95,8 @@ class DeviceInfo:
 
     def detach(self) -> None:
         self._attached = False
+        from openipu.poplar import runtime_state
+        runtime_state.device_detached(str(id(self)))
 
     def getTarget(self):  # noqa: N802
         return self.device.getTarget()

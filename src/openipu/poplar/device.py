@@ -128,10 +128,15 @@ class Device:
 
     def attach(self) -> bool:
         self._attached = True
+        if self._target.getTargetType() == TargetType.IPU:
+            from openipu.poplar import runtime_state
+            runtime_state.device_attached(str(id(self)), self._id, self._target.spec)
         return True
 
     def detach(self) -> None:
         self._attached = False
+        from openipu.poplar import runtime_state
+        runtime_state.device_detached(str(id(self)))
 
     def isAttached(self) -> bool:  # noqa: N802
         return self._attached

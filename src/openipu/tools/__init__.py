@@ -1,0 +1,1 @@
+"""Command-line tools (the gc-* tools on simulated IPUs)."""
