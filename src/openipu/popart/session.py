@@ -104,9 +104,12 @@ class _SessionBase:
         bar = _progress_bar(len(self._ir.ops) + 3)
         target = self.deviceInfo.device.getTarget()
         try:
-            lowered = lowering_program.build(self._ir, target, self.options,
-                                             progress=(lambda: bar.update(1)) if bar else None,
-                                             patterns=self.patterns)
+            from openipu.poplar import pvti
+            with pvti.span("PopART: graph construction (lower the IR to a Poplar graph)", "popart",
+                           ops=len(self._ir.ops)):
+                lowered = lowering_program.build(self._ir, target, self.options,
+                                                 progress=(lambda: bar.update(1)) if bar else None,
+                                                 patterns=self.patterns)
             state = {"done": 0}
 
             def engine_progress(i, n):

@@ -24,6 +24,7 @@ from openipu.poplar.executable import Executable, _RunCtx, _to_numpy, _to_torch,
 from openipu.poplar.graph import DataStream, RemoteBuffer
 from openipu.poplar.graph_compiler import FieldData, VertexIntrospector, VertexPerfEstimate, compileGraph  # noqa: F401
 from openipu.poplar import program as P
+from openipu.poplar import pvti
 from openipu.poplar.options import OptionFlags, engine_options
 from openipu.poplar.storage import Accessor, Storage
 from openipu.poplar.tensor import Tensor
@@ -45,7 +46,8 @@ class Engine:
                 options = programs
         else:
             progs = programs if isinstance(programs, (list, tuple)) else [programs if programs is not None else P.Sequence()]
-            exe = Executable(graph_or_exe, list(progs), options, progress)
+            with pvti.span("Engine: compile graph and programs", "poplar"):
+                exe = Executable(graph_or_exe, list(progs), options, progress)
         self._exe = exe
         self.options = engine_options(exe.options if options is None else options)
         self.graph = exe.graph
@@ -76,8 +78,9 @@ class Engine:
                 f"Cannot load: the engine was compiled for {self._spec.num_tiles} tiles but the device has "
                 f"{device.getTarget().spec.num_tiles}")
         self._device = device
-        self._storage = Storage(self.graph._state, self.graph._state.replication_factor,
-                                self._compiled.memory.host_layout)
+        with pvti.span("Engine: load (allocate device memory)", "poplar"):
+            self._storage = Storage(self.graph._state, self.graph._state.replication_factor,
+                                    self._compiled.memory.host_layout)
 
     def prepare(self, device) -> None:
         self.load(device)
@@ -134,9 +137,16 @@ class Engine:
         ctx.trace_limit = 100_000
         ctx.global_sync = float(self._spec.global_sync_cycles)
         ctx.out = self._out
+        traced = pvti.enabled()
+        if traced and ctx.trace is None:
+            ctx.trace = []
+        start_us = pvti.now_us() if traced else 0.0
         t0 = time.perf_counter()
-        self._compiled.roots[index].run(ctx)
+        with pvti.span(f"Engine: run program {index}{' ' + name if name else ''}", "poplar", dry=dry):
+            self._compiled.roots[index].run(ctx)
         dt = time.perf_counter() - t0
+        if traced:
+            self._trace_ipu_timeline(start_us, ctx.trace, name or f"program {index}")
         self.host_seconds += dt
         if self._profiling:
             self._counts += ctx.counts
@@ -146,6 +156,18 @@ class Engine:
             from openipu.poplar.profile import write_profile
             self.profile_path = write_profile(self.options.get("autoReport.directory", "./"), self.graph,
                                               self._compiled, self)
+
+    def _trace_ipu_timeline(self, start_us: float, trace, run_name: str) -> None:
+        """Hand a run's predicted steps to the System Analyser trace: one event per step and IPU
+        that the step occupies, from the previous step's end (predicted cycles)."""
+        steps = self._compiled.compiler.steps
+        out, prev = [], 0.0
+        for idx, end in trace[:pvti.MAX_IPU_STEPS_PER_RUN]:
+            st = steps[idx]
+            for ipu in np.flatnonzero(st.total > 0).tolist():
+                out.append((st.name, st.kind, ipu, prev, float(st.total[ipu])))
+            prev = end
+        pvti.ipu_timeline(start_us, self._spec.clock_hz, out, run_name)
 
     @property
     def last_run_cycles(self) -> int:
@@ -233,6 +255,12 @@ class Engine:
         self._host_functions[handle] = f
 
     def _stream_pull(self, s: DataStream, replicas: int) -> torch.Tensor:
+        if pvti.enabled():
+            with pvti.span(f"StreamCopy host->IPU {s.handle}", "stream", bytes=s.numElements * s.type.size):
+                return self._stream_pull_(s, replicas)
+        return self._stream_pull_(s, replicas)
+
+    def _stream_pull_(self, s: DataStream, replicas: int) -> torch.Tensor:
         n = s.numElements
         reps = 1 if s.replicatedMode == "BROADCAST" else replicas
         chunks = []
@@ -249,6 +277,12 @@ class Engine:
         return torch.stack(chunks) if reps > 1 else chunks[0].reshape(1, -1).expand(replicas, -1)
 
     def _stream_push(self, s: DataStream, value: torch.Tensor) -> None:
+        if pvti.enabled():
+            with pvti.span(f"StreamCopy IPU->host {s.handle}", "stream", bytes=s.numElements * s.type.size):
+                return self._stream_push_(s, value)
+        return self._stream_push_(s, value)
+
+    def _stream_push_(self, s: DataStream, value: torch.Tensor) -> None:
         n = s.numElements
         for r in range(value.shape[0]):
             arr = _to_numpy(value[r].reshape(-1), s.type)

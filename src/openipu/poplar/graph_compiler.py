@@ -22,6 +22,7 @@ from openipu.poplar import cost as costmod
 from openipu.poplar import errors
 from openipu.poplar import exchange as X
 from openipu.poplar import program as P
+from openipu.poplar import pvti
 from openipu.poplar import regions as R
 from openipu.poplar.executable import (Executable, _AbortStep, _Branch, _Compiled, _CollectiveStep, _CopyStep,
                                        _CrossReplicaStep, _ExecuteStep, _GroupRunner, _HostCallStep, _IndexAcc,
@@ -622,17 +623,20 @@ def compile_programs(graph: Graph, programs: list, options: OptionFlags, progres
     comp = _Compiler(graph, options)
     if progress:
         progress(0, 3)
-    comp.check_mapping()
+    with pvti.span("compile: check tile mapping", "poplar"):
+        comp.check_mapping()
     roots, prog_ranges = [], []
-    for p in programs:
-        if not isinstance(p, P.Program):
-            raise errors.control_program_error(f"Engine programs must be poplar programs, got {type(p).__name__}")
-        a = len(comp.steps)
-        roots.append(comp.compile(p))
-        prog_ranges.append((a, len(comp.steps)))
+    with pvti.span("compile: lower programs and cost steps", "poplar", programs=len(programs)):
+        for p in programs:
+            if not isinstance(p, P.Program):
+                raise errors.control_program_error(f"Engine programs must be poplar programs, got {type(p).__name__}")
+            a = len(comp.steps)
+            roots.append(comp.compile(p))
+            prog_ranges.append((a, len(comp.steps)))
     if progress:
         progress(1, 3)
-    memory = plan_memory(comp, prog_ranges)
+    with pvti.span("compile: plan tile memory and liveness", "poplar", steps=len(comp.steps)):
+        memory = plan_memory(comp, prog_ranges)
     if progress:
         progress(2, 3)
     out = _Compiled()
