@@ -47,6 +47,7 @@ def check_page(html_path: str, screenshot_dir: str | None = None, compare: bool 
                     out["texts"][i] = loc.inner_text()
             if screenshot_dir:
                 os.makedirs(screenshot_dir, exist_ok=True)
+                page.add_style_tag(content="nav{position:static !important}")   # keep it out of the shots
                 for view in views:
                     path = os.path.join(screenshot_dir, f"{view}.png")
                     sec = page.locator(f"section#{view}")

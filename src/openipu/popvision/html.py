@@ -264,7 +264,9 @@ def render(report, compare=None, title: str | None = None) -> str:
     var, vtx = _largest(report)
     views += [("largest-variables", "Largest variables", var), ("largest-vertices", "Vertices", vtx)]
     if compare is not None:
-        names = [f"A: {report.path}", f"B: {compare.path}"]
+        import os
+        label = lambda r: os.path.basename(os.path.dirname(os.path.abspath(r.path))) or r.path  # noqa: E731
+        names = [f"A: {label(report)}", f"B: {label(compare)}"]
         views.append(("compare", "Compare", _compare(report, compare, names, go)))
     nav = "".join(f"<a href='#{i}'>{_e(t)}</a>" for i, t, _ in views)
     secs = "".join(f"<section id='{i}'><h2>{_e(t)}</h2>{body}</section>" for i, t, body in views)
