@@ -168,3 +168,25 @@ def test_popart_get_report(profiled):
     assert isinstance(r, pva.Report)
     assert r.execution.totalCycles.total == s.getCycleCount()
     assert sum(t.memory.total.excludingGaps for t in r.compilation.tiles) > 0
+
+
+def test_out_of_memory_profile_is_readable(tmp_path):
+    """An engine that does not fit still leaves a profile (Poplar's "Profile saved to: ...")."""
+    from openipu import poplar
+    from openipu.poplar import program as P
+    dev = poplar.IPUModel("ipu2").createDevice()
+    g = poplar.Graph(dev.getTarget())
+    v = g.addVariable(poplar.FLOAT, [200_000], "too_big")       # 800 kB on one 624 kB tile
+    g.setTileMapping(v, 0)
+    opts = {"autoReport.all": "true", "autoReport.directory": str(tmp_path), "debug.allowOutOfMemory": "false"}
+    with pytest.raises(poplar.graph_memory_allocation_error, match="Profile saved to"):
+        poplar.Engine(g, P.Sequence([P.WriteUndef(v)]), opts)
+    r = pva.openReport(str(tmp_path / "profile.pop"))
+    assert r.compilation.outOfMemoryTiles.tolist() == [0]
+    assert r.compilation.worstTile()[0] == 0 and r.compilation.worstTile()[1] >= 800_000
+    assert r.execution.runs == []
+    assert r.compilation.tiles[0].memory.category.variable.overflowed.nonOverlapped > 0
+    from openipu.popvision.html import write_report
+    out = write_report(str(tmp_path), str(tmp_path / "oom.html"))
+    text = open(out).read()
+    assert "No execution recorded" in text and "id='oom-tiles'>1<" in text
