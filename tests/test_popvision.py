@@ -190,3 +190,20 @@ def test_out_of_memory_profile_is_readable(tmp_path):
     out = write_report(str(tmp_path), str(tmp_path / "oom.html"))
     text = open(out).read()
     assert "No execution recorded" in text and "id='oom-tiles'>1<" in text
+
+
+def test_two_ipus(tmp_path):
+    _mlp(tmp_path / "mlp.onnx")
+    res = runner.run_model(str(tmp_path / "mlp.onnx"), num_ipus=2, report_dir=str(tmp_path / "rep"))
+    r = pva.openReport(str(tmp_path / "rep"))
+    c = r.compilation
+    assert c.target.numIPUs == 2 and len(c.ipus) == 2 and len(c.ipus[1].tiles) == c.target.tilesPerIpu
+    assert c.ipus[1].tiles[0].number == c.target.tilesPerIpu
+    for s in c.livenessProgramSteps:
+        assert s.notAlwaysLiveMemoryForIpu(0).bytes + s.notAlwaysLiveMemoryForIpu(1).bytes == s.notAlwaysLiveMemory.bytes
+    assert max(s.notAlwaysLiveMemoryForIpu(1).bytes for s in c.livenessProgramSteps) > 0
+    [run] = r.execution.runs
+    assert run.cycles == round(res.step_cycles) and len(run.cyclesByIpu) == 2
+    assert all(len(s.ipus) == 2 for s in run.steps)
+    assert any(s.ipus[1].cycles > 0 and s.ipus[0].cycles == 0 for s in run.steps) or \
+        any(s.ipus[0].cycles != s.ipus[1].cycles for s in run.steps)

@@ -34,7 +34,8 @@ class MemoryPlan:
     """Bytes per tile (numpy arrays, length = tiles) by category, and what overflows.
 
     ``total`` = sum of categories with not-always-live variables at their peak.
-    ``liveness`` = not-always-live bytes summed over tiles, per program step.
+    ``liveness`` = not-always-live bytes summed over tiles, per program step;
+    ``liveness_by_ipu`` the same per IPU (``[ipus, steps]``).
     """
 
     bytes_per_tile: int
@@ -48,6 +49,7 @@ class MemoryPlan:
     num_variables: int
     num_edges: int
     host_layout: dict = None      # type name -> (offset of each variable of the space, buffer size)
+    liveness_by_ipu: np.ndarray = None   # [ipus, steps]: ``liveness`` split by IPU (profiles)
 
     def worst_tiles(self, n: int = 5) -> list[tuple[int, int]]:
         """The ``n`` tiles using most memory: [(tile, bytes)], most used first."""
@@ -310,6 +312,7 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
     nal_peak = np.zeros(T)
     always = np.zeros(T)
     liveness = np.zeros(max(nsteps, 1))
+    liveness_by_ipu = np.zeros((spec.num_ipus, max(nsteps, 1)))
     host_vars = {}
     for t in list(st.host_writes.values()) + list(st.host_reads.values()) + [t for t, _ in getattr(st, "initial_values", [])]:
         host_vars.setdefault(t._type.name, []).append(_space_indices(st, t))
@@ -390,10 +393,15 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
                     np.full(tl.size, s_idx * 2 + 2), recv[tl])
     if events_tile:
         H = 2 * nsteps + 3
-        nal_peak, step_delta = _tile_peaks(np.concatenate(events_tile), np.concatenate(events_step),
-                                           np.concatenate(events_bytes), T, H)
+        et, es, eb = np.concatenate(events_tile), np.concatenate(events_step), np.concatenate(events_bytes)
+        nal_peak, step_delta = _tile_peaks(et, es, eb, T, H)
         live_by_half = np.cumsum(step_delta)
         liveness = live_by_half[1:2 * nsteps + 1:2] if nsteps else liveness
+        if nsteps:
+            ipu_of = (et // spec.tiles_per_ipu).astype(np.int64)
+            per = np.bincount(ipu_of * H + es, weights=eb, minlength=spec.num_ipus * H).reshape(spec.num_ipus, H)
+            liveness_by_ipu = np.cumsum(per, axis=1)[:, 1:2 * nsteps + 1:2]
+        del et, es, eb
     variables = always + nal_peak
     vertex_code = np.zeros(T)
     for tname, mask in comp.vertex_code_tiles.items():
@@ -411,4 +419,4 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
     oom = np.flatnonzero(total > spec.bytes_per_tile)
     return MemoryPlan(spec.bytes_per_tile, categories, total, always, nal_peak, np.asarray(liveness),
                       oom, dict(comp.vertex_state_by_type), sum(len(s.vars) for s in st.spaces.values()), num_edges,
-                      host_layout)
+                      host_layout, liveness_by_ipu)

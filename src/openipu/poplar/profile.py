@@ -304,6 +304,8 @@ def _profile_tables(graph, compiled, engine):
     arrays["memory/notAlwaysLivePeak"] = mem.not_always_live_peak.astype(np.int64)
     arrays["memory/outOfMemoryTiles"] = np.asarray(mem.out_of_memory_tiles, np.int64)
     arrays["liveness/notAlwaysLive"] = np.asarray(mem.liveness, np.float64).astype(np.int64)
+    if getattr(mem, "liveness_by_ipu", None) is not None:
+        arrays["liveness/notAlwaysLiveByIpu"] = np.asarray(mem.liveness_by_ipu, np.float64).astype(np.int64)
 
     var_rows = []
     for v in st.variables:

@@ -121,8 +121,17 @@ class ComputeSet(_Obj):
 
 
 class LivenessStep(_Obj):
-    """``compilation.livenessProgramSteps[i]``: ``index``, ``program`` and
-    ``notAlwaysLiveMemory.bytes`` (not-always-live bytes summed over tiles during that step)."""
+    """``compilation.livenessProgramSteps[i]``: ``index``, ``program``,
+    ``notAlwaysLiveMemory.bytes`` (not-always-live bytes summed over tiles during that step) and
+    ``notAlwaysLiveMemoryForIpu(ipu).bytes`` (the same over one IPU's tiles)."""
+
+    def notAlwaysLiveMemoryForIpu(self, ipu: int):  # noqa: N802
+        by = self._by_ipu
+        if by is None:
+            if ipu == 0 and self._num_ipus == 1:
+                return self.notAlwaysLiveMemory
+            raise CorruptReport("This profile has no per-IPU liveness")
+        return _Obj(bytes=int(by[ipu, self.index]))
 
 
 class Program(_Obj):
@@ -449,8 +458,10 @@ class Compilation:
     # -- liveness -------------------------------------------------------------------------------
     @cached_property
     def livenessProgramSteps(self) -> list:  # noqa: N802
-        return [LivenessStep(index=i, program=self.programOfStep(i) if i < len(self._r._data["steps"]) else None,
-                             notAlwaysLiveMemory=_Obj(bytes=int(b)))
+        by_ipu = self._r._arrays.get("liveness/notAlwaysLiveByIpu")
+        n = len(self._r._data["steps"])
+        return [LivenessStep(index=i, program=self.programOfStep(i) if i < n else None,
+                             notAlwaysLiveMemory=_Obj(bytes=int(b)), _by_ipu=by_ipu, _num_ipus=self.target.numIPUs)
                 for i, b in enumerate(self.livenessBytes.tolist())]
 
     def livenessPeak(self) -> tuple[int, int]:  # noqa: N802
