@@ -207,3 +207,12 @@ def test_two_ipus(tmp_path):
     assert all(len(s.ipus) == 2 for s in run.steps)
     assert any(s.ipus[1].cycles > 0 and s.ipus[0].cycles == 0 for s in run.steps) or \
         any(s.ipus[0].cycles != s.ipus[1].cycles for s in run.steps)
+
+
+def test_memory_categories_by_libpva_name(profiled):
+    _, rep = profiled
+    t = pva.openReport(str(rep)).compilation.tiles[0]
+    assert t.memory.category.copyDescriptor.total == 0          # a libpva category openipu does not model
+    assert t.memory.category.vertexCode.total > 0
+    with pytest.raises(AttributeError, match="No memory category 'vertexcode'"):
+        t.memory.category.vertexcode

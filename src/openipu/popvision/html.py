@@ -152,7 +152,6 @@ def _program_tree(report, limit: int = 5000) -> str:
             return ""
         label = p.type + (f" x{p.repeatCount}" if p.repeatCount else "") + (f" {p.name}" if p.name else "")
         if p.step is not None:
-            cyc = max(float(v.max()) for v in p.cyclesByIpu.values()) if p.cyclesByIpu else 0
             label += f"  [step {p.step}]"
             return f"<li class='leaf'>{_e(label)}</li>"
         kids = "".join(node(c, depth + 1) for c in p.children)

@@ -31,6 +31,11 @@ _SQLITE_HEADER = b"SQLite format 3\x00"
 CATEGORY_NAMES = {"Variables": "variable", "Constants": "constant", "Stack": "stack",
                   "Vertex Instances": "vertexInstanceState", "Control Code": "controlCode",
                   "Vertex Code": "vertexCode", "Internal Exchange Code": "internalExchangeCode"}
+#: libpva's other memory categories: openipu does not model them, so they read 0 bytes.
+UNMODELLED_CATEGORIES = ("controlId", "controlTable", "copyDescriptor", "globalExchangeCode",
+                         "globalExchangePacketHeader", "globalMessage", "hostExchangeCode", "hostExchangePacketHeader",
+                         "hostMessage", "instrumentationResults", "message", "rearrangement", "sharedCodeStorage",
+                         "sharedDataStorage", "vectorListDescriptor", "vertexFieldData")
 _EXEC_CATEGORIES = ("compute", "exchange", "global_exchange", "host_exchange", "sync")
 
 
@@ -74,18 +79,18 @@ class _Categories:
         self._r, self._t = report, tile
 
     def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
         arr = self._r._cat_by_pva.get(name)
-        if arr is None:
-            if name.startswith("_"):
-                raise AttributeError(name)
-            arr = None
+        if arr is None and name not in UNMODELLED_CATEGORIES:
+            raise AttributeError(f"No memory category '{name}'; categories: {', '.join(self.__dir__())}")
         b = 0 if arr is None else int(arr[self._t])
         over = max(0, int(self._r._arrays["memory/total"][self._t]) - self._r.compilation.target.bytesPerTile)
         return CategoryMemory(total=b, nonInterleaved=_Obj(nonOverlapped=b, overlapped=0), interleaved=_Obj(
             nonOverlapped=0, overlapped=0), overflowed=_Obj(nonOverlapped=min(b, over), overlapped=0))
 
     def __dir__(self):
-        return sorted(set(CATEGORY_NAMES.values()))
+        return sorted(set(self._r._cat_by_pva) | set(UNMODELLED_CATEGORIES))
 
 
 class TileMemory(_Obj):
