@@ -54,6 +54,10 @@ def test_standard_recomputation_trades_cycles_for_memory():
     assert peak1 < 0.95 * peak0                                  # activations freed after the forward
     assert rec.getCycleCount() > base.getCycleCount()            # the recomputed ops run again
     assert any(op.name.endswith("/recompute") for op in rec.ops())
+    # as Graphcore's recomputing example checks it, through the session's pva report
+    total = [sum(t.memory.total.excludingGaps for t in s.getReport().compilation.tiles) for s in (base, rec)]
+    assert total[1] < total[0]
+    assert max(t.memory.total.includingGaps for t in rec.getReport().compilation.tiles) == peak1
 
 
 def test_manual_recomputation_and_mixing_error():
