@@ -216,3 +216,15 @@ def test_memory_categories_by_libpva_name(profiled):
     assert t.memory.category.vertexCode.total > 0
     with pytest.raises(AttributeError, match="No memory category 'vertexcode'"):
         t.memory.category.vertexcode
+
+
+def test_poptorch_enable_profiling(tmp_path):
+    import torch
+
+    import poptorch
+    opts = poptorch.Options()
+    opts.enableProfiling(str(tmp_path / "prof"))
+    model = poptorch.inferenceModel(torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()), opts)
+    model(torch.ones(4, 16))
+    r = pva.openReport(str(tmp_path / "prof" / "profile.pop"))
+    assert r.execution.totalCycles.total > 0 and r.compilation.graph.numComputeSets > 0

@@ -457,6 +457,9 @@ class Options(_OptionsDict):
             settings.to_popart(getattr(o, _TensorLocationOptions.KINDS[kind]))
         if self.log_cycle_count:
             o.instrumentWithHardwareCycleCounter = True
+        if self.profile_dir:       # enableProfiling: the engine writes profile.pop there (read it with pva)
+            o.engineOptions = {**dict(o.engineOptions or {}), "autoReport.all": "true",
+                               "autoReport.directory": self.profile_dir}
         for k, v in self._Popart.options.items():
             try:
                 setattr(o, k, v)
