@@ -19,6 +19,7 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/openipu run light_resnet50 --report build/demo-report
+	$(BIN)/openipu report build/demo-report -o build/demo-report/report.html
 
 # the suite without the tests marked slow (heavy light models, multi-node ONNX, exports): < 10 min
 test: $(STAMP)
