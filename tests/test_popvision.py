@@ -207,6 +207,9 @@ def test_two_ipus(tmp_path):
     assert all(len(s.ipus) == 2 for s in run.steps)
     assert any(s.ipus[1].cycles > 0 and s.ipus[0].cycles == 0 for s in run.steps) or \
         any(s.ipus[0].cycles != s.ipus[1].cycles for s in run.steps)
+    from openipu.popvision.html import write_report
+    text = open(write_report(r, str(tmp_path / "two.html"))).read()
+    assert "IPU 1" in text and "2 IPU(s)" in text
 
 
 def test_memory_categories_by_libpva_name(profiled):

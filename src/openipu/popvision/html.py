@@ -88,19 +88,14 @@ def _heatmap(report, go) -> str:
     tpi, n_ipus = c.target.tilesPerIpu, c.target.numIPUs
     cols = int(math.ceil(math.sqrt(tpi * 1.5)))
     rows = int(math.ceil(tpi / cols))
-    z = np.full((n_ipus * rows, cols), np.nan)
-    text = np.full(z.shape, "", dtype=object)
-    mem = c.memoryByTile.astype(np.float64)
-    for ipu in range(n_ipus):
-        m = np.full(rows * cols, np.nan)
-        m[:tpi] = mem[ipu * tpi:(ipu + 1) * tpi]
-        z[ipu * rows:(ipu + 1) * rows] = m.reshape(rows, cols)
-        tiles = np.full(rows * cols, -1)
-        tiles[:tpi] = np.arange(ipu * tpi, (ipu + 1) * tpi)
-        text[ipu * rows:(ipu + 1) * rows] = np.array([f"tile {t}" if t >= 0 else "" for t in tiles],
-                                                     dtype=object).reshape(rows, cols)
-    fig = go.Figure(go.Heatmap(z=z, text=text, colorscale="Viridis", zmin=0,
-                               hovertemplate="%{text}<br>%{z:,.0f} B<extra></extra>", colorbar=dict(title="bytes")))
+    pad = rows * cols - tpi
+    mem = c.memoryByTile.astype(np.float64).reshape(n_ipus, tpi)
+    z = np.pad(mem, ((0, 0), (0, pad)), constant_values=np.nan).reshape(n_ipus * rows, cols)
+    tiles = np.pad(np.arange(n_ipus * tpi, dtype=np.float64).reshape(n_ipus, tpi), ((0, 0), (0, pad)),
+                   constant_values=np.nan).reshape(n_ipus * rows, cols)
+    fig = go.Figure(go.Heatmap(z=z, customdata=tiles, colorscale="Viridis", zmin=0,
+                               hovertemplate="tile %{customdata}<br>%{z:,.0f} B<extra></extra>",
+                               colorbar=dict(title="bytes")))
     fig.update_layout(title=f"Memory per tile (bytes; {n_ipus} IPU(s), {cols} tiles per row)", height=380 * n_ipus)
     fig.update_yaxes(autorange="reversed", title="IPU rows")
     return _fig_html(fig, "plot-memory-heatmap")
