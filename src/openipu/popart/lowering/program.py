@@ -8,7 +8,9 @@ Engine programs:
    - ALL: copied to the host every batch (inside the repeated body);
    - EVERYN(N): copied after every N-th batch: the loop is cut into segments
      ``Repeat(gap, body)`` ending at each multiple of a return period (one segment of N batches
-     repeated ``bps / N`` times when all EVERYN anchors share N);
+     repeated ``bps / N`` times when all EVERYN anchors share N); with gradient accumulation,
+     every micro-batch of those batches (pipelined: in the stage that makes the anchor; a
+     pipeline without accumulation does not support EVERYN yet);
    - FINAL: copied once after the loop (the device tensor then holds the last batch);
    - SUM: an accumulator zeroed before the loop, ``acc += t`` each batch (``popops.add``), copied
      after the loop.
@@ -307,8 +309,12 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
             every.add(acc_prog)
             post.add(P.Copy(acc, s, debugContext=f"anchor({a})"))
         elif pipe:
-            raise popart_exception(f"openipu does not support AnchorReturnType EveryN with pipelining yet (anchor "
-                                   f"'{a}'): use All, Sum or Final")
+            if not (ir.training is not None and options.accumulation_factor() > 1):
+                raise popart_exception(f"openipu does not support AnchorReturnType EveryN with pipelining without "
+                                       f"gradient accumulation yet (anchor '{a}'): use All, Sum or Final, or "
+                                       "enableGradientAccumulation")
+            # copied in the stage that makes it, in every micro-batch of every N-th batch
+            everyn.setdefault(art.rp(), []).append((_anchor_stage(pipe, src), P.Copy(t, s, debugContext=f"anchor({a})")))
         else:
             everyn.setdefault(art.rp(), []).append(P.Copy(t, s, debugContext=f"anchor({a})"))
     step = P.Sequence([pre])
@@ -318,7 +324,25 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
         # step, then the outer fragment
         step.add(pipe.pre)
         run = P.Sequence([pipe.program(af if af > 1 else bps), outer])
-        step.add(P.Repeat(bps, run, debugContext="batchesPerStep") if af > 1 else run)
+        if not everyn:
+            step.add(P.Repeat(bps, run, debugContext="batchesPerStep") if af > 1 else run)
+        else:
+            # EVERYN (with accumulation): the batches ending at each multiple of a return period
+            # run a pipeline whose stages also copy those anchors out
+            period = math.lcm(*everyn)
+            seg = P.Sequence()
+            prev = 0
+            for m in sorted({m for n in everyn for m in range(n, period + 1, n)}):
+                if m - prev > 1:
+                    seg.add(P.Repeat(m - prev - 1, run))
+                extra = [P.Sequence(name=f"pipelineStage{st}/toHostEveryN") for st in range(pipe.num)]
+                for n, copies in everyn.items():
+                    if m % n == 0:
+                        for st, c in copies:
+                            extra[st].add(c)
+                seg.add(P.Sequence([pipe.program(af, extra), outer]))
+                prev = m
+            step.add(P.Repeat(bps // period, seg, debugContext="batchesPerStep"))
     elif af == 1 and not everyn:
         step.add(P.Repeat(bps, body, debugContext="batchesPerStep"))
     elif af == 1:
