@@ -20,6 +20,11 @@ Engine programs:
 3. optimizerFromHost: host -> device copies of the non-const optimizer scalars (training);
 4. randomSeedFromHost: host -> device copy of the random seed (``setRandomSeed``).
 
+``SessionOptions.syntheticDataMode`` other than Off: inputs get no host stream and are filled on
+the device every batch (zeros or random numbers, :func:`_synthetic_fill`), and anchors are not
+copied to the host (their arrays keep what they held), as in PopART: the prediction then has no
+host I/O for them.
+
 Stream handles: ``h2d:<id>`` inputs and weights in, ``d2h:<id>`` anchors, ``d2h:weight/<id>`` weights
 out. Inputs and
 anchors with no elements get no stream (their handle is ``None``): there is nothing to transfer.
@@ -36,7 +41,7 @@ import torch
 from openipu import poplar
 from openipu.poplar import program as P
 from openipu.poplar.graph import Access, VertexGroup
-from openipu.poplibs import popops, poputil
+from openipu.poplibs import popops, poprand, poputil
 from openipu.poplibs.popops._common import tile_counts_of
 from openipu.popart import outline
 from openipu.popart.dataflow import AnchorReturnTypeId
@@ -170,6 +175,30 @@ def _place(ctx, op, main, outer) -> None:
         ctx.prog, ctx.stage = main, None
 
 
+def _synthetic_fill(g, dev, mode: str, tid: str) -> P.Sequence:
+    """The device program that fills input ``dev`` under ``SessionOptions.syntheticDataMode``
+    (PopART's ``SyntheticDataMode``): Zeros: all zero; RandomNormal: ~N(0, 1); RandomUniform:
+    uniform over [-1, 1) ([A]: PopART documents no range). Integer inputs take the float values
+    cast to their type (as PopART's synthetic test casts normal data). Costs compute on the
+    input's tiles, no host exchange. Raises ``popart_exception`` for an unknown mode."""
+    prog = P.Sequence(name=f"synthetic({tid})")
+    if mode == "Zeros":
+        popops.zero(g, dev, prog, f"{tid}/synthetic")
+        return prog
+    if mode not in ("RandomNormal", "RandomUniform"):
+        raise popart_exception(f"Unknown SyntheticDataMode '{mode}': use Off, Zeros, RandomNormal or RandomUniform")
+    et = dev.elementType()
+    gtype = et if et in (poplar.FLOAT, poplar.HALF) else poplar.FLOAT
+    if mode == "RandomNormal":
+        r = poprand.normal(g, None, 0, dev, gtype, 0.0, 1.0, prog, f"{tid}/synthetic")
+    else:
+        r = poprand.uniform(g, None, 0, dev, gtype, -1.0, 1.0, prog, f"{tid}/synthetic")
+    if gtype != et:
+        r = popops.cast(g, r, et, prog, f"{tid}/synthetic/cast")
+    prog.add(P.Copy(r, dev))
+    return prog
+
+
 def _anchor_stage(pipe, tid: str) -> int:
     """The stage whose cycle copies anchor ``tid``: the one making it, else the last."""
     s = pipe.stage_of(tid)
@@ -196,6 +225,7 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
     pipe = ctx.pipeline = Pipeline(ctx) if ir.num_stages else None
     used_ids = set(ir.used) | {x for op in ir.ops for x in op.inputs if x}
     input_copies = []
+    synthetic = str(options.syntheticDataMode).split(".")[-1]
 
     # inputs, constants, variables
     for tid, t in ir.tensors.items():
@@ -212,11 +242,16 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
                 out.inputs[tid] = None      # an empty input: no stream, nothing to copy
                 ctx.set(tid, vg, dev)
                 continue
-            h = f"h2d:{tid}"
-            s = graph.addHostToDeviceFIFO(h, ptype, t.info.nelms())
-            copy = P.Copy(s, dev, debugContext=f"fromHost({tid})")
+            if synthetic != "Off":
+                # synthetic data: no stream; the input is filled on the device every batch
+                copy = _synthetic_fill(g, dev, synthetic, tid)
+                out.inputs[tid] = None
+            else:
+                h = f"h2d:{tid}"
+                s = graph.addHostToDeviceFIFO(h, ptype, t.info.nelms())
+                copy = P.Copy(s, dev, debugContext=f"fromHost({tid})")
+                out.inputs[tid] = h
             pipe.to_device[pipe.stage_of(tid)].add(copy) if pipe else input_copies.append(copy)
-            out.inputs[tid] = h
         elif t.kind == "Const":
             create = weight_creator(ctx, tid, vg)
             if create is not None:      # created in its consumer's layout
@@ -285,8 +320,8 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
         src = ir.anchor_alias.get(a, a)
         vg = ctx._home.get(src, ir.home_vgraph(src))
         t = ctx.get(src, vg)
-        if t.numElements() == 0:
-            out.anchors[a] = None           # an empty anchor: no stream, nothing to copy
+        if t.numElements() == 0 or synthetic != "Off":
+            out.anchors[a] = None           # an empty anchor, or synthetic data: no stream, nothing to copy
             continue
         h = f"d2h:{a}"
         s = graph.addDeviceToHostFIFO(h, t.elementType(), t.numElements())
