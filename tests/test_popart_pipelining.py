@@ -298,12 +298,36 @@ def test_a_weight_on_two_ipus_and_an_input_on_two_ipus_are_refused():
                                 userOptions=_options(True))
 
 
-def test_every_n_anchor_is_refused_when_pipelined():
+def test_every_n_anchor_is_refused_when_pipelined_without_accumulation():
     b, x, lab, p, loss = _mlp()
     s = popart.InferenceSession(b.getModelProto(), popart.DataFlow(4, {p: popart.AnchorReturnType("EveryN", 2)}),
                                 _device(), userOptions=_options(True))
-    with pytest.raises(popart.popart_exception, match="EveryN with pipelining"):
+    with pytest.raises(popart.popart_exception, match="EveryN with pipelining without gradient accumulation"):
         s.prepareDevice()
+
+
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_every_n_all_and_sum_anchors_with_accumulation(pipelined):
+    """EVERYN(2) over 4 batches of 4 micro-batches: every micro-batch of batches 2 and 4 (shape
+    [bps / 2, af, ...]); ALL: all of them; SUM: their sum; the same with and without pipelining
+    as in a reference run that returns ALL."""
+    bps, af = 4, 4
+    b, x, lab, p, loss = _mlp()
+    ref, _ = _train(False, bps=bps, af=af)
+    arts = {p: popart.AnchorReturnType("EveryN", 2), loss: popart.AnchorReturnType("Sum"), "lab": ALL}
+    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(bps, arts), loss=loss,
+                               optimizer=popart.ConstSGD(0.01), deviceInfo=_device(),
+                               userOptions=_options(pipelined, af))
+    s.prepareDevice()
+    s.weightsFromHost()
+    out = s.initAnchorArrays()
+    assert out[p].shape == (bps // 2, af, 4, 5)
+    assert out["lab"].shape == (bps, af, 4)
+    xs, ls = _data(bps, af)
+    s.run(popart.PyStepIO({x: xs, lab: ls}, out))
+    np.testing.assert_allclose(out[p], ref[p][1::2], rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(out["lab"], ls)
+    np.testing.assert_allclose(out[loss].reshape(-1), [ref[loss].sum()], rtol=1e-5)
 
 
 def test_skip_connection_across_stages_sums_its_gradients_on_the_earlier_ipu():

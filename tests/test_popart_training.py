@@ -286,3 +286,32 @@ def test_digits_classifier_trains(optimizer, replicas, accumulation, pipeline):
     r = train(optimizer, replicas=replicas, accumulation=accumulation, pipeline=pipeline)
     assert r["losses"][-1] < r["losses"][0] / 4
     assert r["test_accuracy"] >= (0.95 if replicas * accumulation == 1 else 0.94)
+
+
+def test_a_weight_without_a_gradient_path_is_not_updated_and_its_gradient_is_no_anchor():
+    """PopART grows gradients from the loss only: a weight that does not reach the loss gets no
+    gradient and no update, and anchoring ``Gradient___<it>`` raises PopART's anchor error; the
+    same model without that anchor trains."""
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 3]), "x")
+    w = b.addInitializedInputTensor(np.ones((3, 3), np.float32), "w")
+    u = b.addInitializedInputTensor(np.ones((3, 3), np.float32), "u")       # no path to the loss
+    y = b.aiOnnx.matmul([x, w])
+    z = b.aiOnnx.matmul([x, u])
+    loss = b.aiGraphcore.l1loss([y], 1.0)
+    with pytest.raises(popart.popart_exception, match=r"^Anchor tensor `Gradient___u' not in Ir Tensors\."):
+        popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: ALL, G + u: ALL}), loss,
+                               popart.ConstSGD(0.1), _device())
+    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: ALL, z: ALL, G + w: ALL}), loss,
+                               popart.ConstSGD(0.1), _device())
+    s.prepareDevice()
+    s.weightsFromHost()
+    out = s.initAnchorArrays()
+    s.run(popart.PyStepIO({x: np.ones((2, 3), np.float32)}, out))
+    np.testing.assert_allclose(out[z], 3.0)
+    got = {"w": np.zeros((3, 3), np.float32), "u": np.zeros((3, 3), np.float32)}
+    s.weightsToHost()
+    s.readWeights(popart.PyWeightsIO(got))
+    np.testing.assert_array_equal(got["u"], 1.0)                        # not updated
+    np.testing.assert_allclose(got["w"], 1.0 - 0.1 * out[G + w], rtol=1e-6)
+    assert (out[G + w] != 0).all()

@@ -5,7 +5,8 @@ PopART's default. Inference sessions honour: ``enableReplicatedGraphs`` /
 ``replicatedGraphCount``, ``virtualGraphMode`` (Off, Manual), ``constantWeights``,
 ``engineOptions`` (passed to the Poplar Engine), ``partialsTypeMatMuls``,
 ``enableSupportedDataTypeCasting``, ``enableStochasticRounding`` (accepted; sets no numerics),
-``compileEngine``; the rest are stored and ignored. Setting an unknown field raises
+``compileEngine``, ``syntheticDataMode`` (inputs filled on the device, anchors not returned); the rest
+are stored and ignored. Setting an unknown field raises
 ``AttributeError``, as PopART's pybind object does.
 """
 

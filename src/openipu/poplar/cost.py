@@ -23,7 +23,7 @@ import numpy as np
 
 from openipu.poplar import calibration as cal
 from openipu.poplar import regions as R
-from openipu.poplar.exchange import RegionTransfer, add_volume
+from openipu.poplar.exchange import RegionTransfer, add_volume, code_units
 
 CATEGORIES = ("compute", "exchange", "global_exchange", "host_exchange", "sync")
 
@@ -150,13 +150,23 @@ class Transfer:
 
 @dataclass
 class ExchangeVolume:
-    """Per tile: bytes and regions received and sent in one exchange phase; plus inter-IPU bytes."""
+    """Per tile: bytes and regions received and sent in one exchange phase; plus inter-IPU bytes;
+    and the exchange code units per tile (:func:`openipu.poplar.exchange.code_units`: a run of
+    equal regions at one stride is one loop), which size the Internal Exchange Code."""
 
     recv_bytes: np.ndarray
     send_bytes: np.ndarray
     recv_msgs: np.ndarray
     send_msgs: np.ndarray
     global_bytes: np.ndarray   # per IPU: bytes crossing IPU-Links into this IPU
+    recv_code: np.ndarray | None = None    # None: one unit per message
+    send_code: np.ndarray | None = None
+
+    def code_units(self) -> np.ndarray:
+        """Exchange code units per tile (received and sent), float64 ``[tiles]``."""
+        r = self.recv_msgs if self.recv_code is None else self.recv_code
+        s = self.send_msgs if self.send_code is None else self.send_code
+        return r + s
 
     def any(self) -> bool:
         return bool(self.recv_bytes.any() or self.send_bytes.any())
@@ -247,6 +257,8 @@ def exchange_volume(spec, transfers: list) -> ExchangeVolume:
     send_b = np.zeros(T)
     recv_m = np.zeros(T)
     send_m = np.zeros(T)
+    recv_c = np.zeros(T)
+    send_c = np.zeros(T)
     glob = np.zeros(spec.num_ipus)
     legacy = []
     for tr in transfers:
@@ -257,7 +269,7 @@ def exchange_volume(spec, transfers: list) -> ExchangeVolume:
                 if covered + tr.view.numElements() <= ELEMENTS_PER_BOX * k:
                     legacy.extend(_elements_by_runs(tr))
                     continue
-            if not add_volume(spec, tr, recv_b, send_b, recv_m, send_m, glob):
+            if not add_volume(spec, tr, recv_b, send_b, recv_m, send_m, glob, recv_c, send_c):
                 legacy.extend(_elements_of(tr))
         else:
             legacy.append(tr)
@@ -277,6 +289,9 @@ def exchange_volume(spec, transfers: list) -> ExchangeVolume:
             # runs are maximal, so each moved run is one message to its destination
             recv_b += np.bincount(d, weights=ln, minlength=T) * size
             recv_m += np.bincount(d, minlength=T)
+            o = np.lexsort((a0, s, d))
+            unit = code_units(d[o] * (T + 3) + s[o] + 2, a0[o], ln[o])
+            recv_c += np.bincount(d[o][unit], minlength=T)
             if not tr.count_send:
                 continue
             ft = s >= 0
@@ -289,6 +304,11 @@ def exchange_volume(spec, transfers: list) -> ExchangeVolume:
             sbrk = np.ones(s.size, bool)
             sbrk[1:] = (s[1:] != s[:-1]) | (a0[1:] != a0[:-1] + ln[:-1])
             send_m += np.bincount(s[sbrk], minlength=T)
+            at = np.flatnonzero(sbrk)
+            sln = np.add.reduceat(ln, at)
+            o = np.lexsort((a0[at], s[at]))
+            unit = code_units(s[at][o], a0[at][o], sln[o])
+            send_c += np.bincount(s[at][o][unit], minlength=T)
             cross = (s // tpi) != (d // tpi)
             if cross.any():
                 glob += np.bincount(d[cross] // tpi, weights=ln[cross], minlength=spec.num_ipus) * size
@@ -312,6 +332,7 @@ def exchange_volume(spec, transfers: list) -> ExchangeVolume:
         brk[1:] = (d[1:] != d[:-1]) | (a[1:] != a[:-1] + 1) | (s[1:] != s[:-1])
         recv_b += np.bincount(d, minlength=T) * size
         recv_m += np.bincount(d[brk], minlength=T)
+        recv_c += np.bincount(d[brk], minlength=T)
         from_tile = s >= 0
         if not tr.count_send or not from_tile.any():
             continue
@@ -325,11 +346,12 @@ def exchange_volume(spec, transfers: list) -> ExchangeVolume:
         sbrk = np.ones(uk.size, bool)
         sbrk[1:] = (us[1:] != us[:-1]) | (ua[1:] != ua[:-1] + 1)
         send_m += np.bincount(us[sbrk], minlength=T)
+        send_c += np.bincount(us[sbrk], minlength=T)
         cross = from_tile.copy()
         cross[from_tile] = (ss // tpi) != (d[from_tile] // tpi)
         if cross.any():
             glob += np.bincount(d[cross] // tpi, minlength=spec.num_ipus) * size
-    return ExchangeVolume(recv_b, send_b, recv_m, send_m, glob)
+    return ExchangeVolume(recv_b, send_b, recv_m, send_m, glob, recv_c, send_c)
 
 
 def exchange_cost(spec, vol: ExchangeVolume) -> StepCost:

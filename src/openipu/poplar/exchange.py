@@ -408,6 +408,29 @@ def _union(group: np.ndarray, start: np.ndarray, end: np.ndarray):
     return contrib, starts_new
 
 
+def code_units(group: np.ndarray, start: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """Which intervals, sorted by (group, start), begin a new piece of exchange code (bool).
+
+    Poplar's exchange code sends and receives a region with a repeat loop, and a run of
+    equal-sized regions at one address stride (a strided or transposed read, a strided
+    convolution's input) with one loop nest whose address increments by the stride, not one
+    instruction sequence per region. So the intervals of one group (a tile and its partner)
+    cost one code unit for each maximal arithmetic progression of equal lengths: an interval
+    continues the progression of the two before it when its length and its distance from the
+    previous one repeat theirs. A progression of k regions is 2 units (its first region, then the
+    loop), a region with no regular neighbours 1, so this never exceeds one unit per region.
+    [A]: the instruction-level form of Poplar's exchange code is not published."""
+    n = start.size
+    if n == 0:
+        return np.zeros(0, bool)
+    same = np.r_[False, group[1:] == group[:-1]]
+    gap = np.r_[0, np.diff(start)]
+    cont = np.zeros(n, bool)
+    if n > 2:
+        cont[2:] = same[2:] & same[1:-1] & (length[2:] == length[1:-1]) & (gap[2:] == gap[1:-1])
+    return ~cont
+
+
 def _split_sparse(bi, var, base, T, n, elems, starts):
     """Lattices whose address span meets more tile-map runs than the lattice has rows (or
     points) are cut into their rows (or points), so that the overlaps :func:`transfer_pairs`
@@ -498,9 +521,11 @@ def moved_elements(tr: RegionTransfer, num_tiles: int) -> np.ndarray | None:
     return np.bincount(dst, weights=count * mult, minlength=num_tiles).astype(np.float64)
 
 
-def add_volume(spec, tr: RegionTransfer, recv_b, send_b, recv_m, send_m, glob) -> bool:
+def add_volume(spec, tr: RegionTransfer, recv_b, send_b, recv_m, send_m, glob, recv_c=None, send_c=None) -> bool:
     """Add one transfer's volume (bytes and messages per tile, IPU-Link bytes per IPU) to the
-    arrays. Returns False if the transfer needs the per-element model (a non-monotone view)."""
+    arrays; and, when ``recv_c`` / ``send_c`` are given, its exchange code units per tile
+    (:func:`code_units`). Returns False if the transfer needs the per-element model (a
+    non-monotone view)."""
     res = transfer_pairs(tr)
     if res is None:
         return True
@@ -516,16 +541,17 @@ def add_volume(spec, tr: RegionTransfer, recv_b, send_b, recv_m, send_m, glob) -
     # receives: union per (dst, src) of the single intervals; multi-interval overlaps counted once
     # per distinct (dst, lattice, run)
     _accumulate(src, dst, base, T, n, S, E, count, msgs, first, last, single, recv_b, recv_m, size, T_,
-                key_tile=dst, other=src, glob=glob, tpi=tpi)
+                key_tile=dst, other=src, glob=glob, tpi=tpi, out_c=recv_c)
     if tr.count_send:
         ft = src >= 0
         _accumulate(src[ft], dst[ft], base[ft], T[ft], n[ft], S[ft], E[ft], count[ft], msgs[ft], first[ft],
-                    last[ft], single[ft], send_b, send_m, size, T_, key_tile=src[ft], other=None, glob=None, tpi=tpi)
+                    last[ft], single[ft], send_b, send_m, size, T_, key_tile=src[ft], other=None, glob=None, tpi=tpi,
+                    out_c=send_c)
     return True
 
 
 def _accumulate(src, dst, base, T, n, S, E, count, msgs, first, last, single, out_b, out_m, size, num_tiles,
-                key_tile, other, glob, tpi):
+                key_tile, other, glob, tpi, out_c=None):
     grp_other = other if other is not None else np.zeros_like(key_tile)
     # single intervals: union per (tile, other end) with adjacency merged into one message
     s = single
@@ -537,6 +563,12 @@ def _accumulate(src, dst, base, T, n, S, E, count, msgs, first, last, single, ou
         contrib, new = _union(group, a, z)
         out_b += np.bincount(kt, weights=contrib, minlength=num_tiles) * size
         out_m += np.bincount(kt[new], minlength=num_tiles)
+        if out_c is not None:
+            # the merged intervals of each (tile, other end), in address order
+            at = np.flatnonzero(new)
+            ends = np.maximum.reduceat(z, at)
+            unit = code_units(group[at], a[at], ends - a[at])
+            out_c += np.bincount(kt[at][unit], minlength=num_tiles)
         if glob is not None:
             cross = ko >= 0
             cross &= (ko // tpi) != (kt // tpi)
@@ -551,6 +583,11 @@ def _accumulate(src, dst, base, T, n, S, E, count, msgs, first, last, single, ou
         kt, ko, c, mm = key_tile[m][idx], grp_other[m][idx], count[m][idx], msgs[m][idx]
         out_b += np.bincount(kt, weights=c, minlength=num_tiles) * size
         out_m += np.bincount(kt, weights=mm, minlength=num_tiles)
+        if out_c is not None:
+            # a strided lattice's regions are one loop nest: a unit per level (dimension with
+            # more than one point), one for a partial first row and one for a partial last row
+            levels = (n[m][idx] > 1).sum(axis=1) if n.shape[1] else np.zeros(idx.size, _I64)
+            out_c += np.bincount(kt, weights=np.minimum(mm, levels + 2), minlength=num_tiles)
         if glob is not None:
             cross = (ko >= 0) & ((ko // tpi) != (kt // tpi))
             if cross.any():

@@ -275,7 +275,7 @@ class _Compiler:
         c = costmod.sync_cost(spec, involved)
         c.add(costmod.host_cost(spec, per_ipu))
         vol = costmod.exchange_volume(spec, [X.RegionTransfer(t, X.Boxes.whole(t.shape(), -2), to_owner=True)])
-        self.exchange_code += (vol.recv_msgs + vol.send_msgs) * cal.EXCHANGE_CODE_BYTES_PER_MESSAGE
+        self.exchange_code += vol.code_units() * cal.EXCHANGE_CODE_BYTES_PER_MESSAGE
         c.add(costmod.exchange_cost(spec, vol))
         return c
 
@@ -348,7 +348,7 @@ class _Compiler:
             ok = d_boxes.tile >= 0
             held = np.bincount(d_boxes.tile[ok], weights=nel[ok], minlength=T)
             on_tile = np.maximum(held - moved, 0) * float(s.elementType().size)
-        self.exchange_code += (vol.recv_msgs + vol.send_msgs) * cal.EXCHANGE_CODE_BYTES_PER_MESSAGE
+        self.exchange_code += vol.code_units() * cal.EXCHANGE_CODE_BYTES_PER_MESSAGE
         mask = (X.tile_counts(s, T) > 0) | (X.tile_counts(d, T) > 0)
         involved = costmod.ipus_of_tiles(spec, mask)
         c = costmod.sync_cost(spec, involved)
@@ -453,7 +453,7 @@ class _Compiler:
         vin = costmod.exchange_volume(spec, reads)
         vout = costmod.exchange_volume(spec, writes)
         for v in (vin, vout):
-            self.exchange_code += (v.recv_msgs + v.send_msgs) * cal.EXCHANGE_CODE_BYTES_PER_MESSAGE
+            self.exchange_code += v.code_units() * cal.EXCHANGE_CODE_BYTES_PER_MESSAGE
         involved = costmod.ipus_of_tiles(spec, active)
         total = costmod.sync_cost(spec, involved)
         if vin.any():

@@ -140,7 +140,9 @@ class Pipeline:
         return self._counter[key]
 
     # -- the schedule ------------------------------------------------------------------------
-    def cycle(self, stages) -> P.Sequence:
+    def cycle(self, stages, extra=None) -> P.Sequence:
+        """One pipeline cycle of ``stages``; ``extra`` (per stage, or None): more device-to-host
+        copies after each stage's own (an EVERYN anchor in the batches that return it)."""
         stages = list(stages)
         seq = P.Sequence(name=f"pipelineCycle{stages[0]}-{stages[-1]}")
         for s in stages:
@@ -150,17 +152,20 @@ class Pipeline:
             seq.add(self.tail[s])
         for s in stages:
             seq.add(self.to_host[s])
+            if extra is not None:
+                seq.add(extra[s])
         for s in range(self.num):       # every cycle copies for every stage, as PopART does
             seq.add(self.copies[s])
         return seq
 
-    def program(self, micro_batches: int) -> P.Sequence:
-        """Fill, main and flush over ``micro_batches`` (>= the number of stages)."""
+    def program(self, micro_batches: int, extra=None) -> P.Sequence:
+        """Fill, main and flush over ``micro_batches`` (>= the number of stages); ``extra`` as in
+        :meth:`cycle`, in every cycle."""
         S = self.num
         prog = P.Sequence([self.reset], name="pipeline")
         for t in range(S - 1):
-            prog.add(self.cycle(range(t + 1)))
-        prog.add(P.Repeat(micro_batches - S + 1, self.cycle(range(S)), debugContext="pipelineMain"))
+            prog.add(self.cycle(range(t + 1), extra))
+        prog.add(P.Repeat(micro_batches - S + 1, self.cycle(range(S), extra), debugContext="pipelineMain"))
         for t in range(1, S):
-            prog.add(self.cycle(range(t, S)))
+            prog.add(self.cycle(range(t, S), extra))
         return prog

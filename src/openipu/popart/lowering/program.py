@@ -8,7 +8,9 @@ Engine programs:
    - ALL: copied to the host every batch (inside the repeated body);
    - EVERYN(N): copied after every N-th batch: the loop is cut into segments
      ``Repeat(gap, body)`` ending at each multiple of a return period (one segment of N batches
-     repeated ``bps / N`` times when all EVERYN anchors share N);
+     repeated ``bps / N`` times when all EVERYN anchors share N); with gradient accumulation,
+     every micro-batch of those batches (pipelined: in the stage that makes the anchor; a
+     pipeline without accumulation does not support EVERYN yet);
    - FINAL: copied once after the loop (the device tensor then holds the last batch);
    - SUM: an accumulator zeroed before the loop, ``acc += t`` each batch (``popops.add``), copied
      after the loop.
@@ -17,6 +19,11 @@ Engine programs:
 2. weightsToHost: device -> host copies of every variable;
 3. optimizerFromHost: host -> device copies of the non-const optimizer scalars (training);
 4. randomSeedFromHost: host -> device copy of the random seed (``setRandomSeed``).
+
+``SessionOptions.syntheticDataMode`` other than Off: inputs get no host stream and are filled on
+the device every batch (zeros or random numbers, :func:`_synthetic_fill`), and anchors are not
+copied to the host (their arrays keep what they held), as in PopART: the prediction then has no
+host I/O for them.
 
 Stream handles: ``h2d:<id>`` inputs and weights in, ``d2h:<id>`` anchors, ``d2h:weight/<id>`` weights
 out. Inputs and
@@ -34,7 +41,7 @@ import torch
 from openipu import poplar
 from openipu.poplar import program as P
 from openipu.poplar.graph import Access, VertexGroup
-from openipu.poplibs import popops, poputil
+from openipu.poplibs import popops, poprand, poputil
 from openipu.poplibs.popops._common import tile_counts_of
 from openipu.popart import outline
 from openipu.popart.dataflow import AnchorReturnTypeId
@@ -168,6 +175,30 @@ def _place(ctx, op, main, outer) -> None:
         ctx.prog, ctx.stage = main, None
 
 
+def _synthetic_fill(g, dev, mode: str, tid: str) -> P.Sequence:
+    """The device program that fills input ``dev`` under ``SessionOptions.syntheticDataMode``
+    (PopART's ``SyntheticDataMode``): Zeros: all zero; RandomNormal: ~N(0, 1); RandomUniform:
+    uniform over [-1, 1) ([A]: PopART documents no range). Integer inputs take the float values
+    cast to their type (as PopART's synthetic test casts normal data). Costs compute on the
+    input's tiles, no host exchange. Raises ``popart_exception`` for an unknown mode."""
+    prog = P.Sequence(name=f"synthetic({tid})")
+    if mode == "Zeros":
+        popops.zero(g, dev, prog, f"{tid}/synthetic")
+        return prog
+    if mode not in ("RandomNormal", "RandomUniform"):
+        raise popart_exception(f"Unknown SyntheticDataMode '{mode}': use Off, Zeros, RandomNormal or RandomUniform")
+    et = dev.elementType()
+    gtype = et if et in (poplar.FLOAT, poplar.HALF) else poplar.FLOAT
+    if mode == "RandomNormal":
+        r = poprand.normal(g, None, 0, dev, gtype, 0.0, 1.0, prog, f"{tid}/synthetic")
+    else:
+        r = poprand.uniform(g, None, 0, dev, gtype, -1.0, 1.0, prog, f"{tid}/synthetic")
+    if gtype != et:
+        r = popops.cast(g, r, et, prog, f"{tid}/synthetic/cast")
+    prog.add(P.Copy(r, dev))
+    return prog
+
+
 def _anchor_stage(pipe, tid: str) -> int:
     """The stage whose cycle copies anchor ``tid``: the one making it, else the last."""
     s = pipe.stage_of(tid)
@@ -194,6 +225,7 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
     pipe = ctx.pipeline = Pipeline(ctx) if ir.num_stages else None
     used_ids = set(ir.used) | {x for op in ir.ops for x in op.inputs if x}
     input_copies = []
+    synthetic = str(options.syntheticDataMode).split(".")[-1]
 
     # inputs, constants, variables
     for tid, t in ir.tensors.items():
@@ -210,11 +242,16 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
                 out.inputs[tid] = None      # an empty input: no stream, nothing to copy
                 ctx.set(tid, vg, dev)
                 continue
-            h = f"h2d:{tid}"
-            s = graph.addHostToDeviceFIFO(h, ptype, t.info.nelms())
-            copy = P.Copy(s, dev, debugContext=f"fromHost({tid})")
+            if synthetic != "Off":
+                # synthetic data: no stream; the input is filled on the device every batch
+                copy = _synthetic_fill(g, dev, synthetic, tid)
+                out.inputs[tid] = None
+            else:
+                h = f"h2d:{tid}"
+                s = graph.addHostToDeviceFIFO(h, ptype, t.info.nelms())
+                copy = P.Copy(s, dev, debugContext=f"fromHost({tid})")
+                out.inputs[tid] = h
             pipe.to_device[pipe.stage_of(tid)].add(copy) if pipe else input_copies.append(copy)
-            out.inputs[tid] = h
         elif t.kind == "Const":
             create = weight_creator(ctx, tid, vg)
             if create is not None:      # created in its consumer's layout
@@ -283,8 +320,8 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
         src = ir.anchor_alias.get(a, a)
         vg = ctx._home.get(src, ir.home_vgraph(src))
         t = ctx.get(src, vg)
-        if t.numElements() == 0:
-            out.anchors[a] = None           # an empty anchor: no stream, nothing to copy
+        if t.numElements() == 0 or synthetic != "Off":
+            out.anchors[a] = None           # an empty anchor, or synthetic data: no stream, nothing to copy
             continue
         h = f"d2h:{a}"
         s = graph.addDeviceToHostFIFO(h, t.elementType(), t.numElements())
@@ -307,8 +344,12 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
             every.add(acc_prog)
             post.add(P.Copy(acc, s, debugContext=f"anchor({a})"))
         elif pipe:
-            raise popart_exception(f"openipu does not support AnchorReturnType EveryN with pipelining yet (anchor "
-                                   f"'{a}'): use All, Sum or Final")
+            if not (ir.training is not None and options.accumulation_factor() > 1):
+                raise popart_exception(f"openipu does not support AnchorReturnType EveryN with pipelining without "
+                                       f"gradient accumulation yet (anchor '{a}'): use All, Sum or Final, or "
+                                       "enableGradientAccumulation")
+            # copied in the stage that makes it, in every micro-batch of every N-th batch
+            everyn.setdefault(art.rp(), []).append((_anchor_stage(pipe, src), P.Copy(t, s, debugContext=f"anchor({a})")))
         else:
             everyn.setdefault(art.rp(), []).append(P.Copy(t, s, debugContext=f"anchor({a})"))
     step = P.Sequence([pre])
@@ -318,7 +359,25 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
         # step, then the outer fragment
         step.add(pipe.pre)
         run = P.Sequence([pipe.program(af if af > 1 else bps), outer])
-        step.add(P.Repeat(bps, run, debugContext="batchesPerStep") if af > 1 else run)
+        if not everyn:
+            step.add(P.Repeat(bps, run, debugContext="batchesPerStep") if af > 1 else run)
+        else:
+            # EVERYN (with accumulation): the batches ending at each multiple of a return period
+            # run a pipeline whose stages also copy those anchors out
+            period = math.lcm(*everyn)
+            seg = P.Sequence()
+            prev = 0
+            for m in sorted({m for n in everyn for m in range(n, period + 1, n)}):
+                if m - prev > 1:
+                    seg.add(P.Repeat(m - prev - 1, run))
+                extra = [P.Sequence(name=f"pipelineStage{st}/toHostEveryN") for st in range(pipe.num)]
+                for n, copies in everyn.items():
+                    if m % n == 0:
+                        for st, c in copies:
+                            extra[st].add(c)
+                seg.add(P.Sequence([pipe.program(af, extra), outer]))
+                prev = m
+            step.add(P.Repeat(bps // period, seg, debugContext="batchesPerStep"))
     elif af == 1 and not everyn:
         step.add(P.Repeat(bps, body, debugContext="batchesPerStep"))
     elif af == 1:
