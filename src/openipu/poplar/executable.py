@@ -558,7 +558,7 @@ class Executable:
         kernel cannot be named (define codelets and kernels at module level)."""
         from openipu.poplar import exefile
         try:
-            exefile.save(f, (self.graph, self.programs, self.options), "poplar.Executable",
+            exefile.save(f, (self.graph, self.programs, self.options, self.compiled), "poplar.Executable",
                          {"programs": len(self.programs)})
         except exefile.executable_file_error as e:
             raise exefile.executable_file_error(f"Cannot serialise the executable: {e}") from None
@@ -571,5 +571,18 @@ class Executable:
         corrupt, modified (hash mismatch), of another format version, or that names a class or
         function outside the allow-list; nothing from the file is executed."""
         from openipu.poplar import exefile
-        (graph, programs, options), _ = exefile.load(f, "poplar.Executable")
-        return Executable(graph, programs, options)
+        obj, _ = exefile.load(f, "poplar.Executable")
+        if not isinstance(obj, tuple) or len(obj) != 4:
+            raise exefile.executable_file_error("The executable file does not hold (graph, programs, options, "
+                                                "compiled steps)")
+        return Executable.from_compiled(*obj)
+
+    @staticmethod
+    def from_compiled(graph, programs, options, compiled) -> "Executable":
+        """An executable from its parts, with its step tree already compiled (as read from a file:
+        loading skips compiling the programs again)."""
+        if not isinstance(compiled, _Compiled):
+            raise errors.poplar_error(f"Not a compiled step tree: {type(compiled).__name__}")
+        exe = Executable.__new__(Executable)
+        exe.graph, exe.programs, exe.options, exe.compiled = graph, programs, dict(options or {}), compiled
+        return exe
