@@ -558,8 +558,17 @@ class Executable:
         kernel cannot be named (define codelets and kernels at module level)."""
         from openipu.poplar import exefile
         try:
-            exefile.save(f, (self.graph, self.programs, self.options, self.compiled), "poplar.Executable",
-                         {"programs": len(self.programs)})
+            try:      # the compiled step tree too, when it can be named (user codelets run in closures)
+                data = exefile.dumps((self.graph, self.programs, self.options, self.compiled), "poplar.Executable",
+                                     {"programs": len(self.programs)})
+            except exefile.executable_file_error:
+                data = exefile.dumps((self.graph, self.programs, self.options, None), "poplar.Executable",
+                                     {"programs": len(self.programs)})
+            if hasattr(f, "write"):
+                f.write(data)
+            else:
+                with open(f, "wb") as fh:
+                    fh.write(data)
         except exefile.executable_file_error as e:
             raise exefile.executable_file_error(f"Cannot serialise the executable: {e}") from None
 
@@ -575,6 +584,8 @@ class Executable:
         if not isinstance(obj, tuple) or len(obj) != 4:
             raise exefile.executable_file_error("The executable file does not hold (graph, programs, options, "
                                                 "compiled steps)")
+        if obj[3] is None:
+            return Executable(*obj[:3])
         return Executable.from_compiled(*obj)
 
     @staticmethod

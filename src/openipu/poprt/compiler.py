@@ -175,8 +175,14 @@ class Executable:
         meta = {"inputs": [vars(d) for d in self.inputs], "outputs": [vars(d) for d in self.outputs],
                 "options": _jsonable(self.options), "target": self.target, "prediction": self.prediction.to_dict(),
                 "compile_seconds": self.compile_seconds}
-        exefile.save(path, {"lowered": self.lowered, "host_weights": self.host_weights, "compiled": self.compiled},
-                     EXE_KIND, meta)
+        try:        # the compiled step tree too, when it can be named (user codelets run in closures)
+            data = exefile.dumps({"lowered": self.lowered, "host_weights": self.host_weights,
+                                  "compiled": self.compiled}, EXE_KIND, meta)
+        except exefile.executable_file_error:
+            data = exefile.dumps({"lowered": self.lowered, "host_weights": self.host_weights, "compiled": None},
+                                 EXE_KIND, meta)
+        with open(path, "wb") as fh:
+            fh.write(data)
 
     @classmethod
     def load(cls, path) -> "Executable":
