@@ -200,12 +200,13 @@ class _SessionBase:
             raise popart_exception(f"Cannot save the executable: {e}") from None
 
     def _load_lowered(self, path) -> None:
+        name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "<stream>"
         try:
             lowered, man = exefile.load(path, self._EXE_KIND)
         except exefile.executable_file_error as e:
-            raise popart_exception(f"Cannot load the executable '{os.fspath(path)}': {e}") from None
+            raise popart_exception(f"Cannot load the executable '{name}': {e}") from None
         if man["meta"].get("fingerprint") != self._fingerprint():
-            raise popart_exception(f"The executable '{os.fspath(path)}' was compiled from another model, data flow, "
+            raise popart_exception(f"The executable '{name}' was compiled from another model, data flow, "
                                    "options or target than this session's")
         try:
             engine = poplar.Engine(lowered.graph, lowered.programs, self._engine_options())
