@@ -124,13 +124,14 @@ def main(argv=None) -> dict:
         refs = [sess.run(["last_hidden_state"], s)[0] for s in samples]
         srv = InferenceServer(str(exe), "minilm", a.max_queue_delay_us)
         warm = {d_.name: np.zeros(d_.shape, d_.dtype) for d_ in srv.runner.get_model_inputs()}
+        srv.runner.execute(warm)             # the first execute builds the engine's index plans
         t0 = time.perf_counter()
         srv.runner.execute(warm)
         exec_s = time.perf_counter() - t0
         rate = 0.7 * a.batch / exec_s if a.rate == "auto" else float(a.rate)
         port = srv.start_in_thread()
         print(f"MiniLM {a.precision}, compiled batch {a.batch}, ipu21: host compile {compile_s:.1f} s, load "
-              f"{srv.runner.load_seconds:.2f} s, one execute {exec_s:.2f} s (host)")
+              f"{srv.runner.load_seconds:.2f} s, one warm execute {exec_s:.2f} s (host)")
         print(f"load: {rate:.3f} requests/s (batch 1 each) for {a.duration:.0f} s, max queue delay "
               f"{a.max_queue_delay_us / 1e3:.0f} ms")
         tol = 1e-3 if a.precision == "fp32" else 1e-2
