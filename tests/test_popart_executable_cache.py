@@ -102,3 +102,27 @@ def test_corrupt_cache_file_is_recompiled(tmp_path):
     s2.prepareDevice()
     out, ref = _run(s2, y2)
     np.testing.assert_allclose(out, ref, rtol=1e-6)
+
+
+def test_poptorch_executable_cache_uses_the_engine_cache(tmp_path):
+    import torch
+
+    import poptorch
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 6)
+    opts = poptorch.Options().enableExecutableCaching(str(tmp_path / "ptcache"))
+    out1 = poptorch.inferenceModel(m, opts)(x)
+    files = os.listdir(tmp_path / "ptcache")
+    assert len(files) == 1 and files[0].endswith(".popef")
+    import openipu.popart.session as sess
+    compiled = []
+    orig = sess._SessionBase._compile
+    sess._SessionBase._compile = lambda self: (compiled.append(1), orig(self))[1]
+    try:
+        out2 = poptorch.inferenceModel(m, opts)(x)
+    finally:
+        sess._SessionBase._compile = orig
+    assert compiled == []
+    torch.testing.assert_close(out1, m(x), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out2, m(x), rtol=1e-5, atol=1e-6)

@@ -30,12 +30,9 @@ from openipu.poplar import exefile
 from openipu.poprt.compiler import Executable, TensorDesc
 
 
-class RuntimeError_(RuntimeError):  # noqa: N801 - the name PopRT's Python binding gives its errors
-    """PopRT runtime errors: bad inputs or outputs, a bad executable file, a closed runner."""
-
-
-#: Public alias, as ``poprt.runtime.RuntimeError`` would shadow the builtin.
-PopRTRuntimeError = RuntimeError_
+class PopRTRuntimeError(RuntimeError):
+    """PopRT runtime errors (a ``RuntimeError``, as PopRT's binding raises): bad inputs or outputs,
+    a bad executable file, a closed runner."""
 
 
 class DeviceManager:
@@ -59,7 +56,7 @@ class DeviceManager:
         from openipu.ipu import target as ipu_target
         from openipu.poplar.device import IPUModel
         if not 0 <= device_id < self._n:
-            raise RuntimeError_(f"No device with id {device_id}: this host has {self._n}")
+            raise PopRTRuntimeError(f"No device with id {device_id}: this host has {self._n}")
         m = IPUModel(self.target)
         m.numIPUs = num_ipus
         m.tilesPerIPU = ipu_target(self.target).tiles_per_ipu
@@ -116,7 +113,7 @@ class Runner:
             ``Compiler.compile_and_export``.
         config: :class:`RuntimeConfig`.
     Raises:
-        RuntimeError_ (a ``RuntimeError``): the file is missing, not an executable, truncated,
+        PopRTRuntimeError (a ``RuntimeError``): the file is missing, not an executable, truncated,
             modified (hash check) or of another format version.
 
     Attributes: ``predicted`` (predicted IPU figures, :class:`openipu.poprt.compiler.Prediction`),
@@ -131,7 +128,7 @@ class Runner:
             try:
                 exe = Executable.load(executable_or_path)
             except exefile.executable_file_error as e:
-                raise RuntimeError_(f"Cannot load the executable: {e}") from None
+                raise PopRTRuntimeError(f"Cannot load the executable: {e}") from None
         else:
             raise TypeError(f"Runner takes an Executable or a path, not {type(executable_or_path).__name__}")
         self.config = config if config is not None else RuntimeConfig()
@@ -148,7 +145,7 @@ class Runner:
                 pexe = poplar.Executable(low.graph, low.programs, {})
             self._engine = poplar.Engine(pexe)
         except poplar.poplar_error as e:
-            raise RuntimeError_(f"Cannot load the executable's program: {e}") from None
+            raise PopRTRuntimeError(f"Cannot load the executable's program: {e}") from None
         m = IPUModel(exe.target["ipu_version"])
         m.numIPUs = int(exe.target["num_ipus"])
         m.tilesPerIPU = int(exe.target.get("compute_tiles_per_ipu", ipu_target(exe.target["ipu_version"]).tiles_per_ipu))
@@ -195,18 +192,18 @@ class Runner:
     # -- running --------------------------------------------------------------------------
     def _check(self, inputs: dict, outputs: dict | None, dynamic: bool):
         if self._closed:
-            raise RuntimeError_("The runner is closed")
+            raise PopRTRuntimeError("The runner is closed")
         if not isinstance(inputs, dict):
-            raise RuntimeError_(f"inputs must be a dict of numpy arrays by input name, not {type(inputs).__name__}")
+            raise PopRTRuntimeError(f"inputs must be a dict of numpy arrays by input name, not {type(inputs).__name__}")
         missing = [n for n in self._inputs if n not in inputs]
         unknown = [n for n in inputs if n not in self._inputs]
         if missing or unknown:
-            raise RuntimeError_(f"Inputs {missing} are missing and {unknown} are not inputs of the model; its inputs "
+            raise PopRTRuntimeError(f"Inputs {missing} are missing and {unknown} are not inputs of the model; its inputs "
                                 f"are {list(self._inputs)}")
         if outputs is not None:
             bad = [n for n in outputs if n not in self._outputs]
             if bad:
-                raise RuntimeError_(f"Outputs {bad} are not outputs of the model; its outputs are {list(self._outputs)}")
+                raise PopRTRuntimeError(f"Outputs {bad} are not outputs of the model; its outputs are {list(self._outputs)}")
         if not self.config.validate_io_params:
             return
         for n, d in self._inputs.items():
@@ -216,10 +213,10 @@ class Runner:
                 dim = self.config.batching_dim
                 if a.ndim != len(want) or [s for i, s in enumerate(a.shape) if i != dim] != \
                         [s for i, s in enumerate(want) if i != dim]:
-                    raise RuntimeError_(f"Input '{n}' has shape {list(a.shape)}; the model wants {want} with any size "
+                    raise PopRTRuntimeError(f"Input '{n}' has shape {list(a.shape)}; the model wants {want} with any size "
                                         f"in dimension {dim} (batching_dim)")
             elif list(a.shape) != want and a.size != int(np.prod(want)):
-                raise RuntimeError_(f"Input '{n}' has shape {list(a.shape)}; the model wants {want}")
+                raise PopRTRuntimeError(f"Input '{n}' has shape {list(a.shape)}; the model wants {want}")
 
     def _run_one(self, feeds: dict) -> dict:
         """One compiled batch: copy in, run, copy out (the device lock held)."""
@@ -247,9 +244,9 @@ class Runner:
         for n, dst in outputs.items():
             src = res[n]
             if not isinstance(dst, np.ndarray) or not dst.flags.writeable:
-                raise RuntimeError_(f"Output '{n}' must be a writeable numpy array")
+                raise PopRTRuntimeError(f"Output '{n}' must be a writeable numpy array")
             if dst.size != src.size:
-                raise RuntimeError_(f"Output '{n}' has shape {list(dst.shape)}; the result has {list(src.shape)}")
+                raise PopRTRuntimeError(f"Output '{n}' has shape {list(dst.shape)}; the result has {list(src.shape)}")
             np.copyto(dst, src.reshape(dst.shape), casting="unsafe")
         return outputs
 
@@ -257,7 +254,7 @@ class Runner:
         compiled = {n: d.shape[dim] for n, d in self._inputs.items()}
         sizes = {np.asarray(a).shape[dim] for a in inputs.values()}
         if len(sizes) != 1:
-            raise RuntimeError_(f"With batching_dim={dim} every input needs the same size in that dimension; got "
+            raise PopRTRuntimeError(f"With batching_dim={dim} every input needs the same size in that dimension; got "
                                 f"{sorted(sizes)}")
         (n_total,) = sizes
         cb = next(iter(compiled.values()))
@@ -279,13 +276,13 @@ class Runner:
     def execute(self, inputs: dict, outputs: dict | None = None) -> dict:
         """Run one step: ``inputs`` by name (cast to the descriptor dtypes), results copied into the
         caller's ``outputs`` arrays (any layout of the right size). Returns ``outputs`` (a new dict
-        when none is given). Raises :class:`RuntimeError_` for missing, unknown or misshaped arrays."""
+        when none is given). Raises :class:`PopRTRuntimeError` for missing, unknown or misshaped arrays."""
         return self._execute(inputs, outputs)
 
     def execute_async(self, inputs: dict, outputs: dict | None = None) -> Future:
         """Queue :meth:`execute` on the device's worker thread; returns a :class:`Future`."""
         if self._closed:
-            raise RuntimeError_("The runner is closed")
+            raise PopRTRuntimeError("The runner is closed")
         return Future(self._pool.submit(self._execute, inputs, outputs))
 
     executeAsync = execute_async  # noqa: N815 - Model Runtime's spelling
@@ -369,10 +366,10 @@ class PackRunner:
         self.runner = Runner(executable_or_path, runtime_config)
         self.batch = self.config.max_valid_num or self.runner.batch_size
         if self.batch > self.runner.batch_size:
-            raise RuntimeError_(f"max_valid_num {self.batch} is larger than the compiled batch "
+            raise PopRTRuntimeError(f"max_valid_num {self.batch} is larger than the compiled batch "
                                 f"{self.runner.batch_size}")
         if self.config.dynamic_input_name and self.config.dynamic_input_name not in self.runner._inputs:
-            raise RuntimeError_(f"dynamic_input_name '{self.config.dynamic_input_name}' is not an input of the model")
+            raise PopRTRuntimeError(f"dynamic_input_name '{self.config.dynamic_input_name}' is not an input of the model")
         self._queue: list = []
         self._cv = threading.Condition()
         self._stop = False
@@ -389,16 +386,16 @@ class PackRunner:
     def executeAsync(self, inputs: dict, outputs: dict | None = None) -> Future:  # noqa: N802
         for n, d in self.runner._inputs.items():
             if n not in inputs:
-                raise RuntimeError_(f"Input '{n}' is missing")
+                raise PopRTRuntimeError(f"Input '{n}' is missing")
             a = np.asarray(inputs[n])
             row = d.shape[1:]
             if a.size != int(np.prod(row)):
-                raise RuntimeError_(f"PackRunner takes one sample: input '{n}' has shape {list(a.shape)}, a sample "
+                raise PopRTRuntimeError(f"PackRunner takes one sample: input '{n}' has shape {list(a.shape)}, a sample "
                                     f"is {list(row)}")
         fut = _CFuture()
         with self._cv:
             if self._stop:
-                raise RuntimeError_("The pack runner is closed")
+                raise PopRTRuntimeError("The pack runner is closed")
             self._queue.append((inputs, outputs, fut, time.perf_counter()))
             self._cv.notify()
         return Future(fut)
