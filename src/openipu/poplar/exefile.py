@@ -9,8 +9,9 @@ with :func:`save` and read it with :func:`load`. The layout is documented in
   (what the file holds, e.g. ``"poplar.Executable"``, ``"poprt.Executable"``), ``meta`` (free
   JSON for the front end), and ``members``: the SHA-256 and size in bytes of every other member;
 - ``objects.json``: the object graph as a table of records (see :class:`_Encoder`);
-- ``arrays.bin``: the numpy / torch arrays, one ``np.save`` stream after another (offsets in the
-  records), read back with ``np.load(allow_pickle=False)``.
+- ``arrays.bin``: the numpy / torch arrays: all arrays of one dtype flattened into one array, one
+  ``np.save`` stream per dtype, read back with ``np.load(allow_pickle=False)``;
+  ``arrays.index.json`` says where each dtype's stream is and each array's offset and shape.
 
 Loading never runs code from the file: objects are rebuilt only from classes and functions on an
 allow-list (see :func:`_resolve`): anything defined in the ``openipu`` package; a few pure functions
@@ -511,14 +512,22 @@ def save(f, obj, kind: str, meta: dict | None = None) -> None:
     with _deep():
         root = enc.enc(obj)
     objects = json.dumps({"root": root, "records": enc.records}, separators=(",", ":")).encode()
-    arrays = io.BytesIO()
-    offsets = []
+    # one flat array per dtype (one .npy header to parse per dtype, not per array)
+    by_dtype: dict[str, list] = {}
+    entries = []
     for a in enc.arrays:
+        parts = by_dtype.setdefault(a.dtype.str, [])
+        off = sum(p.size for p in parts)
+        entries.append([a.dtype.str, off, list(a.shape)])
+        parts.append(a.reshape(-1))
+    arrays = io.BytesIO()
+    groups = {}
+    for dt, parts in by_dtype.items():
         start = arrays.tell()
-        np.save(arrays, a, allow_pickle=False)
-        offsets.append([start, arrays.tell() - start])
+        np.save(arrays, np.concatenate(parts) if parts else np.zeros(0, dt), allow_pickle=False)
+        groups[dt] = [start, arrays.tell() - start]
     arrays_b = arrays.getvalue()
-    index = json.dumps(offsets).encode()
+    index = json.dumps({"groups": groups, "arrays": entries}).encode()
     members = {"objects.json": objects, "arrays.index.json": index, "arrays.bin": arrays_b}
     manifest = {"format": FORMAT, "version": VERSION, "kind": kind,
                 "writer": _writer(), "meta": meta or {},
@@ -628,21 +637,33 @@ def load(f, kind: str | tuple | None = None):
             raise executable_file_error(f"'{fname}': the manifest does not list '{name}'")
     try:
         objs = json.loads(data["objects.json"])
-        offsets = json.loads(data["arrays.index.json"])
+        index = json.loads(data["arrays.index.json"])
         root, records = objs["root"], objs["records"]
-        if not isinstance(records, list) or not isinstance(offsets, list):
-            raise TypeError("records and offsets must be lists")
+        groups, entries = index["groups"], index["arrays"]
+        if not isinstance(records, list) or not isinstance(entries, list) or not isinstance(groups, dict):
+            raise TypeError("records, arrays and groups have the wrong types")
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
         raise executable_file_error(f"'{fname}': the object records are malformed ({e})") from None
     blob = memoryview(data["arrays.bin"])
 
+    flat: dict[str, np.ndarray] = {}
+
     def array(k):
         try:
-            start, n = offsets[k]
-            if not (0 <= start and start + n <= len(blob)):
-                raise ValueError("array outside arrays.bin")
-            return np.load(io.BytesIO(blob[start:start + n]), allow_pickle=False)
-        except (IndexError, TypeError, ValueError, OSError) as e:
+            dt, off, shape = entries[k]
+            if dt not in flat:
+                start, n = groups[dt]
+                if not (0 <= start and start + n <= len(blob)):
+                    raise ValueError("array group outside arrays.bin")
+                g = np.load(io.BytesIO(blob[start:start + n]), allow_pickle=False)
+                if g.ndim != 1 or g.dtype.str != dt:
+                    raise ValueError(f"array group {dt} is not a flat {dt} array")
+                flat[dt] = g
+            size = int(np.prod(shape, dtype=np.int64))
+            if not (isinstance(off, int) and 0 <= off and off + size <= flat[dt].size):
+                raise ValueError("array outside its group")
+            return flat[dt][off:off + size].reshape(shape)
+        except (IndexError, KeyError, TypeError, ValueError, OSError) as e:
             raise executable_file_error(f"'{fname}': array {k!r} cannot be read ({e})") from None
 
     dec = _Decoder(records, array)
