@@ -195,21 +195,37 @@ class _SessionBase:
         meta = {"session": self._KIND, "fingerprint": self._fingerprint(),
                 "inputs": sorted(self._lowered.inputs), "anchors": sorted(self._lowered.anchors)}
         try:
-            exefile.save(path, self._lowered, self._EXE_KIND, meta)
+            try:      # with the compiled step tree when it can be named (loading then skips compiling it)
+                data = exefile.dumps({"lowered": self._lowered, "compiled": self._engine._exe.compiled},
+                                     self._EXE_KIND, meta)
+            except exefile.executable_file_error:
+                data = exefile.dumps({"lowered": self._lowered, "compiled": None}, self._EXE_KIND, meta)
         except exefile.executable_file_error as e:
             raise popart_exception(f"Cannot save the executable: {e}") from None
+        if hasattr(path, "write"):
+            path.write(data)
+        else:
+            with open(path, "wb") as f:
+                f.write(data)
 
     def _load_lowered(self, path) -> None:
         name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "<stream>"
         try:
-            lowered, man = exefile.load(path, self._EXE_KIND)
+            obj, man = exefile.load(path, self._EXE_KIND)
+            lowered, compiled = obj["lowered"], obj["compiled"]
+        except (TypeError, KeyError):
+            raise popart_exception(f"Cannot load the executable '{name}': it does not hold a lowered program") from None
         except exefile.executable_file_error as e:
             raise popart_exception(f"Cannot load the executable '{name}': {e}") from None
         if man["meta"].get("fingerprint") != self._fingerprint():
             raise popart_exception(f"The executable '{name}' was compiled from another model, data flow, "
                                    "options or target than this session's")
         try:
-            engine = poplar.Engine(lowered.graph, lowered.programs, self._engine_options())
+            if compiled is not None:
+                exe = poplar.Executable.from_compiled(lowered.graph, lowered.programs, self._engine_options(), compiled)
+            else:
+                exe = poplar.Executable(lowered.graph, lowered.programs, self._engine_options())
+            engine = poplar.Engine(exe, None, self._engine_options())
         except poplar.poplar_error as e:
             raise poplar_exception(str(e), e) from None
         self._lowered, self._engine = lowered, engine
