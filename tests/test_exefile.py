@@ -150,3 +150,15 @@ def test_allowed_class_names_may_not_be_called_with_file_arguments(tmp_path):
     _rewrite(path, "objects.json", json.dumps(records).encode(), fix_hash=True)
     with pytest.raises(exefile.executable_file_error, match="may not be called"):
         exefile.load(str(path))
+
+
+@pytest.mark.parametrize("module,qual", [("openipu.poplar.graph", "importlib.import_module"),
+                                         ("openipu.poplar.graph", "np.load"), ("openipu", "poplar.exefile.save"),
+                                         ("numpy", "lib.format.read_array")])
+def test_names_may_not_reach_through_modules_or_re_exports(tmp_path, module, qual):
+    records = {"root": {"r": 0}, "records": [{"t": "name", "m": module, "q": qual}]}
+    path = tmp_path / "evil.bin"
+    path.write_bytes(exefile.dumps([0], "x"))
+    _rewrite(path, "objects.json", json.dumps(records).encode(), fix_hash=True)
+    with pytest.raises(exefile.executable_file_error):
+        exefile.load(str(path))

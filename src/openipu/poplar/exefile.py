@@ -61,7 +61,7 @@ class executable_file_error(poplar_error):  # noqa: N801 - Poplar's naming of er
 # ----------------------------------------------------------------------------------------------
 #: Library modules whose pure functions may be named by a file (kernels use them directly).
 _LIB_MODULES = {"torch", "torch.nn.functional", "torch.special", "torch.linalg", "torch.fft", "numpy", "math",
-                "operator", "builtins", "collections", "functools", "copyreg", "numpy._core.multiarray"}
+                "operator", "builtins", "collections", "functools"}
 #: Names never resolved from those modules (file or process access, code evaluation).
 _DENY = {"load", "save", "from_file", "fromfile", "loadtxt", "genfromtxt", "memmap", "savez", "savetxt", "tofile",
          "open", "eval", "exec", "compile", "__import__", "input", "breakpoint", "globals", "locals", "vars",
@@ -86,10 +86,14 @@ def _is_openipu(module: str) -> bool:
 
 
 def _lookup(obj, qualname: str):
+    """``qualname`` inside module ``obj``, never passing through another module (a file may not
+    reach ``os`` as ``openipu.x.os``)."""
     for part in qualname.split("."):
         if part == "<locals>" or part.startswith("<"):
             raise executable_file_error(f"'{qualname}' is a local object; only module-level names can be loaded")
         obj = getattr(obj, part)
+        if isinstance(obj, types.ModuleType):
+            raise executable_file_error(f"'{qualname}' names a module; only classes and functions can be loaded")
     return obj
 
 
@@ -103,10 +107,16 @@ def _resolve(module: str, qualname: str):
             raise executable_file_error(f"The executable names '{module}.{qualname}', which an executable may not use")
         try:
             mod = importlib.import_module(module)
-            return _lookup(mod, qualname)
+            obj = _lookup(mod, qualname)
         except (ImportError, AttributeError) as e:
             raise executable_file_error(f"The executable names '{module}.{qualname}', which this openipu does not "
                                         f"have ({e}). Was it written by another openipu version?") from None
+        # a name re-exported by an openipu module must itself be defined in openipu
+        home = getattr(obj, "__module__", None)
+        if not (isinstance(home, str) and _is_openipu(home)) and not isinstance(obj, enum.Enum):
+            raise executable_file_error(f"The executable names '{module}.{qualname}', which is defined in "
+                                        f"'{home}', not in openipu: not on the allow-list")
+        return obj
     if module in _LIB_MODULES:
         leaf = qualname.split(".")[-1]
         if leaf in _DENY or qualname.split(".")[0] in _DENY or (module == "builtins" and qualname not in _BUILTINS):
