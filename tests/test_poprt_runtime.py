@@ -204,3 +204,12 @@ def test_device_manager_and_drop_in_module():
     assert runtime.DeviceManager().ipu_hardware_version() == "ipu21"
     assert poprt.runtime is runtime and poprt.compiler.Compiler is Compiler
     assert runtime.DeviceManager().get_device().getTarget().getNumTiles() == 1472
+
+
+def test_stream_buffering_depth_must_fit_the_io_tiles():
+    import popart
+    m, _ = _mlp(batch=256)
+    # 256 x (32 + 10) fp32 = 43,008 bytes a batch; one I/O tile holds 638,976: 14 batches fit, 15 do not
+    Compiler.compile(m, options=CompilerOptions(num_io_tiles=1, stream_buffering_depth=14))
+    with pytest.raises(popart.popart_exception, match="Out of memory on the I/O tiles"):
+        Compiler.compile(m, options=CompilerOptions(num_io_tiles=1, stream_buffering_depth=15))

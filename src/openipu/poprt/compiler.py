@@ -40,7 +40,9 @@ class CompilerOptions:
     ``partials_type`` (``""`` = PopLibs' default, ``"half"``, ``"float"``), ``num_io_tiles`` (0;
     overlapped I/O, see the module docstring), ``available_memory_proportion`` (0.6),
     ``enable_pipelining`` (False; needs ``num_ipus > 1``), ``virtual_graph_mode`` (``"off"``,
-    ``"auto"``, ``"manual"``), ``stream_buffering_depth`` (1), ``constant_weights`` (True),
+    ``"auto"``, ``"manual"``), ``stream_buffering_depth`` (1: batches of inputs and outputs the I/O
+    tiles buffer; with I/O tiles, ``depth x (input + output bytes per batch)`` must fit in them, else
+    compiling fails as out of memory), ``constant_weights`` (True),
     ``enable_engine_caching`` / ``cache_path`` (PopART's engine cache). The other fields PopRT has
     are accepted and stored in the executable. Setting an unknown field raises ``AttributeError``
     (as the C++ binding does).
@@ -323,6 +325,12 @@ class Compiler:
         compute = max(b["cycles"] / bps - host_io, 0.0)
         io_bytes = sum(d.size for d in inputs + outs) / bps
         xfer = io_bytes / (io_tiles * spec.exchange_bytes_per_cycle) if io_tiles else 0.0
+        depth = max(1, int(o.stream_buffering_depth))
+        if io_tiles and depth * io_bytes > io_tiles * spec.bytes_per_tile:
+            raise popart.popart_exception(
+                f"Out of memory on the I/O tiles: {depth} buffered batch(es) of inputs and outputs need "
+                f"{int(depth * io_bytes):,} bytes but {io_tiles} I/O tiles hold {io_tiles * spec.bytes_per_tile:,}. "
+                "Raise num_io_tiles, lower stream_buffering_depth or the batch size")
         pred = Prediction(float(spec.clock_hz), int(batch), bps, float(b["cycles"]), compute, host_io, float(xfer),
                           io_tiles, {k: float(v) for k, v in b["by_category"].items()})
         target = {"ipu_version": o.ipu_version, "num_ipus": n_ipus, "tiles_per_ipu": spec.tiles_per_ipu,
