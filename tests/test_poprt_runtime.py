@@ -183,7 +183,8 @@ def test_batches_per_step_and_io_tiles_change_the_prediction():
 def test_pack_runner_batches_single_samples_from_threads(exported):
     path, w = exported
     cfg = runtime.PackRunnerConfig(timeout_microseconds=200_000)
-    pr = runtime.PackRunner(str(path), cfg)
+    pr = runtime.Runner(str(path), cfg)          # a pack config gives a PackRunner
+    assert isinstance(pr, runtime.PackRunner)
     xs = [np.random.default_rng(10 + i).standard_normal(D_IN).astype(np.float32) for i in range(8)]
     results = [None] * len(xs)
 

@@ -120,6 +120,12 @@ class Runner:
     ``load_seconds`` (host seconds to load).
     """
 
+    def __new__(cls, executable_or_path=None, config=None, *args, **kwargs):
+        # Runner(path, PackRunnerConfig(...)) gives a PackRunner, as PopRT's pack mode is set up
+        if cls is Runner and isinstance(config, PackRunnerConfig):
+            return PackRunner(executable_or_path, config)
+        return super().__new__(cls)
+
     def __init__(self, executable_or_path, config: RuntimeConfig | None = None, device_manager=None):
         t0 = time.perf_counter()
         if isinstance(executable_or_path, Executable):
