@@ -214,3 +214,17 @@ def test_stream_buffering_depth_must_fit_the_io_tiles():
     Compiler.compile(m, options=CompilerOptions(num_io_tiles=1, stream_buffering_depth=14))
     with pytest.raises(popart.popart_exception, match="Out of memory on the I/O tiles"):
         Compiler.compile(m, options=CompilerOptions(num_io_tiles=1, stream_buffering_depth=15))
+
+
+def test_two_ipus_and_pipelining():
+    import popart
+    m, w = _mlp()
+    r = runtime.Runner(Compiler.compile(m, options=CompilerOptions(num_ipus=2)))
+    assert r.executable.target["num_ipus"] == 2
+    x = np.ones((BATCH, D_IN), np.float32)
+    np.testing.assert_allclose(r.execute({"x": x})["probs"], _ref(x, w), rtol=1e-5, atol=1e-6)
+    with pytest.raises(popart.popart_exception, match="batchesPerStep"):
+        Compiler.compile(m, options=CompilerOptions(num_ipus=2, enable_pipelining=True))
+    exe = Compiler.compile(m, options=CompilerOptions(num_ipus=2, enable_pipelining=True, batches_per_step=4))
+    x4 = np.random.default_rng(0).standard_normal((4, BATCH, D_IN)).astype(np.float32)
+    np.testing.assert_allclose(runtime.Runner(exe).execute({"x": x4})["probs"], _ref(x4, w), rtol=1e-5, atol=1e-6)
