@@ -282,19 +282,22 @@ def test_save_and_load_without_pickle(tmp_path):
     pm.compileAndExport(path, x)
     import zipfile
     with zipfile.ZipFile(path) as z:
-        assert sorted(z.namelist()) == ["model.onnx", "poptorch.json", "weights.npz"]
+        assert sorted(z.namelist()) == ["executable.popef", "model.onnx", "poptorch.json", "weights.npz"]
         meta = json.loads(z.read("poptorch.json"))
     assert meta["format"] == "openipu.poptorch.executable" and meta["version"] == 1
     loaded = poptorch.load(path)
+    assert loaded._loaded_executable                  # the saved executable, not a new compile
     torch.testing.assert_close(loaded(x), m(x), rtol=1e-5, atol=1e-6)
     assert loaded.options.device_iterations == 2
-    assert poptorch.load(path, lambda o: o.deviceIterations(4)).options.device_iterations == 4
+    edited = poptorch.load(path, lambda o: o.deviceIterations(4))
+    assert edited.options.device_iterations == 4 and not edited._loaded_executable   # other options: compiled
     with pytest.raises(poptorch.Error, match="stores no Python code"):
         loaded.model(x)
     # loadExecutable: the wrapper's own model supplies the weights
     m2 = Net().eval()
     pm2 = poptorch.inferenceModel(m2, opts)
     pm2.loadExecutable(path)
+    assert pm2._loaded_executable
     torch.testing.assert_close(pm2(x), m2(x), rtol=1e-5, atol=1e-6)
     with pytest.raises(poptorch.Error, match="don't match the inputs used to compile"):
         pm2(torch.randn(6, 6))

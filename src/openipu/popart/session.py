@@ -11,7 +11,9 @@ For tools (the ``openipu run`` CLI) after ``prepareDevice()``:
 
 from __future__ import annotations
 
+import hashlib
 import io
+import os
 import sys
 
 import numpy as np
@@ -19,6 +21,7 @@ import onnx
 from onnx import numpy_helper
 
 from openipu import poplar
+from openipu.poplar import exefile
 from openipu.popart.dataflow import AnchorReturnTypeId, DataFlow, anchor_elements, anchor_shape
 from openipu.popart.devices import DeviceInfo, DeviceType
 from openipu.popart.errors import (OutOfMemoryException, popart_exception, popart_runtime_error, poplar_exception,
@@ -99,7 +102,37 @@ class _SessionBase:
         """Lower the IR to Poplar and compile it (a "Graph compilation" progress bar on a
         terminal). Raises :class:`OutOfMemoryException` when the graph does not fit,
         ``poplar_exception`` for other Poplar errors, ``popart_exception`` for types the IPU
-        lacks (DOUBLE)."""
+        lacks (DOUBLE).
+
+        With engine caching (``enableEngineCaching`` with ``cachePath``, or the environment
+        variable ``POPART_CACHE_DIR``), a compiled executable of the same model, data flow,
+        options and target is loaded from the cache instead (:mod:`openipu.poplar.exefile`
+        format); a fresh compile is written there. An unreadable cache file is compiled again
+        with a warning."""
+        if self._engine is not None:          # loadExecutable() gave the executable
+            if loadEngine:
+                self.loadEngineAndConnectStreams()
+            return
+        cache = self._cache_file()
+        if cache is not None and os.path.isfile(cache):
+            try:
+                self._load_lowered(cache)
+                log("session").info("Loaded the executable from the engine cache %s", cache)
+                if loadEngine:
+                    self.loadEngineAndConnectStreams()
+                return
+            except popart_exception as e:
+                log("session").warning("Engine cache file %s cannot be used (%s): compiling again", cache, e)
+        self._compile()
+        if cache is not None:
+            os.makedirs(os.path.dirname(cache) or ".", exist_ok=True)
+            tmp = f"{cache}.{os.getpid()}.tmp"
+            self._save_lowered(tmp)
+            os.replace(tmp, cache)
+        if loadEngine:
+            self.loadEngineAndConnectStreams()
+
+    def _compile(self) -> None:
         from openipu.popart.lowering import program as lowering_program
         bar = _progress_bar(len(self._ir.ops) + 3)
         target = self.deviceInfo.device.getTarget()
@@ -116,7 +149,7 @@ class _SessionBase:
                 if bar:
                     bar.update(i - state["done"])
                     state["done"] = i
-            opts = {k: str(v) for k, v in dict(self.options.engineOptions).items()}
+            opts = self._engine_options()
             try:
                 engine = poplar.Engine(lowered.graph, lowered.programs, opts, progress=engine_progress)
             except poplar.graph_memory_allocation_error as e:
@@ -128,8 +161,99 @@ class _SessionBase:
                 bar.close()
         self._lowered = lowered
         self._engine = engine
-        if loadEngine:
-            self.loadEngineAndConnectStreams()
+
+    def _engine_options(self) -> dict:
+        return {k: str(v) for k, v in dict(self.options.engineOptions).items()}
+
+    # -- executables on file ----------------------------------------------------------------
+    _EXE_KIND = "popart.Executable"
+
+    def _fingerprint(self) -> str:
+        """SHA-256 of what the compiled executable depends on: the IR's model, the data flow,
+        the options, the patterns, the session kind and the target."""
+        if getattr(self, "_fp", None) is not None:
+            return self._fp
+        h = hashlib.sha256()
+        g = self._ir.model.graph
+        name, g.name = g.name, ""                # the Builder numbers its graphs: not part of the model
+        try:
+            h.update(self._ir.model.SerializeToString())
+        finally:
+            g.name = name
+        tgt = self.deviceInfo.device.getTarget()
+        for part in (self._KIND, repr(self._dataflow), repr(self.options), repr(self.patterns),
+                     repr(getattr(getattr(self, "_optimizer", None), "__dict__", None)), tgt.getTargetArchString(),
+                     tgt.getNumIPUs(), tgt.getTilesPerIPU(), exefile.VERSION):
+            h.update(repr(part).encode())
+        self._fp = h.hexdigest()
+        return self._fp
+
+    def _cache_file(self):
+        env = os.environ.get("POPART_CACHE_DIR")
+        if not (self.options.enableEngineCaching or env):
+            return None
+        return os.path.join(env or str(self.options.cachePath), f"{self._fingerprint()[:32]}.popef")
+
+    def _save_lowered(self, path) -> None:
+        meta = {"session": self._KIND, "fingerprint": self._fingerprint(),
+                "inputs": sorted(self._lowered.inputs), "anchors": sorted(self._lowered.anchors)}
+        try:
+            try:      # with the compiled step tree when it can be named (loading then skips compiling it)
+                data = exefile.dumps({"lowered": self._lowered, "compiled": self._engine._exe.compiled},
+                                     self._EXE_KIND, meta)
+            except exefile.executable_file_error:
+                data = exefile.dumps({"lowered": self._lowered, "compiled": None}, self._EXE_KIND, meta)
+        except exefile.executable_file_error as e:
+            raise popart_exception(f"Cannot save the executable: {e}") from None
+        if hasattr(path, "write"):
+            path.write(data)
+        else:
+            with open(path, "wb") as f:
+                f.write(data)
+
+    def _load_lowered(self, path) -> None:
+        name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "<stream>"
+        try:
+            obj, man = exefile.load(path, self._EXE_KIND)
+            lowered, compiled = obj["lowered"], obj["compiled"]
+        except (TypeError, KeyError):
+            raise popart_exception(f"Cannot load the executable '{name}': it does not hold a lowered program") from None
+        except exefile.executable_file_error as e:
+            raise popart_exception(f"Cannot load the executable '{name}': {e}") from None
+        if man["meta"].get("fingerprint") != self._fingerprint():
+            raise popart_exception(f"The executable '{name}' was compiled from another model, data flow, "
+                                   "options or target than this session's")
+        try:
+            if compiled is not None:
+                exe = poplar.Executable.from_compiled(lowered.graph, lowered.programs, self._engine_options(), compiled)
+            else:
+                exe = poplar.Executable(lowered.graph, lowered.programs, self._engine_options())
+            engine = poplar.Engine(exe, None, self._engine_options())
+        except poplar.poplar_error as e:
+            raise poplar_exception(str(e), e) from None
+        self._lowered, self._engine = lowered, engine
+
+    def compileAndExport(self, filename) -> None:  # noqa: N802
+        """Compile (unless done) and write the executable to ``filename`` (a path or a binary file
+        object) in openipu's executable format; :meth:`loadExecutable` reads it back."""
+        if self._engine is None:
+            self.prepareDevice(loadEngine=False)
+        self._save_lowered(filename)
+
+    def saveExecutable(self, path, savePopartMetadata: bool = True, saveVariables: bool = True) -> None:  # noqa: N802,N803
+        """Write the prepared executable to ``path`` (a directory gets ``executable.popef``)."""
+        if self._engine is None:
+            raise popart_exception("There is no executatable. Try calling Session::prepareDevice first.")
+        if os.path.isdir(path):
+            path = os.path.join(path, "executable.popef")
+        self._save_lowered(path)
+
+    def loadExecutable(self, filename) -> None:  # noqa: N802
+        """Use the executable in ``filename`` (from :meth:`compileAndExport` / :meth:`saveExecutable`)
+        instead of compiling; call before ``prepareDevice`` (which then only loads the engine).
+        Raises ``popart_exception`` for a file that is not a readable executable of this session's
+        model, data flow, options and target."""
+        self._load_lowered(filename)
 
     def _oom(self, e, lowered, opts):
         summary = ""
@@ -150,11 +274,6 @@ class _SessionBase:
         self.deviceInfo.attach()
         self._engine.load(self.deviceInfo.device)
         self._send_seed()
-
-    def compileAndExport(self, filename) -> None:  # noqa: N802
-        if self._engine is None:
-            self.prepareDevice(loadEngine=False)
-        self._engine.serializeExecutable(filename)
 
     def _check_runnable(self):
         if self._engine is None:

@@ -11,7 +11,6 @@ programs, and serialises them.
 from __future__ import annotations
 
 import os
-import pickle
 
 import numpy as np
 import torch
@@ -553,23 +552,48 @@ class Executable:
         self.compiled = compile_programs(graph, programs, engine_options(options), progress)
 
     def serialize(self, f) -> None:
-        """Write to a binary file object or a path. Raises ``poplar_error`` if a codelet or kernel
-        cannot be pickled (define codelets at module level)."""
+        """Write to a binary file object or a path in openipu's executable format
+        (:mod:`openipu.poplar.exefile`: a zip of JSON records and ``.npy`` arrays with SHA-256
+        hashes; no pickle). Raises ``poplar_error`` (``executable_file_error``) if a codelet or
+        kernel cannot be named (define codelets and kernels at module level)."""
+        from openipu.poplar import exefile
         try:
-            data = pickle.dumps((self.graph, self.programs, self.options))
-        except Exception as e:
-            raise errors.poplar_error(f"Cannot serialise the executable: {e}. Codelets and library kernels "
-                                      "must be defined at module level") from None
-        if hasattr(f, "write"):
-            f.write(data)
-        else:
-            with open(f, "wb") as fh:
-                fh.write(data)
+            try:      # the compiled step tree too, when it can be named (user codelets run in closures)
+                data = exefile.dumps((self.graph, self.programs, self.options, self.compiled), "poplar.Executable",
+                                     {"programs": len(self.programs)})
+            except exefile.executable_file_error:
+                data = exefile.dumps((self.graph, self.programs, self.options, None), "poplar.Executable",
+                                     {"programs": len(self.programs)})
+            if hasattr(f, "write"):
+                f.write(data)
+            else:
+                with open(f, "wb") as fh:
+                    fh.write(data)
+        except exefile.executable_file_error as e:
+            raise exefile.executable_file_error(f"Cannot serialise the executable: {e}") from None
 
     @staticmethod
     def deserialize(f) -> "Executable":
-        data = f.read() if hasattr(f, "read") else open(f, "rb").read()
-        graph, programs, options = pickle.loads(data)
-        return Executable(graph, programs, options)
+        """Read an executable written by :meth:`serialize` (a path or a binary file object).
 
+        Raises ``poplar_error`` (``executable_file_error``) for a file that is missing, truncated,
+        corrupt, modified (hash mismatch), of another format version, or that names a class or
+        function outside the allow-list; nothing from the file is executed."""
+        from openipu.poplar import exefile
+        obj, _ = exefile.load(f, "poplar.Executable")
+        if not isinstance(obj, tuple) or len(obj) != 4:
+            raise exefile.executable_file_error("The executable file does not hold (graph, programs, options, "
+                                                "compiled steps)")
+        if obj[3] is None:
+            return Executable(*obj[:3])
+        return Executable.from_compiled(*obj)
 
+    @staticmethod
+    def from_compiled(graph, programs, options, compiled) -> "Executable":
+        """An executable from its parts, with its step tree already compiled (as read from a file:
+        loading skips compiling the programs again)."""
+        if not isinstance(compiled, _Compiled):
+            raise errors.poplar_error(f"Not a compiled step tree: {type(compiled).__name__}")
+        exe = Executable.__new__(Executable)
+        exe.graph, exe.programs, exe.options, exe.compiled = graph, programs, dict(options or {}), compiled
+        return exe

@@ -55,7 +55,7 @@ def load(filename: str, edit_opts_fn=None) -> PoplarExecutor:
     training = bool(meta["training"])
     optimizer = export.optimizer_from_json(meta["optimizer"], model) if training else None
     pm = PoplarExecutor(model, opts, training=training, optimizer=optimizer)
-    pm._install(meta, model_bytes)
+    pm._install(meta, model_bytes, export.read_executable(filename))
     return pm
 
 

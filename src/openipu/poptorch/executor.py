@@ -13,6 +13,8 @@ trained by a ``trainingModel`` of the same module). Predicted IPU cycles of the 
 from __future__ import annotations
 
 import inspect
+import io
+import logging
 import time
 import weakref
 
@@ -26,6 +28,8 @@ from openipu.poptorch import optim as poptorch_optim
 from openipu.poptorch.enums import ConnectionType, OutputMode
 from openipu.poptorch.errors import Error, from_popart
 from openipu.poptorch.lower import NUMPY_TYPE, POPART_TYPE
+
+_log = logging.getLogger("poptorch")
 
 _ART = {OutputMode.All: "All", OutputMode.Final: "Final", OutputMode.Sum: "Sum"}
 #: user model -> weak reference to the training wrapper that owns it (until ``destroy()``)
@@ -174,7 +178,7 @@ class PoplarExecutor:
         self._make_session(built)
         self._compile_seconds = time.perf_counter() - start
 
-    def _make_session(self, built: "cap.Built") -> None:
+    def _make_session(self, built: "cap.Built", executable: bytes | None = None) -> None:
         o = self._options
         di, af, rf = self._factor()
         mode = o.output_mode
@@ -209,6 +213,13 @@ class PoplarExecutor:
                 s = popart.TrainingSession(built.model, flow, built.loss, opt, device, userOptions=so)
             else:
                 s = popart.InferenceSession(built.model, flow, device, userOptions=so)
+            self._loaded_executable = False
+            if executable is not None:
+                try:
+                    s.loadExecutable(io.BytesIO(executable))
+                    self._loaded_executable = True
+                except popart.popart_exception as e:
+                    _log.info("The saved executable does not match (%s): compiling the saved model again", e)
             s.prepareDevice()
         except popart.popart_exception as e:
             raise from_popart(e) from e
@@ -531,7 +542,13 @@ class PoplarExecutor:
                 "num_ipus": b.num_ipus, "pipelined": b.pipelined,
                 "rng_state": self.rng_state if save_rng_state else None,
                 "optimizer": export.optimizer_to_json(self._optimizer, params) if self._training else None}
-        export.write(filename, meta, b.model, weights)
+        buf = io.BytesIO()
+        try:
+            self._session._save_lowered(buf)
+            exe = buf.getvalue()
+        except popart.popart_exception:      # a kernel that cannot be named: the file recompiles
+            exe = None
+        export.write(filename, meta, b.model, weights, exe)
 
     def compileAndExport(self, filename: str, *args, export_model: bool = True, **kwargs) -> None:  # noqa: N802
         """Compile for these inputs (without running) and :meth:`save` to ``filename``."""
@@ -551,10 +568,11 @@ class PoplarExecutor:
                 self._module_tensor(p)
             except AttributeError:
                 raise Error(f"Invalid file {filename}: the model has no parameter or buffer '{p}'") from None
-        self._install(meta, model_bytes)
+        self._install(meta, model_bytes, export.read_executable(filename))
 
-    def _install(self, meta: dict, model_bytes: bytes) -> None:
-        """Compile the saved ONNX model as this wrapper's executable."""
+    def _install(self, meta: dict, model_bytes: bytes, executable: bytes | None = None) -> None:
+        """The saved executable (or, if it does not match, the saved ONNX model compiled again) as
+        this wrapper's executable."""
         from openipu.poptorch import export
         built = cap.Built(model_bytes, list(meta["inputs"]),
                           [popart.TensorInfo(dt, shape) for dt, shape in meta["input_info"]], list(meta["outputs"]),
@@ -564,7 +582,7 @@ class PoplarExecutor:
         self._signature = ([(n, tuple(shape), export._DTYPES[dt]) for n, shape, dt in meta["signature"]],
                            export.decode(meta["others"]))
         self._session = None
-        self._make_session(built)
+        self._make_session(built, executable)
         if meta.get("rng_state"):
             self.rng_state = meta["rng_state"]
 

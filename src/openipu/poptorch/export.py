@@ -13,12 +13,16 @@ executable; unpickling can run arbitrary code. openipu's file is a zip archive (
   (PopART id -> module path), IPUs and pipelining, the RNG state and the optimizer (class name,
   parameter groups by weight path, hyper-parameters);
 - ``model.onnx``: the lowered PopART (ONNX) model;
-- ``weights.npz``: the weights at save time (``numpy.load(allow_pickle=False)``).
+- ``weights.npz``: the weights at save time (``numpy.load(allow_pickle=False)``);
+- ``executable.popef``: the compiled PopART executable in openipu's executable format
+  (:mod:`openipu.poplar.exefile`: JSON records and ``.npy`` arrays, SHA-256 checked, classes from
+  an allow-list only), so loading does not compile again when the options and target match.
 
-Loading recompiles the ONNX model (the simulated IPU's compile is quick), so the file does not
-depend on openipu's internal objects. Poplar's own ``Executable.serialize`` in openipu pickles its
-graph, so it is not reused here. A file written by :func:`save` is read by :func:`read`; any other
-content raises :class:`Error`.
+Loading uses ``executable.popef`` when it was compiled from the same model, options and target
+(PopART's fingerprint check), and compiles the ONNX model again otherwise (options edited by
+``edit_opts_fn``, an executable of another openipu version, a file without one). A file written by
+:func:`write` is read by :func:`read` and :func:`read_executable`; any other content raises
+:class:`Error`.
 """
 
 from __future__ import annotations
@@ -178,7 +182,7 @@ def _set(model: torch.nn.Module, path: str, value: torch.Tensor, param: bool) ->
 
 
 # -- files --------------------------------------------------------------------------------------
-def write(filename: str, meta: dict, model_bytes: bytes, weights: dict) -> str:
+def write(filename: str, meta: dict, model_bytes: bytes, weights: dict, executable: bytes | None = None) -> str:
     """Write the archive; returns the path written (``model.poptorch`` inside a directory)."""
     dst_dir = os.path.dirname(filename)
     if dst_dir:
@@ -192,7 +196,21 @@ def write(filename: str, meta: dict, model_bytes: bytes, weights: dict) -> str:
         z.writestr("poptorch.json", json.dumps(meta, indent=1))
         z.writestr("model.onnx", model_bytes)
         z.writestr("weights.npz", buf.getvalue())
+        if executable is not None:
+            z.writestr("executable.popef", executable, compress_type=zipfile.ZIP_STORED)
     return filename
+
+
+def read_executable(filename: str) -> bytes | None:
+    """The compiled executable stored in ``filename`` (bytes in openipu's executable format), or
+    None when the file has none. Raises :class:`Error` for a file that is not a zip archive."""
+    try:
+        with zipfile.ZipFile(filename) as z:
+            if "executable.popef" not in z.namelist():
+                return None
+            return z.read("executable.popef")
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        raise Error(f"Invalid file {filename}: not an openipu PopTorch executable ({e})") from None
 
 
 def read(filename: str) -> tuple[dict, bytes, dict]:

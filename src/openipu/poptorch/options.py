@@ -465,6 +465,9 @@ class Options(_OptionsDict):
                 setattr(o, k, v)
             except AttributeError:
                 raise Error(f"Unknown PopART option '{k}' given to Options._Popart.set") from None
+        if self.executable_cache_dir:      # PopART's engine cache, in openipu's safe executable format
+            o.enableEngineCaching = True
+            o.cachePath = self.executable_cache_dir
         return o
 
     def ipu_version(self) -> str:
