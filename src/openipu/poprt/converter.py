@@ -223,6 +223,7 @@ class Converter:
             out = self._to_half(out)
         if self.precision in ("fp8", "fp8_weight"):
             out = self._to_fp8(out, calib)
+        _fix_inputs(out)
         try:
             onnx.shape_inference.infer_shapes(out, check_type=False, strict_mode=False)
         except Exception as e:  # noqa: BLE001
@@ -401,6 +402,36 @@ class Converter:
             ensure_domain(model, "ai.graphcore")
             prune_unused(model.graph)
         return model
+
+
+def _fix_inputs(model) -> None:
+    """Keep graph inputs and initializers consistent after rewrites: inputs naming weights that
+    passes removed go; in IR < 4 models (every initializer must be an input) new initializers are
+    added as inputs."""
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    names = {vi.name for vi in g.input}
+    stale = [vi for vi in g.input if vi.name not in inits and vi.name not in used and vi.name in _ever_init(model)]
+    if stale:
+        keep = [vi for vi in g.input if vi not in stale]
+        copies = []
+        for vi in keep:
+            c = onnx.ValueInfoProto()
+            c.CopyFrom(vi)
+            copies.append(c)
+        del g.input[:]
+        g.input.extend(copies)
+    if model.ir_version < 4:
+        for name, t in inits.items():
+            if name not in names:
+                g.input.append(onnx.helper.make_tensor_value_info(name, t.data_type, list(t.dims)))
+
+
+def _ever_init(model) -> set:
+    """Graph inputs that are not run-time inputs: those not read by any node and not outputs are
+    weights whose initializer a pass removed (IR < 4 lists weights as inputs)."""
+    return {vi.name for vi in model.graph.input}
 
 
 def _scale_for(amax, fmt: str) -> int:

@@ -16,8 +16,9 @@
 - ``FP8MatMul(x, w[, bias])`` / ``FP8Conv(x, w[, bias])``: ``x`` is quantised on its tiles (one
   vertex group: scale by ``2**in_scale``, round to the fp8 format, saturate; cost of a cast), ``w``
   is cast to ``QUARTER``, and ``poplin.matMul`` / ``poplin.convolution`` run on ``QUARTER``
-  operands at the target's fp8 AMP rate (128 MACs/cycle/tile on ipu21) into half; then
-  ``popops`` scales by ``2**-(in_scale + weight_scale)`` and adds the bias. Poplar's QUARTER
+  operands at the target's fp8 AMP rate (128 MACs/cycle/tile on ipu21) into float (the scaled
+  products overflow half; the AMP applies the scales itself on the chip); then ``popops`` scales
+  by ``2**-(in_scale + weight_scale)``, casts to the output type and adds the bias. Poplar's QUARTER
   storage is E4M3 here, so an E5M2 (``F152``) operand, or ``fp8_weight`` (``x`` not quantised),
   runs the product on half operands holding the fp8 values, at the half rate [A].
 """
@@ -189,10 +190,10 @@ def _const(g, t, value, nm):
 def _finish(ctx, op, g, y, nm, channel_axis=None):
     sin, sw = int(op.attrs.get("in_scale", 0)), int(op.attrs.get("weight_scale", 0))
     out_t = poplar.HALF if dtype(ctx.ir, op.outputs[0]) == "FLOAT16" else poplar.FLOAT
+    if sin + sw:
+        y = popops.mul(g, y, _const(g, y.elementType(), 2.0 ** -(sin + sw), f"{nm}/descale"), ctx.prog, f"{nm}/descale")
     if y.elementType() != out_t:
         y = popops.cast(g, y, out_t, ctx.prog, f"{nm}/toOutput")
-    if sin + sw:
-        y = popops.mul(g, y, _const(g, out_t, 2.0 ** -(sin + sw), f"{nm}/descale"), ctx.prog, f"{nm}/descale")
     b = ctx.input(op, 2) if len(op.inputs) > 2 and op.inputs[2] else None
     if b is not None:
         if channel_axis is None:
@@ -218,8 +219,8 @@ def fp8_matmul(ctx, op):
     xq, wq = _operands(ctx, op, g, nm)
     lead = xq.shape()[:-1]
     k = xq.dim(xq.rank() - 1)
-    opts = poplibs_options(op, ctx.options.matmulOptions, "half")
-    y = poplin.matMul(g, xq.reshape([math.prod(lead), k]), wq, ctx.prog, f"{nm}/matmul", options=opts)
+    opts = poplibs_options(op, ctx.options.matmulOptions, "float")
+    y = poplin.matMul(g, xq.reshape([math.prod(lead), k]), wq, ctx.prog, poplar.FLOAT, f"{nm}/matmul", opts)
     y = _finish(ctx, op, g, y, nm)
     return [y.reshape(shape(ctx.ir, op.outputs[0]))]
 
@@ -235,7 +236,7 @@ def fp8_conv(ctx, op):
     xq, wq = _operands(ctx, op, g, nm)
     p0 = conv_lowering._params(op, ctx.ir, "half")
     t = xq.elementType()
-    p = poplin.ConvParams(t, poplar.HALF, p0.batchSize, p0.inputFieldShape, p0.kernelShape,
+    p = poplin.ConvParams(t, poplar.FLOAT, p0.batchSize, p0.inputFieldShape, p0.kernelShape,
                           p0.inputChannelsPerConvGroup, p0.outputChannelsPerConvGroup, p0.numConvGroups,
                           inputTransform=p0.inputTransform, kernelTransform=p0.kernelTransform,
                           outputTransform=p0.outputTransform)
@@ -243,6 +244,6 @@ def fp8_conv(ctx, op):
     if wq.elementType() != t:
         wq = popops.cast(g, wq, t, ctx.prog, f"{nm}/weightsCast")
     wq = wq.reshape([G, wq.dim(0) // G] + wq.shape()[1:])
-    opts = poplibs_options(op, ctx.options.convolutionOptions, "half")
+    opts = poplibs_options(op, ctx.options.convolutionOptions, "float")
     y = poplin.convolution(g, xq, wq, p, False, ctx.prog, f"{nm}/conv", opts)
     return [_finish(ctx, op, g, y, nm, channel_axis=1)]
