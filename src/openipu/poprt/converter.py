@@ -2,7 +2,8 @@
 
 ``convert_float_to_half`` is PopRT's ``--precision fp16`` pass: every float32 tensor of the
 model becomes float16 (initializers, Constant / ConstantOfShape values, graph inputs and outputs,
-``Cast`` targets and ops' ``dtype`` attributes). Intermediate shapes are re-inferred by the
+``Cast`` targets and ops' ``dtype`` attributes); finite constants beyond float16's range are
+clipped to +-65504 (a float32 ``-3.4e38`` mask value stays finite). Intermediate shapes are re-inferred by the
 importer. Integer and boolean tensors are unchanged.
 """
 
@@ -18,7 +19,9 @@ _F32, _F16 = TensorProto.FLOAT, TensorProto.FLOAT16
 def _half_tensor(t: onnx.TensorProto) -> onnx.TensorProto:
     if t.data_type != _F32:
         return t
-    arr = numpy_helper.to_array(t).astype(np.float16)
+    arr = numpy_helper.to_array(t)
+    fin = np.isfinite(arr)
+    arr = np.where(fin, np.clip(arr, -65504.0, 65504.0), arr).astype(np.float16)  # finite values stay finite
     out = numpy_helper.from_array(arr, t.name)
     return out
 
