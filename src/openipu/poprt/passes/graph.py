@@ -101,6 +101,8 @@ class RemoveInitializerFromInput(Pass):
         keep = [vi for vi in g.input if vi.name not in inits]
         self.applied = [vi.name for vi in g.input if vi.name in inits]
         if self.applied:
+            if model.ir_version < 4:     # IR 4 is the first where initializers need not be inputs
+                model.ir_version = 4
             copies = []
             for vi in keep:
                 c = onnx.ValueInfoProto()
