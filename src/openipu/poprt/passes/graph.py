@@ -3,7 +3,7 @@
 - ``int64_to_int32``: the IPU has no 64-bit integers. Graph inputs and outputs of type int64
   become int32. Inside, each former int64 input is cast back to int64 (``Cast``) for the ops that
   need int64 (shape arithmetic), except index operands (``Gather``, ``GatherElements``,
-  ``GatherND`` indices, ``OneHot`` indices), which read the int32 input directly (ONNX accepts
+  ``ScatterElements`` and ``OneHot`` indices; ``GatherND`` / ``ScatterND`` need int64), which read the int32 input directly (ONNX accepts
   int32 indices). Int64 graph outputs get a final ``Cast`` to int32. Int64 initializers that only
   serve as such indices and whose values fit are stored as int32.
 - ``remove_initializer_from_input``: old exporters list every weight as a graph input too (IR < 4
@@ -19,8 +19,7 @@ from onnx import TensorProto, numpy_helper
 from openipu.poprt.passes.base import GraphView, Pass, register, remove_nodes
 
 #: (op_type, input index) pairs that accept int32 as well as int64
-_INDEX_INPUTS = {("Gather", 1), ("GatherElements", 1), ("GatherND", 1), ("OneHot", 0), ("ScatterElements", 1),
-                 ("ScatterND", 1)}
+_INDEX_INPUTS = {("Gather", 1), ("GatherElements", 1), ("OneHot", 0), ("ScatterElements", 1)}
 
 
 @register("int64_to_int32")
