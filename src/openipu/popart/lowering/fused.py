@@ -166,6 +166,10 @@ def _quantize(g, x, fmt: str, scale: int, prog, nm: str):
 
 
 def _operands(ctx, op, g, nm):
+    if g.getTarget().getAmpMacsPerCycle(poplar.QUARTER) == 0:
+        from openipu.popart.errors import popart_exception
+        raise popart_exception(f"{op.op_type} '{op.outputs[0]}': fp8 (quarter) matrix products need an IPU with fp8 "
+                               f"(ipu21, C600); the target is {g.getTarget().getTargetArchString()}")
     x, w = ctx.input(op, 0), ctx.input(op, 1)
     fin, fw = _fmt(op), _fmt(op, "weight_format")
     sin = int(op.attrs.get("in_scale", 0))
