@@ -267,6 +267,7 @@ class Converter:
             return out
         # the skipped ops run in float32: cast their float16 inputs up and their outputs down
         gv = GraphView(out.graph)
+        types = self._types(model)
         skip_names = {id(n) for n in out.graph.node if n.op_type in self.fp16_skip_op_types}
         new = []
         for n in out.graph.node:
@@ -274,13 +275,13 @@ class Converter:
                 new.append(n)
                 continue
             for k, x in enumerate(n.input):
-                if x and self._is_float(out, x):
+                if x and types.get(x) in (_F32, _F16):
                     c = gv.fresh(f"{x}_fp32")
                     new.append(onnx.helper.make_node("Cast", [x], [c], to=_F32))
                     n.input[k] = c
             tail = []
             for k, y in enumerate(n.output):
-                if y and self._is_float(model, y):
+                if y and types.get(y) in (_F32, _F16):
                     c = gv.fresh(f"{y}_fp32")
                     n.output[k] = c
                     tail.append(onnx.helper.make_node("Cast", [c], [y], to=_F16))
@@ -299,21 +300,16 @@ class Converter:
         return out
 
     @staticmethod
-    def _is_float(model, name) -> bool:
-        types = getattr(model, "_openipu_types", None)
-        if types is None:
-            try:
-                inf = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-            except Exception:  # noqa: BLE001
-                inf = model
-            types = {vi.name: vi.type.tensor_type.elem_type for vi in
-                     list(inf.graph.value_info) + list(inf.graph.input) + list(inf.graph.output)}
-            types.update({t.name: t.data_type for t in model.graph.initializer})
-            try:
-                model._openipu_types = types
-            except AttributeError:
-                pass
-        return types.get(name) in (_F32, _F16)
+    def _types(model) -> dict:
+        """``{tensor name: ONNX element type}`` from shape inference (unknown names left out)."""
+        try:
+            inf = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        except Exception:  # noqa: BLE001 - a model inference cannot follow: what it declares
+            inf = model
+        types = {vi.name: vi.type.tensor_type.elem_type for vi in
+                 list(inf.graph.value_info) + list(inf.graph.input) + list(inf.graph.output)}
+        types.update({t.name: t.data_type for t in model.graph.initializer})
+        return types
 
     # -- fp8 -------------------------------------------------------------------------------
     def _fp8_nodes(self, model):
