@@ -249,7 +249,9 @@ class Converter:
                 batch = firsts.pop()
         if batch is not None:
             from openipu.poprt.batch import set_batch_size
+            from openipu.poprt.passes.base import prune_unused
             model = set_batch_size(model, int(batch))
+            prune_unused(model.graph)          # the constants of the old batch
             inputs = {vi.name: vi for vi in model.graph.input if vi.name not in inits}
         for k, dims in self.input_shape.items():
             d = inputs[k].type.tensor_type.shape.dim
