@@ -150,7 +150,7 @@ def test_minilm_fp8_embeddings_cosine(minilm):
     feeds = {"input_ids": data["input_ids"], "attention_mask": data["attention_mask"]}
     conv = poprt.Converter(precision="fp8", calibration_inputs=feeds, used_passes=["fused_attention"])
     m8 = conv.convert(model)
-    assert len(conv.applied["fp8"]) == 36          # 6 layers x (Q, K, V, O, FFN in, FFN out)
+    assert len(conv.applied["fp8"]) == 37          # 6 layers x (Q, K, V, O, FFN in, FFN out) + the pooler
     a, c8 = _session(m8, feeds, ["last_hidden_state"])
     a16, c16 = _session(poprt.Converter(precision="fp16", used_passes=["fused_attention"]).convert(model), feeds,
                         ["last_hidden_state"])
