@@ -148,6 +148,10 @@ class Converter:
         convert_version: target ai.onnx opset (int).
         used_passes: pass names (list or comma-separated str).
         check: check the model with ``onnx.checker`` first (default True).
+        skip_passes: pass names removed from ``used_passes``.
+        enable_erf_gelu: adds ``erf_gelu_pattern`` to the passes.
+        quantize, enable_insert_remap, disable_fast_norm: accepted for compatibility, no effect
+            (tensor re-mapping and norm kernels are the compiler's choice here).
 
     Raises:
         ConverterError: unknown option or value, fp8 on a target without fp8, a bad
