@@ -178,7 +178,7 @@ class Accessor:
             v = buf.new_empty((R,) + self.shape)
             flat = v.view(R, -1)
             for src, dst in self._groups[0].indices():
-                flat.index_copy_(1, dst, buf.index_select(1, src))
+                _raw(flat).index_copy_(1, dst, _raw(buf).index_select(1, src))
         elif len(plan) == 1 and plan[0][1] == self.shape:
             box, sz, st, off, flip, _ = plan[0]
             v = self._view(buf, sz, st, off)
@@ -214,7 +214,7 @@ class Accessor:
         if plan is None:
             flat = value.reshape(value.shape[0], -1)
             for dst, src in self._groups[1].indices():
-                buf.index_copy_(1, dst, flat.index_select(1, src))
+                _raw(buf).index_copy_(1, dst, _raw(flat).index_select(1, src))
             return
         for box, sz, st, off, flip, bcast in plan:
             part = value[(slice(None),) + box] if len(self._plan) > 1 or sz != self.shape else value
@@ -226,3 +226,12 @@ class Accessor:
                 part = part[(slice(None),) + idx]
                 sz = tuple(1 if i in bcast else s for i, s in enumerate(sz))
             self._view(buf, sz, st, off).copy_(part)
+
+
+_FLOAT8 = {torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz}
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """``t`` viewed as bytes when its type is float8 (torch has no index_copy / index_select for
+    float8): the copies move bits, so the values are unchanged."""
+    return t.view(torch.uint8) if t.dtype in _FLOAT8 else t

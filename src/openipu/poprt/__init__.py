@@ -1,12 +1,16 @@
-"""``openipu.poprt``: PopRT on the simulated IPU: ONNX converter passes (``poprt.converter``), the
-compiler to a saved executable (``poprt.compiler``), the runtime (``poprt.runtime``) and serving
-(``openipu.poprt.serving``)."""
+"""``openipu.poprt``: PopRT, the IPU inference compiler and runtime, on the simulated IPU (``poprt``
+drop-in module): the converter (:class:`Converter`, ``poprt.converter``) and its passes
+(:class:`Pass`, :func:`register`, :func:`get_registered_passes`; fp16 / fp8 conversion), the
+compiler to a saved executable (``poprt.compiler``), the runtime (``poprt.runtime``), serving
+(``openipu.poprt.serving``) and the ``poprt`` command line (:mod:`openipu.poprt.cli`)."""
 
-from openipu.poprt import compiler, runtime
+from openipu.poprt import compiler, passes, runtime
 from openipu.poprt.batch import set_batch_size
 from openipu.poprt.compiler import Compiler, CompilerOptions
-from openipu.poprt.converter import convert_float_to_half
+from openipu.poprt.converter import Converter, ConverterError, convert_float_to_half
+from openipu.poprt.passes import Pass, PassError, get_registered_passes, register
 from openipu.poprt.runtime import DeviceManager, PackRunner, PackRunnerConfig, Runner, RuntimeConfig
 
-__all__ = ["Compiler", "CompilerOptions", "DeviceManager", "PackRunner", "PackRunnerConfig", "Runner",
-           "RuntimeConfig", "compiler", "convert_float_to_half", "runtime", "set_batch_size"]
+__all__ = ["Compiler", "CompilerOptions", "Converter", "ConverterError", "DeviceManager", "PackRunner",
+           "PackRunnerConfig", "Pass", "PassError", "Runner", "RuntimeConfig", "compiler", "convert_float_to_half",
+           "get_registered_passes", "passes", "register", "runtime", "set_batch_size"]

@@ -60,15 +60,15 @@ def _check(op, A, B, grouped):
     if A.elementType() != B.elementType():
         raise poplar.graph_connection_error(
             f"{op}: operand types differ ({A.elementType()} and {B.elementType()}); cast one with popops.cast")
-    if A.elementType() not in (poplar.FLOAT, poplar.HALF):
-        raise poplar.graph_connection_error(f"{op}: operands must be float or half, got {A.elementType()}")
+    if A.elementType() not in (poplar.FLOAT, poplar.HALF, poplar.QUARTER):
+        raise poplar.graph_connection_error(f"{op}: operands must be float, half or quarter, got {A.elementType()}")
 
 
 def _grouped(graph, A, B, prog, out_type, name, options, cache, op):
     g, m, k = A.shape()
     n = B.dim(2)
     in_type = A.elementType()
-    out_type = as_type(out_type or in_type)
+    out_type = as_type(out_type or (poplar.HALF if in_type == poplar.QUARTER else in_type))
     plan = _plan(graph, g, m, k, n, in_type, out_type, options, cache, op)
     params = _params(g, m, k, n, in_type, out_type)
     x = A.reshape([g, m, k, 1])

@@ -75,10 +75,12 @@ from openipu.poplibs.popops.dynamic_slice import dynamic_slice_worker_cycles
 # --------------------------------------------------------------------------------------------
 #: Input channels one conv unit takes (``Target::getWeightsPerConvUnit``): 16 half, 8 float
 #: (PopLibs ``ConvVertexType.cpp``; poplar.md 4.2).
-WEIGHTS_PER_CONV_UNIT = {"half": 16, "float": 8}
+WEIGHTS_PER_CONV_UNIT = {"half": 16, "float": 8, "quarter": 32}
+# quarter (fp8, ipu21): [A] each conv unit takes twice the input channels of half in the same
+# core loop, so 16 units give the 128 MACs/cycle/tile of the ipu21 fp8 rate (target.py).
 #: AMP core-loop worker cycles per output position ("Core loop cycles for 16x8 AMP vertex":
 #: ``floatActivations ? 8 : 4``, ``getConvPartial1x1SupervisorInnerLoopCycleEstimate``).
-AMP_CORE_CYCLES = {"half": 4, "float": 8}
+AMP_CORE_CYCLES = {"half": 4, "float": 8, "quarter": 4}
 #: Bytes of weights a conv unit loads per cycle (``getConvUnitCoeffLoadBytesPerCycle``). [A] 8,
 #: Poplar's default without the ``use128BitConvUnitLoad`` option.
 CONV_UNIT_COEFF_LOAD_BYTES_PER_CYCLE = 8
@@ -87,7 +89,7 @@ AMP_1X1_SUPERVISOR_OVERHEAD = 50
 #: ``convNx1Overhead()`` = 109 (SDK 3.4 ``PerformanceEstimation.hpp``).
 AMP_NX1_OVERHEAD = 109
 #: ``convHorizontalMacOverhead(floatActivations)``: 58 float, 63 half.
-HMAC_OVERHEAD = {"float": 58, "half": 63}
+HMAC_OVERHEAD = {"float": 58, "half": 63, "quarter": 63}
 #: Reduce vertex fixed worker cycles: entry/exit 7 + state load 26 + one output region
 #: 16 + 6 (``popops/reduction/CycleEstimationFunctions.cpp``); the 2*log2(vectorWidth) set-up
 #: is added where used.
@@ -383,7 +385,7 @@ def _variants(target, in_type, partials_type):
     """(method, conv units, float partials) the target offers for these types."""
     in_name = in_type.name
     if in_name not in WEIGHTS_PER_CONV_UNIT:
-        raise poplibs_error(f"poplin: input type {in_type} is not supported (use half or float)")
+        raise poplibs_error(f"poplin: input type {in_type} is not supported (use half, float or quarter)")
     fp = in_name == "float" or partials_type.name == "float"
     macs = target.getAmpMacsPerCycle(in_type, poplar.FLOAT if fp else poplar.HALF)
     units = macs * AMP_CORE_CYCLES[in_name] // WEIGHTS_PER_CONV_UNIT[in_name]

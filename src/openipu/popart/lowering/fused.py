@@ -1,0 +1,253 @@
+"""PopRT's fused ops (``ai.graphcore`` domain) onto Poplar / PopLibs.
+
+- ``FusedAttention(q, k_t, v[, bias])``: ONE vertex group, the way a fused attention codelet works
+  on the chip: the output rows are spread over the tiles (``mapTensorLinearly``); each tile
+  receives its rows of ``q`` (and ``bias``) and the whole ``k_t`` and ``v`` of the heads it
+  serves, computes the scores, the softmax and ``P @ v`` in its own memory, and writes its output
+  rows. The ``Sq x Skv`` scores never leave the tile: no exchange, sync, or re-layout between
+  the two products and the softmax (the parts pay one superstep each). Tile cycles::
+
+      FUSED_ATTENTION_OVERHEAD + ceil(r (Skv D + Skv Dv) / amp) + ceil(SOFTMAX_OPS r Skv / vw)
+
+  ``r``: the tile's output rows (``elements / Dv``), ``amp``: AMP MACs per cycle per tile for the
+  input type with half partials (``Target.getAmpMacsPerCycle``), ``vw``: float vector width (the
+  softmax runs in float32).
+- ``LayerNorm(x, gamma, beta)``: as ONNX ``LayerNormalization`` over the last axis (``popnn.ln``).
+- ``FP8MatMul(x, w[, bias])`` / ``FP8Conv(x, w[, bias])``: ``x`` is quantised on its tiles (one
+  vertex group: scale by ``2**in_scale``, round to the fp8 format, saturate; cost of a cast), ``w``
+  is cast to ``QUARTER``, and ``poplin.matMul`` / ``poplin.convolution`` run on ``QUARTER``
+  operands at the target's fp8 AMP rate (128 MACs/cycle/tile on ipu21) into float (the scaled
+  products overflow half; the AMP applies the scales itself on the chip); then ``popops`` scales
+  by ``2**-(in_scale + weight_scale)``, casts to the output type and adds the bias. Poplar's QUARTER
+  storage is E4M3 here, so an E5M2 (``F152``) operand, or ``fp8_weight`` (``x`` not quantised),
+  runs the product on half operands holding the fp8 values, at the half rate [A].
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+
+from openipu import poplar
+from openipu.poplar.graph import Access
+from openipu.poplar.exchange import Boxes
+from openipu.poplar.graph import VertexGroup
+from openipu.poplibs import poplin, popops
+from openipu.poplibs.popops._common import tile_counts_of
+from openipu.popart.lowering import conv as conv_lowering
+from openipu.popart.lowering import lowering
+from openipu.popart.lowering import norm
+from openipu.popart.lowering._util import FLOATS, dtype, graph, name, poplibs_options, shape
+from openipu.popart.lowering.generic import generic_cycles, proportional_boxes
+from openipu.popart.onnx_ops.fp8 import quantize
+from openipu.popart.onnx_ops.fused_attention import fused_attention as _attention_kernel
+
+GC = "ai.graphcore"
+#: Fixed tile cycles of the fused attention vertex. [A] a supervisor set-up plus 6 workers'
+#: entry, of the order of PopLibs' MultiVertex fixed costs (the generic vertex's 197) plus the
+#: softmax's row set-up.
+FUSED_ATTENTION_OVERHEAD = 300
+#: Vector operations per score of the softmax (max, subtract, exp, sum, scale). [A]
+SOFTMAX_OPS = 5
+
+# ------------------------------------------------------------------------------------------
+# LayerNorm
+# ------------------------------------------------------------------------------------------
+lowering("LayerNorm", domain=GC, accepts=norm._accepts_ln)(norm.layer_norm)
+
+
+# ------------------------------------------------------------------------------------------
+# FusedAttention
+# ------------------------------------------------------------------------------------------
+def _accepts_attention(op, ir):
+    if len(op.inputs) < 3 or not all(op.inputs[:3]):
+        return False
+    if {dtype(ir, x) for x in op.inputs[:3]} - set(FLOATS) or len({dtype(ir, x) for x in op.inputs[:3]}) != 1:
+        return False
+    q, kt, v, y = (shape(ir, x) for x in (op.inputs[0], op.inputs[1], op.inputs[2], op.outputs[0]))
+    return len(q) >= 2 and len(kt) == len(q) and len(v) == len(q) and math.prod(y) > 0
+
+
+def _attention_kernel_run(attrs, ins, out, ctx):
+    vals = [ctx.read(t) for t in ins]
+    res = []
+    for r in range(ctx.replicas):
+        with torch.no_grad():
+            res.append(_attention_kernel([v[r] for v in vals], attrs, 0)[0])
+    ctx.write(out, torch.stack(res))
+
+
+def _group_boxes(t3, per_group: int, ob, oe, otl) -> Boxes:
+    """Boxes of ``t3`` ``[G, a, b]`` read whole per group by the tiles whose output runs
+    ``[ob, oe)`` (on tiles ``otl``) cover groups ``ob // per_group .. (oe - 1) // per_group``."""
+    g0 = ob.astype(np.int64) // per_group
+    g1 = (oe.astype(np.int64) - 1) // per_group
+    n = g0.size
+    _, a, b = t3.shape()
+    lo = np.zeros((n, 3), np.int64)
+    lo[:, 0] = g0
+    sz = np.empty((n, 3), np.int64)
+    sz[:, 0], sz[:, 1], sz[:, 2] = g1 - g0 + 1, a, b
+    return Boxes(lo, sz, otl.astype(np.int64))
+
+
+@lowering("FusedAttention", domain=GC, accepts=_accepts_attention)
+def fused_attention(ctx, op):
+    g = graph(ctx, op)
+    ir = ctx.ir
+    q, kt, v = (ctx.input(op, i) for i in range(3))
+    bias = ctx.input(op, 3) if len(op.inputs) > 3 and op.inputs[3] else None
+    out = ctx.new_output(op, 0)
+    ys = shape(ir, op.outputs[0])
+    sq, dv = ys[-2], ys[-1]
+    d, skv = kt.shape()[-2], kt.shape()[-1]
+    G = math.prod(ys[:-2])
+    used, counts = tile_counts_of(g, out)
+    ob, oe, otl = g.tile_runs_of(out)
+    n_out = out.numElements()
+    reads = [Access(q, proportional_boxes(q, n_out, ob, oe, otl))]
+    for t, a, b in ((kt, d, skv), (v, skv, dv)):
+        if list(t.shape()[:-2]) == list(ys[:-2]):
+            reads.append(Access(t.reshape([G, a, b]), _group_boxes(t.reshape([G, a, b]), sq * dv, ob, oe, otl)))
+        else:
+            reads.append(Access(t, proportional_boxes(t, n_out, ob, oe, otl)))
+    if bias is not None:
+        reads.append(Access(bias, proportional_boxes(bias, n_out, ob, oe, otl)))
+    target = g.getTarget()
+    t_in = q.elementType()
+    amp = target.getAmpMacsPerCycle(t_in, poplar.HALF if t_in == poplar.HALF else poplar.FLOAT)
+    rows = np.ceil(counts / dv)
+    vw = target.getVectorWidth(poplar.FLOAT)
+    cycles = (FUSED_ATTENTION_OVERHEAD + np.ceil(rows * skv * (d + dv) / amp) +
+              np.ceil(SOFTMAX_OPS * rows * skv / vw)).astype(np.int64)
+    flops = 2.0 * G * sq * skv * (d + dv) + SOFTMAX_OPS * G * sq * skv
+    cs = g.addComputeSet(name(op))
+    ins = [q, kt, v] + ([bias] if bias is not None else [])
+    g.add_vertex_group(cs, VertexGroup(
+        f"popart::FusedAttention<{t_in}>", used, cycles,
+        functools.partial(_attention_kernel_run, dict(op.attrs), ins, out),
+        reads=reads, writes=[Access(out)], multi=True, flops=flops, state_bytes=16 + 8 * (len(ins) + 1)))
+    ctx.prog.add(poplar.program.Execute(cs, debugContext=f"FusedAttention:{op.outputs[0]}"))
+    return [out]
+
+
+# ------------------------------------------------------------------------------------------
+# fp8
+# ------------------------------------------------------------------------------------------
+def _fmt(op, key="in_format", default="F143"):
+    f = op.attrs.get(key, default)
+    return f.decode() if isinstance(f, bytes) else f
+
+
+def _quantize_kernel(src, dst, fmt, scale, ctx):
+    x = ctx.read(src)
+    ctx.write(dst, quantize(x, fmt, scale).to(dst.elementType().torch_dtype))
+
+
+def _quantize(g, x, fmt: str, scale: int, prog, nm: str):
+    """``fp8_fmt(x * 2**scale)`` into a new tensor mapped like ``x``: QUARTER for F143, else HALF
+    holding the fp8 values. One vertex group; cycles of a scale-and-cast map (generic estimate)."""
+    out_t = poplar.QUARTER if fmt == "F143" else poplar.HALF
+    out = g.addVariable(out_t, x.shape(), f"{nm}/fp8")
+    g.setTileMapping(out, g.getTileMapping(x))
+    used, counts = tile_counts_of(g, out)
+    n = out.numElements()
+    cycles = generic_cycles(counts, n, 3.0 * n, n * (x.elementType().size + out_t.size), x.elementType(), g.getTarget())
+    cs = g.addComputeSet(f"{nm}/quantize")
+    g.add_vertex_group(cs, VertexGroup(
+        f"popops::CastToQuarter<{x.elementType()},{fmt}>", used, cycles.astype(np.int64),
+        functools.partial(_quantize_kernel, x, out, fmt, scale),
+        reads=[Access(x)], writes=[Access(out)], multi=True, flops=3.0 * n))
+    prog.add(poplar.program.Execute(cs, debugContext=f"{nm}/quantize"))
+    return out
+
+
+def _operands(ctx, op, g, nm):
+    if g.getTarget().getAmpMacsPerCycle(poplar.QUARTER) == 0:
+        from openipu.popart.errors import popart_exception
+        raise popart_exception(f"{op.op_type} '{op.outputs[0]}': fp8 (quarter) matrix products need an IPU with fp8 "
+                               f"(ipu21, C600); the target is {g.getTarget().getTargetArchString()}")
+    x, w = ctx.input(op, 0), ctx.input(op, 1)
+    fin, fw = _fmt(op), _fmt(op, "weight_format")
+    sin = int(op.attrs.get("in_scale", 0))
+    if fin == "F143" and fw == "F143":
+        xq = _quantize(g, x, fin, sin, ctx.prog, nm)
+        wq = popops.cast(g, w, poplar.QUARTER, ctx.prog, f"{nm}/weightsToQuarter")
+    elif fin:
+        xq, wq = _quantize(g, x, fin, sin, ctx.prog, nm), w
+    else:                       # fp8_weight: x is not quantised, only scaled
+        xq, wq = x, w
+        if sin:
+            xq = popops.mul(g, x, _const(g, x.elementType(), 2.0 ** sin, f"{nm}/inScale"), ctx.prog, f"{nm}/inScale")
+    return xq, wq
+
+
+def _const(g, t, value, nm):
+    c = g.addConstant(t, [], value, nm)
+    g.setTileMapping(c, 0)
+    return c
+
+
+def _finish(ctx, op, g, y, nm, channel_axis=None):
+    sin, sw = int(op.attrs.get("in_scale", 0)), int(op.attrs.get("weight_scale", 0))
+    out_t = poplar.HALF if dtype(ctx.ir, op.outputs[0]) == "FLOAT16" else poplar.FLOAT
+    if sin + sw:
+        y = popops.mul(g, y, _const(g, y.elementType(), 2.0 ** -(sin + sw), f"{nm}/descale"), ctx.prog, f"{nm}/descale")
+    if y.elementType() != out_t:
+        y = popops.cast(g, y, out_t, ctx.prog, f"{nm}/toOutput")
+    b = ctx.input(op, 2) if len(op.inputs) > 2 and op.inputs[2] else None
+    if b is not None:
+        if channel_axis is None:
+            y = popops.add(g, y, b, ctx.prog, f"{nm}/bias")
+        else:
+            poplin.addBias(g, y, b, ctx.prog, f"{nm}/bias")
+    return y
+
+
+def _accepts_fp8(op, ir):
+    if len(op.inputs) < 2 or not op.inputs[0] or not op.inputs[1]:
+        return False
+    if {dtype(ir, x) for x in op.inputs if x} - set(FLOATS):
+        return False
+    return _fmt(op) in ("F143", "F152", "") and _fmt(op, "weight_format") in ("F143", "F152")
+
+
+@lowering("FP8MatMul", domain=GC, accepts=lambda op, ir: _accepts_fp8(op, ir) and len(shape(ir, op.inputs[1])) == 2
+          and len(shape(ir, op.inputs[0])) >= 2)
+def fp8_matmul(ctx, op):
+    g = graph(ctx, op)
+    nm = name(op)
+    xq, wq = _operands(ctx, op, g, nm)
+    lead = xq.shape()[:-1]
+    k = xq.dim(xq.rank() - 1)
+    opts = poplibs_options(op, ctx.options.matmulOptions, "float")
+    y = poplin.matMul(g, xq.reshape([math.prod(lead), k]), wq, ctx.prog, poplar.FLOAT, f"{nm}/matmul", opts)
+    y = _finish(ctx, op, g, y, nm)
+    return [y.reshape(shape(ctx.ir, op.outputs[0]))]
+
+
+def _accepts_fp8_conv(op, ir):
+    return _accepts_fp8(op, ir) and hasattr(poplin, "convolution") and conv_lowering._params(op, ir, "half") is not None
+
+
+@lowering("FP8Conv", domain=GC, accepts=_accepts_fp8_conv)
+def fp8_conv(ctx, op):
+    g = graph(ctx, op)
+    nm = name(op)
+    xq, wq = _operands(ctx, op, g, nm)
+    p0 = conv_lowering._params(op, ctx.ir, "half")
+    t = xq.elementType()
+    p = poplin.ConvParams(t, poplar.FLOAT, p0.batchSize, p0.inputFieldShape, p0.kernelShape,
+                          p0.inputChannelsPerConvGroup, p0.outputChannelsPerConvGroup, p0.numConvGroups,
+                          inputTransform=p0.inputTransform, kernelTransform=p0.kernelTransform,
+                          outputTransform=p0.outputTransform)
+    G = p.numConvGroups
+    if wq.elementType() != t:
+        wq = popops.cast(g, wq, t, ctx.prog, f"{nm}/weightsCast")
+    wq = wq.reshape([G, wq.dim(0) // G] + wq.shape()[1:])
+    opts = poplibs_options(op, ctx.options.convolutionOptions, "float")
+    y = poplin.convolution(g, xq, wq, p, False, ctx.prog, f"{nm}/conv", opts)
+    return [_finish(ctx, op, g, y, nm, channel_axis=1)]

@@ -1,0 +1,19 @@
+"""PopRT's converter passes (``poprt.passes``): the :class:`Pass` base, :func:`register` for custom
+passes, :func:`get_registered_passes`, and the built-in passes:
+
+====================================  ==========================================================
+``int64_to_int32``                    int64 graph inputs / outputs -> int32 (:mod:`.graph`)
+``remove_initializer_from_input``     weights listed as graph inputs become constants (:mod:`.graph`)
+``gelu_pattern``                      tanh GELU subgraph -> ``ai.graphcore::Gelu`` (:mod:`.patterns`)
+``erf_gelu_pattern``                  erf GELU subgraph -> ``ai.graphcore::GeluErf`` (:mod:`.patterns`)
+``layer_norm_pattern``                decomposed layer norm -> ``LayerNormalization`` (:mod:`.patterns`)
+``pre_scale``                         attention scale moved from the scores onto Q (:mod:`.attention`)
+``fused_attention``                   QK^T / softmax / PV -> ``ai.graphcore::FusedAttention`` (:mod:`.attention`)
+``insert_attention_mask``             a mask input added to unmasked fused attention (:mod:`.attention`)
+``attention_padding``                 key sequence padded to a multiple of 16, masked (:mod:`.attention`)
+====================================  ==========================================================
+"""
+
+from openipu.poprt.passes.base import GraphView, Pass, PassError, get_registered_passes, register
+
+__all__ = ["GraphView", "Pass", "PassError", "get_registered_passes", "register"]

