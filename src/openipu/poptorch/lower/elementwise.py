@@ -112,11 +112,6 @@ def leaky_relu(lw, n):
     return lw.onnx.leakyrelu([lw.t(n.args[0])], float(n.args[1]) if len(n.args) > 1 else 0.01, lw._name())
 
 
-@aten("aten.elu.default")
-def elu(lw, n):
-    return lw.onnx.elu([lw.t(n.args[0])], float(n.args[1]) if len(n.args) > 1 else 1.0, lw._name())
-
-
 @aten("aten.hardtanh.default", "aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default")
 def clamp(lw, n):
     x = lw.t(n.args[0])

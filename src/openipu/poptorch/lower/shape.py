@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-from openipu.poptorch.errors import Error
 from openipu.poptorch.lower import aten
 
 _INT_MAX = 2 ** 62
@@ -115,14 +114,3 @@ def gather(lw, n):
 @aten("aten.index_select.default")
 def index_select(lw, n):
     return lw.onnx.gather([lw.t(n.args[0]), lw.t(n.args[2])], int(n.args[1]), lw._name())
-
-
-@aten("aten.index.Tensor")
-def index(lw, n):
-    """``x[idx]`` with one index tensor on the first indexed dimension (Gather)."""
-    x, indices = n.args[0], n.args[1]
-    dims = [i for i, t in enumerate(indices) if t is not None]
-    if len(dims) != 1:
-        raise Error("Advanced indexing with more than one index tensor is not supported: use torch.gather")
-    return lw.onnx.gather([lw.t(x), lw.t(indices[dims[0]])], dims[0], lw._name())
-
