@@ -154,18 +154,30 @@ def load_lowerings() -> None:
 
 def decomposition_of(target):
     """Torch's decomposition of the op ``target`` (an ``OpOverload``), or None."""
-    from torch._decomp import decomposition_table
+    from torch._decomp import core_aten_decompositions, decomposition_table
     if not isinstance(target, torch._ops.OpOverload):
         return None
-    fn = decomposition_table.get(target)
+    global _CORE
+    if _CORE is None:
+        _CORE = core_aten_decompositions()
+    fn = _CORE.get(target)       # core ATen decompositions first (they avoid prims)
     if fn is None and target.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
         fn = target.decompose
-    return fn
+    return fn if fn is not None else decomposition_table.get(target)
+
+
+_CORE = None
+
+
+def _is_tuple_ctor(target) -> bool:
+    """A (named) tuple class called in a traced graph (a decomposition's ``return_types``)."""
+    return isinstance(target, type) and issubclass(target, tuple)
 
 
 def lowers(target) -> bool:
     """Whether the op ``target`` lowers: its own lowering, or a decomposition."""
-    return target is operator.getitem or lowering_of(target) is not None or decomposition_of(target) is not None
+    return target is operator.getitem or _is_tuple_ctor(target) or lowering_of(target) is not None or \
+        decomposition_of(target) is not None
 
 
 def _example(v):
@@ -237,6 +249,11 @@ def _lower_nodes(lw: "Lowering", nodes, depth: int = 0, annotate: bool = True) -
         if n.target is operator.getitem:
             src = lw.ids[n.args[0]]
             lw.ids[n] = src[n.args[1]] if isinstance(src, (list, tuple)) else src
+            continue
+        if _is_tuple_ctor(n.target):
+            from torch.utils import _pytree as pytree
+            lw.ids[n] = pytree.tree_map(lambda a: lw.ids[a] if isinstance(a, torch.fx.Node) else a,
+                                        list(n.args[0] if len(n.args) == 1 else n.args))
             continue
         fn = lowering_of(n.target)
         if not annotate:

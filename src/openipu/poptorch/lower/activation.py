@@ -192,3 +192,44 @@ def raise_int(n):
 aten("aten.logical_xor.default", "aten.bitwise_xor.Tensor", "aten.bitwise_xor.Scalar")(_logic("logical_xor"))
 aten("aten.bitwise_and.Scalar")(_logic("logical_and"))
 aten("aten.bitwise_or.Scalar")(_logic("logical_or"))
+
+
+@aten("aten.rrelu_with_noise_functional.default", "aten.rrelu_with_noise.default")
+def rrelu(lw, n):
+    """RReLU: at inference the leaky ReLU of slope ``(lower + upper) / 2``; in training each
+    negative element's slope ~ U(lower, upper) (the seeded RandomUniformLike). Returns ``(out,
+    noise)`` for the functional form."""
+    x = _x(lw, n)
+    lower = float(n.args[2] if len(n.args) > 2 else n.kwargs.get("lower", 1.0 / 8))
+    upper = float(n.args[3] if len(n.args) > 3 else n.kwargs.get("upper", 1.0 / 3))
+    training = bool(n.args[4] if len(n.args) > 4 else n.kwargs.get("training", False))
+    if training and lw.training:
+        slope = lw.onnx.randomuniformlike([x], low=lower, high=upper, debugContext=lw._name("slope"))
+    else:
+        slope = _c(lw, (lower + upper) / 2)
+    neg = lw.onnx.less([x, _c(lw, 0.0)])
+    noise = lw.onnx.where([neg, slope, _c(lw, 1.0)])
+    if lw.shape(n.args[0]) and not training:
+        noise = lw.onnx.expand([noise, lw.shape_const(lw.shape(n.args[0]))])
+    y = lw.onnx.mul([x, noise], lw._name())
+    return (y, noise) if "functional" in str(n.target) else y
+
+
+@aten("aten._cdist_forward.default")
+def cdist(lw, n):
+    """``cdist(x1 [.., P, M], x2 [.., R, M], p)``: the p-norm of every pair's difference (the
+    broadcast difference, exact; PopTorch has no cdist)."""
+    x1, x2, p = n.args[0], n.args[1], float(n.args[2])
+    r1, r2 = len(lw.shape(x1)), len(lw.shape(x2))
+    a = lw.onnx.unsqueeze([lw.t(x1)], axes=[r1 - 1], debugContext=lw._name("a"))
+    b = lw.onnx.unsqueeze([lw.t(x2)], axes=[r2 - 2], debugContext=lw._name("b"))
+    d = lw.onnx.abs([lw.onnx.sub([a, b])])
+    last = max(r1, r2)
+    if p == 2.0:
+        return lw.onnx.sqrt([lw.onnx.reducesum([lw.onnx.mul([d, d])], axes=[last], keepdims=0)], lw._name())
+    if p == 1.0:
+        return lw.onnx.reducesum([d], axes=[last], keepdims=0, debugContext=lw._name())
+    if math.isinf(p):
+        return lw.onnx.reducemax([d], axes=[last], keepdims=0, debugContext=lw._name())
+    s = lw.onnx.reducesum([lw.onnx.pow([d, _c(lw, p)])], axes=[last], keepdims=0)
+    return lw.onnx.pow([s, _c(lw, 1.0 / p)], lw._name())

@@ -261,3 +261,10 @@ def mish(lw, n):
     x = lw.t(n.args[0])
     return lw.onnx.mul([x, lw.onnx.tanh([lw.onnx.softplus([x])])], lw._name())
 
+
+
+@aten("aten._assert_tensor_metadata.default", "aten._assert_async.msg", "aten._assert_async.default",
+      "aten._assert_scalar.default", "aten.sym_constrain_range_for_size.default", "aten._functional_assert_async.msg")
+def no_op(lw, n):
+    """Capture-time checks (dtype / shape assertions): nothing on the device."""
+    return None

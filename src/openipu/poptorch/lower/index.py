@@ -2,7 +2,7 @@
 Gather / GatherND), ``index_put`` (ScatterND; ``accumulate=True`` -> ``ScatterReduce`` Sum on
 the flattened indexed dims), ``scatter`` / ``scatter_add`` / ``scatter_reduce``
 (ScatterElements, ``ScatterReduce``), ``select_scatter`` / ``slice_scatter`` (a scatter of the
-source into its positions), ``masked_scatter`` is left to its decomposition, ``index_add``,
+source into its positions), ``masked_scatter`` (a CumSum of the mask and a Gather), ``index_add``,
 ``index_copy``, ``index_fill`` and ``take_along_dim`` likewise.
 
 PopTorch's supported-ops list: ``index``, ``index_put``, ``gather``, ``scatter``,
@@ -255,3 +255,24 @@ def _splice(lw, x, src: str, dim: int, start: int, end: int, step: int) -> str:
     view = [len(rows) if d == dim else 1 for d in range(len(shape))]
     idx = np.broadcast_to(rows.reshape(view), ishape)
     return lw.onnx.scatterelements([lw.t(x), lw.const(np.ascontiguousarray(idx), "INT32"), src], dim, lw._name())
+
+
+@aten("aten.masked_scatter.default")
+def masked_scatter(lw, n):
+    """``x`` with its ``mask`` positions filled by ``source``'s leading elements in order: the
+    k-th True takes ``source.flatten()[k]`` (an inclusive CumSum of the mask gives k + 1)."""
+    x, mask, source = n.args[:3]
+    shape = [int(d) for d in lw.val().shape]
+    numel = int(np.prod(shape))
+    m = lw.t(mask)
+    if lw.shape(mask) != shape:
+        m = lw.onnx.expand([m, lw.shape_const(shape)], lw._name("mask"))
+    flat_m = lw.b.reshape_const(lw.onnx, [lw.cast(m, "INT32")], [numel])
+    pos = lw.onnx.sub([lw.onnx.cumsum([flat_m, lw.const(np.int32(0), "INT32")]), lw.const(1, "INT32")])
+    pos = lw.onnx.max([pos, lw.const(0, "INT32")], lw._name("pos"))
+    src = lw.b.reshape_const(lw.onnx, [lw.like(source, x)], [int(np.prod(lw.shape(source)))])
+    taken = lw.b.reshape_const(lw.onnx, [lw.onnx.gather([src, pos], 0, lw._name("take"))], shape)
+    xt = lw.t(x)
+    if lw.shape(x) != shape:
+        xt = lw.onnx.expand([xt, lw.shape_const(shape)])
+    return lw.onnx.where([m, taken, xt], lw._name())

@@ -114,3 +114,14 @@ def gather(lw, n):
 @aten("aten.index_select.default")
 def index_select(lw, n):
     return lw.onnx.gather([lw.t(n.args[0]), lw.t(n.args[2])], int(n.args[1]), lw._name())
+
+
+@aten("aten.repeat.default")
+def repeat(lw, n):
+    """``x.repeat(*reps)`` -> ONNX Tile (leading new dims first added as ones)."""
+    x, reps = n.args[0], [int(r) for r in n.args[1]]
+    shape = lw.shape(x)
+    tid = lw.t(x)
+    if len(reps) > len(shape):
+        tid = lw.b.reshape_const(lw.onnx, [tid], [1] * (len(reps) - len(shape)) + shape)
+    return lw.onnx.tile([tid, lw.shape_const(reps)], lw._name())

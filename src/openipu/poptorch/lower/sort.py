@@ -1,7 +1,8 @@
 """Sorting and scans: ``sort`` (PopART's ``Sort``: values and INT32 indices), ``topk``
 (ONNX TopK; ``largest=False`` as the top-k of the negation), ``argsort`` (decomposes to
 ``sort``), ``cumsum`` / ``cumprod`` (ONNX CumSum; the product as ``exp(cumsum(log|x|))`` with
-the sign's parity), ``flip`` (a reversed Slice per dim).
+the sign's parity), ``flip`` (a reversed Slice per dim), ``kthvalue`` / ``median`` (a stable
+sort and a slice).
 
 PopTorch's supported-ops list: ``sort``, ``topk``, ``argsort``, ``cumsum``, ``flip``. Indices
 come back INT32 (int64 outputs are INT32 on the IPU, as PopTorch casts them).
@@ -85,3 +86,45 @@ def flip(lw, n):
     big = 2 ** 62
     return lw.onnx.slice([lw.t(x), lw.shape_const([-1] * len(dims)), lw.shape_const([-big] * len(dims)),
                           lw.shape_const(dims), lw.shape_const([-1] * len(dims))], lw._name())
+
+
+def _sorted_pick(lw, n, x, dim, k, keep):
+    """Row ``k`` of ``x`` sorted ascending along ``dim``: ``(values, indices)``."""
+    dim = _dim(lw, x, dim)
+    vals, idx = lw.gc.sort([lw.t(x)], dim, False, True, lw._name("sort"))
+    out = []
+    for t in (vals, lw.cast(idx, "INT32")):
+        t = lw.onnx.slice([t, lw.shape_const([k]), lw.shape_const([k + 1]), lw.shape_const([dim])], lw._name("k"))
+        if not keep:
+            t = lw.onnx.squeeze([t], axes=[dim], debugContext=lw._name("sq"))
+        out.append(t)
+    return out
+
+
+@aten("aten.kthvalue.default")
+def kthvalue(lw, n):
+    x, k = n.args[0], int(n.args[1])
+    dim = n.args[2] if len(n.args) > 2 else n.kwargs.get("dim", -1)
+    keep = bool(n.args[3] if len(n.args) > 3 else n.kwargs.get("keepdim", False))
+    return _sorted_pick(lw, n, x, dim, k - 1, keep)
+
+
+@aten("aten.median.dim", "aten.nanmedian.dim")
+def median_dim(lw, n):
+    """The lower median (PyTorch's: element ``(n - 1) // 2`` of the sorted row)."""
+    x = n.args[0]
+    dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", -1)
+    keep = bool(n.args[2] if len(n.args) > 2 else n.kwargs.get("keepdim", False))
+    size = lw.shape(x)[_dim(lw, x, dim)]
+    return _sorted_pick(lw, n, x, dim, (size - 1) // 2, keep)
+
+
+@aten("aten.median.default")
+def median(lw, n):
+    x = n.args[0]
+    numel = int(np.prod(lw.shape(x)))
+    flat = lw.b.reshape_const(lw.onnx, [lw.t(x)], [numel])
+    vals, _ = lw.gc.sort([flat], 0, False, True, lw._name("sort"))
+    v = lw.onnx.slice([vals, lw.shape_const([(numel - 1) // 2]), lw.shape_const([(numel - 1) // 2 + 1]),
+                       lw.shape_const([0])], lw._name("mid"))
+    return lw.b.reshape_const(lw.onnx, [v], [])
