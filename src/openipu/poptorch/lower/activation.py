@@ -233,3 +233,26 @@ def cdist(lw, n):
         return lw.onnx.reducemax([d], axes=[last], keepdims=0, debugContext=lw._name())
     s = lw.onnx.reducesum([lw.onnx.pow([d, _c(lw, p)])], axes=[last], keepdims=0)
     return lw.onnx.pow([s, _c(lw, 1.0 / p)], lw._name())
+
+
+@aten("aten._pdist_forward.default")
+def pdist(lw, n):
+    """``pdist(x [N, M], p)``: the p-norm distances of the pairs ``i < j`` in row order (the full
+    :func:`cdist` of ``x`` with itself, then a Gather of the upper triangle)."""
+    import numpy as np
+    x, p = n.args[0], float(n.args[1] if len(n.args) > 1 else 2.0)
+    rows = lw.shape(x)[0]
+    a = lw.onnx.unsqueeze([lw.t(x)], axes=[1], debugContext=lw._name("a"))
+    b = lw.onnx.unsqueeze([lw.t(x)], axes=[0], debugContext=lw._name("b"))
+    d = lw.onnx.abs([lw.onnx.sub([a, b])])
+    if p == 2.0:
+        full = lw.onnx.sqrt([lw.onnx.reducesum([lw.onnx.mul([d, d])], axes=[2], keepdims=0)])
+    elif p == 1.0:
+        full = lw.onnx.reducesum([d], axes=[2], keepdims=0)
+    elif math.isinf(p):
+        full = lw.onnx.reducemax([d], axes=[2], keepdims=0)
+    else:
+        full = lw.onnx.pow([lw.onnx.reducesum([lw.onnx.pow([d, _c(lw, p)])], axes=[2], keepdims=0), _c(lw, 1.0 / p)])
+    i, j = np.triu_indices(rows, 1)
+    flat = lw.b.reshape_const(lw.onnx, [full], [rows * rows])
+    return lw.onnx.gather([flat, lw.const((i * rows + j).astype(np.int32), "INT32")], 0, lw._name())

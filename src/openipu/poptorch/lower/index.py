@@ -276,3 +276,47 @@ def masked_scatter(lw, n):
     if lw.shape(x) != shape:
         xt = lw.onnx.expand([xt, lw.shape_const(shape)])
     return lw.onnx.where([m, taken, xt], lw._name())
+
+
+@aten("aten._embedding_bag.default", "aten._embedding_bag_forward_only.default")
+def embedding_bag(lw, n):
+    """``EmbeddingBag`` (sum, mean, max over each bag of looked-up rows, optional per-sample
+    weights): the bag of index position ``j`` is ``#(offsets <= j) - 1`` (computed on the device,
+    offsets may be an input), the rows are reduced per bag by ``ScatterReduce``. Returns PyTorch's
+    ``(out, offset2bag, bag_size, max_indices)`` (``max_indices`` zeros)."""
+    weight, indices, offsets = n.args[:3]
+    mode = int(n.args[4] if len(n.args) > 4 else n.kwargs.get("mode", 0))
+    psw = n.args[6] if len(n.args) > 6 else n.kwargs.get("per_sample_weights")
+    last = bool(n.args[7] if len(n.args) > 7 else n.kwargs.get("include_last_offset", False))
+    padding_idx = n.args[8] if len(n.args) > 8 else n.kwargs.get("padding_idx")
+    count = lw.shape(indices)[0]
+    nb = lw.shape(offsets)[0] - (1 if last else 0)
+    dim = lw.shape(weight)[1]
+    idx = lw.cast(lw.t(indices), "INT32")
+    rows = lw.onnx.gather([lw.t(weight), idx], 0, lw._name("rows"))
+    off = lw.cast(lw.t(offsets), "INT32")
+    if last:
+        off = lw.onnx.slice([off, lw.shape_const([0]), lw.shape_const([nb]), lw.shape_const([0])], lw._name("off"))
+    pos = lw.const(np.arange(count, dtype=np.int32).reshape(count, 1), "INT32")
+    started = lw.cast(lw.onnx.logical_not([lw.onnx.less([pos, lw.onnx.unsqueeze([off], axes=[0])])]), "INT32")
+    bag = lw.onnx.sub([lw.onnx.reducesum([started], axes=[1], keepdims=0), lw.const(1, "INT32")], lw._name("bag"))
+    valid = lw.const(np.ones(count, np.float32))
+    if padding_idx is not None and int(padding_idx) >= 0:
+        valid = lw.cast(lw.onnx.logical_not([lw.onnx.equal([idx, lw.const(int(padding_idx), "INT32")])]), "FLOAT")
+    vcol = lw.onnx.unsqueeze([valid], axes=[1])
+    if psw is not None:
+        rows = lw.onnx.mul([rows, lw.onnx.unsqueeze([lw.t(psw)], axes=[1])])
+    bag2 = lw.onnx.expand([lw.onnx.unsqueeze([bag], axes=[1]), lw.shape_const([count, dim])])
+    sizes = lw.gc.scatterreduce([valid, bag], nb, 0, "Sum", 0, debugContext=lw._name("size"))
+    if mode == 2:       # max
+        masked = lw.onnx.where([lw.cast(vcol, "BOOL"), rows, lw.const(np.float32(-np.inf))])
+        out = lw.gc.scatterreduce([masked, bag2], nb, 0, "Max", 0, debugContext=lw._name("max"))
+        empty = lw.onnx.unsqueeze([lw.onnx.equal([sizes, lw.const(0.0)])], axes=[1])
+        out = lw.onnx.where([empty, lw.const(0.0), out], lw._name())
+    else:
+        out = lw.gc.scatterreduce([lw.onnx.mul([rows, vcol]), bag2], nb, 0, "Sum", 0, debugContext=lw._name("sum"))
+        if mode == 1:
+            denom = lw.onnx.max([sizes, lw.const(1.0)])
+            out = lw.onnx.div([out, lw.onnx.unsqueeze([denom], axes=[1])], lw._name())
+    zeros = lw.const(np.zeros(nb, np.int32), "INT32")
+    return [out, bag, lw.cast(sizes, "INT32"), zeros]

@@ -57,7 +57,7 @@ def avg_pool(lw, n):
 
 
 @aten("aten.adaptive_avg_pool1d.default", "aten.adaptive_avg_pool2d.default", "aten.adaptive_avg_pool3d.default",
-      "aten._adaptive_avg_pool2d.default")
+      "aten._adaptive_avg_pool2d.default", "aten._adaptive_avg_pool3d.default")
 def adaptive_avg_pool(lw, n):
     x = n.args[0]
     shape = lw.shape(x)
