@@ -327,3 +327,74 @@ def test_every_core_aten_op_is_covered():
                 if lowering_of(op) is None and decomposition_of(op) is None:
                     missing.append(str(op))
     assert not missing, missing
+
+
+LOSSES = {
+    "cross_entropy_weighted": (torch.nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 0.5, 1.0])), "cls"),
+    "cross_entropy_smoothing": (torch.nn.CrossEntropyLoss(label_smoothing=0.1), "cls"),
+    "cross_entropy_probs": (torch.nn.CrossEntropyLoss(), "probs"),
+    "nll_weighted": (lambda x, y: F.nll_loss(F.log_softmax(x, 1), y, weight=torch.tensor([1.0, 2.0, 0.5, 1.0])),
+                     "cls"),
+    # a loss computed after the loss op needs identity_loss (PopTorch's rule: the loss op is the loss)
+    "kl_div_batchmean": (lambda x, y: poptorch.identity_loss(F.kl_div(F.log_softmax(x, 1), y, reduction="batchmean"),
+                                                             reduction="none"), "probs"),
+    "kl_div": (lambda x, y: F.kl_div(F.log_softmax(x, 1), y, reduction="mean"), "probs"),
+    "bce_weighted": (torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor([1.0, 2.0, 0.5, 3.0])), "binary"),
+    "soft_margin": (torch.nn.SoftMarginLoss(), "sign"),
+    "hinge_embedding": (torch.nn.HingeEmbeddingLoss(), "sign"),
+    "margin_ranking": (lambda x, y: F.margin_ranking_loss(x[:, 0], x[:, 1], y[:, 0]), "sign"),
+    "cosine_embedding": (lambda x, y: F.cosine_embedding_loss(x[:, :2], x[:, 2:], y[:, 0]), "sign"),
+    "triplet_margin": (lambda x, y: F.triplet_margin_loss(x, x.flip(0), y), "float"),
+    "poisson_nll": (torch.nn.PoissonNLLLoss(), "pos"),
+    "multi_margin": (lambda x, y: poptorch.identity_loss(F.multi_margin_loss(x, y), "none"), "cls"),   # decomposed by export
+    "multilabel_soft_margin": (lambda x, y: poptorch.identity_loss(F.multilabel_soft_margin_loss(x, y), "none"),
+                               "binary"),
+    "huber": (torch.nn.HuberLoss(delta=0.5), "float"),
+    "smooth_l1": (torch.nn.SmoothL1Loss(beta=0.5), "float"),
+    "bce_logits": (torch.nn.BCEWithLogitsLoss(), "binary"),
+}
+
+
+def _target(kind):
+    g = _g(5)
+    if kind == "cls":
+        return torch.randint(0, 4, (6,), generator=g)
+    if kind == "probs":
+        return torch.softmax(torch.randn(6, 4, generator=g), 1)
+    if kind == "sign":
+        return torch.randint(0, 2, (6, 4), generator=g).float() * 2 - 1
+    if kind == "binary":
+        return torch.randint(0, 2, (6, 4), generator=g).float()
+    if kind == "pos":
+        return torch.rand(6, 4, generator=g) * 3
+    return torch.randn(6, 4, generator=g)
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_loss_trains_like_cpu(name):
+    """A linear layer trained one SGD step by the loss: PopTorch finds the loss in the graph and
+    the weights match torch.optim.SGD's."""
+    loss_fn, kind = LOSSES[name]
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(5, 4)
+            self.loss = Op(loss_fn) if not isinstance(loss_fn, torch.nn.Module) else loss_fn
+
+        def forward(self, x, y):
+            out = self.fc(x)
+            return out, self.loss(out, y)
+    torch.manual_seed(0)
+    m = M()
+    ref = copy.deepcopy(m)
+    x, y = randn(6, 5), _target(kind)
+    tm = poptorch.trainingModel(m, optimizer=torch.optim.SGD(m.parameters(), lr=0.5))
+    _, loss = tm(x, y)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    _, rl = ref(x, y)
+    rl.backward()
+    opt.step()
+    assert float(loss) == pytest.approx(float(rl), rel=1e-4, abs=1e-6)
+    for (n, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=n)

@@ -74,6 +74,16 @@ def lowering_of(target):
     fn = LOWERINGS.get(name)
     if fn is None and name.count(".") == 2:
         fn = LOWERINGS.get(name.rsplit(".", 1)[0])
+    if fn is None and name.startswith("aten.") and "_copy." in name:      # view_copy ops: the view's lowering
+        ns, packet, ov = name.split(".")
+        if packet.endswith("_copy"):
+            fn = LOWERINGS.get(f"{ns}.{packet[:-5]}.{ov}")
+    if fn is None and name.startswith("aten.") and name.count(".") == 2:
+        # in-place ops of a traced decomposition (fill_, sub_ ... on fresh tensors): make_fx
+        # points later uses at the in-place op's output, so the functional op computes it
+        ns, packet, ov = name.split(".")
+        if packet.endswith("_") and not packet.endswith("__"):
+            fn = LOWERINGS.get(f"{ns}.{packet[:-1]}.{ov}") or LOWERINGS.get(f"{ns}.{packet[:-1]}")
     return fn
 
 
@@ -162,7 +172,7 @@ def decomposition_of(target):
         _CORE = core_aten_decompositions()
     fn = _CORE.get(target)       # core ATen decompositions first (they avoid prims)
     if fn is None and target.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
-        fn = target.decompose
+        fn = target        # a composite op: traced, it decomposes as the dispatcher runs it
     return fn if fn is not None else decomposition_table.get(target)
 
 

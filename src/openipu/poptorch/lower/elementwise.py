@@ -190,9 +190,12 @@ def to_copy(lw, n):
 
 
 @aten("aten.clone.default", "aten.alias.default", "aten.contiguous.default", "aten.lift_fresh_copy.default",
-      "aten.detach.default", "aten.detach_.default", "aten.copy.default")
+      "aten.detach.default", "aten.detach_.default", "aten.copy.default", "aten.copy_.default")
 def identity(lw, n):
     src = n.args[1] if str(n.target).startswith("aten.copy") else n.args[0]
+    out = [int(d) for d in lw.val().shape]
+    if isinstance(src, torch.fx.Node) and lw.shape(src) != out:     # copy: src broadcasts to the destination
+        return lw.onnx.expand([lw.like(src, n), lw.shape_const(out)], lw._name())
     return lw.onnx.identity([lw.like(src, n)], lw._name())
 
 
