@@ -695,6 +695,52 @@ def shaped_dropout(inputs, attrs, opset):
     return [_dropout_apply(x, inputs[1], attrs, shape)[0]]
 
 
+def _seeded_draw(seed, attrs, kind, params, shape) -> torch.Tensor:
+    """``shape`` numbers of poprand's ``kind`` stream for the seed and ``seedModifier`` (float64)."""
+    from openipu.poplibs.poprand import _draw, _generators
+    (g,) = _generators(seed.reshape(1, 2).to(torch.int64), int(attrs.get("seedModifier", 0)) & 0xFFFFFFFF)
+    return _draw(kind, params, math.prod(shape), g, None).reshape(list(shape))
+
+
+def _random_dtype(attrs, like=None):
+    from openipu.popart.onnx_ops._common import torch_dtype
+    if "dtype" in attrs:
+        return torch_dtype(attrs["dtype"])
+    return like.dtype if like is not None else torch.float32
+
+
+@_gc("RandomNormal", "RandomNormalLike", flops=lambda i, o, a: 20.0 * math.prod(o[0]))
+def seeded_random_normal(inputs, attrs, opset):
+    """ONNX ``RandomNormal(Like)`` after RandomSetup: ``[(like,) seed [2] UINT32]`` -> normal
+    numbers of ``shape`` (or ``like``'s) with ``mean`` and ``scale``, poprand's stream for the
+    seed and ``seedModifier``."""
+    like = inputs[0] if len(inputs) > 1 else None
+    shape = list(like.shape) if like is not None else _ints(attrs["shape"])
+    v = _seeded_draw(inputs[-1], attrs, "normal", (float(attrs.get("mean", 0.0)), float(attrs.get("scale", 1.0))),
+                     shape)
+    return [v.to(_random_dtype(attrs, like))]
+
+
+@_gc("RandomUniform", "RandomUniformLike", flops=lambda i, o, a: 4.0 * math.prod(o[0]))
+def seeded_random_uniform(inputs, attrs, opset):
+    """ONNX ``RandomUniform(Like)`` after RandomSetup: ``[(like,) seed]`` -> U[``low``,
+    ``high``) numbers, poprand's stream for the seed and ``seedModifier``."""
+    like = inputs[0] if len(inputs) > 1 else None
+    shape = list(like.shape) if like is not None else _ints(attrs["shape"])
+    v = _seeded_draw(inputs[-1], attrs, "uniform", (float(attrs.get("low", 0.0)), float(attrs.get("high", 1.0))),
+                     shape)
+    return [v.to(_random_dtype(attrs, like))]
+
+
+@_gc("Bernoulli", flops=lambda i, o, a: 4.0 * math.prod(o[0]))
+def seeded_bernoulli(inputs, attrs, opset):
+    """ONNX ``Bernoulli`` after RandomSetup: ``[p, seed]`` -> 1 with probability ``p`` (per
+    element), else 0, from poprand's uniform stream for the seed and ``seedModifier``."""
+    p = inputs[0]
+    u = _seeded_draw(inputs[-1], attrs, "uniform", (0.0, 1.0), list(p.shape))
+    return [(u < p.to(torch.float64)).to(_random_dtype(attrs, p))]
+
+
 @_gc("GetRandomSeed")
 def get_random_seed(inputs, attrs, opset):
     """PopART's ``GetRandomSeed``: the next step's seed (the first word incremented, mod 2^32)."""

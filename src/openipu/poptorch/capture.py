@@ -25,7 +25,10 @@ from openipu.poptorch.lower import LOSS_OPS, NUMPY_TYPE, POPART_TYPE, Lowering, 
 KEEP = ("linear", "layer_norm", "group_norm", "conv1d", "conv2d", "conv3d", "dropout", "cross_entropy_loss",
         "nll_loss_nd", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
         "binary_cross_entropy_with_logits", "gelu", "silu", "hardswish", "hardsigmoid", "mish",
-        "adaptive_avg_pool2d", "max_pool2d", "avg_pool2d")
+        "adaptive_avg_pool2d", "max_pool2d", "avg_pool2d",
+        # losses lowered through their decomposition but kept whole so they are found as the loss
+        "kl_div", "soft_margin_loss", "margin_ranking_loss", "hinge_embedding_loss", "cosine_embedding_loss",
+        "triplet_margin_loss", "poisson_nll_loss", "multilabel_margin_loss", "multi_margin_loss")
 
 
 def _decompositions():

@@ -120,6 +120,10 @@ class PoplarExecutor:
         args_, kwargs_ = ba.args, ba.kwargs
         leaves, _ = pytree.tree_flatten_with_path((args_, kwargs_))
         names = list(sig.parameters)
+        var = next((p.name for p in sig.parameters.values() if p.kind == p.VAR_POSITIONAL), None)
+        if var is not None:     # forward(self, *xs): the extra positionals are xs_0, xs_1, ...
+            first = names.index(var)
+            names = names[:first] + [f"{var}_{i}" for i in range(len(args_) - first)]
         tensors, others = [], []
         for path, v in leaves:
             if isinstance(v, torch.Tensor):

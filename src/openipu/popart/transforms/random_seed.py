@@ -8,7 +8,12 @@ The random ops that draw on the device are made to read one seed:
   ``ratio`` and a ``seedModifier`` attribute, keeping its outputs (``output``, ``mask``). A ratio
   of 0 leaves the op alone (the identity);
 - ``ai.graphcore`` ``ShapedDropout`` in a TrainingSession gets the seed as a second input (at
-  inference it stays the identity).
+  inference it stays the identity);
+- ONNX ``RandomNormal``, ``RandomUniform``, ``RandomNormalLike``, ``RandomUniformLike`` and
+  ``Bernoulli`` without a ``seed`` attribute (in any session: PopART seeds every random op from
+  the session's seed) become the ``ai.graphcore`` op of the same name with the seed as their
+  last input, drawn like poprand (:mod:`openipu.popart.graphcore_ops`). With a ``seed``
+  attribute they keep ONNX's fixed stream.
 
 The seed is ``randomSeed___fromHost``, a ``UINT32 [2]`` device variable that
 ``session.setRandomSeed(seed)`` writes (the 64-bit seed's low and high words), initialised to a
@@ -36,6 +41,9 @@ def seed_words(seed: int) -> np.ndarray:
     s = int(seed) & ((1 << 64) - 1)
     return np.array([s & 0xFFFFFFFF, s >> 32], np.uint32)
 
+
+#: ONNX random generators seeded from the session's seed when they have no ``seed`` attribute
+RANDOM_OPS = ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli")
 
 _RUNTIME = object()
 
@@ -91,6 +99,9 @@ def apply(ir) -> str | None:
             op.attrs = {"ratio": ratio, "__num_outputs__": op.attrs.get("__num_outputs__", len(op.outputs)),
                         "__node__": op.attrs.get("__node__", op.name)}
             seeded.append(op)
+        elif op.domain == "" and op.op_type in RANDOM_OPS and "seed" not in op.attrs:
+            op.domain, op.opset = GRAPHCORE, 1
+            seeded.append(op)
         elif (op.domain, op.op_type) == (GRAPHCORE, "ShapedDropout") and ir.training is not None \
                 and float(op.attrs.get("ratio", 0.5)) > 0:
             seeded.append(op)
@@ -103,7 +114,8 @@ def apply(ir) -> str | None:
     ir.ops.insert(0, get)
     updated = get.outputs[0]
     for k, op in enumerate(seeded):
-        op.inputs = op.inputs[:1] + [updated]
+        keep = len(op.inputs) if op.op_type in RANDOM_OPS else 1
+        op.inputs = op.inputs[:keep] + [updated]
         op.attrs["seedModifier"] = k + 1
         ir.tensors[updated].consumers.append(op)
     return SEED_ID

@@ -8,7 +8,17 @@ rebuilt op by op with a ``popart.Builder`` (PopTorch's ``popart_canonicalization
 - :mod:`.shape`: views, permutes, slices, concatenation, splits;
 - :mod:`.reduce`: sums, means, max / min, softmax, log-softmax;
 - :mod:`.pool`: max and average pooling;
-- :mod:`.loss`: the ``torch.nn`` losses and ``poptorch.identity_loss``.
+- :mod:`.loss`: the ``torch.nn`` losses and ``poptorch.identity_loss``;
+- :mod:`.index`: advanced indexing, ``index_put``, scatters, ``*_scatter``, masked ops;
+- :mod:`.sort`: ``sort``, ``topk``, ``cumsum`` / ``cumprod``, ``flip``;
+- :mod:`.resize`: ``upsample_*`` / ``interpolate`` and padding (constant, reflection, replication);
+- :mod:`.random`: ``rand``, ``randn``, ``bernoulli``, ``normal``, ``uniform`` (seeded by
+  ``Options.randomSeed``);
+- :mod:`.activation`: the activations and element-wise maths :mod:`.elementwise` leaves out.
+
+An op with no lowering of its own but a decomposition in torch's table is lowered through it
+(:func:`lower_decomposed`: the decomposition traced on the node's example shapes, the resulting
+ATen graph lowered in place).
 
 A lowering is ``fn(lw, node) -> tensor id | list of ids | Python value`` registered with
 :func:`aten` under the op's overload name (``"aten.addmm.default"``) or its packet
@@ -59,10 +69,21 @@ def op_name(target) -> str:
 
 
 def lowering_of(target):
+    """The lowering registered for ``target`` (overload name first, then its packet), or None."""
     name = op_name(target)
     fn = LOWERINGS.get(name)
     if fn is None and name.count(".") == 2:
         fn = LOWERINGS.get(name.rsplit(".", 1)[0])
+    if fn is None and name.startswith("aten.") and "_copy." in name:      # view_copy ops: the view's lowering
+        ns, packet, ov = name.split(".")
+        if packet.endswith("_copy"):
+            fn = LOWERINGS.get(f"{ns}.{packet[:-5]}.{ov}")
+    if fn is None and name.startswith("aten.") and name.count(".") == 2:
+        # in-place ops of a traced decomposition (fill_, sub_ ... on fresh tensors): make_fx
+        # points later uses at the in-place op's output, so the functional op computes it
+        ns, packet, ov = name.split(".")
+        if packet.endswith("_") and not packet.endswith("__"):
+            fn = LOWERINGS.get(f"{ns}.{packet[:-1]}.{ov}") or LOWERINGS.get(f"{ns}.{packet[:-1]}")
     return fn
 
 
@@ -135,25 +156,118 @@ class Lowering:
         return f"{n}/{what}" if what else n
 
 
-def lower_graph(gm: torch.fx.GraphModule, lw: Lowering, inputs: dict) -> dict:
-    """Lower every call of ``gm`` (placeholders already in ``lw.ids`` via ``inputs``: node ->
-    id). Raises :class:`Error` naming every op without a lowering before lowering any."""
-    from openipu.poptorch.lower import elementwise, linear, loss, norm, pool, poptorch_ops, reduce, shape  # noqa: F401
-    missing = sorted({op_name(n.target) for n in gm.graph.nodes if n.op == "call_function"
-                      and lowering_of(n.target) is None and n.target is not operator.getitem})
-    if missing:
-        ops = ", ".join("aten::" + m.split(".")[1] if m.startswith("aten.") else m for m in missing)
-        raise Error(f"Unsupported ops found in compiled model: [{ops}]. Not all operations are supported yet by "
-                    "Graphcore's PyTorch compiler. If you believe any of these should be, please report this "
-                    "message to support@graphcore.ai.")
-    lw.ids.update(inputs)
-    for n in gm.graph.nodes:
+def load_lowerings() -> None:
+    """Import every lowering module (each registers its ops)."""
+    from openipu.poptorch.lower import (activation, elementwise, index, linear, loss, norm, pool,  # noqa: F401
+                                        poptorch_ops, random, reduce, resize, shape, sort)
+
+
+def decomposition_of(target):
+    """Torch's decomposition of the op ``target`` (an ``OpOverload``), or None."""
+    from torch._decomp import core_aten_decompositions, decomposition_table
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    global _CORE
+    if _CORE is None:
+        _CORE = core_aten_decompositions()
+    fn = _CORE.get(target)       # core ATen decompositions first (they avoid prims)
+    if fn is None and target.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
+        fn = target        # a composite op: traced, it decomposes as the dispatcher runs it
+    return fn if fn is not None else decomposition_table.get(target)
+
+
+_CORE = None
+
+
+def _is_tuple_ctor(target) -> bool:
+    """A (named) tuple class called in a traced graph (a decomposition's ``return_types``)."""
+    return isinstance(target, type) and issubclass(target, tuple)
+
+
+def lowers(target) -> bool:
+    """Whether the op ``target`` lowers: its own lowering, or a decomposition."""
+    return target is operator.getitem or _is_tuple_ctor(target) or lowering_of(target) is not None or \
+        decomposition_of(target) is not None
+
+
+def _example(v):
+    """A real tensor with ``v``'s shape and dtype to trace a decomposition on (``torch.empty``:
+    no values are written, so host memory is not touched beyond the allocation)."""
+    if isinstance(v, torch.Tensor):
+        return torch.empty([int(d) for d in v.shape], dtype=v.dtype)
+    return v
+
+
+_DECOMP_DEPTH = 4
+
+
+def lower_decomposed(lw: "Lowering", n: torch.fx.Node, depth: int = 0):
+    """Lower ``n`` through torch's decomposition of its op: the decomposition is traced with
+    ``make_fx`` (fake tensors of the node's input shapes) to an ATen graph whose ops are lowered
+    in place (recursively, at most 4 levels). Returns the id(s) of the node's output(s). Raises
+    :class:`Error` (PopTorch's unsupported-op wording) when an op of the decomposition has no
+    lowering either."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils import _pytree as pytree
+    decomp = decomposition_of(n.target)
+    if decomp is None or depth >= _DECOMP_DEPTH:
+        _unsupported([op_name(n.target)])
+    flat, spec = pytree.tree_flatten((n.args, n.kwargs))
+    pos = [i for i, a in enumerate(flat) if isinstance(a, torch.fx.Node)]
+
+    def f(*ts):
+        vals = list(flat)
+        for i, t in zip(pos, ts):
+            vals[i] = t
+        args, kwargs = pytree.tree_unflatten(vals, spec)
+        return decomp(*args, **kwargs)
+    examples = [_example(flat[i].meta["val"]) for i in pos]
+    try:
+        sub = make_fx(f, tracing_mode="fake")(*examples)
+    except Exception as e:
+        raise Error(f"Could not lower aten::{op_name(n.target).split('.')[1]} through its decomposition: "
+                    f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from e
+    placeholders = [p for p in sub.graph.nodes if p.op == "placeholder"]
+    for p, i in zip(placeholders, pos):
+        lw.ids[p] = lw.ids[flat[i]]
+    parent = lw.node
+    try:
+        _lower_nodes(lw, sub.graph.nodes, depth + 1, annotate=False)
+    finally:
+        lw.node = parent
+    out = next(o for o in sub.graph.nodes if o.op == "output").args[0]
+    res = pytree.tree_map(lambda x: lw.ids[x] if isinstance(x, torch.fx.Node) else x, out)
+    if isinstance(res, (list, tuple)) and len(res) == 1 and not isinstance(lw.val(n), (list, tuple)):
+        return res[0]
+    return list(res) if isinstance(res, tuple) else res
+
+
+def _unsupported(missing):
+    ops = ", ".join("aten::" + m.split(".")[1] if m.startswith("aten.") else m for m in sorted(set(missing)))
+    raise Error(f"Unsupported ops found in compiled model: [{ops}]. Not all operations are supported yet by "
+                "Graphcore's PyTorch compiler. If you believe any of these should be, please report this "
+                "message to support@graphcore.ai.")
+
+
+def _lower_nodes(lw: "Lowering", nodes, depth: int = 0, annotate: bool = True) -> None:
+    """Lower the ``call_function`` nodes of ``nodes`` in order into ``lw.ids``."""
+    from openipu.poptorch.lower import poptorch_ops
+    for n in nodes:
         if n.op != "call_function":
             continue
         lw.node = n
         if n.target is operator.getitem:
             src = lw.ids[n.args[0]]
             lw.ids[n] = src[n.args[1]] if isinstance(src, (list, tuple)) else src
+            continue
+        if _is_tuple_ctor(n.target):
+            from torch.utils import _pytree as pytree
+            lw.ids[n] = pytree.tree_map(lambda a: lw.ids[a] if isinstance(a, torch.fx.Node) else a,
+                                        list(n.args[0] if len(n.args) == 1 else n.args))
+            continue
+        fn = lowering_of(n.target)
+        if not annotate:
+            lw.ids[n] = fn(lw, n) if fn is not None else lower_decomposed(lw, n, depth)
             continue
         ann = n.meta.get("custom") or {}
         ctx = lw.b.virtualGraph(int(ann["ipu"])) if "ipu" in ann else None
@@ -163,9 +277,22 @@ def lower_graph(gm: torch.fx.GraphModule, lw: Lowering, inputs: dict) -> dict:
             if c is not None:
                 c.__enter__()
         try:
-            lw.ids[n] = lowering_of(n.target)(lw, n)
+            lw.ids[n] = fn(lw, n) if fn is not None else lower_decomposed(lw, n, depth)
         finally:
             for c in (*reversed(scopes), stage, ctx):
                 if c is not None:
                     c.__exit__(None, None, None)
+
+
+def lower_graph(gm: torch.fx.GraphModule, lw: Lowering, inputs: dict) -> dict:
+    """Lower every call of ``gm`` (placeholders already in ``lw.ids`` via ``inputs``: node ->
+    id). Raises :class:`Error` naming every op with neither a lowering nor a decomposition
+    before lowering any."""
+    load_lowerings()
+    missing = sorted({op_name(n.target) for n in gm.graph.nodes if n.op == "call_function"
+                      and not lowers(n.target)})
+    if missing:
+        _unsupported(missing)
+    lw.ids.update(inputs)
+    _lower_nodes(lw, gm.graph.nodes)
     return lw.ids

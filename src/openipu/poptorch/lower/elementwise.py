@@ -112,11 +112,6 @@ def leaky_relu(lw, n):
     return lw.onnx.leakyrelu([lw.t(n.args[0])], float(n.args[1]) if len(n.args) > 1 else 0.01, lw._name())
 
 
-@aten("aten.elu.default")
-def elu(lw, n):
-    return lw.onnx.elu([lw.t(n.args[0])], float(n.args[1]) if len(n.args) > 1 else 1.0, lw._name())
-
-
 @aten("aten.hardtanh.default", "aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default")
 def clamp(lw, n):
     x = lw.t(n.args[0])
@@ -195,9 +190,12 @@ def to_copy(lw, n):
 
 
 @aten("aten.clone.default", "aten.alias.default", "aten.contiguous.default", "aten.lift_fresh_copy.default",
-      "aten.detach.default", "aten.detach_.default", "aten.copy.default")
+      "aten.detach.default", "aten.detach_.default", "aten.copy.default", "aten.copy_.default")
 def identity(lw, n):
     src = n.args[1] if str(n.target).startswith("aten.copy") else n.args[0]
+    out = [int(d) for d in lw.val().shape]
+    if isinstance(src, torch.fx.Node) and lw.shape(src) != out:     # copy: src broadcasts to the destination
+        return lw.onnx.expand([lw.like(src, n), lw.shape_const(out)], lw._name())
     return lw.onnx.identity([lw.like(src, n)], lw._name())
 
 
@@ -266,3 +264,10 @@ def mish(lw, n):
     x = lw.t(n.args[0])
     return lw.onnx.mul([x, lw.onnx.tanh([lw.onnx.softplus([x])])], lw._name())
 
+
+
+@aten("aten._assert_tensor_metadata.default", "aten._assert_async.msg", "aten._assert_async.default",
+      "aten._assert_scalar.default", "aten.sym_constrain_range_for_size.default", "aten._functional_assert_async.msg")
+def no_op(lw, n):
+    """Capture-time checks (dtype / shape assertions): nothing on the device."""
+    return None

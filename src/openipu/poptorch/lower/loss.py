@@ -2,12 +2,15 @@
 LogSoftmax + PopART ``nllloss`` (log-probabilities in, ``ignore_index``, PyTorch's Mean over the
 rows kept), ``nll_loss*`` -> ``nllloss``, ``mse_loss`` -> (x - y)^2 reduced, ``l1_loss`` ->
 ``l1loss`` of x - y, ``binary_cross_entropy(_with_logits)``, ``poptorch.identity_loss`` ->
-``identityloss``. Reductions: PyTorch's enum (0 none, 1 mean, 2 sum)."""
+``identityloss``; ``kl_div``, ``soft_margin``, ``margin_ranking``, ``hinge_embedding``,
+``cosine_embedding``, ``triplet_margin``, ``poisson_nll``, ``multilabel_margin`` and
+``multi_margin`` losses (and cross-entropy with class weights, label smoothing or probability
+targets) through their decomposition (:func:`openipu.poptorch.lower.lower_decomposed`), still
+marked as the loss. Reductions: PyTorch's enum (0 none, 1 mean, 2 sum)."""
 
 from __future__ import annotations
 
-from openipu.poptorch.errors import Error
-from openipu.poptorch.lower import aten
+from openipu.poptorch.lower import aten, lower_decomposed
 
 _REDUCTION = {0: "NoReduction", 1: "Mean", 2: "Sum"}
 
@@ -26,8 +29,6 @@ def _classes_last(lw, x):
 
 
 def _nll(lw, n, logp, target, reduction, ignore_index, weight):
-    if weight is not None:
-        raise Error("NLL / cross-entropy loss with class weights is not supported")
     ignore = None if ignore_index is None else int(ignore_index)
     label = lw.t(target)
     if lw.dtype(target) != "INT32":
@@ -43,10 +44,8 @@ def cross_entropy(lw, n):
     reduction = _arg(n, 3, "reduction", 1)
     ignore_index = _arg(n, 4, "ignore_index", -100)
     smoothing = float(_arg(n, 5, "label_smoothing", 0.0))
-    if smoothing:
-        raise Error("cross_entropy with label_smoothing is not supported")
-    if lw.shape(target) == lw.shape(x) and lw.dtype(target) in ("FLOAT", "FLOAT16"):
-        raise Error("cross_entropy with class-probability targets is not supported: pass class indices")
+    if smoothing or weight is not None or (lw.shape(target) == lw.shape(x) and lw.dtype(target) in ("FLOAT", "FLOAT16")):
+        return lower_decomposed(lw, n)      # class weights, label smoothing, probability targets
     rank = len(lw.shape(x))
     logp = lw.onnx.logsoftmax([_classes_last(lw, x)], axis=max(rank - 1, 0), debugContext=lw._name("logsoftmax"))
     return _nll(lw, n, logp, target, reduction, ignore_index, weight)
@@ -55,12 +54,16 @@ def cross_entropy(lw, n):
 @aten("aten.nll_loss_nd.default", "aten.nll_loss.default", "aten.nll_loss2d.default", loss=True)
 def nll_loss(lw, n):
     x, target = n.args[0], n.args[1]
+    if _arg(n, 2, "weight", None) is not None:
+        return lower_decomposed(lw, n)      # class weights: the weighted mean of PyTorch's decomposition
     return _nll(lw, n, _classes_last(lw, x), target, _arg(n, 3, "reduction", 1), _arg(n, 4, "ignore_index", -100),
-                _arg(n, 2, "weight", None))
+                None)
 
 
 @aten("aten.nll_loss_forward.default", "aten.nll_loss2d_forward.default", loss=True)
 def nll_loss_forward(lw, n):
+    if _arg(n, 2, "weight", None) is not None:
+        return lower_decomposed(lw, n)      # (loss, total_weight)
     return (nll_loss(lw, n), None)
 
 
@@ -100,7 +103,7 @@ def smooth_l1(lw, n):
 @aten("aten.binary_cross_entropy.default", loss=True)
 def bce(lw, n):
     if _arg(n, 2, "weight", None) is not None:
-        raise Error("binary_cross_entropy with weights is not supported")
+        return lower_decomposed(lw, n)
     p, y = lw.t(n.args[0]), lw.like(n.args[1], n.args[0])
     dt = lw.dtype(n.args[0])
     one = lw.const(1.0, dt)
@@ -114,7 +117,7 @@ def bce(lw, n):
 @aten("aten.binary_cross_entropy_with_logits.default", loss=True)
 def bce_logits(lw, n):
     if _arg(n, 2, "weight", None) is not None or _arg(n, 3, "pos_weight", None) is not None:
-        raise Error("binary_cross_entropy_with_logits with weights is not supported")
+        return lower_decomposed(lw, n)
     x, y = lw.t(n.args[0]), lw.like(n.args[1], n.args[0])
     dt = lw.dtype(n.args[0])
     # max(x, 0) - x y + log(1 + exp(-|x|))
@@ -127,3 +130,12 @@ def bce_logits(lw, n):
 @aten("poptorch.identity_loss.default", loss=True)
 def identity_loss(lw, n):
     return lw.gc.identityloss([lw.t(n.args[0])], _REDUCTION[int(n.args[1])], lw._name())
+
+
+@aten("aten.kl_div.default", "aten.soft_margin_loss.default", "aten.margin_ranking_loss.default",
+      "aten.hinge_embedding_loss.default", "aten.cosine_embedding_loss.default", "aten.triplet_margin_loss.default",
+      "aten.poisson_nll_loss.default", "aten.multilabel_margin_loss.default", "aten.multi_margin_loss.default",
+      loss=True)
+def decomposed_loss(lw, n):
+    """A loss with no PopART op of its own: its decomposition, marked as the loss."""
+    return lower_decomposed(lw, n)

@@ -85,3 +85,25 @@ def group_norm(lw, n):
     nb = lw.shape(x)[0]
     return (y, lw.b.reshape_const(lw.onnx, [mean], [nb, int(groups)]),
             lw.b.reshape_const(lw.onnx, [inv_std], [nb, int(groups)]))
+
+
+@aten("aten._native_batch_norm_legit.no_stats")
+def batch_norm_no_stats(lw, n):
+    """Batch statistics without running ones (``InstanceNorm``, ``track_running_stats=False``):
+    ``(x - mean) / sqrt(var + eps) * w + b`` over every dim but the channels; returns ``(y,
+    mean, rstd)``."""
+    x, w, b = n.args[:3]
+    eps = float(n.args[5])
+    shape = lw.shape(x)
+    c = shape[1]
+    axes = [0] + list(range(2, len(shape)))
+    xt = lw.t(x)
+    mean = lw.onnx.reducemean([xt], axes=axes, keepdims=1, debugContext=lw._name("mean"))
+    d = lw.onnx.sub([xt, mean])
+    var = lw.onnx.reducemean([lw.onnx.mul([d, d])], axes=axes, keepdims=1, debugContext=lw._name("var"))
+    rstd = lw.onnx.reciprocal([lw.onnx.sqrt([lw.onnx.add([var, lw.const(eps, lw.dtype(x))])])], lw._name("rstd"))
+    bshape = [c] + [1] * (len(shape) - 2)
+    y = lw.onnx.mul([d, rstd])
+    y = lw.onnx.mul([y, lw.b.reshape_const(lw.onnx, [_affine(lw, n, w, c, 1.0)], bshape)])
+    y = lw.onnx.add([y, lw.b.reshape_const(lw.onnx, [_affine(lw, n, b, c, 0.0)], bshape)], lw._name())
+    return (y, lw.b.reshape_const(lw.onnx, [mean], [c]), lw.b.reshape_const(lw.onnx, [rstd], [c]))

@@ -1,8 +1,11 @@
-"""Pooling: ``max_pool*`` -> ONNX MaxPool (the indices output is not supported, as in PopTorch),
+"""Pooling: ``max_pool*`` -> ONNX MaxPool (``*_with_indices``: its indices output, made
+per-plane as PyTorch's),
 ``avg_pool*`` -> AveragePool, ``adaptive_avg_pool*`` -> GlobalAveragePool (output 1) or an
 AveragePool whose kernel divides the input evenly."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from openipu.poptorch.errors import Error
 from openipu.poptorch.lower import aten
@@ -25,12 +28,16 @@ def max_pool(lw, n):
     dil = _k(a[3] or 1, k)
     ceil = int(bool(a[4]))
     if "with_indices" in str(n.target):
-        users = [u for u in n.users if u.args[1] != 0]
-        if users:
-            raise Error("max_pool with return_indices=True is not supported (PopTorch: max-pool without indices)")
-    y = lw.onnx.maxpool([lw.t(x)], 1, kernel, ceil_mode=ceil, dilations=dil, pads=pad + pad, strides=stride,
-                        debugContext=lw._name())[0]
-    return (y, None) if "with_indices" in str(n.target) else y
+        # ONNX's indices count over the whole (N, C, *spatial) tensor, PyTorch's over each plane
+        y, idx = lw.onnx.maxpool([lw.t(x)], 2, kernel, ceil_mode=ceil, dilations=dil, pads=pad + pad,
+                                 strides=stride, debugContext=lw._name())
+        shape = lw.shape(x)
+        plane = int(np.prod(shape[2:]))
+        offs = (np.arange(shape[0] * shape[1], dtype=np.int32) * plane).reshape(shape[:2] + [1] * k)
+        idx = lw.onnx.sub([lw.cast(idx, "INT32"), lw.const(offs, "INT32")], lw._name("plane"))
+        return (y, idx)
+    return lw.onnx.maxpool([lw.t(x)], 1, kernel, ceil_mode=ceil, dilations=dil, pads=pad + pad, strides=stride,
+                           debugContext=lw._name())[0]
 
 
 @aten("aten.avg_pool1d.default", "aten.avg_pool2d.default", "aten.avg_pool3d.default")
@@ -50,7 +57,7 @@ def avg_pool(lw, n):
 
 
 @aten("aten.adaptive_avg_pool1d.default", "aten.adaptive_avg_pool2d.default", "aten.adaptive_avg_pool3d.default",
-      "aten._adaptive_avg_pool2d.default")
+      "aten._adaptive_avg_pool2d.default", "aten._adaptive_avg_pool3d.default")
 def adaptive_avg_pool(lw, n):
     x = n.args[0]
     shape = lw.shape(x)

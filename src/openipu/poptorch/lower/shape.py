@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-from openipu.poptorch.errors import Error
 from openipu.poptorch.lower import aten
 
 _INT_MAX = 2 ** 62
@@ -117,12 +116,12 @@ def index_select(lw, n):
     return lw.onnx.gather([lw.t(n.args[0]), lw.t(n.args[2])], int(n.args[1]), lw._name())
 
 
-@aten("aten.index.Tensor")
-def index(lw, n):
-    """``x[idx]`` with one index tensor on the first indexed dimension (Gather)."""
-    x, indices = n.args[0], n.args[1]
-    dims = [i for i, t in enumerate(indices) if t is not None]
-    if len(dims) != 1:
-        raise Error("Advanced indexing with more than one index tensor is not supported: use torch.gather")
-    return lw.onnx.gather([lw.t(x), lw.t(indices[dims[0]])], dims[0], lw._name())
-
+@aten("aten.repeat.default")
+def repeat(lw, n):
+    """``x.repeat(*reps)`` -> ONNX Tile (leading new dims first added as ones)."""
+    x, reps = n.args[0], [int(r) for r in n.args[1]]
+    shape = lw.shape(x)
+    tid = lw.t(x)
+    if len(reps) > len(shape):
+        tid = lw.b.reshape_const(lw.onnx, [tid], [1] * (len(reps) - len(shape)) + shape)
+    return lw.onnx.tile([tid, lw.shape_const(reps)], lw._name())

@@ -1,0 +1,127 @@
+"""PopTorch training: host time per training step of real models through ``poptorch`` against
+PyTorch eager in the same run, and the predicted IPU time of the step.
+
+    python benchmarks/poptorch_training.py [--quick] [--steps N] [--models resnet18,bert]
+
+Models (random weights, fp32, SGD lr 0.001 momentum 0.9):
+
+- ``resnet18``: ``transformers`` ``ResNetForImageClassification`` (``ResNetConfig(depths=[2,2,2,2],
+  hidden_sizes=[64,128,256,512], layer_type="basic")``, 11.7 M parameters) with a cross-entropy
+  loss, batch 4 of 3 x 64 x 64 images (``--quick``: batch 2 of 32 x 32);
+- ``bert``: ``BertForQuestionAnswering`` (``BertConfig()``: BERT-base, 12 layers; ``--quick``: 2
+  layers) with the SQuAD loss, batch 2 x 128 tokens (``--quick``: 2 x 32), no dropout.
+
+Figures for each model (printed as a table and one JSON line):
+
+- ``compile_s``: host seconds of the first call (capture, lowering, PopART and Poplar compile);
+- ``poptorch_step_s``: host seconds per ``trainingModel`` call after the first (median of
+  ``--steps``): the simulator's functional run and the cost model on this machine's CPU;
+- ``eager_step_s``: host seconds per PyTorch eager step (forward, backward, ``SGD.step``; median
+  after one warm-up) on the same CPU; ``ratio`` = poptorch / eager;
+- ``ipu_step_cycles`` / ``ipu_step_s``: the cost model's PREDICTION of one step on the simulated
+  IPU (``cycleCount()`` cycles / the target's tile clock) - a predicted device time, not a host
+  time; ``ipu_samples_per_s`` = batch / ``ipu_step_s``.
+
+Host times depend on the machine and its load; the predictions do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import poptorch
+
+
+class ResNetLoss(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        from transformers import ResNetConfig, ResNetForImageClassification
+        self.m = ResNetForImageClassification(ResNetConfig(depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
+                                                           layer_type="basic", num_labels=10))
+
+    def forward(self, x, y):
+        logits = self.m(pixel_values=x).logits
+        return logits, F.cross_entropy(logits, y)
+
+
+class BertSquadLoss(torch.nn.Module):
+    def __init__(self, layers):
+        super().__init__()
+        from transformers import BertConfig, BertForQuestionAnswering
+        self.m = BertForQuestionAnswering(BertConfig(num_hidden_layers=layers, hidden_dropout_prob=0.0,
+                                                     attention_probs_dropout_prob=0.0))
+
+    def forward(self, input_ids, start, end):
+        out = self.m(input_ids=input_ids)
+        return out.start_logits, (F.cross_entropy(out.start_logits, start) + F.cross_entropy(out.end_logits, end)) / 2
+
+
+def _inputs(name, quick, g):
+    if name == "resnet18":
+        b, hw = (2, 32) if quick else (4, 64)
+        return b, (torch.randn(b, 3, hw, hw, generator=g), torch.randint(0, 10, (b,), generator=g))
+    b, s = (2, 32) if quick else (2, 128)
+    return b, (torch.randint(0, 30522, (b, s), generator=g), torch.randint(0, s, (b,), generator=g),
+               torch.randint(0, s, (b,), generator=g))
+
+
+def measure(name: str, quick: bool = False, steps: int = 3) -> dict:
+    """The figures of one model (see the module docstring)."""
+    torch.manual_seed(0)
+    model = ResNetLoss() if name == "resnet18" else BertSquadLoss(2 if quick else 12)
+    model.train()
+    eager = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(1)
+    batch, args = _inputs(name, quick, g)
+    tm = poptorch.trainingModel(model, poptorch.Options().logCycleCount(True),
+                                poptorch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9))
+    t0 = time.perf_counter()
+    tm(*args)
+    compile_s = time.perf_counter() - t0
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        tm(*args)
+        times.append(time.perf_counter() - t0)
+    cycles = tm.cycleCount()
+    clock = tm._session.deviceInfo.getTarget().getTileClockFrequency()
+    opt = torch.optim.SGD(eager.parameters(), lr=0.001, momentum=0.9)
+    etimes = []
+    for i in range(steps + 1):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        eager(*args)[1].backward()
+        opt.step()
+        if i:
+            etimes.append(time.perf_counter() - t0)
+    pt, et = statistics.median(times), statistics.median(etimes)
+    return {"model": name, "batch": batch, "params": sum(p.numel() for p in model.parameters()),
+            "compile_s": round(compile_s, 2), "poptorch_step_s": round(pt, 4), "eager_step_s": round(et, 4),
+            "ratio": round(pt / et, 1), "ipu_step_cycles": int(cycles), "ipu_step_s": cycles / clock,
+            "ipu_samples_per_s": round(batch * clock / cycles, 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--models", default="resnet18,bert")
+    a = p.parse_args()
+    print(f"{'model':<10} {'batch':>5} {'compile s':>10} {'poptorch s/step':>16} {'eager s/step':>13} "
+          f"{'ratio':>6} {'IPU cycles (pred)':>18} {'IPU s/step (pred)':>18}")
+    for name in a.models.split(","):
+        r = measure(name, a.quick, a.steps)
+        print(f"{r['model']:<10} {r['batch']:>5} {r['compile_s']:>10.1f} {r['poptorch_step_s']:>16.3f} "
+              f"{r['eager_step_s']:>13.4f} {r['ratio']:>6.1f} {r['ipu_step_cycles']:>18,} {r['ipu_step_s']:>18.6f}")
+        print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main()
