@@ -164,12 +164,15 @@ def _name_of(obj) -> tuple[str, str]:
         if _lookup(importlib.import_module(module), qual) is not obj:
             raise AttributeError
     except Exception:  # noqa: BLE001 - any failure means "cannot be named"
+        # torch's functions report '_VariableFunctionsClass.abs' but are reached as 'torch.abs'
+        names = dict.fromkeys((qual, getattr(obj, "__name__", None) or qual))
         for alt in ("numpy", "torch", "math", "operator"):
-            try:
-                if _lookup(importlib.import_module(alt), qual) is obj:
-                    return alt, qual
-            except Exception:  # noqa: BLE001
-                pass
+            for name in names:
+                try:
+                    if _lookup(importlib.import_module(alt), name) is obj:
+                        return alt, name
+                except Exception:  # noqa: BLE001
+                    pass
         raise executable_file_error(f"Cannot save {obj!r}: '{module}.{qual}' does not name it") from None
     return module, qual
 

@@ -47,7 +47,12 @@ def _x(x, fin, sin):
     return quantize(x, fin, sin) if fin else x.float() * (2.0 ** sin)
 
 
-@onnx_op("FP8MatMul", domain="ai.graphcore", flops=lambda i, o, a: 2.0 * math.prod(o[0]) * i[1][0])
+def _fp8_matmul_flops(in_shapes, out_shapes, attrs):
+    """2 flops per multiply-accumulate: output elements x the contracted dimension."""
+    return 2.0 * math.prod(out_shapes[0]) * in_shapes[1][0]
+
+
+@onnx_op("FP8MatMul", domain="ai.graphcore", flops=_fp8_matmul_flops)
 def fp8_matmul(inputs, attrs, opset):
     x, w = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None

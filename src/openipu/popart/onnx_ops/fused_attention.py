@@ -34,7 +34,12 @@ def fused_attention(inputs, attrs, opset):
     return [torch.matmul(p, v.float()).to(q.dtype)]
 
 
-@onnx_op("LayerNorm", domain="ai.graphcore", flops=lambda i, o, a: 8.0 * math.prod(o[0]))
+def _layer_norm_flops(in_shapes, out_shapes, attrs):
+    """About 8 flops per output element (mean, variance, normalise, scale and shift)."""
+    return 8.0 * math.prod(out_shapes[0])
+
+
+@onnx_op("LayerNorm", domain="ai.graphcore", flops=_layer_norm_flops)
 def layer_norm(inputs, attrs, opset):
     """``ai.graphcore::LayerNorm(x, gamma, beta)`` over the last axis (``layer_norm_pattern`` on
     models older than opset 17); ``epsilon`` attribute (1e-5)."""
