@@ -164,12 +164,15 @@ def _name_of(obj) -> tuple[str, str]:
         if _lookup(importlib.import_module(module), qual) is not obj:
             raise AttributeError
     except Exception:  # noqa: BLE001 - any failure means "cannot be named"
-        for alt in ("numpy", "torch", "math", "operator"):
-            try:
-                if _lookup(importlib.import_module(alt), qual) is obj:
-                    return alt, qual
-            except Exception:  # noqa: BLE001
-                pass
+        name = getattr(obj, "__name__", None)
+        for alt in ("torch", "torch.nn.functional", "torch.special", "torch.linalg", "torch.fft", "numpy", "math",
+                    "operator", "builtins"):
+            for q in dict.fromkeys((qual, name)):
+                try:
+                    if q and _lookup(importlib.import_module(alt), q) is obj:
+                        return alt, q
+                except Exception:  # noqa: BLE001
+                    pass
         raise executable_file_error(f"Cannot save {obj!r}: '{module}.{qual}' does not name it") from None
     return module, qual
 
