@@ -1,5 +1,6 @@
 """The executable file format (``openipu.poplar.exefile``): round trips, and every way a file can be bad."""
 
+import functools
 import io
 import json
 import os
@@ -162,3 +163,16 @@ def test_names_may_not_reach_through_modules_or_re_exports(tmp_path, module, qua
     _rewrite(path, "objects.json", json.dumps(records).encode(), fix_hash=True)
     with pytest.raises(exefile.executable_file_error):
         exefile.load(str(path))
+
+
+def test_every_registered_onnx_kernel_can_be_named():
+    # generic lowerings put these kernels (and their flops hints) into executables
+    from openipu.popart.onnx_ops import get_kernel, supported_ops
+    for domain, op in supported_ops():
+        k = get_kernel(domain, op)
+        back, _ = exefile.load(io.BytesIO(exefile.dumps([k.fn, k.flops], "test")))
+        for got, want in zip(back, [k.fn, k.flops]):
+            if isinstance(want, functools.partial):
+                assert (got.func, got.args, got.keywords) == (want.func, want.args, want.keywords), op
+            else:
+                assert got is want, op

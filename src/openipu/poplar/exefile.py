@@ -164,13 +164,13 @@ def _name_of(obj) -> tuple[str, str]:
         if _lookup(importlib.import_module(module), qual) is not obj:
             raise AttributeError
     except Exception:  # noqa: BLE001 - any failure means "cannot be named"
-        # torch's functions report '_VariableFunctionsClass.abs' but are reached as 'torch.abs'
-        names = dict.fromkeys((qual, getattr(obj, "__name__", None) or qual))
-        for alt in ("numpy", "torch", "math", "operator"):
-            for name in names:
+        name = getattr(obj, "__name__", None)
+        for alt in ("torch", "torch.nn.functional", "torch.special", "torch.linalg", "torch.fft", "numpy", "math",
+                    "operator", "builtins"):
+            for q in dict.fromkeys((qual, name)):
                 try:
-                    if _lookup(importlib.import_module(alt), name) is obj:
-                        return alt, name
+                    if q and _lookup(importlib.import_module(alt), q) is obj:
+                        return alt, q
                 except Exception:  # noqa: BLE001
                     pass
         raise executable_file_error(f"Cannot save {obj!r}: '{module}.{qual}' does not name it") from None
