@@ -3,7 +3,9 @@
 just before the first gradient op that reads their outputs, and the gradient ops read the clones.
 The forward activations then die after their last forward use: predicted tile memory falls, and
 the clones add their cycles (the trade PopART's recomputation makes). This is PopART's explicit
-form (``explicitRecomputation``); the implicit one has the same cost on the chip.
+form (``explicitRecomputation``). PopART's default implicit form costs the same cycles but re-runs the
+forward ops' own compute sets, adding no code; openipu's clones add their code, vertex state and
+exchange code (not modelled yet: on code-bound tiles the predicted peak can rise).
 
 Which ops recompute:
 
