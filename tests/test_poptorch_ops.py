@@ -232,6 +232,7 @@ class Trainable(torch.nn.Module):
         return out, F.mse_loss(out, torch.full_like(out, 0.3))
 
 
+@pytest.mark.slow       # ~70 compiles of a training graph: with the slow tests (make test stays < 10 min)
 @pytest.mark.parametrize("name", [k for k, v in CASES.items() if v[2]])
 def test_op_training_matches_cpu(name):
     fn, inputs, _ = CASES[name]
