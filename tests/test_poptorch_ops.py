@@ -83,6 +83,7 @@ CASES = {
     "select_scatter": (lambda x, s: torch.select_scatter(x, s, 1, 2), (randn(3, 4), randn(3, seed=1)), True),
     "slice_scatter": (lambda x, s: torch.slice_scatter(x, s, 1, 1, 5, 2), (randn(3, 6), randn(3, 2, seed=1)), True),
     "embedding": (torch.nn.Embedding(10, 4), (ints(10, 2, 3),), True),
+    "embedding_padding_idx": (torch.nn.Embedding(10, 4, padding_idx=0), (torch.tensor([[0, 3, 0], [2, 0, 9]]),), True),
     "embedding_bag": (torch.nn.EmbeddingBag(10, 4, mode="mean"), (ints(10, 3, 4),), True),
     "embedding_bag_offsets": (lambda w, i, o: F.embedding_bag(i, w, o, mode="max"),
                               (randn(10, 3), ints(10, 7), torch.tensor([0, 2, 2, 5])), False),
