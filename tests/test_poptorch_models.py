@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -81,19 +82,28 @@ def _bert_config(**kw):
 
 
 @pytest.mark.slow
-def test_bert_base_squad_inference_matches_cpu():
-    """BERT-base (110 M parameters, random weights) with the SQuAD head at batch 2 x 128."""
+@pytest.mark.parametrize("batch,seq", [
+    (2, 128),
+    # SQuAD's 8 x 384: 15 GB host RSS and ~9 min here (and it needs debug.allowOutOfMemory: fp32
+    # BERT-base at that batch does not fit one IPU); run with OPENIPU_HEAVY_TESTS=1
+    pytest.param(8, 384, marks=pytest.mark.skipif(not os.environ.get("OPENIPU_HEAVY_TESTS"),
+                                                  reason="15 GB host memory: set OPENIPU_HEAVY_TESTS=1"))])
+def test_bert_base_squad_inference_matches_cpu(batch, seq):
+    """BERT-base (110 M parameters, random weights) with the SQuAD head."""
     from transformers import BertForQuestionAnswering
     torch.manual_seed(0)
     m = BertForQuestionAnswering(_bert_config()).eval()
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, m.config.vocab_size, (2, 128), generator=g)
+    ids = torch.randint(0, m.config.vocab_size, (batch, seq), generator=g)
     mask = torch.ones_like(ids)
-    mask[1, 100:] = 0
+    mask[1, seq * 3 // 4:] = 0
     tt = torch.zeros_like(ids)
-    tt[:, 64:] = 1
-    want = m(input_ids=ids, attention_mask=mask, token_type_ids=tt)
-    got = poptorch.inferenceModel(copy.deepcopy(m))(input_ids=ids, attention_mask=mask, token_type_ids=tt)
+    tt[:, seq // 2:] = 1
+    with torch.no_grad():
+        want = m(input_ids=ids, attention_mask=mask, token_type_ids=tt)
+    o = poptorch.Options()
+    o._Popart.setEngineOptions({"debug.allowOutOfMemory": "true"})
+    got = poptorch.inferenceModel(copy.deepcopy(m), o)(input_ids=ids, attention_mask=mask, token_type_ids=tt)
     torch.testing.assert_close(got.start_logits, want.start_logits.detach(), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got.end_logits, want.end_logits.detach(), rtol=1e-4, atol=1e-4)
 
