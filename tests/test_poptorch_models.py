@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -38,7 +39,7 @@ def _rel(p, q):
 @pytest.mark.slow
 def test_resnet18_inference_matches_cpu():
     torch.manual_seed(0)
-    m = _resnet18().eval()
+    m = _resnet18(num_labels=1000).eval()
     assert sum(p.numel() for p in m.parameters()) == pytest.approx(11.7e6, rel=0.01)
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
     want = m(pixel_values=x).logits
@@ -81,19 +82,28 @@ def _bert_config(**kw):
 
 
 @pytest.mark.slow
-def test_bert_base_squad_inference_matches_cpu():
-    """BERT-base (110 M parameters, random weights) with the SQuAD head at batch 2 x 128."""
+@pytest.mark.parametrize("batch,seq", [
+    (2, 128),
+    # SQuAD's 8 x 384: 15 GB host RSS and ~9 min here (and it needs debug.allowOutOfMemory: fp32
+    # BERT-base at that batch does not fit one IPU); run with OPENIPU_HEAVY_TESTS=1
+    pytest.param(8, 384, marks=pytest.mark.skipif(not os.environ.get("OPENIPU_HEAVY_TESTS"),
+                                                  reason="15 GB host memory: set OPENIPU_HEAVY_TESTS=1"))])
+def test_bert_base_squad_inference_matches_cpu(batch, seq):
+    """BERT-base (110 M parameters, random weights) with the SQuAD head."""
     from transformers import BertForQuestionAnswering
     torch.manual_seed(0)
     m = BertForQuestionAnswering(_bert_config()).eval()
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, m.config.vocab_size, (2, 128), generator=g)
+    ids = torch.randint(0, m.config.vocab_size, (batch, seq), generator=g)
     mask = torch.ones_like(ids)
-    mask[1, 100:] = 0
+    mask[1, seq * 3 // 4:] = 0
     tt = torch.zeros_like(ids)
-    tt[:, 64:] = 1
-    want = m(input_ids=ids, attention_mask=mask, token_type_ids=tt)
-    got = poptorch.inferenceModel(copy.deepcopy(m))(input_ids=ids, attention_mask=mask, token_type_ids=tt)
+    tt[:, seq // 2:] = 1
+    with torch.no_grad():
+        want = m(input_ids=ids, attention_mask=mask, token_type_ids=tt)
+    o = poptorch.Options()
+    o._Popart.setEngineOptions({"debug.allowOutOfMemory": "true"})
+    got = poptorch.inferenceModel(copy.deepcopy(m), o)(input_ids=ids, attention_mask=mask, token_type_ids=tt)
     torch.testing.assert_close(got.start_logits, want.start_logits.detach(), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got.end_logits, want.end_logits.detach(), rtol=1e-4, atol=1e-4)
 
@@ -163,9 +173,10 @@ class TinyBertSquad(torch.nn.Module):
 
 @pytest.mark.slow
 def test_bert_pipelined_over_4_ipus_matches_cpu():
-    """BeginBlock per encoder layer over 4 IPUs, PipelinedExecution, gradient accumulation 4:
-    3 training steps give the CPU's weights (the mean loss of the 4 micro-batches per step), and
-    the step time is predicted."""
+    """BeginBlock per encoder layer over 4 IPUs, PipelinedExecution, gradient accumulation 8
+    (PopART needs at least the 7 forward and backward stages): 3 training steps give the CPU's
+    weights (the mean loss of the 8 micro-batches of 2 per step), and the step time is
+    predicted."""
     torch.manual_seed(0)
     m = TinyBertSquad().train()
     ref = copy.deepcopy(m)
@@ -173,16 +184,16 @@ def test_bert_pipelined_over_4_ipus_matches_cpu():
         poptorch.BeginBlock(layer, f"layer{i}", ipu_id=i)
     o = poptorch.Options().logCycleCount(True)
     o.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
-    o.Training.gradientAccumulation(4)
+    o.Training.gradientAccumulation(8)
     tm = poptorch.trainingModel(m, o, poptorch.optim.SGD(m.parameters(), lr=0.05))
     opt = torch.optim.SGD(ref.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(1)
     for _ in range(3):
-        ids = torch.randint(0, 512, (8, 32), generator=g)
-        st, en = torch.randint(0, 32, (8,), generator=g), torch.randint(0, 32, (8,), generator=g)
+        ids = torch.randint(0, 512, (16, 32), generator=g)
+        st, en = torch.randint(0, 32, (16,), generator=g), torch.randint(0, 32, (16,), generator=g)
         tm(ids, st, en)
         opt.zero_grad()
-        losses = [ref(ids[k:k + 2], st[k:k + 2], en[k:k + 2])[1] for k in range(0, 8, 2)]
+        losses = [ref(ids[k:k + 2], st[k:k + 2], en[k:k + 2])[1] for k in range(0, 16, 2)]
         torch.stack(losses).mean().backward()
         opt.step()
     assert tm._built.num_ipus == 4 and tm._built.pipelined

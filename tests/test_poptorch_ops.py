@@ -83,6 +83,7 @@ CASES = {
     "select_scatter": (lambda x, s: torch.select_scatter(x, s, 1, 2), (randn(3, 4), randn(3, seed=1)), True),
     "slice_scatter": (lambda x, s: torch.slice_scatter(x, s, 1, 1, 5, 2), (randn(3, 6), randn(3, 2, seed=1)), True),
     "embedding": (torch.nn.Embedding(10, 4), (ints(10, 2, 3),), True),
+    "embedding_padding_idx": (torch.nn.Embedding(10, 4, padding_idx=0), (torch.tensor([[0, 3, 0], [2, 0, 9]]),), True),
     "embedding_bag": (torch.nn.EmbeddingBag(10, 4, mode="mean"), (ints(10, 3, 4),), True),
     "embedding_bag_offsets": (lambda w, i, o: F.embedding_bag(i, w, o, mode="max"),
                               (randn(10, 3), ints(10, 7), torch.tensor([0, 2, 2, 5])), False),
@@ -232,6 +233,7 @@ class Trainable(torch.nn.Module):
         return out, F.mse_loss(out, torch.full_like(out, 0.3))
 
 
+@pytest.mark.slow       # ~70 compiles of a training graph: with the slow tests (make test stays < 10 min)
 @pytest.mark.parametrize("name", [k for k, v in CASES.items() if v[2]])
 def test_op_training_matches_cpu(name):
     fn, inputs, _ = CASES[name]
@@ -398,3 +400,18 @@ def test_loss_trains_like_cpu(name):
     assert float(loss) == pytest.approx(float(rl), rel=1e-4, abs=1e-6)
     for (n, p), q in zip(m.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=n)
+
+
+@pytest.mark.slow
+def test_real_models_ops_all_lower():
+    """scripts/poptorch_op_census.py: every ATen op ResNet-18, BERT, GPT-2, ViT and a GCN emit
+    lowers (directly or through its decomposition)."""
+    import sys
+    from pathlib import Path
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import poptorch_op_census
+    census = poptorch_op_census.census()
+    assert len(census) > 40
+    assert {"aten.conv2d.default", "aten.embedding.default", "aten.layer_norm.default"} <= set(census)
+    assert not [k for k, v in census.items() if v["how"] == "MISSING"]

@@ -16,6 +16,10 @@
 - Dropout / DropoutGrad / ShapedDropout in training: ``poprand.dropout`` / ``shapedDropout`` with
   the step's seed and the op's ``seedModifier`` (``DropoutOpx``), so a gradient regenerates its
   forward mask; a requested ``mask`` output uses the generic lowering (the same host stream);
+- RandomUniform(Like) / RandomNormal(Like) after RandomSetup (the seed as the last input):
+  ``poprand.uniform`` / ``normal`` with the step's seed and the op's ``seedModifier``, shaped
+  and mapped like the ``Like`` input, or a linearly mapped tensor of ``shape``; the same stream as
+  the host kernels of :mod:`openipu.popart.graphcore_ops`;
 - DynamicSlice / DynamicUpdate: ``popops.dynamicSlice`` / ``dynamicUpdate`` (the update on a
   copy, or in place where PopART's inplacing allows); DynamicZero / DynamicAdd and the gradient
   ops use the generic lowering;
@@ -361,3 +365,31 @@ def group_norm_grad(ctx, op):
     outs = [dx, dgamma.reshape(shape(ctx.ir, op.outputs[1])) if len(op.outputs) > 1 and op.outputs[1] else None,
             dbeta.reshape(shape(ctx.ir, op.outputs[2])) if len(op.outputs) > 2 and op.outputs[2] else None]
     return outs
+
+
+
+# -- seeded random generators (RandomSetup) ----------------------------------------------------
+def _accepts_random(op, ir):
+    like = op.op_type.endswith("Like")
+    return len(op.inputs) == (2 if like else 1) and all(op.inputs) and live_outputs(op) == 1 and \
+        dtype(ir, op.outputs[0]) in FLOATS
+
+
+@lowering("RandomUniform", "RandomUniformLike", "RandomNormal", "RandomNormalLike", domain=GC,
+          accepts=_accepts_random)
+def seeded_random(ctx, op):
+    from openipu.poplibs import poputil
+    g = graph(ctx, op)
+    seed = ctx.input(op, len(op.inputs) - 1)
+    if op.op_type.endswith("Like"):
+        ref = ctx.input(op, 0)
+    else:
+        ref = g.addVariable(ctx.ptype(op.outputs[0]), [int(d) for d in op.attrs["shape"]], f"{name(op)}/ref")
+        poputil.mapTensorLinearly(g, ref)
+    out_type = ctx.ptype(op.outputs[0])
+    mod = int(op.attrs.get("seedModifier", 0))
+    if op.op_type.startswith("RandomUniform"):
+        return [poprand.uniform(g, seed, mod, ref, out_type, float(op.attrs.get("low", 0.0)),
+                                float(op.attrs.get("high", 1.0)), ctx.prog, name(op))]
+    return [poprand.normal(g, seed, mod, ref, out_type, float(op.attrs.get("mean", 0.0)),
+                           float(op.attrs.get("scale", 1.0)), ctx.prog, name(op))]

@@ -103,5 +103,13 @@ def _conv(lw, n, x, w, bias, stride, pads, dilation, groups, transposed, out_pad
 @aten("aten.embedding.default")
 def embedding(lw, n):
     w, idx = n.args[0], n.args[1]
-    # padding_idx only zeroes that row's gradient in PyTorch; openipu trains it like any row
-    return lw.onnx.gather([lw.t(w), lw.t(idx)], 0, lw._name())
+    padding_idx = n.args[2] if len(n.args) > 2 else n.kwargs.get("padding_idx", -1)
+    rows = lw.onnx.gather([lw.t(w), lw.t(idx)], 0, lw._name())
+    if padding_idx is None or int(padding_idx) < 0 or not lw.training:
+        return rows
+    # padding_idx: the row looks up as usual but gets no gradient (PyTorch's rule): the rows of
+    # that index come through a Detach
+    keep = lw.onnx.unsqueeze([lw.onnx.logical_not([lw.onnx.equal([lw.cast(lw.t(idx), "INT32"),
+                                                                  lw.const(int(padding_idx), "INT32")])])],
+                             axes=[len(lw.shape(idx))], debugContext=lw._name("pad"))
+    return lw.onnx.where([keep, rows, lw.gc.detach([rows], lw._name("detach"))], lw._name("padding_idx"))
