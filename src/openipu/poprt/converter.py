@@ -219,13 +219,13 @@ class Converter:
             except Exception as e:  # noqa: BLE001 - the converter's own errors, reported in one line
                 raise ConverterError(f"convert_version {self.convert_version}: {str(e).splitlines()[0]}") from None
         out = self._shapes(out)
+        # fp8 input scales are calibrated on the model before the passes (onnxruntime runs only
+        # standard ops); the passes keep the names of the products' outputs
+        calib = self._calibrate(out) if self.precision == "fp8" else {}
         for name in self.used_passes:
             p = Pass.get_pass(name)
             out = p(out)
             self.applied[name] = list(p.applied)
-        calib = None
-        if self.precision in ("fp8", "fp8_weight"):
-            calib = self._calibrate(out) if self.precision == "fp8" else {}
         if self.precision in ("fp16", "fp8", "fp8_weight"):
             out = self._to_half(out)
         if self.precision in ("fp8", "fp8_weight"):
@@ -361,7 +361,11 @@ class Converter:
         so = ort.SessionOptions()
         so.log_severity_level = 3
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        try:
+            sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        except Exception as e:  # noqa: BLE001 - e.g. custom ops onnxruntime cannot run
+            raise ConverterError(f"fp8 calibration: onnxruntime cannot run the model ({str(e).splitlines()[0]}); "
+                                 f"give the input scale in fp8_params") from None
         vals = sess.run(want, {k: v for k, v in feeds.items() if k in {i.name for i in sess.get_inputs()}})
         return {n.output[0]: float(np.nanmax(np.abs(v))) if v.size else 0.0 for n, v in zip(nodes, vals)}
 
