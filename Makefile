@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-.PHONY: install demo test test-slow test-tutorials bench
+.PHONY: install demo test test-slow test-heavy test-tutorials bench
 install: $(STAMP)
 
 demo: $(STAMP)
@@ -23,11 +23,15 @@ demo: $(STAMP)
 
 # the suite without the tests marked slow (heavy light models, multi-node ONNX, exports): < 10 min
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not tutorial"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not tutorial and not heavy"
 
 # the tests marked slow; CI runs both
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "slow and not tutorial"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "slow and not tutorial and not heavy"
+
+# the acceptance runs of many minutes each (fp8 ResNet-50 on 256 images, PopRT batch 32, BERT 8 x 384): not in CI
+test-heavy: $(STAMP)
+	OPENIPU_HEAVY_TESTS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m heavy
 
 # the PopTorch tutorials run in full (hours on a 2-core host): not in CI
 test-tutorials: $(STAMP)

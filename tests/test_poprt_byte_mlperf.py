@@ -87,7 +87,8 @@ def resnet50(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bs", [1, 4, 32])
+# batch 32: ~10 min of host time here: make test-heavy, not CI
+@pytest.mark.parametrize("bs", [1, 4, pytest.param(32, marks=pytest.mark.heavy)])
 def test_resnet50_fp16_matches_onnxruntime(resnet50, tmp_path, bs):
     paths = compile_model(resnet50, _interact(tmp_path), [bs], tmp_path / "compiled")
     r = IPURunner(paths[bs][0])

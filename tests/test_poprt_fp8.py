@@ -117,7 +117,7 @@ def test_resnet50_fp8_predicts_a_speedup_over_fp16():
     assert cyc["fp8"] < 0.9 * cyc["fp16"]
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # ~25 min of host time here: make test-heavy, not CI
 def test_resnet50_fp8_top1_agrees_with_onnxruntime_on_256_images():
     B, steps = 4, 64
     m = _resnet(B)

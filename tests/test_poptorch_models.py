@@ -86,8 +86,8 @@ def _bert_config(**kw):
     (2, 128),
     # SQuAD's 8 x 384: 15 GB host RSS and ~9 min here (and it needs debug.allowOutOfMemory: fp32
     # BERT-base at that batch does not fit one IPU); run with OPENIPU_HEAVY_TESTS=1
-    pytest.param(8, 384, marks=pytest.mark.skipif(not os.environ.get("OPENIPU_HEAVY_TESTS"),
-                                                  reason="15 GB host memory: set OPENIPU_HEAVY_TESTS=1"))])
+    pytest.param(8, 384, marks=[pytest.mark.heavy, pytest.mark.skipif(
+        not os.environ.get("OPENIPU_HEAVY_TESTS"), reason="15 GB host memory: set OPENIPU_HEAVY_TESTS=1")])])
 def test_bert_base_squad_inference_matches_cpu(batch, seq):
     """BERT-base (110 M parameters, random weights) with the SQuAD head."""
     from transformers import BertForQuestionAnswering
