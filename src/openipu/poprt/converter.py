@@ -64,7 +64,7 @@ def convert_float_to_half(model: onnx.ModelProto) -> onnx.ModelProto:
 # ==========================================================================================
 import math  # noqa: E402
 
-from openipu.poprt.passes.base import GraphView, Pass  # noqa: E402
+from openipu.poprt.passes.base import GraphView, Pass, replace_repeated  # noqa: E402
 
 PRECISIONS = ("fp32", "fp16", "fp8", "fp8_weight")
 FP8_TARGETS = ("ipu21",)
@@ -296,13 +296,7 @@ class Converter:
                     a.i = _F32
             new.append(n)
             new.extend(tail)
-        copies = []
-        for n in new:
-            c = onnx.NodeProto()
-            c.CopyFrom(n)
-            copies.append(c)
-        del out.graph.node[:]
-        out.graph.node.extend(copies)
+        replace_repeated(out.graph.node, new)
         return out
 
     @staticmethod
@@ -424,13 +418,7 @@ def _fix_inputs(model) -> None:
     stale = [vi for vi in g.input if vi.name not in inits and vi.name not in used and vi.name in _ever_init(model)]
     if stale:
         keep = [vi for vi in g.input if vi not in stale]
-        copies = []
-        for vi in keep:
-            c = onnx.ValueInfoProto()
-            c.CopyFrom(vi)
-            copies.append(c)
-        del g.input[:]
-        g.input.extend(copies)
+        replace_repeated(g.input, keep)
     if model.ir_version < 4:
         for name, t in inits.items():
             if name not in names:

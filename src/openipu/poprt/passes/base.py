@@ -199,6 +199,16 @@ def ensure_domain(model: onnx.ModelProto, domain: str, version: int = 1) -> None
         model.opset_import.append(onnx.helper.make_opsetid(domain, version))
 
 
+def replace_repeated(field, items) -> None:
+    """Make the repeated protobuf ``field`` (``graph.node``, ``graph.input``, ...) hold ``items``, in
+    order. The items are copied first: they may be elements of ``field`` itself."""
+    copies = [type(x)() for x in items]
+    for c, x in zip(copies, items):
+        c.CopyFrom(x)
+    del field[:]
+    field.extend(copies)
+
+
 def remove_nodes(graph: onnx.GraphProto, dead: list[onnx.NodeProto], insert: list[tuple[onnx.NodeProto, onnx.NodeProto]] = ()) -> None:
     """Remove the nodes ``dead`` (by identity) and put each new node of ``insert`` at the position of
     its anchor node ``(new, anchor)``, keeping the graph topologically sorted when the anchor is
@@ -213,11 +223,7 @@ def remove_nodes(graph: onnx.GraphProto, dead: list[onnx.NodeProto], insert: lis
             kept.extend(at[id(n)])
         if id(n) not in dead_ids:
             kept.append(n)
-    copies = [onnx.NodeProto() for _ in kept]
-    for c, n in zip(copies, kept):
-        c.CopyFrom(n)
-    del graph.node[:]
-    graph.node.extend(copies)
+    replace_repeated(graph.node, kept)
 
 
 def prune_unused(graph: onnx.GraphProto) -> int:
@@ -233,25 +239,13 @@ def prune_unused(graph: onnx.GraphProto) -> int:
         keep = [n for n in graph.node if any(o in used for o in n.output if o) or not any(n.output)]
         gone = len(graph.node) - len(keep)
         if gone:
-            copies = []
-            for n in keep:
-                c = onnx.NodeProto()
-                c.CopyFrom(n)
-                copies.append(c)
-            del graph.node[:]
-            graph.node.extend(copies)
+            replace_repeated(graph.node, keep)
             removed += gone
             continue
         inits = [t for t in graph.initializer if t.name in used]
         if len(inits) != len(graph.initializer):
             removed += len(graph.initializer) - len(inits)
-            keep_t = []
-            for t in inits:
-                c = onnx.TensorProto()
-                c.CopyFrom(t)
-                keep_t.append(c)
-            del graph.initializer[:]
-            graph.initializer.extend(keep_t)
+            replace_repeated(graph.initializer, inits)
         return removed
 
 

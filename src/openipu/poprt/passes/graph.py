@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from openipu.poprt.passes.base import GraphView, Pass, register, remove_nodes
+from openipu.poprt.passes.base import GraphView, Pass, register, remove_nodes, replace_repeated
 
 #: (op_type, input index) pairs that accept int32 as well as int64
 _INDEX_INPUTS = {("Gather", 1), ("GatherElements", 1), ("OneHot", 0), ("ScatterElements", 1)}
@@ -102,11 +102,5 @@ class RemoveInitializerFromInput(Pass):
         if self.applied:
             if model.ir_version < 4:     # IR 4 is the first where initializers need not be inputs
                 model.ir_version = 4
-            copies = []
-            for vi in keep:
-                c = onnx.ValueInfoProto()
-                c.CopyFrom(vi)
-                copies.append(c)
-            del g.input[:]
-            g.input.extend(copies)
+            replace_repeated(g.input, keep)
         return model
