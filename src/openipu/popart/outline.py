@@ -12,7 +12,8 @@ attributes, input and output types and shapes, virtual graph and pipeline stage,
 of constant inputs the lowerings read (integer constants and scalars), and when their ops are
 wired the same way: each input is the same output of the same earlier op of the sequence, or the
 same input from outside. Weights are inputs from outside, so layers with different weights share
-one subgraph.
+one subgraph; except inputs whose values a lowering builds into the program (inference fp8
+weights stored as QUARTER constants, :data:`VALUE_INPUTS`), which must be the same tensor.
 
 The search is greedy, as PopART's outliner is: among the op sequences that repeat without
 overlap, it takes the one that saves the most subgraph value (``(occurrences - 1) x value``),
