@@ -12,7 +12,8 @@ attributes, input and output types and shapes, virtual graph and pipeline stage,
 of constant inputs the lowerings read (integer constants and scalars), and when their ops are
 wired the same way: each input is the same output of the same earlier op of the sequence, or the
 same input from outside. Weights are inputs from outside, so layers with different weights share
-one subgraph.
+one subgraph; except inputs whose values a lowering builds into the program (inference fp8
+weights stored as QUARTER constants, :data:`VALUE_INPUTS`), which must be the same tensor.
 
 The search is greedy, as PopART's outliner is: among the op sequences that repeat without
 overlap, it takes the one that saves the most subgraph value (``(occurrences - 1) x value``),
@@ -36,6 +37,21 @@ import numpy as np
 HIGH_VALUE, LOW_VALUE = 1000.0, 0.1
 _HIGH_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "ConvInteger", "MatMulInteger", "QLinearMatMul",
              "QLinearConv"}
+#: ``(domain, op type) -> reader(op, ir)``: the inputs (indices) whose whole value the op's
+#: lowering builds into the program (e.g. inference fp8 weights stored as constants,
+#: :mod:`openipu.popart.lowering.fused`). Such an input is part of the op's identity (by tensor),
+#: so occurrences with different values are not one subgraph. Filled by
+#: :func:`register_value_inputs`.
+VALUE_INPUTS: dict = {}
+
+
+def register_value_inputs(domain: str, op_type: str, reader) -> None:
+    """Declare that the lowering of ``domain::op_type`` builds the values of the inputs
+    ``reader(op, ir)`` (a tuple of input indices, possibly empty) into the program: outlining
+    then only groups occurrences that read the same tensors there."""
+    VALUE_INPUTS[(domain, op_type)] = reader
+
+
 #: constants whose values a lowering may read are part of an op's identity: integer or bool
 #: constants (indices, axes, shapes), and float constants of at most this many elements
 _SCALAR_ELEMS = 16
@@ -95,7 +111,9 @@ def _op_keys(ir) -> np.ndarray:
     out = np.empty(len(ir.ops), np.int64)
     for i, op in enumerate(ir.ops):
         attrs = sorted((a, v) for a, v in op.attrs.items() if a != "__node__")    # the node's name
-        k = (op.domain, op.op_type, op.opset, repr(attrs),
+        reader = VALUE_INPUTS.get((op.domain, op.op_type))
+        baked = tuple(op.inputs[j] for j in reader(op, ir)) if reader is not None else ()
+        k = (op.domain, op.op_type, op.opset, repr(attrs), baked,
              tuple(_tensor_key(ir, x) for x in op.inputs), tuple(_tensor_key(ir, x) for x in op.outputs),
              op.vgraph, op.pipeline_stage)
         out[i] = ids.setdefault(k, len(ids))

@@ -38,6 +38,7 @@ from openipu.poplar.exchange import Boxes
 from openipu.poplar.graph import VertexGroup
 from openipu.poplibs import poplin, popops
 from openipu.poplibs.popops._common import tile_counts_of
+from openipu.popart import outline
 from openipu.popart.lowering import conv as conv_lowering
 from openipu.popart.lowering import lowering
 from openipu.popart.lowering import norm
@@ -53,10 +54,10 @@ GC = "ai.graphcore"
 FUSED_ATTENTION_OVERHEAD = 300
 #: Vector operations per score of the softmax (max, subtract, exp, sum, scale). [A]
 SOFTMAX_OPS = 5
-#: Inference weights as QUARTER constants (1 byte each, no per-run cast). Off: a bug remains
-#: (all-MiniLM-L6-v2 loses accuracy with it, single products do not); the weights are cast on
-#: the device at each run instead.
-QUARTER_CONSTANT_WEIGHTS = False
+#: Inference weights as QUARTER constants (1 byte each, no per-run cast), as PopRT stores them.
+#: Off: the weights are cast on the device at each run. The constants' values are built into
+#: the program, so outlining keeps ops with different weights apart (``_baked_weight``).
+QUARTER_CONSTANT_WEIGHTS = True
 
 # ------------------------------------------------------------------------------------------
 # LayerNorm
@@ -176,6 +177,20 @@ def _weight_value(ctx, op):
     if t is None or t.kind not in ("Const", "Variable") or t.value is None or getattr(ctx.ir, "training", False):
         return None
     return np.asarray(t.value, np.float32)
+
+
+def _baked_weight(op, ir) -> tuple:
+    """Inputs whose values the fp8 lowerings build into the program (outlining identity)."""
+    if not QUARTER_CONSTANT_WEIGHTS or len(op.inputs) < 2:
+        return ()
+    t = ir.tensors.get(op.inputs[1])
+    if t is None or t.kind not in ("Const", "Variable") or t.value is None or getattr(ir, "training", False):
+        return ()
+    return (1,)
+
+
+for _t in ("FP8MatMul", "FP8Conv"):
+    outline.register_value_inputs(GC, _t, _baked_weight)
 
 
 def _operands(ctx, op, g, nm, map_weight):
