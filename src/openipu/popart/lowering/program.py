@@ -199,6 +199,19 @@ def _synthetic_fill(g, dev, mode: str, tid: str) -> P.Sequence:
     return prog
 
 
+def _everyn_marks(everyn: dict) -> tuple[int, list]:
+    """The batches of one return period that copy EVERYN anchors out: ``(period, [(gap, due)])``,
+    where ``period`` is the lcm of the return periods N (in batches), ``gap`` the batches since the
+    previous mark (this one included) and ``due`` the ``everyn`` values (anchor copies) whose N
+    divides the mark, in ``everyn``'s order."""
+    period = math.lcm(*everyn)
+    marks, prev = [], 0
+    for m in sorted({m for n in everyn for m in range(n, period + 1, n)}):
+        marks.append((m - prev, [copies for n, copies in everyn.items() if m % n == 0]))
+        prev = m
+    return period, marks
+
+
 def _anchor_stage(pipe, tid: str) -> int:
     """The stage whose cycle copies anchor ``tid``: the one making it, else the last."""
     s = pipe.stage_of(tid)
@@ -364,33 +377,26 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
         else:
             # EVERYN (with accumulation): the batches ending at each multiple of a return period
             # run a pipeline whose stages also copy those anchors out
-            period = math.lcm(*everyn)
+            period, marks = _everyn_marks(everyn)
             seg = P.Sequence()
-            prev = 0
-            for m in sorted({m for n in everyn for m in range(n, period + 1, n)}):
-                if m - prev > 1:
-                    seg.add(P.Repeat(m - prev - 1, run))
+            for gap, due in marks:
+                if gap > 1:
+                    seg.add(P.Repeat(gap - 1, run))
                 extra = [P.Sequence(name=f"pipelineStage{st}/toHostEveryN") for st in range(pipe.num)]
-                for n, copies in everyn.items():
-                    if m % n == 0:
-                        for st, c in copies:
-                            extra[st].add(c)
+                for copies in due:
+                    for st, c in copies:
+                        extra[st].add(c)
                 seg.add(P.Sequence([pipe.program(af, extra), outer]))
-                prev = m
             step.add(P.Repeat(bps // period, seg, debugContext="batchesPerStep"))
     elif af == 1 and not everyn:
         step.add(P.Repeat(bps, body, debugContext="batchesPerStep"))
     elif af == 1:
-        period = math.lcm(*everyn)
-        marks = sorted({m for n in everyn for m in range(n, period + 1, n)})
+        period, marks = _everyn_marks(everyn)
         seg = P.Sequence()
-        prev = 0
-        for m in marks:
-            seg.add(P.Repeat(m - prev, body))
-            for n, copies in everyn.items():
-                if m % n == 0:
-                    seg.add(P.Sequence(copies))
-            prev = m
+        for gap, due in marks:
+            seg.add(P.Repeat(gap, body))
+            for copies in due:
+                seg.add(P.Sequence(copies))
         step.add(P.Repeat(bps // period, seg, debugContext="batchesPerStep"))
     else:
         # gradient accumulation: each batch runs af micro-batches, then the outer fragment (the
@@ -401,14 +407,12 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
         if not everyn:
             step.add(P.Repeat(bps, batch(), debugContext="batchesPerStep"))
         else:
-            period = math.lcm(*everyn)
+            period, marks = _everyn_marks(everyn)
             seg = P.Sequence()
-            prev = 0
-            for m in sorted({m for n in everyn for m in range(n, period + 1, n)}):
-                if m - prev > 1:
-                    seg.add(P.Repeat(m - prev - 1, batch()))
-                seg.add(batch([c for n, copies in everyn.items() if m % n == 0 for c in copies]))
-                prev = m
+            for gap, due in marks:
+                if gap > 1:
+                    seg.add(P.Repeat(gap - 1, batch()))
+                seg.add(batch([c for copies in due for c in copies]))
             step.add(P.Repeat(bps // period, seg, debugContext="batchesPerStep"))
     step.add(post)
     wfh = P.Sequence([P.Copy(graph._state.streams[h], ctx.get(tid, ctx._home[tid]))
