@@ -22,6 +22,7 @@ from openipu.poplar import program as P
 from openipu.poplibs import poputil
 from openipu.popart.errors import popart_exception
 from openipu.popart.tensorinfo import poplar_type
+from openipu.popart.transforms.recompute import RECOMPUTED_SUFFIX
 
 
 class LoweringContext:
@@ -53,11 +54,20 @@ class LoweringContext:
             for x in op.inputs:
                 if x:
                     self.last_use[x] = pos
+                    if x.endswith(RECOMPUTED_SUFFIX):
+                        # a recomputed tensor is its forward tensor again (the forward op's
+                        # fragment re-run): the forward tensor is read until then
+                        self.last_use[x[:-len(RECOMPUTED_SUFFIX)]] = pos
         self.pinned = {ir.anchor_alias.get(a, a) for a in ir.data_flow.anchors()}
         # pipelining: the stage programs (lowering.pipeline.Pipeline) and the stage of the op
         # being lowered (None outside the pipeline: the outer fragment, a subgraph's body)
         self.pipeline = None
         self.stage: int | None = None
+        # recomputation: the forward ops a recomputation op re-runs (by identity), and for each,
+        # once lowered, its fragment: (program, input tensors, output tensors)
+        self.recomputed = {id(op.recomputes) for op in ir.ops if op.recomputes is not None}
+        self.fragments: dict[int, tuple] = {}
+        self.in_body = False        # lowering an outlined subgraph's body
 
     def ptype(self, tid: str):
         """Poplar type of an IR tensor's device tensor (PopART's casting rule)."""

@@ -98,14 +98,70 @@ def _make_later(g, ptype, make, value):
 
 def _lower_op(ctx, op, pos: int, out: Lowered) -> None:
     ctx.pos = pos           # the op's place in the schedule (in-place ops look at later uses)
+    src = op.recomputes
+    if src is not None and id(src) in ctx.fragments:
+        _rerun_fragment(ctx, op, src, out)
+        return
     fn = precise_lowering(op, ctx.ir)
     kind = "precise" if fn is not None else "generic"
-    outs = fn(ctx, op) if fn is not None else lower_generic(ctx, op)
+    keep = id(op) in ctx.recomputed and ctx.pipeline is None
+    if keep:                # grown in a fragment of its own, which the backward pass runs again
+        prog, ctx.prog = ctx.prog, P.Sequence(name=f"{op.name}/fragment")
+    try:
+        outs = fn(ctx, op) if fn is not None else lower_generic(ctx, op)
+    finally:
+        if keep:
+            frag, ctx.prog = ctx.prog, prog
+            prog.add(frag)
+    if keep:
+        vg = ctx.vgraph_of(op)
+        ctx.fragments[id(op)] = (frag, [ctx.get(x, vg) if x else None for x in op.inputs], list(outs),
+                                 ctx.in_body)
     op.lowering = kind
     out.kinds[op.id] = kind
     for o, t in zip(op.outputs, outs):
         if o and t is not None:
             ctx.set(o, ctx.vgraph_of(op), t)
+
+
+def _rerun_fragment(ctx, op, src, out: Lowered) -> None:
+    """Recomputation op ``op`` (``src`` recomputed in the backward pass): the program fragment
+    ``src`` was lowered into runs again, as PopART's implicit recomputation re-runs an Opx's
+    fragment: the same compute sets and copies execute a second time (their cycles count again;
+    their vertex state, vertex code and exchange code exist once) and rewrite ``src``'s output
+    tensors, which ``op``'s outputs then are. An input held elsewhere than where the fragment
+    reads it (the fragment lies in an outlined subgraph's body: this layer's tensors, not the
+    body's) is copied there first, as a call copies its inputs in."""
+    frag, ins, outs, in_body = ctx.fragments[id(src)]
+    vg = ctx.vgraph_of(op)
+    g = ctx.graph_of(vg)
+    for x, t in zip(op.inputs, ins):
+        if x and t is not None:
+            now = ctx.get(x, vg)
+            if now is not t and not _same_view(now, t):
+                ctx.prog.add(P.Copy(now, t, debugContext=f"{op.name}/in({x})"))
+    ctx.prog.add(frag)
+    for o, t in zip(op.outputs, outs):
+        if o and t is not None:
+            if in_body:
+                # the body's tensors serve every layer: this layer's result is copied out, as a
+                # call copies its outputs out
+                dst = g.clone(t, o)
+                ctx.prog.add(P.Copy(t, dst, debugContext=f"{op.name}/out({o})"))
+                t = dst
+            ctx.set(o, vg, t)
+    op.lowering = src.lowering
+    out.kinds[op.id] = src.lowering
+
+
+def _same_view(a, b) -> bool:
+    """Whether Poplar tensors ``a`` and ``b`` view the same elements in the same order."""
+    if a.shape() != b.shape() or a.elementType() != b.elementType() or a._state is not b._state:
+        return False
+    p, q = a.pieces, b.pieces
+    if p.row is not None or q.row is not None:
+        return p.row == q.row
+    return all(np.array_equal(getattr(p, k), getattr(q, k)) for k in ("var", "addr", "lo", "sz", "st"))
 
 
 def _call_subgraph(ctx, ops, sg, j: int, out: Lowered, progress) -> None:
@@ -126,12 +182,13 @@ def _call_subgraph(ctx, ops, sg, j: int, out: Lowered, progress) -> None:
             with ctx.bound(ext, ins, vg):
                 # what a call gives to the rest of the model (in any occurrence) keeps its value
                 ctx.pinned |= {seq[r].outputs[m] for r, m in sg.outputs}
+                ctx.in_body = True
                 for r, op in enumerate(seq):
                     _lower_op(ctx, op, start + r, out)
                 outs = [ctx.get(seq[r].outputs[m], vg) for r, m in sg.outputs]
             body = ctx.prog
         finally:
-            ctx.prog = prog
+            ctx.prog, ctx.in_body = prog, False
         # an input that the next call takes from this call's output (a layer's output feeding the
         # next layer) is laid out like that output, so that copies between calls stay on-tile
         if len(sg.starts) > 1:
@@ -157,6 +214,8 @@ def _call_subgraph(ctx, ops, sg, j: int, out: Lowered, progress) -> None:
         ctx.set(tid, vg, dst)
     first = ops[sg.starts[0]:sg.starts[0] + sg.length]
     for op, op0 in zip(seq, first):
+        if id(op0) in ctx.fragments:    # every occurrence re-runs the body's fragment of its op
+            ctx.fragments[id(op)] = ctx.fragments[id(op0)][:3] + (True,)
         op.lowering = op0.lowering
         out.kinds[op.id] = op0.lowering
         if progress:
