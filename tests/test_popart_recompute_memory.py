@@ -1,0 +1,167 @@
+"""Recomputation lowers the predicted peak tile memory and raises the predicted cycles, and the
+trained weights are bit for bit those of a session without it.
+
+As PopART's implicit recomputation does, a recomputed op re-runs the program fragment its
+forward op was lowered into: the compute sets execute again (their cycles count twice) but exist
+once (no new vertex state, vertex code or exchange code), and the forward activations are dead
+between their last forward use and the recompute point. Models: a small residual CNN (conv,
+batch norm, sigmoid, add, relu) whose activations dominate the tiles, with
+``RecomputationType.Standard`` and with ``builder.recomputeOutputInBackwardPass``; and a reduced
+BERT encoder (2 layers of hidden 64, 4 heads, sequence 32: attention, GELU feed-forward, group
+norm as PopART's BERT lowers LayerNorm), whose repeated layers are outlined.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import popart
+
+
+def _cnn(manual: bool = False, batch=8, ch=16, hw=16, layers=3):
+    rng = np.random.default_rng(0)
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [batch, ch, hw, hw]), "x")
+    lab = b.addInputTensor(popart.TensorInfo("INT32", [batch]), "label")
+    h = x
+    ids = []
+    for i in range(layers):
+        w = b.addInitializedInputTensor((rng.standard_normal((ch, ch, 3, 3)) * 0.1).astype(np.float32), f"w{i}")
+        sc = b.addInitializedInputTensor(np.ones(ch, np.float32), f"scale{i}")
+        bi = b.addInitializedInputTensor(np.zeros(ch, np.float32), f"bias{i}")
+        m = b.addInitializedInputTensor(np.zeros(ch, np.float32), f"mean{i}")
+        v = b.addInitializedInputTensor(np.ones(ch, np.float32), f"var{i}")
+        y = b.aiOnnx.batchnormalization([b.aiOnnx.conv([h, w], pads=[1, 1, 1, 1]), sc, bi, m, v], 5)[0]
+        s = b.aiOnnx.sigmoid([y])
+        a = b.aiOnnx.add([s, h])
+        if manual:
+            b.recomputeOutputInBackwardPass({y, s, a})
+        h = b.aiOnnx.relu([a])
+        ids += [f"w{i}", f"scale{i}", f"bias{i}"]
+    p = b.aiOnnx.reducemean([h], axes=[2, 3], keepdims=0)
+    wf = b.addInitializedInputTensor((rng.standard_normal((ch, 10)) * 0.1).astype(np.float32), "wf")
+    loss = b.aiGraphcore.nllloss([b.aiOnnx.softmax([b.aiOnnx.matmul([p, wf])], axis=1), lab])
+    feeds = {x: rng.standard_normal((batch, ch, hw, hw)).astype(np.float32),
+             lab: rng.integers(0, 10, batch).astype(np.int32)}
+    return b, loss, feeds, ids + ["wf"]
+
+
+def _bert(batch=2, seq=32, hidden=64, heads=4, layers=2):
+    rng = np.random.default_rng(0)
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [batch * seq, hidden]), "x")
+    lab = b.addInputTensor(popart.TensorInfo("INT32", [batch * seq]), "label")
+    dh = hidden // heads
+    ids = []
+
+    def weight(name, shape, scale=0.05):
+        ids.append(name)
+        return b.addInitializedInputTensor((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+    def norm(t, name):
+        g = b.addInitializedInputTensor(np.ones(hidden, np.float32), f"{name}/gamma")
+        be = b.addInitializedInputTensor(np.zeros(hidden, np.float32), f"{name}/beta")
+        ids.extend([f"{name}/gamma", f"{name}/beta"])
+        return b.aiGraphcore.groupnormalization([t, g, be], 1)[0]
+
+    def heads_of(t):        # [B*S, H] -> [B, heads, S, dh]
+        return b.aiOnnx.transpose([b.aiOnnx.reshape([t, b.aiOnnx.constant(np.array([batch, seq, heads, dh], np.int64))])],
+                                  perm=[0, 2, 1, 3])
+
+    h = x
+    for i in range(layers):
+        q, k, v = (heads_of(b.aiOnnx.matmul([h, weight(f"l{i}/{n}", (hidden, hidden))])) for n in "qkv")
+        kt = b.aiOnnx.transpose([k], perm=[0, 1, 3, 2])
+        att = b.aiOnnx.softmax([b.aiOnnx.mul([b.aiOnnx.matmul([q, kt]),
+                                              b.aiOnnx.constant(np.array(dh ** -0.5, np.float32))])], axis=3)
+        ctx = b.aiOnnx.reshape([b.aiOnnx.transpose([b.aiOnnx.matmul([att, v])], perm=[0, 2, 1, 3]),
+                                b.aiOnnx.constant(np.array([batch * seq, hidden], np.int64))])
+        h = norm(b.aiOnnx.add([b.aiOnnx.matmul([ctx, weight(f"l{i}/o", (hidden, hidden))]), h]), f"l{i}/ln1")
+        f = b.aiGraphcore.gelu([b.aiOnnx.matmul([h, weight(f"l{i}/ff1", (hidden, 4 * hidden))])])
+        h = norm(b.aiOnnx.add([b.aiOnnx.matmul([f, weight(f"l{i}/ff2", (4 * hidden, hidden))]), h]), f"l{i}/ln2")
+    logits = b.aiOnnx.matmul([h, weight("head", (hidden, 16))])
+    loss = b.aiGraphcore.nllloss([b.aiOnnx.softmax([logits], axis=1), lab])
+    feeds = {x: rng.standard_normal((batch * seq, hidden)).astype(np.float32),
+             lab: rng.integers(0, 16, batch * seq).astype(np.int32)}
+    return b, loss, feeds, ids
+
+
+def _step(make, mode="NoRecompute", tiles=16, **kw):
+    """One training step (ConstSGD 0.1) on an IPU Model of ``tiles`` tiles: (session, loss,
+    weights after the step, predicted peak tile bytes, predicted cycles)."""
+    b, loss, feeds, ids = make(**kw)
+    o = popart.SessionOptions()
+    o.autoRecomputation = getattr(popart.RecomputationType, mode)
+    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}), loss,
+                               popart.ConstSGD(0.1), popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": tiles}),
+                               userOptions=o)
+    s.prepareDevice()
+    s.weightsFromHost()
+    a = s.initAnchorArrays()
+    s.run(popart.PyStepIO(feeds, a))
+    s.weightsToHost()
+    w = {i: np.zeros(s.getInfo(i).shape(), np.float32) for i in ids}
+    s.readWeights(popart.PyWeightsIO(w))
+    return s, float(a[loss]), w, int(s._engine._compiled.memory.total.max()), s.getCycleCount()
+
+
+def _compare(base, rec):
+    s0, loss0, w0, peak0, cyc0 = base
+    s1, loss1, w1, peak1, cyc1 = rec
+    assert s1._ir.recomputed > 0 and s0._ir.recomputed == 0
+    assert loss1 == loss0
+    for k in w0:
+        np.testing.assert_array_equal(w1[k], w0[k], err_msg=k)
+    assert peak1 < peak0, (peak1, peak0)
+    assert cyc1 > cyc0, (cyc1, cyc0)
+    # re-run, not cloned: not one compute set more than without recomputation
+    c0, c1 = (s._engine._compiled.compiler for s in (s0, s1))
+    assert len(c1.cs_cache) == len(c0.cs_cache)
+    assert len(c1.steps) > len(c0.steps)
+    return peak1 / peak0, cyc1 / cyc0
+
+
+@pytest.fixture(scope="module")
+def cnn_base():
+    return _step(_cnn)
+
+
+def test_standard_recomputation_cnn(cnn_base):
+    _compare(cnn_base, _step(_cnn, "Standard"))
+
+
+def test_manual_recomputation_cnn(cnn_base):
+    rec = _step(_cnn, manual=True)
+    assert rec[0]._ir.recomputed == 6      # BatchNorm and Sigmoid: the backward pass reads no Add output
+    mem, cyc = _compare(cnn_base, rec)
+    assert mem < 0.95
+
+
+def test_standard_recomputation_reduced_bert():
+    base = _step(_bert)
+    rec = _step(_bert, "Standard")
+    _compare(base, rec)
+
+
+def test_recompute_reruns_the_forward_compute_sets(cnn_base):
+    """Each Sigmoid compute set executes twice as often as without recomputation (the layers
+    are outlined: one compute set serves the three layers); no compute set is added."""
+    from collections import Counter
+    runs = []
+    for s in (cnn_base[0], _step(_cnn, manual=True)[0]):
+        comp = s._engine._compiled.compiler
+        runs.append(Counter(getattr(st, "cs_id", None) for st in comp.steps if st.name.split("/")[0] == "Sigmoid"))
+        assert not any("recompute" in st.name for st in comp.steps)
+    assert set(runs[0]) == set(runs[1]) and runs[0]
+    assert all(runs[1][k] == 2 * runs[0][k] for k in runs[0])
+
+
+def test_standard_checkpoints_follow_popart_intervals():
+    from openipu.popart.transforms.recompute import decreasing_intervals
+    assert decreasing_intervals(1) == [(0, 1)]
+    assert decreasing_intervals(4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert decreasing_intervals(8)[:2] == [(0, 2), (2, 3)]
+    iv = decreasing_intervals(25)
+    assert iv[:4] == [(0, 4), (4, 7), (7, 9), (9, 10)] and iv[-1] == (24, 25)
+    assert [a for a, _ in iv[1:]] == [b for _, b in iv[:-1]]
