@@ -1,11 +1,19 @@
 """Recomputation (PopART's ``RecomputationType`` and ``builder.recomputeOutputInBackwardPass``,
-``research/popart.md`` 3.4): forward ops marked *Recompute* are cloned into the backward pass,
-just before the first gradient op that reads their outputs, and the gradient ops read the clones.
-The forward activations then die after their last forward use: predicted tile memory falls, and
-the clones add their cycles (the trade PopART's recomputation makes). This is PopART's explicit
-form (``explicitRecomputation``). PopART's default implicit form costs the same cycles but re-runs the
-forward ops' own compute sets, adding no code; openipu's clones add their code, vertex state and
-exchange code (not modelled yet: on code-bound tiles the predicted peak can rise).
+``research/popart.md`` 3.4): forward ops marked *Recompute* get a recomputation op in the backward
+pass (``IrOp.recomputes`` names the forward op), just before the first gradient op that reads
+their outputs, and the gradient ops read its outputs (``<id>__re``).
+
+Lowering (:mod:`openipu.popart.lowering.program`), as PopART's default implicit recomputation
+does it: the forward op is lowered into a program fragment of its own, and the recomputation op
+runs that same fragment again. Its compute sets and copies execute twice (the cycles count
+twice) but exist once (no new vertex state, vertex code or exchange code); its output tensors are
+rewritten, so the forward activations are dead from their last forward use to the recompute
+point (the memory plan's def-use segments), and the outputs of an op whose inputs are
+recomputed are not kept alive across that gap either (the in-place analysis treats ``<id>__re``
+as ``<id>``). In an outlined subgraph the fragment lies in the body shared by every layer: the
+layer's inputs are copied in and its results copied out, as a call does. With pipelining the
+recomputation op is lowered on its own, in its stage (PopART's pipeline recomputation reads the
+restored stashes).
 
 Which ops recompute:
 
