@@ -267,7 +267,8 @@ def predict(model: TrainModel, opts, num_ipus: int = 1, proto: bytes | None = No
     """Compile ``model`` (or ``proto``) as a TrainingSession with ``opts`` on ``num_ipus`` offline
     IPUs (all replicas) and predict one step. Returns predicted IPU figures: ``cycles`` (one
     batch), ``seconds``, ``samples`` (per batch), ``samples_per_s``, ``peak_tile_bytes``, ``fits``,
-    ``oom_tiles``, ``update_cycles``, ``all_reduce_cycles``, ``grad_bytes`` (of the trainable
+    ``oom_tiles``, ``peak_live_bytes`` (the most bytes of not-always-live variables, activations
+    and temporaries, that any tile holds at once), ``update_cycles``, ``all_reduce_cycles``, ``grad_bytes`` (of the trainable
     weights), ``link_bytes_per_s``, ``clock_hz``; and ``host_compile_s`` (host)."""
     import popart
 
@@ -297,6 +298,7 @@ def predict(model: TrainModel, opts, num_ipus: int = 1, proto: bytes | None = No
     fullest = int(np.argmax(mem.total))
     out = {"cycles": b["cycles"], "seconds": b["seconds"], "samples": samples,
            "samples_per_s": samples / b["seconds"], "peak_tile_bytes": int(mem.total.max()), "fits": mem.fits(),
+           "peak_live_bytes": int(mem.not_always_live_peak.max()),
            "oom_tiles": int(mem.out_of_memory_tiles.size), "bytes_per_tile": int(e._spec.bytes_per_tile),
            "fullest_tile": {k: int(v[fullest]) for k, v in mem.categories.items()},
            "update_cycles": _steps_of(e, _op_names(ir, UPDATE_OPS)),
@@ -528,8 +530,9 @@ def report(res: dict, af: int, replicas: int, stages: int, pipe_af: int, torch_s
                   f"{_b(r['peak_tile_bytes'])} B), cycles x{r['cycles'] / b0['cycles']:.3f} (predicted).")
         r = res[f"recompute {kind}"]
         print(f"Recomputation {kind}: peak tile memory x{r['peak_tile_bytes'] / base['peak_tile_bytes']:.3f} "
-              f"({_b(base['peak_tile_bytes'])} -> {_b(r['peak_tile_bytes'])} B), cycles "
-              f"x{r['cycles'] / base['cycles']:.3f} (predicted).")
+              f"({_b(base['peak_tile_bytes'])} -> {_b(r['peak_tile_bytes'])} B), peak live activations on a tile "
+              f"x{r['peak_live_bytes'] / max(base['peak_live_bytes'], 1):.3f} ({_b(base['peak_live_bytes'])} -> "
+              f"{_b(r['peak_live_bytes'])} B), cycles x{r['cycles'] / base['cycles']:.3f} (predicted).")
     acc = res[f"accumulation {af}"]
     s1, sn = base["update_cycles"] / base["cycles"], acc["update_cycles"] / acc["cycles"]
     print(f"Weight-update share of a batch (predicted; {', '.join(UPDATE_OPS[:3])} ...): accumulation 1: {s1:.2%} "

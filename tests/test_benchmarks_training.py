@@ -42,6 +42,7 @@ def base(mlp):
 def test_recomputation_lowers_peak_memory_and_raises_cycles(mlp, base):
     r = training.recompute(mlp, "Standard")
     assert r["peak_tile_bytes"] < 0.95 * base["peak_tile_bytes"]
+    assert r["peak_live_bytes"] < base["peak_live_bytes"]
     assert r["cycles"] > base["cycles"]
 
 
