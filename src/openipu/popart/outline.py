@@ -113,9 +113,11 @@ def _op_keys(ir) -> np.ndarray:
         attrs = sorted((a, v) for a, v in op.attrs.items() if a != "__node__")    # the node's name
         reader = VALUE_INPUTS.get((op.domain, op.op_type))
         baked = tuple(op.inputs[j] for j in reader(op, ir)) if reader is not None else ()
+        # a recomputation op re-runs its forward op's fragment (PopART's implicit recomputation
+        # has no op for it): it may stand in for another recomputation op, never for a forward op
         k = (op.domain, op.op_type, op.opset, repr(attrs), baked,
              tuple(_tensor_key(ir, x) for x in op.inputs), tuple(_tensor_key(ir, x) for x in op.outputs),
-             op.vgraph, op.pipeline_stage)
+             op.vgraph, op.pipeline_stage, op.recomputes is not None)
         out[i] = ids.setdefault(k, len(ids))
     return out
 
