@@ -191,3 +191,17 @@ def test_recomputing_session_exports_and_loads(tmp_path):
         out.append((float(a[loss]), s.getCycleCount()))
     assert s._ir.recomputed > 0
     assert out[0] == out[1]
+
+
+def test_recompute_all_adds_no_compute_set():
+    """RecomputeAll recomputes every forward op: the recomputation ops are outlined only with
+    each other, so the forward layers keep their shared body and no compute set is added; the
+    weights are those of a session without recomputation and the cycles grow."""
+    base = _step(_cnn, batch=2, ch=4, hw=8)
+    rec = _step(_cnn, "RecomputeAll", batch=2, ch=4, hw=8)
+    assert rec[0]._ir.recomputed > base[0]._ir.recomputed == 0
+    c0, c1 = (s._engine._compiled.compiler for s in (base[0], rec[0]))
+    assert len(c1.cs_cache) == len(c0.cs_cache)
+    assert rec[4] > base[4]
+    for k in base[2]:
+        np.testing.assert_array_equal(rec[2][k], base[2][k], err_msg=k)
