@@ -73,12 +73,27 @@ INDEX_CHUNK = 1 << 21
 class _Groups:
     """The pieces of a view grouped by equal sizes and strides: in a group, element ``i`` of piece
     ``k`` is at buffer position ``base[k] + local[i]`` and at flat view position ``pos[k] +
-    pos_local[i]``. Host memory follows pieces and distinct piece shapes; the element index of a
-    group is built only while it is used, in bounded chunks (:meth:`indices`)."""
+    pos_local[i]``.
 
-    __slots__ = ("groups",)
+    A group whose pieces tile a regular grid of the view (corners ``lo0 + idx * step`` over a
+    full grid of ``idx``) with buffer positions affine in the grid index (``b0 + idx @ B``) --
+    blocked layouts, the common case -- is moved by one strided copy between two rank
+    ``grid + piece`` views (:attr:`grids`), planned once and holding a few integers. Other groups
+    (:attr:`groups`) go through index gathers whose element indices are built only while they
+    are used, in bounded chunks (:meth:`indices`). Host memory follows pieces and distinct piece
+    shapes, never elements.
 
-    def __init__(self, lo, sz, st, host, shape):
+    Args:
+        lo, sz, st: per piece (``[k, rank]`` int64) the view corner, sizes and buffer strides.
+        host: ``[k]`` buffer position of each piece's corner element.
+        shape: the view's shape.
+        write: plan writes: grid dims that map several pieces to one address keep their last
+            piece (as numpy's last write wins); piece dims must already be cut by the caller.
+    """
+
+    __slots__ = ("groups", "grids")
+
+    def __init__(self, lo, sz, st, host, shape, write: bool = False):
         S = np.array(row_major_strides(shape), np.int64).reshape(len(shape))
         key = np.concatenate([sz, st], axis=1)
         _, inv = np.unique(key, axis=0, return_inverse=True)
@@ -86,8 +101,13 @@ class _Groups:
         order = np.argsort(inv, kind="stable")
         cuts = np.flatnonzero(np.diff(inv[order])) + 1
         self.groups = []
+        self.grids = []
         for members in np.split(order, cuts):
             k0 = members[0]
+            grid = _grid_plan(lo[members], sz[k0], st[k0], host[members], write)
+            if grid is not None:
+                self.grids.append(grid)
+                continue
             local = np.zeros((), np.int64)
             pos_local = np.zeros((), np.int64)
             for j, n in enumerate(sz[k0].tolist()):
@@ -105,6 +125,77 @@ class _Groups:
             for a in range(0, base.numel(), step):
                 yield ((base[a:a + step, None] + local).reshape(-1),
                        (pos[a:a + step, None] + pos_local).reshape(-1))
+
+    def strided(self, buf: torch.Tensor, view: torch.Tensor):
+        """``(buffer side, view side, dims to flip)``: equal-shape strided views, one per grid
+        group, of ``buf`` (a ``[replicas, size]`` buffer) and ``view`` (a ``[replicas or 1,
+        *shape]`` tensor, any strides). A read copies the buffer side, flipped, into the view
+        side; a write the view side, flipped, into the buffer side."""
+        vst = view.stride()[1:]
+        for size, bst, boff, flip, gdims, steps, lo0 in self.grids:
+            vs = tuple(s * vst[j] for j, s in zip(gdims, steps)) + vst
+            b = buf.as_strided((buf.shape[0],) + size, (buf.stride(0),) + bst, buf.storage_offset() + boff)
+            v = view.as_strided((view.shape[0],) + size, (view.stride(0),) + vs,
+                                view.storage_offset() + sum(a * b_ for a, b_ in zip(lo0, vst)))
+            yield b, v, flip
+
+
+def _grid_plan(lo: np.ndarray, sz: np.ndarray, st: np.ndarray, host: np.ndarray, write: bool):
+    """The strided plan of a group of equal pieces (corners ``lo`` ``[k, rank]``, sizes ``sz``
+    and buffer strides ``st`` ``[rank]``, corner buffer positions ``host`` ``[k]``) if the
+    corners form a full regular grid and the positions are affine in the grid index, else
+    ``None``. The plan: sizes and non-negative buffer strides of the ``grid dims + piece dims``
+    view, its buffer offset, the dims to flip (negative strides), the view dims of the grid, their
+    corner steps and the first corner."""
+    k, rank = lo.shape
+    if k < 2:
+        return None
+    gdims, steps, counts, idx = [], [], [], []
+    for j in range(rank):
+        u, inv = np.unique(lo[:, j], return_inverse=True)
+        if len(u) == 1:
+            continue
+        d = np.diff(u)
+        if (d != d[0]).any():
+            return None
+        gdims.append(j), steps.append(int(d[0])), counts.append(len(u)), idx.append(inv.reshape(-1))
+    if int(np.prod(counts)) != k:
+        return None
+    grid_idx = np.stack(idx, 1)
+    if len(np.unique(np.ravel_multi_index(tuple(idx), counts))) != k:
+        return None
+    order = np.lexsort(grid_idx.T[::-1])
+    base = host[order].reshape(counts)
+    b0 = int(base.reshape(-1)[0])
+    B = [int(np.take(base, [1], axis=a).reshape(-1)[0]) - b0 for a in range(len(counts))]
+    expect = b0 + sum(np.arange(c, dtype=np.int64).reshape([-1 if a == i else 1 for a in range(len(counts))]) * b
+                      for i, (c, b) in enumerate(zip(counts, B)))
+    if not np.array_equal(base, np.broadcast_to(expect, base.shape)):
+        return None
+    lo0 = lo[order[0]].astype(np.int64).copy()
+    size = list(counts) + sz.tolist()
+    strides = B + st.tolist()
+    if write:
+        # several grid cells at one address: keep the last cell (the last write wins)
+        keep = []
+        for i, (j, b, c) in enumerate(zip(gdims, B, counts)):
+            if b == 0 and c > 1:
+                lo0[j] += (c - 1) * steps[i]
+            else:
+                keep.append(i)
+        gdims, steps = [gdims[i] for i in keep], [steps[i] for i in keep]
+        size = [counts[i] for i in keep] + sz.tolist()
+        strides = [B[i] for i in keep] + st.tolist()
+    off = b0
+    flip = []
+    for i, (n, s) in enumerate(zip(size, strides)):
+        if s < 0:
+            off += (n - 1) * s
+            strides[i] = -s
+            if n > 1:
+                flip.append(i + 1)
+    return (tuple(int(x) for x in size), tuple(int(x) for x in strides), int(off), tuple(flip),
+            tuple(gdims), tuple(steps), tuple(int(x) for x in lo0))
 
 
 class Accessor:
@@ -146,12 +237,9 @@ class Accessor:
             lo, sz, st = p.lo, p.sz, p.st
             read = _Groups(lo, sz, st, host, self.shape)
             bc = (st == 0) & (sz > 1)
-            if bc.any():
-                # several elements of the view are one address: the last one written wins (numpy)
-                lo, sz = np.where(bc, lo + sz - 1, lo), np.where(bc, 1, sz)
-                write = _Groups(lo, sz, st, host, self.shape)
-            else:
-                write = read
+            # several elements of the view at one address: the last one written wins (numpy)
+            lo, sz = np.where(bc, lo + sz - 1, lo), np.where(bc, 1, sz)
+            write = _Groups(lo, sz, st, host, self.shape, write=True)
             self._groups = (read, write)
             plan = None
         elif len(p):
@@ -176,6 +264,8 @@ class Accessor:
         R = storage.replicas
         if plan is None:
             v = buf.new_empty((R,) + self.shape)
+            for b, part, flip in self._groups[0].strided(_raw(buf), _raw(v)):
+                part.copy_(b.flip(flip) if flip else b)
             flat = v.view(R, -1)
             for src, dst in self._groups[0].indices():
                 _raw(flat).index_copy_(1, dst, _raw(buf).index_select(1, src))
@@ -212,6 +302,8 @@ class Accessor:
             value = value.expand((R,) + self.shape)
         plan = self._pieces(storage)
         if plan is None:
+            for b, part, flip in self._groups[1].strided(_raw(buf), _raw(value)):
+                b.copy_(part.flip(flip) if flip else part)
             flat = value.reshape(value.shape[0], -1)
             for dst, src in self._groups[1].indices():
                 _raw(buf).index_copy_(1, dst, _raw(flat).index_select(1, src))
