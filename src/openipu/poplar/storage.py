@@ -304,6 +304,8 @@ class Accessor:
         if plan is None:
             for b, part, flip in self._groups[1].strided(_raw(buf), _raw(value)):
                 b.copy_(part.flip(flip) if flip else part)
+            if not self._groups[1].groups:
+                return
             flat = value.reshape(value.shape[0], -1)
             for dst, src in self._groups[1].indices():
                 _raw(buf).index_copy_(1, dst, _raw(flat).index_select(1, src))
