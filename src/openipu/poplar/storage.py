@@ -104,9 +104,9 @@ class _Groups:
         self.grids = []
         for members in np.split(order, cuts):
             k0 = members[0]
-            grid = _grid_plan(lo[members], sz[k0], st[k0], host[members], write)
-            if grid is not None:
-                self.grids.append(grid)
+            grids = _grid_plans(lo[members], sz[k0], st[k0], host[members], write)
+            if grids is not None:
+                self.grids.extend(grids)
                 continue
             local = np.zeros((), np.int64)
             pos_local = np.zeros((), np.int64)
@@ -148,8 +148,8 @@ def _grid_plan(lo: np.ndarray, sz: np.ndarray, st: np.ndarray, host: np.ndarray,
     view, its buffer offset, the dims to flip (negative strides), the view dims of the grid, their
     corner steps and the first corner."""
     k, rank = lo.shape
-    if k < 2:
-        return None
+    if k == 1:
+        return _normalise(sz.tolist(), st.tolist(), int(host[0]), (), (), lo[0])
     gdims, steps, counts, idx = [], [], [], []
     for j in range(rank):
         u, inv = np.unique(lo[:, j], return_inverse=True)
@@ -186,7 +186,13 @@ def _grid_plan(lo: np.ndarray, sz: np.ndarray, st: np.ndarray, host: np.ndarray,
         gdims, steps = [gdims[i] for i in keep], [steps[i] for i in keep]
         size = [counts[i] for i in keep] + sz.tolist()
         strides = [B[i] for i in keep] + st.tolist()
-    off = b0
+    return _normalise(size, strides, b0, gdims, steps, lo0)
+
+
+def _normalise(size, strides, off, gdims, steps, lo0):
+    """A grid plan with its negative buffer strides made positive (the offset moved to the lowest
+    element and the dim flipped)."""
+    strides = [int(s) for s in strides]
     flip = []
     for i, (n, s) in enumerate(zip(size, strides)):
         if s < 0:
@@ -194,8 +200,38 @@ def _grid_plan(lo: np.ndarray, sz: np.ndarray, st: np.ndarray, host: np.ndarray,
             strides[i] = -s
             if n > 1:
                 flip.append(i + 1)
-    return (tuple(int(x) for x in size), tuple(int(x) for x in strides), int(off), tuple(flip),
+    return (tuple(int(x) for x in size), tuple(strides), int(off), tuple(flip),
             tuple(gdims), tuple(steps), tuple(int(x) for x in lo0))
+
+
+#: A group of equal pieces that is not one grid may be cut along one view dim into at most this
+#: many grids (one strided copy each per run); beyond that it goes through index gathers.
+MAX_GRID_SPLIT = 32
+
+
+def _grid_plans(lo, sz, st, host, write: bool):
+    """Grid plans (:func:`_grid_plan`) covering a group of equal pieces: one grid, or the group
+    cut by the corner of one view dim into at most :data:`MAX_GRID_SPLIT` grids; ``None`` if
+    neither works (the group then goes through index gathers)."""
+    plan = _grid_plan(lo, sz, st, host, write)
+    if plan is not None:
+        return [plan]
+    cands = []
+    for j in range(lo.shape[1]):
+        u, inv = np.unique(lo[:, j], return_inverse=True)
+        if 1 < len(u) <= MAX_GRID_SPLIT:
+            cands.append((len(u), j, inv.reshape(-1)))
+    for n, j, inv in sorted(cands, key=lambda c: c[:2]):
+        order = np.argsort(inv, kind="stable")
+        plans = []
+        for m in np.split(order, np.flatnonzero(np.diff(inv[order])) + 1):
+            p = _grid_plan(lo[m], sz, st, host[m], write)
+            if p is None:
+                break
+            plans.append(p)
+        else:
+            return plans
+    return None
 
 
 class Accessor:
