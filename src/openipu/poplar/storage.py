@@ -239,7 +239,7 @@ class Accessor:
     strided view of the buffer for a single piece, one per piece for a few pieces, grouped
     index gathers for many (:data:`LOOP_MAX_PIECES`)."""
 
-    __slots__ = ("t", "key", "shape", "type", "view_type", "_bound", "_plan", "_groups")
+    __slots__ = ("t", "key", "shape", "numel", "type", "view_type", "_bound", "_plan", "_groups")
 
     def __init__(self, t: Tensor):
         self.t = t
@@ -247,6 +247,7 @@ class Accessor:
         self.type = t._type
         self.view_type = t._view_type
         self.shape = tuple(t.shape())
+        self.numel = int(np.prod(self.shape, dtype=np.int64))
         self._bound = None
         self._plan = None
         self._groups = None
@@ -298,6 +299,17 @@ class Accessor:
         buf = storage.bufs[self.key]
         plan = self._pieces(storage)
         R = storage.replicas
+        threads = _serial(R * self.numel)
+        try:
+            v = self._read(buf, plan, R)
+        finally:
+            if threads:
+                torch.set_num_threads(threads)
+        if self.view_type is not None:
+            v = v.view(self.view_type.torch_dtype) if self.view_type.torch_dtype.itemsize == v.dtype.itemsize else self.view_type.wrap(v)
+        return v
+
+    def _read(self, buf, plan, R):
         if plan is None:
             v = buf.new_empty((R,) + self.shape)
             for b, part, flip in self._groups[0].strided(_raw(buf), _raw(v)):
@@ -315,8 +327,6 @@ class Accessor:
             for box, sz, st, off, flip, _ in plan:
                 pv = self._view(buf, sz, st, off)
                 v[(slice(None),) + box] = pv.flip([d + 1 for d in flip]) if flip else pv
-        if self.view_type is not None:
-            v = v.view(self.view_type.torch_dtype) if self.view_type.torch_dtype.itemsize == v.dtype.itemsize else self.view_type.wrap(v)
         return v
 
     def write(self, storage: Storage, value) -> None:
@@ -327,9 +337,7 @@ class Accessor:
             value = value.view(buf.dtype)
         elif value.dtype != buf.dtype or self.type.wrap_bits:
             value = self.type.wrap(value)
-        n = 1
-        for s in self.shape:
-            n *= s
+        n = self.numel
         if n == 0:
             return
         R = storage.replicas
@@ -337,6 +345,14 @@ class Accessor:
         if value.shape[0] != R:
             value = value.expand((R,) + self.shape)
         plan = self._pieces(storage)
+        threads = _serial(R * n)
+        try:
+            self._write(buf, plan, value)
+        finally:
+            if threads:
+                torch.set_num_threads(threads)
+
+    def _write(self, buf, plan, value):
         if plan is None:
             for b, part, flip in self._groups[1].strided(_raw(buf), _raw(value)):
                 b.copy_(part.flip(flip) if flip else part)
@@ -356,6 +372,25 @@ class Accessor:
                 part = part[(slice(None),) + idx]
                 sz = tuple(1 if i in bcast else s for i, s in enumerate(sz))
             self._view(buf, sz, st, off).copy_(part)
+
+
+#: Elements above which torch splits a copy over its threads (``at::internal::GRAIN_SIZE``).
+PARALLEL_GRAIN = 32768
+
+
+def _serial(elements: int) -> int:
+    """Make torch copy on one thread; returns the thread count to restore (0: nothing to restore).
+    Storage reads and writes are copies (bandwidth-bound, exact): a second thread gains little
+    on an idle host, and when another process holds a core each parallel copy waits for a
+    scheduler slice (measured on this 2-core host, loaded: a 1M-element copy 10.3 ms on two
+    threads, 0.6 ms on one). Kernels keep their own thread policy, so results do not change."""
+    if elements <= PARALLEL_GRAIN:
+        return 0
+    n = torch.get_num_threads()
+    if n == 1:
+        return 0
+    torch.set_num_threads(1)
+    return n
 
 
 _FLOAT8 = {torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz}
