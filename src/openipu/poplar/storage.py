@@ -205,21 +205,26 @@ def _normalise(size, strides, off, gdims, steps, lo0):
 
 
 #: A group of equal pieces that is not one grid may be cut along one view dim into at most this
-#: many grids (one strided copy each per run); beyond that it goes through index gathers.
+#: many grids (one strided copy each per run), of at least :data:`MIN_SPLIT_ELEMENTS` elements
+#: on average (a copy's fixed host cost is that of gathering about that many elements);
+#: otherwise it goes through index gathers.
 MAX_GRID_SPLIT = 32
+MIN_SPLIT_ELEMENTS = 4096
 
 
 def _grid_plans(lo, sz, st, host, write: bool):
     """Grid plans (:func:`_grid_plan`) covering a group of equal pieces: one grid, or the group
-    cut by the corner of one view dim into at most :data:`MAX_GRID_SPLIT` grids; ``None`` if
-    neither works (the group then goes through index gathers)."""
+    cut by the corner of one view dim into at most :data:`MAX_GRID_SPLIT` grids of
+    :data:`MIN_SPLIT_ELEMENTS` elements on average; ``None`` if neither works (the group then
+    goes through index gathers)."""
     plan = _grid_plan(lo, sz, st, host, write)
     if plan is not None:
         return [plan]
     cands = []
+    most = min(MAX_GRID_SPLIT, len(lo) * int(np.prod(sz)) // MIN_SPLIT_ELEMENTS)
     for j in range(lo.shape[1]):
         u, inv = np.unique(lo[:, j], return_inverse=True)
-        if 1 < len(u) <= MAX_GRID_SPLIT:
+        if 1 < len(u) <= most:
             cands.append((len(u), j, inv.reshape(-1)))
     for n, j, inv in sorted(cands, key=lambda c: c[:2]):
         order = np.argsort(inv, kind="stable")
