@@ -96,10 +96,12 @@ class _Groups:
     def __init__(self, lo, sz, st, host, shape, write: bool = False):
         S = np.array(row_major_strides(shape), np.int64).reshape(len(shape))
         key = np.concatenate([sz, st], axis=1)
-        _, inv = np.unique(key, axis=0, return_inverse=True)
-        inv = inv.reshape(-1)
-        order = np.argsort(inv, kind="stable")
-        cuts = np.flatnonzero(np.diff(inv[order])) + 1
+        if (key == key[0]).all():
+            order, cuts = np.arange(len(key)), []
+        else:
+            order = np.lexsort(key.T[::-1])
+            ks = key[order]
+            cuts = np.flatnonzero((ks[1:] != ks[:-1]).any(axis=1)) + 1
         self.groups = []
         self.grids = []
         for members in np.split(order, cuts):
@@ -126,6 +128,10 @@ class _Groups:
                 yield ((base[a:a + step, None] + local).reshape(-1),
                        (pos[a:a + step, None] + pos_local).reshape(-1))
 
+    def repeats(self) -> bool:
+        """Whether a grid puts several of its pieces at one address (a zero grid stride)."""
+        return any(s == 0 and n > 1 for g in self.grids for n, s in zip(g[0][:len(g[4])], g[1][:len(g[4])]))
+
     def strided(self, buf: torch.Tensor, view: torch.Tensor):
         """``(buffer side, view side, dims to flip)``: equal-shape strided views, one per grid
         group, of ``buf`` (a ``[replicas, size]`` buffer) and ``view`` (a ``[replicas or 1,
@@ -151,28 +157,27 @@ def _grid_plan(lo: np.ndarray, sz: np.ndarray, st: np.ndarray, host: np.ndarray,
     if k == 1:
         return _normalise(sz.tolist(), st.tolist(), int(host[0]), (), (), lo[0])
     gdims, steps, counts, idx = [], [], [], []
-    for j in range(rank):
-        u, inv = np.unique(lo[:, j], return_inverse=True)
-        if len(u) == 1:
-            continue
-        d = np.diff(u)
-        if (d != d[0]).any():
-            return None
-        gdims.append(j), steps.append(int(d[0])), counts.append(len(u)), idx.append(inv.reshape(-1))
+    first = lo.min(axis=0)
+    span = lo.max(axis=0) - first
+    for j in np.flatnonzero(span).tolist():
+        rel = lo[:, j] - first[j]
+        step = int(np.gcd.reduce(rel))
+        gdims.append(j), steps.append(step), counts.append(int(span[j]) // step + 1), idx.append(rel // step)
     if int(np.prod(counts)) != k:
         return None
-    grid_idx = np.stack(idx, 1)
-    if len(np.unique(np.ravel_multi_index(tuple(idx), counts))) != k:
+    # k cells of a grid of k: a full grid iff no cell is taken twice
+    cell = np.ravel_multi_index(tuple(idx), counts)
+    if np.bincount(cell, minlength=k).max() != 1:
         return None
-    order = np.lexsort(grid_idx.T[::-1])
-    base = host[order].reshape(counts)
+    base = np.empty(k, np.int64)
+    base[cell] = host
+    base = base.reshape(counts)
     b0 = int(base.reshape(-1)[0])
     B = [int(np.take(base, [1], axis=a).reshape(-1)[0]) - b0 for a in range(len(counts))]
-    expect = b0 + sum(np.arange(c, dtype=np.int64).reshape([-1 if a == i else 1 for a in range(len(counts))]) * b
-                      for i, (c, b) in enumerate(zip(counts, B)))
-    if not np.array_equal(base, np.broadcast_to(expect, base.shape)):
-        return None
-    lo0 = lo[order[0]].astype(np.int64).copy()
+    for a, b in enumerate(B):       # affine: every step along a grid axis moves by the same B
+        if (np.diff(base, axis=a) != b).any():
+            return None
+    lo0 = first.astype(np.int64).copy()
     size = list(counts) + sz.tolist()
     strides = B + st.tolist()
     if write:
@@ -222,7 +227,7 @@ def _grid_plans(lo, sz, st, host, write: bool):
         return [plan]
     cands = []
     most = min(MAX_GRID_SPLIT, len(lo) * int(np.prod(sz)) // MIN_SPLIT_ELEMENTS)
-    for j in range(lo.shape[1]):
+    for j in range(lo.shape[1] if most > 1 else 0):
         u, inv = np.unique(lo[:, j], return_inverse=True)
         if 1 < len(u) <= most:
             cands.append((len(u), j, inv.reshape(-1)))
@@ -261,7 +266,8 @@ class Accessor:
         """Buffer position of each piece's corner element (``[k]``)."""
         p = self.t.pieces
         vs = storage.state.variables
-        sp_idx = np.array([vs[v].space_index for v in p.var.tolist()], np.int64)
+        var, inv = np.unique(p.var, return_inverse=True)
+        sp_idx = np.array([vs[v].space_index for v in var.tolist()], np.int64)[inv.reshape(-1)]
         return p.addr + storage.delta[self.key][sp_idx]
 
     def _pieces(self, storage: Storage):
@@ -279,9 +285,12 @@ class Accessor:
             lo, sz, st = p.lo, p.sz, p.st
             read = _Groups(lo, sz, st, host, self.shape)
             bc = (st == 0) & (sz > 1)
-            # several elements of the view at one address: the last one written wins (numpy)
-            lo, sz = np.where(bc, lo + sz - 1, lo), np.where(bc, 1, sz)
-            write = _Groups(lo, sz, st, host, self.shape, write=True)
+            if bc.any() or read.repeats():
+                # several elements of the view at one address: the last one written wins (numpy)
+                lo, sz = np.where(bc, lo + sz - 1, lo), np.where(bc, 1, sz)
+                write = _Groups(lo, sz, st, host, self.shape, write=True)
+            else:
+                write = read
             self._groups = (read, write)
             plan = None
         elif len(p):
