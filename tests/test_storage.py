@@ -1,6 +1,7 @@
 """Host storage follows the memory plan: variables whose lifetimes do not overlap share addresses."""
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
@@ -192,3 +193,29 @@ def test_grid_plan_holds_integers_per_grid_not_per_element():
         assert all(isinstance(x, (int, tuple)) for grid in read.grids for x in grid)
         sizes.append([tuple(len(x) if isinstance(x, tuple) else 1 for x in grid) for grid in read.grids])
     assert sizes[0] == sizes[1]
+
+
+@pytest.mark.parametrize("grid", [True, False])
+def test_write_of_a_view_of_the_buffer_into_an_overlapping_view(grid):
+    """Writing a value that is a view of the device buffer (a one-piece read) over the same
+    elements (an in-place transpose), through a strided grid plan or a per-piece copy, moves the
+    values as they were."""
+    from openipu.poplar import storage as S
+    g = poplar.Graph(poplar.IPUModel("ipu2").createDevice().getTarget())
+    t = _blocked(g, 6, 6, 3, 3, "row-major")
+    st_ = S.Storage(g._state, 2)
+    buf = st_.bufs["float"]
+    buf.copy_(torch.arange(buf.numel(), dtype=buf.dtype).reshape(buf.shape))
+    before = S.Accessor(t).read(st_).clone()
+    block = t.slice([0, 0], [3, 3])
+    value = S.Accessor(block).read(st_)                 # one piece: a view of the buffer
+    assert value.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+    old = S.LOOP_MAX_PIECES
+    S.LOOP_MAX_PIECES = 0 if grid else old
+    try:
+        S.Accessor(block.transpose()).write(st_, value)
+    finally:
+        S.LOOP_MAX_PIECES = old
+    after = S.Accessor(t).read(st_)
+    np.testing.assert_array_equal(after[:, :3, :3].numpy(), before[:, :3, :3].transpose(1, 2).numpy())
+    np.testing.assert_array_equal(after[:, 3:].numpy(), before[:, 3:].numpy())

@@ -10,6 +10,8 @@ over groups of equal pieces, the element indices built only while they are used.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -163,7 +165,7 @@ def _grid_plan(lo: np.ndarray, sz: np.ndarray, st: np.ndarray, host: np.ndarray,
         rel = lo[:, j] - first[j]
         step = int(np.gcd.reduce(rel))
         gdims.append(j), steps.append(step), counts.append(int(span[j]) // step + 1), idx.append(rel // step)
-    if int(np.prod(counts)) != k:
+    if math.prod(counts) != k:
         return None
     # k cells of a grid of k: a full grid iff no cell is taken twice
     cell = np.ravel_multi_index(tuple(idx), counts)
@@ -249,7 +251,7 @@ class Accessor:
     strided view of the buffer for a single piece, one per piece for a few pieces, grouped
     index gathers for many (:data:`LOOP_MAX_PIECES`)."""
 
-    __slots__ = ("t", "key", "shape", "numel", "type", "view_type", "_bound", "_plan", "_groups")
+    __slots__ = ("t", "key", "shape", "numel", "type", "view_type", "_bound", "_plan", "_groups", "_span")
 
     def __init__(self, t: Tensor):
         self.t = t
@@ -261,6 +263,7 @@ class Accessor:
         self._bound = None
         self._plan = None
         self._groups = None
+        self._span = (0, -1)
 
     def _host_addresses(self, storage: Storage) -> np.ndarray:
         """Buffer position of each piece's corner element (``[k]``)."""
@@ -280,8 +283,14 @@ class Accessor:
         p = self.t.pieces
         plan = []
         self._groups = None
+        self._span = (0, -1)
+        if len(p):
+            # buffer positions [first, last] the view touches (row 0; replica r adds r * row size)
+            h = self._host_addresses(storage)
+            ext = (p.sz - 1) * p.st
+            self._span = (int((h + np.minimum(ext, 0).sum(axis=1)).min()), int((h + np.maximum(ext, 0).sum(axis=1)).max()))
         if len(p) > LOOP_MAX_PIECES:
-            host = self._host_addresses(storage)
+            host = h
             lo, sz, st = p.lo, p.sz, p.st
             read = _Groups(lo, sz, st, host, self.shape)
             bc = (st == 0) & (sz > 1)
@@ -294,7 +303,7 @@ class Accessor:
             self._groups = (read, write)
             plan = None
         elif len(p):
-            host = self._host_addresses(storage).tolist()
+            host = h.tolist()
             for k in range(len(p)):
                 sz = tuple(int(x) for x in p.sz[k])
                 st = [int(x) for x in p.st[k]]
@@ -366,7 +375,18 @@ class Accessor:
             if threads:
                 torch.set_num_threads(threads)
 
+    def _overlaps(self, buf, value) -> bool:
+        """Whether ``value`` is a view of ``buf`` over positions this view writes."""
+        if value.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr() or buf.numel() == 0:
+            return False
+        row = buf.stride(0)
+        a = value.storage_offset() - buf.storage_offset()
+        b = a + sum((n - 1) * s for n, s in zip(value.shape, value.stride()))
+        return a <= self._span[1] + (buf.shape[0] - 1) * row and self._span[0] <= b
+
     def _write(self, buf, plan, value):
+        if self._overlaps(buf, value):
+            value = value.clone()           # a view of the buffer over what is written: copy it first
         if plan is None:
             for b, part, flip in self._groups[1].strided(_raw(buf), _raw(value)):
                 b.copy_(part.flip(flip) if flip else part)
