@@ -4,8 +4,11 @@ The buffers follow the memory plan (:func:`openipu.poplar.memory.host_offsets`):
 elements lie at ``offset(variable) + index``, and variables whose lifetimes do not overlap share
 offsets, as they share memory on the chip. An :class:`Accessor` reads or writes a tensor view
 with strided views of the buffer: a one-piece view is a single strided view, a view of a few
-pieces is assembled box by box, and a view of many pieces (blocked layouts) through index gathers
-over groups of equal pieces, the element indices built only while they are used.
+pieces is assembled box by box, and a view of many pieces (blocked layouts) is planned once, on its
+first use, as groups of equal pieces: a group on a regular grid with affine buffer positions moves
+by one strided copy (its plan a few integers), the rest through index gathers whose element indices
+are built only while they are used. Plans follow pieces, never elements. Storage copies run on one
+torch thread (exact copies; kernels keep their own thread policy).
 """
 
 from __future__ import annotations
@@ -248,8 +251,9 @@ def _grid_plans(lo, sz, st, host, write: bool):
 
 class Accessor:
     """Precomputed read / write of one tensor view (values shaped ``[replicas, *shape]``): one
-    strided view of the buffer for a single piece, one per piece for a few pieces, grouped
-    index gathers for many (:data:`LOOP_MAX_PIECES`)."""
+    strided view of the buffer for a single piece, one per piece for a few pieces, and for many
+    (:data:`LOOP_MAX_PIECES`) the grid copies and index gathers of :class:`_Groups`. The plan is
+    built on the first read or write and kept for that storage."""
 
     __slots__ = ("t", "key", "shape", "numel", "type", "view_type", "_bound", "_plan", "_groups", "_span")
 
