@@ -292,7 +292,8 @@ class Accessor:
             # buffer positions [first, last] the view touches (row 0; replica r adds r * row size)
             h = self._host_addresses(storage)
             ext = (p.sz - 1) * p.st
-            self._span = (int((h + np.minimum(ext, 0).sum(axis=1)).min()), int((h + np.maximum(ext, 0).sum(axis=1)).max()))
+            self._span = (int((h + np.minimum(ext, 0).sum(axis=1)).min()),
+                          int((h + np.maximum(ext, 0).sum(axis=1)).max()))
         if len(p) > LOOP_MAX_PIECES:
             host = h
             lo, sz, st = p.lo, p.sz, p.st
