@@ -1,6 +1,7 @@
 """Host storage follows the memory plan: variables whose lifetimes do not overlap share addresses."""
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
@@ -122,3 +123,99 @@ def test_accessor_reads_and_writes_views_of_many_pieces_like_their_addresses(row
     finally:
         S.LOOP_MAX_PIECES, S.INDEX_CHUNK = old
 
+
+
+def _blocked(g, rows, cols, br, bc, order):
+    from openipu.poplar import regions
+    lo, sz = regions.grid_cells([np.unique(np.r_[0:rows:br, rows]), np.unique(np.r_[0:cols:bc, cols])])
+    if order == "shuffled":
+        perm = np.random.default_rng(rows * 100 + cols).permutation(len(lo))
+        lo, sz = lo[perm], sz[perm]
+    elif order == "column-major":
+        perm = np.lexsort((lo[:, 0], lo[:, 1]))
+        lo, sz = lo[perm], sz[perm]
+    return g.add_blocks(poplar.FLOAT, [rows, cols], lo, sz, "t")
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(2, 12), st.integers(2, 12), st.integers(1, 4), st.integers(1, 5), st.integers(0, 8),
+       st.sampled_from(["row-major", "column-major", "shuffled"]), st.integers(1, 2))
+def test_grid_plans_move_blocked_views_like_their_addresses(rows, cols, br, bc, view, order, reps):
+    """Blocked tensors stored block after block (row- or column-major over the blocks, or
+    shuffled), viewed whole, transposed, reversed, sub-sampled, broadcast and concatenated with
+    themselves: the strided grid copies (and the index gathers left for what is not a grid) read
+    every element from its address and write every address from one of its elements."""
+    from openipu.poplar import storage as S
+    g = poplar.Graph(poplar.IPUModel("ipu2").createDevice().getTarget())
+    t = _blocked(g, rows, cols, br, bc, order)
+    views = [t, t.transpose(), t.reverse(0), t.reverse(1).transpose(), t.subSample(2, 1),
+             poplar.concat([t, t], 0), t.slice(0, 1, 0).broadcast(3, 0), poplar.concat([t.reverse(1), t], 1),
+             t.reshape([rows, cols, 1]).broadcast(2, 2)]
+    v = views[view]
+    st_ = S.Storage(g._state, reps)
+    buf = st_.bufs["float"]
+    buf.copy_(torch.arange(buf.numel(), dtype=buf.dtype).reshape(buf.shape))
+    pos = torch.from_numpy(st_.host_positions("float", v.addresses().reshape(-1)))
+    old = S.LOOP_MAX_PIECES
+    S.LOOP_MAX_PIECES = 0
+    try:
+        acc = S.Accessor(v)
+        np.testing.assert_array_equal(acc.read(st_).reshape(reps, -1).numpy(), buf[:, pos].numpy())
+        if order == "row-major" and view in (0, 1, 2, 3):
+            assert not acc._groups[0].groups and not acc._groups[1].groups   # all strided, no indices
+            assert len(acc._groups[0].grids) <= 4                           # inner, right, bottom, corner
+        new = torch.rand(reps, *v.shape())
+        acc.write(st_, new)
+        flat = new.reshape(reps, -1)
+        for p in torch.unique(pos).tolist():
+            cand = flat[:, (pos == p).nonzero()[:, 0]]
+            assert any(bool((buf[:, p] == cand[:, c]).all()) for c in range(cand.shape[1]))
+        # an expanded value (one replica's values broadcast to all) writes every replica
+        one = torch.rand(1, *v.shape())
+        acc.write(st_, one.expand(reps, *v.shape()))
+        np.testing.assert_array_equal(acc.read(st_).numpy(), S.Accessor(v).read(st_).numpy())
+    finally:
+        S.LOOP_MAX_PIECES = old
+
+
+def test_grid_plan_holds_integers_per_grid_not_per_element():
+    """The plan of a blocked view is a few integers per grid: the same for blocks 64x larger."""
+    from openipu.poplar import storage as S
+    sizes = []
+    for scale in (1, 8):
+        g = poplar.Graph(poplar.IPUModel("ipu2").createDevice().getTarget())
+        t = _blocked(g, 40 * scale, 30 * scale, 3 * scale, 4 * scale, "row-major")
+        st_ = S.Storage(g._state, 1)
+        acc = S.Accessor(t.transpose())
+        acc.read(st_)
+        read, write = acc._groups
+        assert not read.groups and not write.groups
+        assert all(isinstance(x, (int, tuple)) for grid in read.grids for x in grid)
+        sizes.append([tuple(len(x) if isinstance(x, tuple) else 1 for x in grid) for grid in read.grids])
+    assert sizes[0] == sizes[1]
+
+
+@pytest.mark.parametrize("grid", [True, False])
+def test_write_of_a_view_of_the_buffer_into_an_overlapping_view(grid):
+    """Writing a value that is a view of the device buffer (a one-piece read) over the same
+    elements (an in-place transpose), through a strided grid plan or a per-piece copy, moves the
+    values as they were."""
+    from openipu.poplar import storage as S
+    g = poplar.Graph(poplar.IPUModel("ipu2").createDevice().getTarget())
+    t = _blocked(g, 6, 6, 3, 3, "row-major")
+    st_ = S.Storage(g._state, 2)
+    buf = st_.bufs["float"]
+    buf.copy_(torch.arange(buf.numel(), dtype=buf.dtype).reshape(buf.shape))
+    before = S.Accessor(t).read(st_).clone()
+    block = t.slice([0, 0], [3, 3])
+    value = S.Accessor(block).read(st_)                 # one piece: a view of the buffer
+    assert value.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+    old = S.LOOP_MAX_PIECES
+    S.LOOP_MAX_PIECES = 0 if grid else old
+    try:
+        S.Accessor(block.transpose()).write(st_, value)
+    finally:
+        S.LOOP_MAX_PIECES = old
+    after = S.Accessor(t).read(st_)
+    np.testing.assert_array_equal(after[:, :3, :3].numpy(), before[:, :3, :3].transpose(1, 2).numpy())
+    np.testing.assert_array_equal(after[:, 3:].numpy(), before[:, 3:].numpy())
