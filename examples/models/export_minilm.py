@@ -31,18 +31,31 @@ def load_minilm():
     return AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
 
 
-def export(out: Path, batch: int = 2, seq: int = 16) -> dict:
-    """Export to ``out``; return the example inputs and PyTorch's ``last_hidden_state``."""
+def export(out: Path, batch: int = 2, seq: int = 16, position_ids: bool = False) -> dict:
+    """Export to ``out``; return the example inputs and PyTorch's ``last_hidden_state``.
+
+    ``position_ids=True`` makes the token positions a third input ``position_ids`` (int64
+    ``[batch, seq]``) instead of the constant ``0..seq-1``, as packed BERT needs (the positions
+    restart at 0 for each sequence packed into a row; Graphcore's packed-BERT example adds this
+    input to the ONNX model the same way).
+    """
     tok, model = load_minilm()
     sentences = (SENTENCES * batch)[:batch]
     enc = tok(sentences, padding="max_length", truncation=True, max_length=seq, return_tensors="pt")
     args = (enc["input_ids"], enc["attention_mask"])
+    kwargs = {}
+    names = ["input_ids", "attention_mask"]
+    if position_ids:
+        kwargs["position_ids"] = torch.arange(seq, dtype=torch.int64).expand(batch, seq).contiguous()
+        names.append("position_ids")
     with torch.no_grad():
-        ref = model(*args).last_hidden_state.numpy()
+        ref = model(*args, **kwargs).last_hidden_state.numpy()
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-    torch.onnx.export(model, args, str(out), input_names=["input_ids", "attention_mask"],
+    torch.onnx.export(model, args, str(out), kwargs=kwargs, input_names=names,
                       output_names=["last_hidden_state", "pooler_output"], dynamo=True, verbose=False)
     data = {"input_ids": args[0].numpy(), "attention_mask": args[1].numpy(), "last_hidden_state": ref}
+    if position_ids:
+        data["position_ids"] = kwargs["position_ids"].numpy()
     np.savez(out.with_suffix(".npz"), **data)
     return data
 

@@ -9,7 +9,7 @@ passes, :func:`get_registered_passes`, and the built-in passes:
 ``layer_norm_pattern``                decomposed layer norm -> ``LayerNormalization`` (:mod:`.patterns`)
 ``pre_scale``                         attention scale moved from the scores onto Q (:mod:`.attention`)
 ``fused_attention``                   QK^T / softmax / PV -> ``ai.graphcore::FusedAttention`` (:mod:`.attention`)
-``insert_attention_mask``             a mask input added to unmasked fused attention (:mod:`.attention`)
+``insert_attention_mask``             packed-sequence (block-diagonal) mask from the mask input (:mod:`.attention`)
 ``attention_padding``                 key sequence padded to a multiple of 16, masked (:mod:`.attention`)
 ====================================  ==========================================================
 """
