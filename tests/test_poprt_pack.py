@@ -41,14 +41,14 @@ def packed_minilm(tmp_path_factory):
         ids = np.array(tok(s)["input_ids"], np.int64)
         samples.append({"input_ids": ids, "attention_mask": np.ones(len(ids), np.int64),
                         "position_ids": np.arange(len(ids), dtype=np.int64)})
-    return model, samples
+    return model, samples, path
 
 
 @pytest.fixture(scope="module")
 def reference(packed_minilm):
     """onnxruntime on the unpacked model, each sentence alone (row 0, padded with mask 0)."""
     ort = pytest.importorskip("onnxruntime")
-    model, samples = packed_minilm
+    model, samples, _ = packed_minilm
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     refs = []
     for x in samples:
@@ -78,7 +78,7 @@ def _config(**kw):
 
 
 def test_pack_runner_packs_sentences_into_rows_and_matches_each_alone(packed_minilm, reference, packed_exe):
-    _, samples = packed_minilm
+    _, samples, _ = packed_minilm
     lengths = [len(x["input_ids"]) for x in samples]
     assert sum(lengths) <= 2 * ROWS * SEQ and max(lengths) < SEQ
     pr = runtime.Runner(packed_exe, _config())          # a pack config gives a PackRunner
@@ -113,7 +113,7 @@ def test_pack_runner_packs_sentences_into_rows_and_matches_each_alone(packed_min
 
 
 def test_without_the_packed_mask_sentences_in_a_row_mix(packed_minilm, reference):
-    _, samples = packed_minilm
+    _, samples, _ = packed_minilm
     exe = _compile(packed_minilm[0], ["fused_attention"])    # the model's own padding mask only
     pr = runtime.Runner(exe, _config())
     futs = [pr.executeAsync(x) for x in samples[:4]]
@@ -143,7 +143,7 @@ def test_first_fit_and_next_fit_place_sequences(packed_exe):
 
 
 def test_max_valid_num_and_padding_remove_mode(packed_minilm, reference, packed_exe):
-    _, samples = packed_minilm
+    _, samples, _ = packed_minilm
     cfg = _config(max_valid_num=3)
     cfg.enable_padding_remove_mode("attention_mask", ["input_ids", "position_ids"])
     pr = runtime.Runner(packed_exe, cfg)
@@ -161,7 +161,7 @@ def test_max_valid_num_and_padding_remove_mode(packed_minilm, reference, packed_
 
 
 def test_pack_runner_errors(packed_minilm, packed_exe):
-    _, samples = packed_minilm
+    _, samples, _ = packed_minilm
     pr = runtime.PackRunner(packed_exe, _config())
     long = {k: np.ones(SEQ + 1, np.int64) for k in samples[0]}
     with pytest.raises(RuntimeError, match="does not fit the compiled sequence length 32"):
@@ -178,3 +178,23 @@ def test_pack_runner_errors(packed_minilm, packed_exe):
         cfg = runtime.PackRunnerConfig()
         cfg.enable_input_single_row_mode("segment_ids")
         runtime.PackRunner(packed_exe, cfg)
+
+
+def test_pack_args_from_the_command_line_configure_the_pack_runner(packed_minilm, reference, tmp_path):
+    from openipu.poprt import cli
+    _, samples, src = packed_minilm
+    out = tmp_path / "minilm_packed.onnx"
+    assert cli.main(["-i", str(src), "--output_model", str(out), "--passes", "fused_attention", "--pack_args",
+                     "max_valid_num=3", f"segment_max_size={SEQ}", "dynamic_input_name=input_ids",
+                     "--export_popef"]) == 0
+    meta = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
+    assert '"mask_name": "attention_mask"' in meta["poprt.pack_args"]
+    pr = runtime.Runner(str(out.with_suffix(".popef")), runtime.PackRunnerConfig(timeout_microseconds=2_000_000))
+    assert isinstance(pr, runtime.PackRunner) and pr.packed and pr.max_samples == 3
+    outs = [f.get()["last_hidden_state"] for f in [pr.executeAsync(x) for x in samples[:6]]]
+    pr.close()
+    assert pr.batches_run == 2
+    for o, ref in zip(outs, reference[:6]):
+        assert float(np.abs(o - ref).max()) < 1e-4 * float(np.abs(ref).max())
+    with pytest.raises(poprt.ConverterError, match="segment_max_size 64 must be the sequence length"):
+        poprt.Converter(used_passes=["fused_attention"], pack_args={"segment_max_size": 64}).convert(packed_minilm[0])

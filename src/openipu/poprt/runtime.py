@@ -18,6 +18,7 @@ running the simulation (host seconds).
 
 from __future__ import annotations
 
+import copy
 import enum
 import os
 import threading
@@ -389,6 +390,10 @@ class PackRunner:
     ``[B, H]``) mix the sequences of a row and are not returned in this mode. Otherwise each
     sample fills one row (``[B, ...]`` inputs of any shape).
 
+    A model converted with ``pack_args`` (``Converter(pack_args=...)``, ``poprt --pack_args``)
+    brings its mask, dynamic input and ``max_valid_num``; a config that sets the single-row mask
+    overrides them.
+
     Figures: :meth:`pack_stats` (samples, batches and rows run, token efficiency) and
     :meth:`report`: predicted IPU samples/s at the packing achieved, beside host samples/s.
     Raises :class:`PopRTRuntimeError` for a model or sample that cannot be packed.
@@ -398,6 +403,12 @@ class PackRunner:
                  runtime_config: RuntimeConfig | None = None):
         self.config = cfg = config if config is not None else PackRunnerConfig()
         self.runner = Runner(executable_or_path, runtime_config)
+        pack = self.runner.executable.options.get("pack_args")
+        if pack and not cfg.single_row_input:      # a model converted with pack_args: its settings
+            self.config = cfg = copy.copy(cfg)
+            cfg.enable_input_single_row_mode(pack["mask_name"])
+            cfg.dynamic_input_name = cfg.dynamic_input_name or pack.get("dynamic_input_name", "")
+            cfg.max_valid_num = cfg.max_valid_num or int(pack.get("max_valid_num", 0))
         ins = self.runner._inputs
         self.rows = self.runner.batch_size
         for nm, what in ((cfg.dynamic_input_name, "dynamic_input_name"), (cfg.single_row_input, "the single-row mask"),
