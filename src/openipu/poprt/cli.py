@@ -15,6 +15,20 @@ file is ``<output model stem>.popef`` next to the output model), ``--batches_per
 (``CompilerOptions`` fields), ``--popart_options KEY=VAL ...`` (PopART ``SessionOptions``),
 ``--logging_level``.
 
+Graph rewrites (:mod:`openipu.poprt.passes.matmul`, :mod:`openipu.poprt.passes.graph`):
+``--serialize_matmul NAME=FACTOR[/MODE] ...`` and ``--serialize_matmul_add`` (modes
+``output_channels``, ``input_channels``, ``reducing_dim``), ``--merge_matmul A,B,C[;D,E]`` and
+``--merge_matmul_add``, ``--max_tensor_size BYTES`` (constant folding up to that size; ``-1``: no
+limit), ``--checkpoints T1,T2`` (extra outputs), ``--pack_args max_valid_num=N
+segment_max_size=S [mask_name=M] [dynamic_input_name=D]`` (packed sequences: the
+``insert_attention_mask`` pass and the settings :class:`openipu.poprt.runtime.PackRunner` reads),
+``--custom_pass_config FILE`` (YAML or JSON, read with ``yaml.safe_load``: a list of ``{name:
+PASS, KEY: VAL ...}`` or a mapping ``{PASS: {KEY: VAL}}``, run after ``--passes``).
+
+Flags that cannot work on the simulator stop with a one-line error saying why:
+``--custom_library_so_paths`` (compiled C++ PopART ops / patterns / transforms), ``--custom_shape_inference``
+(shape functions of such ops) and ``--merge_moe`` (needs PopRT's grouped-MatMul MoE op).
+
 The default output model is ``<output_dir>/<input stem>.<precision>.onnx`` (``output_dir``
 default: the current directory). Exit status 0 on success; 2 for a bad flag; 1 for an error
 of the conversion or compilation (unknown pass, fp8 on ipu2, a bad model). Errors are one line on
@@ -58,6 +72,20 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_io_tiles", type=int)
     p.add_argument("--compiler_options", nargs="+", metavar="KEY=VAL", default=[])
     p.add_argument("--popart_options", nargs="+", metavar="KEY=VAL", default=[])
+    p.add_argument("--serialize_matmul", nargs="+", metavar="NAME=FACTOR[/MODE]", default=[],
+                   help="split MatMuls into FACTOR serial parts (modes output_channels, input_channels, reducing_dim)")
+    p.add_argument("--serialize_matmul_add", nargs="+", metavar="NAME=FACTOR[/MODE]", default=[],
+                   help="as --serialize_matmul, for a MatMul followed by a bias Add")
+    p.add_argument("--merge_matmul", default="", help="MatMuls sharing an input to merge: A,B,C[;D,E]")
+    p.add_argument("--merge_matmul_add", default="", help="MatMul + bias Add pairs sharing an input to merge")
+    p.add_argument("--merge_moe", default="", help="not available on the simulator")
+    p.add_argument("--max_tensor_size", type=int, help="fold constants up to this many bytes (-1: no limit)")
+    p.add_argument("--checkpoints", default="", help="tensors to add as outputs, comma-separated")
+    p.add_argument("--pack_args", nargs="+", metavar="KEY=VAL", default=[],
+                   help="packed sequences: max_valid_num, segment_max_size, mask_name, dynamic_input_name")
+    p.add_argument("--custom_pass_config", help="YAML / JSON file of passes and their arguments")
+    p.add_argument("--custom_library_so_paths", nargs="+", default=[], help="not available on the simulator")
+    p.add_argument("--custom_shape_inference", default="", help="not available on the simulator")
     p.add_argument("--logging_level", default="warning", choices=["debug", "info", "warning", "error", "critical"])
     return p
 
@@ -101,6 +129,40 @@ class _CliError(Exception):
     pass
 
 
+def _pass_config(path) -> list:
+    """``[(pass name, kwargs), ...]`` from a YAML or JSON file (``yaml.safe_load``: data only, no
+    code): a list of ``{name: PASS, KEY: VAL ...}`` (or of names), ``{passes: [...]}``, or a
+    mapping ``{PASS: {KEY: VAL}}``."""
+    import yaml
+    if not os.path.isfile(path):
+        raise _CliError(f"--custom_pass_config: no such file {path!r}")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except yaml.YAMLError as e:
+        raise _CliError(f"--custom_pass_config: {path!r} is not YAML or JSON ({str(e).splitlines()[0]})") from None
+    if isinstance(data, dict) and "passes" in data:
+        data = data["passes"]
+    out = []
+    if isinstance(data, dict):
+        for name, kw in data.items():
+            if kw is not None and not isinstance(kw, dict):
+                raise _CliError(f"--custom_pass_config: the arguments of pass {name!r} must be a mapping")
+            out.append((str(name), dict(kw or {})))
+    elif isinstance(data, list):
+        for item in data:
+            if isinstance(item, str):
+                out.append((item, {}))
+            elif isinstance(item, dict) and "name" in item:
+                kw = dict(item)
+                out.append((str(kw.pop("name")), kw))
+            else:
+                raise _CliError(f"--custom_pass_config: each entry needs a pass 'name', got {item!r}")
+    else:
+        raise _CliError("--custom_pass_config: expected a list of passes or a mapping of pass names to arguments")
+    return out
+
+
 def run(args) -> int:
     """Run the CLI on parsed ``args``; returns the exit status (errors raise)."""
     import logging
@@ -122,11 +184,26 @@ def run(args) -> int:
         raise _CliError(f"--input_model: no such file {args.input_model!r}")
     if args.batch_axis != 0:
         raise _CliError("--batch_axis: only 0 is supported")
+    if args.custom_library_so_paths:
+        raise _CliError("--custom_library_so_paths: compiled C++ libraries (PopART custom ops, patterns, transforms) "
+                        "cannot be loaded into the simulator; write the op as a Python kernel "
+                        "(openipu.popart.onnx_ops.onnx_op) or the rewrite as a pass (poprt.passes.register)")
+    if args.custom_shape_inference:
+        raise _CliError("--custom_shape_inference: shape functions belong to C++ custom ops, which the simulator "
+                        "cannot load; a Python op kernel (openipu.popart.onnx_ops.onnx_op) gives its output shapes")
+    if args.merge_moe:
+        raise _CliError("--merge_moe: merging mixture-of-experts MatMuls needs PopRT's grouped-MatMul MoE op, which "
+                        "openipu does not have; use --merge_matmul for MatMuls that read the same input")
     passes = [s.strip() for s in args.passes.split(",") if s.strip()]
     conv = Converter(input_shape=_shapes(args.input_shape), batch_size=args.batch_size, precision=args.precision,
                      fp16_skip_op_types=args.fp16_skip_op_types, fp8_skip_op_names=args.fp8_skip_op_names,
                      fp8_params=args.fp8_params, ipu_version=args.ipu_version, convert_version=args.convert_version,
-                     used_passes=passes, skip_passes=args.skip_passes)
+                     used_passes=passes, skip_passes=args.skip_passes,
+                     pass_config=_pass_config(args.custom_pass_config) if args.custom_pass_config else None,
+                     merge_matmul=args.merge_matmul, merge_matmul_add=args.merge_matmul_add,
+                     serialize_matmul=args.serialize_matmul, serialize_matmul_add=args.serialize_matmul_add,
+                     max_tensor_size=args.max_tensor_size, checkpoints=args.checkpoints,
+                     pack_args=_kv(args.pack_args, "--pack_args"))
     compiler_options = _kv(args.compiler_options, "--compiler_options")
     popart_options = _kv(args.popart_options, "--popart_options")
     try:

@@ -19,6 +19,7 @@ moves the batch's input and output bytes between I/O and compute tiles over the 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -336,7 +337,11 @@ class Compiler:
         target = {"ipu_version": o.ipu_version, "num_ipus": n_ipus, "tiles_per_ipu": spec.tiles_per_ipu,
                   "compute_tiles_per_ipu": spec.tiles_per_ipu - io_tiles, "clock_hz": float(spec.clock_hz)}
         weights = {tid: session._host_weights[tid] for tid in low.weights_in}
-        return Executable(low, inputs, outs, o.to_dict(), target, pred, weights, compile_seconds, engine._exe.compiled)
+        options = o.to_dict()
+        pack = next((p.value for p in proto.metadata_props if p.key == "poprt.pack_args"), None)
+        if pack:        # a model converted with pack_args: PackRunner's defaults
+            options["pack_args"] = json.loads(pack)
+        return Executable(low, inputs, outs, options, target, pred, weights, compile_seconds, engine._exe.compiled)
 
     @staticmethod
     def compile_and_export(model, outputs=None, path=None, options: CompilerOptions | None = None) -> None:

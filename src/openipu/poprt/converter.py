@@ -152,6 +152,23 @@ class Converter:
         enable_erf_gelu: adds ``erf_gelu_pattern`` to the passes.
         quantize, enable_insert_remap, disable_fast_norm: accepted for compatibility, no effect
             (tensor re-mapping and norm kernels are the compiler's choice here).
+        pass_config: ``[(pass name, {keyword arguments}), ...]`` run after ``used_passes``
+            (the CLI's ``--custom_pass_config``).
+        merge_matmul, merge_matmul_add: groups of ``MatMul`` names sharing an input, ``'A,B,C;D,E'``
+            or a list of lists (:mod:`openipu.poprt.passes.matmul`).
+        serialize_matmul, serialize_matmul_add: ``{MatMul name: 'FACTOR[/MODE]'}`` or
+            ``['NAME=FACTOR[/MODE]', ...]``; modes ``output_channels`` (default), ``input_channels``,
+            ``reducing_dim``.
+        max_tensor_size: run ``constant_folding``, keeping results larger than this many bytes
+            as nodes (``-1``: no limit). Not given: no folding here (PopART folds at compile time).
+        checkpoints: tensor names (list or comma-separated) made extra graph outputs (``add_outputs``).
+        pack_args: ``{max_valid_num, segment_max_size, mask_name, dynamic_input_name}``: the model
+            takes packed sequences. The ``insert_attention_mask`` pass gives its attention the
+            block-diagonal mask of the ``mask_name`` input (default: the input named ``*mask*``),
+            the sequence length must be ``segment_max_size``, and the settings are stored in the
+            model (``metadata_props['poprt.pack_args']``, JSON), where the compiler and
+            :class:`openipu.poprt.runtime.PackRunner` find them. PopRT's other pack mode (pack /
+            unpack / repack ops: ``head_pattern``, ``dynamic_groups``) is not implemented.
 
     Raises:
         ConverterError: unknown option or value, fp8 on a target without fp8, a bad
@@ -161,7 +178,10 @@ class Converter:
 
     _OPTIONS = {"input_shape", "batch_size", "precision", "fp16_skip_op_types", "fp8_params", "fp8_skip_op_names",
                 "calibration_inputs", "ipu_version", "convert_version", "used_passes", "check", "quantize",
-                "enable_erf_gelu", "enable_insert_remap", "disable_fast_norm", "skip_passes"}
+                "enable_erf_gelu", "enable_insert_remap", "disable_fast_norm", "skip_passes", "pass_config",
+                "merge_matmul", "merge_matmul_add", "serialize_matmul", "serialize_matmul_add", "max_tensor_size",
+                "checkpoints", "pack_args"}
+    _PACK_KEYS = {"max_valid_num", "segment_max_size", "mask_name", "dynamic_input_name"}
 
     def __init__(self, **options):
         unknown = set(options) - self._OPTIONS
@@ -197,6 +217,29 @@ class Converter:
             Pass.get_pass(p)                           # unknown names fail now, not mid-way
         self.check = bool(options.get("check", True))
         self.applied: dict[str, list] = {}
+        # graph rewrites with arguments, in the order they run after used_passes
+        self.extra_passes: list[tuple[str, dict]] = [(str(n), dict(kw or {})) for n, kw in options.get("pass_config") or []]
+        for name in ("merge_matmul", "merge_matmul_add"):
+            if options.get(name):
+                self.extra_passes.append((name, {"groups": options[name]}))
+        for name in ("serialize_matmul", "serialize_matmul_add"):
+            if options.get(name):
+                self.extra_passes.append((name, {"config": options[name]}))
+        if options.get("max_tensor_size") is not None:
+            self.extra_passes.append(("constant_folding", {"max_tensor_size": int(options["max_tensor_size"])}))
+        self.pack_args = dict(options.get("pack_args") or {})
+        bad = set(self.pack_args) - self._PACK_KEYS
+        if bad:
+            raise ConverterError(f"pack_args {', '.join(sorted(bad))}: PopRT's pack / unpack / repack op mode is not "
+                                 f"implemented; packing here is the attention-mask mode (keys "
+                                 f"{', '.join(sorted(self._PACK_KEYS))}) with PackRunner's single-row mask")
+        if self.pack_args:
+            self.extra_passes.append(("insert_attention_mask", {"mask_input": self.pack_args["mask_name"]}
+                                      if self.pack_args.get("mask_name") else {}))
+        if options.get("checkpoints"):
+            self.extra_passes.append(("add_outputs", {"names": options["checkpoints"]}))
+        for n, _kw in self.extra_passes:
+            Pass.get_pass(n)
 
     # ------------------------------------------------------------------------------------
     def convert(self, model) -> onnx.ModelProto:
@@ -226,6 +269,12 @@ class Converter:
             p = Pass.get_pass(name)
             out = p(out)
             self.applied[name] = list(p.applied)
+        for name, kw in self.extra_passes:
+            p = Pass.get_pass(name, **kw)
+            out = p(out)
+            self.applied.setdefault(name, []).extend(p.applied)
+        if self.pack_args:
+            self._pack(out)
         if self.precision in ("fp16", "fp8", "fp8_weight"):
             out = self._to_half(out)
         if self.precision in ("fp8", "fp8_weight"):
@@ -236,6 +285,34 @@ class Converter:
         except Exception as e:  # noqa: BLE001
             raise ConverterError(f"the converted model fails shape inference: {str(e).splitlines()[0]}") from None
         return out
+
+    def _pack(self, model) -> None:
+        """Check the packed model's inputs against ``pack_args`` and store the settings in it."""
+        import json
+        pa = self.pack_args
+        inits = {t.name for t in model.graph.initializer}
+        ins = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in model.graph.input
+               if vi.name not in inits}
+        mask = pa.get("mask_name") or next((n for n in ins if "mask" in n.lower()), None)
+        if mask not in ins:
+            raise ConverterError(f"pack_args: the model has no mask input {mask!r} (inputs: {', '.join(ins)})")
+        if not self.applied.get("insert_attention_mask"):
+            raise ConverterError("pack_args: no attention to give the packed mask (run fused_attention first: "
+                                 "--passes fused_attention)")
+        dyn = pa.get("dynamic_input_name") or mask
+        if dyn not in ins:
+            raise ConverterError(f"pack_args: dynamic_input_name {dyn!r} is not an input of the model")
+        seq = ins[mask][1] if len(ins[mask]) == 2 else None
+        want = pa.get("segment_max_size")
+        if seq is None or (want is not None and int(want) != seq):
+            raise ConverterError(f"pack_args: segment_max_size {want} must be the sequence length of the [batch, seq] "
+                                 f"mask input '{mask}' (shape {ins[mask]}); set it with input_shape")
+        rec = {"mask_name": mask, "dynamic_input_name": dyn, "segment_max_size": seq,
+               "max_valid_num": int(pa.get("max_valid_num", 0))}
+        for p in list(model.metadata_props):
+            if p.key == "poprt.pack_args":
+                model.metadata_props.remove(p)
+        model.metadata_props.add(key="poprt.pack_args", value=json.dumps(rec))
 
     # ------------------------------------------------------------------------------------
     def _shapes(self, model):

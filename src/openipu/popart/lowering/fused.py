@@ -172,9 +172,12 @@ def _quantize(g, x, fmt: str, scale: int, prog, nm: str):
 
 
 def _weight_value(ctx, op):
-    """The initializer value of the weight (inference: PopRT's constant weights), else None."""
+    """The initializer value of the weight when it is a constant (inference with
+    ``constantWeights``, PopRT's default), else None: with ``constantWeights=False`` the weight is
+    a device variable that ``weightsFromHost`` / ``writeWeights`` set, so it is cast to fp8 on the
+    device at each run instead of being built into the program."""
     t = ctx.ir.tensors.get(op.inputs[1])
-    if t is None or t.kind not in ("Const", "Variable") or t.value is None or getattr(ctx.ir, "training", False):
+    if t is None or t.kind != "Const" or t.value is None or getattr(ctx.ir, "training", False):
         return None
     return np.asarray(t.value, np.float32)
 
@@ -184,7 +187,7 @@ def _baked_weight(op, ir) -> tuple:
     if not QUARTER_CONSTANT_WEIGHTS or len(op.inputs) < 2:
         return ()
     t = ir.tensors.get(op.inputs[1])
-    if t is None or t.kind not in ("Const", "Variable") or t.value is None or getattr(ir, "training", False):
+    if t is None or t.kind != "Const" or t.value is None or getattr(ir, "training", False):
         return ()
     return (1,)
 

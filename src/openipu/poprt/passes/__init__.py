@@ -9,8 +9,14 @@ passes, :func:`get_registered_passes`, and the built-in passes:
 ``layer_norm_pattern``                decomposed layer norm -> ``LayerNormalization`` (:mod:`.patterns`)
 ``pre_scale``                         attention scale moved from the scores onto Q (:mod:`.attention`)
 ``fused_attention``                   QK^T / softmax / PV -> ``ai.graphcore::FusedAttention`` (:mod:`.attention`)
-``insert_attention_mask``             a mask input added to unmasked fused attention (:mod:`.attention`)
+``insert_attention_mask``             packed-sequence (block-diagonal) mask from the mask input (:mod:`.attention`)
 ``attention_padding``                 key sequence padded to a multiple of 16, masked (:mod:`.attention`)
+``constant_folding``                  constant subgraphs evaluated, up to ``max_tensor_size`` (:mod:`.graph`)
+``add_outputs``                       intermediate tensors made graph outputs (``--checkpoints``) (:mod:`.graph`)
+``serialize_matmul``                  a MatMul split into serial parts (:mod:`.matmul`)
+``serialize_matmul_add``              the same for MatMul + bias Add (:mod:`.matmul`)
+``merge_matmul``                      MatMuls sharing an input merged into one (:mod:`.matmul`)
+``merge_matmul_add``                  the same for MatMul + bias Add (:mod:`.matmul`)
 ====================================  ==========================================================
 """
 

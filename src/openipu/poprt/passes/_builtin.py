@@ -1,3 +1,3 @@
 """Imports the modules that register PopRT's built-in passes."""
 
-from openipu.poprt.passes import attention, graph, patterns  # noqa: F401
+from openipu.poprt.passes import attention, graph, matmul, patterns  # noqa: F401

@@ -172,9 +172,20 @@ class FusedAttention(Pass):
 
 @register("insert_attention_mask")
 class InsertAttentionMask(Pass):
-    """Give ``FusedAttention`` nodes that have no mask the additive mask of a 2-D ``[B, S]`` 0/1
-    graph input (``mask_input``, default the input whose name contains ``mask``): ``(1 - mask) *
-    -10000`` viewed as ``[B, 1, 1, S]``, so padded keys get no attention weight."""
+    """Give ``FusedAttention`` the attention mask of packed sequences, from a 2-D ``[B, S]`` integer
+    graph input (``mask_input``, default the input whose name contains ``mask``) that holds, per
+    row, a segment number for each token: ``1`` for the tokens of the first sequence packed into
+    the row, ``2`` for the second, ..., ``0`` for padding (a plain 0/1 padding mask is the case of
+    one sequence per row). PopRT's packed-BERT mode (``PackRunnerConfig.enable_input_single_row_mode``)
+    fills the mask this way, so sequences packed into one row cannot attend to each other.
+
+    The additive bias ``[B, 1, S, S]`` is ``0`` where key ``j`` is a token (``m[j] != 0``) of the
+    query's sequence (``m[i] == m[j]``, or any token when query ``i`` is padding, as BERT's own
+    padding mask does), else ``-10000``. It is appended to fused attention without a mask, and
+    replaces the mask a model already has when that mask is computed from the mask input alone
+    (e.g. the ``Where(mask, 0, -inf)`` of PyTorch's exporter); ``replace_existing=False`` keeps
+    those. ``Pass.applied`` lists the outputs of the attention nodes given the mask.
+    """
 
     def run(self, model):
         name = self.kwargs.get("mask_input")
@@ -184,30 +195,56 @@ class InsertAttentionMask(Pass):
         if name is None or name not in inputs:
             return model
         gv = GraphView(model.graph)
-        targets = [n for n in model.graph.node if n.op_type == "FusedAttention" and n.domain == GC and len(n.input) == 3]
+        fused = [n for n in model.graph.node if n.op_type == "FusedAttention" and n.domain == GC]
+        replace = bool(self.kwargs.get("replace_existing", True))
+        graph_inputs = set(inputs) - set(gv.inits)
+        targets = [n for n in fused if len(n.input) == 3
+                   or (replace and _input_ancestors(gv, n.input[3], graph_inputs) == {name})]
         if not targets:
             return model
-        elem = inputs[name].type.tensor_type.elem_type
-        f = gv.fresh(name + "_float")
-        one = gv.add_init("mask_one", np.array(1.0, np.float32))
-        big = gv.add_init("mask_neg", np.array(-10000.0, np.float32))
-        axes = gv.add_init("mask_axes", np.array([1, 2], np.int64))
         dt = _dtype(gv, targets[0].input[0], _shapes(model), model)
-        nodes = [onnx.helper.make_node("Cast", [name], [f], to=onnx.TensorProto.FLOAT)]
-        inv, b, b4 = gv.fresh(name + "_inv"), gv.fresh(name + "_bias"), gv.fresh(name + "_bias4d")
-        nodes += [onnx.helper.make_node("Sub", [one, f], [inv]), onnx.helper.make_node("Mul", [inv, big], [b]),
-                  onnx.helper.make_node("Unsqueeze", [b, axes], [b4])]
-        if dt != np.float32:
-            b16 = gv.fresh(name + "_bias4d_cast")
-            nodes.append(onnx.helper.make_node("Cast", [b4], [b16], to=onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dt))))
-            b4 = b16
-        del elem
+        m = gv.fresh(name + "_segments")
+        zero_i = gv.add_init("mask_zero", np.array(0, np.int32))
+        ax_q, ax_k, ax_h = (gv.add_init("mask_axes", np.array(a, np.int64)) for a in ([2], [1], [1]))
+        zero_f = gv.add_init("mask_bias_zero", np.array(0.0, dt))
+        neg = gv.add_init("mask_bias_neg", np.array(-10000.0, dt))
+        mi, mk = gv.fresh(name + "_q"), gv.fresh(name + "_k")
+        same, qpad, kpad, kval, qok, ok = (gv.fresh(name + s) for s in ("_same", "_qpad", "_kpad", "_kvalid", "_qok", "_ok"))
+        b3, b4 = gv.fresh(name + "_bias3d"), gv.fresh(name + "_bias4d")
+        mk_node = onnx.helper.make_node
+        nodes = [mk_node("Cast", [name], [m], to=onnx.TensorProto.INT32),
+                 mk_node("Unsqueeze", [m, ax_q], [mi]),                  # [B, S, 1]: the query's segment
+                 mk_node("Unsqueeze", [m, ax_k], [mk]),                  # [B, 1, S]: the key's segment
+                 mk_node("Equal", [mi, mk], [same]), mk_node("Equal", [mi, zero_i], [qpad]),
+                 mk_node("Equal", [mk, zero_i], [kpad]), mk_node("Not", [kpad], [kval]),
+                 mk_node("Or", [same, qpad], [qok]), mk_node("And", [qok, kval], [ok]),
+                 mk_node("Where", [ok, zero_f, neg], [b3]), mk_node("Unsqueeze", [b3, ax_h], [b4])]
         for n in targets:
-            n.input.append(b4)
+            if len(n.input) == 3:
+                n.input.append(b4)
+            else:
+                n.input[3] = b4
             self.applied.append(n.output[0])
-        first = targets[0]
-        remove_nodes(model.graph, [], [(x, first) for x in nodes])
+        remove_nodes(model.graph, [], [(x, targets[0]) for x in nodes])
+        prune_unused(model.graph)
         return model
+
+
+def _input_ancestors(gv: GraphView, name: str, graph_inputs: set) -> set:
+    """The graph inputs ``name`` is computed from (initializers and constants are not inputs)."""
+    seen, todo, found = set(), [name], set()
+    while todo:
+        t = todo.pop()
+        if t in seen or not t:
+            continue
+        seen.add(t)
+        if t in graph_inputs:
+            found.add(t)
+            continue
+        node = gv.producer.get(t)
+        if node is not None:
+            todo.extend(node.input)
+    return found
 
 
 @register("attention_padding")

@@ -104,3 +104,100 @@ class RemoveInitializerFromInput(Pass):
                 model.ir_version = 4
             replace_repeated(g.input, keep)
         return model
+
+
+#: ops never folded: random values, and ops whose result is not a function of their inputs alone
+_NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
+            "If", "Loop", "Scan", "SequenceConstruct"}
+
+
+@register("constant_folding")
+class ConstantFolding(Pass):
+    """Evaluate ai.onnx nodes whose inputs are all constants (initializers, ``Constant`` nodes or
+    folded results) with onnx's reference evaluator and store the results as initializers, as
+    PopRT's converter folds constants. ``max_tensor_size`` (bytes; ``-1``, the default: no limit)
+    keeps results larger than it as nodes (PopRT's ``--max_tensor_size``), so a small constant
+    that expands into a large one is computed on the IPU instead of stored. ``Pass.applied``
+    lists the folded outputs."""
+
+    def run(self, model):
+        from onnx.reference import ReferenceEvaluator
+        limit = int(self.kwargs.get("max_tensor_size", -1))
+        g = model.graph
+        gv = GraphView(g)
+        known = {name: numpy_helper.to_array(t) for name, t in gv.inits.items()}
+        inputs = {vi.name for vi in g.input} - set(known)
+        outputs = {o.name for o in g.output}
+        opset = [o for o in model.opset_import]
+        folded, kept = {}, []
+        for n in g.node:
+            ins = [i for i in n.input if i]
+            foldable = (n.domain in ("", "ai.onnx") and n.op_type not in _NO_FOLD and ins
+                        and all(i in known and i not in inputs for i in ins)
+                        and not any(o in outputs for o in n.output)) or (n.op_type == "Constant" and n.domain in ("", "ai.onnx"))
+            if not foldable:
+                kept.append(n)
+                continue
+            try:
+                sub = onnx.helper.make_model(onnx.helper.make_graph(
+                    [n], "fold", [], [onnx.helper.make_empty_tensor_value_info(o) for o in n.output if o],
+                    [numpy_helper.from_array(np.asarray(known[i]), i) for i in dict.fromkeys(ins)]),
+                    opset_imports=opset)
+                vals = ReferenceEvaluator(sub).run(None, {})
+            except Exception:  # noqa: BLE001 - an op the evaluator lacks: leave the node
+                kept.append(n)
+                continue
+            vals = [np.asarray(v) for v in vals]
+            if n.op_type != "Constant" and limit >= 0 and any(v.nbytes > limit for v in vals):
+                kept.append(n)
+                continue
+            for o, v in zip([o for o in n.output if o], vals):
+                known[o] = v
+                folded[o] = v
+                self.applied.append(o)
+        if not folded:
+            return model
+        replace_repeated(g.node, kept)
+        for name, v in folded.items():
+            g.initializer.append(numpy_helper.from_array(v, name))
+        from openipu.poprt.passes.base import prune_unused
+        prune_unused(g)
+        return model
+
+
+@register("add_outputs")
+class AddOutputs(Pass):
+    """Make intermediate tensors (``names``, list or comma-separated) extra graph outputs, with the
+    type and shape ONNX shape inference gives them (PopRT's ``--checkpoints``: the tensors are
+    returned by every run, e.g. to compare a converted model with the original layer by layer).
+
+    Raises:
+        PassError: a name that is not a tensor of the graph.
+    """
+
+    def run(self, model):
+        from openipu.poprt.passes.base import PassError
+        names = self.kwargs.get("names", self.args[0] if self.args else [])
+        if isinstance(names, str):
+            names = [s.strip() for s in names.split(",") if s.strip()]
+        g = model.graph
+        have = {o.name for o in g.output}
+        produced = {o for n in g.node for o in n.output} | {vi.name for vi in g.input} | {t.name for t in g.initializer}
+        try:
+            inf = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+            info = {vi.name: vi for vi in list(inf.graph.value_info) + list(inf.graph.input)}
+        except Exception:  # noqa: BLE001
+            info = {}
+        for name in names:
+            if name not in produced:
+                raise PassError(f"checkpoints: the model has no tensor '{name}'")
+            if name in have:
+                continue
+            vi = onnx.ValueInfoProto()
+            if name in info:
+                vi.CopyFrom(info[name])
+            else:
+                vi.name = name
+            g.output.append(vi)
+            self.applied.append(name)
+        return model
