@@ -188,6 +188,15 @@ CASES = {
                             (randn(2, 3, 8), randn(2, 3, 8, seed=1), randn(2, 3, 8, seed=2)), False),
     "sdpa_causal": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
                     (randn(1, 2, 4, 8), randn(1, 2, 4, 8, seed=1), randn(1, 2, 4, 8, seed=2)), True),
+    # a boolean mask with rows of only False: _safe_softmax gives those rows zeros (lowered whole)
+    "sdpa_masked_rows": (lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+                         (randn(2, 2, 4, 8), randn(2, 2, 4, 8, seed=1), randn(2, 2, 4, 8, seed=2),
+                          torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)),
+                         True),
+    # fills: a scalar where the other operands give the shape, the full tensor where the fill does
+    "fill_broadcast_scalar": (lambda x: torch.where(x > 0, torch.zeros_like(x), x) + torch.full((3, 4), 0.5),
+                              (randn(3, 4),), True),
+    "fill_gives_shape": (lambda x: x * torch.ones(2, 3, 4) + torch.full((2, 1, 1), 2.0), (randn(4),), True),
     "transformer_layer": (torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
                           (randn(2, 3, 8),), False),
 }

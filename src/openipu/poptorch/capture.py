@@ -25,7 +25,7 @@ from openipu.poptorch.lower import LOSS_OPS, NUMPY_TYPE, POPART_TYPE, Lowering, 
 KEEP = ("linear", "layer_norm", "group_norm", "conv1d", "conv2d", "conv3d", "dropout", "cross_entropy_loss",
         "nll_loss_nd", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
         "binary_cross_entropy_with_logits", "gelu", "silu", "hardswish", "hardsigmoid", "mish",
-        "adaptive_avg_pool2d", "max_pool2d", "avg_pool2d",
+        "adaptive_avg_pool2d", "max_pool2d", "avg_pool2d", "_safe_softmax",
         # losses lowered through their decomposition but kept whole so they are found as the loss
         "kl_div", "soft_margin_loss", "margin_ranking_loss", "hinge_embedding_loss", "cosine_embedding_loss",
         "triplet_margin_loss", "poisson_nll_loss", "multilabel_margin_loss", "multi_margin_loss")
@@ -121,7 +121,7 @@ def build(ep: ExportedProgram, input_names: list[str], training: bool, strategy=
             if not value.is_floating_point() and not any(u.op == "call_function" for u in n.users):
                 continue        # e.g. num_batches_tracked, read by nothing
             arr = value.detach().cpu().numpy()
-            arr = arr.astype(NUMPY_TYPE[POPART_TYPE[value.dtype]])
+            arr = arr.astype(NUMPY_TYPE[POPART_TYPE[value.dtype]], copy=False)     # the builder only reads it
             ids[n] = b.addInitializedInputTensor(arr, spec.target)
             if value.is_floating_point():       # integer buffers (num_batches_tracked) stay constants
                 weights[ids[n]] = spec.target
