@@ -363,6 +363,10 @@ LOSSES = {
     "huber": (torch.nn.HuberLoss(delta=0.5), "float"),
     "smooth_l1": (torch.nn.SmoothL1Loss(beta=0.5), "float"),
     "bce_logits": (torch.nn.BCEWithLogitsLoss(), "binary"),
+    # torch's version checks var >= 0 on the host (a data-dependent read): captured without it
+    "gaussian_nll": (lambda x, y: F.gaussian_nll_loss(x[:, :2], y[:, :2], F.softplus(x[:, 2:])), "float"),
+    "gaussian_nll_full_sum": (lambda x, y: torch.nn.GaussianNLLLoss(full=True, reduction="sum")(
+        x[:, :3], y[:, :3], x[:, 3].exp()), "float"),
 }
 
 
