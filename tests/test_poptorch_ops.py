@@ -87,6 +87,11 @@ CASES = {
     "embedding_bag": (torch.nn.EmbeddingBag(10, 4, mode="mean"), (ints(10, 3, 4),), True),
     "embedding_bag_offsets": (lambda w, i, o: F.embedding_bag(i, w, o, mode="max"),
                               (randn(10, 3), ints(10, 7), torch.tensor([0, 2, 2, 5])), False),
+    # max_indices (with a tie between rows 2 and 4, an empty bag and padding_idx 4)
+    "embedding_bag_max_indices": (lambda w, i, o: torch.ops.aten._embedding_bag(w, i, o, False, 2, False, None, False,
+                                                                                4)[3],
+                                  (torch.randn(10, 3, generator=_g(3))[[0, 1, 2, 3, 2, 5, 6, 7, 8, 9]],
+                                   torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 4, 4, 6])), False),
     "embedding_bag_sum_psw": (lambda w, i, o, s: F.embedding_bag(i, w, o, mode="sum", per_sample_weights=s),
                               (randn(10, 3), ints(10, 7), torch.tensor([0, 3]), randn(7, seed=2)), False),
     "pdist": (lambda x: F.pdist(x), (randn(5, 3),), False),
