@@ -433,3 +433,31 @@ def test_real_models_ops_all_lower():
     assert len(census) > 40
     assert {"aten.conv2d.default", "aten.embedding.default", "aten.layer_norm.default"} <= set(census)
     assert not [k for k, v in census.items() if v["how"] == "MISSING"]
+
+
+#: cases run as half models (``model.half()``, float inputs in fp16), as PopTorch users do
+FP16_CASES = ["gather", "scatter_add", "embedding", "embedding_bag", "where", "sort", "topk", "cumsum",
+              "upsample_bilinear", "pad_reflect", "glu", "mish", "silu", "gelu_tanh", "hardswish", "softplus_beta",
+              "logsigmoid", "var", "norm", "normalize", "cosine_similarity", "instance_norm", "conv_transpose2d",
+              "avg_pool1d", "adaptive_max_pool2d", "baddbmm", "einsum", "multihead_attention", "sdpa_causal",
+              "sdpa_masked_rows", "gru", "transformer_layer"]
+
+
+@pytest.mark.parametrize("name", FP16_CASES)
+def test_op_fp16_matches_cpu(name):
+    """The op in fp16 on the IPU (the module's weights and the float inputs halved) against the
+    fp32 module on the CPU: fp16's 11-bit significand, so within 1e-2 of the output's scale."""
+    fn, inputs, _ = CASES[name]
+    torch.manual_seed(0)
+    m = _module(fn).eval()
+    want = m(*inputs)
+    half = [x.half() if x.is_floating_point() else x for x in inputs]
+    got = poptorch.inferenceModel(copy.deepcopy(m).half())(*half)
+    for g, w in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+        w = w.detach()
+        if w.is_floating_point():
+            assert g.dtype == torch.float16, g.dtype
+            scale = max(float(w.abs().max()), 1.0)
+            torch.testing.assert_close(g.float(), w, rtol=1e-2, atol=1e-2 * scale)
+        else:
+            torch.testing.assert_close(g, w.to(g.dtype))

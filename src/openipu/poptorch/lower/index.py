@@ -304,14 +304,17 @@ def embedding_bag(lw, n):
     valid = lw.const(np.ones(count, np.float32))
     if padding_idx is not None and int(padding_idx) >= 0:
         valid = lw.cast(lw.onnx.logical_not([lw.onnx.equal([idx, lw.const(int(padding_idx), "INT32")])]), "FLOAT")
+    wdt = lw.dtype(weight)      # the output's type (fp16 for a half model)
     vcol = lw.onnx.unsqueeze([valid], axes=[1])
+    if wdt != "FLOAT":
+        vcol = lw.cast(vcol, wdt)
     if psw is not None:
         rows = lw.onnx.mul([rows, lw.onnx.unsqueeze([lw.t(psw)], axes=[1])])
     bag2 = lw.onnx.expand([lw.onnx.unsqueeze([bag], axes=[1]), lw.shape_const([count, dim])])
     sizes = lw.gc.scatterreduce([valid, bag], nb, 0, "Sum", 0, debugContext=lw._name("size"))
     if mode == 2:       # max
         vbool = lw.cast(vcol, "BOOL")
-        masked = lw.onnx.where([vbool, rows, lw.const(np.float32(-np.inf))])
+        masked = lw.onnx.where([vbool, rows, lw.const(-np.inf, wdt)])
         out = lw.gc.scatterreduce([masked, bag2], nb, 0, "Max", 0, debugContext=lw._name("max"))
         # max_indices: the weight row of the first position whose element is its bag's maximum
         # (PyTorch's strict '>' scan); 0 for empty bags. Positions are scored count - j (>= 1)
@@ -325,12 +328,13 @@ def embedding_bag(lw, n):
         max_indices = lw.onnx.where([lw.onnx.equal([best, lw.const(np.float32(0.0))]), lw.const(0, "INT32"),
                                      lw.onnx.gather([idx, first], 0)], lw._name("max_indices"))
         empty = lw.onnx.unsqueeze([lw.onnx.equal([sizes, lw.const(0.0)])], axes=[1])
-        out = lw.onnx.where([empty, lw.const(0.0), out], lw._name())
+        out = lw.onnx.where([empty, lw.const(0.0, wdt), out], lw._name())
         return [out, bag, lw.cast(sizes, "INT32"), max_indices]
     else:
         out = lw.gc.scatterreduce([lw.onnx.mul([rows, vcol]), bag2], nb, 0, "Sum", 0, debugContext=lw._name("sum"))
         if mode == 1:
             denom = lw.onnx.max([sizes, lw.const(1.0)])
+            denom = denom if wdt == "FLOAT" else lw.cast(denom, wdt)
             out = lw.onnx.div([out, lw.onnx.unsqueeze([denom], axes=[1])], lw._name())
     zeros = lw.const(np.zeros(nb, np.int32), "INT32")
     return [out, bag, lw.cast(sizes, "INT32"), zeros]

@@ -99,6 +99,7 @@ def _softmax(onnx_op):
 
 
 aten("aten._softmax.default", "aten.softmax.int")(_softmax("softmax"))
+aten("aten._log_softmax.default", "aten.log_softmax.int")(_softmax("logsoftmax"))
 
 
 @aten("aten._safe_softmax.default")
@@ -125,3 +126,48 @@ def safe_softmax(lw, n):
         y = lw.onnx.softmax([lw.onnx.transpose([xt], perm)], axis=rank - 1, debugContext=lw._name())
         y = lw.onnx.transpose([y], perm, lw._name("back"))
     return lw.onnx.where([dead, zero, y], lw._name())
+
+
+@aten("aten.var.correction", "aten.var.dim", "aten.var.default", "aten.std.correction", "aten.std.dim",
+      "prims.var.default")
+def var(lw, n):
+    """``var`` / ``std`` over ``dim`` with ``correction`` (Bessel's: 1 by default):
+    ``sum((x - mean)^2) / (N - correction)``."""
+    x = n.args[0]
+    name = str(n.target)
+    dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+    if name.startswith("prims."):
+        correction, keep = float(n.args[2] if len(n.args) > 2 else n.kwargs.get("correction", 1.0)), False
+    elif name.endswith(".dim"):
+        unbiased = n.args[2] if len(n.args) > 2 else n.kwargs.get("unbiased", True)
+        correction = 1.0 if unbiased else 0.0
+        keep = bool(n.args[3] if len(n.args) > 3 else n.kwargs.get("keepdim", False))
+    else:
+        correction = n.kwargs.get("correction")
+        correction = 1.0 if correction is None else float(correction)
+        keep = bool(n.kwargs.get("keepdim", False))
+    axes = _axes(lw, x, dims)
+    shape = lw.shape(x)
+    count = 1
+    for a in axes:
+        count *= shape[a]
+    dt = lw.out_dtype()
+    tid = lw.t(x) if lw.dtype(x) == dt else lw.cast(lw.t(x), dt)
+    mean = lw.onnx.reducemean([tid], axes=axes, keepdims=1, debugContext=lw._name("mean"))
+    d = lw.onnx.sub([tid, mean])
+    ss = lw.onnx.reducesum([lw.onnx.mul([d, d])], axes=axes, keepdims=int(keep), debugContext=lw._name("ss"))
+    v = lw.onnx.div([ss, lw.const(max(count - correction, 0.0), dt)], lw._name())
+    return lw.onnx.sqrt([v], lw._name("std")) if ".std" in name else v
+
+
+@aten("aten.var_mean.correction", "aten.var_mean.dim")
+def var_mean(lw, n):
+    """``(var, mean)`` over ``dim`` (see :func:`var`)."""
+    x = n.args[0]
+    dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+    keep = bool(n.kwargs.get("keepdim", n.args[3] if str(n.target).endswith(".dim") and len(n.args) > 3 else False))
+    v = var(lw, n)
+    dt = lw.out_dtype()
+    tid = lw.t(x) if lw.dtype(x) == dt else lw.cast(lw.t(x), dt)
+    m = lw.onnx.reducemean([tid], axes=_axes(lw, x, dims), keepdims=int(keep), debugContext=lw._name("mean"))
+    return [v, m]
