@@ -313,6 +313,6 @@ def test_bert_base_squad_pipelined_training_over_4_ipus(layers):
     cycles = tm.cycleCount()
     clock = tm._session.deviceInfo.getTarget().getTileClockFrequency()
     step_seconds = cycles / clock           # predicted IPU time of one step (not host time)
-    print(f"\nBERT-base ({layers} layers) SQuAD pipelined over 4 IPUs, {accum} x {batch} x {seq}: predicted step {cycles} cycles = "
-          f"{step_seconds * 1e3:.3f} ms (IPU, predicted); host compile {tm._compile_seconds:.1f} s")
+    print(f"\nBERT-base ({layers} layers) SQuAD pipelined over 4 IPUs, {accum} x {batch} x {seq}: predicted step "
+          f"{cycles} cycles = {step_seconds * 1e3:.3f} ms (IPU, predicted); host compile {tm._compile_seconds:.1f} s")
     assert cycles > 0 and 1e-5 < step_seconds < 1.0
