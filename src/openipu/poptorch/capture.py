@@ -9,6 +9,8 @@ are named by ``forward``'s parameters.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -25,7 +27,7 @@ from openipu.poptorch.lower import LOSS_OPS, NUMPY_TYPE, POPART_TYPE, Lowering, 
 KEEP = ("linear", "layer_norm", "group_norm", "conv1d", "conv2d", "conv3d", "dropout", "cross_entropy_loss",
         "nll_loss_nd", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
         "binary_cross_entropy_with_logits", "gelu", "silu", "hardswish", "hardsigmoid", "mish",
-        "adaptive_avg_pool2d", "max_pool2d", "avg_pool2d",
+        "adaptive_avg_pool2d", "max_pool2d", "avg_pool2d", "_safe_softmax",
         # losses lowered through their decomposition but kept whole so they are found as the loss
         "kl_div", "soft_margin_loss", "margin_ranking_loss", "hinge_embedding_loss", "cosine_embedding_loss",
         "triplet_margin_loss", "poisson_nll_loss", "multilabel_margin_loss", "multi_margin_loss")
@@ -47,7 +49,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> ExportedProgra
     :class:`Error` (PopTorch's wording where it has one) when the model cannot be captured:
     data-dependent values (``.item()``) and control flow."""
     try:
-        with blocks.capturing(), warnings.catch_warnings():
+        with blocks.capturing(), warnings.catch_warnings(), _ipu_functionals():
             warnings.simplefilter("ignore", FutureWarning)      # torch-internal pytree deprecations
             ep = torch.export.export(model, tuple(args), dict(kwargs), strict=False)
             _drop_dynamo_meta(ep)
@@ -61,6 +63,44 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> ExportedProgra
                         "bool(t) or data-dependent control flow), which a static IPU graph cannot do. Use "
                         f"poptorch.dynamic_slice / torch.where instead. ({msg})") from e
         raise Error(f"Could not capture the model with torch.export: {msg}") from e
+
+
+def _gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"):
+    """``F.gaussian_nll_loss`` as captured for the IPU: the same loss (shape checks, the ``eps``
+    clamp of ``var`` with a straight-through gradient, ``full``, the reductions) without
+    torch's host-side check that no entry of ``var`` is negative, which reads the tensor's values
+    and so cannot be captured (an IPU graph cannot raise on data)."""
+    if isinstance(var, float):
+        if var < 0:
+            raise ValueError("var has negative entry/entries")
+        var = var * torch.ones_like(input)
+    if var.size() != input.size():
+        if input.size()[:-1] == var.size():
+            var = torch.unsqueeze(var, -1)
+        elif not (input.ndim == var.ndim and sum(y for x, y in zip(input.size(), var.size()) if x != y) == 1):
+            raise ValueError("var is of incorrect size")
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(reduction + " is not valid")
+    var = var + (var.clamp(min=eps) - var).detach()
+    loss = 0.5 * (torch.log(var) + (input - target) ** 2 / var)
+    if full:
+        loss = loss + 0.5 * math.log(2 * math.pi)
+    from openipu.poptorch.ops import identity_loss
+    return identity_loss(loss, reduction=reduction) if reduction != "none" else loss
+
+
+@contextlib.contextmanager
+def _ipu_functionals():
+    """``torch.nn.functional`` entries replaced while capturing (the modules, e.g.
+    ``nn.GaussianNLLLoss``, call them through ``F``): those whose torch version reads tensor
+    values on the host."""
+    import torch.nn.functional as F
+    saved = F.gaussian_nll_loss
+    F.gaussian_nll_loss = _gaussian_nll_loss
+    try:
+        yield
+    finally:
+        F.gaussian_nll_loss = saved
 
 
 def _drop_dynamo_meta(ep: ExportedProgram) -> None:
@@ -121,7 +161,7 @@ def build(ep: ExportedProgram, input_names: list[str], training: bool, strategy=
             if not value.is_floating_point() and not any(u.op == "call_function" for u in n.users):
                 continue        # e.g. num_batches_tracked, read by nothing
             arr = value.detach().cpu().numpy()
-            arr = arr.astype(NUMPY_TYPE[POPART_TYPE[value.dtype]])
+            arr = arr.astype(NUMPY_TYPE[POPART_TYPE[value.dtype]], copy=False)     # the builder only reads it
             ids[n] = b.addInitializedInputTensor(arr, spec.target)
             if value.is_floating_point():       # integer buffers (num_batches_tracked) stay constants
                 weights[ids[n]] = spec.target

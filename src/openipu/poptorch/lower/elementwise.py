@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from openipu.poptorch.lower import NUMPY_TYPE, POPART_TYPE, aten
+from openipu.poptorch.lower import NUMPY_TYPE, POPART_TYPE, aten, op_name
 
 
 def _operands(lw, n, *args):
@@ -211,6 +211,34 @@ def dropout(lw, n):
     return (out, None) if "native_dropout" in str(n.target) else out
 
 
+#: creation ops that fill a tensor with one value
+_FILLS = {"aten.full.default", "aten.zeros.default", "aten.ones.default", "aten.scalar_tensor.default"}
+#: element-wise ops that broadcast their tensor operands (ONNX multidirectional broadcasting)
+_BROADCASTING = {f"aten.{op}.{ov}" for op in ("add", "sub", "mul", "div", "eq", "ne", "lt", "gt", "le", "ge")
+                 for ov in ("Tensor",)} | {"aten.where.self", "aten.maximum.default", "aten.minimum.default",
+                                           "aten.logical_and.default", "aten.logical_or.default",
+                                           "aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor"}
+
+
+def _broadcast_only(n) -> bool:
+    """Whether a filled tensor (``full``, ``zeros_like`` ...) may be lowered as a scalar: every
+    user is an element-wise op that broadcasts it, and the user's other operands already give
+    the user's output shape. A filled ``[8, 12, 384, 384]`` tensor (``_safe_softmax``'s zeros,
+    attention-mask fills) would otherwise become a constant that PopART folds and the device
+    keeps always live; as a scalar it costs nothing."""
+    if not n.users:
+        return False
+    for u in n.users:
+        if u.op != "call_function" or op_name(u.target) not in _BROADCASTING or n in u.kwargs.values():
+            return False
+        others = [a.meta["val"].shape for a in u.args
+                  if isinstance(a, torch.fx.Node) and a is not n and isinstance(a.meta.get("val"), torch.Tensor)]
+        want = u.meta.get("val")
+        if not isinstance(want, torch.Tensor) or tuple(torch.broadcast_shapes(*others)) != tuple(want.shape):
+            return False
+    return True
+
+
 def _constant_of(lw, n):
     """A node's (data-independent) output as an ONNX constant, from the value PyTorch computes
     on the example shapes: ``full``, ``zeros``, ``ones``, ``arange``, ``scalar_tensor``."""
@@ -221,6 +249,8 @@ def _constant_of(lw, n):
     if value is None or value.shape != v.shape:
         value = torch.zeros(v.shape, dtype=v.dtype)
     dt = POPART_TYPE[v.dtype]
+    if op_name(n.target) in _FILLS and value.numel() and _broadcast_only(n):
+        return lw.const(value.reshape(-1)[0].detach().cpu().numpy(), dt)
     return lw.const(value.detach().cpu().numpy(), dt)
 
 
@@ -232,8 +262,8 @@ def _like(fill):
     def fn(lw, n):
         v = lw.val()
         value = fill(n) if callable(fill) else fill
-        return lw.const(np.full([int(d) for d in v.shape], value, NUMPY_TYPE[POPART_TYPE[v.dtype]]),
-                        POPART_TYPE[v.dtype])
+        shape = [] if _broadcast_only(n) else [int(d) for d in v.shape]
+        return lw.const(np.full(shape, value, NUMPY_TYPE[POPART_TYPE[v.dtype]]), POPART_TYPE[v.dtype])
     return fn
 
 

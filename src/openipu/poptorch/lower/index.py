@@ -283,7 +283,8 @@ def embedding_bag(lw, n):
     """``EmbeddingBag`` (sum, mean, max over each bag of looked-up rows, optional per-sample
     weights): the bag of index position ``j`` is ``#(offsets <= j) - 1`` (computed on the device,
     offsets may be an input), the rows are reduced per bag by ``ScatterReduce``. Returns PyTorch's
-    ``(out, offset2bag, bag_size, max_indices)`` (``max_indices`` zeros)."""
+    ``(out, offset2bag, bag_size, max_indices)`` (``max_indices``: for ``max``, the weight row
+    each maximum came from; zeros for ``sum`` / ``mean``, as PyTorch's)."""
     weight, indices, offsets = n.args[:3]
     mode = int(n.args[4] if len(n.args) > 4 else n.kwargs.get("mode", 0))
     psw = n.args[6] if len(n.args) > 6 else n.kwargs.get("per_sample_weights")
@@ -303,20 +304,37 @@ def embedding_bag(lw, n):
     valid = lw.const(np.ones(count, np.float32))
     if padding_idx is not None and int(padding_idx) >= 0:
         valid = lw.cast(lw.onnx.logical_not([lw.onnx.equal([idx, lw.const(int(padding_idx), "INT32")])]), "FLOAT")
+    wdt = lw.dtype(weight)      # the output's type (fp16 for a half model)
     vcol = lw.onnx.unsqueeze([valid], axes=[1])
+    if wdt != "FLOAT":
+        vcol = lw.cast(vcol, wdt)
     if psw is not None:
         rows = lw.onnx.mul([rows, lw.onnx.unsqueeze([lw.t(psw)], axes=[1])])
     bag2 = lw.onnx.expand([lw.onnx.unsqueeze([bag], axes=[1]), lw.shape_const([count, dim])])
     sizes = lw.gc.scatterreduce([valid, bag], nb, 0, "Sum", 0, debugContext=lw._name("size"))
     if mode == 2:       # max
-        masked = lw.onnx.where([lw.cast(vcol, "BOOL"), rows, lw.const(np.float32(-np.inf))])
+        vbool = lw.cast(vcol, "BOOL")
+        masked = lw.onnx.where([vbool, rows, lw.const(-np.inf, wdt)])
         out = lw.gc.scatterreduce([masked, bag2], nb, 0, "Max", 0, debugContext=lw._name("max"))
+        # max_indices: the weight row of the first position whose element is its bag's maximum
+        # (PyTorch's strict '>' scan); 0 for empty bags. Positions are scored count - j (>= 1)
+        # where they hit, 0 elsewhere, so that a Max scatter finds the first hit.
+        hit = lw.onnx.logical_and([lw.onnx.equal([masked, lw.onnx.gather([out, bag], 0)]), vbool])
+        score = lw.const((count - np.arange(count, dtype=np.float32)).reshape(count, 1))
+        best = lw.gc.scatterreduce([lw.onnx.where([hit, score, lw.const(np.float32(0.0))]), bag2], nb, 0, "Max", 0,
+                                   debugContext=lw._name("argmax"))
+        first = lw.cast(lw.onnx.min([lw.onnx.sub([lw.const(np.float32(count)), best]),
+                                     lw.const(np.float32(count - 1))]), "INT32")
+        max_indices = lw.onnx.where([lw.onnx.equal([best, lw.const(np.float32(0.0))]), lw.const(0, "INT32"),
+                                     lw.onnx.gather([idx, first], 0)], lw._name("max_indices"))
         empty = lw.onnx.unsqueeze([lw.onnx.equal([sizes, lw.const(0.0)])], axes=[1])
-        out = lw.onnx.where([empty, lw.const(0.0), out], lw._name())
+        out = lw.onnx.where([empty, lw.const(0.0, wdt), out], lw._name())
+        return [out, bag, lw.cast(sizes, "INT32"), max_indices]
     else:
         out = lw.gc.scatterreduce([lw.onnx.mul([rows, vcol]), bag2], nb, 0, "Sum", 0, debugContext=lw._name("sum"))
         if mode == 1:
             denom = lw.onnx.max([sizes, lw.const(1.0)])
+            denom = denom if wdt == "FLOAT" else lw.cast(denom, wdt)
             out = lw.onnx.div([out, lw.onnx.unsqueeze([denom], axes=[1])], lw._name())
     zeros = lw.const(np.zeros(nb, np.int32), "INT32")
     return [out, bag, lw.cast(sizes, "INT32"), zeros]

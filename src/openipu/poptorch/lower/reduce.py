@@ -5,6 +5,8 @@ last axis (other axes transposed there), ``logsumexp``."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from openipu.poptorch.lower import aten
 
 
@@ -98,6 +100,32 @@ def _softmax(onnx_op):
 
 aten("aten._softmax.default", "aten.softmax.int")(_softmax("softmax"))
 aten("aten._log_softmax.default", "aten.log_softmax.int")(_softmax("logsoftmax"))
+
+
+@aten("aten._safe_softmax.default")
+def safe_softmax(lw, n):
+    """``_safe_softmax(x, dim)`` (what ``scaled_dot_product_attention`` runs): a softmax whose
+    rows of only ``-inf`` give zeros instead of NaN. Lowered whole, with a ``[..., 1]`` mask of
+    the rows whose maximum is ``-inf``: those rows are zeroed before the Softmax (so that neither
+    it nor its gradient makes NaN) and after it, instead of torch's decomposition (full-size
+    ``eq``, ``logical_not``, ``any``, a zeros tensor and ``where``)."""
+    x, dim = n.args[0], int(n.args[1])
+    rank = max(len(lw.shape(x)), 1)
+    dim %= rank
+    dt = lw.out_dtype()
+    xt = lw.t(x) if lw.dtype(x) == dt else lw.cast(lw.t(x), dt)
+    rowmax = lw.onnx.reducemax([xt], axes=[dim], keepdims=1, debugContext=lw._name("rowmax"))
+    dead = lw.onnx.equal([rowmax, lw.const(-np.inf, dt)], lw._name("masked_row"))
+    zero = lw.const(0.0, dt)
+    xt = lw.onnx.where([dead, zero, xt], lw._name("finite"))
+    if dim == rank - 1:
+        y = lw.onnx.softmax([xt], axis=dim, debugContext=lw._name())
+    else:
+        perm = list(range(rank))
+        perm[dim], perm[-1] = perm[-1], perm[dim]
+        y = lw.onnx.softmax([lw.onnx.transpose([xt], perm)], axis=rank - 1, debugContext=lw._name())
+        y = lw.onnx.transpose([y], perm, lw._name("back"))
+    return lw.onnx.where([dead, zero, y], lw._name())
 
 
 @aten("aten.var.correction", "aten.var.dim", "aten.var.default", "aten.std.correction", "aten.std.dim",
