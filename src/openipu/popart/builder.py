@@ -62,6 +62,7 @@ def method_name(op_type: str) -> str:
     ``logical_and`` (PopART's spelling)."""
     return _RENAMED.get(op_type, op_type.lower())
 
+
 _SEP = "/"
 _graph_uid = itertools.count()
 _INF = 2147483647
