@@ -2,6 +2,8 @@
 process, and never against the user's own threshold. Each case runs in a fresh process: the
 allocator setting is per process and cannot be undone."""
 
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -57,12 +59,11 @@ e.run(0)
 
 
 def _run(body: str, env_extra: dict | None = None) -> dict:
-    import os
     env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")}
     env.update(env_extra or {})
-    code = _PROBE + textwrap.dedent(body) + "\nprint(repr(result))\n"
+    code = _PROBE + textwrap.dedent(body) + "\nimport json\nprint(json.dumps(result))\n"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    return eval(p.stdout.strip().splitlines()[-1], {})  # noqa: S307 - our own child's repr of a dict
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def test_engine_load_fixes_the_threshold_once():
