@@ -33,24 +33,17 @@ import argparse
 import copy
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import poptorch
 
-
-class ResNetLoss(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        from transformers import ResNetConfig, ResNetForImageClassification
-        self.m = ResNetForImageClassification(ResNetConfig(depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
-                                                           layer_type="basic", num_labels=10))
-
-    def forward(self, x, y):
-        logits = self.m(pixel_values=x).logits
-        return logits, F.cross_entropy(logits, y)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "models"))
+from torch_models import ResNet18WithLoss  # noqa: E402
 
 
 class BertSquadLoss(torch.nn.Module):
@@ -78,7 +71,7 @@ def _inputs(name, quick, g):
 def measure(name: str, quick: bool = False, steps: int = 3) -> dict:
     """The figures of one model (see the module docstring)."""
     torch.manual_seed(0)
-    model = ResNetLoss() if name == "resnet18" else BertSquadLoss(2 if quick else 12)
+    model = ResNet18WithLoss() if name == "resnet18" else BertSquadLoss(2 if quick else 12)
     model.train()
     eager = copy.deepcopy(model)
     g = torch.Generator().manual_seed(1)

@@ -18,26 +18,21 @@ import json
 import operator
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "models"))
+
 
 def _models():
-    from transformers import (BertConfig, BertForQuestionAnswering, GPT2Config, GPT2LMHeadModel, ResNetConfig,
-                              ResNetForImageClassification, ViTConfig, ViTForImageClassification)
+    from torch_models import ResNet18WithLoss
+    from transformers import (BertConfig, BertForQuestionAnswering, GPT2Config, GPT2LMHeadModel, ViTConfig,
+                              ViTForImageClassification)
     torch.manual_seed(0)
     ids = torch.randint(0, 1000, (2, 16))
 
-    class ResNet(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.m = ResNetForImageClassification(ResNetConfig(depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
-                                                               layer_type="basic", num_labels=10))
-
-        def forward(self, x, y):
-            logits = self.m(pixel_values=x).logits
-            return logits, torch.nn.functional.cross_entropy(logits, y)
-    yield "resnet18", ResNet().train(), (torch.randn(2, 3, 32, 32), torch.tensor([1, 2])), {}
+    yield "resnet18", ResNet18WithLoss().train(), (torch.randn(2, 3, 32, 32), torch.tensor([1, 2])), {}
     bert = BertForQuestionAnswering(BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2,
                                                num_attention_heads=4, intermediate_size=128)).train()
     yield "bert-squad", bert, (), dict(input_ids=ids, attention_mask=torch.ones_like(ids),
@@ -56,24 +51,11 @@ def _models():
 
 
 def _gcn():
-    from torch_geometric.datasets import KarateClub
-    from torch_geometric.nn import GCNConv
-    from torch_geometric.transforms import GCNNorm
+    from torch_models import GCN, karate_club
     # GCNConv's own normalisation adds self loops with a data-dependent edge list: done once on
-    # the host (GCNNorm), as tests/test_poptorch_models.py does
-    data = GCNNorm()(KarateClub()[0])
-
-    class GCN(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c1 = GCNConv(data.num_features, 16, normalize=False)
-            self.c2 = GCNConv(16, 4, normalize=False)
-
-        def forward(self, x, edge_index, edge_weight, y):
-            h = torch.relu(self.c1(x, edge_index, edge_weight))
-            out = self.c2(h, edge_index, edge_weight)
-            return out, torch.nn.functional.cross_entropy(out, y)
-    return GCN().train(), (data.x, data.edge_index, data.edge_weight, data.y), {}
+    # the host (GCNNorm)
+    data = karate_club()
+    return GCN(data.num_features, 16, 4).train(), (data.x, data.edge_index, data.edge_weight, data.y), {}
 
 
 def census() -> dict:

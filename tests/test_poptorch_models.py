@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,21 +17,8 @@ import poptorch
 
 transformers = pytest.importorskip("transformers")
 
-
-def _resnet18(num_labels=10):
-    from transformers import ResNetConfig, ResNetForImageClassification
-    cfg = ResNetConfig(depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512], layer_type="basic", num_labels=num_labels)
-    return ResNetForImageClassification(cfg)
-
-
-class ResNetWithLoss(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.m = _resnet18()
-
-    def forward(self, x, y):
-        logits = self.m(pixel_values=x).logits
-        return logits, F.cross_entropy(logits, y)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "models"))
+from torch_models import GCN, ResNet18WithLoss, karate_club, resnet18  # noqa: E402
 
 
 def _rel(p, q):
@@ -39,7 +28,7 @@ def _rel(p, q):
 @pytest.mark.slow
 def test_resnet18_inference_matches_cpu():
     torch.manual_seed(0)
-    m = _resnet18(num_labels=1000).eval()
+    m = resnet18(num_labels=1000).eval()
     assert sum(p.numel() for p in m.parameters()) == pytest.approx(11.7e6, rel=0.01)
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
     want = m(pixel_values=x).logits
@@ -55,7 +44,7 @@ def test_resnet18_trains_like_torch_sgd():
     after 3 steps (a BatchNorm channel of tiny variance amplifies rounding), and openipu agrees
     with CPU fp32 as closely as CPU fp32 agrees with fp64."""
     torch.manual_seed(0)
-    m = ResNetWithLoss()
+    m = ResNet18WithLoss()
     ref = copy.deepcopy(m)
     opt = torch.optim.SGD(ref.parameters(), lr=0.001, momentum=0.9)
     tm = poptorch.trainingModel(m, optimizer=poptorch.optim.SGD(m.parameters(), lr=0.001, momentum=0.9))
@@ -213,24 +202,9 @@ def test_gcn_trains_like_cpu():
     (``torch_geometric.transforms.GCNNorm``: it builds a data-dependent edge list), the message
     passing (gather, scatter-add) runs on the IPU."""
     pyg = pytest.importorskip("torch_geometric")
-    from torch_geometric.datasets import KarateClub
-    from torch_geometric.nn import GCNConv
-    from torch_geometric.transforms import GCNNorm
-    data = GCNNorm()(KarateClub()[0])
-
-    class GCN(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c1 = GCNConv(data.num_features, 16, normalize=False)
-            self.c2 = GCNConv(16, 4, normalize=False)
-
-        def forward(self, x, edge_index, edge_weight, y, mask):
-            h = torch.relu(self.c1(x, edge_index, edge_weight))
-            out = self.c2(h, edge_index, edge_weight)
-            loss = F.cross_entropy(out, y, reduction="none")
-            return out, poptorch.identity_loss((loss * mask).sum() / mask.sum(), reduction="none")
+    data = karate_club()
     torch.manual_seed(0)
-    m = GCN()
+    m = GCN(data.num_features, 16, 4)
     ref = copy.deepcopy(m)
     tm = poptorch.trainingModel(m, optimizer=poptorch.optim.Adam(m.parameters(), lr=0.01))
     opt = torch.optim.Adam(ref.parameters(), lr=0.01)

@@ -461,3 +461,35 @@ def test_op_fp16_matches_cpu(name):
             torch.testing.assert_close(g.float(), w, rtol=1e-2, atol=1e-2 * scale)
         else:
             torch.testing.assert_close(g, w.to(g.dtype))
+
+
+def test_broadcasting_ops_come_from_the_lowering_table():
+    """Which ATen ops broadcast their operands is derived from the ONNX op each lowering declares
+    and the ONNX schemas (multidirectional broadcasting), not kept as a list of its own."""
+    from onnx import defs
+
+    from openipu.poptorch.lower import ONNX_OP, OPSET, broadcasts
+    load_lowerings()
+    derived = {n for n in ONNX_OP if broadcasts(n)}
+    assert {"aten.add.Tensor", "aten.div.Tensor", "aten.lt.Tensor", "aten.where.self", "aten.maximum.default",
+            "aten.logical_and.default", "aten.bitwise_or.Tensor", "aten.pow.Tensor_Tensor"} <= derived
+    assert all("multidirectional" in defs.get_schema(ONNX_OP[n], OPSET).doc for n in derived)
+    assert not broadcasts(torch.ops.aten.copy.default) and not broadcasts(torch.ops.aten.clamp.default)
+
+
+def test_fill_read_by_a_broadcasting_op_is_a_scalar():
+    """A fill read only by broadcasting ops (``Pow`` here, which a hand-kept list left out) is
+    lowered as a scalar constant, and the result is PyTorch's."""
+    import onnx
+    from onnx import numpy_helper
+
+    class M(torch.nn.Module):
+        def forward(self, x, m):
+            return torch.pow(torch.full_like(x, 2.0), x) + torch.zeros_like(x).masked_fill(m, 1.5)
+
+    x, m = randn(3, 4), randn(3, 4, seed=1) > 0
+    pm = poptorch.inferenceModel(M())
+    torch.testing.assert_close(pm(x, m), M()(x, m))
+    consts = [numpy_helper.to_array(n.attribute[0].t) for n in onnx.load_from_string(pm._built.model).graph.node
+              if n.op_type == "Constant"]
+    assert consts and all(c.shape == () for c in consts)

@@ -125,3 +125,22 @@ def test_bad_views_raise():
         v.reinterpret(poplar.HALF)
     with pytest.raises(poplar.tensor_creation_error):
         poplar.concat([v, v.reshape([4, 3])], 0)
+
+
+def test_same_view():
+    """``same_view``: the same elements in the same order, by structure (pieces), not by element."""
+    _, g, v = _setup([4, 6])
+    w = g.addVariable(poplar.FLOAT, [4, 6], "w")
+    g.setTileMapping(w, 0)
+    assert v.slice(1, 3).same_view(v.slice(1, 3)) and v.same_view(v)
+    assert v.dimShuffle([1, 0]).same_view(v.transpose())
+    cat = poplar.concat([v.slice(0, 2), w.slice(2, 4)])
+    assert cat.same_view(poplar.concat([v.slice(0, 2), w.slice(2, 4)]))        # many pieces
+    assert not cat.same_view(poplar.concat([v.slice(0, 2), v.slice(2, 4)]))
+    assert not v.slice(1, 3).same_view(v.slice(2, 4))                          # other elements
+    assert not v.same_view(w)                                                  # other variable
+    assert not v.slice(0, 2).same_view(v.slice(0, 2).reverse(0))               # other order
+    assert not v.flatten().same_view(v)                                        # other shape
+    assert not v.same_view(v.reinterpret(poplar.INT))                          # other type
+    _, g2, v2 = _setup([4, 6])
+    assert not v.same_view(v2)                                                 # other graph

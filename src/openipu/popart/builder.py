@@ -55,6 +55,14 @@ RECOMPUTE_ATTR = "__recompute_output_in_backward_pass"
 PRIORITY_ATTR = "__schedule_priority"
 
 _RENAMED = {"And": "logical_and", "Or": "logical_or", "Xor": "logical_xor", "Not": "logical_not", "If": "logical_if"}
+
+
+def method_name(op_type: str) -> str:
+    """The ``aiOnnx`` method that adds ONNX op ``op_type``: ``"Add"`` -> ``add``, ``"And"`` ->
+    ``logical_and`` (PopART's spelling)."""
+    return _RENAMED.get(op_type, op_type.lower())
+
+
 _SEP = "/"
 _graph_uid = itertools.count()
 _INF = 2147483647
@@ -217,7 +225,7 @@ def _make_onnx_method(schema):
         outs = self._builder._op(op, "", self._version, inputs, n_out, at, v["debugContext"], schema=schema)
         return outs if (takes_n or n_fixed > 1) else outs[0]
 
-    name = _RENAMED.get(op, op.lower())
+    name = method_name(op)
     method.__name__ = name
     method.__qualname__ = name
     method.__signature__ = sig

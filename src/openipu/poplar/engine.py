@@ -24,7 +24,7 @@ from openipu.poplar.executable import Executable, _RunCtx, _to_numpy, _to_torch,
 from openipu.poplar.graph import DataStream, RemoteBuffer
 from openipu.poplar.graph_compiler import FieldData, VertexIntrospector, VertexPerfEstimate, compileGraph  # noqa: F401
 from openipu.poplar import program as P
-from openipu.poplar import pvti
+from openipu.poplar import hostmem, pvti
 from openipu.poplar.options import OptionFlags, engine_options
 from openipu.poplar.storage import Accessor, Storage
 from openipu.poplar.tensor import Tensor
@@ -78,6 +78,7 @@ class Engine:
                 f"Cannot load: the engine was compiled for {self._spec.num_tiles} tiles but the device has "
                 f"{device.getTarget().spec.num_tiles}")
         self._device = device
+        hostmem.bound_heap_retention()      # the runs' freed temporaries go back to the OS
         with pvti.span("Engine: load (allocate device memory)", "poplar"):
             self._storage = Storage(self.graph._state, self.graph._state.replication_factor,
                                     self._compiled.memory.host_layout)

@@ -660,6 +660,17 @@ def pieces_alias(p: Pieces) -> bool:
     return _merged_runs(start, length)[2]
 
 
+def same_pieces(a: Pieces, b: Pieces) -> bool:
+    """Whether ``a`` and ``b`` are the same pieces (variables, corner addresses, boxes, strides):
+    then they lay the same elements in the same order. Structural, so it costs the number of
+    pieces; two decompositions of one view (a concat of the two halves of a variable, and the
+    variable) answer False."""
+    if a.row is not None or b.row is not None:
+        return a.row == b.row
+    return all(np.array_equal(x, y) for x, y in ((a.var, b.var), (a.addr, b.addr), (a.lo, b.lo), (a.sz, b.sz),
+                                                 (a.st, b.st)))
+
+
 def pieces_intersect(a: Pieces, b: Pieces) -> bool:
     """Whether the views ``a`` and ``b`` share an address; on runs of the pieces whose spans meet
     the other view's, exact."""

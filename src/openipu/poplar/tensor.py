@@ -436,6 +436,13 @@ class Tensor:
             return False
         return R.pieces_intersect(a, b)
 
+    def same_view(self, other: "Tensor") -> bool:
+        """Whether ``other`` views the same elements as this tensor, in the same order, with the
+        same shape and type (openipu extension; the test of :func:`~openipu.poplar.regions.same_pieces`:
+        structural, costs the number of pieces, and may answer False for one view built two ways)."""
+        return (self._shape == other._shape and self._type == other._type and self.elementType() == other.elementType()
+                and self._state is other._state and R.same_pieces(self._p, other._p))
+
     def dump(self) -> str:
         return repr(self)
 

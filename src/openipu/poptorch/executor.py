@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
-from openipu import hostmem, popart
+from openipu import popart
 from openipu.poptorch import capture as cap
 from openipu.poptorch import optim as poptorch_optim
 from openipu.poptorch.enums import ConnectionType, OutputMode
@@ -183,7 +183,6 @@ class PoplarExecutor:
         self._compile_seconds = time.perf_counter() - start
 
     def _make_session(self, built: "cap.Built", executable: bytes | None = None) -> None:
-        hostmem.bound_heap_retention()      # the run's freed temporaries go back to the OS
         o = self._options
         di, af, rf = self._factor()
         mode = o.output_mode

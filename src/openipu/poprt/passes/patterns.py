@@ -101,35 +101,57 @@ def _fuse(model, gv, out_node, new_node, done):
     done.append(new_node.output[0])
 
 
-@register("gelu_pattern")
-class GeluPattern(Pass):
-    """Fuse the tanh-approximation GELU subgraph into ``ai.graphcore::Gelu``."""
+class _GeluPattern(Pass):
+    """Fuse ``0.5 * x * (1 + f(x))`` into ``ai.graphcore::<fused>(x)``, anchored at each node of
+    type ``anchor`` (the ``Tanh`` / ``Erf`` of ``f``): :meth:`x_of` matches the anchor's input
+    (``f``'s argument as a function of ``x``), the shared tail matches ``1 + f`` and the
+    ``0.5 * x`` product in the orders exporters produce (:func:`_half_x_tail`)."""
+
+    anchor = ""
+    fused = ""
+
+    def x_of(self, gv: GraphView, node) -> str | None:
+        """The ``x`` whose GELU the anchor ``node`` computes, or None when its input does not match."""
+        raise NotImplementedError
 
     def run(self, model):
         gv = GraphView(model.graph)
-        for name in [n.output[0] for n in model.graph.node if n.op_type == "Tanh"]:
-            tanh = gv.producer.get(name)
-            s = _scaled(gv, tanh.input[0])
-            if s is None or not _close(s[1], math.sqrt(2 / math.pi)):
-                continue
-            inner = gv.prod(s[0], "Add")
-            if inner is None:
-                continue
-            x = None
-            for i, j in ((0, 1), (1, 0)):
-                cube = _scaled(gv, inner.input[j])
-                if cube is not None and _close(cube[1], 0.044715) and _is_cube(gv, cube[0], inner.input[i]):
-                    x = inner.input[i]
-            a = _one_plus(gv, tanh.output[0]) if x else None
+        for name in [n.output[0] for n in model.graph.node if n.op_type == self.anchor]:
+            node = gv.producer.get(name)
+            x = self.x_of(gv, node)
+            a = _one_plus(gv, node.output[0]) if x else None
             for xx, out in (_half_x_tail(gv, a) or []) if a else []:
                 if xx == x:
-                    node = onnx.helper.make_node("Gelu", [x], [out.output[0]], name=gv.fresh(f"Gelu_{out.output[0]}"), domain=GC)
-                    _fuse(model, gv, out, node, self.applied)
+                    fused = onnx.helper.make_node(self.fused, [x], [out.output[0]],
+                                                  name=gv.fresh(f"{self.fused}_{out.output[0]}"), domain=GC)
+                    _fuse(model, gv, out, fused, self.applied)
                     break
         if self.applied:
             ensure_domain(model, GC)
             prune_unused(model.graph)
         return model
+
+
+@register("gelu_pattern")
+class GeluPattern(_GeluPattern):
+    """Fuse the tanh-approximation GELU subgraph into ``ai.graphcore::Gelu``."""
+
+    anchor, fused = "Tanh", "Gelu"
+
+    def x_of(self, gv, tanh):
+        """``x`` of ``Tanh(sqrt(2/pi) * (x + 0.044715 * x^3))``."""
+        s = _scaled(gv, tanh.input[0])
+        if s is None or not _close(s[1], math.sqrt(2 / math.pi)):
+            return None
+        inner = gv.prod(s[0], "Add")
+        if inner is None:
+            return None
+        x = None
+        for i, j in ((0, 1), (1, 0)):
+            cube = _scaled(gv, inner.input[j])
+            if cube is not None and _close(cube[1], 0.044715) and _is_cube(gv, cube[0], inner.input[i]):
+                x = inner.input[i]
+        return x
 
 
 def _is_cube(gv, c, x) -> bool:
@@ -149,27 +171,15 @@ def _is_cube(gv, c, x) -> bool:
 
 
 @register("erf_gelu_pattern")
-class ErfGeluPattern(Pass):
+class ErfGeluPattern(_GeluPattern):
     """Fuse the erf GELU subgraph (``0.5 x (1 + erf(x / sqrt 2))``) into ``ai.graphcore::GeluErf``."""
 
-    def run(self, model):
-        gv = GraphView(model.graph)
-        for name in [n.output[0] for n in model.graph.node if n.op_type == "Erf"]:
-            erf = gv.producer.get(name)
-            s = _scaled(gv, erf.input[0])
-            if s is None or not _close(s[1], 1 / math.sqrt(2)):
-                continue
-            x = s[0]
-            a = _one_plus(gv, erf.output[0])
-            for xx, out in (_half_x_tail(gv, a) or []) if a else []:
-                if xx == x:
-                    node = onnx.helper.make_node("GeluErf", [x], [out.output[0]], name=gv.fresh(f"GeluErf_{out.output[0]}"), domain=GC)
-                    _fuse(model, gv, out, node, self.applied)
-                    break
-        if self.applied:
-            ensure_domain(model, GC)
-            prune_unused(model.graph)
-        return model
+    anchor, fused = "Erf", "GeluErf"
+
+    def x_of(self, gv, erf):
+        """``x`` of ``Erf(x / sqrt(2))``."""
+        s = _scaled(gv, erf.input[0])
+        return s[0] if s is not None and _close(s[1], 1 / math.sqrt(2)) else None
 
 
 def _reduce_axes(gv, node):

@@ -28,6 +28,7 @@ model" error naming every such op.
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Callable
 
@@ -41,6 +42,12 @@ from openipu.poptorch.errors import Error
 LOWERINGS: dict[str, Callable] = {}
 #: ops whose outputs are losses (PopTorch: every ``torch.nn`` loss ends in ``identityloss``)
 LOSS_OPS: set[str] = set()
+#: op name -> the ONNX op type that combines the op's operands in its lowering (declared with
+#: ``aten(..., onnx="Add")`` by lowerings that are that one op, possibly after casts of the
+#: operands and followed by element-wise ops of its output)
+ONNX_OP: dict[str, str] = {}
+#: the ai.onnx opset the lowerings build with (:class:`Lowering`)
+OPSET = 11
 
 #: torch dtype -> PopART type (int64 and float64 become 32-bit, as PopTorch casts them)
 POPART_TYPE = {torch.float32: "FLOAT", torch.float16: "FLOAT16", torch.int32: "INT32", torch.int64: "INT32",
@@ -50,15 +57,35 @@ NUMPY_TYPE = {"FLOAT": np.float32, "FLOAT16": np.float16, "INT32": np.int32, "BO
               "UINT8": np.uint8, "INT16": np.int16}
 
 
-def aten(*names: str, loss: bool = False):
-    """Register a lowering for the ops ``names``; ``loss``: their output is a loss."""
+def aten(*names: str, loss: bool = False, onnx: str | None = None):
+    """Register a lowering for the ops ``names``; ``loss``: their output is a loss; ``onnx``: the
+    ONNX op type that combines their operands (:data:`ONNX_OP`)."""
     def deco(fn):
         for n in names:
             LOWERINGS[n] = fn
             if loss:
                 LOSS_OPS.add(n)
+            if onnx is not None:
+                ONNX_OP[n] = onnx
         return fn
     return deco
+
+
+@functools.cache
+def _onnx_broadcasts(op_type: str) -> bool:
+    """Whether ONNX op ``op_type`` (at :data:`OPSET`) has multidirectional (NumPy-style)
+    broadcasting, as its ``onnx.defs`` schema states."""
+    from onnx import defs
+    return "multidirectional" in defs.get_schema(op_type, OPSET).doc
+
+
+def broadcasts(target) -> bool:
+    """Whether the lowering of op ``target`` combines its tensor operands with an ONNX op of
+    multidirectional broadcasting (``aten.add.Tensor`` -> ``Add``, ``aten.where.self`` ->
+    ``Where``, ``aten.lt.Tensor`` -> ``Less``): an operand may then be lowered with any shape
+    that broadcasts to the output. Derived from :data:`ONNX_OP` and the ONNX schemas."""
+    op = ONNX_OP.get(op_name(target))
+    return op is not None and _onnx_broadcasts(op)
 
 
 def op_name(target) -> str:
@@ -94,7 +121,7 @@ class Lowering:
 
     def __init__(self, builder: "popart.Builder", training: bool):
         self.b = builder
-        self.onnx = builder.aiOnnxOpset11
+        self.onnx = getattr(builder, f"aiOnnxOpset{OPSET}")
         self.gc = builder.aiGraphcore
         self.training = training
         self.ids: dict = {}

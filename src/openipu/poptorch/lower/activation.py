@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from openipu.popart.builder import method_name
 from openipu.poptorch.lower import aten
 from openipu.poptorch.lower.elementwise import _operands
 
@@ -174,13 +175,16 @@ def div_scalar_mode(lw, n):
 
 
 def _logic(onnx_op):
+    """The lowering of a logical op on bool tensors as ONNX ``onnx_op`` (``"Xor"``)."""
+    method = method_name(onnx_op)
+
     def fn(lw, n):
         a, b = n.args[0], n.args[1]
         if lw.out_dtype() != "BOOL":
             raise_int(n)
         ta = lw.like(a, n) if isinstance(a, torch.fx.Node) else lw.const(bool(a), "BOOL")
         tb = lw.like(b, n) if isinstance(b, torch.fx.Node) else lw.const(bool(b), "BOOL")
-        return getattr(lw.onnx, onnx_op)([ta, tb], lw._name())
+        return getattr(lw.onnx, method)([ta, tb], lw._name())
     return fn
 
 
@@ -189,9 +193,9 @@ def raise_int(n):
     raise Error(f"{n.target}: bitwise operations are supported on bool tensors only (as in PopTorch)")
 
 
-aten("aten.logical_xor.default", "aten.bitwise_xor.Tensor", "aten.bitwise_xor.Scalar")(_logic("logical_xor"))
-aten("aten.bitwise_and.Scalar")(_logic("logical_and"))
-aten("aten.bitwise_or.Scalar")(_logic("logical_or"))
+aten("aten.logical_xor.default", "aten.bitwise_xor.Tensor", "aten.bitwise_xor.Scalar", onnx="Xor")(_logic("Xor"))
+aten("aten.bitwise_and.Scalar", onnx="And")(_logic("And"))
+aten("aten.bitwise_or.Scalar", onnx="Or")(_logic("Or"))
 
 
 @aten("aten.rrelu_with_noise_functional.default", "aten.rrelu_with_noise.default")

@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from openipu.poptorch.lower import NUMPY_TYPE, POPART_TYPE, aten, op_name
+from openipu.popart.builder import method_name
+from openipu.poptorch.lower import NUMPY_TYPE, POPART_TYPE, aten, broadcasts, op_name
 
 
 def _operands(lw, n, *args):
@@ -24,30 +25,33 @@ def _operands(lw, n, *args):
 
 
 def _binary(onnx_op):
+    """The lowering of ``a <op> alpha * b`` as ONNX ``onnx_op`` (an op type: ``"Add"``)."""
+    method = method_name(onnx_op)
+
     def fn(lw, n):
         a, b = _operands(lw, n, n.args[0], n.args[1])
         alpha = n.kwargs.get("alpha", n.args[2] if len(n.args) > 2 else 1)
         if alpha != 1:
             b = lw.onnx.mul([b, lw.const(alpha, lw.out_dtype())], lw._name("alpha"))
-        return getattr(lw.onnx, onnx_op)([a, b], lw._name())
+        return getattr(lw.onnx, method)([a, b], lw._name())
     return fn
 
 
-aten("aten.add.Tensor", "aten.add.Scalar", "aten.add_.Tensor")(_binary("add"))
-aten("aten.sub.Tensor", "aten.sub.Scalar")(_binary("sub"))
-aten("aten.mul.Tensor", "aten.mul.Scalar", "aten.mul_.Tensor")(_binary("mul"))
-aten("aten.pow.Tensor_Tensor", "aten.pow.Tensor_Scalar")(_binary("pow"))
-aten("aten.maximum.default")(_binary("max"))
-aten("aten.minimum.default")(_binary("min"))
+for _names, _onnx in ((("aten.add.Tensor", "aten.add.Scalar", "aten.add_.Tensor"), "Add"),
+                      (("aten.sub.Tensor", "aten.sub.Scalar"), "Sub"),
+                      (("aten.mul.Tensor", "aten.mul.Scalar", "aten.mul_.Tensor"), "Mul"),
+                      (("aten.pow.Tensor_Tensor", "aten.pow.Tensor_Scalar"), "Pow"),
+                      (("aten.maximum.default",), "Max"), (("aten.minimum.default",), "Min")):
+    aten(*_names, onnx=_onnx)(_binary(_onnx))
 
 
-@aten("aten.rsub.Scalar", "aten.rsub.Tensor")
+@aten("aten.rsub.Scalar", "aten.rsub.Tensor", onnx="Sub")
 def rsub(lw, n):
     a, b = _operands(lw, n, n.args[0], n.args[1])
     return lw.onnx.sub([b, a], lw._name())
 
 
-@aten("aten.div.Tensor", "aten.div.Scalar", "aten.div.Tensor_mode")
+@aten("aten.div.Tensor", "aten.div.Scalar", "aten.div.Tensor_mode", onnx="Div")
 def div(lw, n):
     mode = n.kwargs.get("rounding_mode")
     if lw.out_dtype() in ("FLOAT", "FLOAT16"):
@@ -139,6 +143,9 @@ def softplus(lw, n):
 
 
 def _compare(onnx_op, negate=False):
+    """The lowering of a comparison as ONNX ``onnx_op`` (an op type: ``"Less"``), negated or not."""
+    method = method_name(onnx_op)
+
     def fn(lw, n):
         a, b = n.args[0], n.args[1]
         ref = a if isinstance(a, torch.fx.Node) else b
@@ -148,34 +155,34 @@ def _compare(onnx_op, negate=False):
             # promote to the float one
             fa = lw.dtype(a) in ("FLOAT", "FLOAT16")
             ta, tb = (lw.t(a), lw.cast(lw.t(b), lw.dtype(a))) if fa else (lw.cast(lw.t(a), lw.dtype(b)), lw.t(b))
-        out = getattr(lw.onnx, onnx_op)([ta, tb], lw._name())
+        out = getattr(lw.onnx, method)([ta, tb], lw._name())
         return lw.onnx.logical_not([out], lw._name("not")) if negate else out
     return fn
 
 
-for _op, _onnx, _neg in (("eq", "equal", False), ("ne", "equal", True), ("lt", "less", False),
-                         ("gt", "greater", False), ("le", "greater", True), ("ge", "less", True)):
-    aten(f"aten.{_op}.Tensor", f"aten.{_op}.Scalar")(_compare(_onnx, _neg))
+for _op, _onnx, _neg in (("eq", "Equal", False), ("ne", "Equal", True), ("lt", "Less", False),
+                         ("gt", "Greater", False), ("le", "Greater", True), ("ge", "Less", True)):
+    aten(f"aten.{_op}.Tensor", f"aten.{_op}.Scalar", onnx=_onnx)(_compare(_onnx, _neg))
 
 
-@aten("aten.logical_and.default", "aten.bitwise_and.Tensor")
+@aten("aten.logical_and.default", "aten.bitwise_and.Tensor", onnx="And")
 def logical_and(lw, n):
     return lw.onnx.logical_and([lw.like(n.args[0], n), lw.like(n.args[1], n)], lw._name())
 
 
-@aten("aten.logical_or.default", "aten.bitwise_or.Tensor")
+@aten("aten.logical_or.default", "aten.bitwise_or.Tensor", onnx="Or")
 def logical_or(lw, n):
     return lw.onnx.logical_or([lw.like(n.args[0], n), lw.like(n.args[1], n)], lw._name())
 
 
-@aten("aten.where.self", "aten.where.ScalarOther", "aten.where.ScalarSelf", "aten.where.Scalar")
+@aten("aten.where.self", "aten.where.ScalarOther", "aten.where.ScalarSelf", "aten.where.Scalar", onnx="Where")
 def where(lw, n):
     c, a, b = n.args[:3]
     x, y = _operands(lw, n, a, b)
     return lw.onnx.where([lw.t(c), x, y], lw._name())
 
 
-@aten("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+@aten("aten.masked_fill.Scalar", "aten.masked_fill.Tensor", onnx="Where")
 def masked_fill(lw, n):
     x, mask, value = n.args[:3]
     v = lw.like(value, x) if isinstance(value, torch.fx.Node) else lw.const(value, lw.dtype(x))
@@ -213,23 +220,18 @@ def dropout(lw, n):
 
 #: creation ops that fill a tensor with one value
 _FILLS = {"aten.full.default", "aten.zeros.default", "aten.ones.default", "aten.scalar_tensor.default"}
-#: element-wise ops that broadcast their tensor operands (ONNX multidirectional broadcasting)
-_BROADCASTING = {f"aten.{op}.{ov}" for op in ("add", "sub", "mul", "div", "eq", "ne", "lt", "gt", "le", "ge")
-                 for ov in ("Tensor",)} | {"aten.where.self", "aten.maximum.default", "aten.minimum.default",
-                                           "aten.logical_and.default", "aten.logical_or.default",
-                                           "aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor"}
 
 
 def _broadcast_only(n) -> bool:
     """Whether a filled tensor (``full``, ``zeros_like`` ...) may be lowered as a scalar: every
-    user is an element-wise op that broadcasts it, and the user's other operands already give
-    the user's output shape. A filled ``[8, 12, 384, 384]`` tensor (``_safe_softmax``'s zeros,
+    user is an element-wise op that broadcasts it (:func:`~openipu.poptorch.lower.broadcasts`), and
+    the user's other operands already give the user's output shape. A filled ``[8, 12, 384, 384]`` tensor (``_safe_softmax``'s zeros,
     attention-mask fills) would otherwise become a constant that PopART folds and the device
     keeps always live; as a scalar it costs nothing."""
     if not n.users:
         return False
     for u in n.users:
-        if u.op != "call_function" or op_name(u.target) not in _BROADCASTING or n in u.kwargs.values():
+        if u.op != "call_function" or not broadcasts(u.target) or n in u.kwargs.values():
             return False
         others = [a.meta["val"].shape for a in u.args
                   if isinstance(a, torch.fx.Node) and a is not n and isinstance(a.meta.get("val"), torch.Tensor)]
