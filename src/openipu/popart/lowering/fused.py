@@ -168,9 +168,8 @@ def _quantize(g, x, fmt: str, scale: int, prog, nm: str):
     with metadata scale bias ``-scale``. One vertex group; cycles of a scale-and-cast map
     (generic estimate). Returns ``(tensor, residual power of two)`` (see :func:`_metadata`)."""
     md, rest = _metadata(g, fmt, scale, f"{nm}/inMetadata")
-    out = g.addVariable(poplar.QUARTER, md, x.shape(), f"{nm}/fp8")
+    out = g.clone(poplar.QUARTER, md, x, f"{nm}/fp8")           # x's shape and tile mapping
     out_t = out.elementType()
-    g.setTileMapping(out, g.getTileMapping(x))
     used, counts = tile_counts_of(g, out)
     n = out.numElements()
     cycles = generic_cycles(counts, n, 3.0 * n, n * (x.elementType().size + out_t.size), x.elementType(), g.getTarget())
@@ -273,8 +272,7 @@ def _finish(ctx, op, g, y, nm, exponent: int, channel_axis=None):
     b = ctx.input(op, 2) if len(op.inputs) > 2 and op.inputs[2] else None
     if b is not None and channel_axis is not None:
         b = b.reshape([b.numElements()] + [1] * (y.rank() - channel_axis - 1))
-    out = g.addVariable(out_t, y.shape(), f"{nm}/out")
-    g.setTileMapping(out, g.getTileMapping(y))
+    out = g.clone(out_t, y, f"{nm}/out")
     used, counts = tile_counts_of(g, out)
     n = out.numElements()
     nbytes = n * (y.elementType().size + out_t.size)
