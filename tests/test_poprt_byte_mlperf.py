@@ -11,6 +11,7 @@ Host execution of fp16 models is slow (torch's CPU half kernels), so the larger 
 """
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -110,7 +111,7 @@ def _interact_fp8(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bs", [1, 4])
+@pytest.mark.parametrize("bs", [1, 4, pytest.param(32, marks=pytest.mark.heavy)])
 def test_minilm_fp8_client_embeddings_cosine(minilm, tmp_path, bs):
     paths = compile_model(minilm, _interact_fp8(tmp_path), [bs], tmp_path / "compiled")
     path = paths[bs][0]
@@ -133,7 +134,8 @@ def test_minilm_fp8_client_embeddings_cosine(minilm, tmp_path, bs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bs", [1, 4])
+# batch 32: many minutes of host time here: make test-heavy, not CI
+@pytest.mark.parametrize("bs", [1, 4, pytest.param(32, marks=pytest.mark.heavy)])
 def test_resnet50_fp8_client_top1(resnet50, tmp_path, bs):
     paths = compile_model(resnet50, _interact_fp8(tmp_path), [bs], tmp_path / "compiled")
     r = IPURunner(paths[bs][0])
@@ -144,4 +146,4 @@ def test_resnet50_fp8_client_top1(resnet50, tmp_path, bs):
     ref = _ort_model(full, {inp.name: x}, None)[0]
     agree = int((out.astype(np.float32).argmax(-1) == ref.argmax(-1)).sum())
     print(f"ResNet-50 fp8 (ipu21) batch {bs}: top-1 agreement {agree}/{bs}; {r.runner.report()}")
-    assert agree == bs
+    assert agree >= math.ceil(0.95 * bs)        # the acceptance's 95 % (all of 1 or 4)

@@ -89,3 +89,32 @@ def test_bad_requests_get_400(server):
             return out
     for status, body in asyncio.run(go()):
         assert status == 400 and body["error"]
+
+
+def test_server_command_refuses_a_corrupt_executable_in_one_line(tmp_path):
+    """``python -m openipu.poprt.serving FILE``: a truncated file, a tampered byte (the SHA-256
+    check of the executable format) or a missing file: one line on stderr and exit status 1."""
+    import subprocess
+    import sys
+    import zipfile
+    m, _ = _mlp()
+    good = tmp_path / "mlp.popef"
+    Compiler.compile_and_export(m, ["probs"], str(good), CompilerOptions())
+    data = good.read_bytes()
+    (tmp_path / "short.popef").write_bytes(data[: len(data) // 2])
+    with zipfile.ZipFile(good) as z:
+        info = z.getinfo("arrays.bin")
+        off = info.header_offset + 30 + len(info.filename) + len(info.extra) + info.file_size // 2
+    b = bytearray(data)
+    b[off] ^= 0xFF
+    (tmp_path / "flipped.popef").write_bytes(bytes(b))
+    for name, msg in [("short.popef", "truncated or corrupt"), ("flipped.popef", "Cannot load the executable"),
+                      ("none.popef", "No executable file")]:
+        p = subprocess.run([sys.executable, "-m", "openipu.poprt.serving", str(tmp_path / name), "--port", "0"],
+                           capture_output=True, text=True)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 1 and len(lines) == 1, p.stderr
+        assert lines[0].startswith("poprt-serve: error:") and msg in lines[0], p.stderr
+    p = subprocess.run([sys.executable, "-m", "openipu.poprt.serving", str(good), "--bogus"], capture_output=True,
+                       text=True)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1

@@ -15,6 +15,7 @@ from openipu.poplar.graph import (ComputeSet, DataStream, FieldRef, Function, Gr
                                   VertexRef)
 from openipu.poplar.options import OptionFlags
 from openipu.poplar.tensor import Interval, Tensor, append, concat
-from openipu.poplar.types import (ALL_TYPES, BOOL, CHAR, FLOAT, HALF, INT, LONGLONG, QUARTER, SHORT, SIGNED_CHAR,
-                                  UNSIGNED_CHAR, UNSIGNED_INT, UNSIGNED_LONGLONG, UNSIGNED_SHORT, Type)
+from openipu.poplar.quarter import QuarterMetadata, createConstantMetadataTensor, createVariableMetadataTensor
+from openipu.poplar.types import (ALL_TYPES, BOOL, CHAR, FLOAT, HALF, INT, LONGLONG, QUARTER, QUARTER_METADATA, SHORT,
+                                  SIGNED_CHAR, UNSIGNED_CHAR, UNSIGNED_INT, UNSIGNED_LONGLONG, UNSIGNED_SHORT, Type)
 from openipu.poplar.vertex import InOut, Input, MultiVertex, Output, SupervisorVertex, Value, Vector, VectorList, Vertex

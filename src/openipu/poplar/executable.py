@@ -385,7 +385,7 @@ class _IndexAcc:
     __slots__ = ("key", "addr", "shape", "type", "_bound", "_index")
 
     def __init__(self, type_, addr: np.ndarray):
-        self.key, self.type = type_.name, type_
+        self.key, self.type = type_.space, type_
         self.shape = addr.shape
         self.addr = np.ascontiguousarray(addr.reshape(-1))
         self._bound = self._index = None

@@ -50,6 +50,8 @@ class Variable:
     constant: bool = False
     init: torch.Tensor | None = None      # constant value / initial value (flat, storage dtype)
     space_index: int = -1                  # position in its type's space
+    metadata: Any = None                   # QUARTER: its QUARTER_METADATA tensor (None: F143, scale 0)
+    quarter_format: str | None = None      # QUARTER_METADATA: the format it names ("F143" / "F152")
     _ts: np.ndarray = field(default_factory=lambda: tilemap.unmapped()[0], repr=False)
     _ti: np.ndarray = field(default_factory=lambda: tilemap.unmapped()[1], repr=False)
     _pending: list = field(default_factory=list, repr=False)
@@ -379,9 +381,9 @@ class _State:
         self.v_values: list[dict] = []
 
     def space(self, t: Type) -> _Space:
-        sp = self.spaces.get(t.name)
+        sp = self.spaces.get(t.space)
         if sp is None:
-            sp = self.spaces[t.name] = _Space(t)
+            sp = self.spaces[t.space] = _Space(t)
         return sp
 
     def codelet_of_vertex(self, vid: int) -> type:
@@ -513,25 +515,94 @@ class Graph:
         st.variables.append(var)
         return Tensor(st, t, pieces=R.Pieces.of_variable(var.id, var.start, shape), shape=shape)
 
-    def addVariable(self, type_, shape, mapping_or_name=None, name: str = "") -> Tensor:  # noqa: N802
-        """``addVariable(type, shape[, VariableMappingMethod], debugName)`` -> Tensor.
+    def _quarter_args(self, type_, args: tuple, what: str):
+        """``(storage type, metadata tensor or None, rest of args)`` for the QUARTER forms that take
+        a metadata tensor after the type (``addVariable(QUARTER, metadata, shape, ...)``)."""
+        from openipu.poplar import quarter
+        t = as_type(type_)
+        md = None
+        if args and isinstance(args[0], Tensor) and args[0].elementType() == quarter.QUARTER_METADATA:
+            md, args = args[0], args[1:]
+        elif args and isinstance(args[0], quarter.QuarterMetadata):
+            m = args[0]
+            md = quarter.createConstantMetadataTensor(self, m.getFormat(), m.getScale(), f"{what}/metadata")
+            args = args[1:]
+        if md is None:
+            return t, None, args
+        if not t.requiresMetadata():
+            raise errors.graph_connection_error(f"{what}: only QUARTER tensors take metadata, not {t}")
+        quarter.check_metadata_tensor(md, what)
+        return quarter.storage_type(self._metadata_format(md)), md, args
+
+    def _metadata_format(self, md: Tensor):
+        """The format a metadata tensor names, read from its initial value (the format of a
+        metadata tensor is fixed when it is created)."""
+        from openipu.poplar import quarter
+        var = self._state.variables[int(md.pieces.var[0])]
+        if var.quarter_format is not None:
+            return quarter.as_format(var.quarter_format)
+        b = self.metadata_byte(md)
+        if b is None:
+            return quarter.QuarterMetadata.Format.F143
+        return quarter.QuarterMetadata.Format.F143 if b & 0x40 else quarter.QuarterMetadata.Format.F152
+
+    def metadata_byte(self, md: Tensor) -> int | None:
+        """The value a metadata tensor is created with (a constant's, or its initial value), or
+        None when a program computes it (openipu helper)."""
+        var = self._state.variables[int(md.pieces.var[0])]
+        init = var.init
+        if init is None:
+            for t, values in getattr(self._state, "initial_values", []):
+                if int(t.pieces.var[0]) == var.id:
+                    init = values
+        return None if init is None else int(init.reshape(-1)[0])
+
+    def set_quarter_metadata(self, t: Tensor, md: Tensor | None) -> None:
+        """Record ``md`` as the metadata of every variable ``t`` covers (openipu helper)."""
+        for vid in np.unique(np.asarray(t.pieces.var)).tolist():
+            self._state.variables[int(vid)].metadata = md
+
+    def addVariable(self, type_, shape, mapping_or_name=None, name: str = "", *rest) -> Tensor:  # noqa: N802
+        """``addVariable(type, shape[, VariableMappingMethod], debugName)`` -> Tensor; for QUARTER
+        also ``addVariable(QUARTER, metadata, shape[, method], debugName)`` with a
+        ``QUARTER_METADATA`` tensor (or a :class:`~openipu.poplar.quarter.QuarterMetadata`): the
+        elements are stored in the metadata's format.
 
         With ``VariableMappingMethod.LINEAR`` the variable is spread over the graph's tiles.
         """
+        type_, md, args = self._quarter_args(type_, (shape, mapping_or_name, name) + rest, "addVariable")
+        if md is not None:
+            shape, mapping_or_name, name = (list(args) + [None, ""])[:3]
+            name = name or ""
         method = None
         if isinstance(mapping_or_name, str):
             name = mapping_or_name
         elif mapping_or_name is not None:
             method = mapping_or_name
         t = self._new_variable(type_, shape, name)
+        if md is not None:
+            self.set_quarter_metadata(t, md)
         if method == VariableMappingMethod.LINEAR:
             from openipu.poplar.mapping import map_linearly
             map_linearly(self, t)
         return t
 
-    def addConstant(self, type_, shape, values, name: str = "") -> Tensor:  # noqa: N802
-        """``addConstant(type, shape, values|scalar, debugName)``: a compile-time constant tensor."""
-        t = as_type(type_)
+    def addConstant(self, type_, shape, values, name: str = "", *rest) -> Tensor:  # noqa: N802
+        """``addConstant(type, shape, values|scalar, debugName)``: a compile-time constant tensor.
+        QUARTER also ``addConstant(QUARTER, metadata, shape, values, debugName)`` (a metadata tensor
+        or a :class:`~openipu.poplar.quarter.QuarterMetadata`): ``values`` are the elements'
+        values, stored as ``fp8(values * 2**-scale)`` in the metadata's format (saturated)."""
+        t, md, args = self._quarter_args(type_, (shape, values, name) + rest, "addConstant")
+        if md is not None:
+            from openipu.poplar import quarter
+            shape, values, name = (list(args) + [""])[:3]
+            scale = quarter.metadata_initial_scale(self, md)
+            fmt = quarter.format_of_type(t)
+            arr = np.asarray(values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else values, np.float32)
+            vals = quarter.quantize_values(torch.from_numpy(np.ascontiguousarray(arr)), fmt, -scale)
+            c = self.addConstant(t, shape, vals.float(), name)
+            self.set_quarter_metadata(c, md)
+            return c
         shape = [shape] if np.isscalar(shape) else list(shape)
         numel = int(np.prod(shape, dtype=np.int64))
         arr = np.asarray(values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else values)
@@ -545,20 +616,31 @@ class Graph:
     def addConstantHalf(self, type_, shape, values, name: str = "") -> Tensor:  # noqa: N802
         return self.addConstant(type_, shape, np.asarray(values, np.float32), name)
 
-    def clone(self, t_or_type, t: Tensor | None = None, name: str = "", method=None) -> Tensor:
+    def clone(self, t_or_type, t: Tensor | None = None, name: str = "", method=None, *rest) -> Tensor:
         """``clone(tensor[, name][, method])`` or ``clone(type, tensor[, name][, method])``: a new
         variable with ``tensor``'s shape and tile mapping (``poplar::Graph::clone``). ``method`` is
         a :class:`TensorCloneMethod`; the default, ``PRESERVE_ORDER_UNLESS_ALIASES``, stores the
-        elements in ``tensor``'s memory order (see :meth:`clone_layout`)."""
+        elements in ``tensor``'s memory order (see :meth:`clone_layout`). QUARTER:
+        ``clone(QUARTER, metadata, tensor[, name][, method])``; a clone of a QUARTER tensor shares
+        its metadata."""
+        md = None
         if isinstance(t_or_type, Tensor):                 # clone(tensor, name, method)
             src, type_ = t_or_type, t_or_type.elementType()
+            md = src.getMetadata() if src.hasMetadata() else None
             if isinstance(t, str):
                 name, method = t, (name or method)
         else:
-            src, type_ = t, as_type(t_or_type)
+            type_, md, args = self._quarter_args(t_or_type, (t, name, method) + rest, "clone")
+            if md is not None:
+                t, name, method = (list(args) + ["", None])[:3]
+                name = name or ""
+            src = t
         if isinstance(name, str) and name in _CLONE_METHODS:
             name, method = "", name
-        return self.clone_layout(type_, src, name or "clone", method)
+        out = self.clone_layout(type_, src, name or "clone", method)
+        if md is not None:
+            self.set_quarter_metadata(out, md)
+        return out
 
     def clone_layout(self, type_, src: Tensor, name: str, method=None) -> Tensor:
         """A new variable of ``type_`` with ``src``'s shape and tile mapping.

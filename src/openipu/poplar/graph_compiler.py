@@ -297,10 +297,10 @@ class _Compiler:
         p = t.pieces
         if p.row is not None:
             v, addr, lo, sz, st = p.row
-            return (t._type.name, self._var_digest(v), addr - self.state.variables[v].start, lo, sz, st)
+            return (t._type.space, self._var_digest(v), addr - self.state.variables[v].start, lo, sz, st)
         var = p.var
         starts = np.array([self.state.variables[v].start for v in var.tolist()], np.int64)
-        return (t._type.name, tuple(t.shape()), tuple(self._var_digest(v) for v in var.tolist()),
+        return (t._type.space, tuple(t.shape()), tuple(self._var_digest(v) for v in var.tolist()),
                 (p.addr - starts).tobytes(), p.lo.tobytes(), p.sz.tobytes(), p.st.tobytes())
 
     def layout_copy_cost(self, s: Tensor, d: Tensor) -> costmod.StepCost:

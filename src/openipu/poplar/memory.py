@@ -96,14 +96,14 @@ def _step_variables(comp):
             vids = touched.get(id(t))
             if vids is None:
                 vids = touched[id(t)] = _space_indices(st, t)
-            S, V, W, F = parts[t._type.name]
+            S, V, W, F = parts[t._type.space]
             S.append(np.full(vids.size, s_idx, np.int64))
             V.append(vids)
             W.append(np.full(vids.size, bool(is_write)))
             # a written view never holds an element twice, so one variable and as many elements
             # as it has means all of it
             F.append(np.full(vids.size, bool(is_write) and vids.size == 1
-                             and t.numElements() == st.spaces[t._type.name].vars[int(vids[0])].numel))
+                             and t.numElements() == st.spaces[t._type.space].vars[int(vids[0])].numel))
     out = {}
     for name, (S, V, W, F) in parts.items():
         if S:
@@ -315,7 +315,7 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
     liveness_by_ipu = np.zeros((spec.num_ipus, max(nsteps, 1)))
     host_vars = {}
     for t in list(st.host_writes.values()) + list(st.host_reads.values()) + [t for t, _ in getattr(st, "initial_values", [])]:
-        host_vars.setdefault(t._type.name, []).append(_space_indices(st, t))
+        host_vars.setdefault(t._type.space, []).append(_space_indices(st, t))
     events_tile, events_step, events_bytes = [], [], []
     host_layout: dict = {}
     prog_of_step = np.zeros(max(nsteps, 1), np.int64)

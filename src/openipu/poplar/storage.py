@@ -259,7 +259,7 @@ class Accessor:
 
     def __init__(self, t: Tensor):
         self.t = t
-        self.key = t._type.name
+        self.key = t._type.space
         self.type = t._type
         self.view_type = t._view_type
         self.shape = tuple(t.shape())

@@ -92,6 +92,24 @@ class Tensor:
     def shape(self) -> list[int]:
         return list(self._shape)
 
+    def hasMetadata(self) -> bool:  # noqa: N802
+        """True for a QUARTER tensor created with a metadata tensor (``poplar::Tensor::hasMetadata``)."""
+        return self.getMetadata(_strict=False) is not None
+
+    def getMetadata(self, _strict: bool = True) -> "Tensor":  # noqa: N802
+        """The ``QUARTER_METADATA`` tensor of this QUARTER tensor (of its first variable: the
+        variables of one QUARTER view share their metadata).
+
+        Raises:
+            poplar_error: the tensor has no metadata.
+        """
+        md = None
+        if self.elementType().name == "quarter" and self.numElements():
+            md = self._state.variables[int(self._p.var[0])].metadata
+        if md is None and _strict:
+            raise errors.poplar_error(f"Tensor of type {self.elementType()} has no metadata")
+        return md
+
     def rank(self) -> int:
         return len(self._shape)
 

@@ -14,10 +14,14 @@ import torch
 class Type:
     """A Poplar element type, e.g. ``poplar.FLOAT``. Compare with ``==``; print with ``str``."""
 
-    __slots__ = ("name", "size", "torch_dtype", "numpy_dtype", "is_float", "is_integral", "wrap_bits", "signed")
+    __slots__ = ("name", "size", "torch_dtype", "numpy_dtype", "is_float", "is_integral", "wrap_bits", "signed",
+                 "space")
 
-    def __init__(self, name, size, torch_dtype, numpy_dtype, is_float, wrap_bits=0, signed=True):
+    def __init__(self, name, size, torch_dtype, numpy_dtype, is_float, wrap_bits=0, signed=True, space=None):
         self.name = name
+        # the simulator's address space holding the type's elements (its storage dtype); QUARTER
+        # has one per fp8 format (:data:`QUARTER_F152`), all of them Poplar's one QUARTER type
+        self.space = space or name
         self.size = size
         self.torch_dtype = torch_dtype
         self.numpy_dtype = np.dtype(numpy_dtype)
@@ -31,8 +35,21 @@ class Type:
 
     __str__ = __repr__
 
+    def __eq__(self, other):
+        return self is other or (isinstance(other, Type) and self.name == other.name)
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    def __hash__(self):
+        return hash(self.name)
+
     def __reduce__(self):
-        return (type_from_name, (self.name,))
+        return (type_from_name, (self.space,))
+
+    def requiresMetadata(self) -> bool:  # noqa: N802 - Poplar spelling
+        """True for QUARTER: its values are read through a ``QuarterMetadata`` (format, scale)."""
+        return self.name == "quarter"
 
     def toString(self) -> str:  # noqa: N802 - Poplar spelling
         return self.name
@@ -51,7 +68,15 @@ class Type:
 
 FLOAT = Type("float", 4, torch.float32, np.float32, True)
 HALF = Type("half", 2, torch.float16, np.float16, True)
+#: fp8 (``poplar::QUARTER``). Its elements are stored in the format of the tensor's
+#: ``QuarterMetadata``: this instance stores F143 (E4M3, ``torch.float8_e4m3fn``), the default of a
+#: QUARTER tensor without metadata; :data:`QUARTER_F152` (equal to it: the same Poplar type)
+#: stores F152 (E5M2, ``torch.float8_e5m2``). See :mod:`openipu.poplar.quarter`.
 QUARTER = Type("quarter", 1, torch.float8_e4m3fn, np.uint8, True)
+QUARTER_F152 = Type("quarter", 1, torch.float8_e5m2, np.uint8, True, space="quarter_f152")
+#: ``poplar::QUARTER_METADATA``: one byte holding a QUARTER tensor's format and scale bias
+#: (:mod:`openipu.poplar.quarter` documents the encoding).
+QUARTER_METADATA = Type("quarter_metadata", 1, torch.uint8, np.uint8, False, wrap_bits=8, signed=False)
 INT = Type("int", 4, torch.int32, np.int32, False)
 UNSIGNED_INT = Type("unsigned int", 4, torch.int64, np.uint32, False, wrap_bits=32, signed=False)
 SHORT = Type("short", 2, torch.int16, np.int16, False)
@@ -66,6 +91,7 @@ UNSIGNED_LONGLONG = Type("unsigned long long", 8, torch.int64, np.uint64, False,
 ALL_TYPES = [FLOAT, HALF, QUARTER, INT, UNSIGNED_INT, SHORT, UNSIGNED_SHORT, CHAR, SIGNED_CHAR,
              UNSIGNED_CHAR, BOOL, LONGLONG, UNSIGNED_LONGLONG]
 _BY_NAME = {t.name: t for t in ALL_TYPES}
+_BY_NAME.update({QUARTER_F152.space: QUARTER_F152, QUARTER_METADATA.name: QUARTER_METADATA})
 _BY_NAME.update({"signed int": INT, "unsigned": UNSIGNED_INT, "uint": UNSIGNED_INT, "float16": HALF,
                  "float32": FLOAT, "int32": INT, "uint32": UNSIGNED_INT, "int16": SHORT, "uint16": UNSIGNED_SHORT,
                  "int8": CHAR, "uint8": UNSIGNED_CHAR, "int64": LONGLONG, "uint64": UNSIGNED_LONGLONG})

@@ -448,7 +448,19 @@ class Converter:
             fin = ""
         gv = GraphView(model.graph)
         dead, insert = [], []
-        for n in self._fp8_nodes(model):
+        nodes = self._fp8_nodes(model)
+        # the products' output types and shapes, from ONNX shape inference before they become
+        # ai.graphcore ops (which it cannot see through): kept as value_info, so that PopART does
+        # not learn them by running the fp8 host kernels on zeros at the model's batch
+        want = {n.output[0] for n in nodes}
+        try:
+            inf = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+            known = {vi.name: vi for vi in list(inf.graph.value_info) + list(inf.graph.output)
+                     if vi.name in want and vi.type.tensor_type.HasField("shape")
+                     and all(d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim)}
+        except Exception:  # noqa: BLE001 - no shapes to keep: PopART infers them
+            known = {}
+        for n in nodes:
             w = gv.const(n.input[1]).astype(np.float32)
             if n.op_type == "Gemm" and any(a.name == "transB" and a.i for a in n.attribute):
                 w = w.T
@@ -477,6 +489,8 @@ class Converter:
             insert.append((node, n))
             self.applied.setdefault("fp8", []).append(n.name or n.output[0])
         from openipu.poprt.passes.base import ensure_domain, prune_unused, remove_nodes
+        listed = {vi.name for vi in list(model.graph.value_info) + list(model.graph.output)}
+        model.graph.value_info.extend(vi for name, vi in known.items() if name not in listed)
         if dead:
             remove_nodes(model.graph, dead, insert)
             ensure_domain(model, "ai.graphcore")

@@ -21,6 +21,7 @@ rows. ``server.stats`` counts requests, batches and samples (host figures).
 from __future__ import annotations
 
 import argparse
+import sys
 import asyncio
 import threading
 import time
@@ -268,16 +269,30 @@ class InferenceServer:
             self._box = None
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit status 2, as the poprt CLI
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(2)
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="Serve a PopRT executable over HTTP (KServe v2 protocol) with dynamic "
-                                            "batching")
+    """``python -m openipu.poprt.serving EXECUTABLE [--port P]``: serve until interrupted. A bad
+    flag exits 2; an executable that cannot be loaded (missing, truncated, tampered: the format's
+    hash check) exits 1; each with one line on standard error."""
+    p = _Parser(prog="poprt-serve", description="Serve a PopRT executable over HTTP (KServe v2 protocol) with "
+                                                "dynamic batching")
     p.add_argument("executable", help="a file written by poprt.compiler.Compiler.compile_and_export")
     p.add_argument("--name", default="model", help="the model name in the URLs")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-queue-delay-us", type=int, default=5000)
     a = p.parse_args(argv)
-    srv = InferenceServer(a.executable, a.name, a.max_queue_delay_us)
+    try:
+        srv = InferenceServer(a.executable, a.name, a.max_queue_delay_us)
+    except Exception as e:  # noqa: BLE001 - a file that does not load: one line, non-zero exit
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        sys.stderr.write(f"poprt-serve: error: {msg}\n")
+        return 1
     print(srv.runner.report())
     srv.run(a.host, a.port)
     return 0

@@ -14,14 +14,15 @@
   softmax runs in float32).
 - ``LayerNorm(x, gamma, beta)``: as ONNX ``LayerNormalization`` over the last axis (``popnn.ln``).
 - ``FP8MatMul(x, w[, bias])`` / ``FP8Conv(x, w[, bias])``: ``x`` is quantised on its tiles (one
-  vertex group: scale by ``2**in_scale``, round to the fp8 format, saturate; cost of a cast), ``w``
-  is cast to ``QUARTER``, and ``poplin.matMul`` / ``poplin.convolution`` run on ``QUARTER``
-  operands at the target's fp8 AMP rate (128 MACs/cycle/tile on ipu21) into float (the scaled
-  products overflow half; the AMP applies the scales itself on the chip); then one output vertex
-  group scales by ``2**-(in_scale + weight_scale)``, adds the bias and converts to the output type
-  (on the chip the AMP applies its operands' scale metadata as it accumulates). Poplar's QUARTER
-  storage is E4M3 here, so an E5M2 (``F152``) operand, or ``fp8_weight`` (``x`` not quantised),
-  runs the product on half operands holding the fp8 values, at the half rate [A].
+  vertex group: scale by ``2**in_scale``, round to the fp8 format, saturate; cost of a cast) into
+  a ``QUARTER`` tensor whose metadata (``poplar.QuarterMetadata``) names ``in_format`` (F143 =
+  E4M3 or F152 = E5M2) and the scale bias ``-in_scale``; ``w`` is a ``QUARTER`` constant in
+  ``weight_format`` with scale bias ``-weight_scale``. ``poplin.matMul`` / ``poplin.convolution``
+  run on the QUARTER operands, of either format, at the target's fp8 AMP rate (128
+  MACs/cycle/tile on ipu21) into float, applying the operands' metadata scales as the AMP does;
+  then one output vertex group adds the bias and converts to the output type. ``fp8_weight``
+  (``x`` not quantised) runs the product on half operands holding the fp8 weights, at the half
+  rate (the IPU's quarter x half AMP path is not modelled [A]).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from openipu.popart.lowering import lowering
 from openipu.popart.lowering import norm
 from openipu.popart.lowering._util import FLOATS, dtype, graph, name, poplibs_options, shape
 from openipu.popart.lowering.generic import generic_cycles, proportional_boxes
-from openipu.popart.onnx_ops.fp8 import quantize
+from openipu.poplar import quarter
+from openipu.poplar.quarter import SCALE_BIAS_MAX, SCALE_BIAS_MIN, quantize_values
 from openipu.popart.onnx_ops.fused_attention import fused_attention as _attention_kernel
 
 GC = "ai.graphcore"
@@ -150,15 +152,24 @@ def _fmt(op, key="in_format", default="F143"):
 
 def _quantize_kernel(src, dst, fmt, scale, ctx):
     x = ctx.read(src)
-    ctx.write(dst, quantize(x, fmt, scale).to(dst.elementType().torch_dtype))
+    ctx.write(dst, quantize_values(x, fmt, scale))
+
+
+def _metadata(g, fmt: str, scale: int, nm: str):
+    """A constant metadata tensor for elements stored as ``fp8(t * 2**scale)``: scale bias
+    ``-scale``, clamped to Poplar's ``[-32, 31]``. Returns ``(metadata, residual)``: the power of
+    two the clamp left out, which the output vertex applies."""
+    bias = int(min(max(-scale, SCALE_BIAS_MIN), SCALE_BIAS_MAX))
+    return poplar.createConstantMetadataTensor(g, fmt, bias, nm), -scale - bias
 
 
 def _quantize(g, x, fmt: str, scale: int, prog, nm: str):
-    """``fp8_fmt(x * 2**scale)`` into a new tensor mapped like ``x``: QUARTER for F143, else HALF
-    holding the fp8 values. One vertex group; cycles of a scale-and-cast map (generic estimate)."""
-    out_t = poplar.QUARTER if fmt == "F143" else poplar.HALF
-    out = g.addVariable(out_t, x.shape(), f"{nm}/fp8")
-    g.setTileMapping(out, g.getTileMapping(x))
+    """``fp8_fmt(x * 2**scale)`` into a new QUARTER tensor mapped like ``x``, stored in ``fmt``
+    with metadata scale bias ``-scale``. One vertex group; cycles of a scale-and-cast map
+    (generic estimate). Returns ``(tensor, residual power of two)`` (see :func:`_metadata`)."""
+    md, rest = _metadata(g, fmt, scale, f"{nm}/inMetadata")
+    out = g.clone(poplar.QUARTER, md, x, f"{nm}/fp8")           # x's shape and tile mapping
+    out_t = out.elementType()
     used, counts = tile_counts_of(g, out)
     n = out.numElements()
     cycles = generic_cycles(counts, n, 3.0 * n, n * (x.elementType().size + out_t.size), x.elementType(), g.getTarget())
@@ -168,7 +179,7 @@ def _quantize(g, x, fmt: str, scale: int, prog, nm: str):
         functools.partial(_quantize_kernel, x, out, fmt, scale),
         reads=[Access(x)], writes=[Access(out)], multi=True, flops=3.0 * n))
     prog.add(poplar.program.Execute(cs, debugContext=f"{nm}/quantize"))
-    return out
+    return out, rest
 
 
 def _weight_value(ctx, op):
@@ -197,35 +208,47 @@ for _t in ("FP8MatMul", "FP8Conv"):
 
 
 def _operands(ctx, op, g, nm, map_weight):
-    """``(x operand, w operand)``. The weights of an inference model are fp8 constants on the
+    """``(x operand, w operand, scale exponent left to the output vertex)``. With a quantised
+    ``x`` both operands are QUARTER tensors whose metadata carry their formats and scales (the
+    product applies them); with ``fp8_weight`` they are half and the output vertex scales by
+    ``2**-(in_scale + weight_scale)``. The weights of an inference model are fp8 constants on the
     tiles the plan wants (``map_weight(w)``), 1 byte per element, as PopRT stores them; other
-    weights are cast on the device at each run."""
+    weights are cast on the device at each run (``popops.cast`` to QUARTER with metadata)."""
     if g.getTarget().getAmpMacsPerCycle(poplar.QUARTER) == 0:
         from openipu.popart.errors import popart_exception
         raise popart_exception(f"{op.op_type} '{op.outputs[0]}': fp8 (quarter) matrix products need an IPU with fp8 "
                                f"(ipu21, C600); the target is {g.getTarget().getTargetArchString()}")
     x, w = ctx.input(op, 0), ctx.input(op, 1)
     fin, fw = _fmt(op), _fmt(op, "weight_format")
-    sin = int(op.attrs.get("in_scale", 0))
-    quarter = fin == "F143" and fw == "F143"
-    if quarter:
-        xq = _quantize(g, x, fin, sin, ctx.prog, nm)
-    elif fin:
-        xq = _quantize(g, x, fin, sin, ctx.prog, nm)
-    else:                       # fp8_weight: x is not quantised, only scaled
+    sin, sw = int(op.attrs.get("in_scale", 0)), int(op.attrs.get("weight_scale", 0))
+    value = _weight_value(ctx, op) if QUARTER_CONSTANT_WEIGHTS else None
+    if not fin:                 # fp8_weight: x is not quantised, only scaled; half products
         xq = x
         if sin:
             xq = popops.mul(g, x, _const(g, x.elementType(), 2.0 ** sin, f"{nm}/inScale"), ctx.prog, f"{nm}/inScale")
-    wt = poplar.QUARTER if quarter else xq.elementType()
-    value = _weight_value(ctx, op) if QUARTER_CONSTANT_WEIGHTS else None
+        wt = xq.elementType()
+        if value is not None:
+            wq = g.addConstant(wt, list(value.shape), value, f"{nm}/weights")
+            map_weight(wq)
+        elif w.elementType() != wt:
+            wq = popops.cast(g, w, wt, ctx.prog, f"{nm}/weightsCast")
+        else:
+            wq = w
+        return xq, wq, -(sin + sw)
+    xq, rest_x = _quantize(g, x, fin, sin, ctx.prog, nm)
+    wmd, rest_w = _metadata(g, fw, sw, f"{nm}/weightsMetadata")
     if value is not None:
-        wq = g.addConstant(wt, list(value.shape), value, f"{nm}/weights")
+        # the initializer holds fp8 values already (fp8(w * 2**weight_scale)): stored as they are
+        wq = g.addConstant(quarter.storage_type(fw), list(value.shape), value, f"{nm}/weights")
+        g.set_quarter_metadata(wq, wmd)
         map_weight(wq)
-    elif w.elementType() != wt:
-        wq = popops.cast(g, w, wt, ctx.prog, f"{nm}/weightsCast")
     else:
-        wq = w
-    return xq, wq
+        # device weights (fp8 values in half): cast to QUARTER with a scale bias 0 metadata
+        # (exact), the weight scale applied with the residual
+        wmd0 = poplar.createConstantMetadataTensor(g, fw, 0, f"{nm}/weightsMetadata0")
+        wq = popops.cast(g, w, poplar.QUARTER, wmd0, ctx.prog, f"{nm}/weightsCast")
+        rest_w = -sw
+    return xq, wq, rest_x + rest_w
 
 
 def _const(g, t, value, nm):
@@ -241,17 +264,15 @@ def _epilogue_kernel(y, b, out, scale, ctx):
     ctx.write(out, v.to(out.elementType().torch_dtype))
 
 
-def _finish(ctx, op, g, y, nm, channel_axis=None):
-    """``y * 2**-(in_scale + weight_scale) + bias`` in the output type: one vertex group on the
-    tiles of ``y`` (the fp8 AMP applies the scales of its operands' metadata as it accumulates;
-    this is its output conversion)."""
-    sin, sw = int(op.attrs.get("in_scale", 0)), int(op.attrs.get("weight_scale", 0))
+def _finish(ctx, op, g, y, nm, exponent: int, channel_axis=None):
+    """``y * 2**exponent + bias`` in the output type: one vertex group on the tiles of ``y`` (the
+    fp8 AMP applied the scales of its operands' metadata as it accumulated; ``exponent`` is what
+    is left: 0 unless a scale was outside the metadata's range, or ``fp8_weight``)."""
     out_t = poplar.HALF if dtype(ctx.ir, op.outputs[0]) == "FLOAT16" else poplar.FLOAT
     b = ctx.input(op, 2) if len(op.inputs) > 2 and op.inputs[2] else None
     if b is not None and channel_axis is not None:
         b = b.reshape([b.numElements()] + [1] * (y.rank() - channel_axis - 1))
-    out = g.addVariable(out_t, y.shape(), f"{nm}/out")
-    g.setTileMapping(out, g.getTileMapping(y))
+    out = g.clone(out_t, y, f"{nm}/out")
     used, counts = tile_counts_of(g, out)
     n = out.numElements()
     nbytes = n * (y.elementType().size + out_t.size)
@@ -263,7 +284,7 @@ def _finish(ctx, op, g, y, nm, channel_axis=None):
     cs = g.addComputeSet(f"{nm}/output")
     g.add_vertex_group(cs, VertexGroup(
         f"poplin::Fp8Output<{out_t}>", used, cycles,
-        functools.partial(_epilogue_kernel, y, b, out, 2.0 ** -(sin + sw)),
+        functools.partial(_epilogue_kernel, y, b, out, 2.0 ** exponent),
         reads=reads, writes=[Access(out)], multi=True, flops=2.0 * n))
     ctx.prog.add(poplar.program.Execute(cs, debugContext=f"{nm}/output"))
     return out
@@ -285,9 +306,10 @@ def fp8_matmul(ctx, op):
     opts = poplibs_options(op, ctx.options.matmulOptions, "float")
     xs = shape(ctx.ir, op.inputs[0])
     rows = math.prod(xs[:-1])
-    xq, wq = _operands(ctx, op, g, nm, lambda w: poplin.map_matmul_input_rhs(g, w, [rows, xs[-1]], options=opts))
+    xq, wq, exponent = _operands(ctx, op, g, nm,
+                                 lambda w: poplin.map_matmul_input_rhs(g, w, [rows, xs[-1]], options=opts))
     y = poplin.matMul(g, xq.reshape([rows, xs[-1]]), wq, ctx.prog, poplar.FLOAT, f"{nm}/matmul", opts)
-    y = _finish(ctx, op, g, y, nm)
+    y = _finish(ctx, op, g, y, nm, exponent)
     return [y.reshape(shape(ctx.ir, op.outputs[0]))]
 
 
@@ -300,8 +322,7 @@ def fp8_conv(ctx, op):
     g = graph(ctx, op)
     nm = name(op)
     p0 = conv_lowering._params(op, ctx.ir, "half")
-    quarter = _fmt(op) == "F143" and _fmt(op, "weight_format") == "F143"
-    t = poplar.QUARTER if quarter else poplar.HALF
+    t = poplar.QUARTER if _fmt(op) else poplar.HALF       # fp8_weight: half products
     p = poplin.ConvParams(t, poplar.FLOAT, p0.batchSize, p0.inputFieldShape, p0.kernelShape,
                           p0.inputChannelsPerConvGroup, p0.outputChannelsPerConvGroup, p0.numConvGroups,
                           inputTransform=p0.inputTransform, kernelTransform=p0.kernelTransform,
@@ -312,8 +333,8 @@ def fp8_conv(ctx, op):
     def grouped(w):
         return w.reshape([G, w.dim(0) // G] + w.shape()[1:])
 
-    xq, wq = _operands(ctx, op, g, nm, lambda w: poplin.map_weights(g, grouped(w), p, opts))
+    xq, wq, exponent = _operands(ctx, op, g, nm, lambda w: poplin.map_weights(g, grouped(w), p, opts))
     if xq.elementType() != t:
         xq = popops.cast(g, xq, t, ctx.prog, f"{nm}/inputCast")
     y = poplin.convolution(g, xq, grouped(wq), p, False, ctx.prog, f"{nm}/conv", opts)
-    return [_finish(ctx, op, g, y, nm, channel_axis=1)]
+    return [_finish(ctx, op, g, y, nm, exponent, channel_axis=1)]

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from openipu import poplar
+from openipu.poplar import quarter
 from openipu.poplar import regions as R
 from openipu.poplar.exchange import Boxes, lattices, tile_boxes
 from openipu.poplar.graph import Access, VertexGroup, box_tile_runs
@@ -546,13 +547,23 @@ def conv_partials(X: torch.Tensor, W: torch.Tensor, spec: _Spec) -> torch.Tensor
     return Y
 
 
-def _partials_kernel(x, w, dst, spec: _Spec, ctx):
+def _partials_kernel(x, w, dst, spec: _Spec, ctx, metas=None):
     with host_threads(spec.macs):
         X, W = ctx.read(x), ctx.read(w)
         Y = conv_partials(X, W, spec)
+        if metas is not None:
+            # QUARTER operands: the AMP scales the products by 2**(input scale + weight scale)
+            s = [quarter.metadata_scale(ctx, m) for m in metas]
+            s = [v for v in s if v is not None]
+            Y = quarter.scale_by(Y, sum(s[1:], s[0]))
         if spec.ics == 1:
             Y = Y[:, 0]
         ctx.write(dst, Y.to(poplar.types.type_from_name(spec.write_dtype).torch_dtype))
+
+
+def _meta_reads(kw: dict, tiles) -> list:
+    """The reads of the operands' metadata bytes by the partials vertices (QUARTER)."""
+    return [quarter.metadata_access(m, tiles) for m in kw.get("metas", ()) if m is not None]
 
 
 def _reduce_kernel(partials, dst, ctx, work: int = 0):
@@ -671,17 +682,22 @@ def _memory_view(t):
 
 
 def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type, out_type, prog, name: str,
-          out=None):
+          out=None, metas=None):
     """Add the planned convolution of canonical views ``x`` and ``w`` to ``prog``.
 
     Returns the output: ``out`` if given (canonical ``[G, N, Co, *outField]`` view, written in
     place), else a new variable in that shape mapped the way the plan produces it. A plan with
-    serial splits becomes a loop (:func:`_serial_loop`).
+    serial splits becomes a loop (:func:`_serial_loop`). QUARTER operands with metadata (or
+    ``metas``, their ``(x, w)`` metadata tensors) compute with their scaled values: the products
+    are multiplied by ``2**(scale_x + scale_w)``; both fp8 formats run at the QUARTER rate.
     Raises ``poplibs_error`` when the plan needs more tiles than the graph has.
     """
     target = graph.getTarget()
     T = target.getNumTiles()
     in_type = x.elementType()
+    w_type = w.elementType()          # QUARTER: the weights may hold another fp8 format than x
+    if metas is None and (x.hasMetadata() or w.hasMetadata()):
+        metas = (x.getMetadata() if x.hasMetadata() else None, w.getMetadata() if w.hasMetadata() else None)
     lay = Layout.of(params, plan)
     if plan.tiles > T:
         raise planmod.poplibs_error(f"{name}: plan uses {plan.tiles} tiles but the graph has {T}")
@@ -693,21 +709,21 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
     K = int(np.prod(params.kernelShape, dtype=np.int64))
     w, w_made = _rearranged(graph, w, [lay.G, lay.Co, lay.Ci, K], weight_boxes(params, plan, lay),
                             plan.batch_split * plan.field_split,
-                            lambda n: create_weights(graph, in_type, params, plan, n, lay=lay).reshape(w.shape()), prog,
+                            lambda n: create_weights(graph, w_type, params, plan, n, lay=lay).reshape(w.shape()), prog,
                             f"{name}/weightsRearranged")
     own_out = out is None
     if own_out:
         out = create_output(graph, out_type, params, plan, name, lay)
     if plan.serial_steps > 1:
         made = x_made if plan.batch_serial > 1 else w_made
-        _serial_loop(graph, x, w, out, params, plan, lay, partials_type, out_type, prog, name, made, own_out)
+        _serial_loop(graph, x, w, out, params, plan, lay, partials_type, out_type, prog, name, made, own_out, metas)
     else:
-        _build_step(graph, x, w, out, own_out, params, plan, lay, partials_type, out_type, prog, name)
+        _build_step(graph, x, w, out, own_out, params, plan, lay, partials_type, out_type, prog, name, metas)
     return out
 
 
 def _serial_loop(graph, x, w, out, params: ConvParams, plan, lay: Layout, partials_type, out_type, prog, name: str,
-                 src_made: bool, out_made: bool):
+                 src_made: bool, out_made: bool, metas=None):
     """The serial splits of ``plan`` as PopLibs' ``ConvProgramTree`` lowers them: a counted loop
     whose body copies serial slice ``i`` of the operand the split cuts (the input for a batch
     split, the weights for an output-channel split) into a buffer laid out for the slice problem
@@ -758,7 +774,7 @@ def _serial_loop(graph, x, w, out, params: ConvParams, plan, lay: Layout, partia
             dslice.dynamicSliceWithOutput(graph, split(buf, 1, 1), split(src, 1, s), index, [2], [1], seq,
                                           f"{name}/serialSlice")
         sub_x, sub_w = (buf, w) if src is x else (x, buf)
-        y = build(graph, sub_x, sub_w, sub_params, sub_plan, partials_type, out_type, seq, name)
+        y = build(graph, sub_x, sub_w, sub_params, sub_plan, partials_type, out_type, seq, name, metas=metas)
         if out_made:
             mem = _memory_view(y)
             dslice.dynamicUpdate(graph, _memory_view(out).reshape([s, mem.numElements()]),
@@ -773,7 +789,7 @@ def _serial_loop(graph, x, w, out, params: ConvParams, plan, lay: Layout, partia
 
 
 def _build_step(graph, x, w, out, own_out: bool, params: ConvParams, plan, lay: Layout, partials_type, out_type,
-                prog, name: str) -> None:
+                prog, name: str, metas=None) -> None:
     """The compute sets of a plan without serial splits: partial sums on every tile of the plan,
     then (with an input-channel split) their reduction onto the output's tiles."""
     target = graph.getTarget()
@@ -824,6 +840,9 @@ def _build_step(graph, x, w, out, own_out: bool, params: ConvParams, plan, lay: 
     sz = np.stack([gs[GB], os_[OB], cs[CB]] + [np.full_like(GB, s_) for s_ in k_shape], axis=1)
     tiles = gt[tile_index(plan, GB, BB, FF, OB, CB)].astype(np.int64)
     reads += _replica_accesses(w, lo, sz, tiles, (BB == 0) & (FF == 0))
+    kw = {}
+    if metas is not None and any(m is not None for m in metas):
+        kw["metas"] = tuple(metas)
     # per-tile work
     gi, bi, fi, oi, ii = _cross(plan.group_split, plan.batch_split, plan.field_split, plan.out_chan_split, ics)
     gc = np.clip(lay.G - gi * lay.gB, 0, lay.gB)
@@ -870,8 +889,8 @@ def _build_step(graph, x, w, out, own_out: bool, params: ConvParams, plan, lay: 
             wt = gt[tile_index(plan, GB, NB, f_out[FR], OB, 0)].astype(np.int64)
             write = Access(out, Boxes(np.stack(out_lo, axis=1), np.stack(out_sz, axis=1), wt))
         graph.add_vertex_group(cs_, VertexGroup(
-            vtype, gt[tiles], cyc, functools.partial(_partials_kernel, x, w, out, spec),
-            reads=reads, writes=[write], multi=True, flops=flops, state_bytes=PARTIALS_VERTEX_STATE_BYTES))
+            vtype, gt[tiles], cyc, functools.partial(_partials_kernel, x, w, out, spec, **kw),
+            reads=reads + _meta_reads(kw, gt[tiles]), writes=[write], multi=True, flops=flops, state_bytes=PARTIALS_VERTEX_STATE_BYTES))
         prog.add(poplar.program.Execute(cs_))
         return
     # partial sums, one slab per input-channel block, on the tiles that compute them, stored
@@ -886,8 +905,8 @@ def _build_step(graph, x, w, out, own_out: bool, params: ConvParams, plan, lay: 
     set_tile_boxes(graph, partials, np.stack([ib] + [np.tile(a, ics) for a in out_lo], axis=1),
                    np.stack([np.ones_like(ib)] + [np.tile(a, ics) for a in out_sz], axis=1), pt)
     graph.add_vertex_group(cs_, VertexGroup(
-        vtype, gt[tiles], cyc, functools.partial(_partials_kernel, x, w, partials, spec),
-        reads=reads, writes=[Access(partials)], multi=True, flops=flops,
+        vtype, gt[tiles], cyc, functools.partial(_partials_kernel, x, w, partials, spec, **kw),
+        reads=reads + _meta_reads(kw, gt[tiles]), writes=[Access(partials)], multi=True, flops=flops,
         state_bytes=PARTIALS_VERTEX_STATE_BYTES))
     prog.add(poplar.program.Execute(cs_))
     # reduce across the input-channel split onto the tiles that hold the output: slab i of the

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from openipu import poplar
-from openipu.poplar import tilemap
+from openipu.poplar import quarter, tilemap
 from openipu.poplar.graph import Access, ComputeSet, VertexGroup
 from openipu.poplar.tensor import Interval, Tensor, concat
 from openipu.poplar.types import Type, as_type
@@ -106,8 +106,18 @@ def _require_writeable(t, what):
 # ----------------------------------------------------------------------------------------------
 # cast
 # ----------------------------------------------------------------------------------------------
-def _cast_kernel(src, dst, from_t, to_t, ctx):
-    ctx.write(dst, _cast_values(ctx.read(src), from_t, to_t))
+def _cast_kernel(src, dst, from_t, to_t, ctx, src_md=None, dst_md=None):
+    v = ctx.read(src)
+    if src_md is not None:                               # QUARTER source: its values are fp8 x 2**scale
+        v = quarter.scale_by(v.float(), quarter.metadata_scale(ctx, src_md))
+    if to_t.name == "quarter":
+        # fp8(x * 2**-scale) in the destination's format, saturated [A]
+        s = quarter.metadata_scale(ctx, dst_md)
+        ctx.write(dst, quarter.quantize_values(v, quarter.format_of_type(to_t), -s if s is not None else 0))
+        return
+    if from_t.name == "quarter" and not to_t.is_float:
+        v = v.float()
+    ctx.write(dst, _cast_values(v, from_t, to_t))
 
 
 def _check_cast(graph, src, dst):
@@ -123,25 +133,59 @@ def _add_cast(graph, src, dst, cs):
     ft, tt = src.elementType(), dst.elementType()
     s = src.reshape(dst.shape()) if list(src.shape()) != list(dst.shape()) else src
     flops = float(dst.numElements()) if (ft.is_float or tt.is_float) else 0.0
+    src_md = src.getMetadata() if src.hasMetadata() else None
+    dst_md = dst.getMetadata() if dst.hasMetadata() else None
+    reads = [Access(s, dst)]
+    reads += [quarter.metadata_access(m, tiles) for m in (src_md, dst_md) if m is not None]
+    kernel = functools.partial(_cast_kernel, s, dst, ft, tt)
+    if src_md is not None or dst_md is not None:
+        kernel = functools.partial(_cast_kernel, s, dst, ft, tt, src_md=src_md, dst_md=dst_md)
     graph.add_vertex_group(cs, VertexGroup(
         f"popops::Cast1D<{ft},{tt}>", tiles, cast_cycles(counts, ft, tt, graph.getTarget()),
-        functools.partial(_cast_kernel, s, dst, ft, tt), reads=[Access(s, dst)], writes=[Access(dst)],
-        multi=True, flops=flops, state_bytes=12))
+        kernel, reads=reads, writes=[Access(dst)], multi=True, flops=flops, state_bytes=12))
 
 
-def cast(graph, src, dst_type, prog, debug_name: str = ""):
+
+def cast(graph, src, dst_type, prog, *args):
     """``popops::cast``: elementwise conversion of ``src`` to ``dst_type``.
 
     Forms: ``cast(graph, src, dstType, prog, debug_name)`` -> new tensor mapped like ``src``;
-    ``cast(graph, src, dstType, cs)`` adds the vertices to compute set ``cs`` and returns the new
-    tensor; ``cast(graph, src, dst, cs)`` (a Tensor ``dst``) writes ``dst`` in ``cs``.
+    ``cast(graph, src, QUARTER, metadata, prog, debug_name)`` -> a new QUARTER tensor with the
+    ``QUARTER_METADATA`` tensor ``metadata`` (its format and scale bias ``s``: the elements are
+    ``fp8(src * 2**-s)``); ``cast(graph, src, dstType, cs)`` adds the vertices to compute set
+    ``cs`` and returns the new tensor; ``cast(graph, src, dst, cs)`` (a Tensor ``dst``) writes
+    ``dst`` in ``cs``.
 
     Conversions: float<->half round to nearest; float to integer truncates toward zero and wraps
-    to the integer's width [A] (PopLibs' int8 casts clamp); to BOOL is ``!= 0``.
+    to the integer's width [A] (PopLibs' int8 casts clamp); to BOOL is ``!= 0``. From QUARTER:
+    the fp8 values times ``2**scale`` of the source's metadata. To QUARTER: scaled by
+    ``2**-scale``, rounded to nearest even in the metadata's format and saturated at its largest
+    value [A] (:mod:`openipu.poplar.quarter`); QUARTER without metadata is F143, scale 0. Cycles
+    are those of a 1-byte type either way.
 
     Raises:
         poplar.index_error: ``dst`` of another size. poplar.invalid_tile_mapping: unmapped ``dst``.
+        poplar.graph_connection_error: a metadata tensor with a non-QUARTER destination, or not
+        of type QUARTER_METADATA.
     """
+    md = None
+    if isinstance(prog, Tensor):                      # cast(graph, src, QUARTER, metadata, prog, name)
+        md, prog, args = prog, (args[0] if args else None), args[1:]
+        if not as_type(dst_type).requiresMetadata():
+            raise poplar.graph_connection_error(f"cast: only a cast to QUARTER takes metadata, not to {dst_type}")
+        quarter.check_metadata_tensor(md, "cast")
+    debug_name = args[0] if args else ""
+    if md is not None:
+        out = output_like(graph, quarter.storage_type(graph._metadata_format(md)), src.shape(), [src],
+                          debug_name or "cast")
+        graph.set_quarter_metadata(out, md)
+        if isinstance(prog, ComputeSet):
+            _add_cast(graph, src, out, prog)
+            return out
+        cs = graph.addComputeSet(debug_name or "cast")
+        _add_cast(graph, src, out, cs)
+        prog.add(poplar.program.Execute(cs))
+        return out
     if isinstance(dst_type, Tensor):
         if not isinstance(prog, ComputeSet):
             raise TypeError("cast(graph, src, dst, cs) needs a ComputeSet; use castWithOutput for a program")
@@ -149,7 +193,7 @@ def cast(graph, src, dst_type, prog, debug_name: str = ""):
         return None
     t = as_type(dst_type)
     if src.elementType() == t and not isinstance(prog, ComputeSet):
-        out = graph.clone(src, debug_name or "cast")
+        out = graph.clone(src, debug_name or "cast")   # QUARTER: the clone shares the metadata
         prog.add(poplar.program.Copy(src, out))
         return out
     out = output_like(graph, t, src.shape(), [src], debug_name or "cast")
