@@ -408,3 +408,10 @@ def test_stash_of_a_transposed_weight_costs_its_structure_not_its_elements():
     weight, not one region per element (which made BERT-base's pipelined compile take > 12 GB)."""
     small, big = _stash_boxes(_transposed_weight_session(32)), _stash_boxes(_transposed_weight_session(128))
     assert 0 < big <= small * 1.5, (small, big)
+
+
+def test_compiled_pipeline_does_not_grow_with_the_accumulation_factor():
+    """The main cycles of the pipeline are one Repeat: the compiled steps (and so the memory plan,
+    which is made over them) are the same for 4 and for 16 micro-batches."""
+    steps = {af: len(_transposed_weight_session(32, af)._engine._exe.compiled.compiler.steps) for af in (4, 16)}
+    assert steps[4] == steps[16] > 0, steps
