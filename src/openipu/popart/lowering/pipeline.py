@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from openipu import poplar
 from openipu.poplar import program as P
+from openipu.poplar.graph import memory_order
 from openipu.poplibs import popops
 from openipu.poplibs.popops import expr as pe
 from openipu.popart.errors import popart_exception
@@ -102,10 +103,12 @@ class Pipeline:
             return t
         key = (tid, vg, stage)
         if key not in self._restored:
-            stash, slots = self._stash_of(tid, vg, t, avail)
+            stash, slots, perm = self._stash_of(tid, vg, t, avail)
             g = ctx.graph_of(vg)
             r = popops.dynamicSlice(g, stash, self._counter_of(stage, slots, vg), [0], [1], ctx.prog,
                                     f"{tid}/restore{stage}").squeeze([0])
+            if perm is not None:
+                r = r.dimShuffle([perm.index(d) for d in range(len(perm))])
             ctx._register(tid, r)
             self._restored[key] = r
         return self._restored[key]
@@ -117,13 +120,24 @@ class Pipeline:
         return self._copied[(tid, vg)]
 
     def _stash_of(self, tid: str, vg: int, t: poplar.Tensor, avail: int):
+        """``(stash, slots, perm)``: the ring buffer ``[slots, *t.dimShuffle(perm)]`` of ``tid`` on
+        ``vg`` and the update writing it at the end of stage ``avail``.
+
+        The stash holds ``t`` with its dims in memory order (``perm``: the dimShuffle of ``t``
+        that is contiguous in memory, or None when ``t`` already is), as PopART's stash is made
+        from the slice (``createSliceableTensorFromSlice``): each slot of a transposed view (a
+        weight's ``Transpose`` read by the backward pass) is then a few runs per tile, and the
+        stash's update and restores cost, on the IPU and on the host, what its tile map's
+        structure costs, not one region per element."""
         if (tid, vg) not in self._stash:
             slots = self.last[(tid, vg)] - avail + 1
             g = self.ctx.graph_of(vg)
-            stash = g.cloneN(t, slots, f"{tid}/stash")
-            popops.dynamicUpdate(g, stash, t.expand([0]), self._counter_of(avail, slots, vg), [0], [1],
+            perm = memory_order(t)
+            src = t if perm is None else t.dimShuffle(perm)
+            stash = g.cloneN(src, slots, f"{tid}/stash")
+            popops.dynamicUpdate(g, stash, src.expand([0]), self._counter_of(avail, slots, vg), [0], [1],
                                  self.body[avail], f"{tid}/stash")
-            self._stash[(tid, vg)] = (stash, slots)
+            self._stash[(tid, vg)] = (stash, slots, perm)
         return self._stash[(tid, vg)]
 
     def _counter_of(self, stage: int, slots: int, vg: int) -> poplar.Tensor:
