@@ -36,6 +36,7 @@ from openipu.poplibs import popops
 from openipu.poplibs.popops import expr as pe
 from openipu.popart.errors import popart_exception
 from openipu.popart.ir import OUTER_FRAGMENT
+from openipu.popart.lowering.context import variables_of
 
 
 class Pipeline:
@@ -152,6 +153,20 @@ class Pipeline:
                               f"pipelineStage{stage}/counter{slots}/next")
             self._counter[key] = c
         return self._counter[key]
+
+    def read_after_bodies(self, stage: int) -> set[int]:
+        """Variables a pipeline cycle reads after the stage bodies, or in a stage after ``stage``:
+        the sources of the copies to other IPUs, the anchors copied to the host, the stashes'
+        sources written in a later stage (ids, as :func:`variables_of`)."""
+        ctx = self.ctx
+        tids = {tid for tid, _ in self._copied} | set(ctx.pinned)
+        tids |= {tid for (tid, vg), _ in self._stash.items() if (self.stage_of(tid) or 0) > stage}
+        out: set[int] = set()
+        for tid in tids:
+            per = ctx._t.get(tid)
+            if per is not None and tid in ctx._home and ctx._home[tid] in per:
+                out |= variables_of(per[ctx._home[tid]])
+        return out
 
     # -- the schedule ------------------------------------------------------------------------
     def cycle(self, stages, extra=None) -> P.Sequence:

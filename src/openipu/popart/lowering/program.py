@@ -99,12 +99,12 @@ def _make_later(g, ptype, make, value):
 def _lower_op(ctx, op, pos: int, out: Lowered) -> None:
     ctx.pos = pos           # the op's place in the schedule (in-place ops look at later uses)
     src = op.recomputes
-    if src is not None and id(src) in ctx.fragments:
+    if src is not None and id(src) in ctx.fragments and _can_rerun(ctx, op, src):
         _rerun_fragment(ctx, op, src, out)
         return
     fn = precise_lowering(op, ctx.ir)
     kind = "precise" if fn is not None else "generic"
-    keep = id(op) in ctx.recomputed and ctx.pipeline is None
+    keep = id(op) in ctx.recomputed
     if keep:                # grown in a fragment of its own, which the backward pass runs again
         prog, ctx.prog = ctx.prog, P.Sequence(name=f"{op.name}/fragment")
     try:
@@ -152,6 +152,23 @@ def _rerun_fragment(ctx, op, src, out: Lowered) -> None:
             ctx.set(o, vg, t)
     op.lowering = src.lowering
     out.kinds[op.id] = src.lowering
+
+
+def _can_rerun(ctx, op, src) -> bool:
+    """Whether recomputation op ``op`` may re-run ``src``'s fragment. Always without pipelining.
+    Pipelined, the fragment re-runs in the backward stage, on a later micro-batch than the forward
+    stage that ran it earlier in the same pipeline cycle: the tensors it rewrites (its outputs,
+    and its inputs, into which the stashed values are restored, as PopART's ``RestoreInplaceOp``
+    does) must hold nothing that the cycle still reads after the stage bodies: no tensor copied to
+    another IPU or to the host at the end of the cycle, no stash written in a later stage. Re-run
+    in its own stage (the last forward stage), the fragment rewrites the same values. Otherwise
+    ``op`` is lowered on its own (new compute sets)."""
+    pipe = ctx.pipeline
+    if pipe is None or src.pipeline_stage == op.pipeline_stage:
+        return True
+    frag, ins, outs, _ = ctx.fragments[id(src)]
+    written = set().union(*(variables_of(t) for t in [*ins, *outs] if t is not None))
+    return not (written & pipe.read_after_bodies(op.pipeline_stage))
 
 
 def _call_subgraph(ctx, ops, sg, j: int, out: Lowered, progress) -> None:

@@ -592,8 +592,9 @@ def copy_var_updates(ir) -> None:
     from openipu.popart.onnx_ops.normalization import bn_training
     for op in list(ir.ops):
         # (the ONNX op, and PopART's ai.graphcore variant, aiGraphcore.batchnormalization)
+        # (a recomputation clone's running statistics are its forward op's again: no second copy)
         if op.domain not in ("", GRAPHCORE) or op.op_type != "BatchNormalization" or \
-                not bn_training(op.attrs, op.opset):
+                op.recomputes is not None or not bn_training(op.attrs, op.opset):
             continue
         for i, k in ((3, 1), (4, 2)):
             var = op.inputs[i] if i < len(op.inputs) else ""

@@ -12,8 +12,10 @@ point (the memory plan's def-use segments), and the outputs of an op whose input
 recomputed are not kept alive across that gap either (the in-place analysis treats ``<id>__re``
 as ``<id>``). In an outlined subgraph the fragment lies in the body shared by every layer: the
 layer's inputs are copied in and its results copied out, as a call does. With pipelining the
-recomputation op is lowered on its own, in its stage (PopART's pipeline recomputation reads the
-restored stashes).
+fragment re-runs in the backward stage: the stage's stashed inputs are restored into the forward
+tensors (PopART's ``RestoreInplaceOp``) and the forward fragments run again, so only what crosses
+between stages is stashed; where the re-run would overwrite a tensor the pipeline cycle still
+copies to another IPU or to the host, the recomputation op is lowered on its own.
 
 Which ops recompute:
 
