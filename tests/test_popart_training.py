@@ -269,30 +269,43 @@ def test_op_without_gradient_is_named():
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "popart"))
 
 
+#: (optimizer, replicas, accumulation factor, pipelined over 2 IPUs): the acceptance's variants.
+#: Every one trains on the same 32 images per weight update, in the same order, for the same
+#: epochs (``train_digits``'s recipe); the micro-batch is 32 / (replicas x accumulation).
 DIGITS = [("constsgd", 1, 1, False), ("sgd", 1, 1, False), ("adam", 1, 1, False), ("constsgd", 2, 1, False),
-          ("sgd", 1, 4, False), ("adam", 2, 2, False), ("constsgd", 1, 1, True), ("sgd", 1, 4, True)]
+          ("constsgd", 1, 4, False), ("constsgd", 1, 1, True), ("sgd", 1, 4, True), ("adam", 2, 2, False)]
+
+
+@pytest.fixture(scope="module")
+def digits_constsgd():
+    """The reference run: ConstSGD, one replica, no accumulation, not pipelined."""
+    pytest.importorskip("sklearn")
+    from train_digits import train
+    return train("constsgd")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer,replicas,accumulation,pipeline", DIGITS,
                          ids=[f"{o}-r{r}-a{a}{'-pipelined' if p else ''}" for o, r, a, p in DIGITS])
-def test_digits_classifier_trains(optimizer, replicas, accumulation, pipeline):
-    """The acceptance classifier: >= 95 % with one replica; with replicas / accumulation (the
-    same number of weight updates, gradients meaned) or pipelined over 2 IPUs within about a
-    point of it (measured: ConstSGD 95.5 %, 2 replicas 94.3 %, pipelined 95.7 %; SGD 97.2 %,
-    accumulation 4 96.9 % (also pipelined); Adam 95.7 %, 2 replicas x accumulation 2 96.3 %).
+def test_digits_classifier_trains(optimizer, replicas, accumulation, pipeline, digits_constsgd):
+    """The acceptance classifier: ConstSGD reaches >= 95 % test accuracy on the digits, and the
+    same script with SGD momentum, with Adam, with 2 replicas, with accumulation factor 4 and
+    pipelined over 2 IPUs reaches >= 95 % too, within 1 point of the ConstSGD run.
 
-    The 2-replica ConstSGD run is not held to 95 %: it is exactly one replica at micro-batch 64
-    (:func:`test_two_replicas_train_like_one_replica_at_twice_the_micro_batch`), and the test
-    accuracy of this constant-learning-rate run swings by 1-2 points from one epoch to the next
-    (measured on 352 test images, one replica: 95.7 / 95.5 / 96.0 / 95.2 / 97.4 % after 6 / 8 /
-    10 / 16 / 24 epochs; 2 replicas, Mean: 85.8 / 94.3 / 96.0 % after 8 / 16 / 24 epochs; PopART's
-    default Sum: 90.9 / 95.6 / 95.6 % after 8 / 12 / 16 epochs), so one point is within noise."""
-    pytest.importorskip("sklearn")
+    One recipe for all (``examples/popart/train_digits.py``): the same model and initial weights,
+    32 images per weight update in the same order, the same learning-rate schedule (30 epochs at
+    the optimizer's rate, then 10 at a tenth of it, where the test accuracy is flat).
+    Replicas and accumulation split each update's 32 images into micro-batches whose gradients
+    PopART's default Sum reduction adds, so those runs make the updates of the reference run; the
+    pipelined run without accumulation updates the weights every micro-batch with stale weights
+    (PopART's continuous pipelining), its own trajectory. Measured figures: README."""
     from train_digits import train
-    r = train(optimizer, replicas=replicas, accumulation=accumulation, pipeline=pipeline)
+    ref = (optimizer, replicas, accumulation, pipeline) == ("constsgd", 1, 1, False)
+    r = digits_constsgd if ref else train(optimizer, replicas=replicas, accumulation=accumulation, pipeline=pipeline)
     assert r["losses"][-1] < r["losses"][0] / 4
-    assert r["test_accuracy"] >= (0.95 if replicas * accumulation == 1 else 0.94)
+    assert r["test_accuracy"] >= 0.95
+    assert abs(r["test_accuracy"] - digits_constsgd["test_accuracy"]) <= 0.01 + 1e-9, \
+        (r["test_accuracy"], digits_constsgd["test_accuracy"])
 
 
 def test_a_weight_without_a_gradient_path_is_not_updated_and_its_gradient_is_no_anchor():

@@ -141,3 +141,38 @@ def test_whiten_and_normalise_use_views_not_element_arrays(kind, monkeypatch):
     r = h.run(w=w, out=out)
     np.testing.assert_array_equal(r["w"], 1.0)
     np.testing.assert_array_equal(r["out"], 2.5)
+
+
+def test_batch_norm_reductions_are_mapped_like_poplibs():
+    """PopLibs' normReduce maps batch norm's statistics and the parameter gradients
+    ("JointGammaDelta") as broadcast operands of the activations' channel dimension (dithered),
+    and normGradients' reductions as clones of invStdDev: each channel's result lies on a tile
+    holding that channel's activations, not gathered onto the first tiles (before: linearly from
+    tile 0, which put every batch norm's reductions of a training ResNet-50 on tiles 0-7)."""
+    from openipu.poplibs import poputil
+    h = OpHarness(tiles=16, seed=0)
+    shape = (2, 16, 4, 4)               # linearly: each channel's 32 elements on 2 tiles (one per batch row)
+    X = h.graph.addVariable(poplar.FLOAT, list(shape), "x")
+    poputil.mapTensorLinearly(h.graph, X)
+    G = h.graph.clone(X, "g")
+    GAM = h.input("gam", np.ones(16, np.float32))
+    mean, inv = popnn.bn.batchNormStatistics(h.graph, X, 1e-5, h.prog, False, False, poplar.FLOAT, "stats")
+    gd, bd = popnn.bn.batchNormParamGradients(h.graph, X, G, mean, inv, h.prog, poplar.FLOAT)
+    dx = popnn.bn.batchNormGradients(h.graph, X, G, mean, inv, GAM, h.prog)
+    assert dx.shape() == list(shape)
+
+    def tiles_of(t):
+        return np.concatenate([np.full(sum(i.size() for i in ivs), tile) for tile, ivs in
+                               enumerate(h.graph.getTileMapping(t)) if ivs])[np.argsort(np.concatenate(
+                                   [np.concatenate([np.arange(i.begin(), i.end()) for i in ivs])
+                                    for ivs in h.graph.getTileMapping(t) if ivs]))]
+    holds = [set() for _ in range(16)]         # the tiles holding each channel
+    for tile, ivs in enumerate(h.graph.getTileMapping(X)):
+        for iv in ivs:
+            for e in range(iv.begin(), iv.end()):
+                holds[(e // 16) % 16].add(tile)
+    for t in (mean, inv, gd, bd):
+        tl = tiles_of(t.flatten())
+        assert len(set(tl.tolist())) > 2, t
+        start = tl[0] - min(holds[0])            # the dither rotates the mapping as a whole
+        assert all(((tile - start) % 16) in holds[c] for c, tile in enumerate(tl.tolist())), (t, tl)

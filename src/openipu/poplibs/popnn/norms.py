@@ -32,6 +32,7 @@ from openipu import poplar
 from openipu.poplibs.popnn._common import (add_elementwise, check_mapped, new_mapped, output_like,
                                            poplibs_error, row_output)
 from openipu.poplibs.popops.reduce import Operation, ReduceParams, SingleReduceOp, reduceMany
+from openipu.poplibs.poputil import createBroadcastOperand
 
 __all__ = ["bn", "gn", "ln", "in_"]
 
@@ -96,12 +97,14 @@ class _Layout:
             v = v.dimShuffle(self.rows_perm)
         return v.reshape([self.S, self.N])
 
-    def row_sums(self, graph, prog, name, ts, ops, out_type):
+    def row_sums(self, graph, prog, name, ts, ops, out_type, outs=None):
         """``popops.reduceMany`` of each ``[S, N]`` statistic-group view of ``ts`` over its ``N``
-        elements with ``ops`` (one compute set per stage for all); returns the ``[S]`` results,
-        each group's result on the tile of the group's first element."""
+        elements with ``ops`` (one compute set per stage for all); returns the ``[S]`` results:
+        ``outs`` (mapped ``[S]`` tensors: the final stage reduces on their tiles), else new
+        outputs that ``reduceMany`` maps (``row_output``)."""
         views = [self.rows(t) for t in ts]
-        outs = [row_output(graph, out_type, v, f"{name}/out{i}") for i, v in enumerate(views)]
+        if outs is None:
+            outs = [row_output(graph, out_type, v, f"{name}/out{i}") for i, v in enumerate(views)]
         reduceMany(graph, [SingleReduceOp(v, [1], ReduceParams(op), out_type, f"{name}/{i}")
                            for i, (v, op) in enumerate(zip(views, ops))], outs, prog, debug_name=name)
         return outs
@@ -206,16 +209,24 @@ class _Norm:
         if lay.N == 0:
             raise poplibs_error(f"{what}: statistics over groups of 0 elements (shape {acts.shape()})")
         et = acts.elementType()
+        # batch norm: PopLibs' normReduce maps the mean's reduction output as a broadcast operand of
+        # the activations' channel dimension (dithered), the power's as a clone of it: each
+        # channel's statistic on a tile holding that channel, not gathered onto the first tiles
+        bn_outs = None
+        if self.kind == "bn":
+            first = createBroadcastOperand(graph, acts, poplar.FLOAT, 1, True, f"{what}/mean/ReduceResult")
+            bn_outs = [first, graph.clone(first, f"{what}/power/ReduceResult")]
         if not stable:
             s1, s2 = lay.row_sums(graph, prog, f"{what}/ReduceSums", [acts, acts],
-                                  [Operation.ADD, Operation.SQUARE_ADD], poplar.FLOAT)
+                                  [Operation.ADD, Operation.SQUARE_ADD], poplar.FLOAT, bn_outs)
             mean = new_mapped(graph, et, [lay.S], f"{what}/mean", like=s1)
             inv = new_mapped(graph, et, [lay.S], f"{what}/iStdDev", like=s1)
             add_elementwise(graph, prog, f"{what}/iStdDev", f"popops::Map<INV_STD_DEV,{et}>", inv, [s1, s2],
                             functools.partial(_stats_kernel, s1, s2, lay.N, float(eps), bool(unbiased), mean, inv),
                             "SQRT", 5, also_writes=[mean])
             return mean, inv
-        (s1,) = lay.row_sums(graph, prog, f"{what}/ReduceMean", [acts], [Operation.ADD], poplar.FLOAT)
+        (s1,) = lay.row_sums(graph, prog, f"{what}/ReduceMean", [acts], [Operation.ADD], poplar.FLOAT,
+                             bn_outs[:1] if bn_outs else None)
         mean = new_mapped(graph, et, [lay.S], f"{what}/mean", like=s1)
         add_elementwise(graph, prog, f"{what}/mean", f"popops::Map<DIVIDE,{et}>", mean, [s1],
                         functools.partial(_mean_kernel, s1, lay.N, mean), "MUL", 1)
@@ -223,7 +234,8 @@ class _Norm:
         xa, xc, me = lay.x(acts), lay.x(centered), lay.per_element(mean)
         add_elementwise(graph, prog, f"{what}/center", f"popops::BinaryOp1D<SUBTRACT,{et}>", xc, [xa, me],
                         functools.partial(_center_kernel, xa, me, xc), "ADD", 1)
-        (sc,) = lay.row_sums(graph, prog, f"{what}/ReduceVar", [centered], [Operation.SQUARE_ADD], poplar.FLOAT)
+        (sc,) = lay.row_sums(graph, prog, f"{what}/ReduceVar", [centered], [Operation.SQUARE_ADD], poplar.FLOAT,
+                             bn_outs[1:] if bn_outs else None)
         inv = new_mapped(graph, et, [lay.S], f"{what}/iStdDev", like=s1)
         add_elementwise(graph, prog, f"{what}/iStdDev", f"popops::Map<INV_STD_DEV,{et}>", inv, [s1, sc],
                         functools.partial(_stable_stats_kernel, s1, sc, lay.N, float(eps), bool(unbiased), mean, inv),
@@ -285,8 +297,13 @@ class _Norm:
         prod = output_like(graph, white.elementType(), white.shape(), (grads, white), f"{what}/gradsXwhitened")
         add_elementwise(graph, prog, f"{what}/mul", f"popops::BinaryOp1D<MULTIPLY,{white.elementType()}>", prod,
                         [grads, white], functools.partial(_prod_kernel, grads, white, None, prod, None), "MUL")
+        # PopLibs' normParamGradients reduces the two into one "JointGammaDelta" output mapped as a
+        # broadcast operand of their concatenation's channel dimension (dithered)
+        C = white.dim(1)
+        joint = createBroadcastOperand(graph, poplar.concat([prod, grads], 1), white.elementType(), 1, True,
+                                       f"{what}/JointGammaDelta")
         gd, bd = lay.row_sums(graph, prog, f"{what}/reduce", [prod, grads], [Operation.ADD, Operation.ADD],
-                               white.elementType())
+                               white.elementType(), [joint.slice(0, C), joint.slice(C, 2 * C)])
         return gd, bd
 
     def gradients(self, graph, a, grads, rest, what, options):
@@ -310,7 +327,11 @@ class _Norm:
         xg, xw, xgw, xgg = lay.x(grads), lay.x(white), lay.x(gw), lay.x(g)
         add_elementwise(graph, prog, f"{what}/mul", f"popops::Map<GAMMA_MUL,{et}>", xgw, [xg, xw, gam],
                         functools.partial(_prod_kernel, xg, xw, gam, xgw, xgg), "MUL", 2, also_writes=[xgg])
-        s1, s2 = lay.row_sums(graph, prog, f"{what}/reduce", [g, gw], [Operation.ADD, Operation.ADD], poplar.FLOAT)
+        # PopLibs' normGradients maps both reductions' outputs as clones of invStdDev
+        inv_flat = inv.flatten()
+        s1, s2 = lay.row_sums(graph, prog, f"{what}/reduce", [g, gw], [Operation.ADD, Operation.ADD], poplar.FLOAT,
+                              [graph.clone(poplar.FLOAT, inv_flat, f"{what}/meanDelta"),
+                               graph.clone(poplar.FLOAT, inv_flat, f"{what}/varDelta")])
         out = output_like(graph, et, white.shape(), (grads, white), f"{what}/gradsOut")
         i_e, s1_e, s2_e = lay.per_element(inv.flatten()), lay.per_element(s1), lay.per_element(s2)
         xo = lay.x(out)
