@@ -179,13 +179,7 @@ def cast(graph, src, dst_type, prog, *args):
         out = output_like(graph, quarter.storage_type(graph._metadata_format(md)), src.shape(), [src],
                           debug_name or "cast")
         graph.set_quarter_metadata(out, md)
-        if isinstance(prog, ComputeSet):
-            _add_cast(graph, src, out, prog)
-            return out
-        cs = graph.addComputeSet(debug_name or "cast")
-        _add_cast(graph, src, out, cs)
-        prog.add(poplar.program.Execute(cs))
-        return out
+        return _cast_to(graph, src, out, prog, debug_name)
     if isinstance(dst_type, Tensor):
         if not isinstance(prog, ComputeSet):
             raise TypeError("cast(graph, src, dst, cs) needs a ComputeSet; use castWithOutput for a program")
@@ -197,6 +191,12 @@ def cast(graph, src, dst_type, prog, *args):
         prog.add(poplar.program.Copy(src, out))
         return out
     out = output_like(graph, t, src.shape(), [src], debug_name or "cast")
+    return _cast_to(graph, src, out, prog, debug_name)
+
+
+def _cast_to(graph, src, out, prog, debug_name: str):
+    """Add the cast ``src`` -> ``out`` to compute set ``prog``, or to a new compute set executed by
+    sequence ``prog``; returns ``out``."""
     if isinstance(prog, ComputeSet):
         _add_cast(graph, src, out, prog)
         return out
