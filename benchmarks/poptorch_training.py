@@ -13,8 +13,10 @@ Models (random weights, fp32, SGD lr 0.001 momentum 0.9):
 
 Figures for each model (printed as a table and one JSON line):
 
-- ``fits``: whether the model fits one IPU's tile memory (when not, it is compiled with Poplar's
-  ``debug.allowOutOfMemory`` and predicted anyway; fp32 BERT-base training does not fit);
+- ``fits``: whether the model fits one IPU's tile memory (every model is compiled with Poplar's
+  ``debug.allowOutOfMemory``, so one that does not fit is predicted anyway and flagged; fp32
+  BERT-base training does not fit); ``max_tile_bytes`` / ``tiles_out_of_memory``: the most used
+  tile's bytes and how many tiles are over their memory, from the compile's tile-memory plan;
 - ``compile_s``: host seconds of ``compile()`` (capture, lowering, PopART and Poplar compile);
 - ``poptorch_step_s``: host seconds per ``trainingModel`` call after the first (median of
   ``--steps``): the simulator's functional run and the cost model on this machine's CPU;
@@ -73,36 +75,11 @@ def measure(name: str, quick: bool = False, steps: int = 3) -> dict:
     torch.manual_seed(0)
     model = ResNet18WithLoss() if name == "resnet18" else BertSquadLoss(2 if quick else 12)
     model.train()
-    eager = copy.deepcopy(model)
     g = torch.Generator().manual_seed(1)
     batch, args = _inputs(name, quick, g)
-    opts = poptorch.Options().logCycleCount(True)
-    fits = True
-    try:
-        tm = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9))
-        t0 = time.perf_counter()
-        tm.compile(*args)
-    except poptorch.Error as e:
-        if "Out of memory" not in str(e):
-            raise
-        # fp32 BERT-base with its 30522 x 768 embedding and SGD momentum does not fit one IPU:
-        # predicted anyway, flagged (Poplar's debug.allowOutOfMemory)
-        fits = False
-        model = copy.deepcopy(eager)
-        opts = poptorch.Options().logCycleCount(True)
-        opts._Popart.setEngineOptions({"debug.allowOutOfMemory": "true"})
-        tm = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9))
-        t0 = time.perf_counter()
-        tm.compile(*args)
-    compile_s = time.perf_counter() - t0
-    tm(*args)       # the first step (weights uploaded)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        tm(*args)
-        times.append(time.perf_counter() - t0)
-    cycles = tm.cycleCount()
-    clock = tm._session.deviceInfo.getTarget().getTileClockFrequency()
+    # PyTorch eager first, on a copy that is freed before poptorch compiles (one host copy of the
+    # model, its gradients and momentum less at poptorch's peak)
+    eager = copy.deepcopy(model)
     opt = torch.optim.SGD(eager.parameters(), lr=0.001, momentum=0.9)
     etimes = []
     for i in range(steps + 1):
@@ -112,11 +89,32 @@ def measure(name: str, quick: bool = False, steps: int = 3) -> dict:
         opt.step()
         if i:
             etimes.append(time.perf_counter() - t0)
+    del eager, opt
+    opts = poptorch.Options().logCycleCount(True)
+    # compiled once with Poplar's debug.allowOutOfMemory, so a model that does not fit one IPU
+    # (fp32 BERT-base with its 30522 x 768 embedding and SGD momentum) is predicted anyway; whether
+    # it fits is read from the tile-memory plan of that compile (no second compile to find out)
+    opts._Popart.setEngineOptions({"debug.allowOutOfMemory": "true"})
+    tm = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9))
+    t0 = time.perf_counter()
+    tm.compile(*args)
+    compile_s = time.perf_counter() - t0
+    tm(*args)       # the first step (weights uploaded)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        tm(*args)
+        times.append(time.perf_counter() - t0)
+    cycles = tm.cycleCount()
+    clock = tm._session.deviceInfo.getTarget().getTileClockFrequency()
     pt, et = statistics.median(times), statistics.median(etimes)
+    plan = tm._session._engine.memory
+    fits = plan.fits()
     return {"model": name, "batch": batch, "params": sum(p.numel() for p in model.parameters()), "fits": fits,
             "compile_s": round(compile_s, 2), "poptorch_step_s": round(pt, 4), "eager_step_s": round(et, 4),
             "ratio": round(pt / et, 1), "ipu_step_cycles": int(cycles), "ipu_step_s": cycles / clock,
-            "ipu_samples_per_s": round(batch * clock / cycles, 1)}
+            "ipu_samples_per_s": round(batch * clock / cycles, 1),
+            "max_tile_bytes": int(plan.total.max()), "tiles_out_of_memory": int(plan.out_of_memory_tiles.size)}
 
 
 def main() -> None:

@@ -550,11 +550,14 @@ class _SessionBase:
             return
         repl = self.replicationFactor
         sharded = self._ir.sharded_state
+        # one replica, not sharded: the device writes straight into the host copy (the engine keeps
+        # a connected buffer, so a staging buffer per weight would stay alive: one more host copy
+        # of every weight and optimizer state)
         bufs = {tid: (shard_rows(self._host_weights[tid], repl) if tid in sharded else
                       np.zeros((repl,) + self._host_weights[tid].shape, self._host_weights[tid].dtype))
-                for tid in self._lowered.weights_out}
+                for tid in self._lowered.weights_out if repl > 1 or tid in sharded}
         for tid, h in self._lowered.weights_out.items():
-            self._engine.connectStream(h, bufs[tid].reshape(-1))
+            self._engine.connectStream(h, (bufs[tid] if tid in bufs else self._host_weights[tid]).reshape(-1))
         self._engine.run(2, "weightsToHost")
         for tid, b in bufs.items():
             host = self._host_weights[tid]

@@ -266,13 +266,16 @@ class PoplarExecutor:
         if self._connection_never():
             return
         self._session.weightsToHost()
-        bufs = {tid: np.empty(self._session._host_weights[tid].shape, self._session._host_weights[tid].dtype)
-                for tid in self._built.weights}
-        self._session.readWeights(popart.PyWeightsIO(bufs))
+        # one weight at a time through a staging array (copy_ keeps the module tensors' version
+        # counters right, which other wrappers of the module use to know they must upload): at
+        # most one weight's extra host copy, not one of every weight
         with torch.no_grad():
             for tid, path in self._built.weights.items():
+                host = self._session._host_weights[tid]
+                buf = np.empty(host.shape, host.dtype)
+                self._session.readWeights(popart.PyWeightsIO({tid: buf}))
                 t = self._module_tensor(path)
-                t.copy_(torch.from_numpy(bufs[tid]).reshape(t.shape).to(t.dtype))
+                t.copy_(torch.from_numpy(buf).reshape(t.shape).to(t.dtype))
         self._uploaded_versions = self._versions()
 
     def copyWeightsToHostIfNeeded(self) -> bool:  # noqa: N802
