@@ -79,7 +79,7 @@ def _state_of(ctx, tid: str, vg: int):
     wt = ir.tensors.get(w)
     if wt is None or w not in ir.weight_grads or list(wt.info.shape()) != list(t.info.shape()):
         return None
-    if not ctx.has(w) or ctx._home.get(w) != vg:
+    if not ctx.has(w) or ctx.home_vgraph(w) != vg:
         return None
     return ctx.get(w, vg)
 

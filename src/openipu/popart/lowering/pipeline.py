@@ -86,8 +86,8 @@ class Pipeline:
         """``tid`` on virtual graph ``vg`` for an op of ``stage``: the tensor itself, its copy from
         another IPU, or its restore from a stash."""
         ctx = self.ctx
-        per = ctx._t[tid]
-        home = ctx._home[tid]
+        per = ctx.placed(tid)
+        home = ctx.home_vgraph(tid)
         p = self.stage_of(tid)
         if p is None:
             if vg in per:
@@ -163,9 +163,9 @@ class Pipeline:
         tids |= {tid for (tid, vg), _ in self._stash.items() if (self.stage_of(tid) or 0) > stage}
         out: set[int] = set()
         for tid in tids:
-            per = ctx._t.get(tid)
-            if per is not None and tid in ctx._home and ctx._home[tid] in per:
-                out |= variables_of(per[ctx._home[tid]])
+            t = ctx.home(tid)
+            if t is not None:
+                out |= variables_of(t)
         return out
 
     # -- the schedule ------------------------------------------------------------------------
