@@ -415,3 +415,24 @@ def test_compiled_pipeline_does_not_grow_with_the_accumulation_factor():
     which is made over them) are the same for 4 and for 16 micro-batches."""
     steps = {af: len(_transposed_weight_session(32, af)._engine._exe.compiled.compiler.steps) for af in (4, 16)}
     assert steps[4] == steps[16] > 0, steps
+
+
+def test_each_stage_is_one_function_whose_code_is_counted_once():
+    """As PopART adds each stage's main fragment with ``addFunction`` and calls it in every
+    pipeline cycle: one function per stage, called once per cycle that runs the stage (3
+    stages, 4 micro-batches: fill 2 cycles, main 1, flush 2), and its steps have control code
+    once, whatever the number of cycles."""
+    from openipu.poplar.memory import code_steps
+    s = _transposed_weight_session(32, 4)
+    comp = s._engine._exe.compiled.compiler
+    calls = {}
+    for f, _, _ in comp.calls:
+        calls[f] = calls.get(f, 0) + 1
+    funcs = s._lowered.graph._state.functions
+    stages = {funcs[f].program.debug_name: n for f, n in calls.items() if funcs[f].program.debug_name.endswith("/main")}
+    assert stages == {f"pipelineStage{k}/main": 3 for k in range(3)}, stages
+    counted = code_steps(comp)
+    body = {funcs[f].program.debug_name: b - a for f, a, b in comp.calls}
+    # at most the steps outside the stages' later calls (less still: functions outlined inside
+    # a stage count once too)
+    assert 0 < counted <= len(comp.steps) - sum((n - 1) * body[name] for name, n in stages.items())

@@ -182,6 +182,67 @@ def test_embedding_plan_and_options():
         popops.embedding.plan(h.graph, poplar.HALF, 10, 4, [2], {"nonsense": 1})
 
 
+def test_plan_row_split_fills_the_tiles():
+    """BERT-base's fp32 word embedding (30522 x 768) on 1,472 tiles: unsplit, 768 tiles hold a
+    column each (122 KB); planned for 128 lookups, the rows are split 15 ways in groups of 8
+    columns (1,440 tiles, 65 KB of table each); a small table with many lookups stays whole."""
+    from openipu.poplibs.popops.dynamic_slice import plan_row_split
+    assert plan_row_split(30522, 768, poplar.FLOAT, 1472, 128) == (15, 8)
+    assert plan_row_split(30522, 768, poplar.FLOAT, 1472) == (23, 12)        # all 1,472 tiles
+    assert plan_row_split(512, 768, poplar.FLOAT, 1472, 128) is None
+    assert plan_row_split(30522, 1472, poplar.FLOAT, 1472) is None            # a column per tile already
+    split, grain = plan_row_split(30522, 768, poplar.FLOAT, 1472, 128)
+    assert split * -(-768 // grain) <= 1472
+    assert -(-30522 // split) * grain * 4 < 0.55 * 30522 * 4
+
+
+def test_sliceable_tensor_with_an_embedding_plan_uses_every_tile_and_slices_and_updates():
+    """With an embedding plan, a table with fewer columns than tiles is split along its rows
+    too (as PopLibs' plans split the sliced dimension): 300 x 8 fp32 on 16 tiles fills all 16
+    tiles evenly instead of 8; multiSlice and multiUpdateAdd on it match numpy."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((300, 8)).astype(np.float32)
+    ids = rng.integers(0, 300, (36, 1)).astype(np.uint32)
+    upd = rng.standard_normal((36, 1, 8)).astype(np.float32)
+    h = OpHarness(16)
+    plan = popops.embedding.plan(h.graph, poplar.FLOAT, 300, 8, [36], {})
+    t = popops.createSliceableTensor(h.graph, poplar.FLOAT, [300, 8], [0], [1], plan, {}, "table")
+    plain = popops.createSliceableTensor(h.graph, poplar.FLOAT, [300, 8], [0], [1], 0, "plain")
+    per_tile = np.array([sum(b - a for a, b in iv) for iv in h.graph.getTileMapping(t)])
+    assert (per_tile == 150).all()
+    assert sum(1 for iv in h.graph.getTileMapping(plain) if iv) == 8
+    h.graph.setInitialValue(t, x)
+    i = h.input("i", ids, mapping=3)
+    s = h.input("s", upd, mapping="random")
+    out = popops.multiSlice(h.graph, t, i, [0], [1], h.prog)
+    popops.multiUpdateAdd(h.graph, t, s, i, 0.5, [0], [1], h.prog)
+    r = h.run(out=out, t=t)
+    np.testing.assert_array_equal(r["out"][:, 0], x[ids[:, 0]])
+    ref = x.copy()
+    np.add.at(ref, ids[:, 0], 0.5 * upd[:, 0])
+    np.testing.assert_allclose(r["t"], ref, rtol=1e-6, atol=1e-6)
+
+
+def test_multi_update_of_a_row_split_table_updates_each_range_where_it_lives():
+    """Each row range of a planned table is updated on its own tiles, reading the slices: the
+    update's exchange does not grow with the table's rows (it moved the whole table to the
+    first range's tiles before)."""
+    def exchange(rows):
+        h = OpHarness(16)
+        plan = popops.embedding.plan(h.graph, poplar.FLOAT, rows, 8, [0], {})
+        t = popops.createSliceableTensor(h.graph, poplar.FLOAT, [rows, 8], [0], [1], plan, {}, "table")
+        h.graph.setInitialValue(t, 0)
+        i = h.input("i", np.arange(6, dtype=np.uint32).reshape(6, 1), mapping=0)
+        s = h.input("s", np.ones((6, 1, 8), np.float32), mapping=0)
+        popops.multiUpdateAdd(h.graph, t, s, i, 1.0, [0], [1], h.prog, debug_name="upd")
+        r = h.run(t=t)
+        assert r["t"][:6].sum() == 48 and r["t"][6:].sum() == 0
+        assert sum(1 for iv in h.graph.getTileMapping(t) if iv) == 16
+        (st,) = [st for st in h.engine._compiled.compiler.steps if st.name == "upd"]
+        return float(st.cost.duration["exchange"].max())
+    assert exchange(6000) == exchange(600) > 0
+
+
 def test_multi_slice_cost_grows_with_offsets():
     def cycles(n):
         h = OpHarness(16)

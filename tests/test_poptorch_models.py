@@ -270,11 +270,6 @@ def test_bert_base_squad_pipelined_training_over_4_ipus(layers):
     for i in range(0, layers, per_ipu):
         poptorch.BeginBlock(m.m.bert.encoder.layer[i], f"layers{i}", ipu_id=i // per_ipu)
     o = poptorch.Options().logCycleCount(True)
-    # fp32 BERT-base does not fit IPU 0: the word embedding's columns sit one per tile on 768
-    # tiles, 122 KB each, four times over (weight, gradient, accumulator, SGD's Accl1), so that
-    # tile needs ~0.95 MB of 624 KB, sharded or pipelined; predict anyway, as Graphcore's
-    # examples would need fp16 and a serialised embedding
-    o._Popart.setEngineOptions({"debug.allowOutOfMemory": "true"})
     o.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
     o.Training.gradientAccumulation(accum)
     tm = poptorch.trainingModel(m, o, poptorch.optim.SGD(m.parameters(), lr=0.01))

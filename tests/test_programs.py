@@ -278,6 +278,10 @@ def test_a_functions_own_variables_live_per_call_and_its_code_is_counted_once():
     # three calls add only the caller's own copies (a -> mid -> b, twice): the body's once
     assert code_one[1] > 0
     np.testing.assert_array_equal(code_three - code_one, 2 * code_one)
+    # control code likewise: the body's two steps once, the caller's four copies
+    from openipu.poplar import calibration as cal
+    control = three.categories["Control Code"] - one.categories["Control Code"]
+    np.testing.assert_array_equal(control, np.full(4, 4.0 * cal.CONTROL_CODE_BYTES_PER_STEP))
 
 
 def test_a_variable_is_dead_between_its_last_read_and_a_write_of_all_of_it():

@@ -199,6 +199,20 @@ def _function_locals(comp, S, V, nv: int):
     return fid, lo, hi
 
 
+def code_steps(comp) -> int:
+    """The program steps that have control code: every laid-out step, except that a function's
+    steps count once however many times it is called (its code exists once; each call site
+    jumps to it), as do the functions it calls."""
+    n = len(comp.steps)
+    repeat = np.zeros(n + 1, bool)
+    seen: set = set()
+    for f, a, b in sorted(comp.calls, key=lambda c: c[1]):     # each function's first call in time keeps its code
+        if f in seen:
+            repeat[a:b] = True
+        seen.add(f)
+    return int(n - repeat[:n].sum())
+
+
 def host_offsets(sizes: np.ndarray, first: np.ndarray, last: np.ndarray, shared: np.ndarray):
     """Where each variable of one element type lives in the host's storage buffer.
 
@@ -411,7 +425,7 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
         "Constants": constants,
         "Stack": np.full(T, float(cal.STACK_BYTES_PER_TILE)),
         "Vertex Instances": comp.vertex_state.copy(),
-        "Control Code": np.full(T, float(cal.CONTROL_CODE_BYTES_PER_STEP * nsteps)),
+        "Control Code": np.full(T, float(cal.CONTROL_CODE_BYTES_PER_STEP * code_steps(comp))),
         "Vertex Code": vertex_code,
         "Internal Exchange Code": comp.exchange_code.copy(),
     }

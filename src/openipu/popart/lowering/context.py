@@ -139,6 +139,21 @@ class LoweringContext:
     def has(self, tid: str) -> bool:
         return tid in self._t or tid in self._deferred
 
+    def home_vgraph(self, tid: str, default=None):
+        """The virtual graph where ``tid``'s device tensor was made (others hold copies), or
+        ``default`` when it has none yet."""
+        return self._home.get(tid, default)
+
+    def placed(self, tid: str) -> dict:
+        """``tid``'s device tensors by virtual graph (its home and its copies; do not modify)."""
+        return self._t[tid]
+
+    def home(self, tid: str) -> poplar.Tensor | None:
+        """``tid``'s device tensor on its home virtual graph, or None when it has none yet.
+        Never makes a deferred variable."""
+        per, vg = self._t.get(tid), self._home.get(tid)
+        return per.get(vg) if per is not None else None
+
     def defer(self, tid: str, vg: int, make) -> None:
         """Make variable ``tid`` on virtual graph ``vg`` with ``make()`` when it is first read (an
         accumulator cloned from its gradient: PopART's ``mustExistBeforeCreate``). Like the

@@ -79,7 +79,7 @@ def _state_of(ctx, tid: str, vg: int):
     wt = ir.tensors.get(w)
     if wt is None or w not in ir.weight_grads or list(wt.info.shape()) != list(t.info.shape()):
         return None
-    if not ctx.has(w) or ctx._home.get(w) != vg:
+    if not ctx.has(w) or ctx.home_vgraph(w) != vg:
         return None
     return ctx.get(w, vg)
 
@@ -101,7 +101,8 @@ def weight_creator(ctx, tid: str, vg: int):
         axis = gather_lowering.sliceable_axis(ir, tid, vg)
         if axis is None:
             return None
-        return lambda g, ptype, value: gather_lowering.create_sliceable(g, ptype, shape, axis, tid, value)
+        n = gather_lowering.lookups(ir, tid)
+        return lambda g, ptype, value: gather_lowering.create_sliceable(g, ptype, shape, axis, tid, value, n)
     if op.op_type == "MatMul" and i == 1 and len(shape) == 2 and precise_lowering(op, ir) is matmul_lowering.matmul:
         a = list(ir.tensors[op.inputs[0]].info.shape())
         m = math.prod(a[:-1]) if len(a) > 1 else 1

@@ -32,7 +32,6 @@ import math
 
 import numpy as np
 
-from openipu.poplar.mapping import linear_tile_runs
 from openipu.poplibs import popops
 from openipu.poplibs.popops import expr as E
 from openipu.popart.lowering import lowering
@@ -83,11 +82,19 @@ def sliceable_axis(ir, tid: str, vg: int):
     return _axis(op, ir)
 
 
-def create_sliceable(g, type_, shape, axis: int, name: str, value=None):
-    """A weight of ``shape`` laid out for slicing along ``axis`` (``createSliceableTensor``'s
-    layout): each *column* (the elements that differ only in ``axis``) on one tile, the columns
+def lookups(ir, tid: str) -> int:
+    """The number of offsets the first consumer of weight ``tid`` (a Gather, see
+    :func:`sliceable_axis`) looks up: its indices' element count."""
+    op = ir.tensors[tid].consumers[0]
+    return math.prod(shape(ir, op.inputs[1]))
+
+
+def create_sliceable(g, type_, shape, axis: int, name: str, value=None, lookups: int = 0):
+    """A weight of ``shape`` laid out for slicing along ``axis`` at ``lookups`` offsets
+    (``createSliceableTensor`` with the op's embedding plan, as PopART's ``GatherOpx`` creates
+    it): each *column* (the elements that differ only in ``axis``) on one tile, the columns
     spread linearly over the tiles (grain 1, at least 1 per tile). With fewer columns than tiles
-    the rows are split as well (``popops.dynamic_slice.row_split_runs``).
+    the rows are split as well where the plan says so (``popops.dynamic_slice.plan_row_split``).
 
     The variable is created with the columns outermost and ``axis`` innermost, so that every
     column, and every tile's run of columns, is contiguous: its tile map is one run per tile.
@@ -101,17 +108,7 @@ def create_sliceable(g, type_, shape, axis: int, name: str, value=None):
         var = g.addConstant(type_, vshape, np.asarray(value).reshape(xs).transpose(order), name)
     else:
         var = g.addVariable(type_, vshape, name)
-    cols = math.prod(xs[d] for d in rest)
-    rows = xs[axis]
-    T = g.getTarget().getNumTiles()
-    split = popops.dynamic_slice.row_split_runs(rows, cols, type_, T)
-    if split is not None:
-        begins, ends, tiles = split
-        g.set_tile_runs(var, begins, ends, g._global_tiles(tiles))
-    else:
-        b, e = linear_tile_runs(cols, T, 1, 1)
-        if b.size:
-            g.set_tile_runs(var, b * rows, e * rows, g._global_tiles(np.arange(b.size)))
+    popops.dynamic_slice.map_sliceable(g, var, xs[axis], math.prod(xs[d] for d in rest), type_, lookups)
     inv = [order.index(d) for d in range(len(xs))]
     return var.dimShuffle(inv)
 
@@ -157,9 +154,9 @@ def gather_grad(ctx, op):
     gy, idx = ctx.input(op, 0), ctx.input(op, 1)
     xs = [int(d) for d in op.attrs["data_shape"]]
     axis = int(op.attrs.get("axis", 0)) % len(xs)
-    out = create_sliceable(g, gy.elementType(), xs, axis, op.outputs[0])
-    popops.zero(g, out, ctx.prog, f"{nm}/zero")
     n = idx.numElements()
+    out = create_sliceable(g, gy.elementType(), xs, axis, op.outputs[0], lookups=n)
+    popops.zero(g, out, ctx.prog, f"{nm}/zero")
     if const_value(ctx.ir, op.inputs[1]) is None or (np.asarray(const_value(ctx.ir, op.inputs[1])) < 0).any():
         idx = popops.map(g, E.Select(E.Add(E._1, E.Const(int(xs[axis]))), E._1, E.Lt(E._1, E.Const(0))), [idx],
                          ctx.prog, f"{nm}/wrapIndices")

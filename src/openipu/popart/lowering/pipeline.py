@@ -10,7 +10,10 @@ else ``batchesPerStep``), the pipeline runs ``G + S - 1`` cycles:
 - flush: cycles ``1 .. S-1`` run stages ``t .. S-1``;
 
 each cycle runs its stages' input copies, then their ops, then their anchor copies, then the
-copies between IPUs of every stage. Stage ``s`` works on micro-batch ``t - s`` in cycle ``t``.
+copies between IPUs of every stage. Each stage's ops (its *main* fragment, with its stash
+counters) are one Poplar function, called in every cycle that runs the stage, as PopART adds
+each stage's main fragment with ``Graph::addFunction``: its code exists once, and what only it
+touches lives within a call. Stage ``s`` works on micro-batch ``t - s`` in cycle ``t``.
 Stages on different IPUs advance their IPUs' clocks independently and meet at the copies: the
 predicted cycle lasts as long as its busiest IPU, which is the speed-up of pipelining over
 sharding (where each micro-batch crosses the IPUs one after the other).
@@ -58,6 +61,7 @@ class Pipeline:
         self._stash: dict = {}         # (tid, vg) -> (stash tensor, slots)
         self._restored: dict = {}      # (tid, vg, stage) -> restored tensor
         self._counter: dict = {}       # (stage, slots, vg) -> counter tensor
+        self._main: list | None = None  # per stage: the function of its ops and counters
         self.last: dict = {}           # (tid, vg) -> the last stage reading it there
         self.first: dict = {}          # tid -> the first stage reading it
         for op in ir.ops:
@@ -86,8 +90,8 @@ class Pipeline:
         """``tid`` on virtual graph ``vg`` for an op of ``stage``: the tensor itself, its copy from
         another IPU, or its restore from a stash."""
         ctx = self.ctx
-        per = ctx._t[tid]
-        home = ctx._home[tid]
+        per = ctx.placed(tid)
+        home = ctx.home_vgraph(tid)
         p = self.stage_of(tid)
         if p is None:
             if vg in per:
@@ -163,9 +167,9 @@ class Pipeline:
         tids |= {tid for (tid, vg), _ in self._stash.items() if (self.stage_of(tid) or 0) > stage}
         out: set[int] = set()
         for tid in tids:
-            per = ctx._t.get(tid)
-            if per is not None and tid in ctx._home and ctx._home[tid] in per:
-                out |= variables_of(per[ctx._home[tid]])
+            t = ctx.home(tid)
+            if t is not None:
+                out |= variables_of(t)
         return out
 
     # -- the schedule ------------------------------------------------------------------------
@@ -176,9 +180,11 @@ class Pipeline:
         seq = P.Sequence(name=f"pipelineCycle{stages[0]}-{stages[-1]}")
         for s in stages:
             seq.add(self.to_device[s])
+        if self._main is None:          # the fragments are complete once the cycles are assembled
+            self._main = [self.ctx.graph.addFunction(P.Sequence([self.body[s], self.tail[s]], name=f"pipelineStage{s}/main"))
+                          for s in range(self.num)]
         for s in stages:
-            seq.add(self.body[s])
-            seq.add(self.tail[s])
+            seq.add(P.Call(self._main[s], debugContext=f"pipelineStage{s}"))
         for s in stages:
             seq.add(self.to_host[s])
             if extra is not None:

@@ -397,7 +397,7 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
     for a in df.anchors():
         art = df.art(a)
         src = ir.anchor_alias.get(a, a)
-        vg = ctx._home.get(src, ir.home_vgraph(src))
+        vg = ctx.home_vgraph(src, ir.home_vgraph(src))
         t = ctx.get(src, vg)
         if t.numElements() == 0 or synthetic != "Off":
             out.anchors[a] = None           # an empty anchor, or synthetic data: no stream, nothing to copy
@@ -481,13 +481,13 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
                 seg.add(batch([c for copies in due for c in copies]))
             step.add(P.Repeat(bps // period, seg, debugContext="batchesPerStep"))
     step.add(post)
-    wfh = P.Sequence([P.Copy(graph._state.streams[h], ctx.get(tid, ctx._home[tid]))
+    wfh = P.Sequence([P.Copy(graph._state.streams[h], ctx.get(tid, ctx.home_vgraph(tid)))
                       for tid, h in out.weights_in.items()], name="weightsFromHost")
-    wth = P.Sequence([P.Copy(ctx.get(tid, ctx._home[tid]), graph._state.streams[h])
+    wth = P.Sequence([P.Copy(ctx.get(tid, ctx.home_vgraph(tid)), graph._state.streams[h])
                       for tid, h in out.weights_out.items()], name="weightsToHost")
-    ofh = P.Sequence([P.Copy(graph._state.streams[h], ctx.get(tid, ctx._home[tid]))
+    ofh = P.Sequence([P.Copy(graph._state.streams[h], ctx.get(tid, ctx.home_vgraph(tid)))
                       for tid, h in out.optimizer_in.items()], name="optimizerFromHost")
-    sfh = P.Sequence([P.Copy(graph._state.streams[h], ctx.get(tid, ctx._home[tid]))
+    sfh = P.Sequence([P.Copy(graph._state.streams[h], ctx.get(tid, ctx.home_vgraph(tid)))
                       for tid, h in out.seed_in.items()], name="randomSeedFromHost")
     out.programs = [step, wfh, wth, ofh, sfh]
     out.in_place = ctx.in_place

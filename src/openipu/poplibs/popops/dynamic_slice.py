@@ -7,9 +7,11 @@ other elements of the column are exchanged to that tile (the exchange is static:
 column moves, whatever the offset), so tensors made by :func:`createSliceableTensor`, which keep
 each column on one tile, slice without exchange. Slices and updates are mapped with their column.
 A table whose rows are split into a few ranges, each range keeping each of its columns on one
-tile (PopLibs' ``slicedDimSplit``, as PopART lays out an embedding with fewer columns than tiles),
-is sliced by ``multiSlice`` in two stages as PopLibs' planned multiSlice does: every range slices
-on its own tiles, then each slice is picked from its row's range.
+tile (PopLibs' ``slicedDimSplit``: ``createSliceableTensor`` with an embedding plan, as PopART
+lays out an embedding with fewer columns than tiles; :func:`plan_row_split`), is sliced by
+``multiSlice`` in two stages as PopLibs' planned multiSlice does: every range slices on its own
+tiles, then each slice is picked from its row's range; the ``multiUpdate*`` functions update
+every range on its own tiles.
 
 Layout: the tensors openipu creates here (:func:`createSliceableTensor`, :func:`createSliceTensor`,
 the outputs of :func:`dynamicSlice` and :func:`multiSlice`) are variables laid out column by
@@ -63,9 +65,11 @@ _OPTIONS = {"remapOutOfBoundIndices", "paddingIndexUsed", "usedForSlice", "usedF
 
 @dataclass(frozen=True)
 class SlicePlan:
-    """``popops::SlicePlan``. openipu slices columns where they live (in two stages for a table
-    split along its rows, see the module doc), whatever the plan, so a plan only records what it
-    was made for; the default plan is ``SlicePlan()``."""
+    """``popops::SlicePlan``: what an embedding was planned for. :func:`createSliceableTensor`
+    lays a table out by it (its rows split over tiles when it has fewer columns than tiles, see
+    :func:`plan_row_split`); the slicing functions slice columns where they live (in two stages
+    for a table split along its rows, see the module doc), whatever the plan. The default plan
+    ``SlicePlan()`` plans nothing."""
 
     dataType: object = None  # noqa: N815 - PopLibs names
     numEntries: int = 0  # noqa: N815
@@ -206,21 +210,28 @@ def _column_runs(graph, view, name) -> _Cols:
     return _Cols(b, e, tl.astype(np.int64), cols)
 
 
-def _by_columns(graph, type_, shape, row_dims, name, runs: _Cols | None):
-    """A new variable of ``shape`` laid out column by column: the dims not in ``row_dims`` form
-    the columns (row-major among themselves), each column's elements (``row_dims`` row-major)
-    contiguous. Returned as a view of ``shape``; mapped by ``runs`` of columns when given."""
+def _column_major(graph, type_, shape, row_dims, name):
+    """A new variable holding ``shape`` column by column: the dims not in ``row_dims`` form the
+    columns (row-major among themselves), each column's elements (``row_dims`` row-major)
+    contiguous. Returns the variable (unmapped) and its view of ``shape``."""
     shape = [int(s) for s in shape]
     col_dims = [d for d in range(len(shape)) if d not in row_dims]
     order = col_dims + list(row_dims)
     u = graph.addVariable(type_, [shape[d] for d in order], name)
-    rows = int(np.prod([shape[d] for d in row_dims], dtype=np.int64))
-    if runs is not None and runs.begin.size and rows:
-        graph.set_tile_runs(u.reshape([u.numElements()]), runs.begin * rows, runs.end * rows, runs.tile)
     inv = [0] * len(order)
     for k, d in enumerate(order):
         inv[d] = k
-    return u.dimShuffle(inv)
+    return u, u.dimShuffle(inv)
+
+
+def _by_columns(graph, type_, shape, row_dims, name, runs: _Cols | None):
+    """A new variable of ``shape`` laid out column by column (:func:`_column_major`), returned
+    as a view of ``shape``; mapped by ``runs`` of columns when given."""
+    u, view = _column_major(graph, type_, shape, row_dims, name)
+    rows = int(np.prod([int(shape[d]) for d in row_dims], dtype=np.int64))
+    if runs is not None and runs.begin.size and rows:
+        graph.set_tile_runs(u.reshape([u.numElements()]), runs.begin * rows, runs.end * rows, runs.tile)
+    return view
 
 
 def _map_by_columns(graph, view, runs: _Cols) -> None:
@@ -236,22 +247,45 @@ def _map_by_columns(graph, view, runs: _Cols) -> None:
 def createSliceableTensor(graph, type_, shape, dims, sizes, minGrainSize=0, options=None,  # noqa: N802,N803
                           debug_name: str = ""):
     """``popops::createSliceableTensor(graph, type, shape, dims, sizes, minGrainSize=0, name)``
-    (or ``(..., sizes, plan, options, name)``): a new tensor whose columns (all elements that differ
-    only in ``dims``) each sit on one tile, the columns spread linearly over the tiles in grains
-    of ``minGrainSize`` columns. The tensor is a view of a variable laid out column by column (see
-    the module docstring). Raises ``poplar.index_error`` for bad dims or sizes."""
+    or ``(graph, type, shape, dims, sizes, plan, options, name)``: a new tensor whose columns (all
+    elements that differ only in ``dims``) each sit on one tile, the columns spread linearly over
+    the tiles in grains of ``minGrainSize`` columns. With a plan from :meth:`embedding.plan` for
+    one sliced dimension (``numEntries`` > 0), a table with fewer columns than tiles has its rows
+    split too, as :func:`plan_row_split` says for the plan's lookups (the tiles of every range
+    hold each of its columns whole; :func:`multiSlice` slices it in two stages). The tensor is a
+    view of a variable laid out column by column (see the module docstring). Raises
+    ``poplar.index_error`` for bad dims or sizes, ``poplar.invalid_option`` for bad options."""
+    plan = None
     if isinstance(minGrainSize, SlicePlan):
         _check_options(options, "createSliceableTensor")
-        minGrainSize = 0
+        plan, minGrainSize = minGrainSize, 0
     elif isinstance(options, str) and not debug_name:
         debug_name = options
     shape = [int(s) for s in shape]
     dims, sizes = _check_dims(shape, dims, sizes, "createSliceableTensor")
-    cols = int(np.prod([shape[d] for d in range(len(shape)) if d not in dims], dtype=np.int64))
-    grain = max(1, int(minGrainSize))
-    b, e = linear_tile_runs(cols, graph.getTarget().getNumTiles(), grain, grain)
-    runs = _Cols(b, e, graph._global_tiles(np.arange(b.size)).astype(np.int64), cols)
-    return _by_columns(graph, type_, shape, dims, debug_name or "sliceable", runs)
+    u, view = _column_major(graph, type_, shape, dims, debug_name or "sliceable")
+    rows = int(np.prod([shape[d] for d in dims], dtype=np.int64))
+    lookups = sum(plan.numLookups) if plan is not None and plan.numEntries else None
+    map_sliceable(graph, u, rows, u.numElements() // max(rows, 1), type_, lookups, max(1, int(minGrainSize)))
+    return view
+
+
+def map_sliceable(graph, flat, rows: int, cols: int, type_, lookups=None, grain: int = 1) -> None:
+    """Map ``flat``, a variable holding a table ``[rows, cols]`` column by column (``[cols,
+    rows]`` flattened), for slicing its rows: each column on one tile, the columns spread
+    linearly over the tiles in grains of ``grain``; when ``lookups`` is given (a lookup of that
+    many offsets is planned: :meth:`embedding.plan`, PopART's Gather) and the table has fewer
+    columns than tiles, its rows are split too as :func:`plan_row_split` says."""
+    T = graph.getTarget().getNumTiles()
+    flat = flat.reshape([flat.numElements()])
+    split = row_split_runs(rows, cols, type_, T, lookups) if lookups is not None else None
+    if split is not None:
+        b, e, tiles = split
+    else:
+        b, e = linear_tile_runs(cols, T, grain, grain)
+        b, e, tiles = b * rows, e * rows, np.arange(b.size)
+    if b.size and rows:
+        graph.set_tile_runs(flat, b, e, graph._global_tiles(tiles).astype(np.int64))
 
 
 def createSliceTensor(graph, t, dims, sizes, numIndices, debug_name: str = ""):  # noqa: N802,N803
@@ -314,22 +348,24 @@ def _elem_params(type_, target):
     return max(1, target.getDataPathWidth() // 32), 2
 
 
-def multi_slice_tile_cycles(elems_per_slice, num_offsets, type_, target, update=False):
+def multi_slice_tile_cycles(elems_per_slice, num_offsets, type_, target, update=False, partitions=1):
     """Tile cycles of ``MultiSlice`` / ``MultiUpdate`` (getMultiSliceCycleEstimate) with the
-    dictionary rows split over the workers (about numOffsets/6 in range per worker [A])."""
+    dictionary rows split over the workers (about numOffsets/6 in range per worker [A]), and
+    over ``partitions`` row ranges on different tiles (numOffsets/(6 x partitions) in range)."""
     vw, cpv = _elem_params(type_, target)
-    in_range = -(-num_offsets // WORKERS)
+    in_range = -(-num_offsets // (WORKERS * partitions))
     out_range = num_offsets - in_range
     vec = -(-np.asarray(elems_per_slice, np.int64) // vw)
     per_worker = (29 if update else 30) + in_range * (19 + vec * cpv) + out_range * 8
     return WORKERS * per_worker
 
 
-def multi_update_op_tile_cycles(elems_per_slice, num_offsets, type_, target, scaled, scale_wider):
-    """Tile cycles of ``MultiUpdateOp`` (getMultiUpdateOpCycleEstimate)."""
+def multi_update_op_tile_cycles(elems_per_slice, num_offsets, type_, target, scaled, scale_wider, partitions=1):
+    """Tile cycles of ``MultiUpdateOp`` (getMultiUpdateOpCycleEstimate), the offsets in range
+    split as in :func:`multi_slice_tile_cycles`."""
     four = type_.size == 4
     cycles = 3 + (29 if four else 30) + ((2 + 2 + 2 * four) if scaled else 0)
-    in_range = -(-num_offsets // WORKERS)
+    in_range = -(-num_offsets // (WORKERS * partitions))
     per_in = (11 if four else 12) + (1 if (not four and scaled) else 0)
     atom = math.lcm(target.getAtomicStoreGranularity(), type_.size) // type_.size
     e = np.maximum(np.asarray(elems_per_slice, np.int64), atom)
@@ -606,19 +642,47 @@ def multiSlice(graph, t, offsets, dims, sizes, prog, plan=None, options=None, de
 MAX_ROW_PARTITIONS = 64
 
 
-def row_split_runs(rows: int, cols: int, type_, num_tiles: int):
-    """Where a table with fewer columns than tiles goes when its rows are split as well
-    (PopLibs' embedding plan: ``slicedDimSplit`` row ranges, ``unslicedGrainSize`` 4 bytes of
-    columns, i.e. 2 halves or 1 float): ``(begins, ends, local tiles)`` of the flattened
-    column-by-column variable ``[cols, rows]``, column group ``j`` of row range ``p`` on tile
-    ``p * groups + j``, with ``num_tiles // groups`` ranges (at most
-    :data:`MAX_ROW_PARTITIONS`); None when that gives fewer than 2 ranges (int64 arrays, one
-    interval per column and range). :func:`multiSlice` slices such a table in two stages."""
-    grain = max(1, 4 // type_.size)
-    groups = -(-cols // grain)
-    split = min(rows, num_tiles // max(groups, 1), MAX_ROW_PARTITIONS)
-    if cols >= num_tiles or split < 2:
+def plan_row_split(rows: int, cols: int, type_, num_tiles: int, lookups: int = 0):
+    """How a table ``[rows, cols]`` with fewer columns than tiles is spread over ``num_tiles``
+    tiles when its rows are split as well (the partition of PopLibs' embedding plan: the sliced
+    dimension split ``split`` ways, the unsliced one in groups of ``grain`` columns, ``split x
+    ceil(cols / grain)`` tiles at most ``num_tiles``): ``(split, grain)``, or None to keep one
+    range (or when ``cols >= num_tiles``).
+
+    A tile of range ``p`` and column group ``j`` holds ``ceil(rows / split) x grain`` elements
+    of the table and, for a lookup of ``lookups`` rows, the ``lookups x grain`` elements of its
+    first stage (as a range's update reads every slice of its columns) and ``ceil(lookups /
+    split) x grain`` of the output; unsplit, ``(rows + lookups) x grain``. Those elements also
+    set its cycles; the plan minimises them. ``grain``
+    is at least 4 bytes of columns (PopLibs' ``unslicedGrainSize``: 2 halves or 1 float) and
+    ``split`` at most :data:`MAX_ROW_PARTITIONS`; ties go to fewer ranges. Examples (1,472
+    tiles, fp32): BERT-base's 30522 x 768 word embedding with 128 lookups is split 15 ways in
+    groups of 8 columns (1,440 tiles, 65 KB of table each, against 122 KB on 768 tiles
+    unsplit); with no lookups (a plan made without them), 23 ways in groups of 12 (all 1,472
+    tiles); its 512 x 768 position embedding is not split."""
+    g0 = max(1, 4 // type_.size)
+    if cols >= num_tiles or rows < 2 or cols <= 0:
         return None
+    s = np.arange(1, min(rows, MAX_ROW_PARTITIONS, num_tiles) + 1, dtype=np.int64)
+    grain = np.maximum(g0, -(-cols // (num_tiles // s)))
+    n = max(0, int(lookups))
+    per_tile = (-(-rows // s) + n + np.where(s > 1, -(-n // s), 0)) * grain
+    k = int(np.argmin(per_tile))               # the first minimum: the fewest ranges
+    split = int(s[k])
+    return (split, int(grain[k])) if split >= 2 else None
+
+
+def row_split_runs(rows: int, cols: int, type_, num_tiles: int, lookups: int = 0):
+    """The tile runs of a table split as :func:`plan_row_split` says: ``(begins, ends, local
+    tiles)`` of the flattened column-by-column variable ``[cols, rows]``, column group ``j`` of
+    row range ``p`` on tile ``p * groups + j`` (int64 arrays, one interval per column and range);
+    None when the rows are not split. :func:`multiSlice` slices such a table in two stages and
+    the ``multiUpdate*`` functions update each range on its own tiles."""
+    plan = plan_row_split(rows, cols, type_, num_tiles, lookups)
+    if plan is None:
+        return None
+    split, grain = plan
+    groups = -(-cols // grain)
     per = -(-rows // split)
     bounds = [(p * per, min(rows, (p + 1) * per)) for p in range(split) if p * per < rows]
     c = np.arange(cols, dtype=np.int64)
@@ -668,7 +732,7 @@ def _multi_slice_two_stage(graph, t, view, offsets, dims, rest, cols, parts, rem
     cyc0 = np.zeros(T)
     for _, _, runs in parts:
         u, ncols, _ = runs.per_tile(T)
-        cyc0[u] += multi_slice_tile_cycles(ncols, N, type_, target)
+        cyc0[u] += multi_slice_tile_cycles(ncols, N, type_, target, partitions=S)
     cs0 = graph.addComputeSet(f"{name}/stage0")
     graph.add_vertex_group(cs0, VertexGroup(
         f"popops::MultiSlice<{type_}>", used, cyc0[used],
@@ -767,24 +831,37 @@ def _multi_update(graph, t, s, offsets, dims, sizes, prog, options, name, op, sc
         return
     s = s.reshape(want)
     sview = s.dimShuffle([0] + [1 + d for d in dims] + [1 + d for d in rest]).reshape([N, cols])
-    used, ncols, _ = runs.per_tile(graph._top._target.getNumTiles())
+    T = graph._top._target.getNumTiles()
+    # a table split along its rows (PopLibs' slicedDimSplit) is updated range by range on the
+    # range's own tiles, each reading every slice of its columns; else on its columns' tiles
+    parts = _row_partitions(graph, view, name) if len(dims) == 1 else None
+    parts = parts or [(0, view.dim(0), runs)]
     target = graph.getTarget()
+    cyc = np.zeros(T)
+    for _, _, r in parts:
+        u, ncols, _ = r.per_tile(T)
+        if op == "none":
+            cyc[u] += multi_slice_tile_cycles(ncols, N, t.elementType(), target, update=True, partitions=len(parts))
+        else:
+            wider = scale_t is not None and scale_t.elementType().size > t.elementType().size
+            cyc[u] += multi_update_op_tile_cycles(ncols, N, t.elementType(), target, op == "add", wider,
+                                                  partitions=len(parts))
+    used = np.flatnonzero(cyc)
     if op == "none":
-        cyc = multi_slice_tile_cycles(ncols, N, t.elementType(), target, update=True)
         vname = f"popops::MultiUpdate<{t.elementType()}>"
     else:
-        wider = scale_t is not None and scale_t.elementType().size > t.elementType().size
-        cyc = multi_update_op_tile_cycles(ncols, N, t.elementType(), target, op == "add", wider)
         vname = f"popops::{'Scaled' if op == 'add' else ''}MultiUpdateOp<{t.elementType()},{op}>"
-    reads = [Access(view, runs.boxes(view)), Access(sview, runs.boxes(sview)), _bcast(offsets, used)]
+    ranges = [view.slice(r0, r1, 0) if len(parts) > 1 else view for r0, r1, _ in parts]
+    reads = [Access(v, r.boxes(v)) for v, (_, _, r) in zip(ranges, parts)]
+    reads += [Access(sview, r.boxes(sview)) for _, _, r in parts] + [_bcast(offsets, used)]
     if scale_t is not None:
         reads.append(_bcast(scale_t, used))
     cs = graph.addComputeSet(name)
     graph.add_vertex_group(cs, VertexGroup(
-        vname, used, cyc,
+        vname, used, cyc[used],
         functools.partial(_multi_update_kernel, view, sview, offsets, [t.dim(d) for d in dims], remap, padding, op,
                           scale_v, scale_t),
-        reads=reads, writes=[Access(view, runs.boxes(view))], multi=True,
+        reads=reads, writes=[Access(v, r.boxes(v)) for v, (_, _, r) in zip(ranges, parts)], multi=True,
         flops=float(N * cols * (2 if op == "add" else 1 if op == "max" else 0)), state_bytes=32))
     prog.add(poplar.program.Execute(cs))
 
