@@ -33,7 +33,7 @@ def _model(batch=2048, width=256, layers=3, manual=False):
 def _train(mode="NoRecompute", manual=False):
     b, loss, feeds, ids = _model(manual=manual)
     o = popart.SessionOptions()
-    o.autoRecomputation = getattr(popart.RecomputationType, mode)
+    o.autoRecomputation = mode if isinstance(mode, int) else getattr(popart.RecomputationType, mode)
     s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}), loss,
                                popart.ConstSGD(0.5), popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 1472}),
                                userOptions=o)
@@ -138,3 +138,24 @@ def test_checkpoint_annotation_is_not_recomputed():
                                    userOptions=o)
         counts[checkpoint] = {op.op_type for op in s._ir.ops if op.recomputes is not None}
     assert "Sigmoid" in counts[False] and "Sigmoid" not in counts[True]
+
+
+def test_recomputation_type_takes_popart_integer_values():
+    """PopART's C++ values (None 0, Standard 1, NormOnly 2, Pipeline 3, RecomputeAll 4), as
+    Graphcore's examples pass ``int(popart.RecomputationType.Pipeline)`` or ``3`` through
+    ``opts._Popart.set("autoRecomputation", ...)``; other values get a PopART error."""
+    from openipu.popart.transforms.recompute import _mode
+    assert [int(getattr(popart.RecomputationType, m)) for m in ("NoRecompute", "Standard", "NormOnly", "Pipeline",
+                                                                 "RecomputeAll")] == [0, 1, 2, 3, 4]
+    o = popart.SessionOptions()
+    for v, want in [(1, "Standard"), (3, "Pipeline"), (4, "RecomputeAll"), ("RecomputationType.NormOnly", "NormOnly"),
+                    (popart.RecomputationType.Standard, "Standard")]:
+        o.autoRecomputation = v
+        assert _mode(o) == want
+    assert popart.RecomputationType.Pipeline == "Pipeline"
+    o.autoRecomputation = 7
+    with pytest.raises(popart.popart_exception, match="Unknown RecomputationType 7"):
+        _mode(o)
+    s, loss, w, peak = _train(int(popart.RecomputationType.Standard))
+    s2, loss2, w2, peak2 = _train("Standard")
+    assert loss == loss2 and peak == peak2 and s._ir.recomputed == s2._ir.recomputed > 0

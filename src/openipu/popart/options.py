@@ -17,20 +17,61 @@ import copy
 from openipu.popart.errors import popart_exception
 
 
+class _Member(str):
+    """An enum value: its name (a ``str``, so ``RecomputationType.Standard == "Standard"``) and
+    its C++ integer value (``int(popart.RecomputationType.Pipeline) == 3``, as PopART's examples
+    pass it to ``opts._Popart.set``)."""
+
+    def __new__(cls, name: str, value: int):
+        m = super().__new__(cls, name)
+        m._value = value
+        return m
+
+    def __int__(self):
+        return self._value
+
+    def __reduce__(self):
+        return _Member, (str(self), self._value)
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+
 class _Enum:
     """Base for PopART's enums: class attributes whose values are their own names."""
 
     @classmethod
     def names(cls):
-        return [k for k in vars(cls) if not k.startswith("_") and k != "names"]
+        return [k for k in vars(cls) if not k.startswith("_") and k not in ("names", "member")]
+
+    @classmethod
+    def member(cls, v) -> str:
+        """The member name of ``v``: a member, its name (``"Pipeline"``, ``"RecomputationType.Pipeline"``)
+        or its C++ integer value. Raises ``popart_exception`` otherwise."""
+        names = cls.names()
+        if isinstance(v, int) and not isinstance(v, bool):
+            for n in names:
+                if int(getattr(cls, n)) == v:
+                    return n
+        elif str(v).split(".")[-1] in names:
+            return str(v).split(".")[-1]
+        raise popart_exception(f"Unknown {cls.__name__} {v!r}: expected one of {', '.join(names)} "
+                               f"(or their values {', '.join(str(int(getattr(cls, n))) for n in names)})")
 
 
-def _enum(name, members):
-    return type(name, (_Enum,), {m: m for m in members})
+def _enum(name, members, values=None):
+    """An enum class of ``members``; ``values``: their C++ integer values (default: in order)."""
+    values = list(range(len(members))) if values is None else values
+    return type(name, (_Enum,), {m: _Member(m, v) for m, v in zip(members, values)})
 
 
 VirtualGraphMode = _enum("VirtualGraphMode", ["Off", "Manual", "Auto", "ExecutionPhases"])
-RecomputationType = _enum("RecomputationType", ["NoRecompute", "Standard", "NormOnly", "RecomputeAll", "Pipeline"])
+#: C++ ``popart::RecomputationType``: None = 0, Standard, NormOnly, Pipeline, RecomputeAll
+RecomputationType = _enum("RecomputationType", ["NoRecompute", "Standard", "NormOnly", "RecomputeAll", "Pipeline"],
+                          [0, 1, 2, 4, 3])
 RecomputeType = _enum("RecomputeType", ["Undefined", "Checkpoint", "Recompute", "Recomputed"])
 MergeVarUpdateType = _enum("MergeVarUpdateType", ["Off", "All", "AutoTight", "AutoLoose"])
 ReductionType = _enum("ReductionType", ["Mean", "NoReduction", "Sum"])

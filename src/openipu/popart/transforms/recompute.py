@@ -48,6 +48,7 @@ import numpy as np
 
 from openipu.popart.builder import PIPELINE_ATTR, RECOMPUTE_ATTR, VGRAPH_ATTR
 from openipu.popart.errors import popart_exception
+from openipu.popart.options import RecomputationType
 
 #: PopART's ``getDecreasingIntervals`` shortens K by this factor (fewer, longer recomputations
 #: cost about 1 % more memory for over 10 % fewer cycles on ResNet-50, by its note)
@@ -58,7 +59,7 @@ RECOMPUTED_SUFFIX = "__re"
 
 
 def _mode(options) -> str:
-    return str(options.autoRecomputation).split(".")[-1]
+    return RecomputationType.member(options.autoRecomputation)
 
 
 def _annotation(op) -> str | None:
