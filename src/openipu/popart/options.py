@@ -28,6 +28,8 @@ class _Member(str):
         return m
 
     def __int__(self):
+        if self._value is None:
+            raise TypeError(f"popart enum value {str(self)!r} has no integer value here; use it by name")
         return self._value
 
     def __reduce__(self):
@@ -54,17 +56,19 @@ class _Enum:
         names = cls.names()
         if isinstance(v, int) and not isinstance(v, bool):
             for n in names:
-                if int(getattr(cls, n)) == v:
+                if getattr(cls, n)._value == v:
                     return n
         elif str(v).split(".")[-1] in names:
             return str(v).split(".")[-1]
-        raise popart_exception(f"Unknown {cls.__name__} {v!r}: expected one of {', '.join(names)} "
-                               f"(or their values {', '.join(str(int(getattr(cls, n))) for n in names)})")
+        values = [getattr(cls, n)._value for n in names]
+        also = f" (or their values {', '.join(map(str, values))})" if None not in values else ""
+        raise popart_exception(f"Unknown {cls.__name__} {v!r}: expected one of {', '.join(names)}{also}")
 
 
 def _enum(name, members, values=None):
-    """An enum class of ``members``; ``values``: their C++ integer values (default: in order)."""
-    values = list(range(len(members))) if values is None else values
+    """An enum class of ``members``; ``values``: their C++ integer values, where checked against
+    PopART's headers (default: none, the members are used by name)."""
+    values = [None] * len(members) if values is None else values
     return type(name, (_Enum,), {m: _Member(m, v) for m, v in zip(members, values)})
 
 
