@@ -91,7 +91,7 @@ def test_segments_give_the_per_element_figures(data):
     _assert_same(costmod.exchange_volume(spec, trs), _per_element(spec, trs, monkeypatch=pytest.MonkeyPatch()))
 
 
-def test_other_reads_keep_the_per_element_model(monkeypatch):
+def test_other_reads_keep_the_per_element_model():
     """A strided, broadcast, rank-2 or write transfer is not a flat read: it keeps its model."""
     g = _graph()
     a = g.addVariable(poplar.FLOAT, [64], "a")

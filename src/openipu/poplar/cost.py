@@ -23,7 +23,7 @@ import numpy as np
 
 from openipu.poplar import calibration as cal
 from openipu.poplar import regions as R
-from openipu.poplar.exchange import RegionTransfer, add_volume, code_units
+from openipu.poplar.exchange import RegionTransfer, _run_overlaps, _union, add_volume, code_units, variable_runs
 
 CATEGORIES = ("compute", "exchange", "global_exchange", "host_exchange", "sync")
 
@@ -273,7 +273,6 @@ def _read_segments(tr):
         z = np.zeros(0, np.int64)
         return z, z, z, z
     # cut at the tile-map runs of the variables: one source tile per segment
-    from openipu.poplar.exchange import _run_overlaps, variable_runs
     runs = variable_runs(view, var)
     i, ri, gst, gend, gtl = _run_overlaps(view, var, start, end - 1, runs)
     s_ = np.maximum(gst[ri], start[i])
@@ -336,7 +335,6 @@ def _add_read_segments(T, tpi, size, count_send, seg, recv_b, send_b, recv_m, se
     # repeated or unordered addresses: a tile receives an element once. Each address has one
     # source, so the unique (destination, address) pairs are the union of the segments per
     # (destination, source); a message is a union interval (consecutive addresses, one source).
-    from openipu.poplar.exchange import _union
     move = (s != d) & (d >= 0)
     if not move.any():
         return
