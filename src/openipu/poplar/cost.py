@@ -218,9 +218,12 @@ def _elements_of(tr) -> list[Transfer]:
     return [Transfer(space, a, t, count_send=tr.count_send)]
 
 
-#: a region transfer whose view and boxes hold at most this many elements per box is costed per
-#: element (vectorised): as exact, and cheaper than the lattice overlaps when boxes are that small
-#: (conv layouts of a few channels per run); host work stays bounded by the number of boxes
+#: a region transfer whose view and boxes hold at most this many elements per box is costed with
+#: the per-element model: as exact, and cheaper than the lattice overlaps when boxes are that small
+#: (conv layouts of a few channels per run). A read of a flat view (the runs of
+#: ``poplin.core.runs_access``) gets that model's figures from its address segments
+#: (:func:`_read_segments`), so host work and memory follow the boxes, not the elements; other
+#: transfers list their elements (at most this many per box)
 ELEMENTS_PER_BOX = 16
 
 
