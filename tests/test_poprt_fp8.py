@@ -291,3 +291,36 @@ def test_e5m2_conv_with_mixed_formats_runs_as_quarter():
     ref = _ort(m, {"x": x})[0]
     err = np.abs(res["F143,F152,,"]["z"].astype(np.float32) - ref).max() / np.abs(ref).max()
     assert 1e-4 < err < 0.1
+
+
+def test_fp8_constant_weights_are_held_once_in_fp8_and_each_tiles_share_is_contiguous():
+    """The inference fp8 weights are QUARTER constants, 1 byte an element, made by the product's
+    PopLibs creator (``createWeights`` / ``createMatMulInputRHS``): each tile's share of a work
+    block is one interval of memory, as the fp16 path's weights are created by their consumer
+    (a row-major constant mapped by blocks held a region per output channel of each block: 16x
+    the weight regions of fp16 in ResNet-50's stage 4). The initializers are not also on the
+    device in their ONNX type (ResNet-50 b4: 51 MB of half constants, 35 KB a tile)."""
+    rng = np.random.default_rng(7)
+    w = (rng.standard_normal([64, 96, 3, 3]) / 30).astype(np.float32)
+    m = (rng.standard_normal([64 * 4 * 4, 48]) / 30).astype(np.float32)
+    g = oh.make_graph([oh.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2], name="conv"),
+                       oh.make_node("Relu", ["y"], ["r"]), oh.make_node("Flatten", ["r"], ["f"]),
+                       oh.make_node("MatMul", ["f", "m"], ["z"], name="fc")], "wide",
+                      [oh.make_tensor_value_info("x", 1, [2, 96, 8, 8])], [oh.make_tensor_value_info("z", 1, [2, 48])],
+                      [numpy_helper.from_array(w, "w"), numpy_helper.from_array(m, "m")])
+    model = oh.make_model(g, opset_imports=[oh.make_opsetid("", 13)], ir_version=8)
+    x = rng.standard_normal([2, 96, 8, 8]).astype(np.float32)
+    out = poprt.Converter(precision="fp8", calibration_inputs={"x": x}).convert(model)
+    import popart
+    dev = popart.DeviceManager().createOfflineIPUDevice({"ipuVersion": "ipu21", "tilesPerIPU": 1472})
+    s = popart.InferenceSession(fnModel=out.SerializeToString(),
+                                dataFlow=popart.DataFlow(1, {"z": popart.AnchorReturnType("ALL")}), deviceInfo=dev)
+    s.prepareDevice(loadEngine=False)
+    variables = s._engine.graph._state.variables
+    consts = [v for v in variables if v.constant and v.numel > 16]
+    assert sum(v.numel for v in consts if v.type.name in ("half", "float")) == 0     # no ONNX-typed copy
+    fp8 = [v for v in consts if v.type.name == "quarter"]
+    assert sum(v.numel for v in fp8) == w.size + m.size                              # each weight once
+    for v in fp8:
+        runs = v.tile_ids[v.tile_ids >= 0]
+        assert runs.size == np.unique(runs).size, v.name                             # a tile: one interval

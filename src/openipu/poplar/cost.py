@@ -23,7 +23,7 @@ import numpy as np
 
 from openipu.poplar import calibration as cal
 from openipu.poplar import regions as R
-from openipu.poplar.exchange import RegionTransfer, add_volume, code_units
+from openipu.poplar.exchange import RegionTransfer, _run_overlaps, _union, add_volume, code_units, variable_runs
 
 CATEGORIES = ("compute", "exchange", "global_exchange", "host_exchange", "sync")
 
@@ -218,9 +218,12 @@ def _elements_of(tr) -> list[Transfer]:
     return [Transfer(space, a, t, count_send=tr.count_send)]
 
 
-#: a region transfer whose view and boxes hold at most this many elements per box is costed per
-#: element (vectorised): as exact, and cheaper than the lattice overlaps when boxes are that small
-#: (conv layouts of a few channels per run); host work stays bounded by the number of boxes
+#: a region transfer whose view and boxes hold at most this many elements per box is costed with
+#: the per-element model: as exact, and cheaper than the lattice overlaps when boxes are that small
+#: (conv layouts of a few channels per run). A read of a flat view (the runs of
+#: ``poplin.core.runs_access``) gets that model's figures from its address segments
+#: (:func:`_read_segments`), so host work and memory follow the boxes, not the elements; other
+#: transfers list their elements (at most this many per box)
 ELEMENTS_PER_BOX = 16
 
 
@@ -237,6 +240,127 @@ def _elements_by_runs(tr) -> list[Transfer]:
     if tr.to_owner:
         return [Transfer(space, a, None, src=t, count_send=tr.count_send)]
     return [Transfer(space, a, t, count_send=tr.count_send)]
+
+
+def _read_segments(tr):
+    """The elements :func:`_elements_by_runs` would list for a read (``to_owner`` False) of a
+    rank-1 view whose pieces are contiguous (the flat views of :func:`poplin.core.runs_access`),
+    as segments of consecutive addresses with one source and one destination tile, in the same
+    order: ``(start, end, src, dst)`` int64 arrays, or None for any other transfer. The work
+    follows the (box, piece, tile-map run) overlaps, never the elements."""
+    view, b = tr.view, tr.boxes
+    if tr.to_owner or view.rank() != 1 or b.lo.shape[1] != 1:
+        return None
+    p = view.pieces
+    if len(p) == 0:
+        return None
+    plo, psz, pst = p.lo[:, 0], p.sz[:, 0], p.st[:, 0]
+    if not ((pst == 1) | (psz == 1)).all():
+        return None                       # strided or broadcast pieces: per element
+    order = np.argsort(plo, kind="stable")
+    plo, psz, paddr, pvar = plo[order], psz[order], p.addr[order], p.var[order]
+    blo = b.lo[:, 0].astype(np.int64)
+    bhi = blo + b.sz[:, 0]
+    keep = bhi > blo
+    blo, bhi, btile = blo[keep], bhi[keep], np.asarray(b.tile, np.int64)[keep]
+    p0 = np.searchsorted(plo, blo, side="right") - 1
+    p1 = np.searchsorted(plo, bhi - 1, side="right") - 1
+    bi, local = R.group_ranks(p1 - p0 + 1)
+    pi = p0[bi] + local
+    lo = np.maximum(blo[bi], plo[pi])
+    hi = np.minimum(bhi[bi], plo[pi] + psz[pi])
+    start = paddr[pi] + (lo - plo[pi])
+    end = start + (hi - lo)
+    var = pvar[pi]
+    if start.size == 0:
+        z = np.zeros(0, np.int64)
+        return z, z, z, z
+    # cut at the tile-map runs of the variables: one source tile per segment
+    runs = variable_runs(view, var)
+    i, ri, gst, gend, gtl = _run_overlaps(view, var, start, end - 1, runs)
+    s_ = np.maximum(gst[ri], start[i])
+    e_ = np.minimum(gend[ri], end[i])
+    ok = e_ > s_
+    return s_[ok], e_[ok], gtl[ri][ok].astype(np.int64), btile[bi][i][ok]
+
+
+def _add_increasing_runs(T, tpi, size, count_send, a0, ln, s, d, recv_b, send_b, recv_m, send_m, recv_c, send_c,
+                         glob) -> None:
+    """Add the maximal runs (first address ``a0``, length ``ln``, source ``s``, destination ``d``)
+    of a transfer whose addresses strictly increase (each run one message)."""
+    move = (s != d) & (d >= 0)
+    if not move.any():
+        return
+    a0, ln, s, d = a0[move], ln[move], s[move], d[move]
+    # runs are maximal, so each moved run is one message to its destination
+    recv_b += np.bincount(d, weights=ln, minlength=T) * size
+    recv_m += np.bincount(d, minlength=T)
+    o = np.lexsort((a0, s, d))
+    unit = code_units(d[o] * (T + 3) + s[o] + 2, a0[o], ln[o])
+    recv_c += np.bincount(d[o][unit], minlength=T)
+    if not count_send:
+        return
+    ft = s >= 0
+    a0, ln, s, d = a0[ft], ln[ft], s[ft], d[ft]
+    if s.size == 0:
+        return
+    send_b += np.bincount(s, weights=ln, minlength=T) * size
+    # a send message spans runs of one source at adjacent addresses (multicast to several
+    # destinations is one message)
+    sbrk = np.ones(s.size, bool)
+    sbrk[1:] = (s[1:] != s[:-1]) | (a0[1:] != a0[:-1] + ln[:-1])
+    send_m += np.bincount(s[sbrk], minlength=T)
+    at = np.flatnonzero(sbrk)
+    sln = np.add.reduceat(ln, at)
+    o = np.lexsort((a0[at], s[at]))
+    unit = code_units(s[at][o], a0[at][o], sln[o])
+    send_c += np.bincount(s[at][o][unit], minlength=T)
+    cross = (s // tpi) != (d // tpi)
+    if cross.any():
+        glob += np.bincount(d[cross] // tpi, weights=ln[cross], minlength=glob.size) * size
+
+
+def _add_read_segments(T, tpi, size, count_send, seg, recv_b, send_b, recv_m, send_m, recv_c, send_c, glob) -> None:
+    """:func:`exchange_volume`'s per-element model of a read, from its segments
+    (:func:`_read_segments`): the same figures, with work and memory following the segments."""
+    start, end, s, d = seg
+    if start.size == 0:
+        return
+    if int((end - start).sum()) > 1 and (start[1:] >= end[:-1]).all():
+        # strictly increasing addresses: the maximal runs of (consecutive address, source, destination)
+        brk = np.ones(start.size, bool)
+        brk[1:] = (start[1:] != end[:-1]) | (s[1:] != s[:-1]) | (d[1:] != d[:-1])
+        at = np.flatnonzero(brk)
+        ln = np.add.reduceat(end - start, at)
+        _add_increasing_runs(T, tpi, size, count_send, start[at], ln, s[at], d[at], recv_b, send_b, recv_m, send_m,
+                             recv_c, send_c, glob)
+        return
+    # repeated or unordered addresses: a tile receives an element once. Each address has one
+    # source, so the unique (destination, address) pairs are the union of the segments per
+    # (destination, source); a message is a union interval (consecutive addresses, one source).
+    move = (s != d) & (d >= 0)
+    if not move.any():
+        return
+    start, end, s, d = start[move], end[move], s[move], d[move]
+    o = np.lexsort((start, s, d))
+    start, end, s, d = start[o], end[o], s[o], d[o]
+    contrib, new = _union(d * (T + 3) + (s + 2), start, end)
+    recv_b += np.bincount(d, weights=contrib, minlength=T) * size
+    recv_m += np.bincount(d[new], minlength=T)
+    recv_c += np.bincount(d[new], minlength=T)
+    ft = s >= 0
+    if not count_send or not ft.any():
+        return
+    cross = ft & ((s // tpi) != (d // tpi))
+    ss, sa, se = s[ft], start[ft], end[ft]
+    o = np.lexsort((sa, ss))
+    ss, sa, se = ss[o], sa[o], se[o]
+    scontrib, snew = _union(ss, sa, se)
+    send_b += np.bincount(ss, weights=scontrib, minlength=T) * size
+    send_m += np.bincount(ss[snew], minlength=T)
+    send_c += np.bincount(ss[snew], minlength=T)
+    if cross.any():
+        glob += np.bincount(d[cross] // tpi, weights=contrib[cross], minlength=glob.size) * size
 
 
 def exchange_volume(spec, transfers: list) -> ExchangeVolume:
@@ -267,7 +391,12 @@ def exchange_volume(spec, transfers: list) -> ExchangeVolume:
             if k and tr.view.rank() and tr.boxes.lo.shape[1] == tr.view.rank():
                 covered = int(np.prod(tr.boxes.sz, axis=1, dtype=np.int64).sum())
                 if covered + tr.view.numElements() <= ELEMENTS_PER_BOX * k:
-                    legacy.extend(_elements_by_runs(tr))
+                    seg = _read_segments(tr)
+                    if seg is None:
+                        legacy.extend(_elements_by_runs(tr))
+                    else:
+                        _add_read_segments(T, tpi, tr.view._type.size, tr.count_send, seg, recv_b, send_b, recv_m,
+                                           send_m, recv_c, send_c, glob)
                     continue
             if not add_volume(spec, tr, recv_b, send_b, recv_m, send_m, glob, recv_c, send_c):
                 legacy.extend(_elements_of(tr))
@@ -282,36 +411,8 @@ def exchange_volume(spec, transfers: list) -> ExchangeVolume:
         if addr.size > 1 and np.all(addr[1:] > addr[:-1]):
             contiguous = int(addr[-1]) - int(addr[0]) == addr.size - 1
             a0, ln, s, d = _runs_of_increasing(tr, addr, dst, contiguous)
-            move = (s != d) & (d >= 0)
-            if not move.any():
-                continue
-            a0, ln, s, d = a0[move], ln[move], s[move], d[move]
-            # runs are maximal, so each moved run is one message to its destination
-            recv_b += np.bincount(d, weights=ln, minlength=T) * size
-            recv_m += np.bincount(d, minlength=T)
-            o = np.lexsort((a0, s, d))
-            unit = code_units(d[o] * (T + 3) + s[o] + 2, a0[o], ln[o])
-            recv_c += np.bincount(d[o][unit], minlength=T)
-            if not tr.count_send:
-                continue
-            ft = s >= 0
-            a0, ln, s, d = a0[ft], ln[ft], s[ft], d[ft]
-            if s.size == 0:
-                continue
-            send_b += np.bincount(s, weights=ln, minlength=T) * size
-            # a send message spans runs of one source at adjacent addresses (multicast to several
-            # destinations is one message)
-            sbrk = np.ones(s.size, bool)
-            sbrk[1:] = (s[1:] != s[:-1]) | (a0[1:] != a0[:-1] + ln[:-1])
-            send_m += np.bincount(s[sbrk], minlength=T)
-            at = np.flatnonzero(sbrk)
-            sln = np.add.reduceat(ln, at)
-            o = np.lexsort((a0[at], s[at]))
-            unit = code_units(s[at][o], a0[at][o], sln[o])
-            send_c += np.bincount(s[at][o][unit], minlength=T)
-            cross = (s // tpi) != (d // tpi)
-            if cross.any():
-                glob += np.bincount(d[cross] // tpi, weights=ln[cross], minlength=spec.num_ipus) * size
+            _add_increasing_runs(T, tpi, size, tr.count_send, a0, ln, s, d, recv_b, send_b, recv_m, send_m, recv_c,
+                                 send_c, glob)
             continue
         # repeated or unordered addresses: a tile receives an element once, so keep unique
         # (dst, addr) pairs, sorted

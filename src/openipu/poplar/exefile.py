@@ -527,12 +527,14 @@ def save(f, obj, kind: str, meta: dict | None = None) -> None:
     objects = json.dumps({"root": root, "records": enc.records}, separators=(",", ":")).encode()
     # one flat array per dtype (one .npy header to parse per dtype, not per array)
     by_dtype: dict[str, list] = {}
+    filled: dict[str, int] = {}             # elements so far per dtype (a running offset)
     entries = []
     for a in enc.arrays:
         parts = by_dtype.setdefault(a.dtype.str, [])
-        off = sum(p.size for p in parts)
+        off = filled.get(a.dtype.str, 0)
         entries.append([a.dtype.str, off, list(a.shape)])
         parts.append(a.reshape(-1))
+        filled[a.dtype.str] = off + a.size
     arrays = io.BytesIO()
     groups = {}
     for dt, parts in by_dtype.items():

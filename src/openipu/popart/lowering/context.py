@@ -41,6 +41,7 @@ class LoweringContext:
         self.cast = bool(options.enableSupportedDataTypeCasting)
         self.created: set[str] = set()      # weights created by their consumer's creator
         self._deferred: dict[str, tuple] = {}   # tid -> (vg, make()): variables made when first read
+        self._unread_ok: set[str] = set()         # deferred tensors not made if no op reads them
         # in-place analysis: the op being lowered (its position in the schedule), the last
         # position reading each tensor, the tensors that must keep their value to the end, the IR
         # tensors using each variable, and the variables no op may overwrite
@@ -154,11 +155,14 @@ class LoweringContext:
         per, vg = self._t.get(tid), self._home.get(tid)
         return per.get(vg) if per is not None else None
 
-    def defer(self, tid: str, vg: int, make) -> None:
+    def defer(self, tid: str, vg: int, make, unread_ok: bool = False) -> None:
         """Make variable ``tid`` on virtual graph ``vg`` with ``make()`` when it is first read (an
         accumulator cloned from its gradient: PopART's ``mustExistBeforeCreate``). Like the
-        variables made before the ops, no op may overwrite it in place."""
+        variables made before the ops, no op may overwrite it in place. ``unread_ok``: if no op
+        reads it, it is never made (a constant whose consumers build its value into the program)."""
         self._deferred[tid] = (vg, make)
+        if unread_ok:
+            self._unread_ok.add(tid)
 
     def _make(self, tid: str) -> None:
         vg, make = self._deferred.pop(tid)
@@ -169,7 +173,8 @@ class LoweringContext:
     def make_deferred(self) -> None:
         """Make the deferred variables that no op has read."""
         for tid in list(self._deferred):
-            self._make(tid)
+            if tid not in self._unread_ok:
+                self._make(tid)
 
     def get(self, tid: str, vg: int) -> poplar.Tensor:
         """``tid`` on virtual graph ``vg``, copying it there (once) from its home if needed; for an

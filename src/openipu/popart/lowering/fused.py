@@ -207,29 +207,33 @@ for _t in ("FP8MatMul", "FP8Conv"):
     outline.register_value_inputs(GC, _t, _baked_weight)
 
 
-def _operands(ctx, op, g, nm, map_weight):
+def _operands(ctx, op, g, nm, create_weight):
     """``(x operand, w operand, scale exponent left to the output vertex)``. With a quantised
     ``x`` both operands are QUARTER tensors whose metadata carry their formats and scales (the
     product applies them); with ``fp8_weight`` they are half and the output vertex scales by
-    ``2**-(in_scale + weight_scale)``. The weights of an inference model are fp8 constants on the
-    tiles the plan wants (``map_weight(w)``), 1 byte per element, as PopRT stores them; other
-    weights are cast on the device at each run (``popops.cast`` to QUARTER with metadata)."""
+    ``2**-(in_scale + weight_scale)``. The weights of an inference model are fp8 constants, 1 byte
+    per element, as PopRT stores them, created by the product's PopLibs creator
+    (``create_weight(type, value, name)``: each work block stored contiguously on the tiles the
+    plan wants, as the fp16 path's weights are created by their consumer); other weights are cast
+    on the device at each run (``popops.cast`` to QUARTER with metadata)."""
     if g.getTarget().getAmpMacsPerCycle(poplar.QUARTER) == 0:
         from openipu.popart.errors import popart_exception
         raise popart_exception(f"{op.op_type} '{op.outputs[0]}': fp8 (quarter) matrix products need an IPU with fp8 "
                                f"(ipu21, C600); the target is {g.getTarget().getTargetArchString()}")
-    x, w = ctx.input(op, 0), ctx.input(op, 1)
+    x = ctx.input(op, 0)
     fin, fw = _fmt(op), _fmt(op, "weight_format")
     sin, sw = int(op.attrs.get("in_scale", 0)), int(op.attrs.get("weight_scale", 0))
     value = _weight_value(ctx, op) if QUARTER_CONSTANT_WEIGHTS else None
+    # the initializer as a device tensor only when the product reads it (a constant built into
+    # the program is not also held in its ONNX type)
+    w = ctx.input(op, 1) if value is None else None
     if not fin:                 # fp8_weight: x is not quantised, only scaled; half products
         xq = x
         if sin:
             xq = popops.mul(g, x, _const(g, x.elementType(), 2.0 ** sin, f"{nm}/inScale"), ctx.prog, f"{nm}/inScale")
         wt = xq.elementType()
         if value is not None:
-            wq = g.addConstant(wt, list(value.shape), value, f"{nm}/weights")
-            map_weight(wq)
+            wq = create_weight(wt, value, f"{nm}/weights")
         elif w.elementType() != wt:
             wq = popops.cast(g, w, wt, ctx.prog, f"{nm}/weightsCast")
         else:
@@ -239,9 +243,8 @@ def _operands(ctx, op, g, nm, map_weight):
     wmd, rest_w = _metadata(g, fw, sw, f"{nm}/weightsMetadata")
     if value is not None:
         # the initializer holds fp8 values already (fp8(w * 2**weight_scale)): stored as they are
-        wq = g.addConstant(quarter.storage_type(fw), list(value.shape), value, f"{nm}/weights")
+        wq = create_weight(quarter.storage_type(fw), value, f"{nm}/weights")
         g.set_quarter_metadata(wq, wmd)
-        map_weight(wq)
     else:
         # device weights (fp8 values in half): cast to QUARTER with a scale bias 0 metadata
         # (exact), the weight scale applied with the residual
@@ -306,8 +309,8 @@ def fp8_matmul(ctx, op):
     opts = poplibs_options(op, ctx.options.matmulOptions, "float")
     xs = shape(ctx.ir, op.inputs[0])
     rows = math.prod(xs[:-1])
-    xq, wq, exponent = _operands(ctx, op, g, nm,
-                                 lambda w: poplin.map_matmul_input_rhs(g, w, [rows, xs[-1]], options=opts))
+    xq, wq, exponent = _operands(ctx, op, g, nm, lambda t, value, wname: poplin.create_matmul_input_rhs(
+        g, t, [rows, xs[-1]], list(value.shape), wname, opts, value=value))
     y = poplin.matMul(g, xq.reshape([rows, xs[-1]]), wq, ctx.prog, poplar.FLOAT, f"{nm}/matmul", opts)
     y = _finish(ctx, op, g, y, nm, exponent)
     return [y.reshape(shape(ctx.ir, op.outputs[0]))]
@@ -333,7 +336,11 @@ def fp8_conv(ctx, op):
     def grouped(w):
         return w.reshape([G, w.dim(0) // G] + w.shape()[1:])
 
-    xq, wq, exponent = _operands(ctx, op, g, nm, lambda w: poplin.map_weights(g, grouped(w), p, opts))
+    def create_weight(wt, value, wname):
+        w = poplin.create_weights(g, p, wname, opts, value=value.reshape(p.getWeightsShape()), type_=wt)
+        return w.reshape(list(value.shape))
+
+    xq, wq, exponent = _operands(ctx, op, g, nm, create_weight)
     if xq.elementType() != t:
         xq = popops.cast(g, xq, t, ctx.prog, f"{nm}/inputCast")
     y = poplin.convolution(g, xq, grouped(wq), p, False, ctx.prog, f"{nm}/conv", opts)

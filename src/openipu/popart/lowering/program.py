@@ -284,6 +284,26 @@ def _anchor_stage(pipe, tid: str) -> int:
     return s if s is not None else pipe.num - 1
 
 
+def _value_only(ir, tid: str) -> bool:
+    """Whether every op reading constant ``tid`` builds its value into the program
+    (:func:`outline.register_value_inputs`), so that no op reads it as a device tensor."""
+    t = ir.tensors[tid]
+    if not t.consumers or tid in {ir.anchor_alias.get(a, a) for a in ir.data_flow.anchors()}:
+        return False
+    for op in t.consumers:
+        reader = outline.VALUE_INPUTS.get((op.domain, op.op_type))
+        baked = reader(op, ir) if reader is not None else ()
+        if any(x == tid and i not in baked for i, x in enumerate(op.inputs)):
+            return False
+    return True
+
+
+def _linear_constant(g, ptype, shape, value, tid):
+    dev = g.addConstant(ptype, shape, np.asarray(value), tid)
+    poputil.mapTensorLinearly(g, dev)
+    return dev
+
+
 def build(ir, target, options, progress=None, patterns=None) -> Lowered:
     """Lower ``ir`` for ``target`` (a poplar Target). ``progress()`` is called once per op;
     ``patterns`` (``popart.Patterns``) turns in-place ops off when its ``InPlace`` is False.
@@ -333,6 +353,11 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
             pipe.to_device[pipe.stage_of(tid)].add(copy) if pipe else input_copies.append(copy)
         elif t.kind == "Const":
             create = weight_creator(ctx, tid, vg)
+            if create is None and _value_only(ir, tid):
+                # every consumer builds the value into its program (PopRT's fp8 weights): the
+                # constant in its ONNX type is made only if something else reads it
+                ctx.defer(tid, vg, functools.partial(_linear_constant, g, ptype, shape, t.value, tid), unread_ok=True)
+                continue
             if create is not None:      # created in its consumer's layout
                 dev = create(g, ptype, np.asarray(t.value))
                 ctx.created.add(tid)

@@ -96,15 +96,16 @@ def createWeights(graph, params: ConvParams, name: str = "", options=None, cache
     return create_weights(graph, params, name, options, cache)
 
 
-def create_weights(graph, params: ConvParams, name: str = "", options=None, cache=None, value=None):
+def create_weights(graph, params: ConvParams, name: str = "", options=None, cache=None, value=None, type_=None):
     """``createWeights`` with an optional constant ``value`` (``[G, Co, Ci, *kernel]``): each work
-    block's weights stored contiguously (:func:`core.create_weights`). openipu extension for
-    PopART, which creates a weight from its consumer."""
+    block's weights stored contiguously (:func:`core.create_weights`). ``type_``: the element type
+    stored, when not ``params.inputType`` (a QUARTER storage variant, e.g. E5M2 weights). openipu
+    extension for PopART, which creates a weight from its consumer."""
     plan = plan_convolution(params, graph.getTarget(), options, cache, op="createWeights")
     shape = params.getWeightsShape()
     if value is not None:
         value = np.asarray(value).reshape(shape[:3] + [-1])
-    w = core.create_weights(graph, params.inputType, params, plan, name or "weights", value)
+    w = core.create_weights(graph, type_ or params.inputType, params, plan, name or "weights", value)
     return w.reshape(shape)
 
 
