@@ -415,3 +415,20 @@ def test_compiled_pipeline_does_not_grow_with_the_accumulation_factor():
     which is made over them) are the same for 4 and for 16 micro-batches."""
     steps = {af: len(_transposed_weight_session(32, af)._engine._exe.compiled.compiler.steps) for af in (4, 16)}
     assert steps[4] == steps[16] > 0, steps
+
+
+def test_pipeline_stages_are_laid_out_once_not_per_cycle():
+    """Each stage's fragment is one block of steps that every pipeline cycle running the stage
+    runs again (as on Poplar, where a program tree's repeated parts are the same program): the
+    pipelined program compiles to about as many steps as the sharded one (plus the stash, restore
+    and counter steps of each stage), not one copy per fill, main and flush cycle; every
+    occurrence still runs and is counted."""
+    steps, runs = {}, {}
+    for pipelined in (True, False):
+        _, s = _train(pipelined, 1, af=8)
+        steps[pipelined] = len(s._engine._compiled.compiler.steps)
+        runs[pipelined] = int(s._engine._counts.sum())
+    stages = 3          # forward 0, forward 1 with backward 1, backward 0
+    assert steps[True] <= steps[False] + 4 * stages, steps
+    # the pipeline runs many more steps than it lays out: 8 micro-batches through 3 stages
+    assert runs[True] > 5 * steps[True], (runs, steps)
