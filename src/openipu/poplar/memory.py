@@ -5,12 +5,22 @@ the not-always-live ones), Constants, Stack, Vertex Instances (vertex state), Ve
 Internal Exchange Code, Control Code. Byte figures are predictions for the IPU; code and stack
 sizes are assumptions listed in :mod:`openipu.poplar.calibration`.
 
-Liveness: program steps are numbered in compile order. A variable is *not always live* when
-every program step that touches it belongs to one program, and its first touch writes it; it
-then occupies memory over its def-use segments: from a write to the last touch before the next
-step that writes all of it without reading it (one segment from first to last touch when none
-does; widened to the whole of a loop that uses a value from before the loop; a variable first
-written inside a loop is not widened; a function's own variables live during each call).
+Liveness: the timeline has one *position* per program step laid out, in compile order, and one
+per re-occurrence of a reused block (a ``Sequence`` met again, a function called again: its steps
+are laid out once, see :class:`_Blocks`), so the plan follows the program's structure, not how
+many times a block runs. A variable is *not always live* when every position that touches it
+belongs to one program, and its first touch writes it; it then occupies memory over its def-use
+segments: from a write to the last touch before the next position that writes all of it without
+reading it (one segment from first to last touch when none does; widened to the whole of a loop
+that uses a value from before the loop; a variable first written inside a loop is not widened).
+A variable touched only inside one reused block (and written first there) belongs to it: its
+segments over the block's steps hold for every occurrence (a function's own variables live
+during each call). A variable the block shares with the rest of the program is touched at each
+re-occurrence (as the block first touches it there); at a re-occurrence the timeline holds, per
+tile, the block's peak in that occurrence: its own variables, receive buffers and inner
+re-occurrences, plus the shared variables over their segments in the block, entered from the
+block's start or left at its end as their segments do in that occurrence. Host storage keeps a
+block's variables apart from everything live up to the block's last occurrence.
 Constants, variables with host read/write handles or initial values, and variables read before
 they are written are *always live*. Operands a compute set receives from other tiles occupy
 receive buffers on the receiving tile during that step (the "Variables" category includes them at
@@ -179,6 +189,7 @@ class _Blocks:
         self.pa = np.array([comp.blocks[b][0] for b in ids], np.int64)
         self.pb = np.array([comp.blocks[b][1] for b in ids], np.int64)
         self.refs = [np.array(comp.block_refs[b], np.int64) for b in ids]
+        self.is_function = np.array([comp.block_is_function[b] for b in ids], bool)
         n = len(ids)
         # C is laid out inside B: laid out before B (nested blocks finish first) and within its range
         self.within = ((self.ids[:, None] <= self.ids[None, :]) & (self.pa[:, None] >= self.pa[None, :])
@@ -203,10 +214,13 @@ class _Blocks:
         return self.ids.size
 
 
-def _local_blocks(blocks: _Blocks, P, V, nv: int) -> np.ndarray:
+def _local_blocks(blocks: _Blocks, P, V, W, F, nv: int) -> np.ndarray:
     """Per variable (``[nv]``), the innermost closed reused block holding every step that touches
     it (-1: none). Such a variable belongs to the block: each occurrence of the block runs the same
-    steps on it, so its def-use segments over the block's steps hold for every occurrence."""
+    steps on it, so its def-use segments over the block's steps hold for every occurrence. In a
+    ``Sequence`` met again, only when its first touch writes all of it (nothing it held before can
+    be read; a value it keeps from one occurrence to the next lives between them); a function's
+    own variables live during each call."""
     loc = np.full(nv, -1, np.int64)
     if not len(blocks) or P.size == 0:
         return loc
@@ -214,8 +228,14 @@ def _local_blocks(blocks: _Blocks, P, V, nv: int) -> np.ndarray:
     hi = np.full(nv, -1, np.int64)
     np.minimum.at(lo, V, P)
     np.maximum.at(hi, V, P)
+    at_first = P == lo[V]
+    reads = np.bincount(V[at_first], weights=~W[at_first], minlength=nv) > 0
+    full = np.bincount(V[at_first], weights=F[at_first], minlength=nv) > 0
+    redefined = full & ~reads
     for k in np.flatnonzero(blocks.closed).tolist():       # inner blocks first
         m = (loc < 0) & (lo >= blocks.pa[k]) & (hi < blocks.pb[k])
+        if not blocks.is_function[k]:
+            m &= redefined
         loc[m] = k
     return loc
 
@@ -473,7 +493,7 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
         loc = np.full(nv, -1, np.int64)
         if name in step_vars:
             S, V, W, F = step_vars[name]
-            loc = _local_blocks(blocks, step_pos[S], V, nv)
+            loc = _local_blocks(blocks, step_pos[S], V, W, F, nv)
             S, V, W, F, touched = _expand_occurrences(blocks, step_pos[S], V, W, F, loc)
             np.minimum.at(first, V, S)
             np.maximum.at(last, V, S)
