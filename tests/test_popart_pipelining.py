@@ -417,22 +417,39 @@ def test_compiled_pipeline_does_not_grow_with_the_accumulation_factor():
     assert steps[4] == steps[16] > 0, steps
 
 
+def test_pipeline_stages_are_laid_out_once_not_per_cycle():
+    """Each stage's fragment is one block of steps that every pipeline cycle running the stage
+    runs again (as on Poplar, where a program tree's repeated parts are the same program): the
+    pipelined program compiles to about as many steps as the sharded one (plus the stash, restore
+    and counter steps of each stage), not one copy per fill, main and flush cycle; every
+    occurrence still runs and is counted."""
+    steps, runs = {}, {}
+    for pipelined in (True, False):
+        _, s = _train(pipelined, 1, af=8)
+        steps[pipelined] = len(s._engine._compiled.compiler.steps)
+        runs[pipelined] = int(s._engine._counts.sum())
+    stages = 3          # forward 0, forward 1 with backward 1, backward 0
+    assert steps[True] <= steps[False] + 4 * stages, steps
+    # the pipeline runs many more steps than it lays out: 8 micro-batches through 3 stages
+    assert runs[True] > 5 * steps[True], (runs, steps)
+
+
 def test_each_stage_is_one_function_whose_code_is_counted_once():
     """As PopART adds each stage's main fragment with ``addFunction`` and calls it in every
-    pipeline cycle: one function per stage, called once per cycle that runs the stage (3
-    stages, 4 micro-batches: fill 2 cycles, main 1, flush 2), and its steps have control code
-    once, whatever the number of cycles."""
-    from openipu.poplar.memory import code_steps
-    s = _transposed_weight_session(32, 4)
-    comp = s._engine._exe.compiled.compiler
-    calls = {}
-    for f, _, _ in comp.calls:
-        calls[f] = calls.get(f, 0) + 1
-    funcs = s._lowered.graph._state.functions
-    stages = {funcs[f].program.debug_name: n for f, n in calls.items() if funcs[f].program.debug_name.endswith("/main")}
-    assert stages == {f"pipelineStage{k}/main": 3 for k in range(3)}, stages
-    counted = code_steps(comp)
-    body = {funcs[f].program.debug_name: b - a for f, a, b in comp.calls}
-    # at most the steps outside the stages' later calls (less still: functions outlined inside
-    # a stage count once too)
-    assert 0 < counted <= len(comp.steps) - sum((n - 1) * body[name] for name, n in stages.items())
+    pipeline cycle, each stage is one function: its steps have control code once, however many
+    cycles run it (the fragments that are plain Sequences, the copies and streams of a cycle, are
+    code again in each cycle). The pipelined program has little more code than the sharded one
+    and much less than it runs (3 stages, 8 micro-batches)."""
+    from openipu.poplar import calibration as cal
+    code, runs = {}, {}
+    for pipelined in (True, False):
+        _, s = _train(pipelined, 1, af=8)
+        comp = s._engine._compiled.compiler
+        code[pipelined], runs[pipelined] = comp.code_steps, comp.occurrences
+        control = s._engine._compiled.memory.categories["Control Code"]
+        assert (control == cal.CONTROL_CODE_BYTES_PER_STEP * comp.code_steps).all()
+        if pipelined:
+            names = [f.program.debug_name for f in s._lowered.graph._state.functions]
+            assert [n for n in names if n.endswith("/main")] == [f"pipelineStage{k}/main" for k in range(3)]
+    assert code[False] == runs[False]
+    assert code[True] <= code[False] + 8 * 3 and code[True] < 0.6 * runs[True], (code, runs)

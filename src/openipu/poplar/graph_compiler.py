@@ -98,8 +98,24 @@ class _Compiler:
         self.steps: list[_Step] = []
         self.uses: list[list] = []        # per step: [(Tensor, is_write)]
         self.exchange_code = np.zeros(self.spec.num_tiles)
-        self.loops: list[tuple[int, int]] = []
-        self.calls: list[tuple[int, int, int]] = []     # (function id, first step, end step) per call
+        # The memory plan's timeline: one *position* per step laid out, and one per occurrence of a
+        # block (a Sequence met again, a function called again) whose steps were laid out before.
+        self.positions: list[int] = []    # per position: its step (>= 0), or -1 - block for a re-occurrence
+        self.step_pos: list[int] = []     # per step: its position
+        self.loops: list[tuple[int, int]] = []          # (first position, last position) per loop body
+        self.blocks: list[tuple[int, int]] = []         # (first position, end position) per block laid out
+        self.block_refs: list[list[int]] = []           # per block: the positions of its re-occurrences
+        self.block_is_function: list[bool] = []
+        self._block_of: dict = {}        # (kind, id) -> (program, block, node, occurrences, exchange code)
+        self.occurrences = 0             # leaf steps the program tree runs, counting every occurrence
+        # leaf steps with control code: a Sequence met again is code again, a function's body is
+        # code once (each call jumps to it), as on Poplar; per block being built, its own count
+        self.code_steps = 0
+        self._code_frames: list[int] = [0]
+        self._coded_functions: set = set()
+        # the exchange code added per occurrence of a step (host transfers: costed at each one, where
+        # compute sets and copies are costed once per program), so a block met again adds it again
+        self.occurrence_code = np.zeros(self.spec.num_tiles)
         self.copy_cache: dict[int, costmod.StepCost] = {}   # id(Copy) -> its cost, for a Copy met again
         self.layout_copy_cache: dict = {}    # (source layout, destination layout) -> (cost, exchange code)
         self._var_digests: dict[int, bytes] = {}
@@ -126,6 +142,11 @@ class _Compiler:
     # -- steps ----------------------------------------------------------------------------
     def leaf(self, step: _Step, cost: costmod.StepCost, uses, name: str = ""):
         step.idx = len(self.steps)
+        self.step_pos.append(len(self.positions))
+        self.positions.append(step.idx)
+        self.occurrences += 1
+        self.code_steps += 1
+        self._code_frames[-1] += 1
         step.cost = cost
         step.total = cost.total()
         step.name = name or step.kind
@@ -143,24 +164,69 @@ class _Compiler:
     def all_ipus(self):
         return np.ones(self.spec.num_ipus, bool)
 
+    def compile_program(self, prog):
+        """Compile one engine program (blocks are reused within a program, not across programs,
+        so that each program's steps stay one range)."""
+        self._block_of = {}
+        return self.compile(prog)
+
+    def block(self, key, prog, build, is_function: bool = False):
+        """The node of a block of steps (a Sequence, a function's body): laid out the first time
+        it is met; met again, the same node (and steps) with one more position for the memory
+        plan, as Poplar's program is a tree whose repeated parts are the same code. Each
+        occurrence still runs, and is counted, when the engine walks the tree."""
+        hit = self._block_of.get(key)
+        if hit is not None:
+            _, b, node, occ, code, own_code = hit
+            a, e = self.blocks[b]
+            if e > a:
+                self.block_refs[b].append(len(self.positions))
+                self.positions.append(-1 - b)
+            self.occurrences += occ
+            if not is_function:         # a Sequence's code again (the functions it calls: once)
+                self.code_steps += own_code
+                self._code_frames[-1] += own_code
+            if code is not None:       # its host transfers' exchange code, once per occurrence as before
+                self.exchange_code[code[0]] += code[1]
+                self.occurrence_code[code[0]] += code[1]
+            return node
+        a, occ0, code0 = len(self.positions), self.occurrences, self.occurrence_code.copy()
+        self._code_frames.append(0)
+        node = build()
+        own_code = self._code_frames.pop()
+        if is_function:                 # its body's code is its own, once for the whole graph
+            if key in self._coded_functions:
+                self.code_steps -= own_code
+            self._coded_functions.add(key)
+        else:
+            self._code_frames[-1] += own_code
+        b = len(self.blocks)
+        self.blocks.append((a, len(self.positions)))
+        self.block_refs.append([])
+        self.block_is_function.append(is_function)
+        d = self.occurrence_code - code0
+        nz = np.flatnonzero(d)
+        self._block_of[key] = (prog, b, node, self.occurrences - occ0, (nz, d[nz]) if nz.size else None, own_code)
+        return node
+
     def compile(self, prog):
         if isinstance(prog, P.Sequence):
-            return _Seq([self.compile(p) for p in prog.programs])
+            return self.block(("seq", id(prog)), prog, lambda: _Seq([self.compile(p) for p in prog.programs]))
         if isinstance(prog, P.Execute):
             return self.execute(prog)
         if isinstance(prog, P.Copy):
             return self.copy(prog)
         if isinstance(prog, P.Repeat):
-            a = len(self.steps)
+            a = len(self.positions)
             body = self.compile(prog.body)
-            self.loops.append((a, len(self.steps) - 1))
+            self.loops.append((a, len(self.positions) - 1))
             return _Repeat(prog.count, body)
         if isinstance(prog, P.RepeatWhileTrue):
-            a = len(self.steps)
+            a = len(self.positions)
             cond = self.compile(prog.cond)
             br = self.branch(prog.predicate)
             body = self.compile(prog.body)
-            self.loops.append((a, len(self.steps) - 1))
+            self.loops.append((a, len(self.positions) - 1))
             return _While(cond, br, body, prog.until)
         if isinstance(prog, P.If):
             br = self.branch(prog.predicate)
@@ -225,14 +291,10 @@ class _Compiler:
             uses = [(t, False) for t in prog.inputs] + [(t, True) for t in prog.outputs]
             return self.leaf(_HostCallStep(f, [Accessor(t) for t in prog.inputs], [Accessor(t) for t in prog.outputs]),
                              c, uses, f"HostFunction({f.handle})")
-        # a function's steps are laid out again at each call site (one step list, in time order);
-        # its compute sets and copies are costed, and their code counted, once (code is shared on
-        # hardware). The call ranges let the memory plan free the function's own variables
-        # between calls.
-        a = len(self.steps)
-        node = self.compile(f.program)
-        self.calls.append((f.id, a, len(self.steps)))
-        return node
+        # a function's steps are laid out at its first call; later calls run the same steps (one
+        # more position each for the memory plan, which frees the function's own variables
+        # between calls)
+        return self.block(("fn", f.id), f, lambda: self.compile(f.program), is_function=True)
 
     # -- copies ---------------------------------------------------------------------------
     def copy(self, prog: P.Copy):
@@ -275,7 +337,9 @@ class _Compiler:
         c = costmod.sync_cost(spec, involved)
         c.add(costmod.host_cost(spec, per_ipu))
         vol = costmod.exchange_volume(spec, [X.RegionTransfer(t, X.Boxes.whole(t.shape(), -2), to_owner=True)])
-        self.exchange_code += vol.code_units() * cal.EXCHANGE_CODE_BYTES_PER_MESSAGE
+        code = vol.code_units() * cal.EXCHANGE_CODE_BYTES_PER_MESSAGE
+        self.exchange_code += code
+        self.occurrence_code += code
         c.add(costmod.exchange_cost(spec, vol))
         return c
 
@@ -625,18 +689,19 @@ def compile_programs(graph: Graph, programs: list, options: OptionFlags, progres
         progress(0, 3)
     with pvti.span("compile: check tile mapping", "poplar"):
         comp.check_mapping()
-    roots, prog_ranges = [], []
+    roots, prog_ranges, pos_ranges = [], [], []
     with pvti.span("compile: lower programs and cost steps", "poplar", programs=len(programs)):
         for p in programs:
             if not isinstance(p, P.Program):
                 raise errors.control_program_error(f"Engine programs must be poplar programs, got {type(p).__name__}")
-            a = len(comp.steps)
-            roots.append(comp.compile(p))
+            a, pa = len(comp.steps), len(comp.positions)
+            roots.append(comp.compile_program(p))
             prog_ranges.append((a, len(comp.steps)))
+            pos_ranges.append((pa, len(comp.positions)))
     if progress:
         progress(1, 3)
     with pvti.span("compile: plan tile memory and liveness", "poplar", steps=len(comp.steps)):
-        memory = plan_memory(comp, prog_ranges)
+        memory = plan_memory(comp, pos_ranges)
     if progress:
         progress(2, 3)
     out = _Compiled()

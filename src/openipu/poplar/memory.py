@@ -5,12 +5,22 @@ the not-always-live ones), Constants, Stack, Vertex Instances (vertex state), Ve
 Internal Exchange Code, Control Code. Byte figures are predictions for the IPU; code and stack
 sizes are assumptions listed in :mod:`openipu.poplar.calibration`.
 
-Liveness: program steps are numbered in compile order. A variable is *not always live* when
-every program step that touches it belongs to one program, and its first touch writes it; it
-then occupies memory over its def-use segments: from a write to the last touch before the next
-step that writes all of it without reading it (one segment from first to last touch when none
-does; widened to the whole of a loop that uses a value from before the loop; a variable first
-written inside a loop is not widened; a function's own variables live during each call).
+Liveness: the timeline has one *position* per program step laid out, in compile order, and one
+per re-occurrence of a reused block (a ``Sequence`` met again, a function called again: its steps
+are laid out once, see :class:`_Blocks`), so the plan follows the program's structure, not how
+many times a block runs. A variable is *not always live* when every position that touches it
+belongs to one program, and its first touch writes it; it then occupies memory over its def-use
+segments: from a write to the last touch before the next position that writes all of it without
+reading it (one segment from first to last touch when none does; widened to the whole of a loop
+that uses a value from before the loop; a variable first written inside a loop is not widened).
+A variable touched only inside one reused block (and written first there) belongs to it: its
+segments over the block's steps hold for every occurrence (a function's own variables live
+during each call). A variable the block shares with the rest of the program is touched at each
+re-occurrence (as the block first touches it there); at a re-occurrence the timeline holds, per
+tile, the block's peak in that occurrence: its own variables, receive buffers and inner
+re-occurrences, plus the shared variables over their segments in the block, entered from the
+block's start or left at its end as their segments do in that occurrence. Host storage keeps a
+block's variables apart from everything live up to the block's last occurrence.
 Constants, variables with host read/write handles or initial values, and variables read before
 they are written are *always live*. Operands a compute set receives from other tiles occupy
 receive buffers on the receiving tile during that step (the "Variables" category includes them at
@@ -160,57 +170,125 @@ def _widen_over_loops(sv, s0, s1, loops):
     return sv[starts], s0[starts], run_end[ends]
 
 
-def _function_locals(comp, S, V, nv: int):
-    """Variables touched only inside the calls of one function: per variable (``[nv]``) the
-    function's id (-1 if none) and its first and last step relative to the start of a call.
-    Calls of a function lay out the same steps, so one call's pattern holds for all."""
-    fid = np.full(nv, -1, np.int64)
+class _Blocks:
+    """The reused blocks of a compiled program: blocks of steps laid out once and met again (a
+    ``Sequence`` in several places, a function called again), on the memory plan's timeline of
+    *positions* (one per step laid out, one per re-occurrence of a block).
+
+    Arrays per reused block (in the order blocks were laid out: a block nested in another comes
+    first): ``ids`` (the compiler's block index), ``pa`` / ``pb`` (first and end position),
+    ``closed`` (every reused block laid out inside it has all its occurrences inside it), ``refs``
+    (positions of its re-occurrences); ``inner`` (per position, the innermost reused block holding
+    it, or -1) and ``occ_end`` (per reused block, the last position of any of its occurrences,
+    including the occurrences of the blocks around it)."""
+
+    def __init__(self, comp):
+        npos = len(comp.positions)
+        ids = [b for b, r in enumerate(comp.block_refs) if r]
+        self.ids = np.array(ids, np.int64)
+        self.pa = np.array([comp.blocks[b][0] for b in ids], np.int64)
+        self.pb = np.array([comp.blocks[b][1] for b in ids], np.int64)
+        self.refs = [np.array(comp.block_refs[b], np.int64) for b in ids]
+        self.is_function = np.array([comp.block_is_function[b] for b in ids], bool)
+        n = len(ids)
+        # C is laid out inside B: laid out before B (nested blocks finish first) and within its range
+        self.within = ((self.ids[:, None] <= self.ids[None, :]) & (self.pa[:, None] >= self.pa[None, :])
+                       & (self.pb[:, None] <= self.pb[None, :]))          # [C, B]
+        self.closed = np.ones(n, bool)
+        for c in range(n):
+            out = (self.refs[c] < self.pa[:, None]) | (self.refs[c] >= self.pb[:, None])    # [B, refs of c]
+            self.closed &= ~(self.within[c] & (np.arange(n) != c) & out.any(axis=1))
+        self.inner = np.full(max(npos, 1), -1, np.int64)
+        for k in range(n - 1, -1, -1):          # outer blocks first; inner ones paint over them
+            self.inner[self.pa[k]:self.pb[k]] = k
+        self.occ_end = self.pb - 1
+        for k in range(n - 1, -1, -1):
+            e = max(int(self.pb[k]) - 1, int(self.refs[k].max()))
+            # the occurrences of the blocks around this one, or around one of its occurrences
+            for d in range(k + 1, n):
+                if self.within[k, d] or ((self.refs[k] >= self.pa[d]) & (self.refs[k] < self.pb[d])).any():
+                    e = max(e, int(self.occ_end[d]))
+            self.occ_end[k] = e
+
+    def __len__(self):
+        return self.ids.size
+
+
+def _local_blocks(blocks: _Blocks, P, V, W, F, nv: int) -> np.ndarray:
+    """Per variable (``[nv]``), the innermost closed reused block holding every step that touches
+    it (-1: none). Such a variable belongs to the block: each occurrence of the block runs the same
+    steps on it, so its def-use segments over the block's steps hold for every occurrence. In a
+    ``Sequence`` met again, only when its first touch writes all of it (nothing it held before can
+    be read; a value it keeps from one occurrence to the next lives between them); a function's
+    own variables live during each call."""
+    loc = np.full(nv, -1, np.int64)
+    if not len(blocks) or P.size == 0:
+        return loc
     lo = np.full(nv, np.iinfo(np.int64).max)
-    hi = np.zeros(nv, np.int64)
-    if not comp.calls or S is None:
-        return fid, lo, hi
-    n = len(comp.steps)
-    call_of = np.full(n + 1, -1, np.int64)
-    for i, (_, a, b) in enumerate(comp.calls):     # inner calls come first; outer ones cover them
-        call_of[a:b] = i
-    fn = np.array([f for f, _, _ in comp.calls], np.int64)
-    start = np.array([a for _, a, _ in comp.calls], np.int64)
-    c = call_of[S]
-    f = np.where(c >= 0, fn[np.maximum(c, 0)], -2)
-    fmin = np.full(nv, np.iinfo(np.int64).max)
-    fmax = np.full(nv, np.iinfo(np.int64).min)
-    np.minimum.at(fmin, V, f)
-    np.maximum.at(fmax, V, f)
-    local = (fmin == fmax) & (fmin >= 0)
-    rel = S - start[np.maximum(c, 0)]
-    np.minimum.at(lo, V, rel)
-    np.maximum.at(hi, V, rel)
-    fid[local] = fmin[local]
-    # a local made before a loop of the body and touched in it lives for all of the loop (every
-    # call lays out the same loops: one of each, relative to the call's start, is enough)
-    if comp.loops:
-        loops = np.array(comp.loops, np.int64)
-        ends = np.array([b for _, _, b in comp.calls], np.int64)
-        ci, li = np.nonzero((start[:, None] <= loops[None, :, 0]) & (loops[None, :, 1] < ends[:, None]))
-        rel_loops = np.unique(np.c_[fn[ci], loops[li] - start[ci, None]], axis=0)
-        for f, rlo, rhi in rel_loops.tolist():
-            carried = (fid == f) & (lo < rlo) & (hi >= rlo)
-            hi[carried] = np.maximum(hi[carried], rhi)
-    return fid, lo, hi
+    hi = np.full(nv, -1, np.int64)
+    np.minimum.at(lo, V, P)
+    np.maximum.at(hi, V, P)
+    at_first = P == lo[V]
+    reads = np.bincount(V[at_first], weights=~W[at_first], minlength=nv) > 0
+    full = np.bincount(V[at_first], weights=F[at_first], minlength=nv) > 0
+    redefined = full & ~reads
+    for k in np.flatnonzero(blocks.closed).tolist():       # inner blocks first
+        m = (loc < 0) & (lo >= blocks.pa[k]) & (hi < blocks.pb[k])
+        if not blocks.is_function[k]:
+            m &= redefined
+        loc[m] = k
+    return loc
 
 
-def code_steps(comp) -> int:
-    """The program steps that have control code: every laid-out step, except that a function's
-    steps count once however many times it is called (its code exists once; each call site
-    jumps to it), as do the functions it calls."""
-    n = len(comp.steps)
-    repeat = np.zeros(n + 1, bool)
-    seen: set = set()
-    for f, a, b in sorted(comp.calls, key=lambda c: c[1]):     # each function's first call in time keeps its code
-        if f in seen:
-            repeat[a:b] = True
-        seen.add(f)
-    return int(n - repeat[:n].sum())
+def _expand_occurrences(blocks: _Blocks, P, V, W, F, loc):
+    """Touches ``(position, var, is_write, is_full_write)`` with, for each re-occurrence of a
+    reused block, one touch of every variable the block touches, at the re-occurrence's position
+    (the first access of the variable in the block: a read, a write, or a write of all of it);
+    except for variables that belong to the block or to a block inside it (:func:`_local_blocks`),
+    whose other occurrences the re-occurrences' peaks account for. Blocks are taken inner first,
+    so a block's touches include those of the re-occurrences inside it.
+
+    Returns the touches and, per reused block, ``(vars, first, last)``: the variables so touched
+    at its re-occurrences, with their first and last position in the block's own steps."""
+    touched: dict = {}
+    if not len(blocks) or P.size == 0:
+        return P, V, W, F, touched
+    order = np.argsort(P, kind="stable")
+    P, V, W, F = P[order], V[order], W[order], F[order]
+    extra = ([], [], [], [])
+    for k in range(len(blocks)):
+        a, e = int(blocks.pa[k]), int(blocks.pb[k])
+        i, j = np.searchsorted(P, [a, e])
+        parts = [(P[i:j], V[i:j], W[i:j], F[i:j])]
+        if extra[0]:
+            xp = np.concatenate(extra[0])
+            m = (xp >= a) & (xp < e)
+            if m.any():
+                parts.append((xp[m], np.concatenate(extra[1])[m], np.concatenate(extra[2])[m], np.concatenate(extra[3])[m]))
+        p, v, w, f = (np.concatenate(x) for x in zip(*parts))
+        lv = loc[v]
+        own = (lv >= 0) & blocks.within[np.maximum(lv, 0), k]
+        p, v, w, f = p[~own], v[~own], w[~own], f[~own]
+        if p.size == 0:
+            continue
+        o = np.lexsort((p, v))
+        p, v, w, f = p[o], v[o], w[o], f[o]
+        new = np.r_[True, v[1:] != v[:-1]]
+        grp = np.cumsum(new) - 1
+        at_first = p == p[new][grp]
+        g = grp[at_first]
+        reads = np.bincount(g, weights=~w[at_first], minlength=grp[-1] + 1) > 0
+        full = np.bincount(g, weights=f[at_first], minlength=grp[-1] + 1) > 0
+        uv = v[new]
+        touched[k] = (uv, p[new], p[np.r_[np.flatnonzero(new)[1:] - 1, p.size - 1]])
+        refs = blocks.refs[k]
+        extra[0].append(np.repeat(refs, uv.size))
+        extra[1].append(np.tile(uv, refs.size))
+        extra[2].append(np.tile(~reads, refs.size))
+        extra[3].append(np.tile(full & ~reads, refs.size))
+    if extra[0]:
+        P, V, W, F = (np.concatenate([x] + y) for x, y in zip((P, V, W, F), extra))
+    return P, V, W, F, touched
 
 
 def host_offsets(sizes: np.ndarray, first: np.ndarray, last: np.ndarray, shared: np.ndarray):
@@ -316,11 +394,78 @@ def _tile_peaks(et, es, eb, T: int, H: int):
     return peak, np.bincount(es, weights=eb, minlength=H)
 
 
+def _occurrence_runs(blocks, touched, nal, v, tl, nb, sv, s0, s1, occ_runs, ev_tile, ev_step, ev_bytes, ev_tag):
+    """For the not-always-live variables a reused block shares with the rest of the program
+    (``touched``, from :func:`_expand_occurrences`; runs ``v, tl, nb``; def-use segments ``sv,
+    s0, s1``, sorted by variable then start): at each re-occurrence, take them out of the
+    timeline for its position (the re-occurrence's peak holds them), and record per block how
+    they live in its occurrences: over their segments in the block's own steps, the first one
+    from the block's start when their segment enters the occurrence, the last one to the block's
+    end when it goes on after (else to their last touch in the block)."""
+    if sv.size == 0:
+        return
+    big = int(max(s1.max(), s0.max(), max(int(r.max()) for r in blocks.refs))) + 2
+    key = sv * big + s0
+    order = np.argsort(v, kind="stable")
+    rv = v[order]
+    for k, (uv, fp, lp) in touched.items():
+        keep = nal[uv]
+        uv, lp = uv[keep], lp[keep]
+        if uv.size == 0:
+            continue
+        a, e = int(blocks.pa[k]), int(blocks.pb[k])
+        refs = blocks.refs[k]
+        # the segment of each variable that holds each re-occurrence ([refs, vars])
+        i = np.searchsorted(key, uv[None, :] * big + refs[:, None], side="right") - 1
+        pattern = ((s0[i] < refs[:, None]).astype(np.int8) + 2 * (s1[i] > refs[:, None]).astype(np.int8))
+        # their segments in the block's own steps, clipped to it
+        lo_s, hi_s = np.searchsorted(sv, uv), np.searchsorted(sv, uv, side="right")
+        g, j = R.group_ranks(hi_s - lo_s)
+        si = lo_s[g] + j
+        ov = (s0[si] < e) & (s1[si] >= a)
+        g, si = g[ov], si[ov]
+        if g.size == 0:
+            continue
+        first_seg = np.r_[True, g[1:] != g[:-1]]
+        last_seg = np.r_[g[1:] != g[:-1], True]
+        start, end = np.maximum(s0[si], a), np.minimum(s1[si], e - 1)
+        # each segment once per run of its variable
+        lo_r, hi_r = np.searchsorted(rv, uv[g]), np.searchsorted(rv, uv[g], side="right")
+        owner, jr = R.group_ranks(hi_r - lo_r)
+        if owner.size == 0:
+            continue
+        run = order[lo_r[owner] + jr]
+        gv = g[owner]
+        occ_runs.setdefault(k, []).append((pattern[:, gv], tl[run].astype(np.int32), start[owner], end[owner],
+                                           first_seg[owner], last_seg[owner], lp[gv], nb[run].astype(np.float32)))
+        # out of the outer timeline at each re-occurrence (live there: it touches them), once per run
+        vr_lo, vr_hi = np.searchsorted(rv, uv), np.searchsorted(rv, uv, side="right")
+        o2, j2 = R.group_ranks(vr_hi - vr_lo)
+        run2 = order[vr_lo[o2] + j2]
+        _add_events(ev_tile, ev_step, ev_bytes, np.tile(tl[run2], refs.size), np.repeat(refs * 2 + 1, run2.size),
+                    np.repeat(refs * 2 + 2, run2.size), -np.tile(nb[run2], refs.size))
+        ev_tag.append(np.tile(np.repeat(blocks.inner[refs], run2.size), 2))
+
+
 def plan_memory(comp, prog_ranges) -> MemoryPlan:
-    """Plan the memory of a compiled graph (``comp`` is the engine's compiler)."""
+    """Plan the memory of a compiled graph (``comp`` is the engine's compiler; ``prog_ranges`` the
+    ``(first, end)`` positions of each engine program on the compiler's timeline).
+
+    The timeline has one position per step laid out and one per re-occurrence of a reused block
+    (:class:`_Blocks`), so the plan's size follows the program's structure, not the number of
+    times a block runs. A variable that belongs to a reused block (:func:`_local_blocks`) lives
+    over its def-use segments in the block's steps; at each re-occurrence, the block's own peak
+    per tile (its variables', its receive buffers' and its inner re-occurrences') is allocated for
+    that position. Any other variable touched in a reused block is touched at each of its
+    re-occurrences (:func:`_expand_occurrences`): live over the whole re-occurrence when its
+    def-use segment reaches it. So each tile's peak is at least what any execution holds (an
+    upper bound over a re-occurrence, exact in the block's first occurrence)."""
     st, spec = comp.state, comp.spec
     T = spec.num_tiles
     nsteps = len(comp.steps)
+    npos = len(comp.positions)
+    step_pos = np.asarray(comp.step_pos, np.int64)
+    blocks = _Blocks(comp)
     variables = np.zeros(T)
     constants = np.zeros(T)
     nal_peak = np.zeros(T)
@@ -330,11 +475,12 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
     host_vars = {}
     for t in list(st.host_writes.values()) + list(st.host_reads.values()) + [t for t, _ in getattr(st, "initial_values", [])]:
         host_vars.setdefault(t._type.space, []).append(_space_indices(st, t))
-    events_tile, events_step, events_bytes = [], [], []
+    events_tile, events_step, events_bytes, events_tag = [], [], [], []
+    occ_runs: dict = {}       # reused block -> [(entry/exit pattern per ref, tiles, first, last, bytes)]
     host_layout: dict = {}
-    prog_of_step = np.zeros(max(nsteps, 1), np.int64)
+    prog_of_pos = np.zeros(max(npos, 1), np.int64)
     for i, (a, b) in enumerate(prog_ranges):
-        prog_of_step[a:b] = i
+        prog_of_pos[a:b] = i
     step_vars, num_edges = _step_variables(comp)
     for name, space in st.spaces.items():
         nv = len(space.vars)
@@ -344,8 +490,11 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
         last = np.full(nv, -1)
         first_is_write = np.zeros(nv, bool)
         multi_prog = np.zeros(nv, bool)
+        loc = np.full(nv, -1, np.int64)
         if name in step_vars:
             S, V, W, F = step_vars[name]
+            loc = _local_blocks(blocks, step_pos[S], V, W, F, nv)
+            S, V, W, F, touched = _expand_occurrences(blocks, step_pos[S], V, W, F, loc)
             np.minimum.at(first, V, S)
             np.maximum.at(last, V, S)
             # the first touch is a write unless the variable is read in its first step (a step
@@ -354,13 +503,18 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
             read_first[V[~W & (S == first[V])]] = True
             first_is_write = (last >= 0) & ~read_first
             nprog = max(len(prog_ranges), 1)
-            pairs = np.unique(V * nprog + prog_of_step[S])
+            pairs = np.unique(V * nprog + prog_of_pos[S])
             multi_prog = np.bincount(pairs // nprog, minlength=nv) > 1
+        host_last = last.copy()
         for lo, hi in comp.loops:
             # The host keeps one place per variable over all its life, stretched over the loops
             # it crosses (a value made before a loop and used in it lives for all of the loop).
-            carried = (last >= lo) & (first <= hi) & ((first < lo) | ~first_is_write)
-            last = np.where(carried, np.maximum(last, hi), last)
+            carried = (host_last >= lo) & (first <= hi) & ((first < lo) | ~first_is_write)
+            host_last = np.where(carried, np.maximum(host_last, hi), host_last)
+        # ... and over every occurrence of the block it belongs to
+        owned = loc >= 0
+        if owned.any():
+            host_last[owned] = np.maximum(host_last[owned], blocks.occ_end[loc[owned]])
         is_const = np.array([v.constant for v in space.vars])
         pinned = np.zeros(nv, bool)
         for vids in host_vars.get(name, []):
@@ -368,7 +522,7 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
         pinned |= np.array([v.init is not None for v in space.vars]) & ~is_const
         nal = (~is_const) & (~pinned) & (last >= 0) & first_is_write & (~multi_prog)
         sizes = np.array([v.numel for v in space.vars], np.int64)
-        host_layout[name] = host_offsets(sizes, first, last, nal)
+        host_layout[name] = host_offsets(sizes, first, host_last, nal)
         var_ids, tiles, nbytes = _variable_runs(space)
         ok = tiles >= 0
         var_ids, tiles, nbytes = var_ids[ok], tiles[ok], nbytes[ok]
@@ -379,42 +533,73 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
         m = nal[var_ids]
         if m.any():
             v, tl, nb = var_ids[m], tiles[m], nbytes[m]
-            # a function's own variables live during each call, not from the first call to the last
-            S, V, W, F = step_vars[name]
-            lf, lo_rel, hi_rel = _function_locals(comp, S, V, nv)
-            loc = lf[v] >= 0
-            # the others live over their def-use segments, stretched over the loops they cross; a
-            # run is allocated before each segment and freed after
-            seg_ok = nal & (lf < 0)
-            sv, s0, s1 = _widen_over_loops(*_segments(S, V, W, F, seg_ok), comp.loops)
+            # not-always-live variables live over their def-use segments, stretched over the loops
+            # they cross; a run is allocated before each segment and freed after
+            sv, s0, s1 = _widen_over_loops(*_segments(S, V, W, F, nal), comp.loops)
             cnt = np.bincount(sv, minlength=nv)
             seg_at = np.cumsum(cnt) - cnt                      # index of each variable's first segment
-            g = np.flatnonzero(~loc)
-            owner, j = R.group_ranks(cnt[v[g]])             # each run once per segment of its variable
-            run = g[owner]
-            si = seg_at[v[run]] + j
-            sa, se = s0[si], s1[si]
-            _add_events(events_tile, events_step, events_bytes, tl[run], sa * 2 + 1, se * 2 + 2, nb[run])
-            for fid, a, _ in comp.calls:
-                k = loc & (lf[v] == fid)
-                if k.any():
-                    _add_events(events_tile, events_step, events_bytes, tl[k], (a + lo_rel[v[k]]) * 2 + 1,
-                                (a + hi_rel[v[k]]) * 2 + 2, nb[k])
+            owner, j = R.group_ranks(cnt[v])                # each run once per segment of its variable
+            si = seg_at[v[owner]] + j
+            _add_events(events_tile, events_step, events_bytes, tl[owner], s0[si] * 2 + 1, s1[si] * 2 + 2,
+                        nb[owner])
+            events_tag.append(np.tile(loc[v[owner]], 2))
+            if touched:
+                _occurrence_runs(blocks, touched, nal, v, tl, nb, sv, s0, s1, occ_runs, events_tile, events_step,
+                                 events_bytes, events_tag)
     # operands exchanged into a compute set live in receive buffers for that step only
     for s_idx, recv in comp.recv_buffers.items():
         tl = np.flatnonzero(recv)
-        _add_events(events_tile, events_step, events_bytes, tl, np.full(tl.size, s_idx * 2 + 1),
-                    np.full(tl.size, s_idx * 2 + 2), recv[tl])
+        pos = int(step_pos[s_idx])
+        _add_events(events_tile, events_step, events_bytes, tl, np.full(tl.size, pos * 2 + 1),
+                    np.full(tl.size, pos * 2 + 2), recv[tl])
+        events_tag.append(np.full(2 * tl.size, blocks.inner[pos], np.int64))
+    # each re-occurrence of a reused block holds, for its position, the peak per tile of the block's
+    # own events and of the variables it shares with the rest of the program, live in it as they
+    # are in that occurrence (inner blocks first: their re-occurrences are events of the outer one)
+    if len(blocks) and events_tile:
+        et, es, eb, eg = (np.concatenate(x) for x in (events_tile, events_step, events_bytes, events_tag))
+        events_tile, events_step, events_bytes, events_tag = [et], [es], [eb], [eg]
+        for k in range(len(blocks)):
+            inside = np.zeros(len(blocks) + 1, bool)
+            inside[:-1] = blocks.within[:, k]
+            m = inside[np.concatenate(events_tag)]          # tag -1 indexes the last (False) entry
+            a, e = int(blocks.pa[k]), int(blocks.pb[k])
+            et_, es_, eb_ = (np.concatenate(x)[m] for x in (events_tile, events_step, events_bytes))
+            es_ = es_ - 2 * a
+            refs = blocks.refs[k]
+            runs = occ_runs.get(k, [])
+            # refs whose shared variables are live alike share one peak
+            keys = [b"".join(r[0][i].tobytes() for r in runs) for i in range(refs.size)]
+            peaks: dict = {}
+            for i, r in enumerate(refs.tolist()):
+                if keys[i] not in peaks:
+                    xt, xs, xb = [et_], [es_], [eb_]
+                    for pattern, tl, lo, hi, is_first, is_last, last_touch, nb in runs:
+                        entry, exit_ = (pattern[i] & 1) > 0, (pattern[i] & 2) > 0
+                        first = np.where(is_first & entry, a, lo) - a
+                        last = np.where(is_last, np.where(exit_, e - 1, np.minimum(hi, last_touch)), hi) - a
+                        xt += [tl, tl]
+                        xs += [(first * 2 + 1).astype(np.int32), (last * 2 + 2).astype(np.int32)]
+                        xb += [nb, -nb]
+                    peak, _ = _tile_peaks(np.concatenate(xt), np.concatenate(xs), np.concatenate(xb), T, 2 * (e - a) + 3)
+                    peaks[keys[i]] = peak
+                peak = peaks[keys[i]]
+                tl = np.flatnonzero(peak > 0)
+                if tl.size:
+                    _add_events(events_tile, events_step, events_bytes, tl, np.full(tl.size, 2 * r + 1),
+                                np.full(tl.size, 2 * r + 2), peak[tl])
+                    events_tag.append(np.full(2 * tl.size, blocks.inner[r], np.int64))
     if events_tile:
-        H = 2 * nsteps + 3
+        H = 2 * npos + 3
         et, es, eb = np.concatenate(events_tile), np.concatenate(events_step), np.concatenate(events_bytes)
+        del events_tile, events_step, events_bytes, events_tag
         nal_peak, step_delta = _tile_peaks(et, es, eb, T, H)
         live_by_half = np.cumsum(step_delta)
-        liveness = live_by_half[1:2 * nsteps + 1:2] if nsteps else liveness
         if nsteps:
+            liveness = live_by_half[step_pos * 2 + 1]
             ipu_of = (et // spec.tiles_per_ipu).astype(np.int64)
             per = np.bincount(ipu_of * H + es, weights=eb, minlength=spec.num_ipus * H).reshape(spec.num_ipus, H)
-            liveness_by_ipu = np.cumsum(per, axis=1)[:, 1:2 * nsteps + 1:2]
+            liveness_by_ipu = np.cumsum(per, axis=1)[:, step_pos * 2 + 1]
         del et, es, eb
     variables = always + nal_peak
     vertex_code = np.zeros(T)
@@ -425,7 +610,8 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
         "Constants": constants,
         "Stack": np.full(T, float(cal.STACK_BYTES_PER_TILE)),
         "Vertex Instances": comp.vertex_state.copy(),
-        "Control Code": np.full(T, float(cal.CONTROL_CODE_BYTES_PER_STEP * code_steps(comp))),
+        # a Sequence met again is code again on Poplar; a function's body is code once
+        "Control Code": np.full(T, float(cal.CONTROL_CODE_BYTES_PER_STEP * comp.code_steps)),
         "Vertex Code": vertex_code,
         "Internal Exchange Code": comp.exchange_code.copy(),
     }
