@@ -249,8 +249,8 @@ def createSliceableTensor(graph, type_, shape, dims, sizes, minGrainSize=0, opti
     """``popops::createSliceableTensor(graph, type, shape, dims, sizes, minGrainSize=0, name)``
     or ``(graph, type, shape, dims, sizes, plan, options, name)``: a new tensor whose columns (all
     elements that differ only in ``dims``) each sit on one tile, the columns spread linearly over
-    the tiles in grains of ``minGrainSize`` columns. With a plan from :meth:`embedding.plan` for
-    one sliced dimension (``numEntries`` > 0), a table with fewer columns than tiles has its rows
+    the tiles in grains of ``minGrainSize`` columns. With a plan from :meth:`embedding.plan`
+    (``numEntries`` > 0) and one sliced dimension, a table with fewer columns than tiles has its rows
     split too, as :func:`plan_row_split` says for the plan's lookups (the tiles of every range
     hold each of its columns whole; :func:`multiSlice` slices it in two stages). The tensor is a
     view of a variable laid out column by column (see the module docstring). Raises
@@ -265,7 +265,7 @@ def createSliceableTensor(graph, type_, shape, dims, sizes, minGrainSize=0, opti
     dims, sizes = _check_dims(shape, dims, sizes, "createSliceableTensor")
     u, view = _column_major(graph, type_, shape, dims, debug_name or "sliceable")
     rows = int(np.prod([shape[d] for d in dims], dtype=np.int64))
-    lookups = sum(plan.numLookups) if plan is not None and plan.numEntries else None
+    lookups = sum(plan.numLookups) if plan is not None and plan.numEntries and len(dims) == 1 else None
     map_sliceable(graph, u, rows, u.numElements() // max(rows, 1), type_, lookups, max(1, int(minGrainSize)))
     return view
 
