@@ -361,40 +361,110 @@ def host_offsets(sizes: np.ndarray, first: np.ndarray, last: np.ndarray, shared:
     return off, max(base + peak, 1)
 
 
-#: cells of the (half-step x tile) table in which per-tile peaks are found at once (128 MB of
-#: float64); a longer program is done in blocks of tiles
-PEAK_TABLE_CELLS = 1 << 24
+#: cells of the (half-step x tile) table in which per-tile peaks are found at once (64 MB of
+#: float64, and as much again for the sums of one batch of events); a longer program is done in
+#: blocks of tiles
+PEAK_TABLE_CELLS = 1 << 23
+
+#: events summed into the peak table at once (bounds the other temporaries of one batch)
+EVENT_BATCH = 1 << 20
 
 
-def _add_events(tiles: list, steps: list, nbytes: list, tl, alloc, free, nb) -> None:
-    """Record an allocation of ``nb`` bytes on tiles ``tl`` at half-steps ``alloc`` and its free
-    at ``free`` (compact dtypes: the event lists of a large model hold tens of millions)."""
-    tl = np.asarray(tl, np.int32)
-    tiles += [tl, tl]
-    steps += [np.asarray(alloc, np.int32), np.asarray(free, np.int32)]
-    nb = np.asarray(nb, np.float32)
-    nbytes += [nb, -nb]
+class _Events:
+    """Allocation events of the memory plan, kept as the chunks they were recorded in (never
+    concatenated into one array: the events of a large model hold tens of millions).
+
+    Each chunk is ``(tiles, alloc, free, bytes, tag)``: per allocation, its tile (int32), the
+    half-step at which it is allocated and the one at which it is freed (int32), its bytes
+    (float32, or float64 for sums), and ``tag``, the innermost reused block it belongs to (-1:
+    none; an int32 array, or one int for the whole chunk)."""
+
+    def __init__(self):
+        self.chunks: list = []
+
+    def add(self, tl, alloc, free, nb, tag=-1, exact: bool = False) -> None:
+        """Record allocations of ``nb`` bytes on tiles ``tl`` at half-steps ``alloc``, freed at
+        ``free``; ``exact`` keeps the bytes as float64 (sums of many runs)."""
+        tl = np.asarray(tl, np.int32)
+        if tl.size == 0:
+            return
+        if not np.isscalar(tag):
+            tag = np.asarray(tag, np.int32)
+        self.chunks.append((tl, np.asarray(alloc, np.int32), np.asarray(free, np.int32),
+                            np.asarray(nb, np.float64 if exact else np.float32), tag))
+
+    def inside(self, inside: np.ndarray, shift: int) -> list:
+        """The chunks of the events whose tag ``t`` has ``inside[t]`` (``inside[-1]`` is for
+        untagged events), half-steps moved by ``-shift``."""
+        out = []
+        for tl, al, fr, nb, tag in self.chunks:
+            if np.isscalar(tag):
+                if inside[tag]:
+                    out.append((tl, al - shift, fr - shift, nb, tag))
+                continue
+            m = inside[tag]
+            if m.any():
+                out.append((tl[m], al[m] - shift, fr[m] - shift, nb[m], -1))
+        return out
 
 
-def _tile_peaks(et, es, eb, T: int, H: int):
+def _event_batches(chunks):
+    """Batches ``(tiles, half-steps, +/- bytes)`` of about :data:`EVENT_BATCH` events (one per
+    allocation and one per free) from allocation chunks ``(tiles, alloc, free, bytes, ...)``."""
+    pend, n = [], 0
+
+    def flush():
+        tl = np.concatenate([c[0] for c in pend] * 2)
+        hs = np.concatenate([c[1] for c in pend] + [c[2] for c in pend])
+        nb = np.concatenate([c[3] for c in pend] + [-c[3] for c in pend])
+        return tl, hs, nb
+
+    for c in chunks:
+        size = c[0].size
+        for lo in range(0, size, EVENT_BATCH):
+            sl = slice(lo, lo + EVENT_BATCH)
+            pend.append((c[0][sl], c[1][sl], c[2][sl], c[3][sl]))
+            n += min(size - lo, EVENT_BATCH)
+            if n >= EVENT_BATCH:
+                yield flush()
+                pend, n = [], 0
+    if pend:
+        yield flush()
+
+
+def _tile_peaks(chunks, T: int, H: int, ipus: int = 0, tiles_per_ipu: int = 1):
     """Per tile, the peak over half-steps of its live bytes (allocations at odd half-steps, frees
-    at even ones), from events (tile, half-step, +/- bytes); and the byte change per half-step.
+    at even ones), from allocation chunks (see :class:`_Events`); the byte change per half-step;
+    and, when ``ipus`` is given, the byte change per IPU and half-step (``[ipus, H]``).
     The events of one (tile, half-step) all have one sign, so the peak at half-step granularity
     is the peak of the running sum. Tiles are taken in blocks so that the dense table stays
-    within :data:`PEAK_TABLE_CELLS`."""
+    within :data:`PEAK_TABLE_CELLS`; events are summed into it in batches (``np.bincount``; byte
+    counts are whole numbers, so the sums are exact in any order)."""
     peak = np.zeros(T)
+    delta = np.zeros(H)
+    per_ipu = np.zeros(ipus * H)
     block = max(1, PEAK_TABLE_CELLS // H)
     for lo in range(0, T, block):
         hi = min(T, lo + block)
-        m = slice(None) if (lo, hi) == (0, T) else (et >= lo) & (et < hi)
-        table = np.zeros((H, hi - lo))
-        np.add.at(table, (es[m], et[m] - lo), eb[m])
+        w = hi - lo
+        table = np.zeros(H * w)
+        for et, es, eb in _event_batches(chunks):
+            if lo == 0:
+                delta += np.bincount(es, weights=eb, minlength=H)
+                if ipus:
+                    per_ipu += np.bincount((et // tiles_per_ipu).astype(np.int64) * H + es, weights=eb,
+                                           minlength=ipus * H)
+            if w < T:
+                m = (et >= lo) & (et < hi)
+                et, es, eb = et[m], es[m], eb[m]
+            table += np.bincount(es.astype(np.int64) * w + (et - lo), weights=eb, minlength=H * w)
+        table = table.reshape(H, w)
         np.cumsum(table, axis=0, out=table)
         peak[lo:hi] = np.maximum(table.max(axis=0), 0)
-    return peak, np.bincount(es, weights=eb, minlength=H)
+    return peak, delta, per_ipu.reshape(ipus, H)
 
 
-def _occurrence_runs(blocks, touched, nal, v, tl, nb, sv, s0, s1, occ_runs, ev_tile, ev_step, ev_bytes, ev_tag):
+def _occurrence_runs(blocks, touched, nal, v, tl, nb, sv, s0, s1, occ_runs, events: _Events, T: int):
     """For the not-always-live variables a reused block shares with the rest of the program
     (``touched``, from :func:`_expand_occurrences`; runs ``v, tl, nb``; def-use segments ``sv,
     s0, s1``, sorted by variable then start): at each re-occurrence, take them out of the
@@ -438,13 +508,15 @@ def _occurrence_runs(blocks, touched, nal, v, tl, nb, sv, s0, s1, occ_runs, ev_t
         gv = g[owner]
         occ_runs.setdefault(k, []).append((pattern[:, gv], tl[run].astype(np.int32), start[owner], end[owner],
                                            first_seg[owner], last_seg[owner], lp[gv], nb[run].astype(np.float32)))
-        # out of the outer timeline at each re-occurrence (live there: it touches them), once per run
+        # out of the outer timeline at each re-occurrence (live there: it touches them): their
+        # bytes per tile, once per run
         vr_lo, vr_hi = np.searchsorted(rv, uv), np.searchsorted(rv, uv, side="right")
         o2, j2 = R.group_ranks(vr_hi - vr_lo)
         run2 = order[vr_lo[o2] + j2]
-        _add_events(ev_tile, ev_step, ev_bytes, np.tile(tl[run2], refs.size), np.repeat(refs * 2 + 1, run2.size),
-                    np.repeat(refs * 2 + 2, run2.size), -np.tile(nb[run2], refs.size))
-        ev_tag.append(np.tile(np.repeat(blocks.inner[refs], run2.size), 2))
+        per_tile = np.bincount(tl[run2], weights=nb[run2], minlength=T)
+        tiles = np.flatnonzero(per_tile)
+        events.add(np.tile(tiles, refs.size), np.repeat(refs * 2 + 1, tiles.size), np.repeat(refs * 2 + 2, tiles.size),
+                   -np.tile(per_tile[tiles], refs.size), np.repeat(blocks.inner[refs], tiles.size), exact=True)
 
 
 def plan_memory(comp, prog_ranges) -> MemoryPlan:
@@ -475,7 +547,7 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
     host_vars = {}
     for t in list(st.host_writes.values()) + list(st.host_reads.values()) + [t for t, _ in getattr(st, "initial_values", [])]:
         host_vars.setdefault(t._type.space, []).append(_space_indices(st, t))
-    events_tile, events_step, events_bytes, events_tag = [], [], [], []
+    events = _Events()
     occ_runs: dict = {}       # reused block -> [(entry/exit pattern per ref, tiles, first, last, bytes)]
     host_layout: dict = {}
     prog_of_pos = np.zeros(max(npos, 1), np.int64)
@@ -540,32 +612,24 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
             seg_at = np.cumsum(cnt) - cnt                      # index of each variable's first segment
             owner, j = R.group_ranks(cnt[v])                # each run once per segment of its variable
             si = seg_at[v[owner]] + j
-            _add_events(events_tile, events_step, events_bytes, tl[owner], s0[si] * 2 + 1, s1[si] * 2 + 2,
-                        nb[owner])
-            events_tag.append(np.tile(loc[v[owner]], 2))
+            events.add(tl[owner], s0[si] * 2 + 1, s1[si] * 2 + 2, nb[owner], loc[v[owner]] if len(blocks) else -1)
             if touched:
-                _occurrence_runs(blocks, touched, nal, v, tl, nb, sv, s0, s1, occ_runs, events_tile, events_step,
-                                 events_bytes, events_tag)
+                _occurrence_runs(blocks, touched, nal, v, tl, nb, sv, s0, s1, occ_runs, events, T)
     # operands exchanged into a compute set live in receive buffers for that step only
     for s_idx, recv in comp.recv_buffers.items():
         tl = np.flatnonzero(recv)
         pos = int(step_pos[s_idx])
-        _add_events(events_tile, events_step, events_bytes, tl, np.full(tl.size, pos * 2 + 1),
-                    np.full(tl.size, pos * 2 + 2), recv[tl])
-        events_tag.append(np.full(2 * tl.size, blocks.inner[pos], np.int64))
+        events.add(tl, np.full(tl.size, pos * 2 + 1), np.full(tl.size, pos * 2 + 2), recv[tl],
+                   int(blocks.inner[pos]))
     # each re-occurrence of a reused block holds, for its position, the peak per tile of the block's
     # own events and of the variables it shares with the rest of the program, live in it as they
     # are in that occurrence (inner blocks first: their re-occurrences are events of the outer one)
-    if len(blocks) and events_tile:
-        et, es, eb, eg = (np.concatenate(x) for x in (events_tile, events_step, events_bytes, events_tag))
-        events_tile, events_step, events_bytes, events_tag = [et], [es], [eb], [eg]
+    if len(blocks) and events.chunks:
         for k in range(len(blocks)):
             inside = np.zeros(len(blocks) + 1, bool)
-            inside[:-1] = blocks.within[:, k]
-            m = inside[np.concatenate(events_tag)]          # tag -1 indexes the last (False) entry
+            inside[:-1] = blocks.within[:, k]           # tag -1 indexes the last (False) entry
             a, e = int(blocks.pa[k]), int(blocks.pb[k])
-            et_, es_, eb_ = (np.concatenate(x)[m] for x in (events_tile, events_step, events_bytes))
-            es_ = es_ - 2 * a
+            own = events.inside(inside, 2 * a)
             refs = blocks.refs[k]
             runs = occ_runs.get(k, [])
             # refs whose shared variables are live alike share one peak
@@ -573,34 +637,25 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
             peaks: dict = {}
             for i, r in enumerate(refs.tolist()):
                 if keys[i] not in peaks:
-                    xt, xs, xb = [et_], [es_], [eb_]
+                    x = list(own)
                     for pattern, tl, lo, hi, is_first, is_last, last_touch, nb in runs:
                         entry, exit_ = (pattern[i] & 1) > 0, (pattern[i] & 2) > 0
                         first = np.where(is_first & entry, a, lo) - a
                         last = np.where(is_last, np.where(exit_, e - 1, np.minimum(hi, last_touch)), hi) - a
-                        xt += [tl, tl]
-                        xs += [(first * 2 + 1).astype(np.int32), (last * 2 + 2).astype(np.int32)]
-                        xb += [nb, -nb]
-                    peak, _ = _tile_peaks(np.concatenate(xt), np.concatenate(xs), np.concatenate(xb), T, 2 * (e - a) + 3)
-                    peaks[keys[i]] = peak
+                        x.append((tl, (first * 2 + 1).astype(np.int32), (last * 2 + 2).astype(np.int32), nb))
+                    peaks[keys[i]] = _tile_peaks(x, T, 2 * (e - a) + 3)[0]
                 peak = peaks[keys[i]]
                 tl = np.flatnonzero(peak > 0)
-                if tl.size:
-                    _add_events(events_tile, events_step, events_bytes, tl, np.full(tl.size, 2 * r + 1),
-                                np.full(tl.size, 2 * r + 2), peak[tl])
-                    events_tag.append(np.full(2 * tl.size, blocks.inner[r], np.int64))
-    if events_tile:
+                events.add(tl, np.full(tl.size, 2 * r + 1), np.full(tl.size, 2 * r + 2), peak[tl],
+                           int(blocks.inner[r]))
+    if events.chunks:
         H = 2 * npos + 3
-        et, es, eb = np.concatenate(events_tile), np.concatenate(events_step), np.concatenate(events_bytes)
-        del events_tile, events_step, events_bytes, events_tag
-        nal_peak, step_delta = _tile_peaks(et, es, eb, T, H)
+        nal_peak, step_delta, per = _tile_peaks(events.chunks, T, H, spec.num_ipus, spec.tiles_per_ipu)
+        del events
         live_by_half = np.cumsum(step_delta)
         if nsteps:
             liveness = live_by_half[step_pos * 2 + 1]
-            ipu_of = (et // spec.tiles_per_ipu).astype(np.int64)
-            per = np.bincount(ipu_of * H + es, weights=eb, minlength=spec.num_ipus * H).reshape(spec.num_ipus, H)
             liveness_by_ipu = np.cumsum(per, axis=1)[:, step_pos * 2 + 1]
-        del et, es, eb
     variables = always + nal_peak
     vertex_code = np.zeros(T)
     for tname, mask in comp.vertex_code_tiles.items():
