@@ -604,15 +604,25 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
         always += np.bincount(tiles[al], weights=nbytes[al], minlength=T)
         m = nal[var_ids]
         if m.any():
-            v, tl, nb = var_ids[m], tiles[m], nbytes[m]
+            # (the events' compact dtypes: tiles int32, bytes float32)
+            v, tl, nb = var_ids[m], tiles[m].astype(np.int32), nbytes[m].astype(np.float32)
             # not-always-live variables live over their def-use segments, stretched over the loops
             # they cross; a run is allocated before each segment and freed after
             sv, s0, s1 = _widen_over_loops(*_segments(S, V, W, F, nal), comp.loops)
             cnt = np.bincount(sv, minlength=nv)
             seg_at = np.cumsum(cnt) - cnt                      # index of each variable's first segment
-            owner, j = R.group_ranks(cnt[v])                # each run once per segment of its variable
-            si = seg_at[v[owner]] + j
-            events.add(tl[owner], s0[si] * 2 + 1, s1[si] * 2 + 2, nb[owner], loc[v[owner]] if len(blocks) else -1)
+            per_run = cnt[v]
+            # runs taken in slices of about EVENT_BATCH allocations (bounded temporaries)
+            ends = np.cumsum(per_run)
+            cuts = np.searchsorted(ends, np.arange(EVENT_BATCH, int(ends[-1]), EVENT_BATCH), side="right")
+            for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, v.size].tolist()):
+                owner, j = R.group_ranks(per_run[lo:hi])    # each run once per segment of its variable
+                vo = v[lo:hi][owner]
+                si = seg_at[vo] + j
+                del j
+                events.add(tl[lo:hi][owner], s0[si] * 2 + 1, s1[si] * 2 + 2, nb[lo:hi][owner],
+                           loc[vo] if len(blocks) else -1)
+                del owner, vo, si
             if touched:
                 _occurrence_runs(blocks, touched, nal, v, tl, nb, sv, s0, s1, occ_runs, events, T)
     # operands exchanged into a compute set live in receive buffers for that step only
