@@ -78,3 +78,52 @@ def test_a_variable_of_a_reused_block_never_shares_storage_with_one_live_over_a_
     idx = {v.name: i for i, v in enumerate(space.vars)}
     t0, w0 = int(off[idx["tmp"]]), int(off[idx["w"]])
     assert t0 + N <= w0 or w0 + N <= t0, (t0, w0)
+
+
+def _shared_engine(calls: int, shared: int = 24, tiles: int = 4):
+    """``shared`` variables ``x_i`` (spread over ``tiles`` tiles) written once, then a Sequence
+    ``B`` (``out += x_i`` for each i) met ``calls`` times: every ``x_i`` is live over all of B's
+    occurrences, shared between B and the rest of the program."""
+    dev = poplar.IPUModel().createDevice()
+    g = poplar.Graph(dev.getTarget())
+    n = 16 * tiles
+    a, out = g.addVariable(poplar.FLOAT, [n], "a"), g.addVariable(poplar.FLOAT, [n], "out")
+    xs = [g.addVariable(poplar.FLOAT, [n], f"x{i}") for i in range(shared)]
+    for t in [a, out, *xs]:
+        poputil.mapTensorLinearly(g, t, 16, 16)
+    g.createHostWrite("a", a)
+    g.createHostRead("out", out)
+    prog = P.Sequence()
+    popops.zero(g, out, prog, "zero")
+    for i, x in enumerate(xs):
+        prog.add(P.Copy(a, x))
+        popops.mapInPlace(g, pe.Add(pe._1, pe.Const(float(i))), [x], prog, f"def{i}")
+    blk = P.Sequence(name="B")
+    for x in xs:
+        popops.mapInPlace(g, pe.Add(pe._1, pe._2), [out, x], blk, "acc")
+    for _ in range(calls):
+        prog.add(blk)
+    e = poplar.Engine(g, prog)
+    e.load(dev)
+    return e
+
+
+def test_memory_plan_events_grow_with_tiles_per_occurrence_not_with_the_blocks_variables():
+    """A re-occurrence of a block takes the variables it shares with the rest of the program out of
+    the timeline per tile, and holds the block's peak per tile: at most two allocations per tile it
+    uses, however many variables (and runs of them) the block touches."""
+    tiles, shared = 4, 24
+    e2, e6 = _shared_engine(2, shared, tiles), _shared_engine(6, shared, tiles)
+    m2, m6 = e2._compiled.memory, e6._compiled.memory
+    assert len(e2._compiled.compiler.steps) == len(e6._compiled.compiler.steps)
+    per_occurrence = (m6.num_events - m2.num_events) / 4
+    assert 0 < per_occurrence <= 2 * tiles, per_occurrence      # was one per run: shared * tiles + tiles
+    # and the variables' plan is the same (control code is not: a Sequence met again is code
+    # again): every x_i is live through all the occurrences, on each of its tiles
+    for m in (m2, m6):
+        assert np.array_equal(m.categories["Variables"], m2.categories["Variables"])
+        np.testing.assert_array_equal(m.not_always_live_peak[:tiles], shared * 16 * 4)
+    x = np.arange(16 * tiles, dtype=np.float32)
+    e6.writeTensor("a", x)
+    e6.run(0)
+    np.testing.assert_allclose(e6.readTensor("out"), 6 * (shared * x + sum(range(shared))), rtol=1e-6)

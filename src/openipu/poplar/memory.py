@@ -45,7 +45,9 @@ class MemoryPlan:
 
     ``total`` = sum of categories with not-always-live variables at their peak.
     ``liveness`` = not-always-live bytes summed over tiles, per program step;
-    ``liveness_by_ipu`` the same per IPU (``[ipus, steps]``).
+    ``liveness_by_ipu`` the same per IPU (``[ipus, steps]``). ``num_events``: the allocations
+    (one tile, one allocation and one free) the plan swept for its peaks, a host-cost figure: it
+    grows with the program's structure (steps laid out, tiles), not with how often a block runs.
     """
 
     bytes_per_tile: int
@@ -60,6 +62,7 @@ class MemoryPlan:
     num_edges: int
     host_layout: dict = None      # type name -> (offset of each variable of the space, buffer size)
     liveness_by_ipu: np.ndarray = None   # [ipus, steps]: ``liveness`` split by IPU (profiles)
+    num_events: int = 0     # allocations on the plan's timeline (each one allocated and freed)
 
     def worst_tiles(self, n: int = 5) -> list[tuple[int, int]]:
         """The ``n`` tiles using most memory: [(tile, bytes)], most used first."""
@@ -381,6 +384,7 @@ class _Events:
 
     def __init__(self):
         self.chunks: list = []
+        self.count = 0
 
     def add(self, tl, alloc, free, nb, tag=-1, exact: bool = False) -> None:
         """Record allocations of ``nb`` bytes on tiles ``tl`` at half-steps ``alloc``, freed at
@@ -390,6 +394,7 @@ class _Events:
             return
         if not np.isscalar(tag):
             tag = np.asarray(tag, np.int32)
+        self.count += tl.size
         self.chunks.append((tl, np.asarray(alloc, np.int32), np.asarray(free, np.int32),
                             np.asarray(nb, np.float64 if exact else np.float32), tag))
 
@@ -661,7 +666,7 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
     if events.chunks:
         H = 2 * npos + 3
         nal_peak, step_delta, per = _tile_peaks(events.chunks, T, H, spec.num_ipus, spec.tiles_per_ipu)
-        del events
+        events.chunks = []
         live_by_half = np.cumsum(step_delta)
         if nsteps:
             liveness = live_by_half[step_pos * 2 + 1]
@@ -684,4 +689,4 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
     oom = np.flatnonzero(total > spec.bytes_per_tile)
     return MemoryPlan(spec.bytes_per_tile, categories, total, always, nal_peak, np.asarray(liveness),
                       oom, dict(comp.vertex_state_by_type), sum(len(s.vars) for s in st.spaces.values()), num_edges,
-                      host_layout, liveness_by_ipu)
+                      host_layout, liveness_by_ipu, events.count)
