@@ -453,3 +453,50 @@ def test_each_stage_is_one_function_whose_code_is_counted_once():
             assert [n for n in names if n.endswith("/main")] == [f"pipelineStage{k}/main" for k in range(3)]
     assert code[False] == runs[False]
     assert code[True] <= code[False] + 8 * 3 and code[True] < 0.6 * runs[True], (code, runs)
+
+
+def test_pipeline_recomputation_restores_a_stashed_input_at_the_backward_stage():
+    """A tensor made on IPU 0 (``m``, one value per micro-batch) is read by a recomputed op on
+    IPU 2 (the Mul before a Relu, inside stage 2): stage 2 restores it from its stash, and the
+    backward stage on IPU 2 re-runs the Mul's fragment for an older micro-batch. The restore is a
+    step of the stage, not of the Mul's fragment: re-run in the backward stage, the fragment must
+    read the backward stage's restore, not slice the stash again at stage 2's counter (a newer
+    micro-batch: pipelined BERT-base's attention mask, the embedding gradients off by 5 %).
+    Pipeline recomputation gives the sharded step's weights."""
+    def model():
+        rs = np.random.RandomState(0)
+        b = popart.Builder()
+        x = b.addInputTensor(popart.TensorInfo("FLOAT", [4, 8]), "x")
+        lab = b.addInputTensor(popart.TensorInfo("INT32", [4]), "lab")
+        w = [b.addInitializedInputTensor(rs.randn(8, 8).astype(np.float32) * 0.5, f"w{i}") for i in range(4)]
+        with b.virtualGraph(0), b.pipelineStage(0):
+            a0 = b.aiOnnx.matmul([x, w[0]])
+            m = b.aiOnnx.sigmoid([a0])
+        with b.virtualGraph(1), b.pipelineStage(1):
+            h = b.aiOnnx.matmul([b.aiOnnx.tanh([a0]), w[1]])
+        with b.virtualGraph(2), b.pipelineStage(2):
+            z = b.aiOnnx.matmul([b.aiOnnx.relu([b.aiOnnx.mul([b.aiOnnx.matmul([h, w[2]]), m])]), w[3]])
+        with b.virtualGraph(3), b.pipelineStage(3):
+            loss = b.aiGraphcore.nllloss([b.aiOnnx.softmax([z], axis=1), lab], popart.ReductionType.Sum)
+        return b, x, lab, loss
+
+    xs, labs = _data(1, af=8)
+    results = []
+    for pipelined, mode in ((False, None), (True, popart.RecomputationType.Pipeline)):
+        b, x, lab, loss = model()
+        o = _options(pipelined, af=8, recompute=mode)
+        o.enableOutlining = False       # the Mul's fragment is re-run (an outlined call's outputs keep theirs)
+        s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: ALL}), loss, popart.ConstSGD(0.1),
+                                   _device(4), userOptions=o)
+        assert bool(s.getIr().recomputed) == pipelined
+        s.prepareDevice()
+        s.weightsFromHost()
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: xs, lab: labs.clip(0, 7)}, a))
+        s.weightsToHost()
+        w = {f"w{i}": np.zeros((8, 8), np.float32) for i in range(4)}
+        s.readWeights(popart.PyWeightsIO(w))
+        results.append((a[loss], w))
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-6)
+    for k in results[0][1]:
+        np.testing.assert_allclose(results[1][1][k], results[0][1][k], rtol=1e-5, atol=1e-7, err_msg=k)
