@@ -159,3 +159,44 @@ def test_recomputation_type_takes_popart_integer_values():
     s, loss, w, peak = _train(int(popart.RecomputationType.Standard))
     s2, loss2, w2, peak2 = _train("Standard")
     assert loss == loss2 and peak == peak2 and s._ir.recomputed == s2._ir.recomputed > 0
+
+
+def test_sharded_recomputation_copies_between_ipus_once():
+    """Sharded over 2 IPUs, ``h`` (made on IPU 0) is first read on IPU 1 by a MatMul recomputed
+    in the backward pass (``recomputeOutputInBackwardPass``). The copy to IPU 1 is a step of its own (PopART's IpuCopyOp), made once
+    per step, not part of the MatMul's fragment that the backward pass runs again; the weights
+    after the step are those without recomputation."""
+    rng = np.random.default_rng(0)
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [8, 16]), "x")
+    lab = b.addInputTensor(popart.TensorInfo("INT32", [8]), "label")
+    w0, w1 = (b.addInitializedInputTensor((rng.standard_normal((16, 16)) * 0.3).astype(np.float32), f"w{i}")
+              for i in range(2))
+    with b.virtualGraph(0):
+        h = b.aiOnnx.sigmoid([b.aiOnnx.matmul([x, w0])])
+    with b.virtualGraph(1):
+        m1 = b.aiOnnx.matmul([h, w1])
+        y = b.aiOnnx.tanh([m1])
+        loss = b.aiGraphcore.nllloss([b.aiOnnx.softmax([y], axis=1), lab])
+    feeds = {x: rng.standard_normal((8, 16)).astype(np.float32), lab: rng.integers(0, 16, 8).astype(np.int32)}
+    out = {}
+    for mode in ("NoRecompute", "manual"):
+        if mode == "manual":
+            b.recomputeOutputInBackwardPass({m1, y})
+        o = popart.SessionOptions()
+        o.virtualGraphMode = popart.VirtualGraphMode.Manual
+        s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}),
+                                   loss, popart.ConstSGD(0.5),
+                                   popart.DeviceManager().createIpuModelDevice({"numIPUs": 2, "tilesPerIPU": 16}),
+                                   userOptions=o)
+        s.prepareDevice()
+        s.weightsFromHost()
+        s.run(popart.PyStepIO(feeds, s.initAnchorArrays()))
+        steps = s._engine._compiled.compiler.steps
+        copies = sum(int(n) for st, n in zip(steps, s._engine._counts) if st.name == "Copy")
+        out[mode] = (bool(s.getIr().recomputed), _weights(s, ["w0", "w1"]), copies)
+    assert out["manual"][0] and not out["NoRecompute"][0]
+    # the same copies run (to IPU 1 and the gradient back to IPU 0), none again for the recomputation
+    assert out["manual"][2] == out["NoRecompute"][2] > 0, (out["manual"][2], out["NoRecompute"][2])
+    for k in ("w0", "w1"):
+        np.testing.assert_allclose(out["manual"][1][k], out["NoRecompute"][1][k], rtol=1e-6, atol=1e-7)

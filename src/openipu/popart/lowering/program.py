@@ -107,11 +107,12 @@ def _lower_op(ctx, op, pos: int, out: Lowered) -> None:
     keep = id(op) in ctx.recomputed
     if keep:                # grown in a fragment of its own, which the backward pass runs again
         prog, ctx.prog = ctx.prog, P.Sequence(name=f"{op.name}/fragment")
+        ctx.fragment_parent = prog
     try:
         outs = fn(ctx, op) if fn is not None else lower_generic(ctx, op)
     finally:
         if keep:
-            frag, ctx.prog = ctx.prog, prog
+            frag, ctx.prog, ctx.fragment_parent = ctx.prog, prog, None
             prog.add(frag)
     if keep:
         vg = ctx.vgraph_of(op)
