@@ -701,31 +701,75 @@ def _same_runs(ab, ae, at, bb, be, bt) -> bool:
 
 def _first_index(boxes, shape, level, num_tiles):
     """Chunks of the first stage's kernel: for whole rows of the input view (``shape`` ``[M, N]``,
-    tile ``boxes``), the destination of each element (its output, or its level-1 partial)."""
+    tile ``boxes``), the destination of each element (its output, or its level-1 partial).
+
+    Planned by structure: the boxes are cut at the level's class bounds into *sub-boxes* (rows of
+    one class on one tile, so one block of partials, laid out affinely when the level is in
+    order); only the arrays handed to the kernel have one entry per element, filled from the
+    sub-boxes with linear-time numpy (no sort or search per element). Without a level the
+    destination of an element is its row, and the boxes are not read at all."""
     M, N = shape
-    # pieces: the rows of the boxes (one destination each), in the view's flat order
-    k, row = _enumerate_ranges(boxes.lo[:, 0], boxes.sz[:, 0])
-    order = np.argsort(row * N + boxes.lo[k, 1], kind="stable")
-    k, row = k[order], row[order]
-    tile, width = boxes.tile[k], boxes.sz[k, 1]
-    key = level.cls * num_tiles + level.tiles if level is not None else None
     rows = max(1, KERNEL_CHUNK // max(N, 1))
+    if level is None:
+        for m0 in range(0, M, rows):
+            m1 = min(M, m0 + rows)
+            if m0 == 0 and m1 == M:
+                yield 0, M * N, np.repeat(np.arange(M, dtype=np.int64), N), None
+            else:
+                yield m0 * N, m1 * N, np.repeat(np.arange(m1 - m0, dtype=np.int64), N), np.arange(m0, m1, dtype=np.int64)
+        return
+    # sub-boxes: each box cut at the bounds of the classes its rows cross (the classes of the
+    # first level are consecutive row ranges, ascending)
+    lo0, h0 = boxes.lo[:, 0], boxes.sz[:, 0]
+    ca = np.searchsorted(level.m0, lo0, side="right") - 1
+    cb = np.searchsorted(level.m0, lo0 + h0 - 1, side="right") - 1
+    k, c = _enumerate_ranges(ca, cb - ca + 1)
+    cm0 = level.m0[c]
+    sa = np.maximum(lo0[k], cm0)
+    sb = np.minimum(lo0[k] + h0[k], cm0 + level.count[c])
+    key = level.cls * num_tiles + level.tiles
+    q = np.searchsorted(key, c * num_tiles + boxes.tile[k])      # the block of each sub-box
+    col, width = boxes.lo[k, 1], boxes.sz[k, 1]
+    base = level.offset[q] - cm0                                 # in order: position = base + row
     for m0 in range(0, M, rows):
         m1 = min(M, m0 + rows)
-        a, z = np.searchsorted(row, [m0, m1])
-        r, t, n = row[a:z], tile[a:z], width[a:z]
-        if level is None:
-            dest = r
+        a, b = np.maximum(sa, m0), np.minimum(sb, m1)
+        s = np.flatnonzero(a < b)
+        a, h = a[s], (b - a)[s]
+        rp, r = _enumerate_ranges(a, h)                          # (sub-box, row) pieces
+        w = width[s][rp]
+        e, n = _enumerate_ranges(col[s][rp], w)                  # elements of the pieces
+        flat = (r[e] - m0) * N + n
+        if level.in_order:
+            val = base[s][rp] + r
         else:
-            c = np.searchsorted(level.m0, r, side="right") - 1
-            dest = level.position(np.searchsorted(key, c * num_tiles + t), r - level.m0[c])
+            val = level.position(q[s][rp], r - cm0[s][rp])
+        index = np.empty((m1 - m0) * N, np.int64)
         if m0 == 0 and m1 == M:
-            yield 0, M * N, np.repeat(dest, n), None
+            index[flat] = val[e]
+            yield 0, M * N, index, None
             continue
-        uniq, inv = np.unique(dest, return_inverse=True)
-        yield m0 * N, m1 * N, np.repeat(inv.reshape(-1), n), uniq
-
-
+        if not level.in_order:
+            index[flat] = val[e]
+            uniq, inv = np.unique(index, return_inverse=True)
+            yield m0 * N, m1 * N, inv.reshape(-1), uniq
+            continue
+        # the chunk's destinations: the union of the sub-boxes' position ranges (ranges of one
+        # block for different columns coincide or overlap; different blocks are disjoint)
+        ps, pe = base[s] + a, base[s] + a + h
+        order = np.argsort(ps, kind="stable")
+        ps_o, pe_o = ps[order], pe[order]
+        reach = np.maximum.accumulate(pe_o)
+        new = np.r_[True, ps_o[1:] >= reach[:-1]]
+        grp = np.cumsum(new) - 1
+        us = ps_o[new]
+        ue = np.maximum.reduceat(pe_o, np.flatnonzero(new))
+        cstart = np.cumsum(ue - us) - (ue - us)                  # compact start of each union range
+        shift = np.empty(s.size, np.int64)
+        shift[order] = cstart[grp] - us[grp]                     # position -> compact position
+        index[flat] = (val + shift[rp])[e]
+        _, uniq = _enumerate_ranges(us, ue - us)
+        yield m0 * N, m1 * N, index, uniq
 
 
 def _final_destinations(L: _Level) -> np.ndarray:
