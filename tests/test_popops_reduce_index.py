@@ -49,7 +49,15 @@ def _check(monkeypatch, shape, dims, mapping, tiles, chunk, op=Op.ADD, seed=0):
         calls.append((boxes, shp, level, num_tiles))
         return real(boxes, shp, level, num_tiles)
 
+    finals = []
+    real_final = red._final_destinations
+
+    def spy_final(L):
+        finals.append(L)
+        return real_final(L)
+
     monkeypatch.setattr(red, "_first_index", spy)
+    monkeypatch.setattr(red, "_final_destinations", spy_final)
     monkeypatch.setattr(red, "KERNEL_CHUNK", chunk)
     x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
     h = OpHarness(tiles, seed=seed)
@@ -71,6 +79,11 @@ def _check(monkeypatch, shape, dims, mapping, tiles, chunk, op=Op.ADD, seed=0):
             assert (d is None) == (d2 is None)
             if d is not None:
                 np.testing.assert_array_equal(d, d2)
+    for L in finals:
+        pos, q, i = L.enumerate()
+        want = np.empty(L.total, np.int64)
+        want[pos] = L.m0[L.cls[q]] + i * L.stride[L.cls[q]]
+        np.testing.assert_array_equal(real_final(L), want)
     return levels, calls
 
 

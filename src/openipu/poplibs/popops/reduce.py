@@ -736,43 +736,66 @@ def _first_index(boxes, shape, level, num_tiles):
         a, b = np.maximum(sa, m0), np.minimum(sb, m1)
         s = np.flatnonzero(a < b)
         a, h = a[s], (b - a)[s]
-        rp, r = _enumerate_ranges(a, h)                          # (sub-box, row) pieces
-        w = width[s][rp]
-        e, n = _enumerate_ranges(col[s][rp], w)                  # elements of the pieces
-        flat = (r[e] - m0) * N + n
-        if level.in_order:
-            val = base[s][rp] + r
+        if level.in_order and not (m0 == 0 and m1 == M):
+            # the chunk's destinations: the union of the sub-boxes' position ranges (ranges of
+            # one block for different columns coincide or overlap; different blocks are
+            # disjoint), numbered compactly
+            ps, pe = base[s] + a, base[s] + a + h
+            order = np.argsort(ps, kind="stable")
+            ps_o, pe_o = ps[order], pe[order]
+            reach = np.maximum.accumulate(pe_o)
+            new = np.r_[True, ps_o[1:] >= reach[:-1]]
+            grp = np.cumsum(new) - 1
+            us = ps_o[new]
+            ue = np.maximum.reduceat(pe_o, np.flatnonzero(new))
+            cstart = np.cumsum(ue - us) - (ue - us)
+            shift = np.empty(s.size, np.int64)
+            shift[order] = cstart[grp] - us[grp]                 # position -> compact position
+            uniq = _expand(us, ue - us, np.arange(int((ue - us).sum()), dtype=np.int64))
         else:
-            val = level.position(q[s][rp], r - cm0[s][rp])
+            shift, uniq = 0, None
+        # (sub-box, row) pieces, each the row's elements of one sub-box: its row, its first
+        # element's flat position in the chunk, its destination
+        r = _expand(a, h, np.arange(int(h.sum()), dtype=np.int64))
+        first = (r - m0) * N + np.repeat(col[s], h)
+        if level.in_order:
+            dest = r + np.repeat(base[s] + shift, h)
+        else:
+            dest = level.position(np.repeat(q[s], h), r - np.repeat(cm0[s], h))
         index = np.empty((m1 - m0) * N, np.int64)
+        w = width[s]
+        if (w == 1).all():
+            index[first] = dest
+        else:
+            w = np.repeat(w, h)
+            index[_expand(first, w, np.arange(int(w.sum()), dtype=np.int64))] = np.repeat(dest, w)
         if m0 == 0 and m1 == M:
-            index[flat] = val[e]
             yield 0, M * N, index, None
-            continue
-        if not level.in_order:
-            index[flat] = val[e]
+        elif uniq is None:
             uniq, inv = np.unique(index, return_inverse=True)
             yield m0 * N, m1 * N, inv.reshape(-1), uniq
-            continue
-        # the chunk's destinations: the union of the sub-boxes' position ranges (ranges of one
-        # block for different columns coincide or overlap; different blocks are disjoint)
-        ps, pe = base[s] + a, base[s] + a + h
-        order = np.argsort(ps, kind="stable")
-        ps_o, pe_o = ps[order], pe[order]
-        reach = np.maximum.accumulate(pe_o)
-        new = np.r_[True, ps_o[1:] >= reach[:-1]]
-        grp = np.cumsum(new) - 1
-        us = ps_o[new]
-        ue = np.maximum.reduceat(pe_o, np.flatnonzero(new))
-        cstart = np.cumsum(ue - us) - (ue - us)                  # compact start of each union range
-        shift = np.empty(s.size, np.int64)
-        shift[order] = cstart[grp] - us[grp]                     # position -> compact position
-        index[flat] = (val + shift[rp])[e]
-        _, uniq = _enumerate_ranges(us, ue - us)
-        yield m0 * N, m1 * N, index, uniq
+        else:
+            yield m0 * N, m1 * N, index, uniq
+
+
+def _expand(lo: np.ndarray, n: np.ndarray, iota: np.ndarray) -> np.ndarray:
+    """The items of the ranges ``[lo[k], lo[k] + n[k])``, concatenated; ``iota`` is
+    ``arange(n.sum())`` (linear passes only: one repeat and one add)."""
+    return iota + np.repeat(lo - (np.cumsum(n) - n), n)
 
 
 def _final_destinations(L: _Level) -> np.ndarray:
+    """The output element of each partial of the last level, by position (kernels only)."""
+    if L.in_order:
+        # blocks are consecutive ranges of positions: position offset[q] + i holds output
+        # m0 + i * stride of the block's class
+        order = np.argsort(L.offset, kind="stable")
+        n, c = L.bcount[order], L.cls[order]
+        st = L.stride[c]
+        iota = np.arange(L.total, dtype=np.int64)
+        if (st == 1).all():
+            return _expand(L.m0[c], n, iota)
+        return np.repeat(L.m0[c] - L.offset[order] * st, n) + iota * np.repeat(st, n)
     pos, q, i = L.enumerate()
     out = np.empty(L.total, np.int64)
     out[pos] = L.m0[L.cls[q]] + i * L.stride[L.cls[q]]
