@@ -19,7 +19,13 @@ tiles, and the partials of a stage as *classes* of outputs (ranges, or progressi
 intermediate stage) that share one set of tiles (:class:`_Level`). Each stage's partials are one
 variable holding each tile's partials together (PopLibs creates the partials tile by tile), so its
 tile map is one interval per tile. Reads of exchanged partials are ranges of that variable, each
-used on one tile. Kernels build per-element indices only while they run, a chunk at a time.
+used on one tile. Kernels build per-element indices only while they run, a chunk at a time, and
+build them from that structure with linear passes (a ``np.repeat`` per list of ranges; no sort or
+search per element): the first stage's from the input's tile boxes cut at the class bounds
+(:func:`_first_index`), the final stage's from the last level's blocks. A reduction over an
+outer axis (the batch axis of a ``linear`` weight gradient, ``[B, rows, cols]`` over ``B``) has
+one-column boxes in the ``[outputs, reduced]`` view: work per box row (a sort of the box rows
+into the view's order, as this module once did on every run) is work per element there.
 
 Each stage is one compute set holding one vertex group. Cycle estimates per tile follow the shape
 of PopLibs' reduce estimators (``lib/popops/reduction/CycleEstimationFunctions.cpp``):
