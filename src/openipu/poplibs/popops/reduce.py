@@ -19,7 +19,13 @@ tiles, and the partials of a stage as *classes* of outputs (ranges, or progressi
 intermediate stage) that share one set of tiles (:class:`_Level`). Each stage's partials are one
 variable holding each tile's partials together (PopLibs creates the partials tile by tile), so its
 tile map is one interval per tile. Reads of exchanged partials are ranges of that variable, each
-used on one tile. Kernels build per-element indices only while they run, a chunk at a time.
+used on one tile. Kernels build per-element indices only while they run, a chunk at a time, and
+build them from that structure with linear passes (a ``np.repeat`` per list of ranges; no sort or
+search per element): the first stage's from the input's tile boxes cut at the class bounds
+(:func:`_first_index`), the final stage's from the last level's blocks. A reduction over an
+outer axis (the batch axis of a ``linear`` weight gradient, ``[B, rows, cols]`` over ``B``) has
+one-column boxes in the ``[outputs, reduced]`` view: work per box row (a sort of the box rows
+into the view's order, as this module once did on every run) is work per element there.
 
 Each stage is one compute set holding one vertex group. Cycle estimates per tile follow the shape
 of PopLibs' reduce estimators (``lib/popops/reduction/CycleEstimationFunctions.cpp``):
@@ -701,34 +707,101 @@ def _same_runs(ab, ae, at, bb, be, bt) -> bool:
 
 def _first_index(boxes, shape, level, num_tiles):
     """Chunks of the first stage's kernel: for whole rows of the input view (``shape`` ``[M, N]``,
-    tile ``boxes``), the destination of each element (its output, or its level-1 partial)."""
+    tile ``boxes``), the destination of each element (its output, or its level-1 partial).
+
+    Planned by structure: the boxes are cut at the level's class bounds into *sub-boxes* (rows of
+    one class on one tile, so one block of partials, laid out affinely when the level is in
+    order); only the arrays handed to the kernel have one entry per element, filled from the
+    sub-boxes with linear-time numpy (no sort or search per element). Without a level the
+    destination of an element is its row, and the boxes are not read at all."""
     M, N = shape
-    # pieces: the rows of the boxes (one destination each), in the view's flat order
-    k, row = _enumerate_ranges(boxes.lo[:, 0], boxes.sz[:, 0])
-    order = np.argsort(row * N + boxes.lo[k, 1], kind="stable")
-    k, row = k[order], row[order]
-    tile, width = boxes.tile[k], boxes.sz[k, 1]
-    key = level.cls * num_tiles + level.tiles if level is not None else None
     rows = max(1, KERNEL_CHUNK // max(N, 1))
+    if level is None:
+        for m0 in range(0, M, rows):
+            m1 = min(M, m0 + rows)
+            if m0 == 0 and m1 == M:
+                yield 0, M * N, np.repeat(np.arange(M, dtype=np.int64), N), None
+            else:
+                yield m0 * N, m1 * N, np.repeat(np.arange(m1 - m0, dtype=np.int64), N), np.arange(m0, m1, dtype=np.int64)
+        return
+    # sub-boxes: each box cut at the bounds of the classes its rows cross (the classes of the
+    # first level are consecutive row ranges, ascending)
+    lo0, h0 = boxes.lo[:, 0], boxes.sz[:, 0]
+    ca = np.searchsorted(level.m0, lo0, side="right") - 1
+    cb = np.searchsorted(level.m0, lo0 + h0 - 1, side="right") - 1
+    k, c = _enumerate_ranges(ca, cb - ca + 1)
+    cm0 = level.m0[c]
+    sa = np.maximum(lo0[k], cm0)
+    sb = np.minimum(lo0[k] + h0[k], cm0 + level.count[c])
+    key = level.cls * num_tiles + level.tiles
+    q = np.searchsorted(key, c * num_tiles + boxes.tile[k])      # the block of each sub-box
+    col, width = boxes.lo[k, 1], boxes.sz[k, 1]
+    base = level.offset[q] - cm0                                 # in order: position = base + row
     for m0 in range(0, M, rows):
         m1 = min(M, m0 + rows)
-        a, z = np.searchsorted(row, [m0, m1])
-        r, t, n = row[a:z], tile[a:z], width[a:z]
-        if level is None:
-            dest = r
+        a, b = np.maximum(sa, m0), np.minimum(sb, m1)
+        s = np.flatnonzero(a < b)
+        a, h = a[s], (b - a)[s]
+        if level.in_order and not (m0 == 0 and m1 == M):
+            # the chunk's destinations: the union of the sub-boxes' position ranges (ranges of
+            # one block for different columns coincide or overlap; different blocks are
+            # disjoint), numbered compactly
+            ps, pe = base[s] + a, base[s] + a + h
+            order = np.argsort(ps, kind="stable")
+            ps_o, pe_o = ps[order], pe[order]
+            reach = np.maximum.accumulate(pe_o)
+            new = np.r_[True, ps_o[1:] >= reach[:-1]]
+            grp = np.cumsum(new) - 1
+            us = ps_o[new]
+            ue = np.maximum.reduceat(pe_o, np.flatnonzero(new))
+            cstart = np.cumsum(ue - us) - (ue - us)
+            shift = np.empty(s.size, np.int64)
+            shift[order] = cstart[grp] - us[grp]                 # position -> compact position
+            uniq = _expand(us, ue - us, np.arange(int((ue - us).sum()), dtype=np.int64))
         else:
-            c = np.searchsorted(level.m0, r, side="right") - 1
-            dest = level.position(np.searchsorted(key, c * num_tiles + t), r - level.m0[c])
+            shift, uniq = 0, None
+        # (sub-box, row) pieces, each the row's elements of one sub-box: its row, its first
+        # element's flat position in the chunk, its destination
+        r = _expand(a, h, np.arange(int(h.sum()), dtype=np.int64))
+        first = (r - m0) * N + np.repeat(col[s], h)
+        if level.in_order:
+            dest = r + np.repeat(base[s] + shift, h)
+        else:
+            dest = level.position(np.repeat(q[s], h), r - np.repeat(cm0[s], h))
+        index = np.empty((m1 - m0) * N, np.int64)
+        w = width[s]
+        if (w == 1).all():
+            index[first] = dest
+        else:
+            w = np.repeat(w, h)
+            index[_expand(first, w, np.arange(int(w.sum()), dtype=np.int64))] = np.repeat(dest, w)
         if m0 == 0 and m1 == M:
-            yield 0, M * N, np.repeat(dest, n), None
-            continue
-        uniq, inv = np.unique(dest, return_inverse=True)
-        yield m0 * N, m1 * N, np.repeat(inv.reshape(-1), n), uniq
+            yield 0, M * N, index, None
+        elif uniq is None:
+            uniq, inv = np.unique(index, return_inverse=True)
+            yield m0 * N, m1 * N, inv.reshape(-1), uniq
+        else:
+            yield m0 * N, m1 * N, index, uniq
 
 
+def _expand(lo: np.ndarray, n: np.ndarray, iota: np.ndarray) -> np.ndarray:
+    """The items of the ranges ``[lo[k], lo[k] + n[k])``, concatenated; ``iota`` is
+    ``arange(n.sum())`` (linear passes only: one repeat and one add)."""
+    return iota + np.repeat(lo - (np.cumsum(n) - n), n)
 
 
 def _final_destinations(L: _Level) -> np.ndarray:
+    """The output element of each partial of the last level, by position (kernels only)."""
+    if L.in_order:
+        # blocks are consecutive ranges of positions: position offset[q] + i holds output
+        # m0 + i * stride of the block's class
+        order = np.argsort(L.offset, kind="stable")
+        n, c = L.bcount[order], L.cls[order]
+        st = L.stride[c]
+        iota = np.arange(L.total, dtype=np.int64)
+        if (st == 1).all():
+            return _expand(L.m0[c], n, iota)
+        return np.repeat(L.m0[c] - L.offset[order] * st, n) + iota * np.repeat(st, n)
     pos, q, i = L.enumerate()
     out = np.empty(L.total, np.int64)
     out[pos] = L.m0[L.cls[q]] + i * L.stride[L.cls[q]]
