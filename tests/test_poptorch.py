@@ -93,6 +93,23 @@ def test_batching_rules():
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
 
 
+def test_anchor_mode_is_the_deprecated_name_of_output_mode():
+    """Scripts written for PopTorch before 2.5 call ``anchorMode(AnchorMode.X)``: it warns and
+    sets the output mode, with ``outputMode``'s checks; an inference model then returns what
+    ``outputMode`` would."""
+    with pytest.warns(DeprecationWarning, match="outputMode"):
+        o = poptorch.Options().deviceIterations(4).anchorMode(poptorch.AnchorMode.Final)
+    assert o.output_mode == poptorch.OutputMode.Final
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="output_return_period"):
+        poptorch.Options().anchorMode(poptorch.AnchorMode.EveryN)
+    torch.manual_seed(0)
+    m = Net().eval()
+    x, _ = _data(n=16)
+    out, _ = poptorch.inferenceModel(m, o)(x, torch.zeros(16, dtype=torch.long))
+    assert out.shape == (4, 4)      # the last of 4 device iterations of 4 samples
+    torch.testing.assert_close(out, m(x[12:], torch.zeros(4, dtype=torch.long))[0], rtol=1e-5, atol=1e-6)
+
+
 def test_inference_after_training_sees_the_new_weights():
     torch.manual_seed(0)
     m = Net()

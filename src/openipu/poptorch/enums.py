@@ -18,6 +18,11 @@ class OutputMode(enum.IntEnum):
     Default = 4
 
 
+#: PopTorch's name for ``OutputMode`` before 2.5 (deprecated in 2.4, removed in 2.5, research/poptorch.md
+#: 1.5): the same members, kept so that scripts written for older SDKs run
+AnchorMode = OutputMode
+
+
 class DataLoaderMode(enum.IntEnum):
     Sync = 0
     Async = 1

@@ -299,6 +299,14 @@ class Options(_OptionsDict):
             raise ValueError("A return period should only be provided for EveryN output mode")
         return self.set(output_mode=mode, output_return_period=int(output_return_period or 1))
 
+    def anchorMode(self, anchor_mode: OutputMode, anchor_return_period: int | None = None):  # noqa: N802
+        """PopTorch's name for :meth:`outputMode` before 2.5 (deprecated in 2.4, removed in 2.5):
+        warns (``DeprecationWarning``) and sets the output mode; raises as :meth:`outputMode`."""
+        import warnings
+        warnings.warn("Options.anchorMode is deprecated (removed in PopTorch 2.5): use Options.outputMode",
+                      DeprecationWarning, stacklevel=2)
+        return self.outputMode(anchor_mode, anchor_return_period)
+
     def defaultOutputMode(self) -> bool:  # noqa: N802
         return self.output_mode == OutputMode.Default
 
