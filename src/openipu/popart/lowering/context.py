@@ -68,9 +68,7 @@ class LoweringContext:
         # once lowered, its fragment: (program, input tensors, output tensors)
         self.recomputed = {id(op.recomputes) for op in ir.ops if op.recomputes is not None}
         self.fragments: dict[int, tuple] = {}
-        # while a recomputed op's fragment is grown: the program the fragment goes into. A copy
-        # to another IPU made on the op's first read is a step of that program (PopART's
-        # IpuCopyOp), not of the fragment the backward pass runs again
+        # while a recomputed op's fragment is grown: the program the fragment goes into (op_prog)
         self.fragment_parent = None
         self.in_body = False        # lowering an outlined subgraph's body
 
@@ -194,18 +192,23 @@ class LoweringContext:
             return per[vg]
         return self.copy_to(tid, vg)
 
+    @property
+    def op_prog(self):
+        """The program the op being lowered is added to, outside any recomputation fragment: where
+        the steps go that a recomputation re-running the fragment must not repeat (a copy to
+        another IPU made on the op's first read, PopART's ``IpuCopyOp``; a stash's restore,
+        ``RestoreOp``)."""
+        return self.prog if self.fragment_parent is None else self.fragment_parent
+
     def copy_to(self, tid: str, vg: int, prog=None) -> poplar.Tensor:
         """A copy of ``tid`` on virtual graph ``vg`` (PopART's IpuCopy), mapped linearly there, made
-        by a copy appended to ``prog`` (default: the current program, or the program a
-        recomputed op's fragment goes into while the fragment is grown)."""
+        by a copy appended to ``prog`` (default: :attr:`op_prog`)."""
         per = self._t[tid]
         src = per[self._home[tid]]
         g = self.graph_of(vg)
         dst = g.addVariable(src.elementType(), src.shape(), f"{tid}/IpuCopy{vg}")
         poputil.mapTensorLinearly(g, dst)
-        if prog is None:
-            prog = self.prog if self.fragment_parent is None else self.fragment_parent
-        prog.add(P.Copy(src, dst, debugContext=f"IpuCopy({tid})->{vg}"))
+        (self.op_prog if prog is None else prog).add(P.Copy(src, dst, debugContext=f"IpuCopy({tid})->{vg}"))
         per[vg] = dst
         self._register(tid, dst)
         return dst

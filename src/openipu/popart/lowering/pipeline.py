@@ -110,10 +110,10 @@ class Pipeline:
         if key not in self._restored:
             stash, slots, perm = self._stash_of(tid, vg, t, avail)
             g = ctx.graph_of(vg)
-            # the restore is the stage's own step (PopART's RestoreOp), not part of the fragment of
-            # the op being lowered: a recomputation re-running that fragment in a later stage
-            # must not slice the stash again at this stage's counter
-            r = popops.dynamicSlice(g, stash, self._counter_of(stage, slots, vg), [0], [1], self.body[stage],
+            # the restore is the stage's own step, not part of the fragment of the op being
+            # lowered: a recomputation re-running that fragment in a later stage must not slice
+            # the stash again at this stage's counter
+            r = popops.dynamicSlice(g, stash, self._counter_of(stage, slots, vg), [0], [1], ctx.op_prog,
                                     f"{tid}/restore{stage}").squeeze([0])
             if perm is not None:
                 r = r.dimShuffle([perm.index(d) for d in range(len(perm))])
