@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import popart
+from test_popart_training import _weights
 
 ALL = popart.AnchorReturnType("ALL")
 
@@ -59,6 +60,16 @@ def _data(bps, af=1, batch=4, width=8, seed=5):
     return rs.randn(*shp, batch, width).astype(np.float32), rs.randint(0, 5, size=shp + [batch]).astype(np.int32)
 
 
+def _step(s, feeds, names):
+    """Prepare session ``s`` and run one step on ``feeds``: its anchors and the weights ``names``
+    after it."""
+    s.prepareDevice()
+    s.weightsFromHost()
+    a = s.initAnchorArrays()
+    s.run(popart.PyStepIO(feeds, a))
+    return a, _weights(s, names)
+
+
 def _train(pipelined, bps, af=1, lr=0.01, recompute=None, anchors=None, optimizer=None, strategy=None):
     b, x, lab, p, loss = _mlp()
     o = _options(pipelined, af, recompute)
@@ -67,14 +78,8 @@ def _train(pipelined, bps, af=1, lr=0.01, recompute=None, anchors=None, optimize
         o.meanAccumulationAndReplicationReductionStrategy = getattr(popart.MeanReductionStrategy, strategy)
     s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(bps, anchors or {loss: ALL, p: ALL}), loss=loss,
                                optimizer=optimizer or popart.ConstSGD(lr), deviceInfo=_device(), userOptions=o)
-    s.prepareDevice()
-    s.weightsFromHost()
-    out = s.initAnchorArrays()
     xs, ls = _data(bps, af)
-    s.run(popart.PyStepIO({x: xs, lab: ls}, out))
-    w = {"w0": np.zeros((8, 16), np.float32), "w1": np.zeros((16, 5), np.float32)}
-    s.weightsToHost()
-    s.readWeights(popart.PyWeightsIO(w))
+    out, w = _step(s, {x: xs, lab: ls}, ["w0", "w1"])
     out = {k: v.copy() for k, v in out.items()}
     out.update(w)
     return out, s
@@ -356,13 +361,7 @@ def test_skip_connection_across_stages_sums_its_gradients_on_the_earlier_ipu():
         b, x, lab, loss = model()
         s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: ALL}), loss, popart.ConstSGD(0.1),
                                    _device(), userOptions=_options(pipelined, af=4))
-        s.prepareDevice()
-        s.weightsFromHost()
-        a = s.initAnchorArrays()
-        s.run(popart.PyStepIO({x: xs, lab: labs.clip(0, 7)}, a))
-        s.weightsToHost()
-        w = {f"w{i}": np.zeros((8, 8), np.float32) for i in range(3)}
-        s.readWeights(popart.PyWeightsIO(w))
+        a, w = _step(s, {x: xs, lab: labs.clip(0, 7)}, [f"w{i}" for i in range(3)])
         results.append((a[loss], w))
         if pipelined:
             (gs,) = [op for op in s.ops() if op.op_type == "Sum" and op.grad_of is not None]
@@ -489,13 +488,7 @@ def test_pipeline_recomputation_restores_a_stashed_input_at_the_backward_stage()
         s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: ALL}), loss, popart.ConstSGD(0.1),
                                    _device(4), userOptions=o)
         assert bool(s.getIr().recomputed) == pipelined
-        s.prepareDevice()
-        s.weightsFromHost()
-        a = s.initAnchorArrays()
-        s.run(popart.PyStepIO({x: xs, lab: labs.clip(0, 7)}, a))
-        s.weightsToHost()
-        w = {f"w{i}": np.zeros((8, 8), np.float32) for i in range(4)}
-        s.readWeights(popart.PyWeightsIO(w))
+        a, w = _step(s, {x: xs, lab: labs.clip(0, 7)}, [f"w{i}" for i in range(4)])
         results.append((a[loss], w))
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-6)
     for k in results[0][1]:

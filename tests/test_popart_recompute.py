@@ -163,9 +163,9 @@ def test_recomputation_type_takes_popart_integer_values():
 
 def test_sharded_recomputation_copies_between_ipus_once():
     """Sharded over 2 IPUs, ``h`` (made on IPU 0) is first read on IPU 1 by a MatMul recomputed
-    in the backward pass (``recomputeOutputInBackwardPass``). The copy to IPU 1 is a step of its own (PopART's IpuCopyOp), made once
-    per step, not part of the MatMul's fragment that the backward pass runs again; the weights
-    after the step are those without recomputation."""
+    in the backward pass (``recomputeOutputInBackwardPass``). The copy to IPU 1 is a step of its
+    own (PopART's IpuCopyOp), made once per step, not part of the MatMul's fragment that the
+    backward pass runs again; the weights after the step are those without recomputation."""
     rng = np.random.default_rng(0)
     b = popart.Builder()
     x = b.addInputTensor(popart.TensorInfo("FLOAT", [8, 16]), "x")
