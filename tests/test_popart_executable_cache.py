@@ -83,7 +83,7 @@ def test_engine_cache_is_written_then_used(tmp_path, monkeypatch, how):
     calls = []
     monkeypatch.setattr(sess._SessionBase, "_compile", lambda self: calls.append(1))
     s2.prepareDevice()
-    assert calls == []                                  # loaded from the cache, not compiled
+    assert calls == []                                  # the program s compiled, selected by the cache
     assert os.path.getmtime(tmp_path / "cache" / files[0]) == mtime
     out2, _ = _run(s2, y2)
     np.testing.assert_array_equal(out1, out2)
@@ -112,7 +112,8 @@ def test_poptorch_executable_cache_uses_the_engine_cache(tmp_path):
     m = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU()).eval()
     x = torch.randn(2, 6)
     opts = poptorch.Options().enableExecutableCaching(str(tmp_path / "ptcache"))
-    out1 = poptorch.inferenceModel(m, opts)(x)
+    first = poptorch.inferenceModel(m, opts)     # alive: its program is this process's compile
+    out1 = first(x)
     files = os.listdir(tmp_path / "ptcache")
     assert len(files) == 1 and files[0].endswith(".popef")
     import openipu.popart.session as sess
@@ -126,3 +127,14 @@ def test_poptorch_executable_cache_uses_the_engine_cache(tmp_path):
     assert compiled == []
     torch.testing.assert_close(out1, m(x), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out2, m(x), rtol=1e-5, atol=1e-6)
+    # once no model holds that program, a cache hit compiles the model again (files hold no program)
+    del first
+    import gc
+    gc.collect()
+    sess._SessionBase._compile = lambda self: (compiled.append(1), orig(self))[1]
+    try:
+        out3 = poptorch.inferenceModel(m, opts)(x)
+    finally:
+        sess._SessionBase._compile = orig
+    assert compiled == [1]
+    torch.testing.assert_close(out3, out1)

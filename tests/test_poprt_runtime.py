@@ -130,7 +130,7 @@ def test_corrupt_truncated_and_missing_executables(exported, tmp_path):
     # a flipped byte inside the stored arrays: the SHA-256 check
     import zipfile
     with zipfile.ZipFile(path) as z:
-        info = z.getinfo("arrays.bin")
+        info = z.getinfo("model.onnx")
         off = info.header_offset + 30 + len(info.filename) + len(info.extra) + info.file_size // 2
     b = bytearray(data)
     b[off] ^= 0xFF

@@ -103,7 +103,7 @@ def test_server_command_refuses_a_corrupt_executable_in_one_line(tmp_path):
     data = good.read_bytes()
     (tmp_path / "short.popef").write_bytes(data[: len(data) // 2])
     with zipfile.ZipFile(good) as z:
-        info = z.getinfo("arrays.bin")
+        info = z.getinfo("model.onnx")
         off = info.header_offset + 30 + len(info.filename) + len(info.extra) + info.file_size // 2
     b = bytearray(data)
     b[off] ^= 0xFF

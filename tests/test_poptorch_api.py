@@ -282,9 +282,11 @@ def test_save_and_load_without_pickle(tmp_path):
     pm.compileAndExport(path, x)
     import zipfile
     with zipfile.ZipFile(path) as z:
-        assert sorted(z.namelist()) == ["executable.popef", "model.onnx", "poptorch.json", "weights.npz"]
+        names = sorted(z.namelist())
         meta = json.loads(z.read("poptorch.json"))
-    assert meta["format"] == "openipu.poptorch.executable" and meta["version"] == 1
+    assert names == sorted(["executable.popef", "manifest.json", "model.onnx", "poptorch.json",
+                            *[f"w{i}.npy" for i in range(len(meta["weight_ids"]))]])
+    assert meta["format"] == "openipu.poptorch.executable" and meta["version"] == 2
     loaded = poptorch.load(path)
     assert loaded._loaded_executable                  # the saved executable, not a new compile
     torch.testing.assert_close(loaded(x), m(x), rtol=1e-5, atol=1e-6)

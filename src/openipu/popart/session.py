@@ -15,6 +15,7 @@ import hashlib
 import io
 import os
 import sys
+import weakref
 
 import numpy as np
 import onnx
@@ -42,6 +43,12 @@ def _progress_bar(total: int):
     except ImportError:
         return None
     return tqdm(total=total, desc="Graph compilation", file=sys.stderr, unit="step", leave=True)
+
+
+#: Programs this process compiled, by session fingerprint (``poplar.Executable`` with its
+#: ``popart_lowered``), while a session holds them: loading an executable file of the same
+#: fingerprint takes the program from here instead of compiling the model again.
+_COMPILED: "weakref.WeakValueDictionary[str, poplar.Executable]" = weakref.WeakValueDictionary()
 
 
 class _SessionBase:
@@ -161,6 +168,8 @@ class _SessionBase:
                 bar.close()
         self._lowered = lowered
         self._engine = engine
+        engine._exe.popart_lowered = lowered          # this process's compile, for executables of
+        _COMPILED[self._fingerprint()] = engine._exe  # the same fingerprint (while the session lives)
 
     def _engine_options(self) -> dict:
         return {k: str(v) for k, v in dict(self.options.engineOptions).items()}
@@ -195,43 +204,40 @@ class _SessionBase:
         return os.path.join(env or str(self.options.cachePath), f"{self._fingerprint()[:32]}.popef")
 
     def _save_lowered(self, path) -> None:
-        meta = {"session": self._KIND, "fingerprint": self._fingerprint(),
+        """Write the executable file: its kind, this session's fingerprint, inputs and anchors
+        (:mod:`openipu.poplar.exefile`, kind ``popart.Executable``). The program itself is not in
+        the file: loading compiles this session's own model again (or takes the program this
+        process compiled for the same fingerprint), so a file can only ever select, never supply,
+        what runs."""
+        info = {"session": self._KIND, "fingerprint": self._fingerprint(),
                 "inputs": sorted(self._lowered.inputs), "anchors": sorted(self._lowered.anchors)}
         try:
-            try:      # with the compiled step tree when it can be named (loading then skips compiling it)
-                data = exefile.dumps({"lowered": self._lowered, "compiled": self._engine._exe.compiled},
-                                     self._EXE_KIND, meta)
-            except exefile.executable_file_error:
-                data = exefile.dumps({"lowered": self._lowered, "compiled": None}, self._EXE_KIND, meta)
+            exefile.write(path, self._EXE_KIND, {"session.json": info}, info)
         except exefile.executable_file_error as e:
             raise popart_exception(f"Cannot save the executable: {e}") from None
-        if hasattr(path, "write"):
-            path.write(data)
-        else:
-            with open(path, "wb") as f:
-                f.write(data)
 
     def _load_lowered(self, path) -> None:
         name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "<stream>"
         try:
-            obj, man = exefile.load(path, self._EXE_KIND)
-            lowered, compiled = obj["lowered"], obj["compiled"]
-        except (TypeError, KeyError):
-            raise popart_exception(f"Cannot load the executable '{name}': it does not hold a lowered program") from None
+            info = exefile.read(path, self._EXE_KIND).json("session.json")
         except exefile.executable_file_error as e:
             raise popart_exception(f"Cannot load the executable '{name}': {e}") from None
-        if man["meta"].get("fingerprint") != self._fingerprint():
+        if not isinstance(info, dict) or not isinstance(info.get("fingerprint"), str):
+            raise popart_exception(f"Cannot load the executable '{name}': its session record is malformed")
+        if info["fingerprint"] != self._fingerprint():
             raise popart_exception(f"The executable '{name}' was compiled from another model, data flow, "
                                    "options or target than this session's")
+        done = _COMPILED.get(self._fingerprint())
+        if done is None:
+            self._compile()
+            return
         try:
-            if compiled is not None:
-                exe = poplar.Executable.from_compiled(lowered.graph, lowered.programs, self._engine_options(), compiled)
-            else:
-                exe = poplar.Executable(lowered.graph, lowered.programs, self._engine_options())
+            exe = poplar.Executable.from_compiled(done.popart_lowered.graph, done.popart_lowered.programs,
+                                                  self._engine_options(), done.compiled)
             engine = poplar.Engine(exe, None, self._engine_options())
         except poplar.poplar_error as e:
             raise poplar_exception(str(e), e) from None
-        self._lowered, self._engine = lowered, engine
+        self._lowered, self._engine = done.popart_lowered, engine
 
     def compileAndExport(self, filename) -> None:  # noqa: N802
         """Compile (unless done) and write the executable to ``filename`` (a path or a binary file

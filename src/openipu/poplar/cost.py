@@ -505,3 +505,11 @@ def on_tile_copy_cost(spec, bytes_per_tile: np.ndarray) -> StepCost:
 def ipus_of_tiles(spec, tiles_mask: np.ndarray) -> np.ndarray:
     """Bool per IPU: does any flagged tile lie on it."""
     return tiles_mask.reshape(spec.num_ipus, spec.tiles_per_ipu).any(axis=1)
+
+
+def _register_records():
+    from openipu.poplar.graph_codec import data_class
+    data_class(StepCost)
+
+
+_register_records()

@@ -244,3 +244,11 @@ def createOfflineTarget(version: str = "ipu2", num_ipus: int = 1, tiles_per_ipu:
         over["tiles_per_ipu"] = tiles_per_ipu
     return Target(ipu.target(_version_of(version), num_ipus, **over))
 
+
+def _register_records():
+    from openipu.poplar.graph_codec import data_class
+    data_class(Target, fields=("spec",), types={"spec": ipu.Target})
+    data_class(ipu.Target)
+
+
+_register_records()

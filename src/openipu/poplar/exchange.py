@@ -592,3 +592,11 @@ def _accumulate(src, dst, base, T, n, S, E, count, msgs, first, last, single, ou
             cross = (ko >= 0) & ((ko // tpi) != (kt // tpi))
             if cross.any():
                 glob += np.bincount(kt[cross] // tpi, weights=c[cross], minlength=glob.size) * size
+
+
+def _register_records():
+    from openipu.poplar.graph_codec import data_class
+    data_class(Boxes)
+
+
+_register_records()

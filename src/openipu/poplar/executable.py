@@ -537,6 +537,11 @@ class _Compiled:
     pass
 
 
+#: Modules whose vertex kernels a Poplar executable file may name (imported before reading one).
+_KERNEL_MODULES = ("openipu.poplibs.popops", "openipu.poplibs.poplin", "openipu.poplibs.popnn",
+                   "openipu.poplibs.poprand", "openipu.poplibs.poputil", "openipu.poplibs.gcl", "openipu.poplar.quarter")
+
+
 class Executable:
     """A compiled graph and programs (``poplar::Executable``); ``serialize`` / ``deserialize``.
 
@@ -552,41 +557,40 @@ class Executable:
         self.compiled = compile_programs(graph, programs, engine_options(options), progress)
 
     def serialize(self, f) -> None:
-        """Write to a binary file object or a path in openipu's executable format
-        (:mod:`openipu.poplar.exefile`: a zip of JSON records and ``.npy`` arrays with SHA-256
-        hashes; no pickle). Raises ``poplar_error`` (``executable_file_error``) if a codelet or
-        kernel cannot be named (define codelets and kernels at module level)."""
-        from openipu.poplar import exefile
+        """Write the graph and programs to a binary file object or a path in openipu's executable
+        format (:mod:`openipu.poplar.exefile`, records of :mod:`openipu.poplar.graph_codec`; no
+        pickle, nothing that names code). Raises ``poplar_error`` (``executable_file_error``) if a
+        vertex kernel or one of its arguments has no record kind (a lambda or local function)."""
+        from openipu.poplar import exefile, graph_codec
         try:
-            try:      # the compiled step tree too, when it can be named (user codelets run in closures)
-                data = exefile.dumps((self.graph, self.programs, self.options, self.compiled), "poplar.Executable",
-                                     {"programs": len(self.programs)})
-            except exefile.executable_file_error:
-                data = exefile.dumps((self.graph, self.programs, self.options, None), "poplar.Executable",
-                                     {"programs": len(self.programs)})
-            if hasattr(f, "write"):
-                f.write(data)
-            else:
-                with open(f, "wb") as fh:
-                    fh.write(data)
+            members = graph_codec.to_members((self.graph, self.programs, dict(self.options)))
+            exefile.write(f, "poplar.Executable", members, {"programs": len(self.programs)})
         except exefile.executable_file_error as e:
             raise exefile.executable_file_error(f"Cannot serialise the executable: {e}") from None
 
     @staticmethod
     def deserialize(f) -> "Executable":
-        """Read an executable written by :meth:`serialize` (a path or a binary file object).
+        """Read an executable written by :meth:`serialize` (a path or a binary file object) and
+        compile its programs again.
 
-        Raises ``poplar_error`` (``executable_file_error``) for a file that is missing, truncated,
-        corrupt, modified (hash mismatch), of another format version, or that names a class or
-        function outside the allow-list; nothing from the file is executed."""
-        from openipu.poplar import exefile
-        obj, _ = exefile.load(f, "poplar.Executable")
-        if not isinstance(obj, tuple) or len(obj) != 4:
-            raise exefile.executable_file_error("The executable file does not hold (graph, programs, options, "
-                                                "compiled steps)")
-        if obj[3] is None:
-            return Executable(*obj[:3])
-        return Executable.from_compiled(*obj)
+        User codelets are taken from those this process has loaded (``Graph.addCodelets``), as
+        Poplar's executables need their codelets' library. Raises ``poplar_error``
+        (``executable_file_error``) for a file that is missing, truncated, corrupt, modified (hash
+        mismatch), over the size bounds, of another format version, or holding records this
+        openipu does not know; nothing from the file is executed or imported."""
+        import importlib
+
+        from openipu.poplar import exefile, graph_codec
+        for m in _KERNEL_MODULES:      # the registries of PopLibs' vertex kernels (fixed names)
+            importlib.import_module(m)
+        contents = exefile.read(f, "poplar.Executable")
+        obj = graph_codec.from_contents(contents)
+        if not (isinstance(obj, tuple) and len(obj) == 3 and isinstance(obj[1], list) and isinstance(obj[2], dict)):
+            raise exefile.executable_file_error(f"'{contents.fname}' does not hold (graph, programs, options)")
+        from openipu.poplar.graph import Graph
+        if not isinstance(obj[0], Graph):
+            raise exefile.executable_file_error(f"'{contents.fname}' does not hold a graph")
+        return Executable(*obj)
 
     @staticmethod
     def from_compiled(graph, programs, options, compiled) -> "Executable":

@@ -138,6 +138,10 @@ class _Space:
         d["_runs"] = None
         return d
 
+    def _reset_caches(self) -> None:
+        """Empty the caches (after the space is read from a file, which does not hold them)."""
+        self._starts, self._starts_n, self._runs = np.zeros(0, np.int64), 0, None
+
     def starts(self) -> np.ndarray:
         if self._starts_n != len(self.vars):
             self._starts = np.array([v.start for v in self.vars], np.int64)
@@ -945,15 +949,19 @@ class Graph:
         Raises :class:`graph_object_load_error` for a missing file or C++ source (openipu runs
         codelets written in Python; port the C++ ``compute()`` to a Python class).
         """
+        from openipu.poplar.graph_codec import LOADED_CODELETS
         for cls in _collect_codelets(src):
             self._state.codelets[cls.vertex_name] = cls
+            LOADED_CODELETS[cls.vertex_name] = cls       # an executable file may name it
 
     def hasCodelet(self, name: str) -> bool:  # noqa: N802
         return name in self._state.codelets
 
     def registerPerfEstimator(self, vertex_type: str, fn: Callable) -> None:  # noqa: N802
         """``fn(vertex: VertexIntrospector, target) -> int | VertexPerfEstimate`` for every vertex of the type."""
+        from openipu.poplar.graph_codec import LOADED_ESTIMATORS
         self._state.estimators[vertex_type] = fn
+        LOADED_ESTIMATORS[vertex_type] = fn              # a graph read from a file takes it
 
     # -- compute sets and vertices --------------------------------------------------------
     def addComputeSet(self, name: str = "") -> ComputeSet:  # noqa: N802
@@ -972,7 +980,9 @@ class Graph:
         name = vertex_type.vertex_name if isinstance(vertex_type, type) else str(vertex_type)
         if name not in st.codelets:
             if isinstance(vertex_type, type) and issubclass(vertex_type, Vertex):
+                from openipu.poplar.graph_codec import LOADED_CODELETS
                 st.codelets[name] = vertex_type
+                LOADED_CODELETS[name] = vertex_type
             else:
                 raise errors.unknown_vertex_type(
                     f"Unknown vertex type '{name}': add its codelet with graph.addCodelets() before addVertex")
@@ -1207,3 +1217,28 @@ def _collect_codelets(src) -> list[type]:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return _collect_codelets(mod)
+
+
+# -- record kinds of Poplar executable files (openipu.poplar.graph_codec) ----------------------
+def _take_estimators(state: "_State") -> None:
+    """A graph read from a file takes the perf estimators this process registered for its codelets
+    (functions are not written to files)."""
+    from openipu.poplar.graph_codec import LOADED_ESTIMATORS
+    state.estimators = {n: f for n, f in LOADED_ESTIMATORS.items() if n in state.codelets}
+
+
+def _register_records():
+    from openipu.poplar.graph_codec import data_class
+    for cls in (Variable, ComputeSet, Access, VertexGroup, DataStream, RemoteBuffer, Function, HostFunction):
+        data_class(cls)
+    data_class(_Space, fields=("type", "size", "vars", "version"), types={"size": int, "vars": list, "version": int},
+               after_decode=_Space._reset_caches)
+    data_class(_State, fields=("target", "replication_factor", "spaces", "variables", "compute_sets", "codelets",
+                               "streams", "remote_buffers", "host_writes", "host_reads", "functions",
+                               "host_functions", "v_type", "v_cs", "v_tile", "v_fields", "v_perf", "v_values"),
+               types={"codelets": dict, "variables": list, "compute_sets": list}, after_decode=_take_estimators)
+    data_class(Graph, fields=("_state", "_tiles", "_target", "_top", "_replication_factor"),
+               types={"_state": _State, "_tiles": np.ndarray, "_replication_factor": int})
+
+
+_register_records()

@@ -280,3 +280,25 @@ class Collective(Program):
         self.kernel, self.reads, self.writes, self.cost = kernel, list(reads), list(writes), cost
         self.recv_bytes_per_tile = recv_bytes_per_tile
         self.debug_name = debugContext
+
+
+# -- record kinds of Poplar executable files (openipu.poplar.graph_codec) ----------------------
+def _register_records():
+    from openipu.poplar.graph_codec import data_class
+    for cls, fields in ((Sequence, ("programs", "debug_name")), (Execute, ("cs", "debug_name")),
+                        (Copy, ("src", "dst", "offset", "debug_name")), (Repeat, ("count", "body", "debug_name")),
+                        (RepeatWhileTrue, ("cond", "predicate", "body", "debug_name")),
+                        (RepeatWhileFalse, ("cond", "predicate", "body", "debug_name")),
+                        (If, ("predicate", "true_body", "false_body", "debug_name")),
+                        (Switch, ("control", "cases", "default", "debug_name")),
+                        (Call, ("function", "inputs", "outputs", "debug_name")), (WriteUndef, ("tensor", "debug_name")),
+                        (Sync, ("sync_type", "debug_name")), (PrintTensor, ("title", "tensor", "debug_name")),
+                        (ErrorProgram, ("message", "tensor", "debug_name")), (Abort, ("message", "debug_name")),
+                        (AbortOnCondition, ("predicate", "message", "debug_name")),
+                        (AssumeEqualAcrossReplicas, ("tensor", "debug_name")),
+                        (CrossReplicaCopy, ("src", "dst", "replica_map", "debug_name")),
+                        (Collective, ("kernel", "reads", "writes", "cost", "recv_bytes_per_tile", "debug_name"))):
+        data_class(cls, fields=fields, types={"debug_name": str})
+
+
+_register_records()

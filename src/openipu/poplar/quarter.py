@@ -33,6 +33,7 @@ import torch
 
 from openipu.poplar import errors
 from openipu.poplar.types import QUARTER, QUARTER_F152, QUARTER_METADATA, Type
+from openipu.poplar.graph_codec import kernel
 
 #: the scale bias range of ``QuarterMetadata`` (PopLibs' QUARTER_METADATA_SCALE_BIAS_MIN / MAX)
 SCALE_BIAS_MIN, SCALE_BIAS_MAX = -32, 31
@@ -203,6 +204,7 @@ def metadata_initial_scale(graph, md) -> int:
     return 0 if b is None else int(decode_scale(torch.tensor(b)))
 
 
+@kernel
 def _metadata_kernel(scale, md, fmt_bit, ctx):
     s = ctx.read(scale).to(torch.int64)
     ctx.write(md, (s & 0x3F) | fmt_bit)

@@ -730,3 +730,13 @@ def box_flat_runs(lo: np.ndarray, sz: np.ndarray, shape):
         local = np.where(use, local // np.where(use, s_o[:, j], 1), local)
         start += dig * W[j]
     return owner, start, length[owner]
+
+
+def _register_records():
+    from openipu.poplar.graph_codec import data_class
+    def no_index(p):
+        p.index = None          # the exchange's search index, built again on demand
+    data_class(Pieces, fields=("_var", "_addr", "_lo", "_sz", "_st", "row", "_d"), after_decode=no_index)
+
+
+_register_records()

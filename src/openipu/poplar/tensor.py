@@ -532,3 +532,12 @@ def concat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
 def append(t: Tensor, s: Tensor, dim: int = 0) -> Tensor:
     """``poplar::append``: ``s`` (one rank lower) added as a new slice at the end of ``dim``."""
     return concat([t, s.expand([dim])], dim)
+
+
+def _register_records():
+    from openipu.poplar.graph_codec import data_class
+    data_class(Tensor)
+    data_class(Interval)
+
+
+_register_records()

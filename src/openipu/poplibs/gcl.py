@@ -47,6 +47,7 @@ from openipu.poplar import calibration as cal
 from openipu.poplar import cost as costmod
 from openipu.poplar import errors
 from openipu.poplar.program import Collective
+from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popops.elementwise import binary_op_cycles
 from openipu.poplibs.poputil import poplibs_error
 
@@ -164,6 +165,7 @@ def _reduce(x: torch.Tensor, op: str, dim: int) -> torch.Tensor:
     return acc
 
 
+@kernel
 def _cross_allreduce_kernel(data, out, groups, group_of, op, ctx):
     v = ctx.read(data)
     if op == "LOCAL":
@@ -174,6 +176,7 @@ def _cross_allreduce_kernel(data, out, groups, group_of, op, ctx):
     ctx.write(out, red[torch.from_numpy(group_of)])
 
 
+@kernel
 def _cross_allgather_kernel(data, out, groups, group_of, ctx):
     v = ctx.read(data)
     x = v[torch.from_numpy(groups)]                       # [G, p, *shape]
@@ -195,6 +198,7 @@ def _scatter_index(layout, p: int) -> np.ndarray:
     return np.where(valid, order[np.minimum(seg_start[seg_of_o][None, :] + local, n - 1)], n).astype(np.int64)
 
 
+@kernel
 def _cross_reducescatter_kernel(data, out, groups, group_of, pos_of, layout, op, ctx):
     v = ctx.read(data)
     R = v.shape[0]
@@ -209,6 +213,7 @@ def _cross_reducescatter_kernel(data, out, groups, group_of, pos_of, layout, op,
     ctx.write(out, torch.gather(padded, 1, idx))
 
 
+@kernel
 def _within_allreduce_kernel(data, out, op, ctx):
     v = ctx.read(data)                                    # [R, k, *shape]
     if op == "LOCAL":
@@ -218,6 +223,7 @@ def _within_allreduce_kernel(data, out, op, ctx):
     ctx.write(out, red.unsqueeze(1).expand_as(v).contiguous())
 
 
+@kernel
 def _within_reducescatter_kernel(data, outs, bounds, op, ctx):
     v = ctx.read(data)
     flat = v.reshape(v.shape[0], v.shape[1], -1)          # [R, k, n]
@@ -227,6 +233,7 @@ def _within_reducescatter_kernel(data, outs, bounds, op, ctx):
             ctx.write(t, (flat[:, i] if red is None else red)[:, a:b])
 
 
+@kernel
 def _within_allgather_kernel(chunks, out, ctx):
     parts = [ctx.read(c).reshape(ctx.replicas, -1) for c in chunks]
     row = torch.cat(parts, 1)

@@ -34,6 +34,7 @@ import torch
 
 from openipu import poplar
 from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popops._common import output_like, read_on_tiles, tile_counts_of
 
 __all__ = ["uniform", "logUniform", "normal", "truncatedNormal", "bernoulli", "dropout", "shapedDropout",
@@ -119,6 +120,7 @@ def _open(u):
     return u * (1 - 2 ** -40) + 2 ** -41
 
 
+@kernel
 def _gen_kernel(kind, params, seed, modifier, out, advance, ctx):
     R = ctx.replicas
     rows = ctx.read(seed).reshape(R, 2)
@@ -131,6 +133,7 @@ def _gen_kernel(kind, params, seed, modifier, out, advance, ctx):
         ctx.write(seed, _advance(rows))
 
 
+@kernel
 def _dropout_kernel(seed, modifier, src, out, keep, scale, shaped_shape, advance, ctx):
     R = ctx.replicas
     rows = ctx.read(seed).reshape(R, 2)
@@ -315,6 +318,7 @@ def shapedDropout(graph, seed, seedModifier, input, reference, keepProbability, 
                     debug_name or "shapedDropout", True)
 
 
+@kernel
 def _set_seed_kernel(master, modifier, hw, ctx):
     rows = ctx.read(master).reshape(ctx.replicas, 2).to(torch.int64)
     out = []

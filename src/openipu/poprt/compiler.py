@@ -4,8 +4,9 @@
 lowering to PopLibs and Poplar compile as every PopART program) for the target and options in
 :class:`CompilerOptions`, predicts one step on the compiled program, and returns an
 :class:`Executable`. ``Compiler.compile_and_export(model, outputs, path, options)`` writes it in
-openipu's safe executable format (:mod:`openipu.poplar.exefile`, kind ``"poprt.Executable"``;
-PopRT's files are PopEF), which :class:`openipu.poprt.runtime.Runner` loads without recompiling.
+openipu's executable format (:mod:`openipu.poplar.exefile`, kind ``"poprt.Executable"``; PopRT's
+files are PopEF): the converted model and its options, which :class:`openipu.poprt.runtime.Runner`
+compiles again when it loads the file (at once when this process compiled it).
 
 Overlapped I/O (``num_io_tiles``). PopRT can set aside I/O tiles that receive the next batch from
 the host while the compute tiles work on the current one. The model here: the program is compiled
@@ -19,9 +20,13 @@ moves the batch's input and output bytes between I/O and compute tiles over the 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
+import re
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -160,43 +165,103 @@ class Executable:
     """A compiled PopRT model: the lowered PopART program (Poplar graph, programs, stream handles),
     the input and output descriptors, the options and the predicted figures.
 
-    ``save(path)`` / ``Executable.load(path)`` use the safe executable format. Raises
+    ``save(path)`` writes the model and its options in openipu's executable format (kind
+    ``poprt.Executable``); ``Executable.load(path)`` compiles that model again with those options
+    (a model is untrusted input checked as any model is), unless this process compiled the same
+    model and options and still holds the result. Raises
     :class:`openipu.poplar.exefile.executable_file_error` (a ``poplar_error``) for bad files.
     """
 
     def __init__(self, lowered, inputs: list, outputs: list, options: dict, target: dict, prediction: Prediction,
-                 host_weights: dict | None = None, compile_seconds: float = 0.0, compiled=None):
+                 host_weights: dict | None = None, compile_seconds: float = 0.0, compiled=None,
+                 model_bytes: bytes = b"", output_names: list | None = None):
         self.lowered = lowered
-        self.compiled = compiled      # the Poplar step tree (loading skips compiling the programs)
+        self.compiled = compiled      # the Poplar step tree
         self.inputs, self.outputs = inputs, outputs
         self.options, self.target = options, target
         self.prediction = prediction
         self.host_weights = host_weights or {}
         self.compile_seconds = compile_seconds
+        self.model_bytes = model_bytes
+        self.output_names = list(output_names) if output_names is not None else [d.name for d in outputs]
 
-    def save(self, path) -> None:
-        meta = {"inputs": [vars(d) for d in self.inputs], "outputs": [vars(d) for d in self.outputs],
+    def _meta(self) -> dict:
+        return {"inputs": [vars(d) for d in self.inputs], "outputs": [vars(d) for d in self.outputs],
                 "options": _jsonable(self.options), "target": self.target, "prediction": self.prediction.to_dict(),
                 "compile_seconds": self.compile_seconds}
-        try:        # the compiled step tree too, when it can be named (user codelets run in closures)
-            data = exefile.dumps({"lowered": self.lowered, "host_weights": self.host_weights,
-                                  "compiled": self.compiled}, EXE_KIND, meta)
-        except exefile.executable_file_error:
-            data = exefile.dumps({"lowered": self.lowered, "host_weights": self.host_weights, "compiled": None},
-                                 EXE_KIND, meta)
-        with open(path, "wb") as fh:
-            fh.write(data)
+
+    def save(self, path) -> None:
+        """Write ``model.onnx`` (the converted model) and ``poprt.json`` (output names and compiler
+        options) to ``path``; the manifest's meta holds the descriptors and the prediction."""
+        options = _jsonable({k: v for k, v in self.options.items() if k != "pack_args"})
+        record = {"outputs": self.output_names, "options": options, "pack_args": self.options.get("pack_args")}
+        exefile.write(path, EXE_KIND, {"model.onnx": self.model_bytes, "poprt.json": record}, self._meta())
 
     @classmethod
     def load(cls, path) -> "Executable":
-        obj, man = exefile.load(path, EXE_KIND)
-        m = man["meta"]
-        try:
-            return cls(obj["lowered"], [TensorDesc(**d) for d in m["inputs"]], [TensorDesc(**d) for d in m["outputs"]],
-                       m["options"], m["target"], Prediction(**m["prediction"]), obj["host_weights"],
-                       m.get("compile_seconds", 0.0), obj.get("compiled"))
-        except (KeyError, TypeError) as e:
-            raise exefile.executable_file_error(f"'{os.fspath(path)}': the PopRT metadata is malformed ({e})") from None
+        contents = exefile.read(path, EXE_KIND)
+        what = f"'{contents.fname}'"
+        record = contents.json("poprt.json")
+        model = bytes(contents.bytes("model.onnx"))
+        if not (isinstance(record, dict) and isinstance(record.get("outputs"), list)
+                and all(isinstance(x, str) for x in record["outputs"]) and isinstance(record.get("options"), dict)):
+            raise exefile.executable_file_error(f"{what}: the PopRT record is malformed")
+        options = _options_from_record(record["options"], what)
+        key = _compile_key(model, record)
+        exe = _COMPILED.get(key)
+        if exe is None:
+            try:
+                exe = Compiler.compile(model, record["outputs"], options)
+            except exefile.executable_file_error:
+                raise
+            except Exception as e:  # noqa: BLE001 - the model is untrusted: any refusal is a bad file
+                raise exefile.executable_file_error(f"{what}: its model does not compile "
+                                                    f"({type(e).__name__}: {e})") from None
+        pack = record.get("pack_args")
+        if pack is not None:
+            if not isinstance(pack, dict):
+                raise exefile.executable_file_error(f"{what}: pack_args is not an object")
+            exe.options = {**exe.options, "pack_args": pack}
+        return exe
+
+
+#: Executables this process compiled, by model and options (while something holds them), so that
+#: loading a file this process just wrote does not compile the model a second time.
+_COMPILED: "weakref.WeakValueDictionary[str, Executable]" = weakref.WeakValueDictionary()
+
+
+def _compile_key(model_bytes: bytes, record: dict) -> str:
+    h = hashlib.sha256(model_bytes)
+    h.update(json.dumps([record.get("outputs"), record.get("options")], sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def _options_from_record(d: dict, what: str) -> "CompilerOptions":
+    """:class:`CompilerOptions` from a file's record, each value of its default's type."""
+    o = CompilerOptions()
+    for k, v in d.items():
+        if k not in CompilerOptions._DEFAULTS:
+            raise exefile.executable_file_error(f"{what}: unknown compiler option {str(k)[:40]!r}")
+        default = CompilerOptions._DEFAULTS[k]
+        want = (int, float) if type(default) is float else type(default)
+        if type(default) is int and type(v) is bool or not isinstance(v, want) or (
+                isinstance(v, float) and not math.isfinite(v)):
+            raise exefile.executable_file_error(f"{what}: compiler option {k} is a {type(v).__name__}, not a "
+                                                f"{type(default).__name__}")
+        if isinstance(v, (dict, list)) and len(json.dumps(v)) > 1 << 20:
+            raise exefile.executable_file_error(f"{what}: compiler option {k} is too large")
+        if k in ("engine_options", "popart_options"):
+            bad = [str(x) for x in v if _WRITES_FILES.search(str(x))]
+            if bad:
+                raise exefile.executable_file_error(f"{what}: {k} sets {bad[0][:60]!r}, which writes files; an "
+                                                    "executable file may not")
+        setattr(o, k, v)
+    o.enable_engine_caching = False            # loading a file never writes one
+    return o
+
+
+#: Option names that make a compile write files (profiles, caches, logs): refused in files.
+_WRITES_FILES = re.compile(r"(?i)(dir|path|file|cache|log|report|profil|debug|serializ)")
 
 
 def _jsonable(d):
@@ -341,7 +406,10 @@ class Compiler:
         pack = next((p.value for p in proto.metadata_props if p.key == "poprt.pack_args"), None)
         if pack:        # a model converted with pack_args: PackRunner's defaults
             options["pack_args"] = json.loads(pack)
-        return Executable(low, inputs, outs, options, target, pred, weights, compile_seconds, engine._exe.compiled)
+        exe = Executable(low, inputs, outs, options, target, pred, weights, compile_seconds, engine._exe.compiled,
+                         proto.SerializeToString(), outputs)
+        _COMPILED[_compile_key(exe.model_bytes, {"outputs": list(outputs), "options": _jsonable(o.to_dict())})] = exe
+        return exe
 
     @staticmethod
     def compile_and_export(model, outputs=None, path=None, options: CompilerOptions | None = None) -> None:

@@ -2,8 +2,8 @@
 ``loadExecutable``, ``poptorch.load``) in a safe format: loading a file never runs code from it.
 
 PopTorch appends a pickled ``PoptorchData`` (the model, options, optimizer) to the Poplar
-executable; unpickling can run arbitrary code. openipu's file is a zip archive (stdlib
-``zipfile``) holding data only:
+executable; unpickling can run arbitrary code. openipu's file is its executable container
+(:mod:`openipu.poplar.exefile`: size-bounded, hash-checked members) holding data only:
 
 - ``poptorch.json``: ``{"format": "openipu.poptorch.executable", "version": 1, ...}`` — the
   PopTorch version, training flag, options (enums as ``{"__enum__": class, "name": ...}``, torch
@@ -13,10 +13,9 @@ executable; unpickling can run arbitrary code. openipu's file is a zip archive (
   (PopART id -> module path), IPUs and pipelining, the RNG state and the optimizer (class name,
   parameter groups by weight path, hyper-parameters);
 - ``model.onnx``: the lowered PopART (ONNX) model;
-- ``weights.npz``: the weights at save time (``numpy.load(allow_pickle=False)``);
-- ``executable.popef``: the compiled PopART executable in openipu's executable format
-  (:mod:`openipu.poplar.exefile`: JSON records and ``.npy`` arrays, SHA-256 checked, classes from
-  an allow-list only), so loading does not compile again when the options and target match.
+- ``w<i>.npy``: the weights at save time (``.npy`` headers checked before allocation);
+- ``executable.popef``: PopART's executable record (the session's fingerprint; PopART compiles
+  the model again when it loads one, or takes the program this process compiled).
 
 Loading uses ``executable.popef`` when it was compiled from the same model, options and target
 (PopART's fingerprint check), and compiles the ONNX model again otherwise (options edited by
@@ -41,7 +40,7 @@ import torch.utils._pytree as pytree
 from openipu.poptorch import enums as penums
 from openipu.poptorch.errors import Error
 
-FORMAT, VERSION = "openipu.poptorch.executable", 1
+FORMAT, VERSION = "openipu.poptorch.executable", 2
 _DTYPES = {str(d): d for d in (torch.float32, torch.float16, torch.int32, torch.int64, torch.bool, torch.int8,
                                torch.uint8, torch.int16, torch.float64, torch.bfloat16)}
 
@@ -66,14 +65,21 @@ def encode(v):
                 "enums and torch dtypes are stored")
 
 
+#: The enums a file may name: PopTorch's own (a closed table, not a lookup in a module).
+_ENUMS = {n: c for n, c in vars(penums).items()
+          if isinstance(c, type) and issubclass(c, enum.Enum) and c.__module__ == penums.__name__}
+
+
 def decode(v):
     if isinstance(v, dict):
         if "__enum__" in v:
-            cls = getattr(penums, v["__enum__"], None)
-            if cls is None or not isinstance(cls, type) or not issubclass(cls, enum.Enum):
-                raise Error(f"Unknown enum {v['__enum__']} in the executable file")
+            cls = _ENUMS.get(v["__enum__"]) if isinstance(v["__enum__"], str) else None
+            if cls is None or not isinstance(v.get("name"), str) or v["name"] not in cls.__members__:
+                raise Error(f"Unknown enum {str(v['__enum__'])[:40]}.{str(v.get('name'))[:40]} in the executable file")
             return cls[v["name"]]
         if "__dtype__" in v:
+            if v["__dtype__"] not in _DTYPES:
+                raise Error(f"Unknown dtype {str(v['__dtype__'])[:40]} in the executable file")
             return _DTYPES[v["__dtype__"]]
         return {k: decode(x) for k, x in v.items()}
     if isinstance(v, list):
@@ -182,54 +188,64 @@ def _set(model: torch.nn.Module, path: str, value: torch.Tensor, param: bool) ->
 
 
 # -- files --------------------------------------------------------------------------------------
+EXE_KIND = "poptorch.Executable"
+
+
 def write(filename: str, meta: dict, model_bytes: bytes, weights: dict, executable: bytes | None = None) -> str:
-    """Write the archive; returns the path written (``model.poptorch`` inside a directory)."""
+    """Write the file (openipu's executable container, kind ``poptorch.Executable``); returns the
+    path written (``model.poptorch`` inside a directory). Raises :class:`Error` for metadata with
+    no JSON form."""
+    from openipu.poplar import exefile
     dst_dir = os.path.dirname(filename)
     if dst_dir:
         os.makedirs(dst_dir, exist_ok=True)
     if os.path.isdir(filename):
         filename = os.path.join(filename, "model.poptorch")
-    buf = io.BytesIO()
-    np.savez(buf, **{f"w{i}": np.ascontiguousarray(a) for i, a in enumerate(weights.values())})
     meta = {"format": FORMAT, "version": VERSION, **meta, "weight_ids": list(weights)}
-    with zipfile.ZipFile(filename, "w", zipfile.ZIP_DEFLATED) as z:
-        z.writestr("poptorch.json", json.dumps(meta, indent=1))
-        z.writestr("model.onnx", model_bytes)
-        z.writestr("weights.npz", buf.getvalue())
-        if executable is not None:
-            z.writestr("executable.popef", executable, compress_type=zipfile.ZIP_STORED)
+    members = {"poptorch.json": meta, "model.onnx": model_bytes}
+    for i, a in enumerate(weights.values()):
+        members[f"w{i}.npy"] = np.asarray(a)
+    if executable is not None:
+        members["executable.popef"] = executable
+    try:
+        exefile.write(filename, EXE_KIND, members)
+    except exefile.executable_file_error as e:
+        raise Error(f"Cannot save the executable: {e}") from None
     return filename
 
 
-def read_executable(filename: str) -> bytes | None:
-    """The compiled executable stored in ``filename`` (bytes in openipu's executable format), or
-    None when the file has none. Raises :class:`Error` for a file that is not a zip archive."""
+def _contents(filename):
+    from openipu.poplar import exefile
     try:
-        with zipfile.ZipFile(filename) as z:
-            if "executable.popef" not in z.namelist():
-                return None
-            return z.read("executable.popef")
-    except (zipfile.BadZipFile, OSError, ValueError) as e:
-        raise Error(f"Invalid file {filename}: not an openipu PopTorch executable ({e})") from None
+        return exefile.read(filename, EXE_KIND)
+    except exefile.executable_file_error as e:
+        raise Error(f"Invalid file {filename}: not an openipu PopTorch executable of this version ({e})") from None
+
+
+def read_executable(filename: str) -> bytes | None:
+    """The compiled PopART executable stored in ``filename`` (bytes in openipu's executable
+    format), or None when the file has none. Raises :class:`Error` for a bad file."""
+    c = _contents(filename)
+    return bytes(c.bytes("executable.popef")) if c.has("executable.popef") else None
 
 
 def read(filename: str) -> tuple[dict, bytes, dict]:
     """(metadata, ONNX model bytes, weights PopART id -> array). Raises :class:`Error` for a file
-    that is not an openipu PopTorch executable (or of a newer format version)."""
+    that is not an openipu PopTorch executable of this format version, or is malformed."""
+    from openipu.poplar import exefile
+    c = _contents(filename)
     try:
-        with zipfile.ZipFile(filename) as z:
-            meta = json.loads(z.read("poptorch.json"))
-            model_bytes = z.read("model.onnx")
-            npz = np.load(io.BytesIO(z.read("weights.npz")), allow_pickle=False)
-            arrays = [npz[f"w{i}"] for i in range(len(npz.files))]
-    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as e:
-        raise Error(f"Invalid file {filename}: not an openipu PopTorch executable ({e})") from None
-    if meta.get("format") != FORMAT:
-        raise Error(f"Invalid file {filename}: not an openipu PopTorch executable")
-    if int(meta.get("version", 0)) > VERSION:
-        raise Error(f"Invalid file {filename}: format version {meta['version']} is newer than this openipu's "
-                    f"({VERSION})")
-    return meta, model_bytes, dict(zip(meta["weight_ids"], arrays))
+        meta = c.json("poptorch.json")
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
+            raise Error(f"Invalid file {filename}: not an openipu PopTorch executable of format version {VERSION}")
+        ids = meta.get("weight_ids")
+        if not isinstance(ids, list) or not all(isinstance(x, str) for x in ids):
+            raise Error(f"Invalid file {filename}: malformed weight ids")
+        arrays = [c.array(f"w{i}.npy") for i in range(len(ids))]
+        model_bytes = bytes(c.bytes("model.onnx"))
+    except exefile.executable_file_error as e:
+        raise Error(f"Invalid file {filename}: {e}") from None
+    return meta, model_bytes, dict(zip(ids, arrays))
 
 
 def spec_dumps(spec) -> str:

@@ -16,6 +16,7 @@ import numpy as np
 from openipu import poplar
 from openipu.poplar.exchange import tile_boxes
 from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.poplin import core, transforms
 from openipu.poplibs.poplin.matmul import _scaled_add_to
 from openipu.poplibs.poplin.params import ConvParams, getGradientParams, poplibs_error, weight_update_params
@@ -144,6 +145,7 @@ def createBiases(graph, acts, name: str = "biases"):  # noqa: N802
     return b
 
 
+@kernel
 def _add_bias_kernel(acts, biases, ctx):
     A, B = ctx.read(acts), ctx.read(biases)          # [R, N, C, rest], [R, C]
     ctx.write(acts, (A.float() + B.float()[:, None, :, None]).to(A.dtype))

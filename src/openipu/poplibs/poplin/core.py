@@ -41,6 +41,7 @@ from openipu.poplar import quarter
 from openipu.poplar import regions as R
 from openipu.poplar.exchange import Boxes, lattices, tile_boxes
 from openipu.poplar.graph import Access, VertexGroup, box_tile_runs
+from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popops import dynamic_slice as dslice
 from openipu.poplibs.popops.loop import countedLoop
 from openipu.poplibs.poplin import plan as planmod
@@ -547,6 +548,7 @@ def conv_partials(X: torch.Tensor, W: torch.Tensor, spec: _Spec) -> torch.Tensor
     return Y
 
 
+@kernel
 def _partials_kernel(x, w, dst, spec: _Spec, ctx, metas=None):
     with host_threads(spec.macs):
         X, W = ctx.read(x), ctx.read(w)
@@ -566,6 +568,7 @@ def _meta_reads(kw: dict, tiles) -> list:
     return [quarter.metadata_access(m, tiles) for m in kw.get("metas", ()) if m is not None]
 
 
+@kernel
 def _reduce_kernel(partials, dst, ctx, work: int = 0):
     with host_threads(work):
         P = ctx.read(partials)
@@ -934,3 +937,12 @@ def _build_step(graph, x, w, out, own_out: bool, params: ConvParams, plan, lay: 
         writes=[Access(out)], multi=True, flops=float(outs * (ics - 1)),
         state_bytes=REDUCE_VERTEX_STATE_BYTES))
     prog.add(poplar.program.Execute(rcs))
+
+
+def _register_records():
+    from openipu.poplar.graph_codec import data_class
+    data_class(_Spec)
+    data_class(Layout)
+
+
+_register_records()

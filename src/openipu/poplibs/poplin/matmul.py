@@ -15,6 +15,7 @@ from openipu import poplar
 from openipu.poplar.exchange import tile_boxes
 from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplar.types import as_type
+from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.poplin import core
 from openipu.poplibs.poplin.params import ConvParams
 from openipu.poplibs.poplin.plan import parse_options, plan_matmul
@@ -105,6 +106,7 @@ def matMulGrouped(graph, A, B, prog, *args, **kw):  # noqa: N802
     return _grouped(graph, A, B, prog, out_type, name, options, cache, "matMulGrouped")
 
 
+@kernel
 def _scaled_add_kernel(c, t, scale, ctx):
     C, X = ctx.read(c), ctx.read(t)
     ctx.write(c, (C.float() + scale * X.float()).to(C.dtype))

@@ -32,6 +32,7 @@ import torch
 from openipu import poplar
 from openipu.poplar.exchange import Boxes, tile_boxes
 from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popops._common import broadcast_view, output_like, tile_counts_of  # noqa: F401
 from openipu.poplibs.popops.reduce import Operation, _segment_reduce
 
@@ -255,6 +256,7 @@ def _seg_arg(values, index, seg, nseg, op):
     return best, idx
 
 
+@kernel
 def _arg_stage1(src, pv, pi, op, segs, npairs, cols, ctx):
     v = ctx.read(src)
     R = v.shape[0]
@@ -266,6 +268,7 @@ def _arg_stage1(src, pv, pi, op, segs, npairs, cols, ctx):
     ctx.write(pi, idx)
 
 
+@kernel
 def _arg_stage2(pv, pi, vals_out, idx_out, op, prow, rows, ctx):
     best, idx = _seg_arg(ctx.read(pv).to(torch.float64), ctx.read(pi).to(torch.int64), prow, rows, op)
     if vals_out is not None:

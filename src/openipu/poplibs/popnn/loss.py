@@ -32,6 +32,7 @@ import torch
 
 from openipu import poplar
 from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popnn._common import (check_mapped, compress_runs, multicast, new_mapped, poplibs_error,
                                            row_arg_reduce, row_boxes, row_first_tiles, tile_counts_of)
 from openipu.poplibs.popops.reduce import Operation, reduceWithOutput
@@ -78,6 +79,7 @@ def _expected_rows(e: torch.Tensor, classes: int, dtype) -> tuple[torch.Tensor, 
     return onehot, ~masked
 
 
+@kernel
 def _transform_kernel(lt, probs, expected, deltas, terms, ds, mos, ctx):
     p = ctx.read(probs)
     R, B, C = p.shape
@@ -201,6 +203,7 @@ def _check_expected(expected, B, C, ot, name):
                             f"{expected.shape()}")
 
 
+@kernel
 def _accuracy_kernel(idx, expected, nc, ctx):
     i = ctx.read(idx).to(torch.int64)
     e = ctx.read(expected)
@@ -279,6 +282,7 @@ def minAndArgMin(graph, input, prog, debug_name: str = ""):  # noqa: N802,A002
     return row_arg_reduce(graph, prog, debug_name or "minAndArgMin", input, "min", True)
 
 
+@kernel
 def _topk_kernel(src, vals, idx, k, sort, ctx):
     v = ctx.read(src)
     top, ind = torch.topk(v.to(torch.float32) if v.is_floating_point() else v, k, dim=-1, largest=True, sorted=True)
@@ -326,3 +330,10 @@ def topK(graph, input, K, sort, prog, debug_name: str = ""):  # noqa: N802,N803,
     prog.add(poplar.program.Execute(cs, name))
     return vals, idx
 
+
+def _register_records():
+    from openipu.poplar.graph_codec import data_enum
+    data_enum(LossType)
+
+
+_register_records()

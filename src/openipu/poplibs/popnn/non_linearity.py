@@ -25,6 +25,7 @@ import math
 import torch
 
 from openipu import poplar
+from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popnn._common import (GRAD_OP_CYCLES, add_elementwise, as_rows, check_mapped, output_like,
                                            poplibs_error, row_output)
 from openipu.poplibs.popops.reduce import Operation, reduceWithOutput
@@ -118,10 +119,12 @@ def _deriv(nl: str, a: torch.Tensor) -> torch.Tensor:
     raise AssertionError(nl)
 
 
+@kernel
 def _nl_kernel(nl, src, dst, ctx):
     ctx.write(dst, _fwd(nl, ctx.read(src)))
 
 
+@kernel
 def _nl_grad_kernel(nl, out, grad, dst, ctx):
     ctx.write(dst, ctx.read(grad) * _deriv(nl, ctx.read(out)))
 
@@ -145,6 +148,7 @@ def _elementwise(graph, nl: NonLinearityType, t, out, prog, name):
 
 
 # -- softmax -------------------------------------------------------------------------------
+@kernel
 def _exp_kernel(x, mx, out, ctx):
     v = ctx.read(x)
     if mx is not None:
@@ -152,6 +156,7 @@ def _exp_kernel(x, mx, out, ctx):
     ctx.write(out, torch.exp(v))
 
 
+@kernel
 def _scale_kernel(e, s, out, scale, ctx):
     v = ctx.read(e)
     inv = (scale / ctx.read(s).to(torch.float32)).to(v.dtype)
@@ -189,10 +194,12 @@ def _softmax(graph, t, out, stable: bool, scaled: bool, prog, name):
     return out
 
 
+@kernel
 def _softmax_grad_mul(y, g, dst, ctx):
     ctx.write(dst, ctx.read(y) * ctx.read(g))
 
 
+@kernel
 def _softmax_grad_final(gy, y, s, dst, ctx):
     v = ctx.read(gy)
     ctx.write(dst, v - ctx.read(y) * ctx.read(s).to(v.dtype))
@@ -306,6 +313,7 @@ scaledSoftmaxStableInPlace = _named(NonLinearityType.SOFTMAX_SCALED, True)
 
 
 # -- log softmax -----------------------------------------------------------------------------
+@kernel
 def _log_softmax_final(x, mx, s, dst, ctx):
     v = ctx.read(x)
     ctx.write(dst, v - ctx.read(mx).to(v.dtype) - torch.log(ctx.read(s)).to(v.dtype))
@@ -345,3 +353,11 @@ def logSoftmaxInPlace(graph, t, prog, debug_name: str = "") -> None:  # noqa: N8
     if not t.isParallelWriteable():
         raise poplibs_error(f"{name}: tensor {t.shortString()} cannot be written in parallel")
     _log_softmax(graph, t, t, prog, name)
+
+
+def _register_records():
+    from openipu.poplar.graph_codec import data_enum
+    data_enum(NonLinearityType)
+
+
+_register_records()

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from openipu import poplar
+from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popnn._common import (add_elementwise, check_mapped, new_mapped, output_like,
                                            poplibs_error, row_output)
 from openipu.poplibs.popops.reduce import Operation, ReduceParams, SingleReduceOp, reduceMany
@@ -119,6 +120,7 @@ class _Layout:
 
 
 # -- kernels -----------------------------------------------------------------------------------
+@kernel
 def _stats_kernel(s1, s2, n, eps, unbiased, mean, inv, ctx):
     m = ctx.read(s1).to(torch.float32) / n
     var = ctx.read(s2).to(torch.float32) / n - m * m
@@ -128,6 +130,7 @@ def _stats_kernel(s1, s2, n, eps, unbiased, mean, inv, ctx):
     ctx.write(inv, torch.rsqrt(torch.clamp(var, min=0) + eps))
 
 
+@kernel
 def _stable_stats_kernel(s1, sc, n, eps, unbiased, mean, inv, ctx):
     m = ctx.read(s1).to(torch.float32) / n
     var = ctx.read(sc).to(torch.float32) / (n - 1 if unbiased and n > 1 else n)
@@ -135,20 +138,24 @@ def _stable_stats_kernel(s1, sc, n, eps, unbiased, mean, inv, ctx):
     ctx.write(inv, torch.rsqrt(var + eps))
 
 
+@kernel
 def _center_kernel(x, mean, out, ctx):
     v = ctx.read(x)
     ctx.write(out, v.to(torch.float32) - ctx.read(mean).to(torch.float32) / 1.0)
 
 
+@kernel
 def _mean_kernel(s1, n, mean, ctx):
     ctx.write(mean, ctx.read(s1).to(torch.float32) / n)
 
 
+@kernel
 def _whiten_kernel(x, mean, inv, out, ctx):
     v = ctx.read(x)
     ctx.write(out, (v - ctx.read(mean).to(v.dtype)) * ctx.read(inv).to(v.dtype))
 
 
+@kernel
 def _normalise_kernel(x, mean, inv, gamma, beta, out, white, ctx):
     v = ctx.read(x)
     w = (v - ctx.read(mean).to(v.dtype)) * ctx.read(inv).to(v.dtype)
@@ -156,11 +163,13 @@ def _normalise_kernel(x, mean, inv, gamma, beta, out, white, ctx):
     ctx.write(out, w * ctx.read(gamma).to(v.dtype) + ctx.read(beta).to(v.dtype))
 
 
+@kernel
 def _affine_kernel(x, mul, add, out, ctx):
     v = ctx.read(x)
     ctx.write(out, v * ctx.read(mul).to(v.dtype) + ctx.read(add).to(v.dtype))
 
 
+@kernel
 def _prod_kernel(a, b, gamma, out, out2, ctx):
     ga = ctx.read(a)
     if gamma is not None:
@@ -169,6 +178,7 @@ def _prod_kernel(a, b, gamma, out, out2, ctx):
     ctx.write(out, ga * ctx.read(b).to(ga.dtype))
 
 
+@kernel
 def _grad_final_kernel(g, white, s1, s2, inv, n, out, ctx):
     gv = ctx.read(g).to(torch.float32)
     w = ctx.read(white).to(torch.float32)

@@ -32,6 +32,7 @@ import torch
 from openipu import poplar
 from openipu.poplar.exchange import Boxes, tile_boxes
 from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popnn._common import check_mapped, flat_range_boxes, new_mapped, poplibs_error, tile_counts_of
 
 __all__ = ["PoolingType", "PoolParams", "pool", "poolInputGradient", "getOutputFieldShape", "getFwdFlops",
@@ -131,6 +132,7 @@ def _valid_counts(p: PoolParams) -> torch.Tensor:
     return w.flatten(start_dim=-p.getNumFieldDims()).sum(-1)
 
 
+@kernel
 def _pool_kernel(p: PoolParams, src, out, ctx):
     x = ctx.read(src)
     d = p.getNumFieldDims()
@@ -145,6 +147,7 @@ def _pool_kernel(p: PoolParams, src, out, ctx):
     ctx.write(out, s)
 
 
+@kernel
 def _grad_kernel(p: PoolParams, fwd_in, pooled, grad, out, scaled, ctx):
     g = ctx.read(grad).to(torch.float32)
     R = g.shape[0]
@@ -421,3 +424,12 @@ def poolInputGradient(graph, params: PoolParams, *args, debug_name: str = "", op
         writes=[Access(out)], multi=True, flops=float(getBwdFlops(params)), state_bytes=48))
     prog.add(poplar.program.Execute(cs, what))
     return out
+
+
+def _register_records():
+    from openipu.poplar.graph_codec import data_class, data_enum
+    data_class(PoolParams)
+    data_enum(PoolingType)
+
+
+_register_records()

@@ -28,6 +28,7 @@ import numpy as np
 from openipu import poplar
 from openipu.poplar import program as P
 from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popnn._common import poplibs_error
 from openipu.poplibs.popnn.non_linearity import NonLinearityType, _as_type
 from openipu.poplibs.popops.loop import INCREMENT_CYCLES
@@ -293,6 +294,7 @@ def gates_view(mm, U):
 
 
 # -- the time loop ------------------------------------------------------------------------------
+@kernel
 def _step_kernel(var, step, ctx):
     ctx.write(var, ctx.read(var) + step)
 

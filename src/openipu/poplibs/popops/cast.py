@@ -33,6 +33,7 @@ from openipu.poplar import quarter, tilemap
 from openipu.poplar.graph import Access, ComputeSet, VertexGroup
 from openipu.poplar.tensor import Interval, Tensor, concat
 from openipu.poplar.types import Type, as_type
+from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popops._common import (flat_boxes, output_like, read_on_tiles, require_mapped,
                                             row_intervals_per_tile, tile_counts_of)
 from openipu.poplibs.popops._common import rows_per_tile as rows_per_tile_of
@@ -106,6 +107,7 @@ def _require_writeable(t, what):
 # ----------------------------------------------------------------------------------------------
 # cast
 # ----------------------------------------------------------------------------------------------
+@kernel
 def _cast_kernel(src, dst, from_t, to_t, ctx, src_md=None, dst_md=None):
     v = ctx.read(src)
     if src_md is not None:                               # QUARTER source: its values are fp8 x 2**scale
@@ -228,6 +230,7 @@ def castWithOutput(graph, src, dst, prog, debug_name: str = "") -> None:  # noqa
 # ----------------------------------------------------------------------------------------------
 # fill, zero
 # ----------------------------------------------------------------------------------------------
+@kernel
 def _fill_kernel(t, value, ctx):
     ctx.write(t, torch.broadcast_to(value, (ctx.replicas, *t.shape())))
 
@@ -329,6 +332,7 @@ def zero(graph, t, prog_or_mapping, cs_or_name=None, debug_name: str = ""):
 # ----------------------------------------------------------------------------------------------
 # iota
 # ----------------------------------------------------------------------------------------------
+@kernel
 def _iota_kernel(t, start, ctx):
     n = t.numElements()
     v = torch.arange(start, start + n, dtype=torch.int64)
@@ -495,6 +499,7 @@ def pad(graph_or_t, *args, **kwargs):
 # ----------------------------------------------------------------------------------------------
 # encodeOneHot
 # ----------------------------------------------------------------------------------------------
+@kernel
 def _one_hot_kernel(indices, encoded, on, off, on_v, off_v, ctx):
     idx = ctx.read(indices).to(torch.int64)              # [R, N]
     R = idx.shape[0]

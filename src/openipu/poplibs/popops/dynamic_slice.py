@@ -51,6 +51,7 @@ from openipu import poplar
 from openipu.poplar.exchange import Boxes
 from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplar.mapping import linear_tile_runs
+from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popops._common import read_on_tiles, unmapped_count
 
 __all__ = ["SlicePlan", "embedding", "createSliceableTensor", "createSliceTensor", "createIndicesTensor",
@@ -389,6 +390,7 @@ def _dyn_index(o, D, S, remap):
     return (o.clamp(0, D - 1)[..., None] + torch.arange(S)) % D, valid
 
 
+@kernel
 def _slice_kernel(view, out_view, offset, Ds, Ss, remap, ctx):
     base = ctx.read(view)                              # [R, *Ds, cols]
     R = base.shape[0]
@@ -407,6 +409,7 @@ def _slice_kernel(view, out_view, offset, Ds, Ss, remap, ctx):
     ctx.write(out_view, torch.stack(res))
 
 
+@kernel
 def _update_kernel(view, s_view, offset, Ds, Ss, remap, ctx):
     base = ctx.read(view).clone()
     upd = ctx.read(s_view)
@@ -439,6 +442,7 @@ def _multi_rows(offs, Ds, remap, padding):
     return lin, valid
 
 
+@kernel
 def _multi_slice_kernel(view, out_view, offsets, Ds, remap, padding, ctx):
     base = ctx.read(view)
     R = base.shape[0]
@@ -448,6 +452,7 @@ def _multi_slice_kernel(view, out_view, offsets, Ds, remap, padding, ctx):
     ctx.write(out_view, torch.where(valid[..., None], out, torch.zeros((), dtype=out.dtype)))
 
 
+@kernel
 def _multi_update_kernel(view, s_view, offsets, Ds, remap, padding, op, scale, scale_t, ctx):
     base = ctx.read(view)
     R = base.shape[0]
@@ -782,6 +787,7 @@ def _multi_slice_two_stage(graph, t, view, offsets, dims, rest, cols, parts, rem
     return res.dimShuffle(inv)
 
 
+@kernel
 def _stage0_kernel(view, bufs, bounds, offsets, Ds, remap, padding, ctx):
     base = ctx.read(view)
     R = base.shape[0]
@@ -793,6 +799,7 @@ def _stage0_kernel(view, bufs, bounds, offsets, Ds, remap, padding, ctx):
         ctx.write(b, torch.where(here[..., None], rows, torch.zeros((), dtype=rows.dtype)))
 
 
+@kernel
 def _stage1_kernel(bufs, out_view, ends, offsets, Ds, remap, padding, ctx):
     parts = torch.stack([ctx.read(b) for b in bufs], 1)          # [R, S, N, cols]
     R = parts.shape[0]

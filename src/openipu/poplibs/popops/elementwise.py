@@ -54,6 +54,7 @@ from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplar.options import OptionFlags
 from openipu.poplar.tensor import Tensor
 from openipu.poplar.types import Type
+from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popops import expr as E
 from openipu.poplibs.popops._common import broadcast_view, output_like, tile_counts_of
 from openipu.poplibs.popops.expr import BinaryOpType as B
@@ -603,6 +604,7 @@ def _run(code, values):
     return regs[-1]
 
 
+@kernel
 def _map_kernel(code, ins, out, ctx):
     values = [None if t is None else ctx.read(t) for t in ins]
     v = _run(code, values)

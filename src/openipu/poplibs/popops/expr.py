@@ -474,3 +474,13 @@ NODE_OF_OP = {op: globals()[name] for table in (UNARY_NODES, BINARY_NODES, TERNA
 __all__ = ["Expr", "Const", "ConstHalf", "Cast", "PlaceHolder", "UnaryOp", "BinaryOp", "TernaryOp",
            "UnaryOpType", "BinaryOpType", "TernaryOpType", *[f"_{i}" for i in range(1, 21)],
            *UNARY_NODES, *BINARY_NODES, *TERNARY_NODES]
+
+
+def _register_records():
+    from openipu.poplar.graph_codec import data_enum
+    data_enum(UnaryOpType)
+    data_enum(BinaryOpType)
+    data_enum(TernaryOpType)
+
+
+_register_records()

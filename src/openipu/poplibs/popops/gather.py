@@ -34,6 +34,7 @@ import torch
 
 from openipu import poplar
 from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popops._common import flat_boxes, tile_counts_of
 
 __all__ = ["gather", "scatter"]
@@ -101,6 +102,7 @@ def _start_vectors(idx, ivd, nk):
     return torch.movedim(idx, ivd + 1, -1).reshape(R, -1, nk)
 
 
+@kernel
 def _gather_kernel(operand, indices, out, ivd, window_dims, slice_sizes, start_map, out_perm, ctx):
     op = ctx.read(operand)
     R = op.shape[0]
@@ -229,6 +231,7 @@ def _scatter_positions(op_shape, idx, upd_shape, ivd, window_dims, inserted, dim
     return lin.reshape(R, -1), valid.reshape(R, -1), perm
 
 
+@kernel
 def _scatter_kernel(operand, indices, updates, ivd, window_dims, inserted, dims_map, mode, ctx):
     op = ctx.read(operand)
     R = op.shape[0]

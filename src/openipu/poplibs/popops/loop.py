@@ -13,6 +13,7 @@ import numpy as np
 
 from openipu import poplar
 from openipu.poplar.graph import VertexGroup
+from openipu.poplar.graph_codec import kernel
 
 __all__ = ["countedLoop"]
 
@@ -21,6 +22,7 @@ __all__ = ["countedLoop"]
 INCREMENT_CYCLES = 11 + 6 * (29 + 3)
 
 
+@kernel
 def _increment_kernel(var, step, ctx):
     ctx.write(var, ctx.read(var) + step)
 

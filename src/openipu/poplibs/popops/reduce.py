@@ -50,6 +50,7 @@ from openipu import poplar
 from openipu.poplar import regions as R
 from openipu.poplar.exchange import tile_boxes, variable_runs
 from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popops._common import flat_boxes, read_on_tiles, tile_counts_of, union_intervals
 
 __all__ = ["Operation", "ReduceParams", "SingleReduceOp", "reduce", "reduceWithOutput", "reduceMany",
@@ -285,6 +286,7 @@ def _segment_reduce(vals: torch.Tensor, idx: torch.Tensor, n: int, op: Operation
     return torch.full((R, n), init, dtype=dt).scatter_reduce_(1, idx.expand(R, -1), vals, red, include_self=True)
 
 
+@kernel
 def _stage_kernel(src, dst, indexer, n_dst, op, compute_dtype, first, final, ctx):
     """One reduction stage: ``dst[j] = op(src[i] for index[i] == j)``, in the order of ``src``'s
     flattened elements; ``indexer()`` yields ``(begin, end, index, dest)`` chunks of the
@@ -674,7 +676,7 @@ def _plan(graph, in_, dims, params, out_type, out, name, options) -> _Plan:
         graph.set_tile_runs(nxt, *gr.dst.tile_runs())
         E, K = gr.work(T)
         b, e, tl = gr.consumer_boxes()
-        stages.append(_later_stage(graph, part, Access(part, flat_boxes(b, e, tl)), nxt, gr.destinations, E, K,
+        stages.append(_later_stage(graph, part, Access(part, flat_boxes(b, e, tl)), nxt, functools.partial(_grouping_destinations, gr), E, K,
                                    gr.dst.total, later_op, None, inter, inter, target, None, False))
         part = nxt
     # final stage on the output's tiles. An output without a complete mapping is mapped linearly
@@ -705,6 +707,7 @@ def _same_runs(ab, ae, at, bb, be, bt) -> bool:
     return x[0].size == y[0].size and bool((x[0] == y[0]).all() and (x[1] == y[1]).all())
 
 
+@kernel
 def _first_index(boxes, shape, level, num_tiles):
     """Chunks of the first stage's kernel: for whole rows of the input view (``shape`` ``[M, N]``,
     tile ``boxes``), the destination of each element (its output, or its level-1 partial).
@@ -790,6 +793,13 @@ def _expand(lo: np.ndarray, n: np.ndarray, iota: np.ndarray) -> np.ndarray:
     return iota + np.repeat(lo - (np.cumsum(n) - n), n)
 
 
+@kernel
+def _grouping_destinations(gr: _Grouping) -> np.ndarray:
+    """``gr.destinations()`` as a kernel argument (a module-level function, as executables name)."""
+    return gr.destinations()
+
+
+@kernel
 def _final_destinations(L: _Level) -> np.ndarray:
     """The output element of each partial of the last level, by position (kernels only)."""
     if L.in_order:
@@ -842,6 +852,7 @@ def _later_stage(graph, src, read, dst, destinations, E, K, n_dst, op, final, pt
                   reads=[read], writes=[Access(dst)], flops=flops, scale_t=scale_t, update=upd)
 
 
+@kernel
 def _whole_index(destinations, n):
     yield 0, n, destinations(), None
 
@@ -942,3 +953,14 @@ def reduceMany(graph, reductions, outputs_or_prog, prog=None, debug_name: str = 
     if not given:
         outputs.extend(p.out for p in plans)
     return outputs
+
+
+def _register_records():
+    from openipu.poplar.graph_codec import data_class, data_enum
+    data_enum(Operation)
+    data_class(_Grouping)
+    data_class(_Level, fields=("m0", "stride", "count", "ptr", "tiles", "fan", "cls", "rank", "bcount", "total",
+                               "period", "in_order", "n_div", "n_mod", "offset"))
+
+
+_register_records()

@@ -25,6 +25,7 @@ import torch
 
 from openipu import poplar
 from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popops._common import read_on_tiles, tile_counts_of
 
 __all__ = ["ScaledAddSpecialisation", "scaledAddTo", "scaledSubtractFrom", "scaled_add_cycles"]
@@ -78,6 +79,7 @@ def scaled_add_cycles(n: np.ndarray, a_type, b_type, target, *, operation: str =
     return supervisor + worker * workers
 
 
+@kernel
 def _kernel(A, B, sa_const, sb_const, sa_t, sb_t, sign, mode, ctx):
     a, b = ctx.read(A), ctx.read(B)
     R = a.shape[0]

@@ -21,6 +21,7 @@ import torch
 from openipu import poplar
 from openipu.poplar.exchange import Boxes
 from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popops._common import row_intervals_per_tile
 
 __all__ = ["SortOrder", "TopKParams", "sort", "sortInPlace", "sortKeyValue", "sortKeyValueInPlace", "topK",
@@ -150,6 +151,7 @@ def _sort_groups(graph, t, dim, kernel, writes, name, extra_reads=()):
         yield cs
 
 
+@kernel
 def _noop(ctx):
     pass
 
@@ -157,6 +159,7 @@ def _noop(ctx):
 # ----------------------------------------------------------------------------------------------
 # kernels
 # ----------------------------------------------------------------------------------------------
+@kernel
 def _sort_kernel(keys, values, keys_out, values_out, dim, ctx):
     k = ctx.read(keys)
     sk, order = torch.sort(k, dim=dim + 1, stable=True)
@@ -167,6 +170,7 @@ def _sort_kernel(keys, values, keys_out, values_out, dim, ctx):
         ctx.write(values_out, torch.gather(v, dim + 1, order))
 
 
+@kernel
 def _topk_kernel(t, values_in, vals_out, idx_out, vsel_out, k, largest, order, ctx):
     x = ctx.read(t)
     # stable selection: among equal keys the lower index comes first
@@ -307,3 +311,11 @@ def topKKeyValue(graph, prog, keys, values, params, debug_name: str = ""):  # no
     """``popops::topKKeyValue``: ``(top keys, values permuted with them)``."""
     k, _, v = _topk(graph, prog, keys, params, values, False, debug_name or "topKKeyValue")
     return k, v
+
+
+def _register_records():
+    from openipu.poplar.graph_codec import data_enum
+    data_enum(SortOrder)
+
+
+_register_records()
