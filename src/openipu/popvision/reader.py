@@ -55,6 +55,8 @@ MAX_TABLE_ROWS = 4_000_000
 MAX_IPUS = 1024
 MAX_TILES_PER_IPU = 65_536
 MAX_TILES = 1 << 20
+#: Largest magnitude of a cycle figure (so sums over categories and IPUs stay exact int64s).
+MAX_CYCLES = 1e18
 #: Most execution-trace entries per run (the engine records the first 100,000).
 MAX_TRACE_STEPS = 100_000
 
@@ -62,6 +64,8 @@ _MAGIC = "openipu-profile"
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _NPY_MAGIC = b"\x93NUMPY"
 _NPY_MAX_HEADER = 4096
+_NPY_HEADER_RE = re.compile(rb"\{'descr': '([<>|=]?[biuf]\d{1,2})', 'fortran_order': (True|False), "
+                            rb"'shape': \(((?:\d{1,18}, ?)*\d{0,18})\), \} *\n")
 _PROGRESS_OPS = 1000            # SQLite VM instructions between two deadline checks
 _EXEC_CATEGORIES = ("compute", "exchange", "global_exchange", "host_exchange", "sync")
 
@@ -198,13 +202,19 @@ def load_npy(blob, name: str = "array", path: str = "") -> np.ndarray:
         raise bad(f".npy format version {major}")
     if hlen > _NPY_MAX_HEADER or start + hlen > len(blob):
         raise bad(f".npy header of {hlen:,} bytes")
-    try:
-        header = ast.literal_eval(blob[start:start + hlen].decode("latin1" if major < 3 else "utf8"))
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, UnicodeDecodeError):
-        raise bad("unreadable .npy header") from None
-    if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
-        raise bad("unreadable .npy header")
-    descr, fortran, shape = header["descr"], header["fortran_order"], header["shape"]
+    text = blob[start:start + hlen]
+    m = _NPY_HEADER_RE.fullmatch(text)
+    if m:                             # the header np.save writes, parsed without evaluating anything
+        descr, fortran = m.group(1).decode(), m.group(2) == b"True"
+        shape = tuple(int(d) for d in m.group(3).split(b",") if d.strip())
+    else:
+        try:
+            header = ast.literal_eval(text.decode("latin1" if major < 3 else "utf8"))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, UnicodeDecodeError):
+            raise bad("unreadable .npy header") from None
+        if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
+            raise bad("unreadable .npy header")
+        descr, fortran, shape = header["descr"], header["fortran_order"], header["shape"]
     if not isinstance(descr, str) or not re.fullmatch(r"[<>|=]?[biuf]\d{1,2}", descr):
         raise bad(f"dtype {descr!r} is not a plain number type (objects and records are refused)")
     try:
@@ -368,8 +378,9 @@ def _array(arrays: dict, name: str, path: str, shape: tuple, kinds: str = "iuf",
         want = "x".join("n" if d is None else str(d) for d in shape)
         raise CorruptReport(f"Profile '{path}' is damaged: array {_q(name)} is {a.dtype} {a.shape}, expected "
                             f"[{want}] of {'integers' if kinds == 'iu' else 'numbers'}")
-    if finite and a.dtype.kind == "f" and not np.isfinite(a).all():
-        raise CorruptReport(f"Profile '{path}' is damaged: array {_q(name)} holds NaN or infinity")
+    if finite and a.size and not np.abs(a.astype(np.float64)).max() <= MAX_CYCLES:     # NaN fails too
+        raise CorruptReport(f"Profile '{path}' is damaged: array {_q(name)} holds NaN, infinity or values "
+                            f"beyond {MAX_CYCLES:g}")
     return a
 
 
