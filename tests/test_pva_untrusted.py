@@ -193,6 +193,11 @@ CASES = {
     "fts5 virtual table": (_sql(
         "DROP TABLE variables", "CREATE VIRTUAL TABLE variables USING fts5(id, name, type, shape, bytes, "
         "num_tiles, constant, always_live)"), "CorruptReport", "virtual table 'variables'"),
+    "fts5 virtual table, SQL text disguised": (_sql(
+        "DROP TABLE variables", "CREATE VIRTUAL TABLE variables USING fts5(id, name, type, shape, bytes, "
+        "num_tiles, constant, always_live)", "PRAGMA writable_schema=ON",
+        "UPDATE sqlite_master SET sql=replace(sql, 'CREATE VIRTUAL TABLE', 'CREATE /* a plain */ VIRTUAL TABLE') "
+        "WHERE name='variables'"), "CorruptReport", "virtual table 'variables'"),
     "expression index": (_sql("CREATE INDEX i ON steps(abs(idx) + length(name))"), "CorruptReport", "index 'i'"),
     "generated column": (_sql(
         "CREATE TABLE runs2 (id INTEGER PRIMARY KEY, program INTEGER, name TEXT AS (hex(zeroblob(400000000))), "

@@ -20,6 +20,11 @@ A profile is a file anyone can hand you, so this module treats it as hostile inp
   a plain numeric dtype, at most 8 dimensions, ``prod(shape) * itemsize`` equal to the payload
   size and at most :data:`MAX_ARRAY_BYTES`) and only then viewing its bytes (never a pickle).
 
+Sources: SQLite's "Defense Against The Dark Arts" (https://www.sqlite.org/security.html: read-only
+and immutable URIs, ``trusted_schema``, ``cell_size_check``, limits, authorizer, progress
+handler; https://www.sqlite.org/uri.html), the ``.npy`` format (NEP 1,
+https://numpy.org/neps/nep-0001-npy-format.html).
+
 Anything wrong raises :class:`~openipu.popvision.errors.CorruptReport` (or ``NotAReport`` /
 ``UnsupportedFormat``) with one line saying what; a missing file raises ``FileNotFoundError``.
 After :func:`read_profile` returns, every id, index and shape the report objects use is
@@ -266,14 +271,16 @@ def _check_file(path: str) -> None:
 def _check_schema(con: _Connection) -> set:
     """Refuse views, triggers, virtual tables and hand-written indexes; return the table names."""
     path = con.path
-    objects = con.query("SELECT type, name, tbl_name, sql FROM sqlite_master", "the schema")
+    objects = con.query("SELECT type, name, rootpage, sql FROM sqlite_master", "the schema")
     names = {r[1] for r in objects}
     if "meta" not in names:
         raise NotAReport(f"'{path}' is an SQLite file but not a profile report (no meta table)")
     tables = set()
-    for kind, name, _tbl, sql in objects:
+    for kind, name, rootpage, sql in objects:
         if kind == "table":
-            if isinstance(sql, str) and re.match(r"\s*CREATE\s+VIRTUAL\s", sql, re.IGNORECASE):
+            # a virtual table has no b-tree of its own (rootpage 0), whatever its SQL text says
+            if rootpage == 0 or not isinstance(rootpage, int) or (
+                    isinstance(sql, str) and re.match(r"\s*CREATE\s+VIRTUAL\s", sql, re.IGNORECASE)):
                 raise CorruptReport(f"Profile '{path}' has a virtual table {_q(name)}; a profile holds only "
                                     "plain tables (refused)")
             tables.add(name)
