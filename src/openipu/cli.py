@@ -71,14 +71,14 @@ def _report(args) -> int:
     from openipu.popvision.html import summary_figures, write_report
     out = args.output or os.path.join(args.profile if os.path.isdir(args.profile) else os.path.dirname(args.profile) or ".",
                                       "report.html")
-    try:
+    try:  # a bad profile or an unwritable output: one line, exit 1, no page (write_report is atomic)
         r = popvision.openReport(args.profile)
         other = popvision.openReport(args.compare) if args.compare else None
-    except (FileNotFoundError, popvision.Error) as e:
+        write_report(r, out, other)
+        f = summary_figures(r)
+    except (OSError, popvision.Error) as e:
         print(f"openipu report: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    write_report(r, out, other)
-    f = summary_figures(r)
     print(f"Report of {r.path} written to {out}")
     print(f"  total memory {f['total_memory']:,} B; worst tile {f['worst_tile']} ({f['worst_tile_bytes']:,} B); "
           f"liveness peak {f['liveness_peak']:,} B at step {f['liveness_peak_step']}")

@@ -20,6 +20,8 @@ import numpy as np
 
 #: At most this many execution steps are drawn in the trace (the first ones of the run).
 MAX_TRACE_STEPS = 20_000
+#: The program tree view shows at most this many levels (deeper nodes are summarised).
+MAX_TREE_DEPTH = 64
 _COLOURS = {"sync": "#9e9e9e", "exchange": "#ff9800", "global_exchange": "#e91e63", "host_exchange": "#9c27b0",
             "compute": "#2196f3"}
 _LABELS = {"compute": "compute", "exchange": "exchange", "global_exchange": "IPU-Link exchange",
@@ -76,7 +78,8 @@ def _summary(report) -> str:
         cyc = f["cycles_per_run"]
         rows += [("Cycles per run (predicted, first run)", f"{cyc:,}", "cycles-per-run"),
                  ("Latency per run (predicted)", f"{cyc / clock * 1e6:,.1f} us", "latency"),
-                 ("Throughput (predicted)", f"{clock / cyc:,.1f} runs/s (x samples per run)", "throughput")]
+                 ("Throughput (predicted)", f"{clock / cyc:,.1f} runs/s (x samples per run)" if cyc else "-",
+                  "throughput")]
         run = report.execution.runs[0]
         rows.append(("Host time of that run (simulation, not IPU)", f"{run.hostSeconds:.3f} s", "host-seconds"))
     body = "".join(f"<tr><th>{_e(k)}</th><td id='{i}'>{_e(v)}</td></tr>" for k, v, i in rows)
@@ -149,6 +152,9 @@ def _program_tree(report, limit: int = 5000) -> str:
         if p.step is not None:
             label += f"  [step {p.step}]"
             return f"<li class='leaf'>{_e(label)}</li>"
+        if depth >= MAX_TREE_DEPTH:
+            return (f"<li class='leaf'>{_e(label)} ({len(p.children)} children, deeper than {MAX_TREE_DEPTH} "
+                    "levels: not shown)</li>")
         kids = "".join(node(c, depth + 1) for c in p.children)
         opened = " open" if depth < 2 else ""
         return f"<li><details{opened}><summary>{_e(label)} ({len(p.children)})</summary><ul>{kids}</ul></details></li>"
@@ -275,10 +281,38 @@ def render(report, compare=None, title: str | None = None) -> str:
 def write_report(profile, out_path: str, compare=None) -> str:
     """Write the HTML report of ``profile`` (a path to ``profile.pop`` or its directory, or a
     Report) to ``out_path``; ``compare``: a second profile for the compare view. Returns
-    ``out_path``. Raises the ``pva`` errors of :func:`openipu.popvision.openReport`."""
+    ``out_path``.
+
+    The page is rendered in memory, written to a temporary file beside ``out_path`` and renamed
+    over it (``os.replace``), so an error leaves no partial or empty page and never destroys the
+    previous one. Raises the ``pva`` errors of :func:`openipu.popvision.openReport` (a damaged
+    profile, also one found while rendering, is :class:`~openipu.popvision.CorruptReport`) and
+    ``OSError`` if the file cannot be written."""
     from openipu.popvision.report import Report, openReport
     r = profile if isinstance(profile, Report) else openReport(profile)
     c = None if compare is None else (compare if isinstance(compare, Report) else openReport(compare))
-    with open(out_path, "w", encoding="utf-8") as f:
-        f.write(render(r, c))
+    page = render(r, c).encode("utf-8")
+    _write_atomically(out_path, page)
     return out_path
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same directory and
+    ``os.replace``; the temporary file is removed on any error. The new file gets the usual
+    permissions (0666 less the umask), like ``open(path, "w")``."""
+    import os
+    import secrets
+    path = os.fspath(path)
+    directory, base = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{base}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,11 +1,13 @@
 """The ``pva`` report reader: libpva's Python API over the ``profile.pop`` the engine writes.
 
-``openReport(path)`` reads the whole profile (an SQLite database, docs/profile-format.md) into
-memory at once, so a truncated or damaged file fails there with :class:`CorruptReport`, not
-later. Per-tile figures are numpy arrays (one per category, length = tiles); the objects libpva
-exposes (``report.compilation.tiles[i].memory.total.includingGaps`` ...) are views built from
-them on access. Loading never executes anything from the file: tables are read with SQL
-``SELECT`` and arrays with ``np.load(allow_pickle=False)``.
+``openReport(path)`` reads and checks the whole profile (an SQLite database,
+docs/profile-format.md) at once, so a truncated, damaged or crafted file fails there with a
+``pva.Error`` subclass, not later. The file is untrusted data: :mod:`openipu.popvision.reader`
+opens it read-only, refuses anything in it that could run SQL (views, triggers, virtual tables),
+bounds every query's time and every size, and decodes the ``.npy`` arrays only after checking
+their headers. Per-tile figures are numpy arrays (one per category, length = tiles); the objects
+libpva exposes (``report.compilation.tiles[i].memory.total.includingGaps`` ...) are views built
+from them on access, and a damage found while building them is :class:`CorruptReport` too.
 
 Every cycle figure is a *predicted IPU* figure from openipu's cost model (the profile of the
 IPU Model); the only host time is ``Run.hostSeconds`` / ``Report.compileHostSeconds``.
@@ -13,19 +15,15 @@ IPU Model); the only host time is ``Run.hostSeconds`` / ``Report.compileHostSeco
 
 from __future__ import annotations
 
-import io
+import functools
 import os
-import sqlite3
+import re
 from functools import cached_property
 
 import numpy as np
 
-from openipu.popvision.errors import CorruptReport, NotAReport, UnsupportedFormat
-
-#: Format versions this reader reads (docs/profile-format.md).
-SUPPORTED_FORMAT_VERSIONS = (1,)
-_MAGIC = "openipu-profile"
-_SQLITE_HEADER = b"SQLite format 3\x00"
+from openipu.popvision.errors import CorruptReport
+from openipu.popvision.reader import SUPPORTED_FORMAT_VERSIONS, _q, read_profile  # noqa: F401 - re-exported
 
 #: libpva's memory category names for the categories openipu's memory plan counts.
 CATEGORY_NAMES = {"Variables": "variable", "Constants": "constant", "Stack": "stack",
@@ -37,6 +35,26 @@ UNMODELLED_CATEGORIES = ("controlId", "controlTable", "copyDescriptor", "globalE
                          "hostMessage", "instrumentationResults", "message", "rearrangement", "sharedCodeStorage",
                          "sharedDataStorage", "vectorListDescriptor", "vertexFieldData")
 _EXEC_CATEGORIES = ("compute", "exchange", "global_exchange", "host_exchange", "sync")
+
+
+def _guarded(fn):
+    """Defence in depth for the lazily built parts of a report: the data was checked at open
+    time, so an exception while building them means a damaged profile (or a reader bug); either
+    way the caller gets :class:`CorruptReport` naming the profile, not a raw Python error."""
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kw):
+        try:
+            return fn(self, *args, **kw)
+        except (LookupError, ValueError, TypeError, ArithmeticError, MemoryError, RecursionError) as e:
+            raise CorruptReport(f"Profile '{_path_of(self)}' is damaged: building {fn.__name__} failed "
+                                f"({type(e).__name__}: {_q(str(e), 200)})") from None
+    return wrapper
+
+
+def _path_of(obj) -> str:
+    for attr in ("_r", "_comp"):
+        obj = getattr(obj, attr, obj)
+    return getattr(obj, "path", None) or getattr(getattr(obj, "_r", None), "path", "?")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -164,6 +182,15 @@ class Program(_Obj):
         PrintTensor = "PrintTensor"
         Abort = "Abort"
 
+    @cached_property
+    @_guarded
+    def estimatedCyclesByTile(self):  # noqa: N802
+        """Predicted cycles of this lowered step on each tile (float32 array, built on access)."""
+        comp, step = self.__dict__.get("_comp"), self.__dict__.get("step")
+        if comp is None or step is None:
+            raise AttributeError(f"A {self.type} program has no estimatedCyclesByTile")
+        return comp._step_tile_cycles(step)
+
     def accept(self, visitor):
         fn = getattr(visitor, f"visit{self.type}", None)
         if fn is None:
@@ -219,82 +246,18 @@ class Run(_Obj):
 # ----------------------------------------------------------------------------------------------
 # the report
 # ----------------------------------------------------------------------------------------------
-def _load_npy(blob, name):
-    try:
-        return np.load(io.BytesIO(blob), allow_pickle=False)
-    except Exception as e:  # noqa: BLE001 - any decoding failure is a damaged profile
-        raise CorruptReport(f"Profile array '{name}' is damaged: {e}") from None
-
-
-def _read_all(path: str) -> tuple[dict, dict]:
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"No such profile: '{path}'")
-    with open(path, "rb") as f:
-        head = f.read(100)
-    if not head.startswith(_SQLITE_HEADER):
-        raise NotAReport(f"'{path}' is not a profile report (profile.pop): not an openipu/Poplar profile file")
-    if len(head) < 100:
-        raise CorruptReport(f"Profile '{path}' is truncated ({len(head)} bytes)")
-    page_size = int.from_bytes(head[16:18], "big")
-    page_size = 65536 if page_size == 1 else page_size
-    pages = int.from_bytes(head[28:32], "big")
-    size = os.path.getsize(path)
-    if pages and size < pages * page_size:
-        raise CorruptReport(f"Profile '{path}' is truncated: {size:,} bytes of {pages * page_size:,}")
-    try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    except sqlite3.Error as e:
-        raise CorruptReport(f"Cannot open profile '{path}': {e}") from None
-    try:
-        try:
-            names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        except sqlite3.DatabaseError as e:
-            raise CorruptReport(f"Profile '{path}' is damaged: {e}") from None
-        if "meta" not in names:
-            raise NotAReport(f"'{path}' is an SQLite file but not a profile report (no meta table)")
-        try:
-            meta = dict(con.execute("SELECT key, value FROM meta"))
-            if meta.get("magic") != _MAGIC:
-                raise NotAReport(f"'{path}' is not a profile report (meta.magic is {meta.get('magic')!r})")
-            try:
-                ver = int(meta.get("format_version", "0"))
-            except ValueError:
-                raise CorruptReport(f"Profile '{path}' has an unreadable format version "
-                                    f"{meta.get('format_version')!r}") from None
-            if ver not in SUPPORTED_FORMAT_VERSIONS:
-                age = "an older" if ver < min(SUPPORTED_FORMAT_VERSIONS) else "a newer"
-                raise UnsupportedFormat(
-                    f"Profile '{path}' has {age} format version {ver}; this reader supports version(s) "
-                    f"{', '.join(map(str, SUPPORTED_FORMAT_VERSIONS))}. Regenerate the profile with this openipu")
-            data = {"meta": meta}
-            for t in ("target", "graph"):
-                data[t] = dict(con.execute(f"SELECT key, value FROM {t}"))
-            for t, order in (("memory_categories", "position"), ("variables", "id"), ("vertex_types", "id"),
-                             ("compute_sets", "id"), ("compute_set_vertices", "rowid"), ("steps", "idx"),
-                             ("programs", "id"), ("runs", "id")):
-                data[t] = con.execute(f"SELECT * FROM {t} ORDER BY {order}").fetchall()
-            arrays = {n: _load_npy(b, n) for n, b in con.execute("SELECT name, data FROM arrays")}
-        except sqlite3.DatabaseError as e:
-            raise CorruptReport(f"Profile '{path}' is damaged: {e}") from None
-    finally:
-        con.close()
-    missing = [k for k in ("memory/total", "liveness/notAlwaysLive") if k not in arrays]
-    if missing:
-        raise CorruptReport(f"Profile '{path}' lacks the arrays {missing}")
-    return data, arrays
-
-
 class Report:
     """``pva.Report``: ``poplarVersion``, ``compilation``, ``execution`` of one profile."""
 
     def __init__(self, path: str):
         self.path = str(path)
-        self._data, self._arrays = _read_all(self.path)
+        self._data, self._arrays = read_profile(self.path)
         meta = self._data["meta"]
         self.formatVersion = int(meta["format_version"])
         self.openipuVersion = meta.get("openipu_version", "")
         self.compileHostSeconds = float(meta.get("compile_host_seconds", "nan"))
-        major, minor, point = (int(x) for x in meta.get("poplar_version", "0.0.0").split(".")[:3])
+        major, minor, point = (int(x) for x in re.match(r"(\d+)\.(\d+)\.(\d+)",
+                                                        meta.get("poplar_version", "0.0.0")).groups())
         self.poplarVersion = Version(major=major, minor=minor, point=point, packageHash="openipu",
                                      string=f"{major}.{minor}.{point} (openipu {self.openipuVersion})")
         self._cat_by_pva = {CATEGORY_NAMES.get(name, name): self._arrays[arr]
@@ -333,6 +296,7 @@ class Compilation:
 
     # -- memory -------------------------------------------------------------------------------
     @cached_property
+    @_guarded
     def tiles(self) -> list:
         tpi = self.target.tilesPerIpu
         al, nal = self.alwaysLiveBytesByTile, self.notAlwaysLiveBytesByTile
@@ -346,6 +310,7 @@ class Compilation:
         return out
 
     @cached_property
+    @_guarded
     def ipus(self) -> list:
         tpi = self.target.tilesPerIpu
         return [Ipu(id=i, tiles=self.tiles[i * tpi:(i + 1) * tpi]) for i in range(self.target.numIPUs)]
@@ -362,21 +327,25 @@ class Compilation:
 
     # -- graph objects --------------------------------------------------------------------------
     @cached_property
+    @_guarded
     def variables(self) -> list:
         return [Variable(id=i, name=n, type=ty, shape=tuple(int(x) for x in sh.split(",") if x), size=int(b),
                          numTiles=int(nt), constant=bool(c))
                 for i, n, ty, sh, b, nt, c, _ in self._r._data["variables"]]
 
     @cached_property
+    @_guarded
     def vertexTypes(self) -> list:  # noqa: N802
         return [VertexType(id=i, name=n, count=int(c), stateBytes=float(sb), codeBytes=float(cb), cycles=float(cy))
                 for i, n, c, sb, cb, cy in self._r._data["vertex_types"]]
 
     @cached_property
+    @_guarded
     def _tile_compute(self) -> dict:
         return {n: a for n, a in self._r._arrays.items() if n.startswith("steps/tileCompute/")}
 
     @cached_property
+    @_guarded
     def computeSets(self) -> list:  # noqa: N802
         vt = {v.id: v for v in self.vertexTypes}
         per: dict = {}
@@ -397,6 +366,7 @@ class Compilation:
         return {c: self._r._arrays[f"steps/cycles/{c}"] for c in _EXEC_CATEGORIES}
 
     @cached_property
+    @_guarded
     def _step_total(self) -> np.ndarray:
         return sum(self.stepCycles().values())
 
@@ -413,6 +383,7 @@ class Compilation:
 
     # -- programs -------------------------------------------------------------------------------
     @cached_property
+    @_guarded
     def _program_nodes(self) -> list:
         cs_by_id = {c.id: c for c in self.computeSets}
         steps = self._r._data["steps"]
@@ -420,7 +391,7 @@ class Compilation:
         nodes = []
         for pid, parent, pos, ty, name, step, rep, root in self._r._data["programs"]:
             p = Program(id=pid, type=ty, name=name or "", children=[], step=step, repeatCount=rep, root=root,
-                        _parent=parent)
+                        _parent=parent, _comp=self)
             if step is not None:
                 srow = steps[step]
                 p.computeset = cs_by_id.get(srow[3]) if srow[3] is not None else None
@@ -443,6 +414,7 @@ class Compilation:
         return [p for p in self._program_nodes if p._parent is None or p._parent < 0]
 
     @cached_property
+    @_guarded
     def _step_programs(self) -> dict:
         out: dict = {}
         for p in self._program_nodes:
@@ -455,13 +427,13 @@ class Compilation:
         p = self._step_programs.get(idx)
         if p is None:
             row = self._r._data["steps"][idx]
-            p = Program(id=-1, type=row[1], name=row[2], children=[], step=idx, repeatCount=None, root=-1)
-        if not hasattr(p, "estimatedCyclesByTile"):
-            p.estimatedCyclesByTile = self._step_tile_cycles(idx)
+            p = Program(id=-1, type=row[1], name=row[2] or "", children=[], step=idx, repeatCount=None, root=-1,
+                        _comp=self)
         return p
 
     # -- liveness -------------------------------------------------------------------------------
     @cached_property
+    @_guarded
     def livenessProgramSteps(self) -> list:  # noqa: N802
         by_ipu = self._r._arrays.get("liveness/notAlwaysLiveByIpu")
         n = len(self._r._data["steps"])
@@ -487,6 +459,7 @@ class Execution:
         self.totalCycles = _Obj(total=int(round(total)))
 
     @cached_property
+    @_guarded
     def runs(self) -> list:
         out = []
         comp = self._r.compilation
@@ -513,6 +486,7 @@ class _LazyRun(Run):
         self._comp, self._a, self._i = comp, arrays, i
 
     @cached_property
+    @_guarded
     def steps(self) -> list:
         comp, a, i = self._comp, self._a, self._i
         idx = a[f"runs/{i}/trace/step"]
@@ -521,14 +495,9 @@ class _LazyRun(Run):
         cyc = comp.stepCycles()
         total = comp._step_total
         out = []
+        peak = total.max(axis=1).round().astype(np.int64).tolist() if total.size else []
         for k, (s, e0, e1) in enumerate(zip(idx.tolist(), start.tolist(), end.tolist())):
-            per = total[s]
-            ipus = [StepIpu(ipu=j, cycles=int(round(float(per[j]))),
-                            activeCycles=_Obj(cyclesFrom=CycleRange(min=e0, max=e0), cyclesTo=CycleRange(min=e0 + float(per[j]), max=e0 + float(per[j]))),
-                            cyclesByCategory={c: float(cyc[c][s][j]) for c in _EXEC_CATEGORIES})
-                    for j in range(per.size)]
-            out.append(_LazyStep(comp, s, index=k, programStep=s, cyclesFrom=e0, cyclesTo=e1,
-                                 cycles=int(round(float(per.max()))), ipus=ipus))
+            out.append(_LazyStep(comp, s, index=k, programStep=s, cyclesFrom=e0, cyclesTo=e1, cycles=peak[s]))
         return out
 
 
@@ -541,6 +510,19 @@ class _LazyStep(ExecutionStep):
     def program(self):
         return self._comp.programOfStep(self._s)
 
+    @cached_property
+    @_guarded
+    def ipus(self) -> list:
+        """Per IPU: :class:`StepIpu` (built on access)."""
+        comp, s, e0 = self._comp, self._s, self.cyclesFrom
+        cyc = comp.stepCycles()
+        per = comp._step_total[s]
+        return [StepIpu(ipu=j, cycles=int(round(float(per[j]))),
+                        activeCycles=_Obj(cyclesFrom=CycleRange(min=e0, max=e0),
+                                          cyclesTo=CycleRange(min=e0 + float(per[j]), max=e0 + float(per[j]))),
+                        cyclesByCategory={c: float(cyc[c][s][j]) for c in _EXEC_CATEGORIES})
+                for j in range(per.size)]
+
     @property
     def cyclesByTile(self):
         return self._comp._step_tile_cycles(self._s)
@@ -551,9 +533,16 @@ def openReport(path, *_args) -> Report:  # noqa: N802
 
     Raises ``FileNotFoundError`` (no such file), :class:`NotAReport` (not a profile),
     :class:`UnsupportedFormat` (an older or newer format version), :class:`CorruptReport`
-    (truncated or damaged). Nothing in the file is executed.
+    (truncated, damaged, over the reader's size limits, or holding views, triggers or virtual
+    tables), each with a one-line message. The file is untrusted: nothing in it is executed, no
+    file is created or changed, and each SQL query is stopped after
+    ``reader.QUERY_TIME_LIMIT_SECONDS`` (see :mod:`openipu.popvision.reader`).
     """
     path = os.fspath(path)
     if os.path.isdir(path):
         path = os.path.join(path, "profile.pop")
-    return Report(path)
+    try:
+        return Report(path)
+    except (LookupError, ValueError, TypeError, ArithmeticError, MemoryError, RecursionError) as e:
+        # defence in depth: read_profile checked the file, so this is a damage it did not foresee
+        raise CorruptReport(f"Profile '{path}' is damaged ({type(e).__name__}: {_q(str(e), 200)})") from None
