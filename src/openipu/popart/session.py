@@ -308,14 +308,36 @@ class _SessionBase:
             self._connect_buffers(stepio)
         else:
             raise popart_exception(f"run expects a popart.PyStepIO or PyStepIOCallback, got {type(stepio).__name__}")
+        fast = self._ir_executor() if isinstance(stepio, PyStepIO) else None
         try:
-            eng.run(0, debugName)
+            if fast is not None:        # outputs from the IR executor, the prediction from the program
+                fast.run(stepio.inputs, stepio.outputs, self._dataflow.batchesPerStep())
+                eng.predict_run(0, debugName)
+            else:
+                eng.run(0, debugName)
         except poplar.application_runtime_error as e:
             raise poplar_application_runtime_error(str(e), e) from None
         except poplar.poplar_error as e:
             raise poplar_exception(str(e), e) from None
         self._last_run = True
         self._last_cycles = eng.last_run_cycles
+
+    def _ir_executor(self):
+        """The session's :class:`openipu.popart.execute.IrExecutor` under ``OPENIPU_EXECUTION=ir``
+        when it covers the session (else ``None``: the device emulation runs it)."""
+        from openipu.popart import execute
+        try:
+            m = execute.mode()
+        except ValueError as e:
+            raise popart_exception(str(e)) from None
+        if getattr(self, "_fast", None) is None and m == "ir":
+            why = execute.unsupported(self)
+            if why is None:
+                self._fast = execute.IrExecutor(self._ir, self._host_weights)
+            else:
+                log("session").info("Running on the device emulation: the IR executor does not cover %s", why)
+                self._fast = False
+        return getattr(self, "_fast", None) or None
 
     def _expected_in(self, tid):
         o = self.options
@@ -548,6 +570,8 @@ class _SessionBase:
             self._engine.connectStream(h, shard_rows(host, self.replicationFactor).reshape(-1)
                                        if tid in sharded else host.reshape(-1))
         self._engine.run(1, "weightsFromHost")
+        if getattr(self, "_fast", None):
+            self._fast.set_weights(self._host_weights)
 
     def weightsToHost(self) -> None:  # noqa: N802
         """Copy the device weights back to their host copies."""
