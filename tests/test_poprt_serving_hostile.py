@@ -469,6 +469,7 @@ def test_aborted_connections_log_one_line_each(mlp_runner, caplog):
         # 2. a whole request, then gone while it waits for the device (reset, not a half-close)
         s = socket.create_connection(("127.0.0.1", port), timeout=GUARD)
         s.sendall(_request("POST", "/v2/models/mlp/infer", body))
+        _wait_for(lambda: srv._inflight == 1, "request not admitted")
         time.sleep(0.05)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
         s.close()

@@ -40,8 +40,9 @@ Limits (the server stays up and bounded whatever a client sends):
 * non-finite outputs: KServe v2 JSON carries numbers, and JSON (RFC 8259) has no NaN or infinity;
   Triton writes the non-standard tokens ``NaN`` / ``Infinity`` (rapidjson's
   ``kWriteNanAndInfFlag``, triton-inference-server/server#3870). This server writes the strings
-  ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` instead, as the protobuf JSON mapping of the
-  protocol's gRPC form does for ``float`` / ``double``; responses are always valid JSON, and the
+  ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` instead, as the proto3 JSON mapping of the
+  protocol's gRPC form does for ``float`` / ``double`` (protobuf.dev, "JSON Mapping"; its
+  conformance suite also refuses floats out of range); responses are always valid JSON, and the
   same three strings are accepted in FP16/FP32/FP64 input data.
 * authentication: with ``auth_token`` (``--auth-token`` or the environment variable
   ``OPENIPU_SERVING_TOKEN``) every endpoint except ``/v2/health/live`` and ``/v2/health/ready``
@@ -135,10 +136,13 @@ def _dumps(obj) -> bytes:
     return json.dumps(obj, allow_nan=False, separators=(",", ":")).encode()
 
 
+def _json(obj, status: int = 200, headers=None) -> web.Response:
+    return web.Response(status=status, body=_dumps(obj), content_type="application/json", headers=headers)
+
+
 def _error(status: int, text: str, headers=None) -> web.Response:
     """A response in the KServe v2 error shape, ``{"error": text}``."""
-    return web.Response(status=status, body=_dumps({"error": text}), content_type="application/json",
-                        headers=headers)
+    return _json({"error": text}, status, headers)
 
 
 def _refuse_constant(name):
@@ -464,21 +468,21 @@ class InferenceServer:
         return {"name": d.name, "datatype": DATATYPES[np.dtype(d.dtype).name], "shape": [-1] + list(d.shape[1:])}
 
     async def _live(self, request):
-        return web.json_response({"live": True})
+        return _json({"live": True})
 
     async def _server_meta(self, request):
         from openipu import __version__
-        return web.json_response({"name": "openipu-poprt", "version": __version__, "extensions": []})
+        return _json({"name": "openipu-poprt", "version": __version__, "extensions": []})
 
     async def _model_meta(self, request):
-        return self._unknown_model(request) or web.json_response({
+        return self._unknown_model(request) or _json({
             "name": self.model_name, "versions": ["1"], "platform": "openipu_poprt",
             "max_batch_size": self.batch,
             "inputs": [self._tensor_meta(d) for d in self.runner.get_model_inputs()],
             "outputs": [self._tensor_meta(d) for d in self.runner.get_model_outputs()]})
 
     async def _model_ready(self, request):
-        return self._unknown_model(request) or web.json_response({"name": self.model_name, "ready": True})
+        return self._unknown_model(request) or _json({"name": self.model_name, "ready": True})
 
     # -- inference ------------------------------------------------------------------------
     def _parse(self, body) -> tuple[dict, int, list | None, str | None]:
@@ -718,7 +722,8 @@ class InferenceServer:
             try:
                 site = web.TCPSite(runner, host, port)
                 await site.start()
-                print(f"poprt-serve: serving model '{self.model_name}' on http://{host}:{runner.addresses[0][1]}",
+                shown = f"[{host}]" if ":" in host else host or "0.0.0.0"
+                print(f"poprt-serve: serving model '{self.model_name}' on http://{shown}:{runner.addresses[0][1]}",
                       flush=True)
                 await asyncio.Event().wait()
             finally:
