@@ -407,6 +407,8 @@ def test_nonfinite_outputs_are_valid_json(files):
         outs = {o["name"]: o for o in _strict_json(body)["outputs"]}
         assert outs["y"]["data"][:3] == ["-Infinity", "NaN", "Infinity"]
         assert outs["y"]["data"][5] == "NaN"
+        y = np.array(outs["y"]["data"], np.float32)          # numpy reads the strings back
+        assert np.isneginf(y[0]) and np.isnan(y[1]) and np.isposinf(y[2]) and np.isnan(y[5])
         np.testing.assert_allclose(outs["y"]["data"][3:5], np.log([1, 2]).astype(np.float32), rtol=1e-6)
         assert outs["m"]["datatype"] == "INT32" and outs["m"]["data"][:5] == [1, 4, 9, 16, 25]
         x = req["inputs"][0]

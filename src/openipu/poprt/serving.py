@@ -39,11 +39,13 @@ Limits (the server stays up and bounded whatever a client sends):
   range (``1e39`` for FP32, ``300`` for UINT8).
 * non-finite outputs: KServe v2 JSON carries numbers, and JSON (RFC 8259) has no NaN or infinity;
   Triton writes the non-standard tokens ``NaN`` / ``Infinity`` (rapidjson's
-  ``kWriteNanAndInfFlag``, triton-inference-server/server#3870). This server writes the strings
+  ``kWriteNanAndInfFlag`` in triton-inference-server/common's ``TritonJson::Write``, since
+  server#3870). This server writes the strings
   ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` instead, as the proto3 JSON mapping of the
   protocol's gRPC form does for ``float`` / ``double`` (protobuf.dev, "JSON Mapping"; its
-  conformance suite also refuses floats out of range); responses are always valid JSON, and the
-  same three strings are accepted in FP16/FP32/FP64 input data.
+  conformance suite also refuses floats out of range); responses are always valid JSON,
+  ``np.array(data, np.float32)`` reads the strings back as NaN and infinities, and the same three
+  strings are accepted in FP16/FP32/FP64 input data.
 * authentication: with ``auth_token`` (``--auth-token`` or the environment variable
   ``OPENIPU_SERVING_TOKEN``) every endpoint except ``/v2/health/live`` and ``/v2/health/ready``
   needs ``Authorization: Bearer <token>`` (401 otherwise). Without one the server is for a trusted
