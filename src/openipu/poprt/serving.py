@@ -753,6 +753,10 @@ class InferenceServer:
             ready.set()
             loop.run_forever()
             loop.run_until_complete(runner.cleanup())
+            pending = asyncio.all_tasks(loop)      # connection tasks woken by the shutdown, as asyncio.run
+            for t in pending:
+                t.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
         self._thread = threading.Thread(target=main, name="poprt-serving", daemon=True)
         self._thread.start()
