@@ -193,7 +193,7 @@ def decode_json(raw, max_depth: int = MAX_JSON_DEPTH):
     """Parse a request body (bytes) as strict JSON. Raises :class:`BadRequest` for text that is not
     UTF-8, nests deeper than ``max_depth``, holds ``NaN`` / ``Infinity`` tokens, or is not JSON."""
     try:
-        text = bytes(raw).decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise BadRequest(f"The request body is not UTF-8 ({e.reason} at byte {e.start})") from None
     if not json_depth_within(raw, max_depth):
