@@ -596,7 +596,8 @@ class Ir:
             raise popart_exception(f"Loss tensor, '{loss}', must be a float tensor, not "
                                    f"{self.tensors[loss].info.data_type()}")
         seed = optimizer.loss_scaling_seed(self, opt, loss)
-        self.weight_grads = autodiff.grow(self, loss, seed, self.training.get("patterns"))
+        wanted = autodiff.anchored_gradients(self, self.data_flow.anchors())
+        self.weight_grads = autodiff.grow(self, loss, seed, self.training.get("patterns"), wanted)
         self.recomputed = recompute.apply(self)
         optimizer.apply(self, opt, self.weight_grads)
         loss_scaling.apply(self, opt, seed)
