@@ -49,7 +49,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from openipu.popart import lowering
+from openipu.popart import lowering, op_setup
 from openipu.popart.builder import VGRAPH_ATTR, PIPELINE_ATTR, _load_model
 from openipu.popart.errors import popart_exception
 from openipu.popart.graphcore_ops import GRAPHCORE, find_kernel
@@ -435,6 +435,12 @@ class Ir:
                                        "no earlier node, input or initializer produces (the graph is not "
                                        "topologically sorted, or a tensor is missing)")
         ins = [self.tensors[x] if x else None for x in node_inputs]
+        # PopART's Op::setup checks (attributes against input shapes and types)
+        op_setup.check(domain, node.op_type, opset, attrs,
+                       [None if t is None else (t.info.data_type(), t.info.shape()) for t in ins],
+                       [None if t is None or t.kind != "Const" else t.value for t in ins],
+                       f"{len(self.ops)} ({domain or 'ai.onnx'}.{node.op_type}:"
+                       f"{op_setup.op_version(domain, node.op_type, opset)})")
         # constant folding
         if node.op_type == "Constant" and domain == "":
             if kernel is None:
@@ -501,6 +507,10 @@ class Ir:
             out_infos = [i if (i is not None and is_static(i[1]) and i[0] != "UNDEFINED") else p
                          for i, p in zip(out_infos, probed)]
         attrs["__node__"] = node.name or f"{node.op_type}_{idx}"   # kernel failures name the op (shapes.call_kernel)
+        mixed = op_setup.mixed_output_type(domain, node.op_type, [None if t is None else (t.info.data_type(),
+                                                                                  t.info.shape()) for t in ins])
+        if mixed is not None:       # PopART's MulOp: FLOAT16 x FLOAT scalar is FLOAT16
+            out_infos[0] = (mixed, out_infos[0][1])
         for o, info in zip(node.output, out_infos):
             if o:
                 t = self._add_tensor(o, info[0], info[1], "ActGrad", producer=op)
