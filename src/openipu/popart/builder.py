@@ -188,8 +188,9 @@ def _make_onnx_method(schema):
         required = sorted(n for n, a in own.items() if a.required and a.type != onnx.AttributeProto.GRAPH)
         optional = sorted(n for n, a in own.items() if not a.required)
         graphs = sorted(n for n, a in attrs.items() if a.required and a.type == onnx.AttributeProto.GRAPH)
-        attr_names = required + graphs + optional
-        for n in required + graphs:
+        # PopART's order: the subgraphs first (``scan(args, num_outputs, body, num_scan_inputs, ...)``)
+        attr_names = graphs + required + optional
+        for n in graphs + required:
             params.append(P(n, P.POSITIONAL_OR_KEYWORD))
         for n in optional:
             a = attrs[n]
@@ -218,6 +219,9 @@ def _make_onnx_method(schema):
             if op == "Cast" and n == "to" and not isinstance(val, (int, np.integer)):
                 val = ONNX_OF[dtype_name(val)]
             at[n] = _to_attr_value(n, val, attrs[n].type)
+            if n == "axes" and op.startswith("Reduce") and isinstance(val, (list, tuple)) and not val:
+                # PopART keeps an empty ``axes`` list (its ReduceOp then reduces over no axis)
+                at[n] = helper.make_attribute("axes", [], attr_type=onnx.AttributeProto.INTS)
         inputs = list(v["args"]) if takes_args else []
         n_out = int(v["num_outputs"]) if takes_n else n_fixed
         if takes_n and "num_outputs" in attrs and len(inputs) < 2:      # Split-18 without a split input
@@ -1160,7 +1164,9 @@ class Builder:
         if name or self._scopes:
             node.name = "".join(s + _SEP for s in self._scopes) + (name or op_type)
         for k, v in attrs.items():
-            if v is not None:
+            if isinstance(v, onnx.AttributeProto):
+                node.attribute.append(v)
+            elif v is not None:
                 node.attribute.append(helper.make_attribute(k, v))
         for k, stack in self._attr_stack.items():
             if stack:
@@ -1200,6 +1206,10 @@ class Builder:
             except Exception as e:  # inference failure: fall back to the kernel
                 log("builder").debug("ONNX shape inference failed for %s: %s", node.op_type, e)
                 outs = None
+        if (outs is None or any(o is None for o in outs)) and node.domain in ("", "ai.onnx") \
+                and node.op_type in ("If", "Loop", "Scan"):
+            sub = self._subgraph_output_infos(node)
+            outs = [o if o is not None else p for o, p in zip(outs or [None] * len(sub), sub)]
         if outs is None or any(o is None for o in outs):
             kernel = find_kernel(node.domain, node.op_type)
             if kernel is not None and all(x == "" or x in self._infos for x in node.input):
@@ -1219,6 +1229,51 @@ class Builder:
             for a in node.attribute:
                 if a.name == "value":
                     self._consts[node.output[0]] = numpy_helper.to_array(a.t)
+
+    def _subgraph_output_infos(self, node: onnx.NodeProto) -> list:
+        """Output ``(dtype, shape)`` (or None) of an If / Loop / Scan node from the types its
+        subgraphs declare for their outputs, for when ONNX inference cannot see through them
+        (``ai.graphcore`` ops inside): If's outputs are its then-branch's; Loop's are the body's
+        loop-carried outputs, then its scan outputs with the trip count (a constant) in front;
+        Scan's are the body's states, then its scan outputs with the sequence length inserted at
+        ``scan_output_axes``."""
+        graphs = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+        ints_ = {a.name: list(a.ints) for a in node.attribute if a.type == onnx.AttributeProto.INTS}
+        n_out = len(node.output)
+        if node.op_type == "If":
+            g = graphs.get("then_branch")
+            return [value_info_of(vi) for vi in g.output][:n_out] if g is not None else [None] * n_out
+        body = graphs.get("body")
+        if body is None:
+            return [None] * n_out
+        outs = [value_info_of(vi) for vi in body.output]
+        if node.op_type == "Loop":
+            carried = len(node.input) - 2
+            trip = self._consts.get(node.input[0]) if node.input and node.input[0] else None
+            res = outs[1:1 + carried]
+            for o in outs[1 + carried:]:
+                res.append((o[0], [int(np.asarray(trip).reshape(-1)[0])] + list(o[1]))
+                           if o is not None and o[1] is not None and trip is not None else None)
+            return (res + [None] * n_out)[:n_out]
+        n_scan = next((a.i for a in node.attribute if a.name == "num_scan_inputs"), 0)
+        states = len(node.input) - n_scan
+        first = node.input[states] if n_scan and states < len(node.input) else None
+        in_axes = ints_.get("scan_input_axes") or [0]
+        seq = None
+        if first in self._infos:
+            shape = self._infos[first][1]
+            seq = shape[in_axes[0] % len(shape)]
+        res = outs[:states]
+        out_axes = ints_.get("scan_output_axes") or []
+        for k, o in enumerate(outs[states:]):
+            if o is None or o[1] is None or seq is None:
+                res.append(None)
+                continue
+            shape = list(o[1])
+            ax = out_axes[k] if k < len(out_axes) else 0
+            ax = ax % (len(shape) + 1)
+            res.append((o[0], shape[:ax] + [seq] + shape[ax:]))
+        return (res + [None] * n_out)[:n_out]
 
     def customOp(self, opName, opVersion, domain, inputs, attributes, numOutputs=1, name=""):  # noqa: N802,N803
         """A node of any op type (no schema checks): returns its output ids."""

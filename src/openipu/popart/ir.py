@@ -54,6 +54,7 @@ from openipu.popart.builder import VGRAPH_ATTR, PIPELINE_ATTR, _load_model
 from openipu.popart.errors import popart_exception
 from openipu.popart.graphcore_ops import GRAPHCORE, find_kernel
 from openipu.popart.log import log
+from openipu.popart.onnx_ops import reduce as reduce_ops
 from openipu.popart.options import VirtualGraphMode
 from openipu.popart.shapes import (KERNEL_TORCH_OF, NAME_OF_TORCH, annotations, call_kernel, decode_attrs, is_static,
                                   probe, subgraph_free_names, to_torch, value_info_of, zeros)
@@ -63,6 +64,9 @@ from openipu.popart.transforms import graphcore_ir, random_seed
 #: ops whose output shapes depend on input values (PopART has no class for them): always probed
 #: twice, even when the model states a static shape, and refused unless the shapes agree
 VALUE_SHAPED = {"NonZero", "Unique"}
+#: index outputs PopART makes INT32 (its ArgExtremaOp, TopKOp and SortOp setup), where ONNX says
+#: INT64: op -> output indices
+INDEX_OUTPUTS = {("", "ArgMax"): (0,), ("", "ArgMin"): (0,), ("", "TopK"): (1,), (GRAPHCORE, "Sort"): (1,)}
 #: ops kept although no anchor needs their outputs (they act when they run)
 SIDE_EFFECT_OPS = {(GRAPHCORE, "Abort"), (GRAPHCORE, "PrintTensor")}
 #: ops never folded on the host (random results differ per run)
@@ -476,7 +480,10 @@ class Ir:
             raise popart_exception(f"No class for {domain or 'ai.onnx'}.{node.op_type}:0. openipu has no kernel or "
                                    "lowering for this operator; replace it in the model (see popart."
                                    "getSupportedOperations())")
-        out_infos = [None if per_replica else inferred.get(o) for o in node.output]
+        # (ONNX inference reduces over all axes for an empty axes attribute; PopART over none)
+        reinfer = per_replica or (domain == "" and node.op_type.startswith("Reduce")
+                                  and reduce_ops.attribute_axes_empty(node.op_type, attrs, opset))
+        out_infos = [None if reinfer else inferred.get(o) for o in node.output]
         value_shaped = domain == "" and node.op_type in VALUE_SHAPED
         if value_shaped or any(o and (i is None or not is_static(i[1]) or i[0] == "UNDEFINED")
                                for o, i in zip(node.output, out_infos)):
@@ -511,6 +518,9 @@ class Ir:
                                                                                   t.info.shape()) for t in ins])
         if mixed is not None:       # PopART's MulOp: FLOAT16 x FLOAT scalar is FLOAT16
             out_infos[0] = (mixed, out_infos[0][1])
+        for k in INDEX_OUTPUTS.get((domain, node.op_type), ()):
+            if k < len(out_infos) and out_infos[k] is not None:
+                out_infos[k] = ("INT32", out_infos[k][1])
         for o, info in zip(node.output, out_infos):
             if o:
                 t = self._add_tensor(o, info[0], info[1], "ActGrad", producer=op)
