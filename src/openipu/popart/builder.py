@@ -32,6 +32,7 @@ import onnx
 from onnx import defs, helper, numpy_helper
 
 from openipu.popart.errors import popart_exception
+from openipu.popart.tensor_proto import typed_tensor
 from openipu.popart import graphcore_ops as gco
 from openipu.popart.graphcore_ops import GRAPHCORE, find_kernel
 from openipu.popart.log import log
@@ -1114,7 +1115,8 @@ class Builder:
             raise popart_exception(f"Unsupported data type for initialized data ({TensorInfo(arr)})")
         tid = self._next_id(str(debugContext) or "init_input")
         self._model.graph.input.append(helper.make_tensor_value_info(tid, ONNX_OF[name], list(arr.shape)))
-        self._model.graph.initializer.append(numpy_helper.from_array(arr, tid))
+        # PopART's storage: the typed field (float_data ...), see openipu.popart.tensor_proto
+        self._model.graph.initializer.append(typed_tensor(arr, tid))
         self._infos[tid] = (name, list(arr.shape))
         self._consts[tid] = arr
         return tid

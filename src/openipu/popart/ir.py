@@ -49,7 +49,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from openipu.popart import lowering, op_setup
+from openipu.popart import lowering, op_setup, tensor_proto
 from openipu.popart.builder import VGRAPH_ATTR, PIPELINE_ATTR, _load_model
 from openipu.popart.errors import popart_exception
 from openipu.popart.graphcore_ops import GRAPHCORE, find_kernel
@@ -202,11 +202,11 @@ def _take_weights(model: onnx.ModelProto, owned: bool) -> dict:
     weights are not held twice; a ModelProto the caller passed is left as it was."""
     out = {}
     for init in model.graph.initializer:
-        if init.data_location == onnx.TensorProto.EXTERNAL or len(init.raw_data) < WEIGHT_BYTES:
+        if init.data_location == onnx.TensorProto.EXTERNAL or tensor_proto.stored_bytes(init) < WEIGHT_BYTES:
             continue
         out[init.name] = numpy_helper.to_array(init)
         if owned:
-            init.ClearField("raw_data")
+            tensor_proto.clear_values(init)     # raw_data or the typed field (float_data ...)
     return out
 
 

@@ -27,6 +27,7 @@ from openipu.popart.dataflow import AnchorReturnTypeId, DataFlow, anchor_element
 from openipu.popart.devices import DeviceInfo, DeviceType
 from openipu.popart.errors import (OutOfMemoryException, popart_exception, popart_runtime_error, poplar_exception,
                                    poplar_application_runtime_error)
+from openipu.popart import tensor_proto
 from openipu.popart.ir import Ir, shard_rows
 from openipu.popart.log import log
 from openipu.popart.options import SessionOptions
@@ -641,15 +642,17 @@ class _SessionBase:
         m = onnx.ModelProto()
         m.CopyFrom(self._ir.model)
         names = set()
+        # PopART's storage (openipu.popart.tensor_proto): each initializer keeps its field
+        # (raw_data, or float_data ...), the optimizer state is added in the typed fields
         for init in m.graph.initializer:
             names.add(init.name)
             if init.name in self._host_weights:
-                init.CopyFrom(numpy_helper.from_array(self._host_weights[init.name], init.name))
+                tensor_proto.write_into(init, self._host_weights[init.name])
             elif init.name in self._ir.weights:     # a weight the IR took out of its proto
-                init.CopyFrom(numpy_helper.from_array(np.asarray(self._ir.weights[init.name]), init.name))
+                tensor_proto.write_into(init, np.asarray(self._ir.weights[init.name]))
         for tid, arr in self._host_weights.items():
             if tid not in names:                   # optimizer state
-                m.graph.initializer.append(numpy_helper.from_array(arr, tid))
+                m.graph.initializer.append(tensor_proto.typed_tensor(arr, tid))
         onnx.save(m, fn)
 
     def resetHostWeights(self, modelProtoOrFilename, ignoreWeightsInModelWithoutCorrespondingHostWeight=False):  # noqa: N802,N803
