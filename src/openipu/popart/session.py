@@ -63,6 +63,8 @@ class _SessionBase:
             raise popart_exception("dataFlow must be a popart.DataFlow")
         self.options = userOptions if userOptions is not None else SessionOptions()
         self.patterns = patterns
+        if patterns is not None and hasattr(patterns, "check_mandatory"):
+            patterns.check_mandatory()      # "Pattern 'X' must be enabled" (runtime asserts on)
         self.name = name
         self._dataflow = dataFlow
         self.deviceInfo = deviceInfo
