@@ -71,6 +71,7 @@ from openipu.popart.log import Logger, getLogger
 from openipu.popart.options import *  # noqa: F401,F403 - enums and settings structs
 from openipu.popart.options import InputShapeInfo, SessionOptions
 from openipu.popart.patterns import Patterns
+from openipu.popart.graph_transformer import GraphTransformer
 from openipu.popart.optimizer import (Adam, AdamMode, Adaptive, AdaptiveMode, ClipNormSettings, ConstSGD, Optimizer,
                                      OptimizerValue, SGD, SGDAccumulatorAndMomentum, WeightDecayMode)
 from openipu.popart.session import InferenceSession, TrainingSession

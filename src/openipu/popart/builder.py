@@ -32,11 +32,11 @@ import onnx
 from onnx import defs, helper, numpy_helper
 
 from openipu.popart.errors import popart_exception
-from openipu.popart.tensor_proto import typed_tensor
+from openipu.popart.tensor_proto import read_external_data, typed_tensor
 from openipu.popart import graphcore_ops as gco
 from openipu.popart.graphcore_ops import GRAPHCORE, find_kernel
 from openipu.popart.log import log
-from openipu.popart.shapes import decode_attrs, probe, to_torch, value_info_of
+from openipu.popart.shapes import decode_attrs, probe, subgraph_output_infos, to_torch, value_info_of
 from openipu.popart.tensorinfo import NUMPY_OF, ONNX_OF, TensorInfo, dtype_name
 
 DEFAULT_AI_ONNX_OPSET = 10
@@ -105,7 +105,9 @@ def _load_model(model_or_path) -> onnx.ModelProto:
         raise popart_exception(
             f"Failed to load a ModelProto from the string '{_format_proto_string(data, 100)}'.\nCheck that it is "
             "either a valid path to an existing onnx model file, or is a valid onnx ModelProto string.")
+    read_external_data(m)
     return m
+
 
 
 def _format_proto_string(data: bytes, max_len: int) -> str:
@@ -1210,7 +1212,7 @@ class Builder:
                 outs = None
         if (outs is None or any(o is None for o in outs)) and node.domain in ("", "ai.onnx") \
                 and node.op_type in ("If", "Loop", "Scan"):
-            sub = self._subgraph_output_infos(node)
+            sub = subgraph_output_infos(node, self._infos, self._consts)
             outs = [o if o is not None else p for o, p in zip(outs or [None] * len(sub), sub)]
         if outs is None or any(o is None for o in outs):
             kernel = find_kernel(node.domain, node.op_type)
@@ -1231,51 +1233,6 @@ class Builder:
             for a in node.attribute:
                 if a.name == "value":
                     self._consts[node.output[0]] = numpy_helper.to_array(a.t)
-
-    def _subgraph_output_infos(self, node: onnx.NodeProto) -> list:
-        """Output ``(dtype, shape)`` (or None) of an If / Loop / Scan node from the types its
-        subgraphs declare for their outputs, for when ONNX inference cannot see through them
-        (``ai.graphcore`` ops inside): If's outputs are its then-branch's; Loop's are the body's
-        loop-carried outputs, then its scan outputs with the trip count (a constant) in front;
-        Scan's are the body's states, then its scan outputs with the sequence length inserted at
-        ``scan_output_axes``."""
-        graphs = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
-        ints_ = {a.name: list(a.ints) for a in node.attribute if a.type == onnx.AttributeProto.INTS}
-        n_out = len(node.output)
-        if node.op_type == "If":
-            g = graphs.get("then_branch")
-            return [value_info_of(vi) for vi in g.output][:n_out] if g is not None else [None] * n_out
-        body = graphs.get("body")
-        if body is None:
-            return [None] * n_out
-        outs = [value_info_of(vi) for vi in body.output]
-        if node.op_type == "Loop":
-            carried = len(node.input) - 2
-            trip = self._consts.get(node.input[0]) if node.input and node.input[0] else None
-            res = outs[1:1 + carried]
-            for o in outs[1 + carried:]:
-                res.append((o[0], [int(np.asarray(trip).reshape(-1)[0])] + list(o[1]))
-                           if o is not None and o[1] is not None and trip is not None else None)
-            return (res + [None] * n_out)[:n_out]
-        n_scan = next((a.i for a in node.attribute if a.name == "num_scan_inputs"), 0)
-        states = len(node.input) - n_scan
-        first = node.input[states] if n_scan and states < len(node.input) else None
-        in_axes = ints_.get("scan_input_axes") or [0]
-        seq = None
-        if first in self._infos:
-            shape = self._infos[first][1]
-            seq = shape[in_axes[0] % len(shape)]
-        res = outs[:states]
-        out_axes = ints_.get("scan_output_axes") or []
-        for k, o in enumerate(outs[states:]):
-            if o is None or o[1] is None or seq is None:
-                res.append(None)
-                continue
-            shape = list(o[1])
-            ax = out_axes[k] if k < len(out_axes) else 0
-            ax = ax % (len(shape) + 1)
-            res.append((o[0], shape[:ax] + [seq] + shape[ax:]))
-        return (res + [None] * n_out)[:n_out]
 
     def customOp(self, opName, opVersion, domain, inputs, attributes, numOutputs=1, name=""):  # noqa: N802,N803
         """A node of any op type (no schema checks): returns its output ids."""
@@ -1390,6 +1347,23 @@ class Builder:
 
     def recomputeOutputInBackwardPass(self, ids, value="Recompute"):  # noqa: N802
         self._annotate(RECOMPUTE_ATTR, ids, str(value))
+
+    def checkpointOutput(self, nodeOutputNames) -> list[str]:  # noqa: N802,N803
+        """PopART's ``Builder.checkpointOutput``: one identity per tensor, annotated
+        ``RecomputeType.Checkpoint`` (its output is kept, never recomputed). Returns the new ids."""
+        outs = []
+        for tid in nodeOutputNames:
+            y = self.aiOnnx.identity([tid], "Checkpoint")
+            self._annotate(RECOMPUTE_ATTR, [y], "Checkpoint")
+            outs.append(y)
+        return outs
+
+    def saveInitializersExternally(self, ids, filename: str) -> None:  # noqa: N802
+        """Move the data of initializers ``ids`` into ``filename`` (``EXTERNAL`` data location,
+        read back when a session loads the model): PopART's ``Builder.saveInitializersExternally``
+        (:func:`openipu.popart.graph_transformer.save_initializers_externally`)."""
+        from openipu.popart.graph_transformer import save_initializers_externally
+        save_initializers_externally(self._root()._model, list(ids), str(filename))
 
     def getRecomputeOutputInBackwardPass(self, ids) -> bool:  # noqa: N802
         try:

@@ -27,7 +27,7 @@ from openipu.popart.dataflow import AnchorReturnTypeId, DataFlow, anchor_element
 from openipu.popart.devices import DeviceInfo, DeviceType
 from openipu.popart.errors import (OutOfMemoryException, popart_exception, popart_runtime_error, poplar_exception,
                                    poplar_application_runtime_error)
-from openipu.popart import tensor_proto
+from openipu.popart import ir_json, rng_state, tensor_proto
 from openipu.popart.ir import Ir, shard_rows
 from openipu.popart.log import log
 from openipu.popart.options import SessionOptions
@@ -52,7 +52,7 @@ def _progress_bar(total: int):
 _COMPILED: "weakref.WeakValueDictionary[str, poplar.Executable]" = weakref.WeakValueDictionary()
 
 
-class _SessionBase:
+class _SessionBase(rng_state.RngStateApi):
     _KIND = "InferenceSession"
 
     def __init__(self, fnModel, dataFlow, deviceInfo, inputShapeInfo, patterns, userOptions, name,  # noqa: N803
@@ -535,6 +535,10 @@ class _SessionBase:
         w = np.asarray(self._ir.tensors[seed].value, np.uint64).reshape(-1)
         return int(w[0]) | (int(w[1]) << 32)
 
+    def _serializeIr(self, format=None) -> str:  # noqa: N802,A002
+        """The IR as PopART's JSON text (:mod:`openipu.popart.ir_json`)."""
+        return ir_json.serialize(self._ir)
+
     def setRandomSeed(self, seed: int) -> None:  # noqa: N802
         """Seed the session's random ops (dropout in training ...) with the 64-bit ``seed``: the
         same seed gives the same masks, batch after batch (the seed advances by one each
@@ -548,6 +552,7 @@ class _SessionBase:
             raise popart_exception("There is no executatable. Try calling Session::prepareDevice first.")
         from openipu.popart.transforms.random_seed import seed_words
         self._ir.tensors[tid].value = seed_words(seed)
+        self._rng_words = rng_state.from_seed(seed, self._rng().size)     # PopART derives a new RNG state
         if self._engine._storage is not None:
             self._send_seed()
 

@@ -25,6 +25,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from openipu.popart.errors import popart_exception
+
 TP = onnx.TensorProto
 #: field of each ONNX element type: (field name, field number, wire kind)
 _FIELDS = {TP.FLOAT: ("float_data", 4, "fixed32"), TP.DOUBLE: ("double_data", 10, "fixed64"),
@@ -135,3 +137,29 @@ def clear_values(tp: TP) -> None:
         tp.raw_data = b""
     for f in _TYPED:
         tp.ClearField(f)
+
+
+def read_external_data(m: onnx.ModelProto) -> None:
+    """Initializers of a model given as bytes whose data is ``EXTERNAL`` (``saveInitializersExternally``):
+    read from their ``location`` (as written: absolute, or relative to the working directory,
+    as PopART reads it) at ``offset`` / ``length``, into ``raw_data``."""
+    for t in m.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        loc = info.get("location", "")
+        try:
+            with open(loc, "rb") as f:
+                f.seek(int(info.get("offset", 0)))
+                n = info.get("length")
+                raw = f.read(int(n)) if n is not None else f.read()
+        except (OSError, ValueError) as e:
+            raise popart_exception(f"Could not read the external data of initializer '{t.name}' from '{loc}': "
+                                   f"{e}") from None
+        want = int(np.prod(list(t.dims))) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+        if len(raw) != want:
+            raise popart_exception(f"External data of initializer '{t.name}' in '{loc}' has {len(raw)} bytes, but "
+                                   f"its type and dims need {want}")
+        del t.external_data[:]
+        t.data_location = onnx.TensorProto.DEFAULT
+        t.raw_data = raw
