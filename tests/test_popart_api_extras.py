@@ -224,3 +224,24 @@ def test_rng_state_round_trip():
     s2.prepareDevice()
     with pytest.raises(popart.popart_runtime_error, match="enableLoadAndOffloadRNGState must be set to True"):
         s2.getRNGState()
+
+
+# -- VariableSettings -------------------------------------------------------------------------
+def test_variable_settings():
+    vs = popart.VariableSettings(popart.CommGroup(popart.CommGroupType.Consecutive, 2),
+                                 popart.VariableRetrievalMode.OnePerGroup)
+    assert vs.getGroupCount(4) == 2 and vs.numReplicasReturningVariable(4) == 2
+    assert popart.VariableSettings(popart.VariableRetrievalMode.AllReplicas).numReplicasReturningVariable(4) == 4
+    assert popart.VariableSettings(popart.CommGroup(popart.CommGroupType.Ungrouped, 0)).getGroupCount(4) == 4
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [3]))
+    w = b.addInitializedInputTensor(np.array([1.0, 2.0, 3.0], np.float32),
+                                    popart.VariableSettings(popart.CommGroup(popart.CommGroupType.All, 0)), "w")
+    y = b.aiOnnx.mul([x, w])
+    s = popart.InferenceSession(b.getModelProto(), popart.DataFlow(1, {y: ALL}), _dev())
+    s.prepareDevice()
+    a = s.initAnchorArrays()
+    s.run(popart.PyStepIO({x: np.ones(3, np.float32)}, a))
+    assert a[y].tolist() == [1.0, 2.0, 3.0]
+    with pytest.raises(popart.popart_exception, match="replica-grouped variables"):
+        b.addInitializedInputTensor(np.ones((2, 3), np.float32), vs, "v")

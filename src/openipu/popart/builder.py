@@ -1110,6 +1110,8 @@ class Builder:
         (``init_input``, ``init_input/1`` ... or the prefix given)."""
         if isinstance(variableSettings, str):
             variableSettings, debugContext = None, variableSettings
+        if variableSettings is not None and hasattr(variableSettings, "check_supported"):
+            variableSettings.check_supported(str(debugContext) or "init_input")
         arr = np.asarray(initVal)
         arr = np.ascontiguousarray(arr).reshape(arr.shape)      # (keeps 0-d scalars 0-d)
         name = dtype_name(arr.dtype)
