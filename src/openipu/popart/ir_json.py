@@ -33,7 +33,8 @@ def serialize(ir) -> str:
         ins = [{"name": x, "shape": _shape(ir.tensors[x].info.shape()), "type": ir.tensors[x].info.data_type(),
                 "index": str(i)} for i, x in enumerate(op.inputs) if x]
         outs = [{"name": o, "index": str(i)} for i, o in enumerate(op.outputs) if o]
-        attrs = {k: _value(v) for k, v in op.attrs.items() if not k.startswith("__") and not hasattr(v, "SerializeToString")}
+        attrs = {k: _value(v) for k, v in op.attrs.items()
+                 if not k.startswith("__") and not hasattr(v, "SerializeToString")}
         if op.vgraph is not None:
             attrs["__ipu_number"] = str(op.vgraph)
         if op.pipeline_stage is not None:

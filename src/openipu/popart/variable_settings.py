@@ -79,9 +79,9 @@ class VariableSettings:
 
     def check_supported(self, tid: str) -> None:
         if not self.single_group():
-            raise popart_exception(f"Weight '{tid}': VariableSettings with {self.sharedVariableDomain} (replica-grouped "
-                                   "variables) are not supported by openipu, which keeps one value of each weight for "
-                                   "all replicas. Use CommGroup(CommGroupType.All)")
+            raise popart_exception(f"Weight '{tid}': VariableSettings with {self.sharedVariableDomain} "
+                                   "(replica-grouped variables) are not supported by openipu, which keeps one value "
+                                   "of each weight for all replicas. Use CommGroup(CommGroupType.All)")
 
     def __repr__(self):
         return f"VariableSettings({self.sharedVariableDomain}, {self.retrievalMode})"
