@@ -245,3 +245,19 @@ def test_variable_settings():
     assert a[y].tolist() == [1.0, 2.0, 3.0]
     with pytest.raises(popart.popart_exception, match="replica-grouped variables"):
         b.addInitializedInputTensor(np.ones((2, 3), np.float32), vs, "v")
+
+
+def test_logger_set_level_persists(capfd):
+    """``getLogger(module).setLevel`` holds for later messages (it was reset to POPART_LOG_LEVEL)."""
+    log = popart.getLogger("session")
+    log.setLevel("INFO")
+    log.info("first message")
+    log.debug("hidden")
+    popart.getLogger().setLevel("WARN")
+    popart.getLogger("ir").info("hidden too")
+    popart.getLogger("ir").warn("second message")
+    popart.getLogger().setLevel("OFF")
+    popart.getLogger("ir").error("hidden as well")
+    err = capfd.readouterr().err
+    assert "popart:session" in err and " I: first message" in err and " W: second message" in err
+    assert "hidden" not in err

@@ -34,6 +34,8 @@ class _Formatter(logging.Formatter):
 
 
 _configured: dict[str, tuple] = {}
+#: levels set with ``Logger.setLevel``: they win over the environment until set again
+_user_levels: dict[str, int] = {}
 
 
 def _env_level(module: str) -> str:
@@ -62,8 +64,8 @@ def _logger(module: str) -> logging.Logger:
         h.setFormatter(_Formatter())
         lg.addHandler(h)
         lg.propagate = False
-        lg.setLevel(_LEVELS.get(key[0].upper(), _LEVELS["OFF"]))
         _configured[name] = key
+    lg.setLevel(_user_levels.get(name, _LEVELS.get(key[0].upper(), _LEVELS["OFF"])))
     return lg
 
 
@@ -81,8 +83,8 @@ class Logger:
         if lv is None:
             raise ValueError(f"Unknown log level '{level}': use one of {', '.join(_LEVELS)}")
         for lg in self._targets():
+            _user_levels[lg.name] = lv
             lg.setLevel(lv)
-            _configured[lg.name] = ("__set__", None)
 
     def _emit(self, lv, msg):
         _logger("python" if self.name == "all" else self.name).log(lv, msg)
