@@ -226,3 +226,23 @@ def test_mixed_float_types_refused(name):
     y = MIXED[name][0](b, x, h)
     with pytest.raises(popart.popart_exception, match=MIXED[name][1]):
         popart.InferenceSession(b.getModelProto(), popart.DataFlow(1, {y: ALL}), _dev())
+
+
+@pytest.mark.parametrize("name", ["reducesum_axis_too_big", "softmax_axis", "transpose_perm_rank", "topk_k_too_big"])
+def test_check_graph_gives_the_session_error(name):
+    """``op_setup.check_graph`` (for callers that check before strict ONNX inference) raises the
+    error the session raises."""
+    import onnx
+
+    from openipu.popart import op_setup
+    build, opset, msg = SESSION_ERRORS[name]
+    b = popart.Builder(opsets={"ai.onnx": opset, "ai.graphcore": 1})
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 3]))
+    build(b, x)
+    m = onnx.load_from_string(b.getModelProto())
+    inferred = onnx.shape_inference.infer_shapes(m)
+    shapes = {vi.name: (onnx.TensorProto.DataType.Name(vi.type.tensor_type.elem_type),
+                        [d.dim_value for d in vi.type.tensor_type.shape.dim])
+              for vi in list(inferred.graph.input) + list(inferred.graph.value_info)}
+    with pytest.raises(popart.popart_exception, match=msg.replace(r"\d+ ", r"\d+ ")):
+        op_setup.check_graph(m, shapes)

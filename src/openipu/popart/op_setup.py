@@ -305,3 +305,28 @@ def _graphcore(op_type: str, attrs: dict, infos: list, values: list, op_str: str
             # willow/src/op/scatterreduce.cpp
             raise popart_exception(f"ScatterReduceOp::setup axis = {axis} is outside the acceptable range "
                                    f"[{-rank}, {rank - 1}]")
+
+
+def check_graph(model, shapes: dict) -> None:
+    """Run :func:`check` over every node of ``model``'s main graph (an ``onnx.ModelProto``) from
+    ``shapes`` (tensor name -> ``(dtype name, shape)``, e.g. non-strict ONNX inference), the
+    values of initializers and ``Constant`` nodes standing for constant inputs. For a caller that
+    must report PopART's error before another check sees the node (strict ONNX inference, whose
+    wording differs). Raises ``popart_exception``."""
+    from onnx import numpy_helper
+
+    from openipu.popart.shapes import decode_attrs
+    opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): int(o.version) for o in model.opset_import}
+    values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer
+              if i.data_location != onnx.TensorProto.EXTERNAL}
+    for k, node in enumerate(model.graph.node):
+        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        attrs = decode_attrs(node)
+        if node.op_type == "Constant" and domain == "" and "value" in attrs:
+            values[node.output[0]] = np.asarray(attrs["value"])
+            continue
+        opset = opsets.get(domain, 1)
+        infos = [shapes.get(x) if x else None for x in node.input]
+        vals = [values.get(x) if x else None for x in node.input]
+        check(domain, node.op_type, opset, attrs, infos, vals,
+              f"{k} ({domain or 'ai.onnx'}.{node.op_type}:{op_version(domain, node.op_type, opset)})")
