@@ -34,8 +34,9 @@ class _Formatter(logging.Formatter):
 
 
 _configured: dict[str, tuple] = {}
-#: levels set with ``Logger.setLevel``: they win over the environment until set again
-_user_levels: dict[str, int] = {}
+#: levels set with ``Logger.setLevel``, with the environment they were set in: they hold until
+#: set again or until the ``POPART_LOG_*`` environment changes
+_user_levels: dict[str, tuple] = {}
 
 
 def _env_level(module: str) -> str:
@@ -65,7 +66,11 @@ def _logger(module: str) -> logging.Logger:
         lg.addHandler(h)
         lg.propagate = False
         _configured[name] = key
-    lg.setLevel(_user_levels.get(name, _LEVELS.get(key[0].upper(), _LEVELS["OFF"])))
+    user = _user_levels.get(name)
+    if user is not None and user[1] != key:
+        del _user_levels[name]          # the environment changed since: it decides again
+        user = None
+    lg.setLevel(user[0] if user is not None else _LEVELS.get(key[0].upper(), _LEVELS["OFF"]))
     return lg
 
 
@@ -83,7 +88,7 @@ class Logger:
         if lv is None:
             raise ValueError(f"Unknown log level '{level}': use one of {', '.join(_LEVELS)}")
         for lg in self._targets():
-            _user_levels[lg.name] = lv
+            _user_levels[lg.name] = (lv, _configured.get(lg.name))
             lg.setLevel(lv)
 
     def _emit(self, lv, msg):
