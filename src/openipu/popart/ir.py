@@ -49,7 +49,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from openipu.popart import lowering
+from openipu.popart import lowering, model_check
 from openipu.popart.builder import VGRAPH_ATTR, PIPELINE_ATTR, _load_model
 from openipu.popart.errors import popart_exception
 from openipu.popart.graphcore_ops import GRAPHCORE, find_kernel
@@ -176,6 +176,12 @@ class IrOp:
 
     def __repr__(self):
         return f"IrOp({self.id}, {self.op_type}, {self.inputs} -> {self.outputs}, {self.lowering})"
+
+
+def _one_line(e: Exception) -> str:
+    """An onnx error as one line (its messages span several, with repeated prefixes)."""
+    text = " ".join(str(e).split())
+    return text.replace("[ShapeInferenceError] Inference error(s): ", "") or type(e).__name__
 
 
 def shard_rows(value, replicas: int) -> np.ndarray:
@@ -324,16 +330,37 @@ class Ir:
                         f"[{' '.join(str(x) for x in info[1])}], which uses an unknown value '{d}'.")
 
     def _infer(self) -> dict:
+        """Strict ONNX shape inference (with step 1's checker, what ``check_model(full_check=True)``
+        runs, plus ``data_prop``, minus the type constraints: see :mod:`openipu.popart.model_check`);
+        then the attribute and size checks of that module. Returns tensor name -> (dtype, shape)."""
+        skel = _skeleton(self.model, self.weights)
+        for i, n in enumerate(skel.graph.node):    # onnx's errors name a node by its name
+            if not n.name:
+                n.name = n.output[0] if n.output and n.output[0] else f"{n.op_type}_{i}"
         try:
-            m = onnx.shape_inference.infer_shapes(_skeleton(self.model, self.weights), data_prop=True)
-        except Exception as e:
-            log("ir").warning("ONNX shape inference failed (%s); shapes come from the kernels", e)
-            m = self.model
+            m = onnx.shape_inference.infer_shapes(skel, check_type=False,
+                                                  strict_mode=True, data_prop=True)
+        except onnx.shape_inference.InferenceError as e:
+            if str(e).count("(op_type:") < 2:
+                raise popart_exception(f"ONNX shape inference refused the model: {_one_line(e)}") from None
+            # an error inside the expansion of an ONNX function op (MeanVarianceNormalization's
+            # body fails onnx's own strict inference): not the model's fault; the op's kernel and
+            # lowering check it
+            log("ir").debug("strict ONNX shape inference failed inside a function body (%s): not strict", e)
+            m = onnx.shape_inference.infer_shapes(skel, data_prop=True)
+        except (RuntimeError, onnx.checker.ValidationError) as e:     # onnx's other C++ errors
+            raise popart_exception(f"ONNX shape inference refused the model: {_one_line(e)}") from None
         out = {}
         for vi in list(m.graph.value_info) + list(m.graph.output) + list(m.graph.input):
             info = value_info_of(vi)
             if info is not None:
                 out[vi.name] = info
+        for name, (_, shape) in out.items():
+            if shape is not None:
+                model_check.check_shape(f"Tensor '{name}'", shape)
+        for init in self.model.graph.initializer:
+            model_check.check_shape(f"Initializer '{init.name}'", list(init.dims))
+        model_check.check_attributes(self.model.graph, out)
         return out
 
     # -- 4 --------------------------------------------------------------------------------

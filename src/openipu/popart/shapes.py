@@ -11,6 +11,7 @@ import torch
 
 from openipu.popart.onnx_ops._reference import decode_attributes, to_torch  # noqa: F401 - re-exported
 from openipu.popart.errors import popart_exception
+from openipu.popart.model_check import check_kernel_allocation
 from openipu.popart.tensorinfo import NAME_OF_ONNX, TORCH_OF
 
 NAME_OF_TORCH = {torch.float32: "FLOAT", torch.float16: "FLOAT16", torch.int32: "INT32", torch.int64: "INT64",
@@ -91,8 +92,10 @@ def call_kernel(kernel, inputs: list, attrs: dict, opset: int) -> list:
         inputs = inputs[:n]
     node = attrs.get("__node__")
     if node is None:
+        check_kernel_allocation(kernel.op_type, inputs, attrs)
         return kernel.fn(inputs, attrs, opset)
     try:
+        check_kernel_allocation(kernel.op_type, inputs, attrs)
         return kernel.fn(inputs, attrs, opset)
     except popart_exception:
         raise
