@@ -173,35 +173,16 @@ def host_memory_available() -> int:
         return 1 << 62
 
 
-def host_memory_estimate(model: onnx.ModelProto, batches_per_step: int = 1) -> int:
-    """Bytes of host memory a functional run of ``model`` needs, roughly: twice (the session's
-    host copy and the simulated device's) the weights and every tensor ONNX shape inference
-    sizes (one batch), plus the inputs and outputs of ``batches_per_step`` batches, twice (the
-    step's buffers and the anchors). Tensors of unknown shape count as nothing."""
-    def nbytes(tt) -> int:
-        if not tt.HasField("shape") or any(not d.HasField("dim_value") for d in tt.shape.dim):
-            return 0
-        try:
-            size = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).itemsize
-        except Exception:  # noqa: BLE001 - strings, unknown types
-            size = 4
-        return size * int(np.prod([max(0, d.dim_value) for d in tt.shape.dim], dtype=np.float64))
-
-    weights = 0
-    for t in model.graph.initializer:
-        try:
-            size = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-        except Exception:  # noqa: BLE001
-            size = 4
-        weights += size * int(np.prod(list(t.dims), dtype=np.float64))
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model).graph.value_info
-    except Exception:  # noqa: BLE001 - an estimate: the session reports what is wrong
-        inferred = []
-    acts = sum(nbytes(vi.type.tensor_type) for vi in inferred if vi.type.HasField("tensor_type"))
-    io = sum(nbytes(vi.type.tensor_type) for vi in list(model_inputs(model)) + list(model.graph.output)
-             if vi.type.HasField("tensor_type"))
-    return int(2 * (weights + acts) + 2 * io * batches_per_step)
+def host_memory_estimate(session, batches_per_step: int = 1) -> int:
+    """Bytes of host memory a functional run of ``session`` (a ``popart.InferenceSession``
+    before ``prepareDevice``) needs, roughly: twice (the session's host copy and the simulated
+    device's) every tensor of its IR, one batch each, plus its stream inputs and anchors for
+    ``batches_per_step`` batches, twice (the step's buffers and the anchor arrays)."""
+    ir = session._ir
+    total = sum(t.info.nbytes() for t in ir.tensors.values())
+    io_ids = set(ir.stream_inputs) | set(session.dataFlow.anchors())
+    io = sum(ir.tensors[t].info.nbytes() for t in io_ids if t in ir.tensors)
+    return int(2 * total + 2 * io * batches_per_step)
 
 
 def _gib(b: float) -> str:
@@ -461,7 +442,8 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     Raises:
         :class:`UsageError` (an option out of range, :func:`check_options`),
         :class:`HostMemoryError` (a functional run would need more host memory than is
-        available: :func:`host_memory_estimate`), FileNotFoundError, ValueError (unreadable
+        available: :func:`host_memory_estimate`, checked once the session has checked the
+        model, before anything is allocated for the run), FileNotFoundError, ValueError (unreadable
         model, bad inputs), and PopART's exceptions (``popart.popart_exception``: the model
         checks of :mod:`openipu.popart.model_check`, ops it cannot import, ...).
     """
@@ -490,12 +472,17 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
         from openipu.poprt import convert_float_to_half
         proto = convert_float_to_half(proto)
     batch = _batch_of(proto)
-    runtime = {vi.name: vi for vi in model_inputs(proto)}
+    runtime = {}        # copies, so that dropping the proto below frees it (and its weights)
+    for vi in model_inputs(proto):
+        runtime[vi.name] = onnx.ValueInfoProto()
+        runtime[vi.name].CopyFrom(vi)
     for vi in runtime.values():
         dims = _dims(vi)
         if vi.type.HasField("tensor_type") and 0 in dims:
             raise ValueError(f"input '{vi.name}' has shape {dims}, with a zero-sized dimension: there is no data to "
                              "run the model on")
+        if any(d < 0 for d in dims):
+            raise ValueError(f"input '{vi.name}' has shape {dims}, with a negative dimension")
     for name in inputs:
         if name not in runtime:
             raise ValueError(f"--input names '{name}', which is not an input of the model (inputs: "
@@ -505,23 +492,10 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
         if missing:
             raise ValueError("--input gives no array for the model input(s) " + ", ".join(f"'{n}'" for n in missing)
                              + " (each input needs an array named after it)")
-    feeds = {}
-    if not offline:
-        need, have = host_memory_estimate(proto, batches_per_step), host_memory_available()
-        if need > have:
-            raise HostMemoryError(f"running the model needs about {_gib(need)} of host memory and this machine has "
-                                  f"{_gib(have)} available: use --offline to predict without running it, or a "
-                                  "smaller --batch-size / --batches-per-step")
-        feeds = random_inputs(_only_inputs(proto, [n for n in runtime if n not in inputs]), seed)
-        for name, arr in inputs.items():
-            feeds[name] = _as_input(name, arr, runtime[name])
-        feeds = {n: feeds[n] for n in runtime}
-        if batches_per_step > 1:
-            feeds = {k: np.ascontiguousarray(np.broadcast_to(v, (batches_per_step,) + v.shape))
-                     for k, v in feeds.items()}
-    else:
-        for name, arr in inputs.items():
-            _as_input(name, arr, runtime[name])     # checked, though not fed
+    for name, arr in inputs.items():
+        _as_input(name, arr, runtime[name])       # checked now, even when not fed (offline)
+    # what random inputs need of the model (its Gather tables' shapes), without its weights
+    stand_in = _only_inputs(proto, [n for n in runtime if n not in inputs])
 
     opts = popart.SessionOptions()
     engine_opts = {"debug.allowOutOfMemory": "true"}
@@ -549,6 +523,12 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     data, proto = proto.SerializeToString(), None
     session = popart.InferenceSession(fnModel=data, dataFlow=flow, deviceInfo=device, userOptions=opts)
     del data
+    if not offline:     # the model is checked and its shapes known: can this host run it?
+        need, have = host_memory_estimate(session, batches_per_step), host_memory_available()
+        if need > have:
+            raise HostMemoryError(f"running the model needs about {_gib(need)} of host memory and this machine has "
+                                  f"{_gib(have)} available: use --offline to predict without running it, or a "
+                                  "smaller --batch-size / --batches-per-step")
     session.prepareDevice(loadEngine=False)     # host buffers are allocated by the run, if it fits
     host_compile = time.perf_counter() - t0
     engine = session._engine
@@ -564,8 +544,17 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     res.worst_tiles = mem.worst_tiles(5)
     res.out_of_memory_tiles = int(mem.out_of_memory_tiles.size)
     res.fits = mem.fits()
+    run = not offline and res.fits
+    if run:         # inputs are made only now that the model compiled and fits
+        feeds = random_inputs(stand_in, seed)
+        for name, arr in inputs.items():
+            feeds[name] = _as_input(name, arr, runtime[name])
+        feeds = {n: feeds[n] for n in runtime}
+        if batches_per_step > 1:
+            feeds = {k: np.ascontiguousarray(np.broadcast_to(v, (batches_per_step,) + v.shape))
+                     for k, v in feeds.items()}
     t0 = time.perf_counter()
-    if offline or not res.fits:      # predicted without data; a model that does not fit is not run
+    if not run:     # predicted without data; a model that does not fit is not run
         engine.predict_run(0)
         anchors = {}
     else:
