@@ -5,7 +5,8 @@ A case is ``(seed, index)``: :func:`make_case` builds the mutated model determin
 it. Byte mutations flip, insert or delete bytes of a serialized base model, or truncate it;
 structural mutations change attribute values (negative, zero, huge), input dims (0, -1, huge,
 dropped), element types, node inputs, names (duplicates), edges (cycles) and op types (unknown
-ops and domains), opsets and initializer data.
+ops and domains), opsets and initializer data; input mutations feed extreme values (huge,
+negative, NaN, out-of-range ids and CTC labels) to an unchanged model.
 
 Worker protocol (``python tests/fuzz_models.py SEED FIRST LAST``): for each case it prints
 ``start <i>`` then one JSON line ``{"case", "kind", "outcome", "detail"}``, flushing each, so
@@ -31,9 +32,15 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 
-def base_models() -> dict[str, onnx.ModelProto]:
-    """Small real models: a conv net, an embedding / attention-like block, a Builder model with
-    ai.graphcore ops (gelu, ctcloss). All static, run in well under a second."""
+#: the onnx package's light model that ``make fuzz`` adds (``OPENIPU_FUZZ_LIGHT=1``): the real
+#: SqueezeNet graph, weights made by ConstantOfShape (a few seconds a case)
+LIGHT = "light_squeezenet"
+
+
+def base_models(light: bool = False) -> dict[str, onnx.ModelProto]:
+    """Small real models: a conv net, an embedding / attention-like block, two Builder models
+    with ai.graphcore ops (gelu and ctcloss on constant targets; ctcloss on fed targets and
+    lengths). All static, run in well under a second."""
     rng = np.random.default_rng(0)
     out = {}
     w = nh.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
@@ -92,7 +99,38 @@ def base_models() -> dict[str, onnx.ModelProto]:
     loss = bld.aiGraphcore.ctcloss([lp, tgt, il, tl], popart.ReductionType.Mean, 0, zeroInfinity=True)
     bld.addOutputTensor(loss)
     out["graphcore_ctc"] = onnx.load_from_string(bld.getModelProto())
+
+    bld = popart.Builder()
+    x = bld.addInputTensor(popart.TensorInfo("FLOAT", [tt, n, c]), "x")
+    tgt = bld.addInputTensor(popart.TensorInfo("INT32", [n, s]), "tgt")
+    il = bld.addInputTensor(popart.TensorInfo("INT32", [n]), "il")
+    tl = bld.addInputTensor(popart.TensorInfo("INT32", [n]), "tl")
+    lp = bld.aiOnnx.logsoftmax([x], axis=2)
+    loss = bld.aiGraphcore.ctcloss([lp, tgt, il, tl], popart.ReductionType.Sum, 0, zeroInfinity=True)
+    bld.addOutputTensor(loss)
+    out["graphcore_ctc_fed"] = onnx.load_from_string(bld.getModelProto())
+    if light:
+        from openipu import runner
+        out[LIGHT] = onnx.load(str(runner.resolve_model(LIGHT)))
     return out
+
+
+def _input_mutation(name: str, m: onnx.ModelProto, rnd: random.Random) -> tuple[str, dict]:
+    """Extreme input values for the run-time inputs of ``m``: huge, negative, NaN / inf, out of
+    range ids and labels."""
+    from openipu import runner
+    feeds = runner.random_inputs(m, seed=rnd.randrange(1000))
+    vi = rnd.choice(runner.model_inputs(m))
+    arr = feeds[vi.name]
+    if arr.dtype.kind in "iu":
+        info = np.iinfo(arr.dtype)
+        v = rnd.choice([info.max, info.min, -1, 7, 100_000_000, 0])
+    else:
+        v = rnd.choice([np.nan, np.inf, -np.inf, 1e30, 0.0])
+    flat = arr.reshape(-1)
+    if flat.size:
+        flat[rnd.randrange(flat.size)] = v
+    return f"input-{vi.name}={v}", feeds
 
 
 _HUGE = [0, -1, -2, -(1 << 31), (1 << 31) - 1, 1 << 31, 1 << 40, (1 << 63) - 1, 3, 1000]
@@ -222,19 +260,25 @@ def _structural_mutation(m: onnx.ModelProto, rnd: random.Random) -> str:
     return "none"
 
 
-def make_case(seed: int, index: int, bases: dict) -> tuple[str, bytes]:
-    """The mutated model of case ``index`` (``(kind, serialized bytes)``), deterministic in
-    ``(seed, index)``."""
+def make_case(seed: int, index: int, bases: dict) -> tuple[str, bytes, dict | None]:
+    """The mutated model of case ``index``: ``(kind, serialized bytes, inputs or None)``,
+    deterministic in ``(seed, index)``. A quarter mutate bytes, a sixth feed extreme input
+    values to the unchanged model, the rest mutate the structure."""
     rnd = random.Random(seed * 1_000_003 + index)
-    name = rnd.choice(sorted(bases))
+    light = rnd.random() < 0.1 and LIGHT in bases
+    name = rnd.choice(sorted(b for b in bases if b != LIGHT))
+    name = LIGHT if light else name
     m = onnx.ModelProto()
     m.CopyFrom(bases[name])
-    if rnd.random() < 0.35:
+    r = rnd.random()
+    if r < 0.25:
         kind, data = _byte_mutation(m.SerializeToString(), rnd)
-    else:
-        kinds = [_structural_mutation(m, rnd) for _ in range(rnd.choice([1, 1, 2]))]
-        kind, data = "+".join(kinds), m.SerializeToString()
-    return f"{name}:{kind}", data
+        return f"{name}:{kind}", data, None
+    if r < 0.42:
+        kind, feeds = _input_mutation(name, m, rnd)
+        return f"{name}:{kind}", m.SerializeToString(), feeds
+    kinds = [_structural_mutation(m, rnd) for _ in range(rnd.choice([1, 1, 2]))]
+    return f"{name}:{'+'.join(kinds)}", m.SerializeToString(), None
 
 
 def clean_error(e: BaseException) -> bool:
@@ -245,12 +289,13 @@ def clean_error(e: BaseException) -> bool:
     return type(e).__module__.startswith(("openipu.popart", "openipu.poplar", "openipu.poplibs"))
 
 
-def run_case(path: str, index: int) -> tuple[str, str]:
+def run_case(path: str, index: int, inputs: dict | None = None) -> tuple[str, str]:
     """Run the model at ``path`` through :func:`openipu.runner.run_model` (functional, 64
-    tiles; every fourth case offline). Returns ``(outcome, detail)``."""
+    tiles; every fourth case without inputs offline). Returns ``(outcome, detail)``."""
     from openipu import runner
     try:
-        res = runner.run_model(path, tiles_per_ipu=64, seed=index, offline=index % 4 == 3)
+        res = runner.run_model(path, tiles_per_ipu=64, seed=index, offline=inputs is None and index % 4 == 3,
+                               inputs=inputs)
         return "ok", "fits" if res.fits else "does not fit"
     except Exception as e:  # noqa: BLE001 - classified
         text = " ".join(str(e).split())[:300]
@@ -263,15 +308,15 @@ def run_case(path: str, index: int) -> tuple[str, str]:
 def worker(seed: int, first: int, last: int) -> None:
     import logging
     logging.disable(logging.WARNING)
-    bases = base_models()
+    bases = base_models(light=os.environ.get("OPENIPU_FUZZ_LIGHT", "0") == "1")
     with tempfile.TemporaryDirectory() as d:
         for i in range(first, last):
-            kind, data = make_case(seed, i, bases)
+            kind, data, inputs = make_case(seed, i, bases)
             path = os.path.join(d, f"case{i}.onnx")
             with open(path, "wb") as f:
                 f.write(data)
             print(f"start {i}", flush=True)
-            outcome, detail = run_case(path, i)
+            outcome, detail = run_case(path, i, inputs)
             print(json.dumps({"case": i, "kind": kind, "outcome": outcome, "detail": detail}), flush=True)
 
 

@@ -7,7 +7,9 @@ prints nothing for ``CASE_TIMEOUT`` seconds fails as a hang. A few cases also go
 CLI (``python -m openipu.cli run``): exit status 0-3, no traceback, errors one line.
 
 Counts: ``OPENIPU_FUZZ_CASES`` (default 40 in-process; ``make fuzz`` runs 500),
-``OPENIPU_FUZZ_SEED`` (default 2026), ``OPENIPU_FUZZ_CLI_CASES`` (default 4). The outcome counts
+``OPENIPU_FUZZ_SEED`` (default 2026), ``OPENIPU_FUZZ_CLI_CASES`` (default 4),
+``OPENIPU_FUZZ_LIGHT=1`` adds the onnx package's light SqueezeNet to the base models (``make
+fuzz``), ``OPENIPU_FUZZ_TIMEOUT`` (seconds a case may take, default 120). The outcome counts
 are printed at the end of the run (pytest ``-s`` not needed).
 """
 
@@ -108,10 +110,14 @@ def test_fuzzed_models_through_the_cli(tmp_path):
     bad = []
     for i in range(CLI_CASES):
         index = 1_000_000 + i
-        kind, data = fuzz_models.make_case(SEED, index, bases)
+        kind, data, inputs = fuzz_models.make_case(SEED, index, bases)
         path = tmp_path / f"cli{i}.onnx"
         path.write_bytes(data)
         cmd = [sys.executable, "-m", "openipu.cli", "run", str(path), "--tiles-per-ipu", "64", "--seed", str(i)]
+        if inputs is not None:
+            import numpy as np
+            np.savez(tmp_path / f"cli{i}.npz", **inputs)
+            cmd += ["--input", str(tmp_path / f"cli{i}.npz")]
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=CASE_TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -135,12 +141,10 @@ def test_fuzzed_models_through_the_cli(tmp_path):
     assert not bad, "\n".join(bad)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _print_summary(request):
-    yield
+def summary_lines() -> list[str]:
+    """The outcome counts of this run's fuzz tests (printed by ``conftest.pytest_terminal_summary``)."""
     if not SUMMARY:
-        return
-    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+        return []
     lines = [f"fuzz seed {SEED}"]
     for where, (counts, results) in SUMMARY.items():
         total = sum(counts.values())
@@ -148,12 +152,9 @@ def _print_summary(request):
         if results:
             kinds = collections.Counter(r["detail"].split(":")[0] for r in results.values() if r["outcome"] == "refused")
             lines.append("  refused by: " + ", ".join(f"{k} {v}" for k, v in kinds.most_common()))
-    text = "\n".join(lines)
-    if tr is not None:
-        tr.write_line("")
-        tr.write_sep("-", "fuzz outcomes")
-        for line in lines:
-            tr.write_line(line)
+            by_kind = collections.Counter(r["kind"].split(":")[-1].split("-")[0].split("+")[0] for r in results.values())
+            lines.append("  mutations: " + ", ".join(f"{k} {v}" for k, v in sorted(by_kind.items())))
     out = os.environ.get("OPENIPU_FUZZ_SUMMARY")
     if out:
-        Path(out).write_text(text + "\n")
+        Path(out).write_text("\n".join(lines) + "\n")
+    return lines

@@ -198,6 +198,16 @@ def shard_rows(value, replicas: int) -> np.ndarray:
 WEIGHT_BYTES = 1 << 16
 
 
+def initializer_array(init: onnx.TensorProto) -> np.ndarray:
+    """``numpy_helper.to_array(init)``, with a data / dims mismatch (more values than the dims
+    hold, a type without numpy equivalent ...) raised as a ``popart_exception`` naming it."""
+    try:
+        return numpy_helper.to_array(init)
+    except Exception as e:  # noqa: BLE001 - numpy's reshape ValueError, onnx's TypeError ...
+        raise popart_exception(f"Initializer '{init.name}' of dims {list(init.dims)} cannot be read: "
+                               f"{_one_line(e)}") from None
+
+
 def _take_weights(model: onnx.ModelProto, owned: bool) -> dict:
     """The large top-level initializers of ``model`` as numpy arrays (one host copy of each
     weight). When the IR parsed the proto itself (``owned``), their ``raw_data`` is cleared so the
@@ -206,7 +216,7 @@ def _take_weights(model: onnx.ModelProto, owned: bool) -> dict:
     for init in model.graph.initializer:
         if init.data_location == onnx.TensorProto.EXTERNAL or len(init.raw_data) < WEIGHT_BYTES:
             continue
-        out[init.name] = numpy_helper.to_array(init)
+        out[init.name] = initializer_array(init)
         if owned:
             init.ClearField("raw_data")
     return out
@@ -341,8 +351,11 @@ class Ir:
             m = onnx.shape_inference.infer_shapes(skel, check_type=False,
                                                   strict_mode=True, data_prop=True)
         except onnx.shape_inference.InferenceError as e:
-            if str(e).count("(op_type:") < 2:
-                raise popart_exception(f"ONNX shape inference refused the model: {_one_line(e)}") from None
+            first = str(e).replace("[ShapeInferenceError] Inference error(s): ", "").strip().splitlines()[0]
+            if "): (op_type:" not in first:
+                # the first error is the cause (later ones follow from it: "Input 0 expected to
+                # have type but instead is null" ...)
+                raise popart_exception(f"ONNX shape inference refused the model: {first.strip()}") from None
             # an error inside the expansion of an ONNX function op (MeanVarianceNormalization's
             # body fails onnx's own strict inference): not the model's fault; the op's kernel and
             # lowering check it
@@ -360,7 +373,10 @@ class Ir:
                 model_check.check_shape(f"Tensor '{name}'", shape)
         for init in self.model.graph.initializer:
             model_check.check_shape(f"Initializer '{init.name}'", list(init.dims))
-        model_check.check_attributes(self.model.graph, out)
+        shapes = dict(out)
+        for init in self.model.graph.initializer:
+            shapes.setdefault(init.name, (dtype_name(init.data_type), list(init.dims)))
+        model_check.check_attributes(self.model.graph, shapes)
         return out
 
     # -- 4 --------------------------------------------------------------------------------
@@ -412,7 +428,7 @@ class Ir:
         g = self.model.graph
         const_weights = bool(self.options.constantWeights) and self.training is None
         for init in g.initializer:
-            arr = self.weights[init.name] if init.name in self.weights else np.array(numpy_helper.to_array(init))
+            arr = self.weights[init.name] if init.name in self.weights else np.array(initializer_array(init))
             self.onnx_tensor_ids.add(init.name)
             dtype = dtype_name(init.data_type)
             # training: float initializers are the (trainable) weights; integer ones stay

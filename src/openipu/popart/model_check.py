@@ -116,9 +116,20 @@ def check_attributes(graph: onnx.GraphProto, shapes: dict) -> None:
                 if ws is not None and any(isinstance(d, int) and d == 0 for d in ws):
                     raise popart_exception(f"{_name(node)}: weights '{node.input[1]}' have shape {list(ws)}, with a "
                                            "zero-sized dimension")
+                ks = _ints(attrs["kernel_shape"]) if "kernel_shape" in attrs else None
+                if ks is not None and ws is not None and len(ws) >= 2 and all(isinstance(d, int) for d in ws) \
+                        and op != "QLinearConv" and list(ws[2:]) != ks:
+                    raise popart_exception(f"{_name(node)}: attribute kernel_shape = {ks} differs from the spatial "
+                                           f"dimensions {list(ws[2:])} of its weights '{node.input[1]}'")
                 if xs is not None and len(xs) >= 2 and isinstance(xs[1], int) and xs[1] % group:
                     raise popart_exception(f"{_name(node)}: attribute group = {group} does not divide the "
                                            f"{xs[1]} input channels")
+            if op not in ("MaxUnpool", "ConvTranspose"):
+                y = shapes.get(node.output[0]) if node.output else None
+                ys = y[1] if y is not None else None
+                if ys is not None and len(ys) > 2 and any(isinstance(d, int) and d == 0 for d in ys[2:]):
+                    raise popart_exception(f"{_name(node)}: output '{node.output[0]}' would have shape {list(ys)}: "
+                                           "the window (kernel_shape, dilations) is larger than the padded input")
         elif op == "LRN" and "size" in attrs and not 1 <= attrs["size"].i <= MAX_ATTRIBUTE:
             raise popart_exception(f"{_name(node)}: attribute size = {attrs['size'].i} must be at least 1")
         elif op in ("DepthToSpace", "SpaceToDepth") and "blocksize" in attrs \
