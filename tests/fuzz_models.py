@@ -38,7 +38,8 @@ LIGHT = "light_squeezenet"
 
 
 def base_models(light: bool = False) -> dict[str, onnx.ModelProto]:
-    """Small real models: a conv net, an embedding / attention-like block, two Builder models
+    """Small real models: a conv net, an embedding / attention-like block, integer Div / Mod,
+    two Builder models
     with ai.graphcore ops (gelu and ctcloss on constant targets; ctcloss on fed targets and
     lengths). All static, run in well under a second."""
     rng = np.random.default_rng(0)
@@ -86,6 +87,13 @@ def base_models(light: bool = False) -> dict[str, onnx.ModelProto]:
     g = h.make_graph(nodes, "attn", [h.make_tensor_value_info("ids", T.INT64, [2, 4])],
                      [h.make_tensor_value_info("z", T.FLOAT, [2, 4, 2])], [emb, wq, sc, rep, cshape, axes])
     out["attn"] = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+    nodes = [h.make_node("Div", ["a", "b"], ["q"]), h.make_node("Mod", ["a", "b"], ["r"], fmod=0),
+             h.make_node("Add", ["q", "r"], ["y"])]
+    g = h.make_graph(nodes, "intmath", [h.make_tensor_value_info("a", T.INT32, [4]),
+                                        h.make_tensor_value_info("b", T.INT32, [4])],
+                     [h.make_tensor_value_info("y", T.INT32, [4])])
+    out["intmath"] = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
 
     import popart
     bld = popart.Builder()

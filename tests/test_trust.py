@@ -107,47 +107,83 @@ def test_graphcore_ops_pass_the_onnx_checks():
 
 # -- no host kernel may crash the process ---------------------------------------------------
 _CTC = """
-import sys, numpy as np, popart
+import json, sys, numpy as np, popart
 T, N, C, S = 4, 2, 5, 6
-label, tl, zi = int(sys.argv[1]), [int(v) for v in sys.argv[2].split(",")], bool(int(sys.argv[3]))
-b = popart.Builder()
-x = b.addInputTensor(popart.TensorInfo("FLOAT", [T, N, C]), "x")
-tg = b.addInputTensor(popart.TensorInfo("INT32", [N, S]), "tg")
-il = b.addInputTensor(popart.TensorInfo("INT32", [N]), "il")
-tlen = b.addInputTensor(popart.TensorInfo("INT32", [N]), "tl")
-w = b.addInitializedInputTensor(np.ones([T, N, C], np.float32), "w")
-lp = b.aiOnnx.logsoftmax([b.aiOnnx.mul([x, w])], axis=2)
-loss = b.aiGraphcore.ctcloss([lp, tg, il, tlen], popart.ReductionType.Mean, 0, zeroInfinity=zi)
-s = popart.TrainingSession(fnModel=b.getModelProto(), dataFlow=popart.DataFlow(1, {loss: popart.AnchorReturnType("ALL")}),
-                           loss=loss, optimizer=popart.ConstSGD(0.1), deviceInfo=popart.DeviceManager().createIpuModelDevice({}))
-s.prepareDevice(); s.weightsFromHost()
-a = s.initAnchorArrays()
-feeds = {x: np.random.default_rng(0).standard_normal((T, N, C)).astype(np.float32), tg: np.full((N, S), label, np.int32),
-         il: np.array([4, 4], np.int32), tlen: np.array(tl, np.int32)}
-try:
-    s.run(popart.PyStepIO(feeds, a))
-    print("ran", a[loss])
-except popart.popart_exception as e:
-    print("refused", e)
+for label, tl, zi in json.loads(sys.argv[1]):
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [T, N, C]), "x")
+    tg = b.addInputTensor(popart.TensorInfo("INT32", [N, S]), "tg")
+    il = b.addInputTensor(popart.TensorInfo("INT32", [N]), "il")
+    tlen = b.addInputTensor(popart.TensorInfo("INT32", [N]), "tl")
+    w = b.addInitializedInputTensor(np.ones([T, N, C], np.float32), "w")
+    lp = b.aiOnnx.logsoftmax([b.aiOnnx.mul([x, w])], axis=2)
+    loss = b.aiGraphcore.ctcloss([lp, tg, il, tlen], popart.ReductionType.Mean, 0, zeroInfinity=bool(zi))
+    s = popart.TrainingSession(fnModel=b.getModelProto(),
+                               dataFlow=popart.DataFlow(1, {loss: popart.AnchorReturnType("ALL")}), loss=loss,
+                               optimizer=popart.ConstSGD(0.1), deviceInfo=popart.DeviceManager().createIpuModelDevice({}))
+    s.prepareDevice()
+    s.weightsFromHost()
+    a = s.initAnchorArrays()
+    feeds = {x: np.random.default_rng(0).standard_normal((T, N, C)).astype(np.float32),
+             tg: np.full((N, S), label, np.int32), il: np.array([4, 4], np.int32), tlen: np.array(tl, np.int32)}
+    try:
+        s.run(popart.PyStepIO(feeds, a))
+        print("ran", a[loss], flush=True)
+    except popart.popart_exception as e:
+        print("refused", e, flush=True)
 """
 
 
-@pytest.mark.parametrize("label, tl, zi, want", [
-    (100_000_000, "6,6", 1, "outside the classes"),     # torch reads out of bounds: SIGSEGV unguarded
-    (-3, "6,6", 1, "outside the classes"),
-    (1, "7,6", 1, "must be in \\[0, 6\\]"),
-    (1, "6,6", 1, "ran"),                                  # target longer than input: loss 0 (zeroInfinity)
-    (1, "6,6", 0, "ran"),                                  # ... or inf
-])
-def test_ctc_bad_targets_are_refused_not_a_crash(tmp_path, label, tl, zi, want):
+def test_ctc_bad_targets_are_refused_not_a_crash(tmp_path):
+    """A training step through aiGraphcore.ctcloss with bad targets (one subprocess, so that a
+    crash is a failure with its signal, not the end of the test run)."""
+    cases = [(100_000_000, [6, 6], 1, "outside the classes"),     # torch reads out of bounds: SIGSEGV unguarded
+             (-3, [6, 6], 1, "outside the classes"),
+             (1, [7, 6], 1, "must be in \\[0, 6\\]"),
+             (1, [6, 6], 1, "ran"),                               # target longer than input: loss 0 (zeroInfinity)
+             (1, [6, 6], 0, "ran")]                               # ... or inf
     script = tmp_path / "ctc.py"
     script.write_text(_CTC)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, str(script), str(label), tl, str(zi)], capture_output=True, text=True,
-                       env=env, timeout=300)
-    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    import json
     import re
-    assert re.search(want, p.stdout), p.stdout
+    p = subprocess.run([sys.executable, str(script), json.dumps([c[:3] for c in cases])], capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr[-2000:])
+    lines = p.stdout.strip().splitlines()
+    assert len(lines) == len(cases), p.stdout
+    for line, case in zip(lines, cases):
+        assert re.search(case[3], line), (case, line)
+
+
+_INT_DIV = """
+import numpy as np, popart
+b = popart.Builder()
+x = b.addInputTensor(popart.TensorInfo("INT32", [4]), "x")
+y = b.addInputTensor(popart.TensorInfo("INT32", [4]), "y")
+o = b.aiOnnx.div([x, y])
+b.addOutputTensor(o)
+s = popart.InferenceSession(fnModel=b.getModelProto(), dataFlow=popart.DataFlow(1, {o: popart.AnchorReturnType("ALL")}),
+                            deviceInfo=popart.DeviceManager().createIpuModelDevice({}))
+s.prepareDevice()
+a = s.initAnchorArrays()
+s.run(popart.PyStepIO({x: np.array([-2**31, 7, -7, 5], np.int32), y: np.array([-1, 2, 2, -1], np.int32)}, a))
+print(a[o].tolist())
+"""
+
+
+def test_integer_minimum_divided_by_minus_one_wraps_instead_of_sigfpe(tmp_path):
+    """torch's trunc division traps (SIGFPE) on INT_MIN / -1; ONNX Div on integers must not."""
+    script = tmp_path / "div.py"
+    script.write_text(_INT_DIV)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    assert p.stdout.strip() == "[-2147483648, 3, -3, -5]"
+    import torch
+    from openipu.popart.onnx_ops.elementwise import int_div_trunc
+    q = int_div_trunc(torch.tensor([-2**63, 9, -9]), torch.tensor([-1, -2, 4]))
+    assert q.tolist() == [-2**63, -4, -2]
 
 
 # -- the CLI: one line, documented exit statuses --------------------------------------------
