@@ -465,6 +465,15 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
             raise ValueError(f"'{path}' is not a readable ONNX model ({type(e).__name__}: {_first_line(e)}). Check "
                              "that the file was written completely, and that weights stored beside it are "
                              "there") from None
+    try:
+        g = proto.graph                 # protobuf parses bad UTF-8 and fails when it is read
+        for x in list(g.input) + list(g.output) + list(g.initializer) + list(g.value_info):
+            x.name
+        for n in g.node:
+            n.name, n.op_type, n.domain, list(n.input), list(n.output)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"'{path}' is not a valid ONNX model: a name in it is not UTF-8 text ({e}). The file is "
+                         "corrupt; re-export it") from None
     if batch_size is not None:
         proto = set_batch_size(proto, batch_size)
     proto = fix_input_shapes(proto, inputs)

@@ -313,6 +313,9 @@ class Ir:
             self.opsets[""] = 10
         try:
             onnx.checker.check_model(_skeleton(self.model, self.weights))
+        except UnicodeDecodeError as e:     # protobuf parses bad UTF-8 and fails when it is read
+            raise popart_exception(f"The ONNX model is not valid: a name or string in it is not UTF-8 text ({e}). "
+                                   "The file is corrupt; re-export it") from None
         except onnx.checker.ValidationError as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else "invalid model"
             raise popart_exception(f"The ONNX model is not valid (onnx.checker): {first}. Check the exporter that "
