@@ -5,7 +5,9 @@ Steps, in the session constructor as in PopART:
 
 1. load (bytes or path; PopART's "Failed to load a ModelProto ..." texts), ``onnx.checker``;
 2. fix input shapes from ``InputShapeInfo``; inputs with unknown dims are an error;
-3. ``onnx.shape_inference.infer_shapes(model, data_prop=True)``;
+3. strict ``onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)`` (an
+   inference error is a PopART error naming the node), then the attribute and size checks of
+   :mod:`openipu.popart.model_check`;
 4. walk the nodes in order: a node whose inputs are all constants (``Constant``, initializers
    when ``constantWeights`` is true, earlier folded results) is run on the host with its
    onnx_ops kernel and becomes a constant (PopART's ConstExpr folding); so do ``Shape`` /
