@@ -137,6 +137,30 @@ def check_attributes(graph: onnx.GraphProto, shapes: dict) -> None:
             raise popart_exception(f"{_name(node)}: attribute blocksize = {attrs['blocksize'].i} must be positive")
 
 
+def host_bytes_available() -> int:
+    """Bytes of host memory available now (``MemAvailable`` of ``/proc/meminfo``; a very large
+    number where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62
+
+
+def check_host_bytes(what: str, nbytes: int) -> None:
+    """Refuse a host allocation of ``nbytes`` for ``what`` that would take more than half the
+    host memory available now (the process would swap or be killed for memory instead of
+    failing cleanly). Raises ``ValueError``."""
+    if nbytes > (1 << 28):          # below 256 MiB: not worth reading /proc
+        have = host_bytes_available()
+        if nbytes > have // 2:
+            raise ValueError(f"{what} would allocate {nbytes / (1 << 30):,.1f} GiB on the host, more than half of "
+                             f"the {have / (1 << 30):,.1f} GiB available")
+
+
 def _prod_checked(what: str, dims) -> None:
     dims = [int(d) for d in dims]
     if any(d < 0 for d in dims):
@@ -147,6 +171,7 @@ def _prod_checked(what: str, dims) -> None:
         if n > MAX_TENSOR_ELEMENTS:
             raise ValueError(f"{what} would make a tensor of shape {dims} ({math.prod(dims):,} elements), more "
                              f"than the {MAX_TENSOR_ELEMENTS:,} openipu accepts in one tensor")
+    check_host_bytes(f"{what} (output shape {dims})", 8 * n)    # 8: the widest element type
 
 
 def _values(t) -> list:

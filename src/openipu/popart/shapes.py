@@ -112,6 +112,10 @@ def probe(kernel, in_infos, attrs: dict, opset: int, const_values=None, fill: st
     ``in_infos`` (list of ``(dtype name, shape)`` or ``None``). Returns ``[(dtype name, shape)]``
     per output."""
     const_values = const_values or [None] * len(in_infos)
+    from openipu.popart.model_check import check_host_bytes
+    check_host_bytes(f"probing {kernel.op_type} for its output shapes",
+                     sum(8 * int(np.prod(i[1], dtype=np.float64)) for i, cv in zip(in_infos, const_values)
+                         if i is not None and cv is None and i[1] is not None))
     ins = []
     for info, cv in zip(in_infos, const_values):
         ins.append(cv if cv is not None else (None if info is None else zeros(info[0], info[1], fill)))
