@@ -185,7 +185,9 @@ def check_kernel_allocation(op_type: str, inputs: list, attrs: dict) -> None:
     """Refuse, before a host kernel runs, an output whose size comes from values or attributes
     and exceeds :data:`MAX_TENSOR_ELEMENTS` (``ConstantOfShape``, ``Expand``, ``Tile``,
     ``Range``, ``OneHot``, ``Resize`` / ``Upsample`` sizes or scales, ``Pad``, the random
-    generators' and ``Init``'s ``shape``, ``EyeLike``'s input). ``inputs``: the kernel's torch
+    generators' and ``Init``'s ``shape``, ``EyeLike``'s input, the window ops' size,
+    ``Multinomial``'s samples, ``AffineGrid`` / ``Col2Im`` / ``CenterCropPad``'s shape inputs).
+    ``inputs``: the kernel's torch
     inputs (``None`` for absent ones). Raises ``ValueError`` (a ``popart_exception`` naming the
     op, through :func:`openipu.popart.shapes.call_kernel`)."""
     def shape_of(i):
@@ -241,3 +243,21 @@ def check_kernel_allocation(op_type: str, inputs: list, attrs: dict) -> None:
         s = shape_of(0)
         if s:
             _prod_checked(op_type, s)
+    elif op_type in ("HannWindow", "HammingWindow", "BlackmanWindow") and inputs and inputs[0] is not None:
+        size = _values(inputs[0])
+        if size:
+            _prod_checked(op_type, [int(size[0])])
+    elif op_type == "Multinomial":
+        s = shape_of(0)
+        if s:
+            _prod_checked(op_type, s[:1] + [int(attrs.get("sample_size", 1))])
+    elif op_type == "AffineGrid" and len(inputs) > 1 and inputs[1] is not None:
+        size = _values(inputs[1])
+        if size:
+            _prod_checked(op_type, [int(v) for v in size] + [len(size) - 2])
+    elif op_type == "Col2Im" and len(inputs) > 1 and inputs[1] is not None:
+        s, image = shape_of(0) or [], _values(inputs[1])
+        if s and image:
+            _prod_checked(op_type, s[:1] + [int(v) for v in image])
+    elif op_type == "CenterCropPad" and len(inputs) > 1 and inputs[1] is not None:
+        _prod_checked(op_type, _values(inputs[1]))
