@@ -150,9 +150,11 @@ def summary_lines() -> list[str]:
         total = sum(counts.values())
         lines.append(f"{where}: {total} cases: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
         if results:
-            kinds = collections.Counter(r["detail"].split(":")[0] for r in results.values() if r["outcome"] == "refused")
+            kinds = collections.Counter(r["detail"].split(":")[0] for r in results.values()
+                                        if r["outcome"] == "refused")
             lines.append("  refused by: " + ", ".join(f"{k} {v}" for k, v in kinds.most_common()))
-            by_kind = collections.Counter(r["kind"].split(":", 1)[-1].split("-")[0].split("+")[0] for r in results.values())
+            by_kind = collections.Counter(r["kind"].split(":", 1)[-1].split("-")[0].split("+")[0]
+                                          for r in results.values())
             lines.append("  mutations: " + ", ".join(f"{k} {v}" for k, v in sorted(by_kind.items())))
     out = os.environ.get("OPENIPU_FUZZ_SUMMARY")
     if out:

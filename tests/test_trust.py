@@ -37,7 +37,8 @@ def _conv_model(path=None, xshape=(1, 3, 8, 8), ks=(3, 3), **attrs):
 
 def _session(m):
     return popart.InferenceSession(fnModel=m.SerializeToString(),
-                                   dataFlow=popart.DataFlow(1, {m.graph.output[0].name: popart.AnchorReturnType("ALL")}),
+                                   dataFlow=popart.DataFlow(1, {m.graph.output[0].name:
+                                                                popart.AnchorReturnType("ALL")}),
                                    deviceInfo=popart.DeviceManager().createOfflineIPUDevice({"numIPUs": 1}))
 
 
@@ -71,7 +72,8 @@ def test_session_refuses_axis_beyond_rank_and_names_the_node():
 def test_session_refuses_oversized_constant_of_shape_before_allocating():
     shape = nh.from_array(np.array([1 << 20, 1 << 20], np.int64), "s")
     g = h.make_graph([h.make_node("ConstantOfShape", ["s"], ["c"]), h.make_node("Add", ["x", "c"], ["y"])], "g",
-                     [h.make_tensor_value_info("x", T.FLOAT, [1])], [h.make_tensor_value_info("y", T.FLOAT, ["a", "b"])],
+                     [h.make_tensor_value_info("x", T.FLOAT, [1])],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["a", "b"])],
                      [shape])
     with pytest.raises(popart.popart_exception, match="more than the 2,147,483,647"):
         _session(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]))
@@ -97,7 +99,8 @@ def test_graphcore_ops_pass_the_onnx_checks():
     x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 3]), "x")
     y = b.aiOnnx.relu([b.aiGraphcore.gelu([b.aiGraphcore.scale([x], 2.0)])])
     b.addOutputTensor(y)
-    s = popart.InferenceSession(fnModel=b.getModelProto(), dataFlow=popart.DataFlow(1, {y: popart.AnchorReturnType("ALL")}),
+    s = popart.InferenceSession(fnModel=b.getModelProto(),
+                                dataFlow=popart.DataFlow(1, {y: popart.AnchorReturnType("ALL")}),
                                 deviceInfo=popart.DeviceManager().createIpuModelDevice({}))
     s.prepareDevice()
     a = s.initAnchorArrays()
