@@ -182,7 +182,7 @@ def test_backend_runs_doubles_and_dynamic_shapes_through_popart():
     m = _model([helper.make_node("Reshape", ["x", "s"], ["y"])],
                [helper.make_tensor_value_info("x", P.FLOAT, [2, 3]),
                 helper.make_tensor_value_info("s", P.INT64, [2])],
-               [helper.make_tensor_value_info("y", P.FLOAT, ["a"])])
+               [helper.make_tensor_value_info("y", P.FLOAT, ["a", "b"])])
     rep = OpenIPUBackend.prepare(m)
     assert rep.frozen == ["s"]
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
@@ -210,7 +210,7 @@ def test_data_dependent_output_shape_is_refused():
     P = onnx.TensorProto
     m = _model([helper.make_node("Unique", ["x"], ["y"], sorted=1)],
                [helper.make_tensor_value_info("x", P.FLOAT, [5])],
-               [helper.make_tensor_value_info("y", P.FLOAT, ["a"])])
+               [helper.make_tensor_value_info("y", P.FLOAT, ["a", "b"])])
     with pytest.raises(popart.popart_exception, match="depends on the values of its inputs"):
         OpenIPUBackend.run_model(m, [np.array([1, 1, 2, 3, 3], np.float32)])
 

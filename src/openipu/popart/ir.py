@@ -323,6 +323,39 @@ class Ir:
             raise popart_exception(f"The ONNX model is not valid (onnx.checker): {first}. Check the exporter that "
                                    "wrote it, or re-export it") from None
 
+    @staticmethod
+    def _strict_inference(skel: onnx.ModelProto, retried: bool = False) -> onnx.ModelProto:
+        """``infer_shapes(strict_mode=True, data_prop=True)`` of ``skel``, its first error a
+        ``popart_exception``. Two exceptions, where the model is not at fault:
+
+        - a declared shape (graph output or value_info) that differs from the inferred one is a
+          hint an exporter got wrong, which onnxruntime also only warns about: the shapes
+          declared for the outputs of ai.onnx nodes are dropped and inference runs again (with a
+          warning); element types that differ stay an error;
+        - an error inside the expansion of an ONNX function op (MeanVarianceNormalization's body
+          fails onnx's own strict inference): non-strict inference, the op's kernel and lowering
+          check it."""
+        try:
+            return onnx.shape_inference.infer_shapes(skel, check_type=False, strict_mode=True, data_prop=True)
+        except onnx.shape_inference.InferenceError as e:
+            first = str(e).replace("[ShapeInferenceError] Inference error(s): ", "").strip().splitlines()[0].strip()
+            if "existing shape differ" in first and not retried:
+                log("ir").warning("The model declares a tensor shape that ONNX shape inference does not give (%s): "
+                                  "the inferred shapes are used", first)
+                onnx_outputs = {o for n in skel.graph.node if n.domain in ("", "ai.onnx") for o in n.output}
+                for vi in list(skel.graph.value_info) + list(skel.graph.output):
+                    if vi.name in onnx_outputs and vi.type.HasField("tensor_type"):
+                        vi.type.tensor_type.ClearField("shape")
+                return Ir._strict_inference(skel, retried=True)
+            if "): (op_type:" not in first:
+                # the first error is the cause (later ones follow from it: "Input 0 expected to
+                # have type but instead is null" ...)
+                raise popart_exception(f"ONNX shape inference refused the model: {first}") from None
+            log("ir").debug("strict ONNX shape inference failed inside a function body (%s): not strict", e)
+            return onnx.shape_inference.infer_shapes(skel, data_prop=True)
+        except (RuntimeError, onnx.checker.ValidationError) as e:     # onnx's other C++ errors
+            raise popart_exception(f"ONNX shape inference refused the model: {_one_line(e)}") from None
+
     def _fix_inputs(self, input_shape_info):
         g = self.model.graph
         inits = {i.name for i in g.initializer}
@@ -352,22 +385,7 @@ class Ir:
         for i, n in enumerate(skel.graph.node):    # onnx's errors name a node by its name
             if not n.name:
                 n.name = n.output[0] if n.output and n.output[0] else f"{n.op_type}_{i}"
-        try:
-            m = onnx.shape_inference.infer_shapes(skel, check_type=False,
-                                                  strict_mode=True, data_prop=True)
-        except onnx.shape_inference.InferenceError as e:
-            first = str(e).replace("[ShapeInferenceError] Inference error(s): ", "").strip().splitlines()[0]
-            if "): (op_type:" not in first:
-                # the first error is the cause (later ones follow from it: "Input 0 expected to
-                # have type but instead is null" ...)
-                raise popart_exception(f"ONNX shape inference refused the model: {first.strip()}") from None
-            # an error inside the expansion of an ONNX function op (MeanVarianceNormalization's
-            # body fails onnx's own strict inference): not the model's fault; the op's kernel and
-            # lowering check it
-            log("ir").debug("strict ONNX shape inference failed inside a function body (%s): not strict", e)
-            m = onnx.shape_inference.infer_shapes(skel, data_prop=True)
-        except (RuntimeError, onnx.checker.ValidationError) as e:     # onnx's other C++ errors
-            raise popart_exception(f"ONNX shape inference refused the model: {_one_line(e)}") from None
+        m = self._strict_inference(skel)
         out = {}
         for vi in list(m.graph.value_info) + list(m.graph.output) + list(m.graph.input):
             info = value_info_of(vi)
