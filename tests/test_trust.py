@@ -69,6 +69,14 @@ def test_session_refuses_axis_beyond_rank_and_names_the_node():
         _session(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]))
 
 
+def test_a_wrong_declared_output_shape_is_a_hint_not_an_error():
+    """onnxruntime only warns when a model's declared output shape is wrong: the inferred one is used."""
+    g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [7])])
+    s = _session(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]))
+    assert s._ir.tensors["y"].info.shape() == [2, 3]
+
+
 def test_session_refuses_oversized_constant_of_shape_before_allocating():
     shape = nh.from_array(np.array([1 << 20, 1 << 20], np.int64), "s")
     g = h.make_graph([h.make_node("ConstantOfShape", ["s"], ["c"]), h.make_node("Add", ["x", "c"], ["y"])], "g",
