@@ -263,6 +263,13 @@ def test_bad_input_files_are_one_line_errors(tiny, tmp_path, capsys):
     npy = tmp_path / "one.npy"
     np.save(npy, good)
     cases["npy"] = (npy, "single array")
+    import io
+    import zipfile
+    hdr = io.BytesIO()      # a small file whose header declares a 64 GiB array
+    np.lib.format.write_array_header_1_0(hdr, {"descr": "<f4", "fortran_order": False, "shape": (1 << 34,)})
+    with zipfile.ZipFile(tmp_path / "bomb.npz", "w") as z:
+        z.writestr("x.npy", hdr.getvalue() + b"\0" * 64)
+    cases["declared huge"] = (tmp_path / "bomb.npz", "of host memory available")
     data = _npz(tmp_path, "full.npz", x=good).read_bytes()
     trunc = tmp_path / "trunc.npz"
     trunc.write_bytes(data[:len(data) // 2])

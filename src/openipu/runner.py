@@ -132,12 +132,13 @@ def load_inputs(path: str) -> dict[str, np.ndarray]:
     with f:
         try:
             for k in f.files:
+                _check_npz_member_size(path, f, k)
                 out[k] = check_input_array(k, f[k])
         except ValueError as e:
             if "pickle" in str(e):
                 raise ValueError(f"--input file '{path}': array '{k}' holds Python objects, which openipu does not "
                                  "read (no pickle); store numbers") from None
-            if str(e).startswith("input '"):
+            if str(e).startswith(("input '", "--input file")):
                 raise
             raise ValueError(f"--input file '{path}' is not a readable .npz file (array '{k}': "
                              f"{_first_line(e)})") from None
@@ -150,6 +151,29 @@ def load_inputs(path: str) -> dict[str, np.ndarray]:
     if not out:
         raise ValueError(f"--input file '{path}' holds no arrays; give one array per model input, named after it")
     return out
+
+
+def _check_npz_member_size(path: str, f, key: str) -> None:
+    """Refuse an array of the open ``.npz`` ``f`` whose header declares more bytes than half the
+    host memory available (read from its ``.npy`` header, before numpy allocates it: a small
+    compressed file can declare a huge array). Raises ``ValueError``."""
+    member = key if key in f.zip.namelist() else f"{key}.npy"
+    try:
+        with f.zip.open(member) as fp:
+            version = np.lib.format.read_magic(fp)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(fp)
+            elif version == (2, 0):
+                shape, _, dtype = np.lib.format.read_array_header_2_0(fp)
+            else:
+                return              # numpy reads (and checks) other versions itself
+    except Exception:  # noqa: BLE001 - a bad header: np.load's own error says what is wrong
+        return
+    nbytes = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+    have = host_memory_available()
+    if nbytes > have // 2:
+        raise ValueError(f"--input file '{path}': array '{key}' of shape {list(shape)} ({dtype}) would take "
+                         f"{_gib(nbytes)}, more than half of the {_gib(have)} of host memory available")
 
 
 def _first_line(e: BaseException) -> str:
