@@ -182,19 +182,9 @@ def _first_line(e: BaseException) -> str:
 
 
 def host_memory_available() -> int:
-    """Bytes of host memory available now: ``MemAvailable`` of ``/proc/meminfo``, else the free
-    physical pages (``os.sysconf``)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62
+    """Bytes of host memory available now (:func:`openipu.popart.model_check.host_bytes_available`)."""
+    from openipu.popart.model_check import host_bytes_available
+    return host_bytes_available()
 
 
 def host_memory_estimate(session, batches_per_step: int = 1) -> int:

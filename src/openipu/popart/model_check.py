@@ -28,6 +28,7 @@ one constant.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import onnx
@@ -138,8 +139,8 @@ def check_attributes(graph: onnx.GraphProto, shapes: dict) -> None:
 
 
 def host_bytes_available() -> int:
-    """Bytes of host memory available now (``MemAvailable`` of ``/proc/meminfo``; a very large
-    number where it cannot be read)."""
+    """Bytes of host memory available now: ``MemAvailable`` of ``/proc/meminfo``, else the free
+    physical pages (``os.sysconf``), else a very large number."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -147,7 +148,10 @@ def host_bytes_available() -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 1 << 62
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
 
 
 def check_host_bytes(what: str, nbytes: int) -> None:
