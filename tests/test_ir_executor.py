@@ -80,14 +80,17 @@ def test_sessions_it_does_not_cover_run_on_the_device_emulation(monkeypatch):
     proto, x, h, y = _model()
     b = popart.Builder(proto)
     loss = b.aiGraphcore.l1loss([y], 0.1)
+    opts = popart.SessionOptions()
+    opts.enableGradientAccumulation = True
+    opts.accumulationFactor = 2
     s = popart.TrainingSession(fnModel=b.getModelProto(), dataFlow=popart.DataFlow(1, {loss: popart.AnchorReturnType("ALL")}),
-                               loss=loss, optimizer=popart.ConstSGD(0.1),
+                               loss=loss, optimizer=popart.ConstSGD(0.1), userOptions=opts,
                                deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
     s.prepareDevice()
     s.weightsFromHost()
     a = s.initAnchorArrays()
-    s.run(popart.PyStepIO({x: np.ones((3, 8), np.float32)}, a))
-    assert s._fast is False and a[loss] > 0
+    s.run(popart.PyStepIO({x: np.ones((2, 3, 8), np.float32)}, a))
+    assert s._fast is False and (a[loss] > 0).all()
 
 
 def test_an_unknown_mode_is_a_popart_error(monkeypatch):
@@ -95,9 +98,8 @@ def test_an_unknown_mode_is_a_popart_error(monkeypatch):
     proto, x, h, y = _model()
     s = popart.InferenceSession(fnModel=proto, dataFlow=popart.DataFlow(1, {y: popart.AnchorReturnType("ALL")}),
                                 deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
-    s.prepareDevice()
     with pytest.raises(popart.popart_exception, match="OPENIPU_EXECUTION"):
-        s.run(popart.PyStepIO({x: np.ones((3, 8), np.float32)}, s.initAnchorArrays()))
+        s.prepareDevice()
 
 
 def test_minilm_with_real_weights_agrees(monkeypatch, tmp_path):
@@ -117,3 +119,68 @@ def test_minilm_with_real_weights_agrees(monkeypatch, tmp_path):
         outs[mode] = (a["last_hidden_state"], s.getCycleCount())
     assert outs["ir"][1] == outs["device"][1]
     np.testing.assert_allclose(outs["ir"][0], outs["device"][0], rtol=0, atol=1e-5)
+
+
+def _train(monkeypatch, mode, opt_name, bps=2, steps=3, fp16=False):
+    monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+    rng = np.random.default_rng(0)
+    dt, ft = (np.float16, "FLOAT16") if fp16 else (np.float32, "FLOAT")
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo(ft, [4, 8]), "x")
+    lab = b.addInputTensor(popart.TensorInfo("INT32", [4]), "lab")
+    w = b.addInitializedInputTensor(rng.standard_normal((8, 5)).astype(dt), "w")
+    bias = b.addInitializedInputTensor(rng.standard_normal(5).astype(dt), "bias")
+    h = b.aiOnnx.add([b.aiOnnx.matmul([x, w]), bias])
+    y = b.aiOnnx.softmax([b.aiOnnx.relu([h])], axis=1)
+    loss = b.aiGraphcore.nllloss([y, lab])
+    opt = {"sgd0": lambda: popart.SGD({"defaultLearningRate": (0.1, False)}),
+           "sgd1": lambda: popart.SGD({"defaultLearningRate": (0.1, False), "defaultMomentum": (0.9, False),
+                                       "defaultWeightDecay": (0.01, False)}),
+           "adam": lambda: popart.Adam({"defaultLearningRate": (0.01, False), "defaultWeightDecay": (0.01, True)}),
+           "lamb": lambda: popart.Adam({"defaultLearningRate": (0.01, False)}, popart.AdamMode.Lamb),
+           "rmsprop": lambda: popart.Adaptive({"defaultLearningRate": (0.01, False), "defaultMomentum": (0.5, False)},
+                                              popart.AdaptiveMode.CenteredRMSProp)}[opt_name]()
+    s = popart.TrainingSession(fnModel=b.getModelProto(), loss=loss, optimizer=opt,
+                               dataFlow=popart.DataFlow(bps, {loss: popart.AnchorReturnType("ALL"),
+                                                              popart.reservedGradientPrefix() + w:
+                                                                  popart.AnchorReturnType("FINAL")}),
+                               deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
+    s.prepareDevice()
+    s.weightsFromHost()
+    data = np.random.default_rng(2)
+    losses = []
+    for _ in range(steps):
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: data.standard_normal((bps, 4, 8)).astype(dt),
+                               lab: data.integers(0, 5, (bps, 4)).astype(np.int32)}, a))
+        losses.append({k: v.copy() for k, v in a.items()})
+    if opt_name == "sgd1":          # a new learning rate reaches the device in both modes
+        s.updateOptimizerFromHost(popart.SGD({"defaultLearningRate": (0.05, False), "defaultMomentum": (0.9, False),
+                                              "defaultWeightDecay": (0.01, False)}))
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: data.standard_normal((bps, 4, 8)).astype(dt),
+                               lab: data.integers(0, 5, (bps, 4)).astype(np.int32)}, a))
+        losses.append({k: v.copy() for k, v in a.items()})
+    s.weightsToHost()
+    weights = {"w": np.zeros((8, 5), dt), "bias": np.zeros(5, dt)}
+    s.readWeights(popart.PyWeightsIO(weights))
+    return s, losses, weights, s.getCycleCount()
+
+
+@pytest.mark.parametrize("opt", ["sgd0", "sgd1", "adam", "lamb", "rmsprop"])
+def test_training_agrees_with_the_device_emulation(monkeypatch, opt):
+    _, l_dev, w_dev, c_dev = _train(monkeypatch, "device", opt)
+    s, l_ir, w_ir, c_ir = _train(monkeypatch, "ir", opt)
+    assert s._fast and c_dev == c_ir
+    for a, b in zip(l_dev, l_ir):
+        for k in a:
+            np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-5)
+    for k in w_dev:
+        np.testing.assert_allclose(w_ir[k], w_dev[k], rtol=1e-4, atol=1e-5)
+        assert not np.array_equal(w_ir[k], _model_init(k))      # trained
+
+
+def _model_init(k):
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 5)).astype(np.float32)
+    return w if k == "w" else rng.standard_normal(5).astype(np.float32)

@@ -8,12 +8,15 @@ order on whole torch tensors gives the IPU's outputs at the host cost of the mod
 as PyTorch eager would. The device-storage emulation stays the verifying mode (and the only mode
 for Poplar-level programs, user codelets and explicit tile mappings).
 
-Scope of this first version (:func:`unsupported` says why a session is not covered, and the
-session then runs on the device-storage emulation): inference sessions, one replica, no gradient
-accumulation, no pipelining, no random ops, no control-flow subgraphs, buffers given by
-``PyStepIO`` (not callbacks). Numerics: each op computes in its IR dtype, as its host kernel does
-(float16 stays float16); a precise PopLibs lowering may round differently (poplin accumulates
-matmuls in fp32 partials), within the plan's precision.
+Scope of this version (:func:`unsupported` says why a session is not covered, and the session
+then runs on the device-storage emulation): inference and training sessions (forward, backward and
+weight updates: the update ops' kernels are :mod:`openipu.popart.onnx_ops.varupdate`), one
+replica, no gradient accumulation, no pipelining, no random ops, no automatic loss scaling, no
+control-flow subgraphs; buffers from ``PyStepIO`` or ``PyStepIOCallback``. Numerics: each op
+computes in its IR dtype, as its host kernel does (float16 stays float16); a precise PopLibs
+lowering may round differently (poplin accumulates matmuls in fp32 partials), within the plan's
+precision. The variables (weights, optimizer state and scalars) live in the executor between runs:
+the session's ``weightsFromHost``, ``optimizerFromHost`` and ``weightsToHost`` move them.
 
 Selected with ``OPENIPU_EXECUTION=ir`` (default: ``device``, the emulation); the prediction
 comes from the compiled program either way (``Engine.predict_run``).
@@ -32,6 +35,12 @@ from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel
 
 #: Control-flow ops (their subgraphs run data-dependently; the prediction's dry run does not follow).
 _CONTROL_FLOW = {"If", "Loop", "Scan", "Call", "call"}
+#: Ops that act on the host or the program (print, abort) in their lowering, and gradient ops whose
+#: host kernel takes another form of inputs than their precise lowering: the device emulation runs
+#: sessions holding them.
+_DEVICE_ONLY = {"PrintTensor": "PrintTensor (prints from the device program)",
+                "Abort": "Abort (stops the device program)",
+                "GroupNormalizationGrad": "GroupNormalizationGrad (its host kernel takes the statistics)"}
 
 
 def mode() -> str:
@@ -46,17 +55,19 @@ def mode() -> str:
 def unsupported(session) -> str | None:
     """Why ``session`` cannot run on the IR executor (``None`` when it can)."""
     ir, o = session._ir, session.options
-    if ir.training is not None:
-        return "training sessions run on the device emulation (not yet on the IR executor)"
     if session.replicationFactor > 1 or int(o.accumulationFactor) > 1:
         return "replication and gradient accumulation"
     if ir.num_stages:
         return "pipelining"
     if ir.random_seed is not None:
         return "random ops (the IPU's random streams come from the device)"
+    if ir.auto_loss_scale or ir.sharded_state:
+        return "automatic loss scaling and replicated tensor sharding"
     for op in ir.ops:
         if op.op_type in _CONTROL_FLOW or "__outer_names__" in op.attrs:
             return f"control flow ({op.op_type})"
+        if op.op_type in _DEVICE_ONLY:
+            return _DEVICE_ONLY[op.op_type]
         if find_kernel(op.domain, op.op_type) is None:
             return f"{op.domain or 'ai.onnx'}.{op.op_type} has no host kernel"
     return None
@@ -84,6 +95,11 @@ class IrExecutor:
                        if cast and t.info.data_type() in ("INT64", "UINT64")}
         self.weights: dict = {}
         self.set_weights(weights)
+        # the optimizer scalars are variables too (optimizerFromHost writes them)
+        for tid in ir.optimizer_tensors:
+            t = ir.tensors[tid]
+            if t.value is not None:
+                self.weights[tid] = self._tensor(t.value, tid)
 
     def _tensor(self, value, tid) -> torch.Tensor:
         a = np.asarray(value)
@@ -91,24 +107,53 @@ class IrExecutor:
         return t.to(self.dtype[tid]) if t.dtype != self.dtype[tid] else t
 
     def set_weights(self, weights: dict) -> None:
-        """The variables' values from their host copies (``weightsFromHost``): copied, so that
-        later changes to the host copies reach the device only through another call."""
-        self.weights = {tid: self._tensor(np.array(w), tid) for tid, w in weights.items()}
+        """The variables' values from their host copies (``weightsFromHost``, ``optimizerFromHost``):
+        copied, so that later changes to the host copies reach the device only through another
+        call."""
+        self.weights.update({tid: self._tensor(np.array(w), tid) for tid, w in weights.items()})
+
+    def get_weight(self, tid: str) -> np.ndarray:
+        """A variable's value as the device holds it (``weightsToHost``)."""
+        return _numpy(self.weights[tid])
 
     def run(self, inputs: dict, outputs: dict, bps: int) -> None:
-        """One step: ``bps`` batches from ``inputs`` (id -> array of ``bps`` batches) into the
-        anchor arrays ``outputs`` by each anchor's return type."""
+        """One step from ``PyStepIO`` buffers: ``bps`` batches from ``inputs`` (id -> array of
+        ``bps`` batches) into the anchor arrays ``outputs`` by each anchor's return type."""
+        def take(tid, b):
+            arr = inputs.get(tid)
+            return None if arr is None else arr.reshape(bps, -1)[b]
+
+        def put(tid, index, count, value):
+            outputs[tid].reshape(count, -1)[index] = value.reshape(-1)
+        self._step(take, put, list(outputs), bps)
+
+    def run_callbacks(self, cb, anchors: list, bps: int) -> None:
+        """One step from a ``PyStepIOCallback``: each batch's inputs from ``input_callback``, each
+        anchor's value into the array ``output_callback`` gives, when the anchor returns it."""
+        def take(tid, b):
+            data = cb.input_callback(tid, False)
+            cb.input_complete_callback(tid)
+            return None if data is None else np.asarray(data).reshape(-1)
+
+        def put(tid, index, count, value):
+            np.asarray(cb.output_callback(tid)).reshape(-1)[:value.size] = value.reshape(-1)
+            cb.output_complete_callback(tid)
+        self._step(take, put, anchors, bps)
+
+    def _step(self, take, put, anchors: list, bps: int) -> None:
         ir = self.ir
         flow = ir.data_flow
+        alias = getattr(ir, "anchor_alias", {})
         sums: dict = {}
         for b in range(bps):
             env = {**self.consts, **self.weights}
             for tid in ir.stream_inputs:
-                arr = inputs.get(tid)
-                if arr is None:
+                if tid not in ir.tensors:
                     continue
-                shape = ir.tensors[tid].info.shape()
-                env[tid] = self._tensor(arr.reshape(bps, -1)[b].reshape(shape), tid)
+                flat = take(tid, b)
+                if flat is None:
+                    continue
+                env[tid] = self._tensor(np.asarray(flat).reshape(ir.tensors[tid].info.shape()), tid)
             with torch.no_grad():
                 for kernel, attrs, opset, ins, outs in self.steps:
                     res = call_kernel(kernel, [env[x] if x else None for x in ins], attrs, opset)
@@ -117,22 +162,22 @@ class IrExecutor:
                             if o in self.narrow:
                                 v = v.to(self.narrow[o])
                             env[o] = v if v.dtype == self.dtype[o] else v.to(self.dtype[o])
-            for tid, arr in outputs.items():
+            for tid in anchors:
                 art = flow.art(tid)
                 kind = art.id()
-                v = env[getattr(ir, "anchor_alias", {}).get(tid, tid)]
+                v = env[alias.get(tid, tid)]
                 if kind == AnchorReturnTypeId.All:
-                    arr.reshape(bps, -1)[b] = _numpy(v).reshape(-1)
+                    put(tid, b, bps, _numpy(v))
                 elif kind == AnchorReturnTypeId.EveryN:
                     if (b + 1) % art.rp() == 0:
-                        arr.reshape(bps // art.rp(), -1)[(b + 1) // art.rp() - 1] = _numpy(v).reshape(-1)
+                        put(tid, (b + 1) // art.rp() - 1, bps // art.rp(), _numpy(v))
                 elif kind == AnchorReturnTypeId.Final:
                     if b == bps - 1:
-                        arr.reshape(-1)[:] = _numpy(v).reshape(-1)
+                        put(tid, 0, 1, _numpy(v))
                 else:                                       # Sum
                     sums[tid] = v.clone() if b == 0 else sums[tid] + v
         for tid, v in sums.items():
-            outputs[tid].reshape(-1)[:] = _numpy(v).reshape(-1)
+            put(tid, 0, 1, _numpy(v))
 
 
 def _numpy(v: torch.Tensor) -> np.ndarray:

@@ -282,6 +282,8 @@ class _SessionBase(rng_state.RngStateApi):
             return
         self.deviceInfo.attach()
         self._engine.load(self.deviceInfo.device)
+        self._fast = None               # a new device: the executor (if any) starts from the host copies
+        self._ir_executor()
         self._send_seed()
 
     def _check_runnable(self):
@@ -311,10 +313,14 @@ class _SessionBase(rng_state.RngStateApi):
             self._connect_buffers(stepio)
         else:
             raise popart_exception(f"run expects a popart.PyStepIO or PyStepIOCallback, got {type(stepio).__name__}")
-        fast = self._ir_executor() if isinstance(stepio, PyStepIO) else None
+        fast = self._ir_executor()
         try:
             if fast is not None:        # outputs from the IR executor, the prediction from the program
-                fast.run(stepio.inputs, stepio.outputs, self._dataflow.batchesPerStep())
+                anchors = [t for t in self._lowered.anchors if self._lowered.anchors[t] is not None]
+                if isinstance(stepio, PyStepIO):
+                    fast.run(stepio.inputs, {t: stepio.outputs[t] for t in anchors}, self._dataflow.batchesPerStep())
+                else:
+                    fast.run_callbacks(stepio, anchors, self._dataflow.batchesPerStep())
                 eng.predict_run(0, debugName)
             else:
                 eng.run(0, debugName)
@@ -337,6 +343,9 @@ class _SessionBase(rng_state.RngStateApi):
             why = execute.unsupported(self)
             if why is None:
                 self._fast = execute.IrExecutor(self._ir, self._host_weights)
+                if self._ir.training is not None and self._engine is not None:
+                    self._fast.set_weights({k: np.asarray(v) for k, v in self._scalars(self._optimizer).items()
+                                            if k in self._ir.optimizer_tensors})
             else:
                 log("session").info("Running on the device emulation: the IR executor does not cover %s", why)
                 self._fast = False
@@ -586,6 +595,10 @@ class _SessionBase(rng_state.RngStateApi):
         self._check_runnable()
         if not self._lowered.weights_out:
             return
+        if getattr(self, "_fast", None):
+            for tid in self._lowered.weights_out:
+                self._host_weights[tid].reshape(-1)[:] = self._fast.get_weight(tid).reshape(-1)
+            return
         repl = self.replicationFactor
         sharded = self._ir.sharded_state
         # one replica, not sharded: the device writes straight into the host copy (the engine keeps
@@ -779,6 +792,8 @@ class TrainingSession(_SessionBase):
                 bufs[tid] = np.full(max(info.nelms(), 1), val, info.numpy_dtype())
                 self._engine.connectStream(low.optimizer_in[tid], bufs[tid])
         self._engine.run(3, "optimizerFromHost")
+        if getattr(self, "_fast", None):
+            self._fast.set_weights({tid: b.reshape(self._ir.tensors[tid].info.shape()) for tid, b in bufs.items()})
 
     def updateOptimizerFromHost(self, optimizer) -> None:  # noqa: N802
         """Replace the optimizer's non-const values (learning rate, momentum, ...) on the device.

@@ -11,6 +11,7 @@ import torch
 
 from openipu.popart.onnx_ops._reference import decode_attributes, to_torch  # noqa: F401 - re-exported
 from openipu.popart.errors import popart_exception
+from openipu.popart.model_check import check_kernel_allocation
 from openipu.popart.tensorinfo import NAME_OF_ONNX, TORCH_OF
 
 NAME_OF_TORCH = {torch.float32: "FLOAT", torch.float16: "FLOAT16", torch.int32: "INT32", torch.int64: "INT64",
@@ -91,8 +92,10 @@ def call_kernel(kernel, inputs: list, attrs: dict, opset: int) -> list:
         inputs = inputs[:n]
     node = attrs.get("__node__")
     if node is None:
+        check_kernel_allocation(kernel.op_type, inputs, attrs)
         return kernel.fn(inputs, attrs, opset)
     try:
+        check_kernel_allocation(kernel.op_type, inputs, attrs)
         return kernel.fn(inputs, attrs, opset)
     except popart_exception:
         raise
@@ -109,6 +112,10 @@ def probe(kernel, in_infos, attrs: dict, opset: int, const_values=None, fill: st
     ``in_infos`` (list of ``(dtype name, shape)`` or ``None``). Returns ``[(dtype name, shape)]``
     per output."""
     const_values = const_values or [None] * len(in_infos)
+    from openipu.popart.model_check import check_host_bytes
+    check_host_bytes(f"probing {kernel.op_type} for its output shapes",
+                     sum(8 * int(np.prod(i[1], dtype=np.float64)) for i, cv in zip(in_infos, const_values)
+                         if i is not None and cv is None and i[1] is not None))
     ins = []
     for info, cv in zip(in_infos, const_values):
         ins.append(cv if cv is not None else (None if info is None else zeros(info[0], info[1], fill)))
