@@ -33,6 +33,23 @@ class _Formatter(logging.Formatter):
                 f"{_LETTER.get(record.levelno, 'I')}: {record.getMessage()}")
 
 
+class _StdHandler(logging.StreamHandler):
+    """A handler writing to ``sys.stdout`` / ``sys.stderr`` as they are when a message is
+    emitted (not when the handler was made: a redirected or captured stream then still gets it)."""
+
+    def __init__(self, name: str):
+        super().__init__()
+        self._name = name
+
+    @property
+    def stream(self):
+        return getattr(sys, self._name)
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
 _configured: dict[str, tuple] = {}
 #: levels set with ``Logger.setLevel``, with the environment they were set in: they hold until
 #: set again or until the ``POPART_LOG_*`` environment changes
@@ -60,8 +77,7 @@ def _logger(module: str) -> logging.Logger:
         for h in list(lg.handlers):
             lg.removeHandler(h)
         dest = key[1]
-        h = (logging.StreamHandler(sys.stdout) if dest == "stdout" else
-             logging.StreamHandler(sys.stderr) if dest == "stderr" else logging.FileHandler(dest))
+        h = _StdHandler(dest) if dest in ("stdout", "stderr") else logging.FileHandler(dest)
         h.setFormatter(_Formatter())
         lg.addHandler(h)
         lg.propagate = False
