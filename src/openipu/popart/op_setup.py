@@ -312,7 +312,8 @@ def check_graph(model, shapes: dict) -> None:
     ``shapes`` (tensor name -> ``(dtype name, shape)``, e.g. non-strict ONNX inference), the
     values of initializers and ``Constant`` nodes standing for constant inputs. For a caller that
     must report PopART's error before another check sees the node (strict ONNX inference, whose
-    wording differs). Raises ``popart_exception``."""
+    wording differs). Raises ``popart_exception``: PopART's message, then `` (node '<name>')``
+    (the node's name, else its first output)."""
     from onnx import numpy_helper
 
     from openipu.popart.shapes import decode_attrs
@@ -328,5 +329,10 @@ def check_graph(model, shapes: dict) -> None:
         opset = opsets.get(domain, 1)
         infos = [shapes.get(x) if x else None for x in node.input]
         vals = [values.get(x) if x else None for x in node.input]
-        check(domain, node.op_type, opset, attrs, infos, vals,
-              f"{k} ({domain or 'ai.onnx'}.{node.op_type}:{op_version(domain, node.op_type, opset)})")
+        try:
+            check(domain, node.op_type, opset, attrs, infos, vals,
+                  f"{k} ({domain or 'ai.onnx'}.{node.op_type}:{op_version(domain, node.op_type, opset)})")
+        except popart_exception as e:
+            # PopART's words first (tests match them from the start), then the node they are about
+            name = node.name or (node.output[0] if node.output else "")
+            raise popart_exception(f"{e} (node '{name}')" if name else str(e)) from None
