@@ -65,15 +65,15 @@ _state = _CaptureState()
 @contextlib.contextmanager
 def capturing():
     """Blocks annotate the ops recorded in this context (the executor's capture)."""
-    from openipu.poptorch import ops
-    _state.active, ops._running_on_ipu[0] = True, True
+    from openipu.poptorch import _impl, ops
+    _state.active, ops._running_on_ipu[0], _impl._dispatch_tracing[0] = True, True, True
     Block._auto_id = 0
     try:
         with fxt.preserve_node_meta():
             yield
     finally:
         _state.close()
-        _state.active, ops._running_on_ipu[0] = False, False
+        _state.active, ops._running_on_ipu[0], _impl._dispatch_tracing[0] = False, False, False
 
 
 class Block:

@@ -12,6 +12,7 @@ trained by a ``trainingModel`` of the same module). Predicted IPU cycles of the 
 
 from __future__ import annotations
 
+import collections
 import inspect
 import io
 import logging
@@ -23,6 +24,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from openipu import popart
+from openipu.poptorch import _utils
 from openipu.poptorch import capture as cap
 from openipu.poptorch import optim as poptorch_optim
 from openipu.poptorch.enums import ConnectionType, OutputMode
@@ -30,6 +32,7 @@ from openipu.poptorch.errors import Error, from_popart
 from openipu.poptorch.lower import NUMPY_TYPE, POPART_TYPE
 
 _log = logging.getLogger("poptorch")
+_pylog = logging.getLogger("poptorch::python")
 
 _ART = {OutputMode.All: "All", OutputMode.Final: "Final", OutputMode.Sum: "Sum"}
 #: user model -> weak reference to the training wrapper that owns it (until ``destroy()``)
@@ -37,6 +40,33 @@ _TRAINING_WRAPPERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _BACKWARD_ERROR = ("backward() cannot be called explicitly on outputs of a PopTorch model. If you're using a "
                    "trainingModel, the backwards pass is performed automatically when invoking the model. If "
                    "you're using an inferenceModel, you should use a trainingModel instead.")
+
+
+#: handle id -> hook (``registerPreCompileHook`` / ``registerPostCompileHook``), in registration order
+_PRECOMPILE_HOOKS: dict = collections.OrderedDict()
+_POSTCOMPILE_HOOKS: dict = collections.OrderedDict()
+
+
+def _register_hook(hooks: dict, hook, what: str) -> "torch.utils.hooks.RemovableHandle":
+    if not callable(hook):
+        raise RuntimeError(f"{what} hook must be callable")
+    handle = torch.utils.hooks.RemovableHandle(hooks)
+    hooks[handle.id] = hook
+    return handle
+
+
+def registerPreCompileHook(hook) -> "torch.utils.hooks.RemovableHandle":  # noqa: N802
+    """Call ``hook()`` each time a model is compiled, before it is captured (PopTorch's
+    ``registerPreCompileHook``). Returns a handle whose ``remove()`` unregisters it. Raises
+    ``RuntimeError("Pre-compile hook must be callable")``."""
+    return _register_hook(_PRECOMPILE_HOOKS, hook, "Pre-compile")
+
+
+def registerPostCompileHook(hook) -> "torch.utils.hooks.RemovableHandle":  # noqa: N802
+    """Call ``hook()`` each time a model has been compiled (PopTorch's
+    ``registerPostCompileHook``). Returns a removable handle. Raises
+    ``RuntimeError("Post-compile hook must be callable")``."""
+    return _register_hook(_POSTCOMPILE_HOOKS, hook, "Post-compile")
 
 
 def _to_numpy(t: torch.Tensor, dtype: str) -> np.ndarray:
@@ -159,28 +189,38 @@ class PoplarExecutor:
 
     # -- compile -------------------------------------------------------------------------------
     def compile(self, *args, **kwargs) -> None:
-        """Capture and compile for these inputs without running (warns if already compiled)."""
+        """Capture and compile for these inputs without running (PopTorch's ``compile``; logs
+        "Call to compile() ignored: the executable is already compiled" when it is). Calls the
+        pre- and post-compile hooks (:func:`registerPreCompileHook`)."""
         if self._session is not None:
-            import warnings
-            warnings.warn("Call to compile() ignored: the model is already compiled")
+            _pylog.warning("Call to compile() ignored: the executable is already compiled")
             return
         start = time.perf_counter()
-        args_, kwargs_, tensors, others = self._bind(args, kwargs)
-        micro = self._micro(tensors)
-        it = iter(micro)
-        margs, mkwargs = pytree.tree_map(lambda v: next(it) if isinstance(v, torch.Tensor) else v, (args_, kwargs_))
         model = self._user_model
-        was_training = model.training
-        try:
-            ep = cap.capture(model, margs, mkwargs)
-        finally:
-            model.train(was_training)
+        with _utils.custom_pytree_nodes((args, kwargs)):
+            args_, kwargs_, tensors, others = self._bind(args, kwargs)
+            micro = [_detach_input(t) for t in self._micro(tensors)]
+            it = iter(micro)
+            margs, mkwargs = pytree.tree_map(lambda v: next(it) if isinstance(v, torch.Tensor) else v,
+                                             (args_, kwargs_))
+            for hook in list(_PRECOMPILE_HOOKS.values()):
+                hook()
+            was_training = model.training
+            attrs = _tensor_attributes(model)
+            try:
+                ep = cap.capture(model, margs, mkwargs)
+            finally:
+                model.train(was_training)
+            _freeze_constants(ep, attrs)
         strategy = getattr(self._options, "_execution_strategy", None)
-        built = cap.build(ep, [n for n, _ in tensors], self._training, strategy)
+        built = cap.build(ep, [n for n, _ in tensors], self._training, strategy,
+                          broadcast_buffers=self._options.broadcast_buffers and self._options.replication_factor > 1)
         self._built = built
         self._signature = ([(n, tuple(t.shape), t.dtype) for n, t in tensors], others)
         self._make_session(built)
         self._compile_seconds = time.perf_counter() - start
+        for hook in list(_POSTCOMPILE_HOOKS.values()):
+            hook()
 
     def _make_session(self, built: "cap.Built", executable: bytes | None = None) -> None:
         o = self._options
@@ -189,6 +229,7 @@ class PoplarExecutor:
         art = popart.AnchorReturnType("EveryN", o.output_return_period) if mode == OutputMode.EveryN else \
             popart.AnchorReturnType(_ART[mode])
         anchors = {t: art for t in built.outputs}
+        anchors.update({t: art for _, t in built.input_mutations})
         for short, (long_name, m, period) in o.anchored_tensors.items():
             m = mode if m is None else OutputMode(m)
             anchors[long_name] = popart.AnchorReturnType("EveryN", period) if m == OutputMode.EveryN else \
@@ -299,7 +340,8 @@ class PoplarExecutor:
         if not self._attached:       # PopTorch re-attaches a detached model when it is called
             self.attachToDevice()
         t0 = time.perf_counter()
-        _, _, tensors, others = self._bind(args, kwargs)
+        with _utils.custom_pytree_nodes((args, kwargs)):
+            _, _, tensors, others = self._bind(args, kwargs)
         self._validate(tensors, others)
         if not self._training:
             self._upload_weights()
@@ -323,6 +365,11 @@ class PoplarExecutor:
         if self._training:
             self.copyWeightsToHost()
         outs = [self._output(anchors[tid]) for tid in self._built.outputs]
+        # inputs the model changed in place: PopTorch copies the returned value into them
+        for k, tid in self._built.input_mutations:
+            t, new = tensors[k][1], self._output(anchors[tid])
+            with torch.no_grad():
+                t.copy_(new.reshape(t.shape) if new.numel() == t.numel() else new)
         for o in outs:
             o.backward = _error_on_backward
         self._perf = (t0, t1, t2, time.perf_counter())
@@ -547,6 +594,7 @@ class PoplarExecutor:
                 "weights": dict(b.weights), "params": [p for p in b.weights.values() if _is_param(self._user_model, p)],
                 "forward": _forward_signature(self._user_model),
                 "num_ipus": b.num_ipus, "pipelined": b.pipelined,
+                "input_mutations": [[int(k), str(t)] for k, t in b.input_mutations],
                 "rng_state": self.rng_state if save_rng_state else None,
                 "optimizer": export.optimizer_to_json(self._optimizer, params) if self._training else None}
         buf = io.BytesIO()
@@ -584,7 +632,7 @@ class PoplarExecutor:
         built = cap.Built(model_bytes, list(meta["inputs"]),
                           [popart.TensorInfo(dt, shape) for dt, shape in meta["input_info"]], list(meta["outputs"]),
                           export.spec_loads(meta["out_spec"]), meta["loss"], dict(meta["weights"]),
-                          int(meta["num_ipus"]), bool(meta["pipelined"]))
+                          int(meta["num_ipus"]), bool(meta["pipelined"]), _input_mutations(meta))
         self._built = built
         self._signature = ([(n, tuple(shape), export._DTYPES[dt]) for n, shape, dt in meta["signature"]],
                            export.decode(meta["others"]))
@@ -595,6 +643,17 @@ class PoplarExecutor:
 
     def __repr__(self):
         return f"PoplarExecutor({'training' if self._training else 'inference'}, {self._user_model!r})"
+
+
+def _input_mutations(meta: dict) -> list:
+    """The saved ``[[input index, output id]]`` of inputs changed in place (files of an older
+    openipu have none). Raises :class:`Error` for a malformed entry."""
+    raw = meta.get("input_mutations") or []
+    if not isinstance(raw, list) or not all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], int) and
+                                            isinstance(e[1], str) and 0 <= e[0] < len(meta["inputs"])
+                                            for e in raw):
+        raise Error("Invalid file: malformed input_mutations")
+    return [(k, t) for k, t in raw]
 
 
 def _forward_signature(model) -> list:
@@ -610,6 +669,39 @@ def _forward_signature(model) -> list:
                 has = False
         out.append([p.name, p.kind.name, has, default])
     return out
+
+
+def _detach_input(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached, with PopTorch's warning, if it requires a gradient."""
+    if t.requires_grad:
+        _pylog.warning("Input tensor has requires_grad=True set. This tensor will be detached because backward pass "
+                       "via inputs is not supported.")
+        return t.detach()
+    return t
+
+
+def _tensor_attributes(model: torch.nn.Module) -> dict:
+    """``{path: clone}`` of the plain tensor attributes (neither parameters nor buffers) of
+    ``model``'s modules: the values a captured graph takes as constants."""
+    out = {}
+    for prefix, m in model.named_modules():
+        for k, v in vars(m).items():
+            if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter) and not k.startswith("_"):
+                out[f"{prefix}.{k}" if prefix else k] = v.detach().clone()
+    return out
+
+
+def _freeze_constants(ep, attrs: dict) -> None:
+    """The constants of ``ep`` as they were before capture. PopTorch captures a plain tensor
+    attribute's value as a constant of the graph (its in-place changes run once on the host
+    while tracing, and do not persist on the device: ``research``'s "the wrong way to have a
+    persistent tensor"); torch.export keeps the attribute object itself, already changed."""
+    consts = getattr(ep, "constants", None)
+    if not consts:
+        return
+    for k in list(consts):
+        if k in attrs and isinstance(consts[k], torch.Tensor):
+            consts[k] = attrs[k]
 
 
 def _error_on_backward(*args, **kwargs):
