@@ -12,7 +12,8 @@ from openipu.poptorch import _impl, _logging, _utils, optim, poptorch_core  # no
 from openipu.poptorch._impl import isDispatchTracing  # noqa: F401
 from openipu.poptorch._logging import logger, setLogLevel  # noqa: F401
 from openipu.poptorch._utils import accessAttributes, getIpuTensorId  # noqa: F401
-from openipu.poptorch.blocks import (BeginBlock, Block, BlockFunction, PipelinedExecution,  # noqa: F401
+from openipu.poptorch.blocks import (BeginBlock, Block, BlockFunction, ParallelPhasedExecution,  # noqa: F401
+                                     Phase, PhasedExecution, PipelinedExecution, SerialPhasedExecution,
                                      ShardedExecution, Stage, removeBlocks)
 from openipu.poptorch.dataloader import AsynchronousDataAccessor, DataLoader  # noqa: F401
 from openipu.poptorch.enums import *  # noqa: F401,F403
@@ -21,8 +22,9 @@ from openipu.poptorch.executor import PoplarExecutor, registerPostCompileHook, r
 from openipu.poptorch.ops import (CPU, Attribute, MultiConv, NameScope, cond, custom_op,  # noqa: F401
                                   dynamic_slice, dynamic_update, for_loop, identity_loss, ipu_print_tensor,
                                   isRunningOnIpu, nop, recomputationCheckpoint, register_custom_op,
-                                  serializedMatMul, set_available_memory)
-from openipu.poptorch.options import Options, TensorLocationSettings  # noqa: F401
+                                  serializedMatMul, set_available_memory, set_overlap_for_input,
+                                  set_overlap_for_output)
+from openipu.poptorch.options import ConfigFileError, Options, TensorLocationSettings  # noqa: F401
 from openipu.poptorch.poptorch_core import importPoptorchMetadataFromFile  # noqa: F401
 
 __version__ = "3.4.0+openipu"
