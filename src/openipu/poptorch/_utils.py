@@ -116,6 +116,12 @@ class _Wrapped:
     def __hash__(self):
         return id(self.obj)
 
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):       # torch.export copies specs; the object may hold fake tensors
+        return self
+
 
 def _custom_types(values) -> set:
     """The types in ``values`` (nested) that have a custom parser and are not pytree nodes."""

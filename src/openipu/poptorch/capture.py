@@ -142,7 +142,7 @@ BUFFER_BROADCAST_ERROR = ("PopTorch does not support broadcasting buffers. If yo
 
 
 def build(ep: ExportedProgram, input_names: list[str], training: bool, strategy=None,
-          broadcast_buffers: bool = False) -> Built:
+          broadcast_buffers: bool = False, constants: dict | None = None) -> Built:
     """Lower ``ep`` (``input_names``: one per user input, in order). With ``training`` the loss
     is the output of the one final loss op (PopTorch's ``RemoveSurplusIdentityLosses``).
 
@@ -157,7 +157,10 @@ def build(ep: ExportedProgram, input_names: list[str], training: bool, strategy=
       PopART's own training BatchNormalization. With ``broadcast_buffers`` (replicas and
       ``Options.broadcastBuffers(True)``) a changed buffer raises PopTorch's :class:`Error`;
     - parameters with ``requires_grad=False`` are detached: they get no gradient and the
-      optimizer never updates them."""
+      optimizer never updates them;
+    - ``constants`` (module path -> value) are plain tensor attributes captured as buffers: they
+      are constants of the graph with these values, and changes to them are dropped (PopTorch
+      freezes such a tensor's value when it traces the model)."""
     gm = ep.graph_module
     num_ipus, pipelined = blocks.resolve(gm, strategy)
     b = popart.Builder()
@@ -165,6 +168,7 @@ def build(ep: ExportedProgram, input_names: list[str], training: bool, strategy=
     state = ep.state_dict
     consts = getattr(ep, "constants", {})
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    constants = constants or {}
     mutated = {spec.target for spec in ep.graph_signature.output_specs if spec.kind == OutputKind.BUFFER_MUTATION}
     input_pos: dict = {}
     ids, inputs, infos, weights = {}, [], [], {}
@@ -181,6 +185,10 @@ def build(ep: ExportedProgram, input_names: list[str], training: bool, strategy=
             input_pos[spec.arg.name] = len(inputs)
             inputs.append(ids[n])
             infos.append(info)
+        elif spec.kind == InputKind.BUFFER and spec.target in constants:
+            value = constants[spec.target]
+            ids[n] = b.aiOnnxOpset11.constant(value.detach().cpu().numpy().astype(
+                NUMPY_TYPE[POPART_TYPE[value.dtype]]), spec.target)
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
             value = state[spec.target] if spec.target in state else consts[spec.target]
             changed = spec.target in mutated
@@ -215,8 +223,8 @@ def build(ep: ExportedProgram, input_names: list[str], training: bool, strategy=
         elif spec.kind == OutputKind.BUFFER_MUTATION:
             src = r.args[0] if isinstance(r, torch.fx.Node) and op_name(r.target) == "getitem" else r
             producer = src.target if isinstance(src, torch.fx.Node) else None
-            if producer is not None and "batch_norm" in op_name(producer):
-                continue    # PopART updates a training BatchNorm's running statistics itself
+            if spec.target in constants or producer is not None and "batch_norm" in op_name(producer):
+                continue    # a frozen constant; PopART updates a training BatchNorm's running statistics itself
             if broadcast_buffers and not spec.target.endswith("num_batches_tracked"):
                 raise Error(BUFFER_BROADCAST_ERROR, type="poptorch_cpp_error")
             var = buffer_ids.get(spec.target)

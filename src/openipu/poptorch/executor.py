@@ -13,6 +13,7 @@ trained by a ``trainingModel`` of the same module). Predicted IPU cycles of the 
 from __future__ import annotations
 
 import collections
+import contextlib
 import inspect
 import io
 import json
@@ -213,14 +214,14 @@ class PoplarExecutor:
             from openipu.poptorch import ops as _ops
             _ops._overlaps.clear()
             try:
-                ep = cap.capture(model, margs, mkwargs)
+                with _attributes_as_buffers(model, attrs):
+                    ep = cap.capture(model, margs, mkwargs)
             finally:
                 model.train(was_training)
-            _freeze_constants(ep, attrs)
         strategy = getattr(self._options, "_execution_strategy", None)
         if _ops._overlaps:
             self._check_overlapped_io(strategy)
-        built = cap.build(ep, [n for n, _ in tensors], self._training, strategy,
+        built = cap.build(ep, [n for n, _ in tensors], self._training, strategy, constants=attrs,
                           broadcast_buffers=self._options.broadcast_buffers and self._options.replication_factor > 1)
         self._built = built
         self._signature = ([(n, tuple(t.shape), t.dtype) for n, t in tensors], others)
@@ -869,17 +870,27 @@ def _tensor_attributes(model: torch.nn.Module) -> dict:
     return out
 
 
-def _freeze_constants(ep, attrs: dict) -> None:
-    """The constants of ``ep`` as they were before capture. PopTorch captures a plain tensor
-    attribute's value as a constant of the graph (its in-place changes run once on the host
-    while tracing, and do not persist on the device: ``research``'s "the wrong way to have a
-    persistent tensor"); torch.export keeps the attribute object itself, already changed."""
-    consts = getattr(ep, "constants", None)
-    if not consts:
-        return
-    for k in list(consts):
-        if k in attrs and isinstance(consts[k], torch.Tensor):
-            consts[k] = attrs[k]
+@contextlib.contextmanager
+def _attributes_as_buffers(model: torch.nn.Module, attrs: dict):
+    """The plain tensor attributes ``attrs`` (paths) of ``model`` registered as non-persistent
+    buffers while the model is captured, so that changing one in place is captured (torch.export
+    refuses to capture a changed constant). :func:`capture.build` then lowers them as the
+    constants PopTorch makes of them (their values before the call)."""
+    done = []
+    try:
+        for path in attrs:
+            mod_path, _, name = path.rpartition(".")
+            mod = model.get_submodule(mod_path) if mod_path else model
+            t = vars(mod)[name]
+            delattr(mod, name)
+            mod.register_buffer(name, t, persistent=False)
+            done.append((mod, name, t))
+        yield
+    finally:
+        for mod, name, t in done:
+            mod._buffers.pop(name, None)
+            mod._non_persistent_buffers_set.discard(name)
+            object.__setattr__(mod, name, t)
 
 
 def _error_on_backward(*args, **kwargs):
