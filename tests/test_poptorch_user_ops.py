@@ -107,3 +107,43 @@ def test_batchnorm1d_on_2d_inputs():
 def test_addmm_addmv_beta_zero_ignores_nan():
     _check(lambda a, b: torch.addmm(torch.full((6, 6), float("nan")), a, b, beta=0), X, torch.randn(8, 6))
     _check(lambda a, v: torch.addmv(torch.full((6,), float("nan")), a, v, beta=0, alpha=2), X, torch.randn(8))
+
+
+def test_as_strided():
+    _check(lambda a: a.as_strided((3, 4), (8, 2), 1), X, exact=True)
+    _check(lambda a: a.as_strided((2, 2, 2), (1, 8, 3)), X, exact=True)
+
+
+def test_randperm_is_a_permutation():
+    class M(torch.nn.Module):
+        def forward(self, a):
+            return torch.randperm(16) + a
+    out = poptorch.inferenceModel(M(), poptorch.Options().randomSeed(3))(torch.zeros(16, dtype=torch.long))
+    assert sorted(out.tolist()) == list(range(16)) and out.tolist() != list(range(16))
+
+
+def test_bilinear_inference_and_training():
+    torch.manual_seed(2)
+    bil = torch.nn.Bilinear(5, 4, 3)
+    a, b = torch.randn(2, 6, 5), torch.randn(2, 6, 4)
+    _check(lambda u, v: bil(u, v).detach(), a, b)
+
+    class L(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bil = torch.nn.Bilinear(5, 4, 3)
+
+        def forward(self, u, v):
+            return torch.nn.functional.mse_loss(self.bil(u, v), torch.zeros(2, 6, 3))
+    import copy
+    m = L()
+    ref = copy.deepcopy(m)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    pm = poptorch.trainingModel(m, optimizer=torch.optim.SGD(m.parameters(), lr=0.1))
+    loss = pm(a, b)
+    opt.zero_grad()
+    lref = ref(a, b)
+    lref.backward()
+    opt.step()
+    torch.testing.assert_close(loss, lref.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(m.bil.weight, ref.bil.weight, rtol=1e-5, atol=1e-6)

@@ -24,7 +24,7 @@ from openipu.poptorch.errors import Error
 from openipu.poptorch.lower import LOSS_OPS, NUMPY_TYPE, POPART_TYPE, Lowering, lower_graph, op_name
 
 #: composite ops kept whole (PopART has one op, and one cost, for each)
-KEEP = ("linear", "layer_norm", "group_norm", "conv1d", "conv2d", "conv3d", "dropout", "cross_entropy_loss",
+KEEP = ("linear", "bilinear", "layer_norm", "group_norm", "conv1d", "conv2d", "conv3d", "dropout", "cross_entropy_loss",
         "nll_loss_nd", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
         "binary_cross_entropy_with_logits", "gelu", "silu", "hardswish", "hardsigmoid", "mish",
         "adaptive_avg_pool2d", "max_pool2d", "avg_pool2d", "_safe_softmax",
