@@ -147,3 +147,32 @@ def test_bilinear_inference_and_training():
     opt.step()
     torch.testing.assert_close(loss, lref.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(m.bil.weight, ref.bil.weight, rtol=1e-5, atol=1e-6)
+
+
+def test_ctc_loss_inference_and_training():
+    import copy
+    torch.manual_seed(0)
+    t_, n_, c_, s_ = 12, 3, 5, 4
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(6, c_)
+            self.ctc = torch.nn.CTCLoss()
+
+        def forward(self, x, tgt, il, tl):
+            lp = self.fc(x).log_softmax(2)
+            return lp, self.ctc(lp, tgt, il, tl)
+    x, tgt = torch.randn(t_, n_, 6), torch.randint(1, c_, (n_, s_))
+    il, tl = torch.full((n_,), t_, dtype=torch.long), torch.tensor([4, 3, 2])
+    m = M()
+    ref = copy.deepcopy(m)
+    _, loss = poptorch.inferenceModel(m)(x, tgt, il, tl)
+    torch.testing.assert_close(loss, ref(x, tgt, il, tl)[1].detach(), rtol=1e-5, atol=1e-5)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    pm = poptorch.trainingModel(m, optimizer=torch.optim.SGD(m.parameters(), lr=0.1))
+    pm(x, tgt, il, tl)
+    opt.zero_grad()
+    ref(x, tgt, il, tl)[1].backward()
+    opt.step()
+    torch.testing.assert_close(m.fc.weight, ref.fc.weight, rtol=1e-5, atol=1e-5)

@@ -89,18 +89,48 @@ def _gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean
     return identity_loss(loss, reduction=reduction) if reduction != "none" else loss
 
 
+torch.library.define("poptorch::ctc_loss", "(Tensor log_probs, Tensor targets, Tensor input_lengths, "
+                     "Tensor target_lengths, int blank, int reduction, bool zero_infinity) -> Tensor")
+
+
+@torch.library.impl("poptorch::ctc_loss", "CompositeExplicitAutograd")
+def _ctc_loss_impl(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity):
+    return torch.nn.functional.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank,
+                                        ("none", "mean", "sum")[reduction], zero_infinity)
+
+
+@torch.library.register_fake("poptorch::ctc_loss")
+def _ctc_loss_fake(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity):
+    return log_probs.new_empty(() if reduction else (log_probs.shape[1],))
+
+
+_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+
+
+def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean", zero_infinity=False):
+    """``F.ctc_loss`` as captured for the IPU: one ``poptorch::ctc_loss`` op (PopART's Ctc;
+    torch's own has no kernel for fake tensors). Lengths given as lists become tensors."""
+    if reduction not in _REDUCTIONS:
+        raise ValueError(reduction + " is not a valid value for reduction")
+
+    def as_tensor(v):
+        return v if isinstance(v, torch.Tensor) else torch.tensor(list(v), dtype=torch.int32)
+    return torch.ops.poptorch.ctc_loss(log_probs, targets, as_tensor(input_lengths), as_tensor(target_lengths),
+                                       int(blank), _REDUCTIONS[reduction], bool(zero_infinity))
+
+
 @contextlib.contextmanager
 def _ipu_functionals():
     """``torch.nn.functional`` entries replaced while capturing (the modules, e.g.
     ``nn.GaussianNLLLoss``, call them through ``F``): those whose torch version reads tensor
     values on the host."""
     import torch.nn.functional as F
-    saved = F.gaussian_nll_loss
-    F.gaussian_nll_loss = _gaussian_nll_loss
+    saved = F.gaussian_nll_loss, F.ctc_loss
+    F.gaussian_nll_loss, F.ctc_loss = _gaussian_nll_loss, _ctc_loss
     try:
         yield
     finally:
-        F.gaussian_nll_loss = saved
+        F.gaussian_nll_loss, F.ctc_loss = saved
 
 
 def _drop_dynamo_meta(ep: ExportedProgram) -> None:
