@@ -46,6 +46,9 @@ class VariableAttributes:
     def __contains__(self, attr) -> bool:      # openipu: "is a variable"
         return attr in self._variable_attributes
 
+    def __iter__(self):                         # openipu: the variable attributes
+        return iter(list(self._variable_attributes))
+
     def __repr__(self):
         return f"VariableAttributes(variables={self._variable_attributes})"
 
@@ -64,6 +67,18 @@ class Optimizer:
             v = extra.get(k)
             setattr(self, k, default if v is None else v)
         self.variable_attrs = VariableAttributes(dict.fromkeys(variables), list(self.defaults) + list(self._EXTRA))
+
+    @property
+    def variable_attrs(self) -> VariableAttributes:
+        return self._variable_attrs
+
+    @variable_attrs.setter
+    def variable_attrs(self, value) -> None:
+        """A :class:`VariableAttributes`, or the names of the variable attributes (a saved
+        optimizer's)."""
+        if not isinstance(value, VariableAttributes):
+            value = VariableAttributes(list(value), list(self.defaults) + list(self._EXTRA))
+        self._variable_attrs = value
 
     def markAsConstant(self, attr: str):  # noqa: N802
         self.variable_attrs.markAsConstant(attr)
