@@ -462,3 +462,15 @@ def test_hardware_random_seed_state():
     c = pm(torch.ones(64))
     assert ((a >= 1) & (a < 2)).all() and torch.equal(a, b)       # the seed set again: the same draws
     assert not torch.equal(b, c)
+
+
+def test_profiling_channel():
+    import poptorch.profiling
+    ch = poptorch.profiling.Channel("MyApp")
+    with ch.tracepoint("TimeThis"):
+        pass
+
+    class O:
+        def f(self):
+            return 3
+    assert ch.instrument(O(), "f").f() == 3

@@ -17,7 +17,7 @@ __version__ = _openipu_poptorch.__version__
 _SUBMODULES = {"optim": "optim", "enums": "enums", "options": "options", "ops": "ops", "_impl": "_impl",
                "_utils": "_utils", "poptorch_core": "poptorch_core", "_poplar_executor": "executor",
                "_logging": "_logging", "_options_impl": "options", "_args_parser": "_utils",
-               "_dataloader": "dataloader"}
+               "_dataloader": "dataloader", "profiling": "profiling"}
 for _sub, _mod in _SUBMODULES.items():
     _m = _importlib.import_module(f"openipu.poptorch.{_mod}")
     _sys.modules[f"{__name__}.{_sub}"] = _m
