@@ -205,3 +205,36 @@ def test_copy_named_buffers_to_device():
         other = poptorch.inferenceModel(Counter())
         other(torch.ones(1, 2))
         other.copyNamedBuffersToDevice()
+
+
+def test_reassigned_buffer_or_parameter_raises():
+    class Reassign(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("buf", torch.zeros(2))
+
+        def forward(self, x):
+            self.buf = self.buf + x
+            return self.buf * 1
+    with pytest.raises(poptorch.Error, match=r"Buffer buf is reassigned within the model when calling the forward "
+                                             r"method. This is not supported. Consider using self.buf.copy_\(src\)"):
+        poptorch.inferenceModel(Reassign())(torch.ones(2))
+
+    class Plain(torch.nn.Module):           # a plain tensor attribute may be replaced (it is a constant)
+        def __init__(self):
+            super().__init__()
+            self.t = torch.ones(2)
+
+        def forward(self, x):
+            self.t = self.t * 2
+            return x + self.t
+    torch.testing.assert_close(poptorch.inferenceModel(Plain())(torch.zeros(2)), torch.full((2,), 2.0))
+
+
+def test_training_buffers_must_be_plain_tensors():
+    class Odd(torch.Tensor):
+        pass
+    m = Counter()
+    m.i = torch.zeros(1).as_subclass(Odd)
+    with pytest.raises(poptorch.Error, match="All buffers must be an instance of torch.Tensor"):
+        poptorch.trainingModel(m)

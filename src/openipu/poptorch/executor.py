@@ -96,6 +96,10 @@ class PoplarExecutor:
             if owner is not None and owner() is not None:
                 raise RuntimeError("Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() "
                                    "on the model to unwrap before wrapping again.")
+        if training:
+            for b in model.buffers():
+                if type(b) is not torch.Tensor:
+                    raise Error(f"All buffers must be an instance of torch.Tensor (Got {type(b)})")
         if training and optimizer is None:
             optimizer = poptorch_optim.SGD(model.parameters(), lr=0.01)
         self._user_model = model
@@ -214,7 +218,7 @@ class PoplarExecutor:
             from openipu.poptorch import ops as _ops
             _ops._overlaps.clear()
             try:
-                with _attributes_as_buffers(model, attrs):
+                with _attributes_as_buffers(model, attrs), _no_reassignment(model, set(attrs)):
                     ep = cap.capture(model, margs, mkwargs)
             finally:
                 model.train(was_training)
@@ -868,6 +872,54 @@ def _tensor_attributes(model: torch.nn.Module) -> dict:
             if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter) and not k.startswith("_"):
                 out[f"{prefix}.{k}" if prefix else k] = v.detach().clone()
     return out
+
+
+#: modules whose buffers may be replaced while the model runs (PopTorch's ``BUFFERS_CAN_CHANGE``)
+_BUFFERS_CAN_CHANGE = (torch.nn.modules.batchnorm._BatchNorm,)
+
+
+@contextlib.contextmanager
+def _no_reassignment(model: torch.nn.Module, plain: set = frozenset()):
+    """While ``model`` is captured, assigning a new tensor to one of its buffers or parameters
+    (``self.buf = self.buf + 1``) raises PopTorch's :class:`Error` ("Buffer buf is reassigned
+    within the model when calling the forward method. This is not supported. Consider using
+    self.buf.copy_(src) ..."); deleting one raises "... is removed from the model ...". BatchNorm
+    modules may replace their buffers (PopTorch's exception), and so may the plain tensor
+    attributes ``plain`` (paths) captured as buffers."""
+    owners = {id(m): prefix for prefix, m in model.named_modules() if not isinstance(m, _BUFFERS_CAN_CHANGE)}
+    param_owners = {id(m): prefix for prefix, m in model.named_modules()}
+    orig_set, orig_del = torch.nn.Module.__setattr__, torch.nn.Module.__delattr__
+
+    def check(mod, name, removed):
+        kind = "Buffer" if name in mod._buffers and id(mod) in owners else \
+            "Parameter" if name in mod._parameters and id(mod) in param_owners else None
+        if kind is None:
+            return
+        prefix = param_owners[id(mod)]
+        full = f"{prefix}.{name}" if prefix else name
+        if full in plain:
+            return
+        if removed:
+            raise Error(f"{kind} {full} is removed from the model when calling the forward method.")
+        raise Error(f"{kind} {full} is reassigned within the model when calling the forward method. This is not "
+                    f"supported. Consider using self.{full}.copy_(src) to copy data from a source tensor, where src "
+                    "is the name of the source tensor.")
+
+    def guarded_set(mod, name, value):
+        if isinstance(value, torch.Tensor) or value is None:
+            cur = mod.__dict__.get("_buffers", {}).get(name, mod.__dict__.get("_parameters", {}).get(name))
+            if cur is not None and value is not cur:
+                check(mod, name, False)
+        return orig_set(mod, name, value)
+
+    def guarded_del(mod, name):
+        check(mod, name, True)
+        return orig_del(mod, name)
+    torch.nn.Module.__setattr__, torch.nn.Module.__delattr__ = guarded_set, guarded_del
+    try:
+        yield
+    finally:
+        torch.nn.Module.__setattr__, torch.nn.Module.__delattr__ = orig_set, orig_del
 
 
 @contextlib.contextmanager
