@@ -474,3 +474,25 @@ def test_profiling_channel():
         def f(self):
             return 3
     assert ch.instrument(O(), "f").f() == 3
+
+
+def test_dataloader_splits_the_dataset_between_distributed_processes():
+    data = torch.utils.data.TensorDataset(torch.arange(20.0))
+    seen = []
+    for pid in range(2):
+        o = poptorch.Options().deviceIterations(2)
+        o.Distributed.configureProcessId(pid, 2)
+        loader = poptorch.DataLoader(o, data, batch_size=2)
+        assert len(loader) == 2 and loader.combinedBatchSize == 4
+        seen.append(torch.cat([b[0] for b in loader]).tolist())
+    assert seen == [list(map(float, range(8))), list(map(float, range(8, 16)))]
+    o = poptorch.Options()
+    o.Distributed.configureProcessId(0, 2)
+    with pytest.raises(AssertionError, match="you must set poptorch.Options.randomSeed"):
+        poptorch.DataLoader(o, data, batch_size=2, shuffle=True)
+    shuffled = []
+    for pid in range(2):
+        o = poptorch.Options().randomSeed(7)
+        o.Distributed.configureProcessId(pid, 2)
+        shuffled += torch.cat([b[0] for b in poptorch.DataLoader(o, data, batch_size=5, shuffle=True)]).tolist()
+    assert sorted(shuffled) == list(map(float, range(20))) and shuffled != list(map(float, range(20)))
