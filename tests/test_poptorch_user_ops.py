@@ -176,3 +176,15 @@ def test_ctc_loss_inference_and_training():
     ref(x, tgt, il, tl)[1].backward()
     opt.step()
     torch.testing.assert_close(m.fc.weight, ref.fc.weight, rtol=1e-5, atol=1e-5)
+
+
+def test_bincount_with_minlength():
+    v = torch.randint(0, 6, (20,))
+    _check(lambda a: torch.bincount(a, minlength=6), v, exact=True)
+    _check(lambda a, w: a.bincount(w, minlength=8), v, torch.rand(20))
+
+    class NoMin(torch.nn.Module):
+        def forward(self, a):
+            return torch.bincount(a)
+    with pytest.raises(poptorch.Error, match="needs minlength"):
+        poptorch.inferenceModel(NoMin())(v)

@@ -106,6 +106,31 @@ def _ctc_loss_fake(log_probs, targets, input_lengths, target_lengths, blank, red
 
 _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 
+torch.library.define("poptorch::bincount", "(Tensor x, Tensor? weights, int minlength) -> Tensor")
+
+
+@torch.library.impl("poptorch::bincount", "CompositeExplicitAutograd")
+def _bincount_impl(x, weights, minlength):
+    keep = (x >= 0) & (x < minlength)
+    out = torch.zeros(minlength, dtype=weights.dtype if weights is not None else torch.long)
+    w = weights[keep] if weights is not None else torch.ones(int(keep.sum()), dtype=torch.long)
+    return out.index_add_(0, x[keep].long(), w)
+
+
+@torch.library.register_fake("poptorch::bincount")
+def _bincount_fake(x, weights, minlength):
+    return x.new_empty((minlength,), dtype=weights.dtype if weights is not None else torch.long)
+
+
+def _bincount(x, weights=None, minlength=0):
+    """``torch.bincount`` as captured for the IPU (PopTorch's): ``minlength`` bins, a static
+    size; values outside ``[0, minlength)`` are not counted. Raises :class:`Error` without
+    ``minlength`` (the size would depend on the values)."""
+    if not minlength:
+        raise Error("torch.bincount on the IPU needs minlength: it is the number of bins (the output's size cannot "
+                    "depend on the input's values)")
+    return torch.ops.poptorch.bincount(x, weights, int(minlength))
+
 
 def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean", zero_infinity=False):
     """``F.ctc_loss`` as captured for the IPU: one ``poptorch::ctc_loss`` op (PopART's Ctc;
@@ -121,16 +146,17 @@ def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduct
 
 @contextlib.contextmanager
 def _ipu_functionals():
-    """``torch.nn.functional`` entries replaced while capturing (the modules, e.g.
-    ``nn.GaussianNLLLoss``, call them through ``F``): those whose torch version reads tensor
-    values on the host."""
+    """``torch.nn.functional`` entries (the modules, e.g. ``nn.GaussianNLLLoss``, call them
+    through ``F``) and ``torch.bincount`` replaced while capturing: those whose torch version
+    reads tensor values on the host or has no kernel for fake tensors."""
     import torch.nn.functional as F
-    saved = F.gaussian_nll_loss, F.ctc_loss
+    saved = F.gaussian_nll_loss, F.ctc_loss, torch.bincount, torch.Tensor.bincount
     F.gaussian_nll_loss, F.ctc_loss = _gaussian_nll_loss, _ctc_loss
+    torch.bincount = torch.Tensor.bincount = _bincount
     try:
         yield
     finally:
-        F.gaussian_nll_loss, F.ctc_loss = saved
+        F.gaussian_nll_loss, F.ctc_loss, torch.bincount, torch.Tensor.bincount = saved
 
 
 def _drop_dynamo_meta(ep: ExportedProgram) -> None:

@@ -397,3 +397,19 @@ def embedding_bag(lw, n):
             out = lw.onnx.div([out, lw.onnx.unsqueeze([denom], axes=[1])], lw._name())
     zeros = lw.const(np.zeros(nb, np.int32), "INT32")
     return [out, bag, lw.cast(sizes, "INT32"), zeros]
+
+
+@aten("poptorch.bincount.default")
+def bincount(lw, n):
+    """``torch.bincount(x, weights, minlength)`` with ``minlength`` bins: a ScatterReduce (Sum)
+    of the weights (ones) at ``x`` (PopTorch's lowering); values outside the bins are dropped."""
+    x, weights, size = n.args[0], n.args[1], int(n.args[2])
+    length = lw.shape(x)[0]
+    dt = lw.out_dtype()
+    xt = lw.t(x) if lw.dtype(x) == "INT32" else lw.cast(lw.t(x), "INT32")
+    inside = lw.onnx.logical_and([lw.onnx.less([xt, lw.const(size, "INT32")]),
+                                  lw.onnx.logical_not([lw.onnx.less([xt, lw.const(0, "INT32")])])])
+    w = lw.like(weights, n) if weights is not None else lw.const(np.ones([length], np.int32), dt)
+    w = lw.onnx.where([inside, w, lw.const(0, dt) if dt == "INT32" else lw.const(0.0, dt)], lw._name("w"))
+    idx = lw.onnx.where([inside, xt, lw.const(0, "INT32")], lw._name("idx"))
+    return lw.gc.scatterreduce([w, idx], size, 0, "Sum", debugContext=lw._name())
