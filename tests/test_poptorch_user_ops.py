@@ -188,3 +188,30 @@ def test_bincount_with_minlength():
             return torch.bincount(a)
     with pytest.raises(poptorch.Error, match="needs minlength"):
         poptorch.inferenceModel(NoMin())(v)
+
+
+def test_for_loop_trains_unrolled():
+    import copy
+    torch.manual_seed(0)
+
+    class L(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = poptorch.for_loop(3, lambda t: torch.tanh(self.fc(t)), [x])[0]
+            return y, poptorch.identity_loss(y.pow(2), "mean")
+    m = L()
+    ref = copy.deepcopy(m)
+    pm = poptorch.trainingModel(m, optimizer=torch.optim.SGD(m.parameters(), lr=0.1))
+    _, loss = pm(torch.ones(2, 4))
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    opt.zero_grad()
+    _, lref = ref(torch.ones(2, 4))
+    lref.backward()
+    opt.step()
+    torch.testing.assert_close(loss, lref.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(m.fc.weight, ref.fc.weight, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"expects input tensors \(inputs\) to be a list of tensors"):
+        poptorch.for_loop(2, lambda a: a, (torch.ones(1),))

@@ -217,11 +217,13 @@ class PoplarExecutor:
             attrs = _tensor_attributes(model)
             from openipu.poptorch import ops as _ops
             _ops._overlaps.clear()
+            _ops._capturing_training[0] = self._training
             try:
                 with _attributes_as_buffers(model, attrs), _no_reassignment(model, set(attrs)):
                     ep = cap.capture(model, margs, mkwargs)
             finally:
                 model.train(was_training)
+                _ops._capturing_training[0] = False
         strategy = getattr(self._options, "_execution_strategy", None)
         if _ops._overlaps:
             self._check_overlapped_io(strategy)

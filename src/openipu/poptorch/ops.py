@@ -382,12 +382,26 @@ def _tensors(xs, what):
     return xs
 
 
+#: True while a training model is being captured (set by the executor)
+_capturing_training = [False]
+
+
 def for_loop(count: int, body, inputs):
     """Run ``body`` ``count`` times on the device (PopTorch's ``for_loop``): ``body(*tensors)``
-    returns as many tensors as it takes, of the same shapes; ``inputs`` are passed by value.
-    Returns the final tensors (a list). Captured as one PopART ``Loop`` (inference models; the
-    simulated PopART has no Loop gradient, so training models raise :class:`Error`)."""
-    inputs = _tensors(inputs, "for_loop")
+    returns as many tensors as it takes, of the same shapes; ``inputs`` (a list of tensors) are
+    passed by value. Returns the final tensors (a list). Raises ``ValueError`` (PopTorch's
+    messages) when ``inputs`` is not a list of tensors.
+
+    An inference model captures it as one PopART ``Loop``. The simulated PopART has no
+    gradient of ``Loop``, so a training model captures the loop unrolled (``count`` copies of
+    the body): the same values and gradients, the cost of the unrolled ops."""
+    if not isinstance(inputs, list):
+        raise ValueError("poptorch.for_loop expects input tensors (inputs) to be a list of tensors. (Object is not "
+                         "list)")
+    for ind, t in enumerate(inputs):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError("poptorch.for_loop expects input tensors (inputs) to be a list of tensors. (Object "
+                             f"contained in list at index {ind} is not torch.tensor)")
     count = int(count)
 
     def step(*xs):
@@ -397,7 +411,7 @@ def for_loop(count: int, body, inputs):
             raise Error(f"poptorch.for_loop: the body returned {len(out)} tensors for {len(xs)} inputs: it must "
                         "return as many tensors as it takes")
         return out
-    if not isRunningOnIpu():
+    if not isRunningOnIpu() or _capturing_training[0]:
         xs = [t.clone() for t in inputs]
         for _ in range(count):
             xs = step(*xs)
