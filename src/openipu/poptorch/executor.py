@@ -238,8 +238,7 @@ class PoplarExecutor:
 
     def _check_overlapped_io(self, strategy) -> None:
         """PopTorch's checks of a model with overlapped host I/O (``verifySettingsForOverlappedIO``)."""
-        from openipu.poptorch.blocks import ShardedExecution
-        if not isinstance(strategy, ShardedExecution) and not getattr(strategy, "pipelined", True) is False:
+        if getattr(strategy, "pipelined", True):        # None: PipelinedExecution, PopTorch's default
             raise Error("Overlapped IO is not supported with poptorch.PipelinedExecution. If you are using only one "
                         "IPU, please switch to poptorch.ShardedExecution.", type="poptorch_cpp_error")
         if self._options.TensorLocations.num_io_tiles == 0:
