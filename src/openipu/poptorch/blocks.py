@@ -68,12 +68,24 @@ def capturing():
     from openipu.poptorch import _impl, ops
     _state.active, ops._running_on_ipu[0], _impl._dispatch_tracing[0] = True, True, True
     Block._auto_id = 0
+    # no annotation may outlive a capture: one left in torch's node metadata by a capture that
+    # failed part-way (inside a block) would tag every op of the next model
+    saved = fxt.current_meta.pop("custom", None)
     try:
         with fxt.preserve_node_meta():
             yield
     finally:
         _state.close()
         _state.active, ops._running_on_ipu[0], _impl._dispatch_tracing[0] = False, False, False
+        fxt.current_meta.pop("custom", None)
+        if saved is not None and _state_outer_annotation(saved):
+            fxt.current_meta["custom"] = saved
+
+
+def _state_outer_annotation(custom: dict) -> bool:
+    """Whether an annotation found before a capture is the user's own (kept), not a stale block,
+    name-scope or attribute annotation of an earlier capture (dropped)."""
+    return not any(str(k).startswith("poptorch") for k in custom)
 
 
 class Block:
