@@ -474,13 +474,16 @@ class Ir:
     def _build(self, inferred: dict):
         g = self.model.graph
         const_weights = bool(self.options.constantWeights) and self.training is None
+        # initializers a CopyVarUpdate writes are variables whatever their type (PopART's)
+        updated = {n.input[0] for n in g.node if n.op_type == "CopyVarUpdate" and n.input}
         for init in g.initializer:
             arr = self.weights[init.name] if init.name in self.weights else np.array(initializer_array(init))
             self.onnx_tensor_ids.add(init.name)
             dtype = dtype_name(init.data_type)
             # training: float initializers are the (trainable) weights; integer ones stay
-            # constants so that shapes and indices still fold
-            variable = not const_weights and (self.training is None or dtype in ("FLOAT", "FLOAT16"))
+            # constants so that shapes and indices still fold, unless a CopyVarUpdate writes them
+            variable = not const_weights and (self.training is None or dtype in ("FLOAT", "FLOAT16") or
+                                              init.name in updated)
             self._add_tensor(init.name, dtype, arr.shape, "Variable" if variable else "Const", arr)
         for vi in g.input:
             self.onnx_tensor_ids.add(vi.name)
