@@ -220,7 +220,16 @@ class InsertAttentionMask(Pass):
         dt = _dtype(gv, targets[0].input[0] if targets else unfused[0][0].input[1 - unfused[0][1]], shapes, model)
         m = gv.fresh(name + "_segments")
         zero_i = gv.add_init("mask_zero", np.array(0, np.int32))
-        ax_q, ax_k, ax_h = (gv.add_init("mask_axes", np.array(a, np.int64)) for a in ([2], [1], [1]))
+        if opset_of(model) >= 13:           # Unsqueeze takes its axes as an input from opset 13
+            ax_q, ax_k, ax_h = (gv.add_init("mask_axes", np.array(a, np.int64)) for a in ([2], [1], [1]))
+
+            def unsqueeze(x, axes, y):
+                return onnx.helper.make_node("Unsqueeze", [x, axes], [y])
+        else:
+            ax_q, ax_k, ax_h = [2], [1], [1]
+
+            def unsqueeze(x, axes, y):
+                return onnx.helper.make_node("Unsqueeze", [x], [y], axes=axes)
         zero_f = gv.add_init("mask_bias_zero", np.array(0.0, dt))
         neg = gv.add_init("mask_bias_neg", np.array(-10000.0, dt))
         mi, mk = gv.fresh(name + "_q"), gv.fresh(name + "_k")
@@ -228,12 +237,12 @@ class InsertAttentionMask(Pass):
         b3, b4 = gv.fresh(name + "_bias3d"), gv.fresh(name + "_bias4d")
         mk_node = onnx.helper.make_node
         nodes = [mk_node("Cast", [name], [m], to=onnx.TensorProto.INT32),
-                 mk_node("Unsqueeze", [m, ax_q], [mi]),                  # [B, S, 1]: the query's segment
-                 mk_node("Unsqueeze", [m, ax_k], [mk]),                  # [B, 1, S]: the key's segment
+                 unsqueeze(m, ax_q, mi),                                 # [B, S, 1]: the query's segment
+                 unsqueeze(m, ax_k, mk),                                 # [B, 1, S]: the key's segment
                  mk_node("Equal", [mi, mk], [same]), mk_node("Equal", [mi, zero_i], [qpad]),
                  mk_node("Equal", [mk, zero_i], [kpad]), mk_node("Not", [kpad], [kval]),
                  mk_node("Or", [same, qpad], [qok]), mk_node("And", [qok, kval], [ok]),
-                 mk_node("Where", [ok, zero_f, neg], [b3]), mk_node("Unsqueeze", [b3, ax_h], [b4])]
+                 mk_node("Where", [ok, zero_f, neg], [b3]), unsqueeze(b3, ax_h, b4)]
         for n in targets:
             if len(n.input) == 3:
                 n.input.append(b4)

@@ -16,9 +16,10 @@ import onnx
 
 
 def clean_info(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Remove every ``value_info`` entry of the model's graphs (subgraphs too), then infer shapes
-    and types again (:func:`openipu.poprt.passes.shape_inference.infer_shapes`, which tolerates
-    ``ai.graphcore`` ops). Graph inputs and outputs keep their types.
+    """Remove every ``value_info`` entry of the model's graphs (subgraphs too) and the symbolic
+    (``dim_param``) dimensions of the main graph's outputs, then infer shapes and types again
+    (:func:`openipu.poprt.passes.shape_inference.infer_shapes`, which tolerates ``ai.graphcore``
+    ops). Graph inputs and outputs keep their types.
 
     Args:
         model: an ``onnx.ModelProto``; it is modified in place.
@@ -37,6 +38,10 @@ def clean_info(model: onnx.ModelProto) -> onnx.ModelProto:
                     for sub in a.graphs:
                         clear(sub)
     clear(model.graph)
+    for o in model.graph.output:
+        tt = o.type.tensor_type
+        if tt.HasField("shape") and any(d.dim_param or not d.HasField("dim_value") for d in tt.shape.dim):
+            tt.ClearField("shape")
     return infer_shapes(model)
 
 

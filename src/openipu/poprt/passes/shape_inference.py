@@ -58,7 +58,9 @@ def _known(graph: onnx.GraphProto) -> dict:
 
 
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` with ``value_info`` filled by ONNX shape inference (non-strict), plus
+    """A copy of ``model`` with ``value_info`` filled by ONNX shape inference (non-strict, with
+    shape data propagated through ``Shape`` / ``Gather`` / ``Concat`` ..., so computed ``Reshape``
+    targets give static shapes), plus
     registered shape functions for ``ai.graphcore`` ops.
 
     Args:
@@ -68,7 +70,7 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         warning in the ``poprt.passes.shape_inference`` log).
     """
     try:
-        out = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+        out = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
     except Exception as e:  # noqa: BLE001 - ONNX raises several kinds; the model stays usable
         _log.warning("shape inference failed: %s", str(e).splitlines()[0] if str(e) else type(e).__name__)
         out = onnx.ModelProto()
@@ -89,7 +91,7 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         if not added:
             break
         try:
-            out = onnx.shape_inference.infer_shapes(out, check_type=False, strict_mode=False)
+            out = onnx.shape_inference.infer_shapes(out, check_type=False, strict_mode=False, data_prop=True)
             g = out.graph
         except Exception:  # noqa: BLE001
             break
