@@ -112,6 +112,18 @@ class OutputMemoryView(dict):
     writes the results into them."""
 
 
+def _case_hint(path) -> str:
+    """For a missing file, a note naming a file of the same name in another letter case (Byte
+    MLPerf's IPU backend writes ``executable_fp16.popef`` and loads ``executable_FP16.popef`` when
+    the precision comes from its compile step rather than from the user)."""
+    p = os.fspath(path)
+    d, name = os.path.split(p)
+    if os.path.exists(p) or not os.path.isdir(d or "."):
+        return ""
+    alike = [f for f in os.listdir(d or ".") if f.lower() == name.lower()]
+    return f" ('{alike[0]}' is there: file names are case-sensitive)" if alike else ""
+
+
 def _timeout_seconds(v) -> float:
     """``RuntimeConfig.timeout_ns`` in seconds (an int of nanoseconds or a ``datetime.timedelta``)."""
     if isinstance(v, datetime.timedelta):
@@ -220,7 +232,7 @@ class Runner:
             try:
                 exe = Executable.load(executable_or_path)
             except exefile.executable_file_error as e:
-                raise PopRTRuntimeError(f"Cannot load the executable: {e}") from None
+                raise PopRTRuntimeError(f"Cannot load the executable: {e}{_case_hint(executable_or_path)}") from None
         else:
             raise TypeError(f"Runner takes an Executable or a path, not {type(executable_or_path).__name__}")
         self.config = config if config is not None else RuntimeConfig()
