@@ -168,6 +168,7 @@ def test_requests_without_position_ids_are_filled_as_poprt_does(packed_minilm, r
     cfg = _config()
     cfg.enable_padding_remove_mode("attention_mask", ["input_ids"])
     pr = runtime.Runner(packed_exe, cfg)
+    assert [d.name for d in pr.get_execute_inputs()] == [d.name for d in pr.get_model_inputs()]
     shape = pr.get_model_outputs()[0].shape
     shape[0] = 1
     outs = [np.full(shape, np.nan, np.float32) for _ in samples]

@@ -814,6 +814,9 @@ class PackRunner:
     def get_model_outputs(self):
         return self.runner.get_model_outputs()
 
+    get_execute_inputs = get_model_inputs
+    get_execute_outputs = get_model_outputs
+
     # -- one sample in --------------------------------------------------------------------
     def _sample(self, inputs: dict) -> tuple[dict, int]:
         """The sample's arrays (1-D for packed inputs) and its length (tokens; 0 unpacked)."""

@@ -1,8 +1,10 @@
 """The pass machinery of PopRT's converter: :class:`Pass`, :func:`register`, the registry.
 
 A pass is a class with ``run(model: onnx.ModelProto) -> onnx.ModelProto``, registered under a
-name with ``@register('name')`` (PopRT 1.4 user guide, "Python API": ``poprt.Pass``). ``Pass.get_pass(name)`` returns an instance (calling it runs the
-pass on a copy of the model); :func:`get_registered_passes` maps names to classes. Passes rewrite
+name with ``@register('name')`` (PopRT 1.4 user guide, "Python API": ``poprt.Pass``).
+``Pass.get_pass(name)`` returns an instance (calling it runs the pass on a copy of the model);
+:func:`get_registered_passes` maps names to classes (looked up through
+:mod:`openipu.poprt.passes.base_pass` at each call). Passes rewrite
 the ONNX graph with the ``onnx`` package only; they record what they did in ``self.applied``
 (one entry per rewrite, e.g. the output names of the fused subgraphs) so callers and tests can
 tell whether a pattern was found.
