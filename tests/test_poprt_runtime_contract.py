@@ -97,7 +97,7 @@ def test_batches_per_step_one_batch_per_call_from_concurrent_callers(step4):
         np.testing.assert_allclose(o, x @ w, rtol=1e-5, atol=1e-6)
     st = r._stepper
     assert st.steps_run < len(xs)                  # callers' batches shared steps
-    assert r.host_stats()["executes"] == len(xs)
+    assert r.host_stats()["executes"] == len(xs) and r.host_stats()["steps"] == st.steps_run
     r.close()
 
 

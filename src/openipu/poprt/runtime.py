@@ -488,11 +488,15 @@ class Runner:
 
     # -- figures --------------------------------------------------------------------------
     def host_stats(self) -> dict:
-        """Host figures (this machine simulating the IPU): executes so far, host seconds of
-        execution, mean host seconds per execute, and load seconds."""
+        """Host figures (this machine simulating the IPU): executes so far (compiled batches), host
+        seconds of execution, mean host seconds per execute, and load seconds; with
+        ``batches_per_step > 1`` also ``steps`` run and ``flushed_steps`` (ended by the timeout)."""
         n = self._n_exec
-        return {"executes": n, "host_seconds": self._host_exec_s, "host_seconds_per_execute": self._host_exec_s / n
-                if n else 0.0, "load_seconds": self.load_seconds}
+        out = {"executes": n, "host_seconds": self._host_exec_s, "host_seconds_per_execute": self._host_exec_s / n
+               if n else 0.0, "load_seconds": self.load_seconds}
+        if self._stepper is not None:       # batches_per_step > 1: steps run, and steps ended by the flush
+            out.update(steps=self._stepper.steps_run, flushed_steps=self._stepper.flushes)
+        return out
 
     def report(self) -> str:
         """Predicted IPU figures beside host figures, labelled."""
