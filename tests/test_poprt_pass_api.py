@@ -129,7 +129,10 @@ def test_traverse_graph_visits_subgraphs_then_main_and_uses_the_results():
 def test_clean_info_get_dtype_get_shape_topological_sort():
     m = _chain()
     m.graph.value_info.append(helper.make_tensor_value_info("r", TensorProto.INT32, [9]))   # stale
+    m.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "batch"
     m = clean_info(m)
+    onnx.checker.check_model(m)
+    assert get_shape(m.graph, "y") == [2, 4]          # a symbolic output dimension inferred again
     assert get_dtype(m.graph, "r") == F and get_shape(m.graph, "r") == [2, 4]
     assert get_dtype(m.graph, "b") == F and get_shape(m.graph, "b") == [4]
     with pytest.raises(KeyError):
@@ -203,9 +206,11 @@ def test_apply_ir_pass_unique_names_and_ir_only_names_logged_once(caplog):
 def test_final_check_warns_without_changing_the_model(caplog):
     m = _chain()
     m.graph.node.append(helper.make_node("Identity", ["y"], ["dangling"]))
+    m.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "batch"
     with caplog.at_level(logging.WARNING, logger="poprt.passes.final_check"):
         out = Pass.get_pass("final_check")(m)
     assert out.SerializeToString() == m.SerializeToString()
+    assert out.graph.output[0].type.tensor_type.shape.dim[0].dim_param == "batch"
 
 
 # -- graph order / input casts -----------------------------------------------------------------------------

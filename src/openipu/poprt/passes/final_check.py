@@ -43,7 +43,9 @@ class FinalCheck(ImmutablePass):
         return graph
 
     def run(self, model: onnx.ModelProto) -> onnx.ModelProto:
-        checked = clean_info(model)
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        checked = clean_info(copy)
         self.traverse_graph(checked.graph, self.check_graph)
         return model
 

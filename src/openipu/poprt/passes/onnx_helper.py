@@ -16,8 +16,8 @@ import onnx
 
 
 def clean_info(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Remove every ``value_info`` entry of the model's graphs (subgraphs too) and the symbolic
-    (``dim_param``) dimensions of the main graph's outputs, then infer shapes and types again
+    """Remove every ``value_info`` entry of the model's graphs (subgraphs too) and make the symbolic
+    (``dim_param``) dimensions of the main graph's outputs unknown, then infer shapes and types again
     (:func:`openipu.poprt.passes.shape_inference.infer_shapes`, which tolerates ``ai.graphcore``
     ops). Graph inputs and outputs keep their types.
 
@@ -40,8 +40,10 @@ def clean_info(model: onnx.ModelProto) -> onnx.ModelProto:
     clear(model.graph)
     for o in model.graph.output:
         tt = o.type.tensor_type
-        if tt.HasField("shape") and any(d.dim_param or not d.HasField("dim_value") for d in tt.shape.dim):
-            tt.ClearField("shape")
+        if tt.HasField("shape"):
+            for d in tt.shape.dim:
+                if d.dim_param:
+                    d.Clear()               # unknown, for inference to fill (the rank stays)
     return infer_shapes(model)
 
 
