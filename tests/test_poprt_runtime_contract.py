@@ -144,3 +144,24 @@ def test_missing_file_names_a_file_differing_in_case(tmp_path):
     (tmp_path / "executable_fp16.popef").write_bytes(b"")
     with pytest.raises(RuntimeError, match="'executable_fp16.popef' is there"):
         runtime.Runner(str(tmp_path / "executable_FP16.popef"), runtime.RuntimeConfig())
+
+
+def test_a_runner_nobody_holds_is_freed(step4):
+    """Byte MLPerf ``del``s its engine before loading the next batch size: the runner, its step
+    thread and its engine go."""
+    import gc
+    import weakref
+    exe, w = step4
+    r = runtime.Runner(exe, runtime.RuntimeConfig(timeout_ns=1_000_000))
+    x = _x(3)
+    np.testing.assert_allclose(r.execute({"x": x})["y"], x @ w, rtol=1e-5, atol=1e-6)
+    ref, thread = weakref.ref(r), r._stepper._thread
+    del r
+    for _ in range(20):
+        gc.collect()
+        if ref() is None and not thread.is_alive():
+            break
+        time.sleep(0.2)
+    assert ref() is None
+    thread.join(2.0)
+    assert not thread.is_alive()

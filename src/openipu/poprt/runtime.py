@@ -38,6 +38,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from concurrent.futures import Future as _CFuture
 from concurrent.futures import ThreadPoolExecutor
 
@@ -566,7 +567,10 @@ class _Stepper:
         for tid, h in low.anchors.items():
             if h is not None and tid in runner._outputs:
                 eng.connectStreamToCallback(h, self._pusher(tid))
-        self._thread = threading.Thread(target=self._loop, name="poprt-step", daemon=True)
+        # the thread holds the stepper only while it runs a step, so that a runner nobody holds
+        # (Byte MLPerf's ``del self.engine`` before loading the next batch size) is freed
+        self._thread = threading.Thread(target=_step_loop, args=(weakref.ref(self), self._cv), name="poprt-step",
+                                        daemon=True)
         self._thread.start()
 
     def submit(self, feeds: dict) -> _CFuture:
@@ -634,38 +638,51 @@ class _Stepper:
                 req.future.set_result(req.out)
         return push
 
-    # -- the step loop -------------------------------------------------------------------
-    def _loop(self):
-        while True:
-            with self._cv:
-                while not self._queue and not self._stop:
-                    self._cv.wait()
-                if self._stop and not self._queue:
-                    return
-            self._slots, self._pulls, self._pushes = {}, {}, {}
-            err = None
-            try:
-                with self.runner._lock:
-                    self.runner._engine.run(0, "step")
-            except _EndStep:
-                pass
-            except Exception as e:  # noqa: BLE001 - handed to the requests of this step
-                err = e
-            self.steps_run += 1
-            left = [r for r in self._slots.values() if r is not self._PAD and not r.future.done()]
-            for r in left:
-                r.future.set_exception(err if err is not None else PopRTRuntimeError(
-                    "The step ended before this batch's outputs were written"))
+    # -- the step loop (see _step_loop) ---------------------------------------------------
+    def _run_step(self):
+        """Run one step of the program; requests it could not finish fail."""
+        self._slots, self._pulls, self._pushes = {}, {}, {}
+        err = None
+        try:
+            with self.runner._lock:
+                self.runner._engine.run(0, "step")
+        except _EndStep:
+            pass
+        except Exception as e:  # noqa: BLE001 - handed to the requests of this step
+            err = e
+        self.steps_run += 1
+        left = [r for r in self._slots.values() if r is not self._PAD and not r.future.done()]
+        for r in left:
+            r.future.set_exception(err if err is not None else PopRTRuntimeError(
+                "The step ended before this batch's outputs were written"))
 
     def close(self):
         with self._cv:
             self._stop = True
             self._cv.notify_all()
-        self._thread.join()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
         with self._cv:
             for r in self._queue:
                 r.future.set_exception(PopRTRuntimeError("The runner is closed"))
             self._queue = []
+
+
+def _step_loop(ref, cv: threading.Condition) -> None:
+    """The step thread of a :class:`_Stepper` (held by weak reference between steps)."""
+    while True:
+        st = ref()
+        if st is None:
+            return
+        with cv:
+            if st._stop and not st._queue:
+                return
+            if not st._queue:
+                del st
+                cv.wait(0.5)
+                continue
+        st._run_step()
+        del st
 
 
 # ----------------------------------------------------------------------------------------------
