@@ -135,6 +135,8 @@ def test_exported_file_with_batches_per_step(tmp_path):
     Compiler.compile_and_export(m.SerializeToString(), ["y"], str(path), CompilerOptions(batches_per_step=3))
     r = runtime.Runner(str(path), runtime.RuntimeConfig())
     assert r.get_model_inputs()[0].shape == [B, D_IN] and r.batches_per_step == 3
+    from openipu.poprt import compiler
+    assert r.executable is compiler._RECENT_EXPORTS[-1]    # this process's compile, not a second one
     x = _x(5)
     np.testing.assert_allclose(r.execute({"x": x})["y"], x @ w, rtol=1e-5, atol=1e-6)
     r.close()
