@@ -11,6 +11,8 @@ from concurrent.futures import Future as _CFuture
 
 import numpy as np
 
+from openipu.poprt.runtime._timing import default_timing
+
 class PopRTRuntimeError(RuntimeError):
     """PopRT runtime errors (a ``RuntimeError``, as PopRT's binding raises): bad inputs or outputs,
     a bad executable file, a closed runner."""
@@ -134,6 +136,13 @@ class RuntimeConfig:
     ``validate_io_params`` (True: check names, shapes and dtypes of ``execute``'s arrays),
     ``check_package_hash`` (True: the executable file's SHA-256 check; it is always done),
     ``replica_to_device``, ``ring_buffer_size_multiplier`` (accepted and stored).
+
+    openipu's own fields: ``timing`` (``"host"``: the program runs on the simulator and a call
+    takes host time; ``"predicted"``: outputs are not computed and each execute completes when the
+    simulated IPU would, see :mod:`openipu.poprt.runtime._timing`; default from the environment
+    variable ``OPENIPU_TIMING``, else ``"host"``) and ``time_scale`` (predicted mode: wall seconds
+    per predicted IPU second, 1.0).
+    Raises ``ValueError`` when ``OPENIPU_TIMING`` holds another value than ``host`` / ``predicted``.
     """
 
     def __init__(self, **kw):
@@ -144,6 +153,8 @@ class RuntimeConfig:
         self.replica_to_device = {}
         self.ring_buffer_size_multiplier = 2
         self.device_wait_config = None
+        self.timing = default_timing()
+        self.time_scale = 1.0
         for k, v in kw.items():
             if not hasattr(self, k):
                 raise AttributeError(f"'poprt.runtime.RuntimeConfig' object has no attribute '{k}'")

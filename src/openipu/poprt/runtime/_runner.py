@@ -15,6 +15,7 @@ import numpy as np
 
 from openipu.poplar import exefile
 from openipu.poprt.compiler import Executable
+from openipu.poprt.runtime._timing import TIMINGS, PredictedDevice
 from openipu.poprt.runtime._common import (DataDesc, Future, PackRunnerConfig, PopRTRuntimeError, RuntimeConfig,
                                            _case_hint, _timeout_seconds)
 
@@ -57,6 +58,40 @@ class Runner:
         self.config = config if config is not None else RuntimeConfig()
         self.executable = exe
         self.predicted = exe.prediction
+        timing = getattr(self.config, "timing", "host")
+        if timing not in TIMINGS:
+            raise PopRTRuntimeError(f"RuntimeConfig.timing is {timing!r}; expected one of {', '.join(TIMINGS)}")
+        self.timing = timing
+        self._device = None
+        if timing == "predicted":       # no program on the host: the modelled device keeps time
+            p = exe.prediction
+            self._device = PredictedDevice(p.latency_seconds, p.batch_period_cycles / p.clock_hz,
+                                           float(getattr(self.config, "time_scale", 1.0)))
+            _log.warning("predicted-time mode: outputs are not computed (zeros); each execute completes when the "
+                         "simulated IPU would: %s", self._predicted_summary())
+        else:
+            self._load_engine(exe)
+        self.batches_per_step = bps = max(1, int(exe.options.get("batches_per_step", 1) or 1))
+        lead = 1 if bps > 1 else 0          # the compiled step's leading batches_per_step dimension
+        self._inputs = {d.name: DataDesc(d.name, list(d.shape)[lead:], d.dtype) for d in exe.inputs}
+        self._outputs = {d.name: DataDesc(d.name, list(d.shape)[lead:], d.dtype) for d in exe.outputs}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._n_exec, self._host_exec_s = 0, 0.0
+        if self._device is not None:
+            self._stepper = None
+        elif bps == 1:
+            self._in_bufs = {n: np.zeros(d.shape, d.dtype) for n, d in self._inputs.items()}
+            self._out_bufs = {n: np.zeros(d.shape, d.dtype) for n, d in self._outputs.items()}
+            self._connect_buffers()
+            self._stepper = None
+        else:
+            self._stepper = _Stepper(self, _timeout_seconds(self.config.timeout_ns))
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="poprt-device")
+        self.load_seconds = time.perf_counter() - t0
+
+    def _load_engine(self, exe) -> None:
+        """Build and load the Poplar engine of the executable (host timing)."""
         from openipu import poplar
         from openipu.ipu import target as ipu_target
         from openipu.poplar.device import IPUModel
@@ -74,22 +109,6 @@ class Runner:
         m.tilesPerIPU = int(exe.target.get("compute_tiles_per_ipu", ipu_target(exe.target["ipu_version"]).tiles_per_ipu))
         self._engine.load(m.createDevice())
         self._engine.disableExecutionProfiling()    # a server runs forever: keep no per-run records
-        self.batches_per_step = bps = max(1, int(exe.options.get("batches_per_step", 1) or 1))
-        lead = 1 if bps > 1 else 0          # the compiled step's leading batches_per_step dimension
-        self._inputs = {d.name: DataDesc(d.name, list(d.shape)[lead:], d.dtype) for d in exe.inputs}
-        self._outputs = {d.name: DataDesc(d.name, list(d.shape)[lead:], d.dtype) for d in exe.outputs}
-        self._lock = threading.Lock()
-        self._closed = False
-        self._n_exec, self._host_exec_s = 0, 0.0
-        if bps == 1:
-            self._in_bufs = {n: np.zeros(d.shape, d.dtype) for n, d in self._inputs.items()}
-            self._out_bufs = {n: np.zeros(d.shape, d.dtype) for n, d in self._outputs.items()}
-            self._connect_buffers()
-            self._stepper = None
-        else:
-            self._stepper = _Stepper(self, _timeout_seconds(self.config.timeout_ns))
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="poprt-device")
-        self.load_seconds = time.perf_counter() - t0
 
     def _connect_buffers(self) -> None:
         """Upload the weights (when they are device variables), then bind the input and output
@@ -184,6 +203,9 @@ class Runner:
 
     def _submit(self, feeds: dict) -> _CFuture:
         """Queue one compiled batch; the future's result is ``{output name: array}``."""
+        if self._device is not None:
+            self._n_exec += 1
+            return self._device.submit(self._predicted_outputs)[0]
         if self._stepper is not None:
             return self._stepper.submit(feeds)
         return self._pool.submit(self._run_step, feeds)
@@ -191,9 +213,9 @@ class Runner:
     def _run_one(self, feeds: dict) -> dict:
         """Run one compiled batch (``feeds`` by input name, descriptor-sized arrays) and return its
         outputs (new arrays of the descriptor shapes). Blocks; thread-safe."""
-        if self._stepper is None:
+        if self._stepper is None and self._device is None:
             return self._run_step(feeds)
-        return self._stepper.submit(feeds).result()
+        return self._submit(feeds).result()
 
     def _chunks(self, inputs: dict, k: int, dynamic: bool):
         """The compiled batches of a call: ``[(feeds, rows)]`` (rows: valid rows of a padded
@@ -305,6 +327,19 @@ class Runner:
 
     executeAsync = execute_async  # noqa: N815 - Model Runtime's spelling
 
+    # -- predicted-time mode ----------------------------------------------------------------
+    def _predicted_outputs(self) -> dict:
+        """The outputs of a batch in predicted-time mode: zeros of the descriptor shapes."""
+        return {n: np.zeros(d.shape, d.dtype) for n, d in self._outputs.items()}
+
+    def _predicted_summary(self) -> str:
+        p, exe = self.predicted, self.executable
+        period = p.batch_period_cycles / p.clock_hz
+        io = f"{p.num_io_tiles} I/O tiles, overlapped I/O" if p.num_io_tiles else "no I/O tiles, I/O not overlapped"
+        return (f"{exe.target['ipu_version']}, batch {p.batch_size}, batches_per_step {p.batches_per_step}, {io}: "
+                f"latency {p.latency_seconds * 1e3:.3f} ms, one batch every {period * 1e3:.3f} ms, "
+                f"{p.qps:,.0f} samples/s with enough concurrent callers (predicted IPU time)")
+
     # -- figures --------------------------------------------------------------------------
     def host_stats(self) -> dict:
         """Host figures (this machine simulating the IPU): executes so far (compiled batches), host
@@ -318,8 +353,12 @@ class Runner:
         return out
 
     def report(self) -> str:
-        """Predicted IPU figures beside host figures, labelled."""
+        """Predicted IPU figures beside host figures, labelled (in predicted-time mode: the
+        device model the calls were timed by)."""
         p, h = self.predicted, self.host_stats()
+        if self._device is not None:
+            return (f"predicted-time mode (calls take predicted IPU time; outputs not computed): "
+                    f"{self._predicted_summary()}; {h['executes']} executes")
         return (f"predicted IPU ({self.executable.target['ipu_version']}, batch {p.batch_size}): latency "
                 f"{p.latency_seconds * 1e3:.3f} ms, {p.qps:,.0f} samples/s"
                 f"{f' (overlapped I/O, {p.num_io_tiles} I/O tiles)' if p.num_io_tiles else ''}; "
@@ -333,6 +372,8 @@ class Runner:
         self._closed = True
         if self._stepper is not None:
             self._stepper.close()
+        if self._device is not None:
+            self._device.close()
         self._pool.shutdown(wait=True)
 
     def __del__(self):
