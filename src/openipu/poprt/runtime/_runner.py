@@ -333,12 +333,7 @@ class Runner:
         return {n: np.zeros(d.shape, d.dtype) for n, d in self._outputs.items()}
 
     def _predicted_summary(self) -> str:
-        p, exe = self.predicted, self.executable
-        period = p.batch_period_cycles / p.clock_hz
-        io = f"{p.num_io_tiles} I/O tiles, overlapped I/O" if p.num_io_tiles else "no I/O tiles, I/O not overlapped"
-        return (f"{exe.target['ipu_version']}, batch {p.batch_size}, batches_per_step {p.batches_per_step}, {io}: "
-                f"latency {p.latency_seconds * 1e3:.3f} ms, one batch every {period * 1e3:.3f} ms, "
-                f"{p.qps:,.0f} samples/s with enough concurrent callers (predicted IPU time)")
+        return self.predicted.summary(self.executable.target["ipu_version"]) + " with enough concurrent callers"
 
     # -- figures --------------------------------------------------------------------------
     def host_stats(self) -> dict:
