@@ -24,6 +24,12 @@ ahead) gets a batch of zeros. With ``batches_per_step = 1`` each call is one ste
 Inputs whose size is ``k`` times the descriptor's (``[k, *shape]``, or ``k * batch`` rows) are ``k``
 batches, run in turn, the outputs joined (Model Runtime's rule when dynamic batch is off).
 
+Timing (openipu's ``RuntimeConfig.timing``, default from ``OPENIPU_TIMING``): ``host`` runs the
+program on the simulator, so a call takes host time and returns real outputs; ``predicted`` computes
+no outputs (zeros) and completes each call when the modelled IPU would (queueing on the device,
+overlapped I/O as compiled; ``openipu.poprt.runtime._timing``), so that a benchmark harness that
+times its calls, unmodified, measures the prediction.
+
 Two kinds of figures, kept apart: ``runner.predicted`` holds predicted IPU figures (cycles,
 latency in IPU seconds, QPS) from the cost model; ``runner.host_stats()`` measures this machine
 running the simulation (host seconds).
