@@ -21,9 +21,14 @@ demo: $(STAMP)
 	$(BIN)/openipu run light_resnet50 --report build/demo-report
 	$(BIN)/openipu report build/demo-report -o build/demo-report/report.html
 
+# pytest-xdist: one worker per core (PYTEST_WORKERS=0 runs in this process); a test file stays on one
+# worker, so its module fixtures (compiled models) are built once
+PYTEST_WORKERS ?= auto
+PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+
 # the suite without the tests marked slow (heavy light models, multi-node ONNX, exports): < 10 min
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not tutorial and not heavy"
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m "not slow and not tutorial and not heavy"
 
 # the model fuzzer at length: 500 mutated models through `openipu run` (with the light SqueezeNet) and 20
 # through the CLI; prints the outcome counts (the default `make test` runs 40 + 4). FUZZ_SEED=n for another set
@@ -35,7 +40,7 @@ fuzz: $(STAMP)
 
 # the tests marked slow; CI runs both
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "slow and not tutorial and not heavy"
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m "slow and not tutorial and not heavy"
 
 # the acceptance runs of many minutes each (fp8 ResNet-50 on 256 images, PopRT batch 32, BERT 8 x 384): not in CI
 test-heavy: $(STAMP)
