@@ -12,6 +12,7 @@ Two kinds of figures come out, and they are kept apart everywhere:
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -590,6 +591,11 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     if report_dir:
         res.summary_report = session.getSummaryReport()
         Path(report_dir, "summary.txt").write_text(res.summary_report)
+        # what the report cannot read off the graph: the run's batch, precision and mode
+        Path(report_dir, "run.json").write_text(json.dumps({
+            "model": str(path), "ipu": ipu, "num_ipus": res.num_ipus, "batch_size": batch,
+            "batches_per_step": batches_per_step, "precision": precision, "offline": bool(offline),
+            "available_memory_proportion": available_memory_proportion}, indent=1))
     return res
 
 
