@@ -6,7 +6,8 @@ steps and variables are called ``<op type>/<first output>`` or ``<op type>/<firs
 (``MatMul/h/Conv``: the convolution PopLibs plans for the MatMul ``h``; ``MatMul/h`` its output).
 An op's name is found as the longest such prefix that is itself the name of a variable or
 compute set; ``<part>`` (its first path component) is the PopLibs call. Steps with no op in their
-name are grouped as "(exchange copies)", "(host I/O)" and "(other steps)". Cycles are predicted
+name are grouped as "(copies)" (tensor copies, on tile or over exchange), "(host I/O)" and
+"(other steps)". Cycles are predicted
 IPU cycles of the report's first run: each step's cycles on its busiest IPU times the number of
 times it ran; memory is the bytes of the op's variables over all tiles.
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-_NO_OP = {"StreamCopyMid": "(host I/O)", "DoExchange": "(exchange copies)"}
+_NO_OP = {"StreamCopyMid": "(host I/O)", "DoExchange": "(copies)"}
 #: The row of the variables no op's name claims: weights, inputs, buffers of the framework.
 _OTHER_VARIABLES = "(weights, inputs and other variables)"
 
@@ -74,7 +75,8 @@ def operations(report) -> list[Operation]:
     for idx, ty, name, _, flops, _ in steps:
         hit = _op_of(name or "", known)
         if hit is None:
-            key, call, op_type = _NO_OP.get(ty, "(other steps)"), ty, ""
+            key = _NO_OP.get(ty, "(copies)" if name == "Copy" else "(other steps)")
+            call, op_type = ty, ""
         else:
             key, call = hit
             op_type = key.split("/")[0]
