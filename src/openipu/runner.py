@@ -209,6 +209,22 @@ def light_model_dir() -> Path:
     return Path(onnx.__file__).resolve().parent / "backend" / "test" / "data" / "light"
 
 
+#: Printed with every run of a bundled light model: its outputs mean nothing.
+PLACEHOLDER_NOTE = ("a placeholder: the onnx package's light model, whose weights are all one constant "
+                    "(ConstantOfShape), so its outputs mean nothing (about the same for any input); its shapes, memory and predicted "
+                    "time are those of the real model. For a model with real weights see `make demo`")
+
+
+def is_placeholder(model_path) -> bool:
+    """True for a bundled light model (:data:`LIGHT_MODELS`): constant weights, so its outputs are
+    not meaningful; only its shapes, memory and predicted time are."""
+    try:
+        p = Path(model_path).resolve()
+        return p.parent == light_model_dir().resolve() and p.stem in LIGHT_MODELS
+    except (OSError, ValueError):
+        return False
+
+
 def resolve_model(name_or_path: str) -> Path:
     """A model path: an existing file, or the name of a bundled light model (``light_resnet50``).
 
