@@ -275,3 +275,13 @@ def test_run_options_are_untrusted(tmp_path):
     assert read_run_options(str(tmp_path)) == {}
     (tmp_path / "run.json").write_text("not json")
     assert read_run_options(str(tmp_path)) == {}
+
+
+def test_op_of_a_name():
+    """The op of a step, compute set or variable name: its longest known proper prefix."""
+    from openipu.popvision.operations import _op_of
+    known = {"MatMul/h", "Conv/r0"}
+    assert _op_of("MatMul/h/Conv", known) == ("MatMul/h", "Conv")
+    assert _op_of("Relu/r", known) == ("Relu/r", "")
+    assert _op_of("Conv/r0/Conv/partials", known) == ("Conv/r0", "Conv")
+    assert _op_of("Copy", known) is None and _op_of("/abs/name", known) is None

@@ -286,6 +286,7 @@ def _operations(report, go, n: int = 200) -> str:
     fig.update_layout(title="Ops with the most predicted cycles (first run)", barmode="stack",
                       xaxis_title="cycles (predicted)", height=220 + 22 * len(top))
     more = f"<p>(the {n:,} ops with the most cycles of {len(ops):,} shown)</p>" if len(ops) > n else ""
+    table = f"<div class='scroll'>{table}</div>"
     note = ("<p>Ops are found by name: what PopART makes for an op is called &lt;op type&gt;/&lt;first output&gt;"
             "[/&lt;PopLibs call&gt;]. Cycles: each step's predicted cycles on its busiest IPU, times the "
             "times it ran in the first run.</p>")
@@ -332,6 +333,7 @@ nav a{margin-right:14px;color:#01579b;text-decoration:none}
 section{padding:10px 20px;border-bottom:1px solid #ddd}
 table{border-collapse:collapse} td,th{padding:3px 8px;border:1px solid #ddd;text-align:left;font-size:13px}
 table.summary th{background:#f5f5f5}
+div.scroll{max-height:640px;overflow:auto;display:inline-block}
 ul.tree{font-family:monospace;font-size:12px} ul.tree ul{padding-left:18px} li.leaf{list-style:circle}
 """
 

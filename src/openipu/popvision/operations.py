@@ -73,7 +73,7 @@ def operations(report) -> list[Operation]:
     counts = runs[0].programCounts if runs else np.ones(n, np.int64)
     ops: dict = {}
     for idx, ty, name, _, flops, _ in steps:
-        hit = _op_of(name or "", known)
+        hit = None if ty == "StreamCopyMid" else _op_of(name or "", known)     # host I/O names a stream
         if hit is None:
             key = _NO_OP.get(ty, "(copies)" if name == "Copy" else "(other steps)")
             call, op_type = ty, ""
