@@ -285,3 +285,18 @@ def test_op_of_a_name():
     assert _op_of("Relu/r", known) == ("Relu/r", "")
     assert _op_of("Conv/r0/Conv/partials", known) == ("Conv/r0", "Conv")
     assert _op_of("Copy", known) is None and _op_of("/abs/name", known) is None
+
+
+def test_summary_of_a_session_profile_names_the_variable_types(profiled, tmp_path):
+    """A profile without run.json (a PopART / PopTorch session's): batch not recorded, the
+    precision read off the variables' types, no samples/s claimed."""
+    import shutil
+
+    from openipu.popvision.html import _summary
+    _, rep = profiled
+    shutil.copy(rep / "profile.pop", tmp_path / "profile.pop")
+    r = pva.openReport(str(tmp_path))
+    assert r.runOptions == {}
+    page = _summary(r)
+    assert "not recorded; variable bytes by type: float 100%" in page
+    assert "runs/s (samples per run not recorded)" in page and "samples/s" not in page

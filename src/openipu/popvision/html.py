@@ -75,7 +75,15 @@ def _run_rows(report) -> tuple[list, int | None]:
     else:
         rows.append(("Batch size", "not recorded (only `openipu run --report` records it)", "batch-size"))
         samples = None
-    rows.append(("Precision", o.get("precision", "not recorded"), "precision"))
+    if "precision" in o:
+        rows.append(("Precision", o["precision"], "precision"))
+    else:       # a session's profile: what the graph's variables hold, by bytes
+        by: dict = {}
+        for v in report.compilation.variables:
+            by[v.type] = by.get(v.type, 0) + v.size
+        total = sum(by.values()) or 1
+        mix = ", ".join(f"{t} {b / total:.0%}" for t, b in sorted(by.items(), key=lambda kv: -kv[1])[:3])
+        rows.append(("Precision", f"not recorded; variable bytes by type: {mix}", "precision"))
     if "model" in o:
         rows.insert(0, ("Model", o["model"], "model"))
     return rows, samples
