@@ -116,6 +116,9 @@ def _report(args) -> int:
 def _print_run(res, out, amp_used: float | None = None) -> None:
     w = lambda s="": print(s, file=out)  # noqa: E731
     w(f"Model     {res.model_path}  ({res.num_nodes} nodes)")
+    from openipu.runner import PLACEHOLDER_NOTE, is_placeholder
+    if is_placeholder(res.model_path):
+        w(f"          ({PLACEHOLDER_NOTE})")
     w(f"Target    {res.target}: {res.num_ipus} IPU(s) x {res.tiles_per_ipu:,} tiles, {_kib(res.bytes_per_tile)} per tile, "
       f"{res.clock_hz / 1e9:.2f} GHz; batch {res.batch_size}, batches per step {res.batches_per_step}, {res.precision}")
     w()
