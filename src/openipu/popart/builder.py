@@ -33,6 +33,7 @@ import numpy as np
 import onnx
 from onnx import defs, helper, numpy_helper
 
+from openipu.popart.debug_prefix import accept_debug_prefix
 from openipu.popart.errors import popart_exception
 from openipu.popart.tensor_proto import read_external_data, typed_tensor
 from openipu.popart.graphcore_ops import find_kernel
@@ -149,6 +150,7 @@ class _NameContext:
 
 
 # ----------------------------------------------------------------------------------------------
+@accept_debug_prefix
 class Builder:
     """``popart.Builder(modelProtoOrFilename=None, opsets=None)``.
 

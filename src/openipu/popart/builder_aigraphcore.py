@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from openipu.popart.builder_aionnx import _to_attr_value
+from openipu.popart.debug_prefix import accept_debug_prefix
 from openipu.popart.errors import popart_exception
 from openipu.popart import graphcore_ops as gco
 from openipu.popart.graphcore_ops import GRAPHCORE, find_kernel
@@ -20,6 +21,7 @@ from openipu.popart.tensorinfo import dtype_name
 _REDUCTION = {"Sum": 0, "Mean": 1, "NoReduction": 2}
 
 
+@accept_debug_prefix
 class AiGraphcoreOpset1:
     """``builder.aiGraphcore``: PopART's ``ai.graphcore`` ops (``AiGraphcoreOpset1``).
 

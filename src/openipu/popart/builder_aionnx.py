@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import defs, helper, numpy_helper
 
+from openipu.popart.debug_prefix import rename_debug_prefix
 from openipu.popart.tensorinfo import ONNX_OF, dtype_name
 
 DEFAULT_AI_ONNX_OPSET = 10
@@ -114,7 +115,7 @@ def _make_onnx_method(schema):
     sig = inspect.Signature(params)
 
     def method(self, *a, **kw):
-        b = sig.bind(self, *a, **kw)
+        b = sig.bind(self, *a, **rename_debug_prefix(kw, method_name(op)))
         b.apply_defaults()
         v = b.arguments
         if op == "Constant":
