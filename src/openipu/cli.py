@@ -168,7 +168,7 @@ def _print_run(res, out) -> None:
       f"mean {_kib(res.tile_bytes_mean)}; fits: {fit}")
     if res.worst_tiles:
         t, b = res.worst_tiles[0]
-        w(f"  total memory        {res.tile_bytes_total:,} B over {res.num_ipus * res.tiles_per_ipu:,} tiles; "
+        w(f"  total memory        {res.tile_bytes_total:,} B over {res.num_ipus * res.compute_tiles_per_ipu:,} tiles; "
           f"worst tile {t} ({b:,} B)")
     if res.over_budget_plans:
         w(f"  planner             {len(res.over_budget_plans)} matmul/convolution plan(s) over the temporary-memory "
@@ -178,7 +178,7 @@ def _print_run(res, out) -> None:
     if not res.fits:
         w("  worst tiles         " + ", ".join(f"tile {t}: {_kib(b)}" for t, b in res.worst_tiles))
         w(f"  shortfall           {res.shortfall_bytes:,} B over a tile's {res.bytes_per_tile:,} B on the worst tile")
-        w(f"  latency             {_seconds(res.latency)} per batch  ({res.latency_cycles:,.0f} cycles; "
+        w(f"  latency             {_seconds(res.latency)} per batch  ({res.latency_cycles:,.0f} cycles per batch; "
           "if it fitted)")
         w(f"  throughput          {res.throughput:,.1f} samples/s (if it fitted)")
         w()
@@ -194,7 +194,9 @@ def _print_run(res, out) -> None:
               "(more serial steps, which take longer)")
         w(f"  openipu sweep {res.model_path} --max-batch   the largest batch that fits")
         return
-    w(f"  latency             {_seconds(res.latency)} per batch  ({res.latency_cycles:,.0f} cycles)")
+    w(f"  latency             {_seconds(res.latency)} per batch  ({res.latency_cycles:,.0f} cycles per batch)")
+    w(f"  step                {_seconds(res.step_seconds)}  ({res.step_cycles:,.0f} cycles per step, "
+      f"{res.batches_per_step} batch(es), host I/O not overlapped)")
     over = " (host I/O overlapped)" if res.options.overlapped else ""
     w(f"  throughput          {res.throughput:,.1f} samples/s{over}")
     total = sum(res.by_category.values()) or 1.0

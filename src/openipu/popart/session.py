@@ -166,6 +166,8 @@ class _SessionBase(rng_state.RngStateApi):
                 raise self._oom(e, lowered, opts) from None
             except poplar.poplar_error as e:
                 raise poplar_exception(str(e), e) from None
+            if bar and bar.n < bar.total:       # compiled: the bar ends at 100%, as Poplar's
+                bar.update(bar.total - bar.n)
         finally:
             if bar:
                 bar.close()
