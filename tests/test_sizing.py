@@ -169,3 +169,38 @@ def test_sweep_exit_3_when_nothing_fits_and_usage(tmp_path, capsys):
     assert cli.main(["sweep", model, "--batch-sizes", "8,x"]) == 2
     assert cli.main(["sweep", model, "--precision", "fp64"]) == 2
     assert cli.main(["sweep", model, "--amp", "1.5"]) == 2
+
+
+@pytest.mark.slow
+def test_compile_bar_on_a_terminal_only(mlp):
+    """`openipu run` shows Poplar's "Graph compilation" bar on stderr when it is a terminal, and
+    ends it at 100%; with stderr a pipe there is no bar."""
+    import os
+    import subprocess
+    import sys
+    cmd = [sys.executable, "-m", "openipu.cli", "run", mlp, "--offline"]
+    env = {**os.environ, "COLUMNS": "120"}
+    import fcntl
+    import struct
+    import termios
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))    # a 120 x 40 terminal
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=slave, env=env, timeout=600)
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:             # EIO: the pty's other end is closed and drained
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(master)
+    err = b"".join(chunks).decode(errors="replace")
+    assert p.returncode == 0
+    assert "Graph compilation" in err and "100%" in err, err
+    piped = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert piped.returncode == 0 and "Graph compilation" not in piped.stderr
