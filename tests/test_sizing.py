@@ -204,3 +204,19 @@ def test_compile_bar_on_a_terminal_only(mlp):
     assert "Graph compilation" in err and "100%" in err, err
     piped = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert piped.returncode == 0 and "Graph compilation" not in piped.stderr
+
+
+@pytest.mark.slow
+def test_popart_session_over_budget_plan_is_an_out_of_memory_report(tmp_path):
+    """A PopART session whose matmul has no plan within the budget compiles as Poplar would: the
+    least-memory plan, then OutOfMemoryException (Poplar's graph_memory_allocation_error) with the
+    memory report, as for any graph that does not fit; not a poplibs_error."""
+    import popart
+    model = _mlp(tmp_path / "wide.onnx", batch=64, din=4096, hidden=4096)
+    dev = popart.DeviceManager().createIpuModelDevice({"numIPUs": 1, "ipuVersion": "ipu2", "tilesPerIPU": 2})
+    s = popart.InferenceSession(fnModel=open(model, "rb").read(), deviceInfo=dev,
+                                dataFlow=popart.DataFlow(1, {"y": popart.AnchorReturnType("ALL")}))
+    from openipu.poplibs.poplin.plan import record_over_budget
+    with pytest.raises(popart.OutOfMemoryException) as e, record_over_budget() as over:
+        s.prepareDevice()
+    assert over and "Out of memory" in str(e.value) and e.value.getSummaryReport()
