@@ -214,7 +214,7 @@ def test_popart_session_over_budget_plan_is_an_out_of_memory_report(tmp_path):
     import popart
     model = _mlp(tmp_path / "wide.onnx", batch=64, din=4096, hidden=4096)
     dev = popart.DeviceManager().createIpuModelDevice({"numIPUs": 1, "ipuVersion": "ipu2", "tilesPerIPU": 2})
-    s = popart.InferenceSession(fnModel=open(model, "rb").read(), deviceInfo=dev,
+    s = popart.InferenceSession(fnModel=Path(model).read_bytes(), deviceInfo=dev,
                                 dataFlow=popart.DataFlow(1, {"y": popart.AnchorReturnType("ALL")}))
     from openipu.poplibs.poplin.plan import record_over_budget
     with pytest.raises(popart.OutOfMemoryException) as e, record_over_budget() as over:
