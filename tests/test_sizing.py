@@ -122,13 +122,14 @@ def test_sweep_points_match_single_runs(mlp):
     """Shared work (model, conversion, IR, plans) leaves every point's prediction as a single run's."""
     sw = sizing.Sweeper(mlp)
     specs = [sizing.PointSpec(b, "ipu21", 1, "fp16", part, amp) for b in (8, 32) for amp in (0.1, 0.6)
-             for part in ("half", "float")]
+             for part in ("half", "float")] + [sizing.PointSpec(32, "ipu2", 1, "fp16", "half", 0.6, 16)]
     points = sw.sweep(specs)
     assert [p.spec for p in points] == specs
-    for p in points[::3]:
+    for p in points[::3] + points[-1:]:
         s = p.spec
         one = runner.run_model(mlp, ipu=s.ipu, batch_size=s.batch, precision=s.precision, offline=True,
-                               partials_type=s.partials_type, available_memory_proportion=s.available_memory_proportion)
+                               partials_type=s.partials_type, available_memory_proportion=s.available_memory_proportion,
+                               num_io_tiles=s.num_io_tiles)
         assert p.run.step_cycles == one.step_cycles and p.run.tile_bytes_max == one.tile_bytes_max, s
         assert p.run.throughput == pytest.approx(one.throughput)
 
