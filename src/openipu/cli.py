@@ -113,7 +113,7 @@ def _build_parser() -> argparse.ArgumentParser:
                         "running the model (no device memory, no kernels)")
     _add_inference_options(r)
     from openipu.sizing import add_sweep_parser
-    add_sweep_parser(sub, _add_inference_options, _EXIT_TEXT)
+    add_sweep_parser(sub)
     rp = sub.add_parser("report", help="write the Graph Analyser HTML report of a profile",
                         description="Write a self-contained HTML page (memory per tile, liveness, program tree, "
                                     "execution trace, largest variables and vertices) of PROFILE_DIR's profile.pop.")

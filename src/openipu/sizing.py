@@ -53,9 +53,9 @@ class PointSpec:
     """One sweep point: the batch size, the target and the inference options that vary."""
 
     batch: int
-    ipu: str = "ipu21"
+    ipu: str = "ipu2"
     num_ipus: int = 1
-    precision: str = "fp16"
+    precision: str = "fp32"
     partials_type: str = "half"
     available_memory_proportion: float = 0.6
     num_io_tiles: int = 0
@@ -397,7 +397,15 @@ def _batches(text: str):
     return _list_of(int, "--batch-sizes")(text)
 
 
-def add_sweep_parser(sub, _add_inference_options=None, exit_text: str = "") -> None:
+_EXIT_TEXT = """exit status:
+  0  some point fits in tile memory
+  1  error: unreadable model, every point refused, an output that cannot be written
+  2  usage: an unknown flag or an option value outside its range
+  3  no point fits in tile memory (the table is printed)
+Errors are one line on stderr; set OPENIPU_DEBUG=1 to see the traceback of an unexpected one."""
+
+
+def add_sweep_parser(sub) -> None:
     """The ``openipu sweep`` sub-command (called by :mod:`openipu.cli`)."""
     s = sub.add_parser(
         "sweep", help="predict a model over batch sizes, targets and options; find the largest batch that fits",
@@ -405,16 +413,16 @@ def add_sweep_parser(sub, _add_inference_options=None, exit_text: str = "") -> N
                     "given, print a table, and optionally write CSV, JSON and an HTML plot. Points share the "
                     "model's import and conversion, the IR of points that differ only in planner options and "
                     "target, and the planner's plans. Defaults: PopRT's production inference options.",
-        epilog=exit_text, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=_EXIT_TEXT, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("model", help="path of an .onnx file, or a bundled model name")
     s.add_argument("--batch-sizes", type=_batches, default=None, metavar="LIST",
                    help="batch sizes: 8,16,32 or a range 8-64 (doubling) or 8-64:8 (default: the model's)")
-    s.add_argument("--ipu", type=_list_of(str, "--ipu"), default=["ipu21"], metavar="LIST",
-                   help="IPU generations, of ipu1, ipu2, bow, ipu21 (default ipu21)")
+    s.add_argument("--ipu", type=_list_of(str, "--ipu"), default=["ipu2"], metavar="LIST",
+                   help="IPU generations, of ipu1, ipu2, bow, ipu21 (default ipu2, as openipu run)")
     s.add_argument("--num-ipus", type=_list_of(int, "--num-ipus"), default=[1], metavar="LIST",
                    help="IPU counts the model is sharded over (default 1)")
-    s.add_argument("--precision", type=_list_of(str, "--precision"), default=["fp16"], metavar="LIST",
-                   help="fp32, fp16 (default fp16)")
+    s.add_argument("--precision", type=_list_of(str, "--precision"), default=["fp32"], metavar="LIST",
+                   help="fp32, fp16 (default fp32, as openipu run and PopRT's converter)")
     s.add_argument("--partials-type", type=_list_of(str, "--partials-type"), default=["half"], metavar="LIST",
                    help="half, float (default half, as PopRT)")
     s.add_argument("--available-memory-proportion", "--amp", type=_list_of(float, "--available-memory-proportion"),
