@@ -132,6 +132,16 @@ def test_sweep_points_match_single_runs(mlp):
                                num_io_tiles=s.num_io_tiles)
         assert p.run.step_cycles == one.step_cycles and p.run.tile_bytes_max == one.tile_bytes_max, s
         assert p.run.throughput == pytest.approx(one.throughput)
+        assert p.run.options == one.options
+    shared = [p for p in points if p.same_plans_as is not None]
+    assert shared and all(p.spec.available_memory_proportion < p.same_plans_as.available_memory_proportion
+                          for p in shared)
+    low = next(p for p in shared)
+    one = runner.run_model(mlp, ipu=low.spec.ipu, batch_size=low.spec.batch, precision=low.spec.precision,
+                           offline=True, partials_type=low.spec.partials_type,
+                           available_memory_proportion=low.spec.available_memory_proportion)
+    assert low.run.step_cycles == one.step_cycles and low.run.tile_bytes_max == one.tile_bytes_max
+    assert one.plan_temp_bytes_max <= low.spec.available_memory_proportion * one.bytes_per_tile
 
 
 def test_max_batch_is_the_largest_that_fits(mlp):

@@ -484,6 +484,8 @@ class ModelRun:
     worst_tile_by_category: dict = field(default_factory=dict)  # bytes on the worst tile (predicted)
     io_tile_bytes_needed: int = 0     # bytes the I/O tiles buffer (inputs and outputs of one batch)
     over_budget_plans: list = field(default_factory=list)   # (op, temp bytes, budget bytes) per tile
+    plan_temp_bytes_max: int = 0      # the largest temporary bytes per tile of the compile's conv/matmul plans
+    num_plans: int = 0                # conv / matmul plans the compile used
     # host figures (this machine)
     host_compile_seconds: float = 0.0
     host_run_seconds: float = 0.0
@@ -630,7 +632,7 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
 
     from openipu.poplar.profile import run_breakdown
 
-    from openipu.poplibs.poplin.plan import record_over_budget
+    from openipu.poplibs.poplin.plan import record_over_budget, record_plans
 
     check_options(ipu=ipu, num_ipus=num_ipus, batch_size=batch_size, batches_per_step=batches_per_step,
                   precision=precision, seed=seed, available_memory_proportion=available_memory_proportion,
@@ -718,7 +720,7 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     # model's import, shape inference, constant folding) and compile it again
     key = (id(_prepared), batches_per_step, num_ipus, ipu if num_ipus > 1 else None)
     session = _sessions.get(key) if (_sessions is not None and offline and not report_dir) else None
-    with record_over_budget() as over:
+    with record_over_budget() as over, record_plans() as plans:
         if session is not None:
             session.options = session._ir.options = opts
             session.deviceInfo = device
@@ -746,6 +748,8 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     res = ModelRun(str(path), ipu, spec.num_ipus, all_tiles, spec.bytes_per_tile, spec.clock_hz, batch, num_nodes,
                    host_compile_seconds=host_compile, report_dir=report_dir, offline=offline, options=iopts,
                    compute_tiles_per_ipu=spec.tiles_per_ipu)
+    res.plan_temp_bytes_max = max((p.temp_bytes for p in plans), default=0)
+    res.num_plans = len(plans)
     seen = set()
     for o in over:
         if o.op not in seen:

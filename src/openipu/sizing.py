@@ -13,6 +13,11 @@ process:
   inference, constant folding) and only compile again;
 - the convolution / matmul planner keeps its plans in one module-wide cache, so an op whose
   problem and options did not change between points is not planned again;
+- a point whose available memory proportion is lower than that of a point already predicted
+  (all else equal) takes that point's prediction when every plan of it needs no more temporary
+  memory than the lower budget allows: the planner keeps the fastest plan within the budget, so
+  it would choose the same plans, and nothing else in the compile reads the proportion (points
+  are predicted from the highest proportion down);
 - Python, torch and the libraries are imported once.
 
 Figures: the prediction (latency, throughput, cycles, tile memory) is predicted IPU figures of
@@ -32,7 +37,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import product
 
 import onnx
@@ -80,6 +85,7 @@ class Point:
     run: "runner.ModelRun | None"
     host_seconds: float
     error: str | None = None
+    same_plans_as: "PointSpec | None" = None    # the point whose prediction this one took
 
     @property
     def fits(self) -> bool:
@@ -159,6 +165,16 @@ class Sweeper:
                              tiles_per_ipu=self.tiles_per_ipu, num_io_tiles=spec.num_io_tiles,
                              overlap_io=self.overlap_io, partials_type=spec.partials_type)
         t0 = time.perf_counter()
+        same = self._same_plans(spec)
+        if same is not None:
+            q = self._done[same]
+            run = replace(q.run, options=replace(q.run.options,
+                                                 available_memory_proportion=spec.available_memory_proportion),
+                          host_compile_seconds=0.0, host_run_seconds=0.0)
+            point = Point(spec, run, time.perf_counter() - t0, same_plans_as=same)
+            self._done[spec] = point
+            self.points.append(point)
+            return point
         try:
             proto = self._prepared(spec.batch, spec.precision)
             run = runner.run_model(self.path, ipu=spec.ipu, num_ipus=spec.num_ipus, batch_size=spec.batch,
@@ -180,12 +196,23 @@ class Sweeper:
         self.points.append(point)
         return point
 
+    def _same_plans(self, spec: PointSpec) -> "PointSpec | None":
+        """A predicted point equal to ``spec`` but for a higher available memory proportion, all
+        of whose plans fit ``spec``'s budget (so the planner would choose them again), if any."""
+        for q, p in self._done.items():
+            if (p.run is not None and p.same_plans_as is None and q.available_memory_proportion >
+                    spec.available_memory_proportion and replace(q, available_memory_proportion=0.0) ==
+                    replace(spec, available_memory_proportion=0.0) and not p.run.over_budget_plans
+                    and p.run.plan_temp_bytes_max <= spec.available_memory_proportion * p.run.bytes_per_tile):
+                return q
+        return None
+
     def sweep(self, specs, progress=None) -> list:
         """Predict ``specs`` in the order that shares most (precision, batch, IPUs outermost);
         returns the points in the order given. ``progress(point)`` is called after each."""
         specs = list(specs)
         order = sorted(specs, key=lambda s: (s.precision, s.batch, s.num_ipus, s.ipu if s.num_ipus > 1 else "",
-                                             s.ipu, s.num_io_tiles, s.partials_type, s.available_memory_proportion))
+                                             s.ipu, s.num_io_tiles, s.partials_type, -s.available_memory_proportion))
         for s in order:
             p = self.predict(s)
             if progress:
@@ -279,6 +306,8 @@ def document(sweeper: Sweeper, points, max_batches, host_seconds: float) -> dict
     pts = []
     for p in points:
         d = {"spec": p.spec.__dict__, "host_seconds": p.host_seconds}
+        if p.same_plans_as is not None:
+            d["same_plans_as"] = p.same_plans_as.__dict__
         if p.run is not None:
             d["run"] = p.run.to_dict()
         else:
@@ -519,8 +548,11 @@ def sweep_main(args) -> int:
         limit = " (the --batch-limit)" if b == args.batch_limit else ""
         print(f"Largest batch that fits, {c.series_label()}: {found}{limit}", file=out)
     n = len(sw.points)
+    same = sum(p.same_plans_as is not None for p in sw.points)
     print(f"Host (this machine; not an IPU figure): {n} point(s) predicted in {host:,.1f} s "
-          f"({host / max(n, 1):,.1f} s per point, model import and shared work included)", file=out)
+          f"({host / max(n, 1):,.1f} s per point, model import and shared work included"
+          + (f"; {same} took the plans, and so the prediction, of a point with a higher available memory "
+             "proportion" if same else "") + ")", file=out)
     try:
         if args.csv:
             write_csv(points, args.csv)

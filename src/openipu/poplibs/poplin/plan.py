@@ -201,7 +201,25 @@ def record_over_budget():
         _over_budget_sinks.remove(sink)
 
 
+_plan_sinks: list[list] = []
+
+
+@contextlib.contextmanager
+def record_plans():
+    """Collect every :class:`ConvPlan` made or reused inside the ``with`` block (yields the list
+    they are appended to). openipu extension: ``openipu sweep`` reads the largest temporary
+    memory of a compile's plans to know when a smaller budget would choose the same plans."""
+    sink: list = []
+    _plan_sinks.append(sink)
+    try:
+        yield sink
+    finally:
+        _plan_sinks.remove(sink)
+
+
 def _note_over_budget(plan: "ConvPlan", op_desc: str) -> None:
+    for sink in _plan_sinks:
+        sink.append(plan)
     if plan.temp_bytes > plan.budget_bytes:
         for sink in _over_budget_sinks:
             sink.append(OverBudgetPlan(op_desc, plan.temp_bytes, plan.budget_bytes))
