@@ -83,7 +83,7 @@ def test_does_not_fit_exit_3_prints_latency_and_shortfall(tmp_path, capsys):
     code = cli.main(["run", model, "--tiles-per-ipu", "4"])
     text = capsys.readouterr().out
     assert code == 3 and "shortfall" in text and f"{p['tile_memory']['shortfall_bytes']:,} B over" in text
-    assert "latency" in text and "Options   fp32, half partials" in text
+    assert "latency" in text and "Options   fp32, float partials" in text
 
 
 def test_no_plan_within_budget_warns_and_reports_not_fitting(tmp_path, capsys, monkeypatch):

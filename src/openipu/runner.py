@@ -82,9 +82,16 @@ class InferenceOptions:
         """Whether host I/O overlaps compute (explicitly asked, or I/O tiles and not refused)."""
         return bool(self.num_io_tiles) if self.overlap_io is None else bool(self.overlap_io)
 
+    @property
+    def effective_partials_type(self) -> str:
+        """The partials type matmuls and convolutions use: float for an fp32 model (PopLibs
+        accumulates float inputs in float whatever is asked), else ``partials_type``."""
+        return "float" if self.precision == "fp32" else self.partials_type
+
     def as_applied(self) -> dict:
-        """The options as applied, for printing and JSON (``overlap_io`` resolved)."""
-        return {"precision": self.precision, "partials_type": self.partials_type,
+        """The options as applied, for printing and JSON (``overlap_io`` resolved, the partials
+        type the model uses)."""
+        return {"precision": self.precision, "partials_type": self.effective_partials_type,
                 "available_memory_proportion": float(self.available_memory_proportion),
                 "num_io_tiles": int(self.num_io_tiles), "overlap_io": self.overlapped,
                 "batches_per_step": int(self.batches_per_step), "prefetch": bool(self.prefetch)}
@@ -93,7 +100,7 @@ class InferenceOptions:
         """One line naming every assumption (printed with each prediction)."""
         io = (f"{self.num_io_tiles} I/O tiles per IPU, host I/O {'overlapped' if self.overlapped else 'not overlapped'}"
               if self.num_io_tiles else "no I/O tiles, host I/O not overlapped")
-        return (f"{self.precision}, {self.partials_type} partials, available memory proportion "
+        return (f"{self.precision}, {self.effective_partials_type} partials, available memory proportion "
                 f"{self.available_memory_proportion:g}, {io}, batches per step {self.batches_per_step}"
                 f"{', prefetch' if self.prefetch else ''}")
 
