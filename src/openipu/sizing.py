@@ -95,7 +95,8 @@ class Point:
         """The point as a table / CSV row (predicted IPU figures and the host seconds)."""
         s, r = self.spec, self.run
         row = {"batch": s.batch, "ipu": s.ipu, "num_ipus": s.num_ipus, "precision": s.precision,
-               "partials_type": s.partials_type, "available_memory_proportion": s.available_memory_proportion,
+               "partials_type": s.partials_type if s.precision != "fp32" else "float",     # as used
+               "available_memory_proportion": s.available_memory_proportion,
                "num_io_tiles": s.num_io_tiles, "host_seconds": round(self.host_seconds, 3)}
         if r is None:
             row.update({"fits": "error", "latency_ms": "", "throughput": "", "worst_tile_bytes": "", "tile_use": "",
