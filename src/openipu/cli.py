@@ -149,6 +149,9 @@ def _report(args) -> int:
 def _print_run(res, out) -> None:
     w = lambda s="": print(s, file=out)  # noqa: E731
     w(f"Model     {res.model_path}  ({res.num_nodes} nodes)")
+    from openipu.runner import PLACEHOLDER_NOTE, is_placeholder
+    if is_placeholder(res.model_path):
+        w(f"          ({PLACEHOLDER_NOTE})")
     io = (f" ({res.compute_tiles_per_ipu:,} compute + {res.options.num_io_tiles:,} I/O)"
           if res.options.num_io_tiles else "")
     w(f"Target    {res.target}: {res.num_ipus} IPU(s) x {res.tiles_per_ipu:,} tiles{io}, {_kib(res.bytes_per_tile)} "

@@ -12,6 +12,7 @@ Two kinds of figures come out, and they are kept apart everywhere:
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -273,6 +274,22 @@ def _gib(b: float) -> str:
 def light_model_dir() -> Path:
     """Directory of the light models inside the installed ``onnx`` package."""
     return Path(onnx.__file__).resolve().parent / "backend" / "test" / "data" / "light"
+
+
+#: Printed with every run of a bundled light model: its outputs mean nothing.
+PLACEHOLDER_NOTE = ("a placeholder: the onnx package's light model, whose weights are all one constant "
+                    "(ConstantOfShape), so its outputs mean nothing (about the same for any input); its shapes, memory and predicted "
+                    "time are those of the real model. For a model with real weights see `make demo`")
+
+
+def is_placeholder(model_path) -> bool:
+    """True for a bundled light model (:data:`LIGHT_MODELS`): constant weights, so its outputs are
+    not meaningful; only its shapes, memory and predicted time are."""
+    try:
+        p = Path(model_path).resolve()
+        return p.parent == light_model_dir().resolve() and p.stem in LIGHT_MODELS
+    except (OSError, ValueError):
+        return False
 
 
 def resolve_model(name_or_path: str) -> Path:
@@ -805,6 +822,10 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     if report_dir:
         res.summary_report = session.getSummaryReport()
         Path(report_dir, "summary.txt").write_text(res.summary_report)
+        # what the report cannot read off the graph: the run's batch, precision and mode
+        Path(report_dir, "run.json").write_text(json.dumps({
+            "model": str(path), "ipu": ipu, "num_ipus": res.num_ipus, "batch_size": batch,
+            "offline": bool(offline), **iopts.as_applied()}, indent=1))
     return res
 
 
