@@ -71,7 +71,8 @@ class PointSpec:
                 self.num_io_tiles)
 
     def series_label(self) -> str:
-        return (f"{self.ipu} x{self.num_ipus} {self.precision} {self.partials_type} partials, "
+        partials = "float" if self.precision == "fp32" else self.partials_type     # as used
+        return (f"{self.ipu} x{self.num_ipus} {self.precision} {partials} partials, "
                 f"AMP {self.available_memory_proportion:g}" + (f", {self.num_io_tiles} I/O tiles"
                                                                if self.num_io_tiles else ""))
 
@@ -503,10 +504,18 @@ def sweep_main(args) -> int:
     specs = [PointSpec(b, *c.others()) for c in combos for b in batches]
     bar = _bar(len(specs))
 
+    done = [0]
+
     def progress(p: Point) -> None:
+        done[0] += 1
         if bar is not None:
             bar.update(1)
             bar.set_postfix_str(f"batch {p.spec.batch} {'fits' if p.fits else 'does not fit'}")
+        else:       # not a terminal: one line a point on stderr, so a long sweep shows where it is
+            what = (p.error or ("fits" if p.fits else "does not fit")
+                    + (f", {p.run.throughput:,.1f} samples/s (predicted)" if p.run else ""))
+            print(f"openipu sweep: point {done[0]}: batch {p.spec.batch}, {p.spec.series_label()}: {what} "
+                  f"(host {p.host_seconds:,.1f} s)", file=sys.stderr, flush=True)
     try:
         for s in (specs[0],) if specs else ():      # option ranges before any compile
             runner.check_options(ipu=s.ipu, num_ipus=s.num_ipus, batch_size=s.batch, precision=s.precision,
