@@ -166,6 +166,9 @@ class _SessionBase(rng_state.RngStateApi):
                 raise self._oom(e, lowered, opts) from None
             except poplar.poplar_error as e:
                 raise poplar_exception(str(e), e) from None
+            total = getattr(bar, "total", None)     # a tqdm bar (PopTorch's counts to 100 itself)
+            if bar and total is not None and bar.n < total:     # compiled: the bar ends at 100%
+                bar.update(total - bar.n)
         finally:
             if bar:
                 bar.close()
