@@ -1,7 +1,7 @@
 """Start-up hook that makes ``from tensorflow.python import ipu`` import :mod:`openipu.tensorflow`.
 
 Installed by ``openipu-tensorflow.pth`` (one ``import openipu_tf_hook`` line in site-packages, put
-there by ``pip install openipu[tensorflow]``'s wheel): it runs in every interpreter of the
+there by the openipu wheel, or by ``python -m openipu_tf_hook install`` for an editable install): it runs in every interpreter of the
 environment, so it imports nothing heavy (never TensorFlow) and only registers a
 :class:`importlib.abc.MetaPathFinder` that answers the single name ``tensorflow.python.ipu``.
 
@@ -10,17 +10,16 @@ It steps aside (answers ``None``) when Graphcore's own TensorFlow is installed, 
 variable ``OPENIPU_TF_HOOK=0`` is set.
 """
 
-import importlib.abc
-import importlib.util
 import os
 import sys
 
 _NAME = "tensorflow.python.ipu"
 
 
-class IpuImportFinder(importlib.abc.MetaPathFinder):
+class IpuImportFinder:
     """Finds ``tensorflow.python.ipu`` in ``openipu/tensorflow`` (a real package directory, so its
-    submodules ``config``, ``ipu_strategy``, ... load under Graphcore's module names)."""
+    submodules ``config``, ``ipu_strategy``, ... load under Graphcore's module names). A
+    ``MetaPathFinder`` by protocol: importing ``importlib.abc`` at start-up would cost ~0.1 s."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != _NAME or os.environ.get("OPENIPU_TF_HOOK") == "0":
@@ -28,6 +27,7 @@ class IpuImportFinder(importlib.abc.MetaPathFinder):
         for p in path or ():
             if os.path.isdir(os.path.join(p, "ipu")):      # Graphcore's TensorFlow: use it
                 return None
+        import importlib.util
         spec = importlib.util.find_spec("openipu")
         if spec is None or not spec.submodule_search_locations:
             return None
@@ -42,4 +42,22 @@ def install() -> None:
         sys.meta_path.insert(0, IpuImportFinder())
 
 
+def write_pth(site_dir: str = None) -> str:
+    """Write ``openipu-tensorflow.pth`` into ``site_dir`` (default: this environment's
+    site-packages) and return its path. Wheels ship the file; an editable install (``pip
+    install -e``) does not, so ``make test-tensorflow`` runs ``python -m openipu_tf_hook install``."""
+    import sysconfig
+    path = os.path.join(site_dir or sysconfig.get_paths()["purelib"], "openipu-tensorflow.pth")
+    with open(path, "w") as f:
+        f.write("import openipu_tf_hook\n")
+    return path
+
+
 install()
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["install"]:
+        print(write_pth())
+    else:
+        print("usage: python -m openipu_tf_hook install   (writes openipu-tensorflow.pth into site-packages)")
+        sys.exit(2)
