@@ -69,8 +69,8 @@ def _lr(opt) -> float:
 
 def popart_optimizer(opt):
     """PopART's optimizer for a Keras optimizer: ``SGD`` (momentum, nesterov) → ``popart.SGD``;
-    ``Adam`` → ``popart.Adam``; ``RMSprop`` → ``popart.Adaptive`` (RMSProp). The learning rate
-    is non-const (updated from the host each execution: learning-rate schedules work). Raises
+    ``Adam`` → ``popart.Adam``; ``RMSprop`` → ``popart.Adaptive`` (RMSProp, TF variant: epsilon
+    inside the root). The learning rate is non-const (updated from the host each execution: learning-rate schedules work). Raises
     ``NotImplementedError`` for other optimizers and for ``weight_decay``, ``clipnorm``,
     ``clipvalue``, ``global_clipnorm``, ``amsgrad``, ``use_ema``."""
     import keras
@@ -96,7 +96,7 @@ def popart_optimizer(opt):
         return popart.Adaptive({"defaultLearningRate": (lr, False), "defaultAlpha": (float(cfg["rho"]), True),
                                 "defaultEps": (float(cfg["epsilon"]), True),
                                 "defaultMomentum": (float(cfg.get("momentum", 0.0)), True)},
-                               mode=popart.AdaptiveMode.RMSProp)
+                               mode=popart.AdaptiveMode.RMSProp, rmsprop_tf_variant=True)
     raise NotImplementedError(f"the Keras optimizer {type(opt).__name__} on the IPU (supported: SGD, Adam, RMSprop)")
 
 
