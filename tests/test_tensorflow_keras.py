@@ -34,7 +34,8 @@ def _data(n=64, seed=0):
     return rng.normal(size=(n, 8)).astype(np.float32), rng.integers(0, 3, (n,)).astype(np.int32)
 
 
-def _train(on_ipu, opt, loss, epochs=2, batch_size=8, spe=2, logits=False, ga=None, n_ipus=1, y=None):
+def _train(on_ipu, opt, loss, epochs=2, batch_size=8, spe=2, logits=False, ga=None, n_ipus=1, y=None,
+           ga_reduction="sum"):
     x, yy = _data()
     y = yy if y is None else y
     if on_ipu:
@@ -44,7 +45,8 @@ def _train(on_ipu, opt, loss, epochs=2, batch_size=8, spe=2, logits=False, ga=No
             model = _mlp(logits=logits)
             model.compile(optimizer=opt, loss=loss, metrics=["accuracy"], steps_per_execution=spe)
             if ga:
-                model.set_gradient_accumulation_options(gradient_accumulation_steps_per_replica=ga)
+                model.set_gradient_accumulation_options(gradient_accumulation_steps_per_replica=ga,
+                                                        gradient_accumulation_reduction_method=ga_reduction)
             hist = model.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0)
             ev = model.evaluate(x, y, batch_size=batch_size, verbose=0)
             pred = model.predict(x, batch_size=batch_size, verbose=0)
@@ -98,6 +100,15 @@ def test_gradient_accumulation_sums_the_micro_batch_gradients():
     for a, b in zip(dev[0].get_weights(), cpu[0].get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     assert int(dev[0].optimizer.iterations) == 4
+
+
+def test_gradient_accumulation_mean():
+    dev = _train(True, keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy", spe=4, ga=2, epochs=1,
+                 ga_reduction=ipu.gradient_accumulation.GradientAccumulationReductionMethod.MEAN)
+    cpu = _train(False, keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy", spe=1, batch_size=16,
+                 epochs=1)
+    for a, b in zip(dev[0].get_weights(), cpu[0].get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_two_ipus_replicate_the_model():

@@ -107,11 +107,12 @@ class IpuProgram:
     ``mode``: ``"train"`` (forward, loss, backward, optimizer), ``"eval"`` (forward and loss) or
     ``"predict"`` (forward). ``batch``: the micro-batch size per replica; ``steps``: micro-batches
     per replica per run (``steps_per_execution``); ``accumulation`` (training) divides ``steps``;
-    ``replicas`` and ``ipus_per_replica`` size the device.
+    ``replicas`` and ``num_ipus`` size the device; ``mean_accumulation`` averages the accumulated
+    gradients (Graphcore's ``MEAN`` / ``RUNNING_MEAN``) instead of summing them (``SUM``).
     """
 
     def __init__(self, captured, mode, batch, steps, loss=None, optimizer=None, accumulation=1, replicas=1,
-                 num_ipus=1, label_shape=None):
+                 num_ipus=1, label_shape=None, mean_accumulation=False):
         from ._capture import set_training
         self.captured, self.mode, self.batch, self.steps = captured, mode, batch, steps
         self.accumulation, self.replicas = accumulation, replicas
@@ -139,6 +140,8 @@ class IpuProgram:
         if accumulation > 1:
             opts.enableGradientAccumulation = True
             opts.accumulationFactor = accumulation
+            if mean_accumulation:
+                opts.accumulationAndReplicationReductionType = popart.ReductionType.Mean
         if replicas > 1:
             opts.enableReplicatedGraphs = True
             opts.replicatedGraphCount = replicas

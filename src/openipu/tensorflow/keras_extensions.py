@@ -278,8 +278,13 @@ def _program(model, mode, data, spe, replicas, ga):
     opt = popart_optimizer(model.optimizer) if mode == "train" else None
     sysm = _config._system()
     n_ipus = sysm.num_ipus if sysm is not None else 1
+    mean = mode == "train" and ga > 1 and st["ga_reduction"] != GradientAccumulationReductionMethod.SUM
+    if mean and replicas > 1:
+        raise NotImplementedError("gradient_accumulation_reduction_method MEAN / RUNNING_MEAN with replication on the "
+                                  "IPU (PopART's mean reduction would also average over the replicas)")
     prog = IpuProgram(cap, mode, bs, spe, loss=loss, optimizer=opt, accumulation=ga, replicas=replicas,
-                      num_ipus=max(n_ipus, replicas), label_shape=None if y0 is None else y0.shape)
+                      num_ipus=max(n_ipus, replicas), label_shape=None if y0 is None else y0.shape,
+                      mean_accumulation=mean)
     st["programs"][key] = prog
     return prog
 
