@@ -122,6 +122,66 @@ def test_two_ipus_replicate_the_model():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+def _staged_mlp(n_ipus, ga=4, assign=False):
+    keras.utils.set_random_seed(3)
+    inp = keras.Input((8,))
+    if assign:
+        x = keras.layers.Dense(16, activation="relu")(inp)
+        out = keras.layers.Dense(3, activation="softmax")(x)
+        model = keras.Model(inp, out)
+        model.set_pipeline_stage_assignment([0, 1])
+    else:
+        with keras.ipu.PipelineStage(0):
+            x = keras.layers.Dense(16, activation="relu")(inp)
+        with keras.ipu.PipelineStage(1):
+            out = keras.layers.Dense(3, activation="softmax")(x)
+        model = keras.Model(inp, out)
+    if ga:
+        model.set_pipelining_options(gradient_accumulation_steps_per_replica=ga,
+                                     pipeline_schedule=ipu.ops.pipelining_ops.PipelineSchedule.Grouped)
+    return model
+
+
+@pytest.mark.parametrize("assign", [False, True])
+def test_pipelined_model_over_two_ipus_matches_cpu(assign):
+    """Two stages (``keras.ipu.PipelineStage`` or ``set_pipeline_stage_assignment``) on 2 IPUs,
+    GA 4: PopART's pipeline; the weights equal CPU Keras with batches of 32 at 4x the rate."""
+    x, y = _data()
+    _configure(2)
+    strategy = ipu.ipu_strategy.IPUStrategy()
+    with strategy.scope():
+        model = _staged_mlp(2, assign=assign)
+        assert model.get_pipeline_stage_assignment() == [0, 1]
+        model.compile(keras.optimizers.SGD(0.025), "sparse_categorical_crossentropy", steps_per_execution=8)
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        ev = model.evaluate(x, y, batch_size=8, verbose=0)
+    cpu = _mlp()
+    cpu.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    cpu.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(model.get_weights(), cpu.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ev, cpu.evaluate(x, y, batch_size=8, verbose=0), rtol=1e-4)
+    assert model.ipu_predicted_seconds["cycles"] > 0
+
+
+def test_pipeline_configuration_errors():
+    x, y = _data()
+    _configure(1)
+    strategy = ipu.ipu_strategy.IPUStrategy()
+    with strategy.scope():
+        model = _staged_mlp(1, ga=None)
+        model.compile("sgd", "sparse_categorical_crossentropy", steps_per_execution=8)
+        with pytest.raises(ValueError, match="Current device has 1 IPUs attached, however the current model requires "
+                                             "a multiple of 2 IPUs."):
+            model.fit(x, y, batch_size=8)
+        _configure(2)
+        with pytest.raises(ValueError, match=r"is pipelined, however `gradient_accumulation_steps_per_replica` has not "
+                                             r"been set through `set_pipelining_options\(\)`"):
+            model.fit(x, y, batch_size=8)
+        with pytest.raises(ValueError, match=r"The size of the provided `pipeline_stage_assignment` \(1\)"):
+            model.set_pipeline_stage_assignment([0])
+
+
 def _ipu_model(spe=1):
     _configure(1)
     strategy = ipu.ipu_strategy.IPUStrategy()

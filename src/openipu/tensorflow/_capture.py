@@ -84,15 +84,26 @@ def capture(model, input_shape, input_dtype="float32", opset: int = 17) -> Captu
         drop_rates.append(float(layer.rate))
         return tf.multiply(inputs, tf.constant(_MARK0 - (len(drop_rates) - 1), dtype=inputs.dtype))
 
+    orig_layer_call = keras.layers.Layer.__call__
+
+    def staged_call(layer, *args, **kwargs):
+        stage = getattr(layer, "_openipu_stage", None)
+        if stage is None:
+            return orig_layer_call(layer, *args, **kwargs)
+        with tf.name_scope(f"{STAGE_SCOPE}{stage}"):
+            return orig_layer_call(layer, *args, **kwargs)
+
     spec = [tf.TensorSpec(tuple(input_shape), tf.as_dtype(input_dtype), name="x")]
     fn = tf.function(lambda x: model(x, training=False))
     try:
+        keras.layers.Layer.__call__ = staged_call
         for v, (_, _, s) in zip(variables, sentinels):
             if v.dtype in ("float32", "float16", "bfloat16", "float64"):
                 v.assign(s.astype(v.dtype))
         keras.layers.Dropout.call = marked_call
         proto, _ = tf2onnx.convert.from_function(fn, input_signature=spec, opset=opset)
     finally:
+        keras.layers.Layer.__call__ = orig_layer_call
         keras.layers.Dropout.call = orig_call
         for v, val in zip(variables, saved):
             v.assign(val)
@@ -149,6 +160,32 @@ def _rewrite(proto, variables, saved, sentinels, drop_rates) -> Captured:
 
 
 DROPOUT_TRAINING = "openipu_dropout_training_mode"
+STAGE_SCOPE = "openipu_pipeline_stage_"
+
+
+def node_stages(model: onnx.ModelProto) -> list:
+    """The pipeline stage of every node of a captured model (``None`` when the model has no
+    stages): a layer's stage is in its ops' name scope (``openipu_pipeline_stage_<n>/``); other
+    nodes (layout transposes, reshapes tf2onnx added) take the latest stage of their inputs, and
+    nodes with no staged input (constants, the input's reshape) the earliest stage of their
+    consumers."""
+    import re
+    nodes = list(model.graph.node)
+    tagged = [re.search(STAGE_SCOPE + r"(\d+)/", n.name) for n in nodes]
+    if not any(tagged):
+        return [None] * len(nodes)
+    stage = [int(t.group(1)) if t else None for t in tagged]
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output}
+    for i, n in enumerate(nodes):
+        if stage[i] is None:
+            ins = [stage[producer[x]] for x in n.input if x in producer and stage[producer[x]] is not None]
+            stage[i] = max(ins) if ins else None
+    for i in reversed(range(len(nodes))):
+        if stage[i] is None:
+            outs = {o for o in nodes[i].output}
+            cons = [stage[j] for j, m in enumerate(nodes) if outs & set(m.input) and stage[j] is not None]
+            stage[i] = min(cons) if cons else 0
+    return stage
 
 
 def _replace_dropout_markers(nodes, values, drop_rates):
@@ -170,7 +207,7 @@ def _replace_dropout_markers(nodes, values, drop_rates):
                     out.append(helper.make_node("Constant", [], [rid], value=numpy_helper.from_array(
                         np.array(drop_rates[i], np.float32), rid)))
                     out.append(helper.make_node("Dropout", [n.input[1 - k], rid, DROPOUT_TRAINING], [n.output[0]],
-                                                name=f"dropout_{i}"))
+                                                name=n.name or f"dropout_{i}"))
                     found += 1
                     break
             else:

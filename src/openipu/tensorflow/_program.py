@@ -112,13 +112,29 @@ class IpuProgram:
     """
 
     def __init__(self, captured, mode, batch, steps, loss=None, optimizer=None, accumulation=1, replicas=1,
-                 num_ipus=1, label_shape=None, mean_accumulation=False):
-        from ._capture import set_training
+                 num_ipus=1, label_shape=None, mean_accumulation=False, device_mapping=None):
+        from ._capture import node_stages, set_training
         self.captured, self.mode, self.batch, self.steps = captured, mode, batch, steps
         self.accumulation, self.replicas = accumulation, replicas
         self.loss_kind = loss
         train = mode == "train"
-        builder = popart.Builder(set_training(captured.model, train).SerializeToString())
+        proto = set_training(captured.model, train)
+        stages = node_stages(proto)
+        pipelined = stages[0] is not None if stages else False
+        last_ipu = last_stage = 0
+        if pipelined:
+            from onnx import helper
+            mapping = device_mapping or list(range(max(stages) + 1))
+            for node, st in zip(proto.graph.node, stages):
+                node.attribute.append(helper.make_attribute("__pipeline_stage", int(st)))
+                node.attribute.append(helper.make_attribute("__ipu_number", int(mapping[st])))
+            last_stage = max(stages)
+            last_ipu = mapping[last_stage]
+        self.pipelined = pipelined
+        builder = popart.Builder(proto.SerializeToString())
+        ctx = [builder.virtualGraph(last_ipu), builder.pipelineStage(last_stage)] if pipelined else []
+        for c in ctx:
+            c.__enter__()
         out = captured.output
         anchors = {}
         self.loss_id = None
@@ -135,6 +151,8 @@ class IpuProgram:
                                                                 reduction=popart.ReductionType.Mean)
             self.label = label
             anchors[self.loss_id] = popart.AnchorReturnType("ALL")
+        for c in reversed(ctx):
+            c.__exit__(None, None, None)
         anchors[out] = popart.AnchorReturnType("ALL")
         opts = popart.SessionOptions()
         if accumulation > 1:
@@ -142,6 +160,9 @@ class IpuProgram:
             opts.accumulationFactor = accumulation
             if mean_accumulation:
                 opts.accumulationAndReplicationReductionType = popart.ReductionType.Mean
+        if pipelined:
+            opts.enablePipelining = True
+            opts.virtualGraphMode = popart.VirtualGraphMode.Manual
         if replicas > 1:
             opts.enableReplicatedGraphs = True
             opts.replicatedGraphCount = replicas

@@ -94,16 +94,28 @@ def set_pipelining_options(self, gradient_accumulation_steps_per_replica=None, d
 
 
 def set_pipeline_stage_assignment(self, pipeline_stage_assignment):
-    """Record the stage of every layer (a list of ints or assignment objects)."""
-    _state(self)["stage_assignment"] = list(pipeline_stage_assignment)
+    """The stage of every layer (not the input layers), in ``model.layers`` order: ints or
+    objects with a ``pipeline_stage``. Raises ``ValueError`` when the length differs."""
+    layers = _staged_layers(self)
+    stages = [int(getattr(a, "pipeline_stage", a)) for a in pipeline_stage_assignment]
+    if len(stages) != len(layers):
+        raise ValueError(f"The size of the provided `pipeline_stage_assignment` ({len(stages)}) does not match the "
+                         f"number of layers in the model (currently {len(layers)}). Each layer in a model must be "
+                         "assigned to a pipeline stage.")
+    for lay, st in zip(layers, stages):
+        object.__setattr__(lay, "_openipu_stage", st)
+    _state(self)["stage_assignment"] = stages
     _invalidate(self)
 
 
 def get_pipeline_stage_assignment(self):
-    return _state(self)["stage_assignment"]
+    """The stage of every layer (``model.layers`` order, input layers left out) or ``None``s."""
+    return [getattr(lay, "_openipu_stage", None) for lay in _staged_layers(self)]
 
 
 def reset_pipeline_stage_assignment(self):
+    for lay in _staged_layers(self):
+        object.__setattr__(lay, "_openipu_stage", None)
     _state(self)["stage_assignment"] = None
     _invalidate(self)
 
@@ -230,33 +242,66 @@ def _plan(model, data, steps, spe, replicas, what):
     return per, spe
 
 
+def _shards(model) -> int:
+    """IPUs per replica: the pipeline's ``max(device_mapping) + 1`` (or stage count), else 1."""
+    st = _state(model)
+    stages = _layer_stages(model)
+    if not stages:
+        return 1
+    mapping = (st["pipelining"] or {}).get("device_mapping")
+    return (max(mapping) if mapping else max(stages)) + 1
+
+
+def _layer_stages(model) -> list:
+    return [s for s in (getattr(lay, "_openipu_stage", None) for lay in _staged_layers(model)) if s is not None]
+
+
+def _staged_layers(model):
+    import keras
+    return [lay for lay in getattr(model, "layers", []) if not isinstance(lay, keras.layers.InputLayer)]
+
+
+def _next_pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
 def _replicas(model) -> int:
     sysm = _config._system()
     n = sysm.num_ipus if sysm is not None else 1
-    shards = 1
-    if n % shards:
+    shards = _shards(model)
+    if n % _next_pow2(shards) or n < shards:
         raise ValueError(f"Current device has {n} IPUs attached, however the current model requires a multiple of "
-                         f"{shards} IPUs.")
-    return max(1, n // shards)
+                         f"{_next_pow2(shards)} IPUs.")
+    return max(1, n // _next_pow2(shards))
 
 
 def _check_model(model):
     if model.run_eagerly:
         raise RuntimeError("Keras models cannot run eagerly when using `IPUStrategy`. Set `run_eagerly=False` when "
                            "calling `compile`.")
-    st = _state(model)
-    if st["pipelining"] is not None or st["stage_assignment"] is not None or _has_stages(model):
-        if (st["pipelining"] or {}).get("ga") is None:
-            raise ValueError("The model which you are attempting to train is pipelined, however "
-                             "`gradient_accumulation_steps_per_replica` has not been set through "
-                             "`set_pipelining_options()`. You need to set this value as pipelined models will perform "
-                             "gradient accumulation when training.")
-        raise NotImplementedError("pipelined Keras models on the simulated IPU (openipu runs unpipelined, replicated "
-                                  "and gradient-accumulated Keras models so far)")
+    layers = _staged_layers(model)
+    staged = [getattr(lay, "_openipu_stage", None) is not None for lay in layers]
+    if any(staged) and not all(staged):
+        lay = layers[staged.index(False)]
+        raise ValueError(f"All layers of a pipelined model must have an associated pipeline stage. However, {lay.name} "
+                         "has not been assigned to one. Pipeline stages can be assigned when a layer is constructed, "
+                         "or each time a layer is called. Different pipeline stages can assigned to each call.")
 
 
-def _has_stages(model):
-    return any(getattr(lay, "_pipeline_stage", None) is not None for lay in getattr(model, "layers", []))
+def _pipeline_ga(model, training: bool):
+    """The gradient accumulation of a pipelined model (``None`` when not pipelined)."""
+    if not _layer_stages(model):
+        return None
+    ga = (_state(model)["pipelining"] or {}).get("ga")
+    if ga is None and training:
+        raise ValueError("The model which you are attempting to train is pipelined, however "
+                         "`gradient_accumulation_steps_per_replica` has not been set through "
+                         "`set_pipelining_options()`. You need to set this value as pipelined models will perform "
+                         "gradient accumulation when training.")
+    return ga
 
 
 def _program(model, mode, data, spe, replicas, ga):
@@ -283,8 +328,8 @@ def _program(model, mode, data, spe, replicas, ga):
         raise NotImplementedError("gradient_accumulation_reduction_method MEAN / RUNNING_MEAN with replication on the "
                                   "IPU (PopART's mean reduction would also average over the replicas)")
     prog = IpuProgram(cap, mode, bs, spe, loss=loss, optimizer=opt, accumulation=ga, replicas=replicas,
-                      num_ipus=max(n_ipus, replicas), label_shape=None if y0 is None else y0.shape,
-                      mean_accumulation=mean)
+                      num_ipus=max(n_ipus, replicas * _shards(model)), label_shape=None if y0 is None else y0.shape,
+                      mean_accumulation=mean, device_mapping=(st["pipelining"] or {}).get("device_mapping"))
     st["programs"][key] = prog
     return prog
 
@@ -327,7 +372,9 @@ def ipu_fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", ca
     if validation_split or class_weight is not None or sample_weight is not None:
         raise NotImplementedError("validation_split, class_weight and sample_weight in fit on the IPU")
     st = _state(model)
-    replicas, ga = _replicas(model), st["ga"]
+    replicas = _replicas(model)
+    pga = _pipeline_ga(model, True)
+    ga = pga if pga is not None else st["ga"]
     data = _Data(x, y, batch_size, steps_per_epoch, shuffle, "fit")
     spe_req = int(model.steps_per_execution)
     if spe_req == 1:
@@ -336,7 +383,8 @@ def ipu_fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", ca
                     model.name)
     per, spe = _plan(model, data, steps_per_epoch, spe_req, replicas, "fit")
     if spe % ga:
-        raise RuntimeError("The model has been configured to use gradient accumulation for training, however the "
+        raise RuntimeError(f"The {'pipelined ' if pga is not None else ''}model has been configured to use gradient "
+                           "accumulation for training, however the "
                            f"current `steps_per_execution` value (set to {spe}) is not divisible by "
                            f"`gradient_accumulation_steps_per_replica` ({ga}). You need to adjust either "
                            "`steps_per_execution` or`gradient_accumulation_steps_per_replica` to make sure that "
@@ -489,3 +537,15 @@ def install():
     keras.Model.compile = _compile
     for name, f in _METHODS.items():
         setattr(keras.Model, name, f)
+    _ORIG["layer_call"] = keras.layers.Layer.__call__
+
+    def layer_call(layer, *args, **kwargs):
+        # keras.ipu.PipelineStage: a layer called inside gets the stage (the call site wins)
+        import tensorflow as tf
+        from .ipu_strategy import IPUStrategyV1
+        if tf.distribute.has_strategy():
+            s = tf.distribute.get_strategy()
+            if isinstance(s, IPUStrategyV1) and s._pipeline_stage is not None:
+                object.__setattr__(layer, "_openipu_stage", s._pipeline_stage)
+        return _ORIG["layer_call"](layer, *args, **kwargs)
+    keras.Layer.__call__ = layer_call
