@@ -109,10 +109,13 @@ class IpuProgram:
     per replica per run (``steps_per_execution``); ``accumulation`` (training) divides ``steps``;
     ``replicas`` and ``num_ipus`` size the device; ``mean_accumulation`` averages the accumulated
     gradients (Graphcore's ``MEAN`` / ``RUNNING_MEAN``) instead of summing them (``SUM``).
+    A staged model is pipelined over ``device_mapping`` (``sequential``: Graphcore's
+    ``PipelineSchedule.Sequential``, the stages run one after another: sharding, no overlap).
     """
 
     def __init__(self, captured, mode, batch, steps, loss=None, optimizer=None, accumulation=1, replicas=1,
-                 num_ipus=1, label_shape=None, mean_accumulation=False, device_mapping=None):
+                 num_ipus=1, label_shape=None, mean_accumulation=False, device_mapping=None,
+                 sequential=False):
         from ._capture import node_stages, set_training
         self.captured, self.mode, self.batch, self.steps = captured, mode, batch, steps
         self.accumulation, self.replicas = accumulation, replicas
@@ -126,13 +129,16 @@ class IpuProgram:
             from onnx import helper
             mapping = device_mapping or list(range(max(stages) + 1))
             for node, st in zip(proto.graph.node, stages):
-                node.attribute.append(helper.make_attribute("__pipeline_stage", int(st)))
+                if not sequential:
+                    node.attribute.append(helper.make_attribute("__pipeline_stage", int(st)))
                 node.attribute.append(helper.make_attribute("__ipu_number", int(mapping[st])))
             last_stage = max(stages)
             last_ipu = mapping[last_stage]
         self.pipelined = pipelined
         builder = popart.Builder(proto.SerializeToString())
-        ctx = [builder.virtualGraph(last_ipu), builder.pipelineStage(last_stage)] if pipelined else []
+        ctx = [builder.virtualGraph(last_ipu)] if pipelined else []
+        if pipelined and not sequential:
+            ctx.append(builder.pipelineStage(last_stage))
         for c in ctx:
             c.__enter__()
         out = captured.output
@@ -161,7 +167,7 @@ class IpuProgram:
             if mean_accumulation:
                 opts.accumulationAndReplicationReductionType = popart.ReductionType.Mean
         if pipelined:
-            opts.enablePipelining = True
+            opts.enablePipelining = not sequential
             opts.virtualGraphMode = popart.VirtualGraphMode.Manual
         if replicas > 1:
             opts.enableReplicatedGraphs = True

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import config as _config
 from .gradient_accumulation import GradientAccumulationReductionMethod
+from .ops.pipelining_ops import PipelineSchedule
 
 logger = logging.getLogger("tensorflow.python.ipu")
 
@@ -329,9 +330,15 @@ def _program(model, mode, data, spe, replicas, ga):
                                   "IPU (PopART's mean reduction would also average over the replicas)")
     prog = IpuProgram(cap, mode, bs, spe, loss=loss, optimizer=opt, accumulation=ga, replicas=replicas,
                       num_ipus=max(n_ipus, replicas * _shards(model)), label_shape=None if y0 is None else y0.shape,
-                      mean_accumulation=mean, device_mapping=(st["pipelining"] or {}).get("device_mapping"))
+                      mean_accumulation=mean, device_mapping=(st["pipelining"] or {}).get("device_mapping"),
+                      sequential=_schedule(model) == PipelineSchedule.Sequential)
     st["programs"][key] = prog
     return prog
+
+
+def _schedule(model):
+    kw = (_state(model)["pipelining"] or {}).get("kwargs", {})
+    return PipelineSchedule(int(kw.get("pipeline_schedule", PipelineSchedule.Grouped)))
 
 
 def _take_sample(self):
