@@ -22,9 +22,9 @@ pytestmark = [pytest.mark.tutorial,
                                  reason="set OPENIPU_GRAPHCORE_EXAMPLES to a graphcore/examples checkout")]
 
 
-def _run(script, *args):
+def _run(script, *args, sizes=("--train", "640", "--test", "128")):
     p = subprocess.run([sys.executable, str(ROOT / "examples" / "tensorflow2" / "run_keras_tutorial.py"),
-                        str(KERAS / script), "--", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        str(KERAS / script), *sizes, "--", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, cwd=str((KERAS / script).parent))
     assert p.returncode == 0, p.stdout[-4000:]
     assert "Program ran successfully" in p.stdout
@@ -35,7 +35,10 @@ def _run(script, *args):
                                     "completed_demos/completed_demo_replicated.py",
                                     "completed_demos/completed_demo_pipelining.py"])
 def test_completed_demos(script):
-    _run(script)
+    # the pipelined demo makes steps_per_execution a multiple of its GA (8) per replica (2): at
+    # least 64 x 2 x 8 images in each set
+    _run(script, sizes=("--train", "1024", "--test", "1024") if "pipelining" in script else ("--train", "640",
+                                                                                               "--test", "128"))
 
 
 @pytest.mark.parametrize("args", [[], ["--use-ipu"], ["--use-ipu", "--pipelining"]])
