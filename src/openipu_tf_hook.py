@@ -1,7 +1,8 @@
 """Start-up hook that makes ``from tensorflow.python import ipu`` import :mod:`openipu.tensorflow`.
 
 Installed by ``openipu-tensorflow.pth`` (one ``import openipu_tf_hook`` line in site-packages, put
-there by the openipu wheel, or by ``python -m openipu_tf_hook install`` for an editable install): it runs in every interpreter of the
+there by the openipu wheel, or by ``python -m openipu_tf_hook install`` for an editable install):
+it runs in every interpreter of the
 environment, so it imports nothing heavy (never TensorFlow) and only registers a
 :class:`importlib.abc.MetaPathFinder` that answers the single name ``tensorflow.python.ipu``.
 
@@ -42,7 +43,7 @@ def install() -> None:
         sys.meta_path.insert(0, IpuImportFinder())
 
 
-def write_pth(site_dir: str = None) -> str:
+def write_pth(site_dir=None) -> str:
     """Write ``openipu-tensorflow.pth`` into ``site_dir`` (default: this environment's
     site-packages) and return its path. Wheels ship the file; an editable install (``pip
     install -e``) does not, so ``make test-tensorflow`` runs ``python -m openipu_tf_hook install``."""

@@ -133,7 +133,8 @@ def test_feeds_and_loops():
     import numpy as np
     import tensorflow as tf
     ds = tf.data.Dataset.from_tensor_slices(np.arange(8, dtype=np.float32)).batch(3)
-    with pytest.raises(ValueError, match=r"is not fully defined. If using tf.Dataset.batch, set `drop_remainder=True`."):
+    with pytest.raises(ValueError,
+                       match=r"is not fully defined. If using tf.Dataset.batch, set `drop_remainder=True`."):
         ipu.ipu_infeed_queue.IPUInfeedQueue(ds)
     infeed = ipu.ipu_infeed_queue.IPUInfeedQueue(
         tf.data.Dataset.from_tensor_slices(np.arange(8, dtype=np.float32)).batch(2, drop_remainder=True))

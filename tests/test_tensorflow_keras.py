@@ -81,7 +81,7 @@ def test_mlp_fit_evaluate_predict_match_cpu_keras(make_opt, loss, logits, tol):
 
 
 def test_categorical_crossentropy_on_one_hot_labels_and_mse():
-    x, y = _data()
+    _, y = _data()
     one_hot = np.eye(3, dtype=np.float32)[y]
     cpu = _train(False, keras.optimizers.SGD(0.1), "categorical_crossentropy", y=one_hot)
     dev = _train(True, keras.optimizers.SGD(0.1), "categorical_crossentropy", y=one_hot)

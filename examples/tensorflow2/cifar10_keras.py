@@ -11,7 +11,6 @@ import argparse
 import contextlib
 
 import numpy as np
-import tensorflow as tf
 from tensorflow import keras
 
 
@@ -40,7 +39,7 @@ def main(argv=None):
     p.add_argument("--dropout", type=float, default=0.5, help="0 for runs that compare with the CPU loss for loss")
     args = p.parse_args(argv)
 
-    (x_train, y_train), (x_test, y_test) = keras.datasets.cifar10.load_data()
+    (x_train, y_train), _ = keras.datasets.cifar10.load_data()
     x_train = (x_train[:args.samples] / 255.0).astype(np.float32)
     y_train = y_train[:args.samples]
 

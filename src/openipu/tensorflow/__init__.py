@@ -36,7 +36,7 @@ def _alias_keras_ipu():
     _sys.modules.setdefault("tensorflow.keras.ipu", _keras_ipu)
 
 
-import keras as _keras  # noqa: E402  (keras.ipu must exist once ipu is imported)
+import keras as _keras  # noqa: E402,F401  (keras.ipu must exist once ipu is imported)
 import tensorflow.keras as _tf_keras  # noqa: E402,F401
 
 _alias_keras_ipu()

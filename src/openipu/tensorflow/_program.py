@@ -70,7 +70,8 @@ def _lr(opt) -> float:
 def popart_optimizer(opt):
     """PopART's optimizer for a Keras optimizer: ``SGD`` (momentum, nesterov) → ``popart.SGD``;
     ``Adam`` → ``popart.Adam``; ``RMSprop`` → ``popart.Adaptive`` (RMSProp, TF variant: epsilon
-    inside the root). The learning rate is non-const (updated from the host each execution: learning-rate schedules work). Raises
+    inside the root). The learning rate is non-const (updated from the host each execution:
+    learning-rate schedules work). Raises
     ``NotImplementedError`` for other optimizers and for ``weight_decay``, ``clipnorm``,
     ``clipvalue``, ``global_clipnorm``, ``amsgrad``, ``use_ema``."""
     import keras

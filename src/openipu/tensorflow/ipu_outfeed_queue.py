@@ -57,4 +57,4 @@ class IPUOutfeedQueue:
         out = self.dequeue()
         n = tf.nest.flatten(out)[0].shape[0]
         for i in range(n):
-            yield tf.nest.map_structure(lambda t: t[i], out)
+            yield tf.nest.map_structure(lambda t, i=i: t[i], out)

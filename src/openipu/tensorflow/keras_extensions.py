@@ -427,7 +427,7 @@ def ipu_fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", ca
             prog.weights_to_keras()
             model.optimizer.iterations.assign_add(spe // ga)
             _record_time(model, prog, spe)
-            for i, lv in enumerate(losses):
+            for lv in losses:
                 model._loss_tracker.update_state(float(lv), sample_weight=bs)
             logs = model.compute_metrics(xb, yb, out, None)
             logs = {k: float(v) for k, v in logs.items()}
