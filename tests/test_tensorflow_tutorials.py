@@ -43,6 +43,7 @@ def test_completed_demos(script):
 
 @pytest.mark.parametrize("args", [[], ["--use-ipu"], ["--use-ipu", "--pipelining"]])
 def test_completed_example(args):
-    out = _run("completed_example/main.py", *args)
+    # batch size 80; 2 replicas (or 2 stages) each need whole batches of the test set
+    out = _run("completed_example/main.py", *args, sizes=("--train", "1600", "--test", "800"))
     if args:
         assert "loss: " in out and "accuracy: " in out

@@ -130,6 +130,8 @@ class IpuProgram:
             from onnx import helper
             mapping = device_mapping or list(range(max(stages) + 1))
             for node, st in zip(proto.graph.node, stages):
+                if node.op_type == "Constant":      # extra attributes would break ONNX's Constant inference
+                    continue
                 if not sequential:
                     node.attribute.append(helper.make_attribute("__pipeline_stage", int(st)))
                 node.attribute.append(helper.make_attribute("__ipu_number", int(mapping[st])))
