@@ -164,6 +164,37 @@ def test_pipelined_model_over_two_ipus_matches_cpu(assign):
     assert model.ipu_predicted_seconds["cycles"] > 0
 
 
+@pytest.mark.slow
+def test_pipelined_conv_model_with_dropout_trains():
+    """A 1-channel conv net (tf2onnx reshapes its input; constants stay unannotated) in two
+    stages with a Dropout in the second: compiles, trains (6 weight updates move the weights) and
+    predicts."""
+    rng = np.random.default_rng(1)
+    x = rng.random((64, 8, 8, 1), dtype=np.float32)
+    y = (x.mean(axis=(1, 2, 3)) > 0.5).astype(np.int32)
+    _configure(2)
+    with ipu.ipu_strategy.IPUStrategy().scope():
+        keras.utils.set_random_seed(0)
+        inp = keras.Input((8, 8, 1))
+        with keras.ipu.PipelineStage(0):
+            h = keras.layers.Conv2D(4, 3, activation="relu")(inp)
+            h = keras.layers.MaxPooling2D()(h)
+        with keras.ipu.PipelineStage(1):
+            h = keras.layers.Flatten()(h)
+            h = keras.layers.Dropout(0.2)(h)
+            out = keras.layers.Dense(2, activation="softmax")(h)
+        model = keras.Model(inp, out)
+        model.set_pipelining_options(gradient_accumulation_steps_per_replica=4)
+        model.compile(keras.optimizers.SGD(0.05, momentum=0.9), "sparse_categorical_crossentropy",
+                      steps_per_execution=8)
+        before = [w.copy() for w in model.get_weights()]
+        hist = model.fit(x, y, batch_size=8, epochs=3, verbose=0)
+        assert model.predict(x, batch_size=8, verbose=0).shape == (64, 2)
+    assert np.isfinite(hist.history["loss"]).all() and len(hist.history["loss"]) == 3
+    assert all(not np.allclose(a, b) for a, b in zip(model.get_weights(), before))
+    assert int(model.optimizer.iterations) == 6
+
+
 def test_pipelining_predicts_a_speed_up_over_sharding():
     """The same 2-stage model with ``PipelineSchedule.Sequential`` (stages in turn: sharding) and
     ``Grouped`` (PopART's pipeline): the same weights, fewer predicted cycles per step."""
