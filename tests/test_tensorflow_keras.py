@@ -278,6 +278,21 @@ def test_dataset_rules_give_graphcores_errors():
             model.fit(x, y, batch_size=8)
 
 
+def test_reset_ipu_seed_makes_dropout_repeatable():
+    x, y = _data()
+    _configure(1)
+    runs = []
+    for seed in (7, 7, 8):
+        ipu.utils.reset_ipu_seed(seed)
+        with ipu.ipu_strategy.IPUStrategy().scope():
+            keras.utils.set_random_seed(0)
+            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                      keras.layers.Dropout(0.5), keras.layers.Dense(3, activation="softmax")])
+            model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy", steps_per_execution=4)
+            runs.append(model.fit(x, y, batch_size=8, epochs=1, verbose=0).history["loss"])
+    assert runs[0] == runs[1] and runs[2] != runs[0]
+
+
 def test_dataset_input_trains_and_spe_larger_than_the_epoch_is_truncated(caplog):
     x, y = _data()
     strategy, model = _ipu_model(spe=100)

@@ -189,6 +189,10 @@ class IpuProgram:
             self.session = popart.InferenceSession(fnModel=proto, dataFlow=flow, deviceInfo=device,
                                                    userOptions=opts, name=f"keras_{mode}")
         self.session.prepareDevice()
+        from . import config as _config
+        seed = getattr(_config, "_SEED", None)
+        if seed is not None:            # ipu.utils.reset_ipu_seed: PopART's dropout masks
+            self.session.setRandomSeed(int(seed))
         self.clock_hz = float(device.device.getTarget().spec.clock_hz)
         self.cycles = None
 

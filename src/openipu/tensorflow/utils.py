@@ -9,7 +9,8 @@ from . import config as _config
 
 
 def reset_ipu_seed(seed, device="/device:IPU:0", cpu_device="cpu", experimental_identical_replicas=False):
-    """Reseed the IPU's random generators (dropout masks, stochastic rounding) and TensorFlow's."""
+    """Reseed TensorFlow's random generators and the IPU's (PopART's dropout masks) of the
+    programs compiled from now on."""
     import tensorflow as tf
     tf.random.set_seed(seed)
     _config._SEED = int(seed)
