@@ -31,5 +31,3 @@ class IPUInfeedQueue:
     def __iter__(self):
         return iter(self._dataset)
 
-
-IPUIterator = IPUOwnedIterator = None

@@ -31,7 +31,6 @@ class IPUStrategyV1(tf.distribute.OneDeviceStrategy):
     def run(self, fn, args=(), kwargs=None, options=None):
         """Run ``fn(*args, **kwargs)`` once as replica 0. Eagerly, ``fn`` must be a
         ``tf.function`` or a ``ConcreteFunction``: Graphcore's ``ValueError`` otherwise."""
-        from tensorflow.python.eager import def_function  # noqa: F401 - tf.function type check below
         if tf.executing_eagerly() and not _is_tf_function(fn):
             raise ValueError("IPUStrategyV1.run(fn, ...) does not support eager execution. Either convert `fn` into "
                              "a tf.function or consider calling strategy.run inside a tf.function.")

@@ -525,7 +525,7 @@ def _wrap(name, ipu_fn):
 
 
 def _compile(self, *args, **kwargs):
-    if "__openipu_state" in self.__dict__ or "_openipu_state" in self.__dict__:
+    if "_openipu_state" in self.__dict__:     # a new loss / optimizer / spe: recompile the programs
         _invalidate(self)
     return _ORIG["compile"](self, *args, **kwargs)
 
