@@ -100,7 +100,8 @@ def breakdown(engine, layer_names, run: int = -1) -> dict:
 
     Returns a dict: ``total`` (cycles of the slowest IPU), ``by_category``, ``by_vertex_type``
     ({type: cycles}), ``layers`` ([{name, cycles, by_category, flops}], in program order),
-    ``control`` and ``unaccounted`` (should be 0), ``flops``.
+    ``control`` and ``unaccounted`` (should be 0), ``flops``, ``steps`` (per step that ran: name,
+    times run, and its duration in each category of ``step_columns``).
     """
     from openipu.poplar.cost import CATEGORIES
     rec = engine._runs[run]
@@ -113,15 +114,19 @@ def breakdown(engine, layer_names, run: int = -1) -> dict:
     layers: dict = {}
     order = []
     flops = 0.0
+    step_rows = []
     for step, n in zip(steps, rec["counts"]):
         if not n:
             continue
         c = step.cost
+        step_rows.append([getattr(step, "name", "") or step.kind, int(n)]
+                         + [float(c.duration[cat][ipu]) for cat in CATEGORIES])
         sname = getattr(step, "name", "") or step.kind
         layer = next((x for x in names if sname == x or sname.startswith(x + "/") or sname.startswith(x + ".")),
                      None)
         if layer is None:
-            layer = "[" + re.sub(r"[0-9]+", "#", sname.split("/")[0]) + "]"
+            head = sname.split("/")[0]
+            layer = "[" + (re.sub(r"[0-9]+", "#", head) if head.startswith(("StreamCopy", "Copy")) else head) + "]"
         if layer not in layers:
             layers[layer] = {"name": layer, "cycles": 0.0, "by_category": defaultdict(float), "flops": 0.0}
             order.append(layer)
@@ -145,25 +150,84 @@ def breakdown(engine, layer_names, run: int = -1) -> dict:
     control = total - summed
     return {"total": total, "by_category": dict(by_cat), "by_vertex_type": dict(by_type),
             "layers": [dict(layers[k], by_category=dict(layers[k]["by_category"])) for k in order],
-            "control": control, "unaccounted": total - summed - control, "flops": flops}
+            "control": control, "unaccounted": total - summed - control, "flops": flops,
+            "steps": step_rows, "step_columns": ["name", "count", *CATEGORIES]}
 
 
-def compile_resnet50(batch: int, precision: str = "fp16", num_io_tiles: int = 32):
-    """Compile the light ResNet-50 for one C600 with Byte MLPerf's options. Returns
-    ``(poprt Executable, poplar Engine, ONNX node names, host seconds)``."""
+#: Byte MLPerf's compiler options for ``resnet50-torch-fp32`` on the IPU: the task's interact
+#: infos (``backends/IPU/interact_infos/resnet50-torch-fp32.json``: 64 I/O tiles, 128 batches per
+#: step, prefetch, buffering depth 2) over the defaults of the backend's ``_poprt_compile``
+#: (``backends/IPU/compile_backend_ipu.py``); ``ipu_version`` is what a C600 reports.
+BYTE_MLPERF_OPTIONS = {
+    "ipu_version": "ipu21", "num_iotiles": 64, "batches_per_step": 128, "enable_prefetch_datastreams": True,
+    "stream_buffering_depth": 2, "available_memory_proportion": 0.6, "partials_type": "half",
+    "use_128bit_conv_unit_load": False, "enable_fast_reduce": False, "group_host_sync": False,
+    "rearrange_anchors_on_host": False, "enable_outlining": True, "outline_threshold": 1.0}
+
+#: Byte MLPerf's fp8 converter options for the task (``fp8_configs`` of the same interact infos).
+BYTE_MLPERF_FP8 = {"fp8_params": "F143,F143,-3,-3", "fp8_skip_op_names": "/layer1/layer1.0/downsample/downsample.0/Conv"}
+
+
+def resnet50_onnx(path: Path, model: str = "torch") -> list:
+    """Write the ResNet-50 to compile to ``path``; returns its input names.
+
+    ``torch``: the model Byte MLPerf measured, ``resnet50-torch-fp32`` -- torchvision's ResNet-50
+    v1.5 with a softmax (``examples/poprt/byte_mlperf_backend.resnet50``, seeded random weights)
+    exported as Byte MLPerf's ``tools/torch_to_onnx.py`` does (TorchScript exporter, opset 11,
+    eval mode: batch norms folded into the convolutions). ``light``: the light ResNet-50 shipped in
+    ``onnx`` (the ONNX model zoo's graph: batch norms and ``Sum`` nodes kept)."""
     import onnx
 
     from openipu import runner as orunner
-    from openipu.poprt.compiler import Compiler, CompilerOptions
-    from poprt_resnet50_qps import BYTE_MLPERF_OPTIONS, converter_for
+    if model == "light":
+        m = orunner.randomize_constant_weights(onnx.load(str(orunner.resolve_model("light_resnet50"))), seed=0)
+        onnx.save(m, str(path))
+        return [i.name for i in m.graph.input if i.name not in {x.name for x in m.graph.initializer}]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "poprt"))
+    from byte_mlperf_backend import export_onnx, resnet50
+    info = {"inputs": "actual_input_1", "outputs": "output1", "input_type": "FLOAT32",
+            "input_shape": {"actual_input_1": [1, 3, 224, 224]}}
+    export_onnx(resnet50(seed=0), info, path)
+    return ["actual_input_1"]
 
-    model = orunner.randomize_constant_weights(onnx.load(str(orunner.resolve_model("light_resnet50"))), seed=0)
-    shapes = {i.name: [batch] + [d.dim_value for d in i.type.tensor_type.shape.dim[1:]] for i in model.graph.input
-              if i.name not in {x.name for x in model.graph.initializer}}
-    converted = converter_for(shapes, precision).convert(model)
+
+def per_batch(b: dict, batches_per_step: int) -> dict:
+    """A step's :func:`breakdown` divided by its batches (every figure per batch)."""
+    k = float(batches_per_step)
+    if k == 1:
+        return b
+    out = dict(b, total=b["total"] / k, control=b["control"] / k, unaccounted=b["unaccounted"] / k,
+               flops=b["flops"] / k)
+    out["by_category"] = {c: v / k for c, v in b["by_category"].items()}
+    out["by_vertex_type"] = {c: v / k for c, v in b["by_vertex_type"].items()}
+    out["layers"] = [dict(L, cycles=L["cycles"] / k, flops=L["flops"] / k,
+                          by_category={c: v / k for c, v in L["by_category"].items()}) for L in b["layers"]]
+    return out
+
+
+def compile_resnet50(batch: int, precision: str = "fp16", model: str = "torch", **overrides):
+    """Compile ResNet-50 (:func:`resnet50_onnx`) for one C600 with Byte MLPerf's options
+    (:data:`BYTE_MLPERF_OPTIONS`, ``overrides`` on top) through its converter. Returns
+    ``(poprt Executable, poplar Engine, ONNX node names, host seconds)``."""
+    import tempfile
+
+    import onnx
+
+    from openipu.poprt.compiler import Compiler, CompilerOptions
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "poprt"))
+    from byte_mlperf_client import _converter
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "resnet50.onnx"
+        inputs = resnet50_onnx(path, model)
+        m = onnx.load(str(path))
+    shapes = {i.name: [batch] + [d.dim_value for d in i.type.tensor_type.shape.dim[1:]] for i in m.graph.input
+              if i.name in inputs}
+    conv_opts = dict(BYTE_MLPERF_FP8) if precision == "fp8" else {}
+    converted = _converter(shapes, precision, **conv_opts).convert(m)
     names = [n.name for n in converted.graph.node if n.name]
     options = CompilerOptions()
-    for k, v in dict(BYTE_MLPERF_OPTIONS, num_iotiles=num_io_tiles).items():
+    for k, v in dict(BYTE_MLPERF_OPTIONS, **overrides).items():
         setattr(options, {"num_iotiles": "num_io_tiles"}.get(k, k), v)
     t0 = time.perf_counter()
     exe, engine = capture_engine(Compiler.compile, converted.SerializeToString(),
@@ -176,7 +240,7 @@ def report(b: dict, spec, precision: str, top: int = 25, out=print) -> None:
     macs = spec.amp_macs.get({"fp16": "half", "fp8": "quarter", "fp32": "float"}[precision], 0)
     peak = 2.0 * macs * spec.tiles_per_ipu     # FLOP per cycle (all tiles, peak AMP rate)
     T = b["total"]
-    out(f"Predicted IPU cycles of one batch (slowest IPU): {T:,.0f}")
+    out(f"Predicted IPU cycles per batch, host I/O not overlapped (slowest IPU): {T:,.0f}")
     out(f"  arithmetic at peak AMP rate ({macs} MAC/cycle/tile x {spec.tiles_per_ipu} tiles): "
         f"{b['flops'] / peak:,.0f} cycles ({b['flops'] / 1e9:.2f} GFLOP) = {b['flops'] / peak / T:.1%} of predicted")
     out("By category (predicted cycles, share):")
@@ -204,16 +268,23 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--precision", default="fp16", choices=["fp16", "fp8"])
-    p.add_argument("--num-io-tiles", type=int, default=32)
+    p.add_argument("--model", default="torch", choices=["torch", "light"],
+                   help="torch: the model Byte MLPerf measured (default); light: onnx's light ResNet-50")
+    p.add_argument("--num-io-tiles", type=int, default=None, help="override Byte MLPerf's 64")
+    p.add_argument("--batches-per-step", type=int, default=None, help="override Byte MLPerf's 128")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--json", help="write the breakdown as JSON here")
     a = p.parse_args(argv)
-    exe, engine, names, secs = compile_resnet50(a.batch_size, a.precision, a.num_io_tiles)
+    over = {k: v for k, v in (("num_iotiles", a.num_io_tiles), ("batches_per_step", a.batches_per_step))
+            if v is not None}
+    exe, engine, names, secs = compile_resnet50(a.batch_size, a.precision, a.model, **over)
+    io_tiles = over.get("num_iotiles", BYTE_MLPERF_OPTIONS["num_iotiles"])
     b = breakdown(engine, names)
     spec = engine._spec
     pr = exe.prediction
-    print(f"ResNet-50 {a.precision}, ipu21 (C600), batch {a.batch_size}, {a.num_io_tiles} I/O tiles "
-          f"(host compile {secs:.1f} s)")
+    b = per_batch(b, pr.batches_per_step)
+    print(f"ResNet-50 ({a.model}) {a.precision}, ipu21 (C600), batch {a.batch_size}, {io_tiles} I/O tiles, "
+          f"{pr.batches_per_step} batches per step (host compile {secs:.1f} s)")
     report(b, spec, a.precision, a.top)
     print(f"Steady state (host I/O on the I/O tiles overlapped with compute): period "
           f"max(compute {pr.compute_cycles:,.0f} + I/O-tile transfer {pr.io_to_compute_cycles:,.0f}, "

@@ -30,18 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "poprt
 #: ByteMLPerf IPU report, resnet50-torch-fp32, FP16 on one C600 (see ipu_calibration.md).
 MEASURED_QPS = {4: 7062, 32: 13542}
 
-#: The compiler options Byte MLPerf's IPU backend derives from its interact infos for ResNet-50
-#: (``byte_infer_perf/general_perf/backends/IPU``; ``num_iotiles`` is overridden by ``--num-io-tiles``).
-BYTE_MLPERF_OPTIONS = {
-    "ipu_version": "ipu21", "num_iotiles": 32, "batches_per_step": 1, "available_memory_proportion": 0.6,
-    "partials_type": "half", "stream_buffering_depth": 2, "enable_prefetch_datastreams": True}
-
-
-def converter_for(input_shape: dict, precision: str):
-    """The converter Byte MLPerf's backend builds (``examples/poprt/byte_mlperf_client._converter``)."""
-    from byte_mlperf_client import _converter
-    return _converter(input_shape, precision)
-
 
 def main(argv=None) -> list[dict]:
     from byte_mlperf_client import IPURunner, compile_model
@@ -53,7 +41,10 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--precisions", nargs="+", default=["fp16", "fp8"], choices=["fp16", "fp8"])
     a = p.parse_args(argv)
     model = orunner.randomize_constant_weights(onnx.load(str(orunner.resolve_model("light_resnet50"))), seed=0)
-    base = {"compiler_options": dict(BYTE_MLPERF_OPTIONS, num_iotiles=a.num_io_tiles)}
+    base = {"compiler_options": {
+        "ipu_version": "ipu21", "num_iotiles": a.num_io_tiles, "batches_per_step": 1,
+        "available_memory_proportion": 0.6, "partials_type": "half", "stream_buffering_depth": 2,
+        "enable_prefetch_datastreams": True}}
     rows = []
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "resnet50.onnx"
