@@ -13,9 +13,11 @@ The engine's predicted run (one batch, ``Engine.predict_run``) is then split:
   vertex types in proportion to the tile cycles each type's vertices take (the cost model's
   ``by_vertex_type``); every vertex type holding more than 2% of the cycles is printed with the
   PopLibs estimator its cycle estimate follows (:data:`ESTIMATORS`);
-- **per layer**: a step belongs to the ONNX node whose name prefixes its debug name (PopART names
-  compute sets ``<op debug name>/...``); steps named otherwise (stream copies, program control)
-  are grouped under their own name. Beside each layer: its FLOPs (as the cost model counts them)
+- **per layer**: a step belongs to the (longest) ONNX node name its debug name contains (PopART
+  names compute sets ``<op type>/<node name>_output_0/...``); steps named otherwise (stream
+  copies, layout copies) are grouped under their own name. An op that PopART outlines or whose
+  convolution PopLibs caches runs one step for several identical layers: its cycles all go to
+  the first such layer, whose ``runs`` column then exceeds 1. Beside each layer: its FLOPs (as the cost model counts them)
   at the peak AMP rate of the target (``2 x amp_macs x tiles x clock``), i.e. the roofline cycles;
 - **control**: the run's predicted cycles minus the sum of the steps' category durations (cycles
   the step tree adds outside any step, e.g. IPU alignment). The check ``unaccounted`` is printed
@@ -47,8 +49,9 @@ ESTIMATORS = {
     "poplin::ConvPartial1x1Out": "poplin getConvPartial1x1SupervisorCycleEstimate (PerformanceEstimation.hpp)",
     "poplin::ConvPartialnx1": "poplin getConvPartialnx1SupervisorCycleEstimate + getZeroSupervisorVertexCycleEstimate",
     "poplin::ConvPartialHorizontalMac": "poplin getConvPartialHorizontalMacSupervisorCycleEstimate",
-    "poplin::ReduceAdd": "poplin getReduceCycleEstimate (poplinCycleEstimators.cpp, ReduceAdd)",
-    "poplin::AddToChannel": "popops/poplin getAddToChannelCycleEstimate (AddToChannel 2D/supervisor)",
+    "poplin::ReduceAdd": "popops reduction CycleEstimationFunctions.cpp (getCyclesEstimateForReduce: "
+                         "entry 7 + state 26 + region 16 + 6 + 2 log2(vw), per vector per partial)",
+    "poplin::AddToChannel": "[A] shape of popops' broadcast add (supervisor 20, worker 26 + 1 per vector)",
     "popops::ScaledAddToChannel": "popops getScaledAddToChannelCycleEstimate",
     "popops::ChannelMul": "popops getChannelMulCycleEstimate",
     "popops::BroadcastScalar": "popops BroadcastScalar*D cycle estimators (popopsCycleEstimators.cpp)",
@@ -122,13 +125,13 @@ def breakdown(engine, layer_names, run: int = -1) -> dict:
         step_rows.append([getattr(step, "name", "") or step.kind, int(n)]
                          + [float(c.duration[cat][ipu]) for cat in CATEGORIES])
         sname = getattr(step, "name", "") or step.kind
-        layer = next((x for x in names if sname == x or sname.startswith(x + "/") or sname.startswith(x + ".")),
-                     None)
+        layer = next((x for x in names if x in sname), None)
         if layer is None:
             head = sname.split("/")[0]
             layer = "[" + (re.sub(r"[0-9]+", "#", head) if head.startswith(("StreamCopy", "Copy")) else head) + "]"
         if layer not in layers:
-            layers[layer] = {"name": layer, "cycles": 0.0, "by_category": defaultdict(float), "flops": 0.0}
+            layers[layer] = {"name": layer, "cycles": 0.0, "by_category": defaultdict(float), "flops": 0.0,
+                             "runs": 0}
             order.append(layer)
         L = layers[layer]
         for cat in CATEGORIES:
@@ -137,6 +140,7 @@ def breakdown(engine, layer_names, run: int = -1) -> dict:
             L["by_category"][cat] += d
             L["cycles"] += d
         L["flops"] += n * c.flops
+        L["runs"] = max(L["runs"], int(n))
         flops += n * c.flops
         comp = n * float(c.duration["compute"][ipu])
         vt = {k: cyc for k, (_, cyc) in c.by_vertex_type.items()}
@@ -200,7 +204,7 @@ def per_batch(b: dict, batches_per_step: int) -> dict:
                flops=b["flops"] / k)
     out["by_category"] = {c: v / k for c, v in b["by_category"].items()}
     out["by_vertex_type"] = {c: v / k for c, v in b["by_vertex_type"].items()}
-    out["layers"] = [dict(L, cycles=L["cycles"] / k, flops=L["flops"] / k,
+    out["layers"] = [dict(L, cycles=L["cycles"] / k, flops=L["flops"] / k, runs=L.get("runs", k) / k,
                           by_category={c: v / k for c, v in L["by_category"].items()}) for L in b["layers"]]
     return out
 
@@ -253,13 +257,13 @@ def report(b: dict, spec, precision: str, top: int = 25, out=print) -> None:
         share = v / T
         est = estimator_of(k) if share > 0.02 else ""
         out(f"  {k[:70]:<70} {v:>12,.0f} {share:6.1%}  {est}")
-    out(f"Layers (top {top} by predicted cycles): cycles | compute exch sync host | roofline cycles | ratio")
+    out(f"Layers (top {top} by predicted cycles): runs | cycles | compute exch sync host | roofline cycles | ratio")
     rows = sorted(b["layers"], key=lambda L: -L["cycles"])[:top]
     for L in rows:
         c = L["by_category"]
         roof = L["flops"] / peak
         ratio = f"{L['cycles'] / roof:7.1f}x" if roof else "      -"
-        out(f"  {L['name'][:44]:<44} {L['cycles']:>11,.0f} | {c.get('compute', 0):>10,.0f} "
+        out(f"  {L['name'][:44]:<44} {L.get('runs', 1):>4g} | {L['cycles']:>11,.0f} | {c.get('compute', 0):>10,.0f} "
             f"{c.get('exchange', 0) + c.get('global_exchange', 0):>9,.0f} {c.get('sync', 0):>7,.0f} "
             f"{c.get('host_exchange', 0):>8,.0f} | {roof:>10,.0f} | {ratio}")
 
