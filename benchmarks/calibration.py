@@ -221,7 +221,7 @@ def pi_program(n: int = 1000, version: str = "bow", run: bool = False) -> dict:
     dev = poplar.DeviceManager.createDeviceManager().getDevices(poplar.TargetType.IPU, 1,
                                                                 {"ipuVersion": version})[0]
     target = dev.getTarget()
-    T, W = target.getNumTiles(), target.getNumWorkerContexts()
+    T = target.getNumTiles()
     g = poplar.Graph(target)
     g.addCodelets(VertexPi)
     g.registerPerfEstimator("VertexPi", pi_vertex_cycles)
@@ -250,7 +250,6 @@ def pi_program(n: int = 1000, version: str = "bow", run: bool = False) -> dict:
         s = np.zeros(T, np.float32)
         eng.readTensor("sums-read", s)
         out["pi"] = float(np.float32(s.sum()) * np.float32(slice_w))
-    del W
     return out
 
 
