@@ -111,6 +111,8 @@ class PoplarExecutor:
     def _bind(self, args, kwargs):
         """(positional args, kwargs, [(name, tensor)] of the tensor leaves in capture order,
         the non-tensor leaves)."""
+        from openipu.poptorch._args import ensure_geometric_parsers
+        ensure_geometric_parsers()
         sig = inspect.signature(self._user_model.forward)
         try:
             ba = sig.bind(*args, **kwargs)
