@@ -1,0 +1,3 @@
+"""Stub."""
+def install():
+    pass

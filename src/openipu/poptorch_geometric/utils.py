@@ -1,0 +1,94 @@
+"""``TrainingStepper`` and ``set_aggregation_dim_size`` (PopTorch Geometric's
+``poptorch_geometric.utils``): compare a model trained on the CPU with the same model trained
+through ``poptorch.trainingModel``."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from openipu import poptorch
+
+
+def set_aggregation_dim_size(model: torch.nn.Module, dim_size: int) -> None:
+    """Give every PyG ``Aggregation`` module of ``model`` a fixed ``dim_size`` (the number of
+    nodes of the fixed-size batch), so aggregations have static output shapes. Mirrors
+    ``poptorch_geometric.utils.set_aggregation_dim_size``."""
+    from torch_geometric.nn.aggr import Aggregation
+
+    def hook(module, args, kwargs):
+        if kwargs.get("dim_size") is None and (len(args) < 4 or args[3] is None):
+            kwargs = dict(kwargs)
+            kwargs["dim_size"] = dim_size
+        return args, kwargs
+    for m in model.modules():
+        if isinstance(m, Aggregation):
+            m.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+class TrainingStepper:
+    """``TrainingStepper(model, lr=0.001, optimizer=poptorch.optim.Adam, options=None,
+    rtol=None, atol=None, enable_fp_exception=True)``: trains ``model`` (whose ``forward``
+    returns ``(result, loss)``) on the CPU with ``torch.optim``'s version of ``optimizer`` and
+    a deep copy of it through ``poptorch.trainingModel``, one step each per call;
+    ``run(num_steps, *args)`` checks the losses match and that the loss fell;
+    ``check_model(batch)`` compares forward outputs of both. Raises ``AssertionError`` on a
+    mismatch."""
+
+    def __init__(self, model, lr: float = 0.001, optimizer=poptorch.optim.Adam, options=None, rtol=None, atol=None,
+                 enable_fp_exception: bool = True):
+        self.lr = lr
+        self.rtol = rtol
+        self.atol = atol
+        self.options = options or poptorch.Options()
+        self.model = model
+        self.ipu_model = copy.deepcopy(model)
+        torch_opt = getattr(torch.optim, optimizer.__name__)
+        self.optimizer = torch_opt(self.model.parameters(), lr=lr)
+        self.ipu_optimizer = optimizer(self.ipu_model.parameters(), lr=lr)
+        self.model.train()
+        self.training_model = poptorch.trainingModel(self.ipu_model, self.options, self.ipu_optimizer)
+
+    def cpu_step(self, batch):
+        self.optimizer.zero_grad()
+        result, loss = self.model(*batch) if isinstance(batch, (tuple, list)) else self.model(batch)
+        loss.backward()
+        self.optimizer.step()
+        return result, loss
+
+    def ipu_step(self, batch):
+        return self.training_model(*batch) if isinstance(batch, (tuple, list)) else self.training_model(batch)
+
+    def _close(self, a, b):
+        kw = {}
+        if self.rtol is not None:
+            kw["rtol"] = self.rtol
+        if self.atol is not None:
+            kw["atol"] = self.atol
+        torch.testing.assert_close(a, b, **kw)
+
+    def check_model(self, batch):
+        """Forward ``batch`` through both models in eval mode and compare the results."""
+        self.model.eval()
+        self.ipu_model.eval()
+        with torch.no_grad():
+            cpu = self.model(*batch) if isinstance(batch, (tuple, list)) else self.model(batch)
+            inf = poptorch.inferenceModel(self.ipu_model, self.options)
+            ipu = inf(*batch) if isinstance(batch, (tuple, list)) else inf(batch)
+        self.model.train()
+        self.ipu_model.train()
+        self._close(ipu, cpu)
+
+    def run(self, num_steps: int, batch):
+        """``num_steps`` steps on both; returns (cpu losses, ipu losses) after checking them."""
+        cpu_loss, ipu_loss = [], []
+        for _ in range(num_steps):
+            _, c = self.cpu_step(batch)
+            _, i = self.ipu_step(batch)
+            cpu_loss.append(c.detach())
+            ipu_loss.append(torch.as_tensor(i).detach())
+        cpu_loss, ipu_loss = torch.stack(cpu_loss), torch.stack(ipu_loss).reshape(-1)
+        self._close(ipu_loss, cpu_loss)
+        assert ipu_loss[-1] < ipu_loss[0], "the loss did not fall"
+        return cpu_loss, ipu_loss
