@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from openipu.poptorch import _impl, optim  # noqa: F401
 from openipu.poptorch._args import ICustomArgParser, registerCustomArgParser  # noqa: F401
+from openipu.poptorch._geometric_ops import fps, nearest  # noqa: F401
 from openipu.poptorch.blocks import (BeginBlock, Block, BlockFunction, PipelinedExecution,  # noqa: F401
                                      ShardedExecution, Stage, removeBlocks)
 from openipu.poptorch.dataloader import AsynchronousDataAccessor, DataLoader  # noqa: F401
