@@ -12,19 +12,19 @@ from openipu import poptorch
 
 
 def set_aggregation_dim_size(model: torch.nn.Module, dim_size: int) -> None:
-    """Give every PyG ``Aggregation`` module of ``model`` a fixed ``dim_size`` (the number of
-    nodes of the fixed-size batch), so aggregations have static output shapes. Mirrors
+    """Make every PyG ``MessagePassing`` layer of ``model`` aggregate into ``dim_size`` rows
+    (at least the number of nodes of the fixed-size batch), through an aggregate pre-hook, so
+    the aggregation has a static output shape. Mirrors
     ``poptorch_geometric.utils.set_aggregation_dim_size``."""
-    from torch_geometric.nn.aggr import Aggregation
+    from torch_geometric.nn import MessagePassing
 
-    def hook(module, args, kwargs):
-        if kwargs.get("dim_size") is None and (len(args) < 4 or args[3] is None):
-            kwargs = dict(kwargs)
-            kwargs["dim_size"] = dim_size
-        return args, kwargs
+    def hook(module, inputs):
+        kwargs = inputs[-1]
+        kwargs["dim_size"] = dim_size
+        return kwargs
     for m in model.modules():
-        if isinstance(m, Aggregation):
-            m.register_forward_pre_hook(hook, with_kwargs=True)
+        if isinstance(m, MessagePassing):
+            m.register_aggregate_forward_pre_hook(hook)
 
 
 class TrainingStepper:
