@@ -1,8 +1,8 @@
 """PopART's row-wise ``ScatterReduce`` Sum (``ai.graphcore``) through ``popops.multiUpdateAdd``
 (the way PopART's ``ScatterReduceOpx`` lowers a sum with a broadcast index): the output is
 created sliceable along the scattered axis (:func:`.gather.create_sliceable`), zeroed, and
-each ``src`` row is added at its index (repeated indices add up; negative ones count from the
-end). This is the aggregation of every PyG message-passing layer (``scatter_add_`` of the
+each ``src`` row is added at its index (repeated indices add up; rows whose index is out of
+range, negative included, are dropped, as PopLibs' multiUpdate drops out-of-range offsets). This is the aggregation of every PyG message-passing layer (``scatter_add_`` of the
 messages into the target nodes), so its cost is PopLibs' multiUpdate cost, not a generic one.
 
 Accepted: reduction Sum, axis 0, no ``initial`` input, a 1-D index with one entry per ``src``
@@ -46,8 +46,7 @@ def scatter_reduce_sum(ctx, op):
     n, rows = ss[0], int(op.attrs["axis_size"])
     out = create_sliceable(g, src.elementType(), [rows] + ss[1:], 0, op.outputs[0], lookups=n)
     popops.zero(g, out, ctx.prog, f"{nm}/zero")
-    idx = popops.map(g, E.Select(E.Add(E._1, E.Const(rows)), E._1, E.Lt(E._1, E.Const(0))), [idx], ctx.prog,
-                     f"{nm}/wrapIndices")
+    idx = popops.map(g, E.Select(E.Const(rows), E._1, E.Lt(E._1, E.Const(0))), [idx], ctx.prog, f"{nm}/dropNegative")
     s = src.reshape([n, 1] + ss[1:])
     popops.multiUpdateAdd(g, out, s, idx.reshape([n, 1]), 1.0, [0], [1], ctx.prog, debug_name=nm)
     return [out]

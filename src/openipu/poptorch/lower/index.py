@@ -208,8 +208,8 @@ def _scatter_reduce(lw, x, dim, idx, ishape, src, reduce, include_self):
 
 def _row_index(lw, n, x, dim):
     """For a scatter along dim 0 whose index is one row index per ``src`` row broadcast over
-    the other dims (PyG's ``index.view(-1, 1).expand_as(src)``): that 1-D index as wrapped
-    INT32, else None. Such scatters lower to one row-wise ``ScatterReduce`` (index broadcast),
+    the other dims (PyG's ``index.view(-1, 1).expand_as(src)``): that 1-D index as INT32
+    (negative entries made out of range: their rows are dropped), else None. Such scatters lower to one row-wise ``ScatterReduce`` (index broadcast),
     which PopLibs runs as a ``multiUpdateAdd`` (:mod:`openipu.popart.lowering.scatter`)."""
     index, src = n.args[2], n.args[3] if len(n.args) > 3 else None
     if dim != 0 or not isinstance(index, torch.fx.Node) or not isinstance(src, torch.fx.Node):
@@ -233,9 +233,12 @@ def _row_index(lw, n, x, dim):
     row = lw.b.reshape_const(lw.onnx, [lw.t(base)], [ishape[0]], lw._name("rowidx")) if len(shp) > 1 else lw.t(base)
     if lw.dtype(base) != "INT32":
         row = lw.cast(row, "INT32")
+    # a negative index (PopTorch Geometric's -1, "no neighbour") becomes out of range, and the
+    # row is dropped as PopLibs' multiUpdate drops out-of-range offsets (torch itself rejects
+    # negative scatter indices, so no valid torch program is changed)
     size = lw.shape(x)[0]
     neg = lw.onnx.less([row, lw.const(0, "INT32")], lw._name("neg"))
-    return lw.onnx.where([neg, lw.onnx.add([row, lw.const(size, "INT32")]), row], lw._name("wrap"))
+    return lw.onnx.where([neg, lw.const(size, "INT32"), row], lw._name("drop"))
 
 
 def _row_scatter_sum(lw, n, x, row):
