@@ -39,6 +39,9 @@ _BACKWARD_ERROR = ("backward() cannot be called explicitly on outputs of a PopTo
                    "you're using an inferenceModel, you should use a trainingModel instead.")
 
 
+_MODULE_STATE = frozenset(torch.nn.Module().__dict__)
+
+
 def _to_numpy(t: torch.Tensor, dtype: str) -> np.ndarray:
     return t.detach().cpu().numpy().astype(NUMPY_TYPE[dtype], copy=False)
 
@@ -96,8 +99,10 @@ class PoplarExecutor:
         return self._options
 
     def __getattr__(self, name):
-        # unknown attributes are the user model's (PopTorch forwards them)
-        if name.startswith("_"):
+        # unknown attributes are the user model's (PopTorch forwards them); of the private ones
+        # only torch.nn.Module's own state (``_modules``, ``_parameters`` ...), which tools such
+        # as torchinfo read: PopTorch's wrapper is a subclass of the model's class
+        if name.startswith("_") and name not in _MODULE_STATE:
             raise AttributeError(name)
         return getattr(self._user_model, name)
 
