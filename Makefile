@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-.PHONY: install demo test test-slow test-heavy test-tutorials bench
+.PHONY: install demo test test-slow test-heavy test-tutorials bench fuzz
 install: $(STAMP)
 
 demo: $(STAMP)
@@ -24,6 +24,14 @@ demo: $(STAMP)
 # the suite without the tests marked slow (heavy light models, multi-node ONNX, exports): < 10 min
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not tutorial and not heavy"
+
+# the model fuzzer at length: 500 mutated models through `openipu run` (with the light SqueezeNet) and 20
+# through the CLI; prints the outcome counts (the default `make test` runs 40 + 4). FUZZ_SEED=n for another set
+FUZZ_CASES ?= 500
+FUZZ_SEED ?= 2026
+fuzz: $(STAMP)
+	OPENIPU_FUZZ_CASES=$(FUZZ_CASES) OPENIPU_FUZZ_CLI_CASES=20 OPENIPU_FUZZ_LIGHT=1 OPENIPU_FUZZ_SEED=$(FUZZ_SEED) \
+		$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_fuzz_models.py
 
 # the tests marked slow; CI runs both
 test-slow: $(STAMP)

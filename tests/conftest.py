@@ -31,7 +31,13 @@ _BACKEND_KINDS = {"OnnxBackendNodeModelTest": "node", "OnnxBackendSimpleModelTes
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Print the ONNX backend suite's pass count per kind (tests run on CPU; CUDA ones are skipped)."""
+    """Print the ONNX backend suite's pass count per kind (tests run on CPU; CUDA ones are skipped),
+    and the fuzz tests' outcome counts (``test_fuzz_models.summary_lines``)."""
+    fuzz = sys.modules.get("test_fuzz_models")
+    if fuzz is not None and fuzz.summary_lines():
+        terminalreporter.write_sep("-", "fuzz outcomes")
+        for line in fuzz.summary_lines():
+            terminalreporter.write_line(line)
     counts: dict = {}
     for outcome in ("passed", "failed", "xfailed", "xpassed"):
         for rep in terminalreporter.stats.get(outcome, []):

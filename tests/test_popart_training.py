@@ -207,11 +207,13 @@ def test_sgd_steps_match_torch_optim(kw):
         np.testing.assert_allclose(new[i], tt.detach().numpy(), rtol=1e-4, atol=1e-5)
 
 
-def test_weights_to_host_keeps_no_second_host_copy():
+def test_weights_to_host_keeps_no_second_host_copy(monkeypatch):
     """``weightsToHost`` with one replica writes the device's weights and optimizer state straight
     into the session's host copies: no staging buffer per weight stays connected to the engine
     (it doubled the host memory of every weight and momentum: +0.9 GB for fp32 BERT-base), and a
-    second step and read-back still give torch.optim.SGD's weights."""
+    second step and read-back still give torch.optim.SGD's weights. (The device emulation's
+    streams: the IR executor keeps no engine buffers.)"""
+    monkeypatch.setenv("OPENIPU_EXECUTION", "device")
     b, loss, ids, ws, feeds = _mlp(3)
     s = _session(b, loss, [loss], popart.SGD({"defaultLearningRate": (0.05, True), "defaultMomentum": (0.9, True)}))
     t = [torch.tensor(w, requires_grad=True) for w in ws]

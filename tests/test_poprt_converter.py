@@ -128,10 +128,12 @@ def test_custom_pass_registered_with_the_decorator_runs_in_the_converter():
     @register("replace_add_with_sub_test")
     class ReplaceAddWithSub(Pass):
         def run(self, model):
-            def fn(graph, node):
-                if node.op_type == "Add":
-                    node.op_type = "Sub"
-                    self.applied.append(node.output[0])
+            def fn(graph, is_main_graph):      # PopRT's traverse_graph: transform(graph, is_main_graph)
+                for node in graph.node:
+                    if node.op_type == "Add":
+                        node.op_type = "Sub"
+                        self.applied.append(node.output[0])
+                return graph
             self.traverse_graph(model.graph, fn)
             return model
 

@@ -160,6 +160,31 @@ def test_max_valid_num_and_padding_remove_mode(packed_minilm, reference, packed_
         assert float(np.abs(o - ref).max()) < 1e-4 * float(np.abs(ref).max())
 
 
+def test_requests_without_position_ids_are_filled_as_poprt_does(packed_minilm, reference, packed_exe):
+    """Byte MLPerf's pack benchmark sends only the inputs of its ``pack_config.input_names``: the pack
+    runner gives each sequence ``position_ids`` 0..L-1 itself. The results written into the
+    caller's ``[1, S, H]`` arrays (a descriptor shape with ``shape[0] = 1``) start at offset 0."""
+    _, samples, _ = packed_minilm
+    cfg = _config()
+    cfg.enable_padding_remove_mode("attention_mask", ["input_ids"])
+    pr = runtime.Runner(packed_exe, cfg)
+    assert [d.name for d in pr.get_execute_inputs()] == [d.name for d in pr.get_model_inputs()]
+    shape = pr.get_model_outputs()[0].shape
+    shape[0] = 1
+    outs = [np.full(shape, np.nan, np.float32) for _ in samples]
+    futs = [pr.executeAsync({"input_ids": x["input_ids"].astype(np.int32), "attention_mask": x["attention_mask"]},
+                            {"last_hidden_state": o}) for x, o in zip(samples, outs)]
+    for f in futs:
+        f.wait()
+    with pytest.raises(RuntimeError, match="dynamic input"):
+        pr.executeAsync({"attention_mask": samples[0]["attention_mask"]})
+    pr.close()
+    for x, o, ref in zip(samples, outs, reference):
+        L = len(x["input_ids"])
+        assert float(np.abs(o[0, :L] - ref).max()) < 1e-4 * float(np.abs(ref).max())
+        assert not o[0, L:].any()
+
+
 def test_pack_runner_errors(packed_minilm, packed_exe):
     _, samples, _ = packed_minilm
     pr = runtime.PackRunner(packed_exe, _config())

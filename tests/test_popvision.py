@@ -229,5 +229,5 @@ def test_poptorch_enable_profiling(tmp_path):
     opts.enableProfiling(str(tmp_path / "prof"))
     model = poptorch.inferenceModel(torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()), opts)
     model(torch.ones(4, 16))
-    r = pva.openReport(str(tmp_path / "prof" / "profile.pop"))
+    r = pva.openReport(str(tmp_path / "prof" / "inference" / "profile.pop"))    # PopART's <dir>/<session name>
     assert r.execution.totalCycles.total > 0 and r.compilation.graph.numComputeSets > 0

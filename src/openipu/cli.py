@@ -1,14 +1,38 @@
 """``openipu`` command line. ``openipu run MODEL.onnx`` is the main job (see :mod:`openipu.runner`).
 
-Exit status: 0 on success, 2 when the model does not fit in tile memory, 1 on bad input.
+Exit status (``openipu run``): 0 success; 1 error (unreadable model or ``--input``, a model the
+checks refuse, an unwritable ``--output`` / ``--report``, not enough host memory for a functional
+run, any unexpected failure); 2 usage (an unknown flag or an option value outside its range);
+3 the model does not fit in tile memory (the prediction, latency included, is still printed).
+Errors are one line on stderr, never a traceback; ``OPENIPU_DEBUG=1`` adds the traceback of an
+unexpected one.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import numpy as np
+
+#: exit statuses of ``openipu run``
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DOES_NOT_FIT = 0, 1, 2, 3
+
+_EXIT_TEXT = """exit status:
+  0  the model ran (or, with --offline, was predicted)
+  1  error: unreadable model or --input file, a model the checks refuse, an output path that
+     cannot be written, not enough host memory for a functional run (try --offline)
+  2  usage: an unknown flag or an option value outside its range
+  3  the model does not fit in tile memory (the prediction, latency included, is printed)
+Errors are one line on stderr; set OPENIPU_DEBUG=1 to see the traceback of an unexpected one."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line usage error (status 2) instead of the usage block."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 _CATEGORY_LABELS = {"compute": "compute", "exchange": "exchange", "global_exchange": "IPU-Link",
                     "host_exchange": "host I/O", "sync": "sync"}
@@ -34,20 +58,22 @@ def _seconds(s: float) -> str:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="openipu", description="Graphcore IPU software stack on a simulated IPU.")
+    p = _Parser(prog="openipu", description="Graphcore IPU software stack on a simulated IPU.")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="compile and run an ONNX model on a simulated IPU and predict its IPU performance",
                        description="Compile MODEL for a simulated IPU, run one step, print the outputs and "
-                                   "the predicted IPU latency, throughput and tile memory.")
+                                   "the predicted IPU latency, throughput and tile memory.",
+                       epilog=_EXIT_TEXT, formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("model", help="path of an .onnx file, or a bundled model name (e.g. light_resnet50)")
     r.add_argument("--ipu", default="ipu2", choices=["ipu1", "ipu2", "bow", "ipu21"], help="IPU generation (default ipu2)")
     r.add_argument("--num-ipus", type=int, default=1, help="IPUs to shard the model over (default 1)")
-    r.add_argument("--tiles-per-ipu", type=int, default=None, help="override the target's tiles per IPU")
+    r.add_argument("--tiles-per-ipu", type=int, default=None, help="use this many tiles of each IPU (1 to the generation's 1,216 / 1,472)")
     r.add_argument("--batch-size", type=int, default=None, help="override the model's batch dimension")
     r.add_argument("--batches-per-step", type=int, default=1, help="PopART batches per step (default 1)")
     r.add_argument("--precision", default="fp32", choices=["fp32", "fp16"], help="model precision (default fp32)")
-    r.add_argument("--input", metavar="FILE", help=".npz of input arrays keyed by input name (default: random)")
-    r.add_argument("--output", metavar="FILE", help="write the outputs to this .npz")
+    r.add_argument("--input", metavar="FILE", help=".npz of input arrays keyed by input name, one for each input "
+                                                 "(default: random inputs)")
+    r.add_argument("--output", metavar="FILE", help="write the outputs to this .npz (missing folders are created)")
     r.add_argument("--report", metavar="DIR", help="write the profile (profile.pop, summary.txt; read it with pva or `openipu report`) to DIR")
     r.add_argument("--available-memory-proportion", type=float, default=None,
                    help="temporary-memory budget of matmuls and convolutions (default 0.6)")
@@ -110,6 +136,9 @@ def _print_run(res, out, amp_used: float | None = None) -> None:
           f"worst tile {t} ({b:,} B)")
     if not res.fits:
         w("  worst tiles         " + ", ".join(f"tile {t}: {_kib(b)}" for t, b in res.worst_tiles))
+        w(f"  latency             {_seconds(res.latency)} per batch  ({res.step_cycles:,.0f} cycles per step; "
+          "if it fitted)")
+        w(f"  throughput          {res.throughput:,.1f} samples/s")
         w()
         w("The model does not fit in tile memory, so it was not run. Try:")
         w(f"  --num-ipus {res.num_ipus * 2}            shard over more IPUs")
@@ -138,37 +167,98 @@ def _print_run(res, out, amp_used: float | None = None) -> None:
         w(f"  profile written to {res.report_dir}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``openipu`` script. Returns the exit status."""
-    args = _build_parser().parse_args(argv)
-    if args.command == "report":
-        return _report(args)
+def _run(args) -> int:
     from openipu import runner
+    from openipu.popart.errors import popart_exception
 
-    inputs = None
-    if args.input:
-        with np.load(args.input) as f:
-            inputs = {k: f[k] for k in f.files}
+    def fail(msg: str, code: int = EXIT_ERROR) -> int:
+        print(f"openipu run: {msg}", file=sys.stderr)
+        return code
+
     try:
+        runner.check_options(ipu=args.ipu, num_ipus=args.num_ipus, batch_size=args.batch_size,
+                             batches_per_step=args.batches_per_step, precision=args.precision, seed=args.seed,
+                             available_memory_proportion=args.available_memory_proportion,
+                             tiles_per_ipu=args.tiles_per_ipu)
+    except runner.UsageError as e:
+        return fail(f"error: {e} (see openipu run --help)", EXIT_USAGE)
+    # paths first, so that a bad one costs no compile
+    if args.report and os.path.exists(args.report) and not os.path.isdir(args.report):
+        return fail(f"--report '{args.report}' is a file; give a directory (it is created if missing)")
+    if args.output:
+        if os.path.isdir(args.output):
+            return fail(f"--output '{args.output}' is a directory; give a file name (FILE.npz)")
+        folder = os.path.dirname(os.path.abspath(args.output))
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as e:
+            return fail(f"cannot create the folder of --output '{args.output}': {e.strerror or e}")
+        if not os.access(folder, os.W_OK):
+            return fail(f"cannot write --output '{args.output}': its folder is not writable")
+    inputs = None
+    try:
+        if args.input:
+            inputs = runner.load_inputs(args.input)
+        if args.report:
+            os.makedirs(args.report, exist_ok=True)
         res = runner.run_model(args.model, ipu=args.ipu, num_ipus=args.num_ipus, batch_size=args.batch_size,
                                batches_per_step=args.batches_per_step, precision=args.precision, inputs=inputs,
                                seed=args.seed, report_dir=args.report,
                                available_memory_proportion=args.available_memory_proportion,
-                               tiles_per_ipu=args.tiles_per_ipu, offline=args.offline)
+                               tiles_per_ipu=args.tiles_per_ipu, offline=args.offline,
+                               all_inputs=inputs is not None)
+    except runner.UsageError as e:
+        return fail(f"error: {e} (see openipu run --help)", EXIT_USAGE)
     except (FileNotFoundError, ValueError) as e:
-        print(f"openipu run: {e}", file=sys.stderr)
-        return 1
-    except Exception as e:  # noqa: BLE001 - PopART / Poplar errors: report them, not a traceback
+        return fail(_one_line(e))
+    except OSError as e:
+        return fail(f"{e.strerror or e}" + (f": '{e.filename}'" if getattr(e, "filename", None) else ""))
+    except MemoryError:
+        return fail("the host ran out of memory; use --offline to predict without running the model, or a "
+                    "smaller --batch-size")
+    except popart_exception as e:
+        return fail(f"the model could not be compiled or run for the IPU: {type(e).__name__}: {_one_line(e)}")
+    except Exception as e:  # noqa: BLE001 - Poplar / PopLibs errors: report them, not a traceback
         if type(e).__module__.startswith(("openipu.popart", "openipu.poplar", "openipu.poplibs")):
-            print(f"openipu run: the model could not be compiled or run for the IPU: {type(e).__name__}: {e}",
-                  file=sys.stderr)
-            return 1
+            return fail(f"the model could not be compiled or run for the IPU: {type(e).__name__}: {_one_line(e)}")
         raise
     _print_run(res, sys.stdout, args.available_memory_proportion)
     if args.output and res.outputs:
-        np.savez(args.output, **res.outputs)
+        try:
+            np.savez(args.output, **res.outputs)
+        except OSError as e:
+            return fail(f"cannot write --output '{args.output}': {e.strerror or e}")
         print(f"Outputs written to {args.output}")
-    return 0 if res.fits else 2
+    return EXIT_OK if res.fits else EXIT_DOES_NOT_FIT
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text or type(e).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``openipu`` script. Returns the exit status (see the module
+    docstring: 0 ok, 1 error, 2 usage, 3 does not fit). Every error is one line on stderr; an
+    unexpected exception too (exit 1), with its traceback when ``OPENIPU_DEBUG=1``."""
+    try:
+        args = _build_parser().parse_args(argv)
+    except SystemExit as e:             # --help (0) and usage errors (2)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    try:
+        if args.command == "report":
+            return _report(args)
+        return _run(args)
+    except KeyboardInterrupt:
+        print(f"openipu {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the top-level guard: one line, never a traceback
+        if os.environ.get("OPENIPU_DEBUG", "") not in ("", "0"):
+            import traceback
+            traceback.print_exc()
+        print(f"openipu {args.command}: unexpected error: {type(e).__name__}: {_one_line(e)} (set OPENIPU_DEBUG=1 "
+              "for the traceback, and please report it)", file=sys.stderr)
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -359,6 +359,10 @@ class OpenIPUBackendRep(BackendRep):
                 a = a.reshape(shape)
             if et in LEGALISED_TYPES:
                 a = a.astype(helper.tensor_dtype_to_np_dtype(et))
+            elif et and a.dtype.kind in "iu" and a.dtype != helper.tensor_dtype_to_np_dtype(et):
+                # PopART's index outputs are INT32 where ONNX says INT64 (ArgMax, TopK): the
+                # declared type, as a PopART user converts them
+                a = a.astype(helper.tensor_dtype_to_np_dtype(et))
             outs.append(a)
         return namedtupledict("Outputs", self.output_names)(*outs)
 

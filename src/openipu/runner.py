@@ -32,6 +32,177 @@ _NP_OF_ONNX = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.
                onnx.TensorProto.UINT16: np.uint16, onnx.TensorProto.UINT32: np.uint32}
 
 
+
+class UsageError(ValueError):
+    """An option value outside its range (``openipu run`` exits with status 2)."""
+
+
+class HostMemoryError(ValueError):
+    """A functional run would need more host memory than this machine has available."""
+
+
+#: most IPUs an option may ask for (``poplar.DeviceManager.MAX_IPUS``, an IPU-POD256)
+MAX_IPUS = 256
+#: largest batch size and batches per step accepted: one tensor holds at most this many
+#: elements (:data:`openipu.popart.model_check.MAX_TENSOR_ELEMENTS`)
+MAX_BATCH = (1 << 31) - 1
+#: numpy kinds an input array may have: bool, signed / unsigned integers, floats
+_FEEDABLE_KINDS = "biuf"
+
+
+def check_options(*, ipu: str = "ipu2", num_ipus: int = 1, batch_size: int | None = None, batches_per_step: int = 1,
+                  precision: str = "fp32", seed: int = 0, available_memory_proportion: float | None = None,
+                  tiles_per_ipu: int | None = None) -> None:
+    """Check :func:`run_model`'s options against their ranges; raise :class:`UsageError` naming
+    the first that is outside.
+
+    Ranges: ``ipu`` one of ipu1 / ipu2 / bow / ipu21; ``num_ipus`` 1 to :data:`MAX_IPUS`;
+    ``tiles_per_ipu`` 1 to the generation's tiles per IPU (``openipu.ipu.target``: 1,216 on
+    ipu1, 1,472 on the others; fewer tiles model a part of an IPU); ``batch_size`` and
+    ``batches_per_step`` 1 to :data:`MAX_BATCH`; ``available_memory_proportion`` in (0, 1];
+    ``seed`` 0 to 2**63 - 1; ``precision`` fp32 or fp16."""
+    from openipu.ipu import target as ipu_target
+    from openipu.ipu.target import ARCH_OF
+    if ipu not in ARCH_OF:
+        raise UsageError(f"--ipu must be one of {', '.join(ARCH_OF)}, not '{ipu}'")
+    if precision not in ("fp32", "fp16"):
+        raise UsageError(f"--precision must be fp32 or fp16, not '{precision}'")
+    if not 1 <= num_ipus <= MAX_IPUS:
+        raise UsageError(f"--num-ipus must be between 1 and {MAX_IPUS}, not {num_ipus}")
+    if tiles_per_ipu is not None:
+        most = ipu_target(ipu).tiles_per_ipu
+        if not 1 <= tiles_per_ipu <= most:
+            raise UsageError(f"--tiles-per-ipu must be between 1 and {most:,} (the tiles of an {ipu} IPU), "
+                             f"not {tiles_per_ipu:,}")
+    if batch_size is not None and not 1 <= batch_size <= MAX_BATCH:
+        raise UsageError(f"--batch-size must be between 1 and {MAX_BATCH:,}, not {batch_size:,}")
+    if not 1 <= batches_per_step <= MAX_BATCH:
+        raise UsageError(f"--batches-per-step must be between 1 and {MAX_BATCH:,}, not {batches_per_step:,}")
+    if available_memory_proportion is not None and not 0 < available_memory_proportion <= 1:
+        raise UsageError(f"--available-memory-proportion must be in (0, 1], not {available_memory_proportion:g}")
+    if not 0 <= seed < (1 << 63):
+        raise UsageError(f"--seed must be between 0 and 2**63 - 1, not {seed}")
+
+
+def check_input_array(name: str, arr) -> np.ndarray:
+    """``arr`` as an ndarray an IPU input can take: bool, integer or float. Raises
+    ``ValueError`` (one line naming the input) for complex values (the IPU has no complex
+    type), object, string, structured or date arrays."""
+    arr = np.asarray(arr) if not isinstance(arr, np.ndarray) else arr
+    if arr.dtype.kind == "c":
+        raise ValueError(f"input '{name}' is complex ({arr.dtype}); the IPU has no complex type: give the real "
+                         "and imaginary parts as separate real inputs")
+    if arr.dtype.kind not in _FEEDABLE_KINDS:
+        raise ValueError(f"input '{name}' has dtype {arr.dtype}, which is not a number type (bool, integer or "
+                         "float)")
+    return arr
+
+
+def load_inputs(path: str) -> dict[str, np.ndarray]:
+    """The arrays of the ``.npz`` file ``path``, keyed by name, read without pickle.
+
+    Raises ``ValueError`` (one line) when the file is missing, not an ``.npz`` (a single
+    ``.npy`` array included), truncated or corrupt, holds no arrays, or holds an array that
+    :func:`check_input_array` refuses (object arrays cannot be read without pickle)."""
+    import zipfile
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(6)
+    except FileNotFoundError:
+        raise ValueError(f"--input file '{path}' does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"--input '{path}' is a directory, not an .npz file") from None
+    except OSError as e:
+        raise ValueError(f"--input file '{path}' cannot be read ({e.strerror or e})") from None
+    if not magic.startswith(b"PK") and not magic.startswith(b"\x93NUMPY"):
+        raise ValueError(f"--input file '{path}' is not an .npz file (an .npz is a zip of arrays, as numpy.savez "
+                         "writes)")
+    try:
+        f = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise ValueError(f"--input file '{path}' does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"--input '{path}' is a directory, not an .npz file") from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+        raise ValueError(f"--input file '{path}' is not a readable .npz file ({_first_line(e)})") from None
+    if not isinstance(f, np.lib.npyio.NpzFile):
+        raise ValueError(f"--input file '{path}' holds a single array (.npy), not an .npz of arrays keyed by input "
+                         "name: write it with numpy.savez(path, name=array, ...)")
+    out = {}
+    with f:
+        try:
+            for k in f.files:
+                _check_npz_member_size(path, f, k)
+                out[k] = check_input_array(k, f[k])
+        except ValueError as e:
+            if "pickle" in str(e):
+                raise ValueError(f"--input file '{path}': array '{k}' holds Python objects, which openipu does not "
+                                 "read (no pickle); store numbers") from None
+            if str(e).startswith(("input '", "--input file")):
+                raise
+            raise ValueError(f"--input file '{path}' is not a readable .npz file (array '{k}': "
+                             f"{_first_line(e)})") from None
+        except (OSError, EOFError, zipfile.BadZipFile, KeyError, RuntimeError) as e:
+            raise ValueError(f"--input file '{path}' is truncated or corrupt (array '{k}': {_first_line(e)})") \
+                from None
+        except Exception as e:  # noqa: BLE001 - zlib.error and other decompressor errors
+            raise ValueError(f"--input file '{path}' is truncated or corrupt (array '{k}': "
+                             f"{type(e).__name__}: {_first_line(e)})") from None
+    if not out:
+        raise ValueError(f"--input file '{path}' holds no arrays; give one array per model input, named after it")
+    return out
+
+
+def _check_npz_member_size(path: str, f, key: str) -> None:
+    """Refuse an array of the open ``.npz`` ``f`` whose header declares more bytes than half the
+    host memory available (read from its ``.npy`` header, before numpy allocates it: a small
+    compressed file can declare a huge array). Raises ``ValueError``."""
+    member = key if key in f.zip.namelist() else f"{key}.npy"
+    try:
+        with f.zip.open(member) as fp:
+            version = np.lib.format.read_magic(fp)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(fp)
+            elif version == (2, 0):
+                shape, _, dtype = np.lib.format.read_array_header_2_0(fp)
+            else:
+                return              # numpy reads (and checks) other versions itself
+    except Exception:  # noqa: BLE001 - a bad header: np.load's own error says what is wrong
+        return
+    nbytes = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+    have = host_memory_available()
+    if nbytes > have // 2:
+        raise ValueError(f"--input file '{path}': array '{key}' of shape {list(shape)} ({dtype}) would take "
+                         f"{_gib(nbytes)}, more than half of the {_gib(have)} of host memory available")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def host_memory_available() -> int:
+    """Bytes of host memory available now (:func:`openipu.popart.model_check.host_bytes_available`)."""
+    from openipu.popart.model_check import host_bytes_available
+    return host_bytes_available()
+
+
+def host_memory_estimate(session, batches_per_step: int = 1) -> int:
+    """Bytes of host memory a functional run of ``session`` (a ``popart.InferenceSession``
+    before ``prepareDevice``) needs, roughly: twice (the session's host copy and the simulated
+    device's) every tensor of its IR, one batch each, plus its stream inputs and anchors for
+    ``batches_per_step`` batches, twice (the step's buffers and the anchor arrays)."""
+    ir = session._ir
+    total = sum(t.info.nbytes() for t in ir.tensors.values())
+    io_ids = set(ir.stream_inputs) | set(session.dataFlow.anchors())
+    io = sum(ir.tensors[t].info.nbytes() for t in io_ids if t in ir.tensors)
+    return int(2 * total + 2 * io * batches_per_step)
+
+
+def _gib(b: float) -> str:
+    return f"{b / (1 << 30):,.1f} GiB"
+
+
 def light_model_dir() -> Path:
     """Directory of the light models inside the installed ``onnx`` package."""
     return Path(onnx.__file__).resolve().parent / "backend" / "test" / "data" / "light"
@@ -123,6 +294,45 @@ def fix_input_shapes(model: onnx.ModelProto, inputs: dict | None = None) -> onnx
     return out
 
 
+def _only_inputs(model: onnx.ModelProto, names: list) -> onnx.ModelProto:
+    """A shallow stand-in of ``model`` for :func:`random_inputs`: the run-time inputs ``names``,
+    the Gather nodes and the initializers' shapes (no weight data is copied)."""
+    m = onnx.ModelProto()
+    keep = set(names)
+    m.graph.input.extend(vi for vi in model.graph.input if vi.name in keep)
+    m.graph.node.extend(n for n in model.graph.node if n.op_type == "Gather")
+    gathered = {n.input[0] for n in m.graph.node if n.input}
+    for t in model.graph.initializer:
+        if t.name in gathered:
+            m.graph.initializer.add(name=t.name, dims=list(t.dims), data_type=t.data_type)
+    return m
+
+
+def _as_input(name: str, arr: np.ndarray, vi) -> np.ndarray:
+    """``arr`` in the element type of model input ``vi``, checked: same shape; a float array
+    only for a float input; integers only within the input type's range. Raises ``ValueError``."""
+    dt = _NP_OF_ONNX.get(vi.type.tensor_type.elem_type)
+    if dt is None:
+        raise ValueError(f"input '{name}' has an ONNX element type openipu cannot feed "
+                         f"({onnx.TensorProto.DataType.Name(vi.type.tensor_type.elem_type)})")
+    want_shape = tuple(_dims(vi))
+    if arr.shape != want_shape:
+        raise ValueError(f"input '{name}' has shape {list(arr.shape)}; the model wants {list(want_shape)}")
+    want = np.dtype(dt)
+    if arr.dtype == want:
+        return arr
+    kinds = "b" if want.kind == "b" else "biu" if want.kind in "iu" else "biuf"
+    if arr.dtype.kind not in kinds:
+        raise ValueError(f"input '{name}' is {arr.dtype}; the model wants {want} (convert it: openipu does not "
+                         "round or truncate input values)")
+    if want.kind in "iu" and arr.size:
+        info = np.iinfo(want)
+        lo, hi = arr.min(), arr.max()
+        if lo < info.min or hi > info.max:
+            raise ValueError(f"input '{name}' has values in [{lo}, {hi}], outside the range of the model's {want}")
+    return arr.astype(want)
+
+
 def _dims(vi) -> list[int]:
     return [d.dim_value if d.HasField("dim_value") else 1 for d in vi.type.tensor_type.shape.dim]
 
@@ -130,8 +340,10 @@ def _dims(vi) -> list[int]:
 def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded random inputs for the run-time inputs of ``model``, keyed by input name.
 
-    Floats: standard normal. Integers used as ``Gather`` indices: uniform in [0, rows of the
-    gathered table); other integers and booleans: ones (masks). Unknown dims count as 1.
+    Each in the input's own element type. Floats: standard normal. Integers used as ``Gather``
+    indices: uniform in [0, rows of the gathered table); other integers and booleans: ones
+    (masks). Unknown dims count as 1. Raises ``ValueError`` for element types openipu cannot
+    feed (DOUBLE, strings, complex ...).
     """
     rng = np.random.default_rng(seed)
     inits = {t.name: t for t in model.graph.initializer}
@@ -147,8 +359,8 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray
             raise ValueError(f"input '{vi.name}' has an ONNX element type openipu cannot feed "
                              f"({onnx.TensorProto.DataType.Name(vi.type.tensor_type.elem_type)})")
         shape = _dims(vi)
-        if np.issubdtype(dt, np.floating):
-            out[vi.name] = rng.standard_normal(shape).astype(dt)
+        if np.issubdtype(dt, np.floating):      # drawn in float32 (not float64), then the input's type
+            out[vi.name] = rng.standard_normal(shape, dtype=np.float32).astype(dt, copy=False)
         elif vi.name in bound:
             out[vi.name] = rng.integers(0, bound[vi.name], shape).astype(dt)
         else:
@@ -217,7 +429,7 @@ def _batch_of(model) -> int:
 def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: int = 1, batch_size: int | None = None,
               batches_per_step: int = 1, precision: str = "fp32", inputs: dict | None = None,
               seed: int = 0, report_dir: str | None = None, available_memory_proportion: float | None = None,
-              tiles_per_ipu: int | None = None, offline: bool = False) -> ModelRun:
+              tiles_per_ipu: int | None = None, offline: bool = False, all_inputs: bool = False) -> ModelRun:
     """Compile ``model`` for the simulated target and run one step on ``inputs`` (or random ones).
 
     Args:
@@ -229,26 +441,34 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
         batches_per_step: PopART's ``DataFlow`` batches per step; inputs gain a leading dim.
         precision: ``fp32`` or ``fp16`` (PopRT's float-to-half conversion of the whole model).
         inputs: arrays keyed by input name, each shaped like the input (one batch; repeated for
-            every batch of the step); missing inputs are random (see :func:`random_inputs`).
+            every batch of the step); missing inputs are random (see :func:`random_inputs`)
+            unless ``all_inputs``. An array must have the input's shape, and a type that casts
+            to the input's without changing its kind to a narrower one (float to float, integer
+            to integer or float, bool to anything) with its values in range.
+        all_inputs: every run-time input must be in ``inputs`` (``openipu run --input``).
         report_dir: where the engine writes its profile (``autoReport.directory``).
         available_memory_proportion: matmul / convolution temporary-memory budget (default 0.6).
         offline: compile for an offline IPU (``createOfflineIPUDevice``) and predict one step
-            without device memory, kernels or inputs; ``outputs`` stays empty.
+            without device memory, kernels or inputs (none are made); ``outputs`` stays empty.
     Returns:
         A :class:`ModelRun`. When the model does not fit, ``fits`` is false, the memory figures
-        and worst tiles are filled in, and nothing is run.
+        and worst tiles are filled in, the step is predicted (latency) but nothing is run.
     Raises:
-        FileNotFoundError, ValueError (bad options or inputs), and PopART's exceptions for models
-        it cannot import.
+        :class:`UsageError` (an option out of range, :func:`check_options`),
+        :class:`HostMemoryError` (a functional run would need more host memory than is
+        available: :func:`host_memory_estimate`, checked once the session has checked the
+        model, before anything is allocated for the run), FileNotFoundError, ValueError (unreadable
+        model, bad inputs), and PopART's exceptions (``popart.popart_exception``: the model
+        checks of :mod:`openipu.popart.model_check`, ops it cannot import, ...).
     """
     import popart
 
     from openipu.poplar.profile import run_breakdown
 
-    if precision not in ("fp32", "fp16"):
-        raise ValueError(f"precision must be fp32 or fp16, not '{precision}'")
-    if batches_per_step < 1 or num_ipus < 1:
-        raise ValueError("batches per step and the number of IPUs must be at least 1")
+    check_options(ipu=ipu, num_ipus=num_ipus, batch_size=batch_size, batches_per_step=batches_per_step,
+                  precision=precision, seed=seed, available_memory_proportion=available_memory_proportion,
+                  tiles_per_ipu=tiles_per_ipu)
+    inputs = {str(k): check_input_array(str(k), v) for k, v in (inputs or {}).items()}
     if isinstance(model, onnx.ModelProto):
         path, proto = f"<ModelProto {model.graph.name}>", model
     else:
@@ -256,8 +476,18 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
         try:
             proto = onnx.load(str(path))
         except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
-            raise ValueError(f"'{path}' is not a readable ONNX model ({type(e).__name__}: {e}). Check that the file "
-                             "was written completely, and that weights stored beside it are there") from None
+            raise ValueError(f"'{path}' is not a readable ONNX model ({type(e).__name__}: {_first_line(e)}). Check "
+                             "that the file was written completely, and that weights stored beside it are "
+                             "there") from None
+    try:
+        g = proto.graph                 # protobuf parses bad UTF-8 and fails when it is read
+        for x in list(g.input) + list(g.output) + list(g.initializer) + list(g.value_info):
+            x.name
+        for n in g.node:
+            n.name, n.op_type, n.domain, list(n.input), list(n.output)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"'{path}' is not a valid ONNX model: a name in it is not UTF-8 text ({e}). The file is "
+                         "corrupt; re-export it") from None
     if batch_size is not None:
         proto = set_batch_size(proto, batch_size)
     proto = fix_input_shapes(proto, inputs)
@@ -265,18 +495,30 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
         from openipu.poprt import convert_float_to_half
         proto = convert_float_to_half(proto)
     batch = _batch_of(proto)
-    feeds = random_inputs(proto, seed)
-    for name, arr in (inputs or {}).items():
-        if name not in feeds:
+    runtime = {}        # copies, so that dropping the proto below frees it (and its weights)
+    for vi in model_inputs(proto):
+        runtime[vi.name] = onnx.ValueInfoProto()
+        runtime[vi.name].CopyFrom(vi)
+    for vi in runtime.values():
+        dims = _dims(vi)
+        if vi.type.HasField("tensor_type") and 0 in dims:
+            raise ValueError(f"input '{vi.name}' has shape {dims}, with a zero-sized dimension: there is no data to "
+                             "run the model on")
+        if any(d < 0 for d in dims):
+            raise ValueError(f"input '{vi.name}' has shape {dims}, with a negative dimension")
+    for name in inputs:
+        if name not in runtime:
             raise ValueError(f"--input names '{name}', which is not an input of the model (inputs: "
-                             + ", ".join(feeds) + ")")
-        want = feeds[name]
-        arr = np.asarray(arr)
-        if arr.shape != want.shape:
-            raise ValueError(f"input '{name}' has shape {list(arr.shape)}; the model wants {list(want.shape)}")
-        feeds[name] = arr.astype(want.dtype)
-    if batches_per_step > 1:
-        feeds = {k: np.ascontiguousarray(np.broadcast_to(v, (batches_per_step,) + v.shape)) for k, v in feeds.items()}
+                             + ", ".join(runtime) + ")")
+    if all_inputs:
+        missing = [n for n in runtime if n not in inputs]
+        if missing:
+            raise ValueError("--input gives no array for the model input(s) " + ", ".join(f"'{n}'" for n in missing)
+                             + " (each input needs an array named after it)")
+    for name, arr in inputs.items():
+        _as_input(name, arr, runtime[name])       # checked now, even when not fed (offline)
+    # what random inputs need of the model (its Gather tables' shapes), without its weights
+    stand_in = _only_inputs(proto, [n for n in runtime if n not in inputs])
 
     opts = popart.SessionOptions()
     engine_opts = {"debug.allowOutOfMemory": "true"}
@@ -292,7 +534,7 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
         opts.virtualGraphMode = popart.VirtualGraphMode.Auto
     from openipu.ipu import target as ipu_target
     dev_opts = {"numIPUs": num_ipus, "ipuVersion": ipu,
-                "tilesPerIPU": tiles_per_ipu or ipu_target(ipu).tiles_per_ipu}
+                "tilesPerIPU": tiles_per_ipu if tiles_per_ipu is not None else ipu_target(ipu).tiles_per_ipu}
     dm = popart.DeviceManager()
     device = dm.createOfflineIPUDevice(dev_opts) if offline else dm.createIpuModelDevice(dev_opts)
     outputs = [o.name for o in proto.graph.output]
@@ -304,6 +546,12 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     data, proto = proto.SerializeToString(), None
     session = popart.InferenceSession(fnModel=data, dataFlow=flow, deviceInfo=device, userOptions=opts)
     del data
+    if not offline:     # the model is checked and its shapes known: can this host run it?
+        need, have = host_memory_estimate(session, batches_per_step), host_memory_available()
+        if need > have:
+            raise HostMemoryError(f"running the model needs about {_gib(need)} of host memory and this machine has "
+                                  f"{_gib(have)} available: use --offline to predict without running it, or a "
+                                  "smaller --batch-size / --batches-per-step")
     session.prepareDevice(loadEngine=False)     # host buffers are allocated by the run, if it fits
     host_compile = time.perf_counter() - t0
     engine = session._engine
@@ -319,10 +567,17 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     res.worst_tiles = mem.worst_tiles(5)
     res.out_of_memory_tiles = int(mem.out_of_memory_tiles.size)
     res.fits = mem.fits()
-    if not res.fits:
-        return res
+    run = not offline and res.fits
+    if run:         # inputs are made only now that the model compiled and fits
+        feeds = random_inputs(stand_in, seed)
+        for name, arr in inputs.items():
+            feeds[name] = _as_input(name, arr, runtime[name])
+        feeds = {n: feeds[n] for n in runtime}
+        if batches_per_step > 1:
+            feeds = {k: np.ascontiguousarray(np.broadcast_to(v, (batches_per_step,) + v.shape))
+                     for k, v in feeds.items()}
     t0 = time.perf_counter()
-    if offline:
+    if not run:     # predicted without data; a model that does not fit is not run
         engine.predict_run(0)
         anchors = {}
     else:

@@ -69,7 +69,10 @@ from openipu.popart.errors import (OutOfMemoryException, RecoveryAction, _throw_
                                    poplar_unrecoverable_runtime_error, poplibs_exception)
 from openipu.popart.log import Logger, getLogger
 from openipu.popart.options import *  # noqa: F401,F403 - enums and settings structs
-from openipu.popart.options import InputShapeInfo, Patterns, SessionOptions
+from openipu.popart.options import InputShapeInfo, SessionOptions
+from openipu.popart.patterns import Patterns
+from openipu.popart.graph_transformer import GraphTransformer
+from openipu.popart.variable_settings import CommGroup, VariableSettings
 from openipu.popart.optimizer import (Adam, AdamMode, Adaptive, AdaptiveMode, ClipNormSettings, ConstSGD, Optimizer,
                                      OptimizerValue, SGD, SGDAccumulatorAndMomentum, WeightDecayMode)
 from openipu.popart.session import InferenceSession, TrainingSession

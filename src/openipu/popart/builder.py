@@ -32,10 +32,11 @@ import onnx
 from onnx import defs, helper, numpy_helper
 
 from openipu.popart.errors import popart_exception
+from openipu.popart.tensor_proto import read_external_data, typed_tensor
 from openipu.popart import graphcore_ops as gco
 from openipu.popart.graphcore_ops import GRAPHCORE, find_kernel
 from openipu.popart.log import log
-from openipu.popart.shapes import decode_attrs, probe, to_torch, value_info_of
+from openipu.popart.shapes import decode_attrs, probe, subgraph_output_infos, to_torch, value_info_of
 from openipu.popart.tensorinfo import NUMPY_OF, ONNX_OF, TensorInfo, dtype_name
 
 DEFAULT_AI_ONNX_OPSET = 10
@@ -104,7 +105,9 @@ def _load_model(model_or_path) -> onnx.ModelProto:
         raise popart_exception(
             f"Failed to load a ModelProto from the string '{_format_proto_string(data, 100)}'.\nCheck that it is "
             "either a valid path to an existing onnx model file, or is a valid onnx ModelProto string.")
+    read_external_data(m)
     return m
+
 
 
 def _format_proto_string(data: bytes, max_len: int) -> str:
@@ -188,8 +191,9 @@ def _make_onnx_method(schema):
         required = sorted(n for n, a in own.items() if a.required and a.type != onnx.AttributeProto.GRAPH)
         optional = sorted(n for n, a in own.items() if not a.required)
         graphs = sorted(n for n, a in attrs.items() if a.required and a.type == onnx.AttributeProto.GRAPH)
-        attr_names = required + graphs + optional
-        for n in required + graphs:
+        # PopART's order: the subgraphs first (``scan(args, num_outputs, body, num_scan_inputs, ...)``)
+        attr_names = graphs + required + optional
+        for n in graphs + required:
             params.append(P(n, P.POSITIONAL_OR_KEYWORD))
         for n in optional:
             a = attrs[n]
@@ -218,6 +222,9 @@ def _make_onnx_method(schema):
             if op == "Cast" and n == "to" and not isinstance(val, (int, np.integer)):
                 val = ONNX_OF[dtype_name(val)]
             at[n] = _to_attr_value(n, val, attrs[n].type)
+            if n == "axes" and op.startswith("Reduce") and isinstance(val, (list, tuple)) and not val:
+                # PopART keeps an empty ``axes`` list (its ReduceOp then reduces over no axis)
+                at[n] = helper.make_attribute("axes", [], attr_type=onnx.AttributeProto.INTS)
         inputs = list(v["args"]) if takes_args else []
         n_out = int(v["num_outputs"]) if takes_n else n_fixed
         if takes_n and "num_outputs" in attrs and len(inputs) < 2:      # Split-18 without a split input
@@ -1103,6 +1110,8 @@ class Builder:
         (``init_input``, ``init_input/1`` ... or the prefix given)."""
         if isinstance(variableSettings, str):
             variableSettings, debugContext = None, variableSettings
+        if variableSettings is not None and hasattr(variableSettings, "check_supported"):
+            variableSettings.check_supported(str(debugContext) or "init_input")
         arr = np.asarray(initVal)
         arr = np.ascontiguousarray(arr).reshape(arr.shape)      # (keeps 0-d scalars 0-d)
         name = dtype_name(arr.dtype)
@@ -1110,7 +1119,8 @@ class Builder:
             raise popart_exception(f"Unsupported data type for initialized data ({TensorInfo(arr)})")
         tid = self._next_id(str(debugContext) or "init_input")
         self._model.graph.input.append(helper.make_tensor_value_info(tid, ONNX_OF[name], list(arr.shape)))
-        self._model.graph.initializer.append(numpy_helper.from_array(arr, tid))
+        # PopART's storage: the typed field (float_data ...), see openipu.popart.tensor_proto
+        self._model.graph.initializer.append(typed_tensor(arr, tid))
         self._infos[tid] = (name, list(arr.shape))
         self._consts[tid] = arr
         return tid
@@ -1160,7 +1170,9 @@ class Builder:
         if name or self._scopes:
             node.name = "".join(s + _SEP for s in self._scopes) + (name or op_type)
         for k, v in attrs.items():
-            if v is not None:
+            if isinstance(v, onnx.AttributeProto):
+                node.attribute.append(v)
+            elif v is not None:
                 node.attribute.append(helper.make_attribute(k, v))
         for k, stack in self._attr_stack.items():
             if stack:
@@ -1200,6 +1212,10 @@ class Builder:
             except Exception as e:  # inference failure: fall back to the kernel
                 log("builder").debug("ONNX shape inference failed for %s: %s", node.op_type, e)
                 outs = None
+        if (outs is None or any(o is None for o in outs)) and node.domain in ("", "ai.onnx") \
+                and node.op_type in ("If", "Loop", "Scan"):
+            sub = subgraph_output_infos(node, self._infos, self._consts)
+            outs = [o if o is not None else p for o, p in zip(outs or [None] * len(sub), sub)]
         if outs is None or any(o is None for o in outs):
             kernel = find_kernel(node.domain, node.op_type)
             if kernel is not None and all(x == "" or x in self._infos for x in node.input):
@@ -1333,6 +1349,23 @@ class Builder:
 
     def recomputeOutputInBackwardPass(self, ids, value="Recompute"):  # noqa: N802
         self._annotate(RECOMPUTE_ATTR, ids, str(value))
+
+    def checkpointOutput(self, nodeOutputNames) -> list[str]:  # noqa: N802,N803
+        """PopART's ``Builder.checkpointOutput``: one identity per tensor, annotated
+        ``RecomputeType.Checkpoint`` (its output is kept, never recomputed). Returns the new ids."""
+        outs = []
+        for tid in nodeOutputNames:
+            y = self.aiOnnx.identity([tid], "Checkpoint")
+            self._annotate(RECOMPUTE_ATTR, [y], "Checkpoint")
+            outs.append(y)
+        return outs
+
+    def saveInitializersExternally(self, ids, filename: str) -> None:  # noqa: N802
+        """Move the data of initializers ``ids`` into ``filename`` (``EXTERNAL`` data location,
+        read back when a session loads the model): PopART's ``Builder.saveInitializersExternally``
+        (:func:`openipu.popart.graph_transformer.save_initializers_externally`)."""
+        from openipu.popart.graph_transformer import save_initializers_externally
+        save_initializers_externally(self._root()._model, list(ids), str(filename))
 
     def getRecomputeOutputInBackwardPass(self, ids) -> bool:  # noqa: N802
         try:

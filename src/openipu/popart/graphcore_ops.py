@@ -237,6 +237,42 @@ def _ctc_flops(i, o, a):
     return 20.0 * t * n * (2 * s + 1) + 4.0 * math.prod(i[0])
 
 
+def check_ctc_inputs(lp: torch.Tensor, tgt: torch.Tensor, il: torch.Tensor, tl: torch.Tensor, blank: int) -> None:
+    """Refuse CTC inputs that torch's ``ctc_loss`` does not check itself before reading memory.
+
+    ``lp`` [T, N, C] log-probabilities, ``tgt`` [N, S] labels, ``il`` / ``tl`` [N] input and
+    target lengths. torch reads ``lp`` at each label of the first ``tl[n]`` of row ``n`` without
+    a bounds check: a label outside [0, C) makes it read (or write, in the backward pass) outside
+    the tensor, which crashes the process (SIGSEGV) or gives garbage. Also refused here, with
+    one line naming the rule: ranks other than 3 / 2 / 1 / 1, an empty ``lp``, a batch that
+    differs between the inputs, ``blank`` outside [0, C), lengths outside [0, T] / [0, S].
+    A target longer than its input (``tl > il``) is valid: its loss is infinite (zero with
+    ``zeroInfinity``). Raises ``ValueError`` (a ``popart_exception`` naming the op, through
+    ``shapes.call_kernel``)."""
+    if lp.dim() != 3 or tgt.dim() != 2 or il.dim() != 1 or tl.dim() != 1:
+        raise ValueError(f"Ctc: expected log_probs [T, N, C], targets [N, S], input_lengths [N] and target_lengths "
+                         f"[N], got shapes {list(lp.shape)}, {list(tgt.shape)}, {list(il.shape)}, {list(tl.shape)}")
+    t, n, c = lp.shape
+    if lp.numel() == 0:
+        raise ValueError(f"Ctc: log_probs of shape {list(lp.shape)} is empty")
+    if tgt.shape[0] != n or il.shape[0] != n or tl.shape[0] != n:
+        raise ValueError(f"Ctc: the batch size N={n} of log_probs differs from targets {list(tgt.shape)}, "
+                         f"input_lengths {list(il.shape)} or target_lengths {list(tl.shape)}")
+    if not 0 <= blank < c:
+        raise ValueError(f"Ctc: blank {blank} is outside the classes [0, {c})")
+    s = tgt.shape[1]
+    il64, tl64 = il.to(torch.int64), tl.to(torch.int64)
+    if bool(((il64 < 0) | (il64 > t)).any()):
+        raise ValueError(f"Ctc: input_lengths {il64.tolist()[:8]} must be in [0, {t}] (the time steps of log_probs)")
+    if bool(((tl64 < 0) | (tl64 > s)).any()):
+        raise ValueError(f"Ctc: target_lengths {tl64.tolist()[:8]} must be in [0, {s}] (the columns of targets)")
+    used = torch.arange(s).unsqueeze(0) < tl64.unsqueeze(1)
+    labels = tgt.to(torch.int64)[used]
+    if labels.numel() and bool(((labels < 0) | (labels >= c)).any()):
+        bad = labels[(labels < 0) | (labels >= c)][0].item()
+        raise ValueError(f"Ctc: target label {bad} is outside the classes [0, {c}) of log_probs")
+
+
 @_gc("Ctc", flops=_ctc_flops)
 def ctc(inputs, attrs, opset):
     """PopART's ``Ctc`` (``aiGraphcore.ctcloss``): ``[log_probs [T, N, C], targets [N, S],
@@ -247,6 +283,7 @@ def ctc(inputs, attrs, opset):
     ``outDataType`` (UNDEFINED: the log_probs' type). The second output ``[T, N, C]`` (log_probs'
     type) is what ``CtcGrad`` scales by the loss gradient (PopART computes both in one pass)."""
     lp, tgt, il, tl = inputs
+    check_ctc_inputs(lp, tgt, il, tl, int(attrs.get("blank", 0)))
     with torch.enable_grad():
         x = lp.detach().float().requires_grad_(True)
         per = torch.nn.functional.ctc_loss(x, tgt.long(), il.long(), tl.long(), blank=int(attrs.get("blank", 0)),

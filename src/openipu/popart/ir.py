@@ -5,7 +5,9 @@ Steps, in the session constructor as in PopART:
 
 1. load (bytes or path; PopART's "Failed to load a ModelProto ..." texts), ``onnx.checker``;
 2. fix input shapes from ``InputShapeInfo``; inputs with unknown dims are an error;
-3. ``onnx.shape_inference.infer_shapes(model, data_prop=True)``;
+3. strict ``onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)`` (an
+   inference error is a PopART error naming the node), then the attribute and size checks of
+   :mod:`openipu.popart.model_check`;
 4. walk the nodes in order: a node whose inputs are all constants (``Constant``, initializers
    when ``constantWeights`` is true, earlier folded results) is run on the host with its
    onnx_ops kernel and becomes a constant (PopART's ConstExpr folding); so do ``Shape`` /
@@ -49,11 +51,12 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from openipu.popart import lowering
+from openipu.popart import lowering, model_check, op_setup, tensor_proto
 from openipu.popart.builder import VGRAPH_ATTR, PIPELINE_ATTR, _load_model
 from openipu.popart.errors import popart_exception
 from openipu.popart.graphcore_ops import GRAPHCORE, find_kernel
 from openipu.popart.log import log
+from openipu.popart.onnx_ops import reduce as reduce_ops
 from openipu.popart.options import VirtualGraphMode
 from openipu.popart.shapes import (KERNEL_TORCH_OF, NAME_OF_TORCH, annotations, call_kernel, decode_attrs, is_static,
                                   probe, subgraph_free_names, to_torch, value_info_of, zeros)
@@ -63,6 +66,9 @@ from openipu.popart.transforms import graphcore_ir, random_seed
 #: ops whose output shapes depend on input values (PopART has no class for them): always probed
 #: twice, even when the model states a static shape, and refused unless the shapes agree
 VALUE_SHAPED = {"NonZero", "Unique"}
+#: index outputs PopART makes INT32 (its ArgExtremaOp, TopKOp and SortOp setup), where ONNX says
+#: INT64: op -> output indices
+INDEX_OUTPUTS = {("", "ArgMax"): (0,), ("", "ArgMin"): (0,), ("", "TopK"): (1,), (GRAPHCORE, "Sort"): (1,)}
 #: ops kept although no anchor needs their outputs (they act when they run)
 SIDE_EFFECT_OPS = {(GRAPHCORE, "Abort"), (GRAPHCORE, "PrintTensor")}
 #: ops never folded on the host (random results differ per run)
@@ -178,6 +184,12 @@ class IrOp:
         return f"IrOp({self.id}, {self.op_type}, {self.inputs} -> {self.outputs}, {self.lowering})"
 
 
+def _one_line(e: Exception) -> str:
+    """An onnx error as one line (its messages span several, with repeated prefixes)."""
+    text = " ".join(str(e).split())
+    return text.replace("[ShapeInferenceError] Inference error(s): ", "") or type(e).__name__
+
+
 def shard_rows(value, replicas: int) -> np.ndarray:
     """A sharded tensor's host value as its replicas' pieces: ``[replicas, ceil(n / replicas)]``,
     the flattened value zero-padded (the layout of ``gcl.reduceScatterCrossReplica``)."""
@@ -192,17 +204,27 @@ def shard_rows(value, replicas: int) -> np.ndarray:
 WEIGHT_BYTES = 1 << 16
 
 
+def initializer_array(init: onnx.TensorProto) -> np.ndarray:
+    """``numpy_helper.to_array(init)``, with a data / dims mismatch (more values than the dims
+    hold, a type without numpy equivalent ...) raised as a ``popart_exception`` naming it."""
+    try:
+        return numpy_helper.to_array(init)
+    except Exception as e:  # noqa: BLE001 - numpy's reshape ValueError, onnx's TypeError ...
+        raise popart_exception(f"Initializer '{init.name}' of dims {list(init.dims)} cannot be read: "
+                               f"{_one_line(e)}") from None
+
+
 def _take_weights(model: onnx.ModelProto, owned: bool) -> dict:
     """The large top-level initializers of ``model`` as numpy arrays (one host copy of each
     weight). When the IR parsed the proto itself (``owned``), their ``raw_data`` is cleared so the
     weights are not held twice; a ModelProto the caller passed is left as it was."""
     out = {}
     for init in model.graph.initializer:
-        if init.data_location == onnx.TensorProto.EXTERNAL or len(init.raw_data) < WEIGHT_BYTES:
+        if init.data_location == onnx.TensorProto.EXTERNAL or tensor_proto.stored_bytes(init) < WEIGHT_BYTES:
             continue
-        out[init.name] = numpy_helper.to_array(init)
+        out[init.name] = initializer_array(init)
         if owned:
-            init.ClearField("raw_data")
+            tensor_proto.clear_values(init)     # raw_data or the typed field (float_data ...)
     return out
 
 
@@ -297,10 +319,78 @@ class Ir:
             self.opsets[""] = 10
         try:
             onnx.checker.check_model(_skeleton(self.model, self.weights))
+        except UnicodeDecodeError as e:     # protobuf parses bad UTF-8 and fails when it is read
+            raise popart_exception(f"The ONNX model is not valid: a name or string in it is not UTF-8 text ({e}). "
+                                   "The file is corrupt; re-export it") from None
         except onnx.checker.ValidationError as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else "invalid model"
             raise popart_exception(f"The ONNX model is not valid (onnx.checker): {first}. Check the exporter that "
                                    "wrote it, or re-export it") from None
+
+    @staticmethod
+    def _strict_inference(skel: onnx.ModelProto, retried: bool = False) -> onnx.ModelProto:
+        """``infer_shapes(strict_mode=True, data_prop=True)`` of ``skel``, its first error a
+        ``popart_exception``. Two exceptions, where the model is not at fault:
+
+        - a declared shape (graph output or value_info) that differs from the inferred one is a
+          hint an exporter got wrong, which onnxruntime also only warns about: the shapes
+          declared for the outputs of ai.onnx nodes are dropped and inference runs again (with a
+          warning); element types that differ stay an error;
+        - an error inside the expansion of an ONNX function op (MeanVarianceNormalization's body
+          fails onnx's own strict inference): non-strict inference, the op's kernel and lowering
+          check it."""
+        try:
+            return onnx.shape_inference.infer_shapes(skel, check_type=False, strict_mode=True, data_prop=True)
+        except onnx.shape_inference.InferenceError as e:
+            first = str(e).replace("[ShapeInferenceError] Inference error(s): ", "").strip().splitlines()[0].strip()
+            if "existing shape differ" in first and not retried:
+                log("ir").warning("The model declares a tensor shape that ONNX shape inference does not give (%s): "
+                                  "the inferred shapes are used", first)
+                onnx_outputs = {o for n in skel.graph.node if n.domain in ("", "ai.onnx") for o in n.output}
+                for vi in list(skel.graph.value_info) + list(skel.graph.output):
+                    if vi.name in onnx_outputs and vi.type.HasField("tensor_type"):
+                        vi.type.tensor_type.ClearField("shape")
+                return Ir._strict_inference(skel, retried=True)
+            if "): (op_type:" not in first and not retried:
+                # data propagation evaluates shape-computing subgraphs and can fail where the
+                # shapes are fine (a Slice's steps computed from shapes: "'step' cannot be 0" on a
+                # PopTorch-captured BERT): strict inference without it still checks every shape
+                try:
+                    out = onnx.shape_inference.infer_shapes(skel, check_type=False, strict_mode=True, data_prop=False)
+                    log("ir").debug("strict ONNX shape inference failed with data propagation (%s): without it", first)
+                    return out
+                except onnx.shape_inference.InferenceError:
+                    pass
+            if "'step' cannot be 0" in first:
+                # onnx reads a Slice's steps wrongly on PopTorch's captured BERT (it ran before the
+                # strict check); the Slice kernel and lowering check steps themselves
+                log("ir").debug("strict ONNX shape inference: %s; not strict", first)
+                return onnx.shape_inference.infer_shapes(skel, data_prop=True)
+            if "): (op_type:" not in first:
+                # the first error is the cause (later ones follow from it: "Input 0 expected to
+                # have type but instead is null" ...); PopART's own setup error, where it has one
+                # for the node, comes first (PopART's wording, op_setup)
+                Ir._setup_checks_first(skel)
+                raise popart_exception(f"ONNX shape inference refused the model: {first}") from None
+            log("ir").debug("strict ONNX shape inference failed inside a function body (%s): not strict", e)
+            return onnx.shape_inference.infer_shapes(skel, data_prop=True)
+        except (RuntimeError, onnx.checker.ValidationError) as e:     # onnx's other C++ errors
+            raise popart_exception(f"ONNX shape inference refused the model: {_one_line(e)}") from None
+
+    @staticmethod
+    def _setup_checks_first(skel: onnx.ModelProto) -> None:
+        """PopART's ``Op::setup`` checks (:func:`openipu.popart.op_setup.check_graph`) over the
+        shapes of non-strict inference: raises their ``popart_exception`` if one fails."""
+        try:
+            m = onnx.shape_inference.infer_shapes(skel, data_prop=True)
+        except Exception:  # noqa: BLE001 - then ONNX's own error stands
+            return
+        shapes = {i.name: (dtype_name(i.data_type), list(i.dims)) for i in skel.graph.initializer}
+        for vi in list(m.graph.input) + list(m.graph.value_info) + list(m.graph.output):
+            info = value_info_of(vi)
+            if info is not None and info[1] is not None:
+                shapes[vi.name] = info
+        op_setup.check_graph(skel, shapes)
 
     def _fix_inputs(self, input_shape_info):
         g = self.model.graph
@@ -324,16 +414,31 @@ class Ir:
                         f"[{' '.join(str(x) for x in info[1])}], which uses an unknown value '{d}'.")
 
     def _infer(self) -> dict:
-        try:
-            m = onnx.shape_inference.infer_shapes(_skeleton(self.model, self.weights), data_prop=True)
-        except Exception as e:
-            log("ir").warning("ONNX shape inference failed (%s); shapes come from the kernels", e)
-            m = self.model
+        """Strict ONNX shape inference (with step 1's checker, what ``check_model(full_check=True)``
+        runs, plus ``data_prop``, minus the type constraints: see :mod:`openipu.popart.model_check`);
+        then the attribute and size checks of that module. Returns tensor name -> (dtype, shape)."""
+        skel = _skeleton(self.model, self.weights)
+        for i, n in enumerate(skel.graph.node):    # onnx's errors name a node by its name
+            if not n.name:
+                n.name = n.output[0] if n.output and n.output[0] else f"{n.op_type}_{i}"
+        m = self._strict_inference(skel)
         out = {}
         for vi in list(m.graph.value_info) + list(m.graph.output) + list(m.graph.input):
             info = value_info_of(vi)
             if info is not None:
                 out[vi.name] = info
+        shapes = dict(out)
+        for init in self.model.graph.initializer:
+            shapes.setdefault(init.name, (dtype_name(init.data_type), list(init.dims)))
+        # PopART's Op::setup checks first, in PopART's words (a negative TopK k is PopART's
+        # error before it is a negative dimension)
+        op_setup.check_graph(skel, {k: v for k, v in shapes.items() if v[1] is not None})
+        for name, (_, shape) in out.items():
+            if shape is not None:
+                model_check.check_shape(f"Tensor '{name}'", shape)
+        for init in self.model.graph.initializer:
+            model_check.check_shape(f"Initializer '{init.name}'", list(init.dims))
+        model_check.check_attributes(self.model.graph, shapes)
         return out
 
     # -- 4 --------------------------------------------------------------------------------
@@ -384,13 +489,16 @@ class Ir:
     def _build(self, inferred: dict):
         g = self.model.graph
         const_weights = bool(self.options.constantWeights) and self.training is None
+        # initializers a CopyVarUpdate writes are variables whatever their type (PopART's)
+        updated = {n.input[0] for n in g.node if n.op_type == "CopyVarUpdate" and n.input}
         for init in g.initializer:
-            arr = self.weights[init.name] if init.name in self.weights else np.array(numpy_helper.to_array(init))
+            arr = self.weights[init.name] if init.name in self.weights else np.array(initializer_array(init))
             self.onnx_tensor_ids.add(init.name)
             dtype = dtype_name(init.data_type)
             # training: float initializers are the (trainable) weights; integer ones stay
-            # constants so that shapes and indices still fold
-            variable = not const_weights and (self.training is None or dtype in ("FLOAT", "FLOAT16"))
+            # constants so that shapes and indices still fold, unless a CopyVarUpdate writes them
+            variable = not const_weights and (self.training is None or dtype in ("FLOAT", "FLOAT16") or
+                                              init.name in updated)
             self._add_tensor(init.name, dtype, arr.shape, "Variable" if variable else "Const", arr)
         for vi in g.input:
             self.onnx_tensor_ids.add(vi.name)
@@ -435,6 +543,12 @@ class Ir:
                                        "no earlier node, input or initializer produces (the graph is not "
                                        "topologically sorted, or a tensor is missing)")
         ins = [self.tensors[x] if x else None for x in node_inputs]
+        # PopART's Op::setup checks (attributes against input shapes and types)
+        op_setup.check(domain, node.op_type, opset, attrs,
+                       [None if t is None else (t.info.data_type(), t.info.shape()) for t in ins],
+                       [None if t is None or t.kind != "Const" else t.value for t in ins],
+                       f"{len(self.ops)} ({domain or 'ai.onnx'}.{node.op_type}:"
+                       f"{op_setup.op_version(domain, node.op_type, opset)})")
         # constant folding
         if node.op_type == "Constant" and domain == "":
             if kernel is None:
@@ -470,7 +584,10 @@ class Ir:
             raise popart_exception(f"No class for {domain or 'ai.onnx'}.{node.op_type}:0. openipu has no kernel or "
                                    "lowering for this operator; replace it in the model (see popart."
                                    "getSupportedOperations())")
-        out_infos = [None if per_replica else inferred.get(o) for o in node.output]
+        # (ONNX inference reduces over all axes for an empty axes attribute; PopART over none)
+        reinfer = per_replica or (domain == "" and node.op_type.startswith("Reduce")
+                                  and reduce_ops.attribute_axes_empty(node.op_type, attrs, opset))
+        out_infos = [None if reinfer else inferred.get(o) for o in node.output]
         value_shaped = domain == "" and node.op_type in VALUE_SHAPED
         if value_shaped or any(o and (i is None or not is_static(i[1]) or i[0] == "UNDEFINED")
                                for o, i in zip(node.output, out_infos)):
@@ -501,6 +618,13 @@ class Ir:
             out_infos = [i if (i is not None and is_static(i[1]) and i[0] != "UNDEFINED") else p
                          for i, p in zip(out_infos, probed)]
         attrs["__node__"] = node.name or f"{node.op_type}_{idx}"   # kernel failures name the op (shapes.call_kernel)
+        mixed = op_setup.mixed_output_type(domain, node.op_type, [None if t is None else (t.info.data_type(),
+                                                                                  t.info.shape()) for t in ins])
+        if mixed is not None:       # PopART's MulOp: FLOAT16 x FLOAT scalar is FLOAT16
+            out_infos[0] = (mixed, out_infos[0][1])
+        for k in INDEX_OUTPUTS.get((domain, node.op_type), ()):
+            if k < len(out_infos) and out_infos[k] is not None:
+                out_infos[k] = ("INT32", out_infos[k][1])
         for o, info in zip(node.output, out_infos):
             if o:
                 t = self._add_tensor(o, info[0], info[1], "ActGrad", producer=op)
@@ -596,7 +720,8 @@ class Ir:
             raise popart_exception(f"Loss tensor, '{loss}', must be a float tensor, not "
                                    f"{self.tensors[loss].info.data_type()}")
         seed = optimizer.loss_scaling_seed(self, opt, loss)
-        self.weight_grads = autodiff.grow(self, loss, seed, self.training.get("patterns"))
+        wanted = autodiff.anchored_gradients(self, self.data_flow.anchors())
+        self.weight_grads = autodiff.grow(self, loss, seed, self.training.get("patterns"), wanted)
         self.recomputed = recompute.apply(self)
         optimizer.apply(self, opt, self.weight_grads)
         loss_scaling.apply(self, opt, seed)

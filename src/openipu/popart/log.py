@@ -33,7 +33,27 @@ class _Formatter(logging.Formatter):
                 f"{_LETTER.get(record.levelno, 'I')}: {record.getMessage()}")
 
 
+class _StdHandler(logging.StreamHandler):
+    """A handler writing to ``sys.stdout`` / ``sys.stderr`` as they are when a message is
+    emitted (not when the handler was made: a redirected or captured stream then still gets it)."""
+
+    def __init__(self, name: str):
+        super().__init__()
+        self._name = name
+
+    @property
+    def stream(self):
+        return getattr(sys, self._name)
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
 _configured: dict[str, tuple] = {}
+#: levels set with ``Logger.setLevel``, with the environment they were set in: they hold until
+#: set again or until the ``POPART_LOG_*`` environment changes
+_user_levels: dict[str, tuple] = {}
 
 
 def _env_level(module: str) -> str:
@@ -57,13 +77,16 @@ def _logger(module: str) -> logging.Logger:
         for h in list(lg.handlers):
             lg.removeHandler(h)
         dest = key[1]
-        h = (logging.StreamHandler(sys.stdout) if dest == "stdout" else
-             logging.StreamHandler(sys.stderr) if dest == "stderr" else logging.FileHandler(dest))
+        h = _StdHandler(dest) if dest in ("stdout", "stderr") else logging.FileHandler(dest)
         h.setFormatter(_Formatter())
         lg.addHandler(h)
         lg.propagate = False
-        lg.setLevel(_LEVELS.get(key[0].upper(), _LEVELS["OFF"]))
         _configured[name] = key
+    user = _user_levels.get(name)
+    if user is not None and user[1] != key:
+        del _user_levels[name]          # the environment changed since: it decides again
+        user = None
+    lg.setLevel(user[0] if user is not None else _LEVELS.get(key[0].upper(), _LEVELS["OFF"]))
     return lg
 
 
@@ -81,8 +104,8 @@ class Logger:
         if lv is None:
             raise ValueError(f"Unknown log level '{level}': use one of {', '.join(_LEVELS)}")
         for lg in self._targets():
+            _user_levels[lg.name] = (lv, _configured.get(lg.name))
             lg.setLevel(lv)
-            _configured[lg.name] = ("__set__", None)
 
     def _emit(self, lv, msg):
         _logger("python" if self.name == "all" else self.name).log(lv, msg)

@@ -256,37 +256,6 @@ class SessionOptions:
         return f"SessionOptions({changed})"
 
 
-class Patterns:
-    """``popart.Patterns()`` / ``Patterns(PatternsLevel.X)`` / ``Patterns([names])``: accepted and
-    stored (openipu's IR applies no graph rewrites)."""
-
-    _MANDATORY = {"AllReduceToIdentity", "ConvFlipWeightsGradOp", "ConvTranspose", "ExpGradOp", "Expm1GradOp",
-                  "Log1pGradOp", "LogGradOp", "MatMulOp", "MatMulLhsGradOp", "MatMulRhsGradOp", "SqrtGradOp"}
-
-    def __init__(self, level_or_names=PatternsLevel.Default):
-        self.level = level_or_names if isinstance(level_or_names, str) else PatternsLevel.Default
-        self._enabled = {n: True for n in (level_or_names if isinstance(level_or_names, (list, tuple)) else [])}
-        self.InPlace = self.level != PatternsLevel.Minimal
-        self._runtime_asserts = True
-
-    def isPatternEnabled(self, name: str) -> bool:  # noqa: N802
-        return self._enabled.get(name, self.level in (PatternsLevel.All, PatternsLevel.Default)
-                                 or name in self._MANDATORY)
-
-    def enablePattern(self, name: str, enable: bool) -> "Patterns":  # noqa: N802
-        if not enable and name in self._MANDATORY:
-            raise popart_exception(f"Pattern '{name}' is mandatory and cannot be disabled")
-        self._enabled[name] = bool(enable)
-        return self
-
-    def enableRuntimeAsserts(self, enable: bool) -> "Patterns":  # noqa: N802
-        self._runtime_asserts = bool(enable)
-        return self
-
-    def __repr__(self):
-        return f"Patterns({self.level})"
-
-
 class InputShapeInfo:
     """``popart.InputShapeInfo()``: ``add(id, TensorInfo)`` fixes the shape of an ONNX input with
     symbolic or unknown dimensions."""
@@ -305,3 +274,11 @@ class InputShapeInfo:
 
     def getInfos(self) -> dict:  # noqa: N802
         return dict(self._infos)
+
+
+def __getattr__(name):
+    # ``popart.options.Patterns`` (its old home): the class now lives in openipu.popart.patterns
+    if name == "Patterns":
+        from openipu.popart.patterns import Patterns
+        return Patterns
+    raise AttributeError(name)

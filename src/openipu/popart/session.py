@@ -27,6 +27,7 @@ from openipu.popart.dataflow import AnchorReturnTypeId, DataFlow, anchor_element
 from openipu.popart.devices import DeviceInfo, DeviceType
 from openipu.popart.errors import (OutOfMemoryException, popart_exception, popart_runtime_error, poplar_exception,
                                    poplar_application_runtime_error)
+from openipu.popart import ir_json, rng_state, tensor_proto
 from openipu.popart.ir import Ir, shard_rows
 from openipu.popart.log import log
 from openipu.popart.options import SessionOptions
@@ -51,7 +52,7 @@ def _progress_bar(total: int):
 _COMPILED: "weakref.WeakValueDictionary[str, poplar.Executable]" = weakref.WeakValueDictionary()
 
 
-class _SessionBase:
+class _SessionBase(rng_state.RngStateApi):
     _KIND = "InferenceSession"
 
     def __init__(self, fnModel, dataFlow, deviceInfo, inputShapeInfo, patterns, userOptions, name,  # noqa: N803
@@ -62,6 +63,8 @@ class _SessionBase:
             raise popart_exception("dataFlow must be a popart.DataFlow")
         self.options = userOptions if userOptions is not None else SessionOptions()
         self.patterns = patterns
+        if patterns is not None and hasattr(patterns, "check_mandatory"):
+            patterns.check_mandatory()      # "Pattern 'X' must be enabled" (runtime asserts on)
         self.name = name
         self._dataflow = dataFlow
         self.deviceInfo = deviceInfo
@@ -279,6 +282,8 @@ class _SessionBase:
             return
         self.deviceInfo.attach()
         self._engine.load(self.deviceInfo.device)
+        self._fast = None               # a new device: the executor (if any) starts from the host copies
+        self._ir_executor()
         self._send_seed()
 
     def _check_runnable(self):
@@ -308,14 +313,43 @@ class _SessionBase:
             self._connect_buffers(stepio)
         else:
             raise popart_exception(f"run expects a popart.PyStepIO or PyStepIOCallback, got {type(stepio).__name__}")
+        fast = self._ir_executor()
         try:
-            eng.run(0, debugName)
+            if fast is not None:        # outputs from the IR executor, the prediction from the program
+                anchors = [t for t in self._lowered.anchors if self._lowered.anchors[t] is not None]
+                if isinstance(stepio, PyStepIO):
+                    fast.run(stepio.inputs, {t: stepio.outputs[t] for t in anchors}, self._dataflow.batchesPerStep())
+                else:
+                    fast.run_callbacks(stepio, anchors, self._dataflow.batchesPerStep())
+                eng.predict_run(0, debugName)
+            else:
+                eng.run(0, debugName)
         except poplar.application_runtime_error as e:
             raise poplar_application_runtime_error(str(e), e) from None
         except poplar.poplar_error as e:
             raise poplar_exception(str(e), e) from None
         self._last_run = True
         self._last_cycles = eng.last_run_cycles
+
+    def _ir_executor(self):
+        """The session's :class:`openipu.popart.execute.IrExecutor` under ``OPENIPU_EXECUTION=ir``
+        when it covers the session (else ``None``: the device emulation runs it)."""
+        from openipu.popart import execute
+        try:
+            m = execute.mode()
+        except ValueError as e:
+            raise popart_exception(str(e)) from None
+        if getattr(self, "_fast", None) is None and m == "ir":
+            why = execute.unsupported(self)
+            if why is None:
+                self._fast = execute.IrExecutor(self._ir, self._host_weights)
+                if self._ir.training is not None and self._engine is not None:
+                    self._fast.set_weights({k: np.asarray(v) for k, v in self._scalars(self._optimizer).items()
+                                            if k in self._ir.optimizer_tensors})
+            else:
+                log("session").info("Running on the device emulation: the IR executor does not cover %s", why)
+                self._fast = False
+        return getattr(self, "_fast", None) or None
 
     def _expected_in(self, tid):
         o = self.options
@@ -510,6 +544,10 @@ class _SessionBase:
         w = np.asarray(self._ir.tensors[seed].value, np.uint64).reshape(-1)
         return int(w[0]) | (int(w[1]) << 32)
 
+    def _serializeIr(self, format=None) -> str:  # noqa: N802,A002
+        """The IR as PopART's JSON text (:mod:`openipu.popart.ir_json`)."""
+        return ir_json.serialize(self._ir)
+
     def setRandomSeed(self, seed: int) -> None:  # noqa: N802
         """Seed the session's random ops (dropout in training ...) with the 64-bit ``seed``: the
         same seed gives the same masks, batch after batch (the seed advances by one each
@@ -523,6 +561,7 @@ class _SessionBase:
             raise popart_exception("There is no executatable. Try calling Session::prepareDevice first.")
         from openipu.popart.transforms.random_seed import seed_words
         self._ir.tensors[tid].value = seed_words(seed)
+        self._rng_words = rng_state.from_seed(seed, self._rng().size)     # PopART derives a new RNG state
         if self._engine._storage is not None:
             self._send_seed()
 
@@ -548,11 +587,17 @@ class _SessionBase:
             self._engine.connectStream(h, shard_rows(host, self.replicationFactor).reshape(-1)
                                        if tid in sharded else host.reshape(-1))
         self._engine.run(1, "weightsFromHost")
+        if getattr(self, "_fast", None):
+            self._fast.set_weights(self._host_weights)
 
     def weightsToHost(self) -> None:  # noqa: N802
         """Copy the device weights back to their host copies."""
         self._check_runnable()
         if not self._lowered.weights_out:
+            return
+        if getattr(self, "_fast", None):
+            for tid in self._lowered.weights_out:
+                self._host_weights[tid].reshape(-1)[:] = self._fast.get_weight(tid).reshape(-1)
             return
         repl = self.replicationFactor
         sharded = self._ir.sharded_state
@@ -617,15 +662,17 @@ class _SessionBase:
         m = onnx.ModelProto()
         m.CopyFrom(self._ir.model)
         names = set()
+        # PopART's storage (openipu.popart.tensor_proto): each initializer keeps its field
+        # (raw_data, or float_data ...), the optimizer state is added in the typed fields
         for init in m.graph.initializer:
             names.add(init.name)
             if init.name in self._host_weights:
-                init.CopyFrom(numpy_helper.from_array(self._host_weights[init.name], init.name))
+                tensor_proto.write_into(init, self._host_weights[init.name])
             elif init.name in self._ir.weights:     # a weight the IR took out of its proto
-                init.CopyFrom(numpy_helper.from_array(np.asarray(self._ir.weights[init.name]), init.name))
+                tensor_proto.write_into(init, np.asarray(self._ir.weights[init.name]))
         for tid, arr in self._host_weights.items():
             if tid not in names:                   # optimizer state
-                m.graph.initializer.append(numpy_helper.from_array(arr, tid))
+                m.graph.initializer.append(tensor_proto.typed_tensor(arr, tid))
         onnx.save(m, fn)
 
     def resetHostWeights(self, modelProtoOrFilename, ignoreWeightsInModelWithoutCorrespondingHostWeight=False):  # noqa: N802,N803
@@ -745,6 +792,8 @@ class TrainingSession(_SessionBase):
                 bufs[tid] = np.full(max(info.nelms(), 1), val, info.numpy_dtype())
                 self._engine.connectStream(low.optimizer_in[tid], bufs[tid])
         self._engine.run(3, "optimizerFromHost")
+        if getattr(self, "_fast", None):
+            self._fast.set_weights({tid: b.reshape(self._ir.tensors[tid].info.shape()) for tid, b in bufs.items()})
 
     def updateOptimizerFromHost(self, optimizer) -> None:  # noqa: N802
         """Replace the optimizer's non-const values (learning rate, momentum, ...) on the device.

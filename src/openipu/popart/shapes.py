@@ -11,6 +11,7 @@ import torch
 
 from openipu.popart.onnx_ops._reference import decode_attributes, to_torch  # noqa: F401 - re-exported
 from openipu.popart.errors import popart_exception
+from openipu.popart.model_check import check_kernel_allocation
 from openipu.popart.tensorinfo import NAME_OF_ONNX, TORCH_OF
 
 NAME_OF_TORCH = {torch.float32: "FLOAT", torch.float16: "FLOAT16", torch.int32: "INT32", torch.int64: "INT64",
@@ -91,8 +92,10 @@ def call_kernel(kernel, inputs: list, attrs: dict, opset: int) -> list:
         inputs = inputs[:n]
     node = attrs.get("__node__")
     if node is None:
+        check_kernel_allocation(kernel.op_type, inputs, attrs)
         return kernel.fn(inputs, attrs, opset)
     try:
+        check_kernel_allocation(kernel.op_type, inputs, attrs)
         return kernel.fn(inputs, attrs, opset)
     except popart_exception:
         raise
@@ -109,6 +112,10 @@ def probe(kernel, in_infos, attrs: dict, opset: int, const_values=None, fill: st
     ``in_infos`` (list of ``(dtype name, shape)`` or ``None``). Returns ``[(dtype name, shape)]``
     per output."""
     const_values = const_values or [None] * len(in_infos)
+    from openipu.popart.model_check import check_host_bytes
+    check_host_bytes(f"probing {kernel.op_type} for its output shapes",
+                     sum(8 * int(np.prod(i[1], dtype=np.float64)) for i, cv in zip(in_infos, const_values)
+                         if i is not None and cv is None and i[1] is not None))
     ins = []
     for info, cv in zip(in_infos, const_values):
         ins.append(cv if cv is not None else (None if info is None else zeros(info[0], info[1], fill)))
@@ -144,3 +151,50 @@ def value_info_of(vi: onnx.ValueInfoProto):
 
 def is_static(shape) -> bool:
     return shape is not None and all(isinstance(d, int) and d >= 0 for d in shape)
+
+
+def subgraph_output_infos(node: onnx.NodeProto, infos: dict, consts: dict) -> list:
+    """Output ``(dtype, shape)`` (or None) of an If / Loop / Scan node from the types its
+    subgraphs declare for their outputs, for when ONNX inference cannot see through them
+    (``ai.graphcore`` ops inside): If's outputs are its then-branch's; Loop's are the body's
+    loop-carried outputs, then its scan outputs with the trip count (a constant) in front;
+    Scan's are the body's states, then its scan outputs with the sequence length inserted at
+    ``scan_output_axes``. ``infos``: tensor id -> ``(dtype, shape)`` of the enclosing graph;
+    ``consts``: tensor id -> numpy value of its constants (Loop's trip count)."""
+    graphs = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+    ints_ = {a.name: list(a.ints) for a in node.attribute if a.type == onnx.AttributeProto.INTS}
+    n_out = len(node.output)
+    if node.op_type == "If":
+        g = graphs.get("then_branch")
+        return [value_info_of(vi) for vi in g.output][:n_out] if g is not None else [None] * n_out
+    body = graphs.get("body")
+    if body is None:
+        return [None] * n_out
+    outs = [value_info_of(vi) for vi in body.output]
+    if node.op_type == "Loop":
+        carried = len(node.input) - 2
+        trip = consts.get(node.input[0]) if node.input and node.input[0] else None
+        res = outs[1:1 + carried]
+        for o in outs[1 + carried:]:
+            res.append((o[0], [int(np.asarray(trip).reshape(-1)[0])] + list(o[1]))
+                       if o is not None and o[1] is not None and trip is not None else None)
+        return (res + [None] * n_out)[:n_out]
+    n_scan = next((a.i for a in node.attribute if a.name == "num_scan_inputs"), 0)
+    states = len(node.input) - n_scan
+    first = node.input[states] if n_scan and states < len(node.input) else None
+    in_axes = ints_.get("scan_input_axes") or [0]
+    seq = None
+    if first in infos:
+        shape = infos[first][1]
+        seq = shape[in_axes[0] % len(shape)]
+    res = outs[:states]
+    out_axes = ints_.get("scan_output_axes") or []
+    for k, o in enumerate(outs[states:]):
+        if o is None or o[1] is None or seq is None:
+            res.append(None)
+            continue
+        shape = list(o[1])
+        ax = out_axes[k] if k < len(out_axes) else 0
+        ax = ax % (len(shape) + 1)
+        res.append((o[0], shape[:ax] + [seq] + shape[ax:]))
+    return (res + [None] * n_out)[:n_out]

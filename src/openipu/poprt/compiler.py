@@ -228,6 +228,8 @@ class Executable:
 #: Executables this process compiled, by model and options (while something holds them), so that
 #: loading a file this process just wrote does not compile the model a second time.
 _COMPILED: "weakref.WeakValueDictionary[str, Executable]" = weakref.WeakValueDictionary()
+#: The last executables ``compile_and_export`` wrote (kept alive for a load in this process).
+_RECENT_EXPORTS: list = []
 
 
 def _compile_key(model_bytes: bytes, record: dict) -> str:
@@ -423,4 +425,9 @@ class Compiler:
         d = os.path.dirname(os.fspath(path))
         if d:
             os.makedirs(d, exist_ok=True)
-        Compiler.compile(model, outputs, options).save(path)
+        exe = Compiler.compile(model, outputs, options)
+        exe.save(path)
+        # held, so that loading the file in this process (PopRT's compile-then-Runner flow, as Byte
+        # MLPerf's backend does) takes this compile from _COMPILED instead of compiling again
+        _RECENT_EXPORTS.append(exe)
+        del _RECENT_EXPORTS[:-2]

@@ -150,8 +150,10 @@ class Converter:
         check: check the model with ``onnx.checker`` first (default True).
         skip_passes: pass names removed from ``used_passes``.
         enable_erf_gelu: adds ``erf_gelu_pattern`` to the passes.
-        quantize, enable_insert_remap, disable_fast_norm: accepted for compatibility, no effect
-            (tensor re-mapping and norm kernels are the compiler's choice here).
+        quantize, disable_fast_norm, remap_mode, infer_shape_ahead, enable_avoid_overflow_patterns,
+            disable_progress_bar: accepted for compatibility, no effect (tensor re-mapping, norm
+            kernels and the order of shape inference are the simulator's compiler's choice).
+        enable_insert_remap: runs the ``auto_insert_remap`` pass (accepted, no effect here).
         pass_config: ``[(pass name, {keyword arguments}), ...]`` run after ``used_passes``
             (the CLI's ``--custom_pass_config``).
         merge_matmul, merge_matmul_add: groups of ``MatMul`` names sharing an input, ``'A,B,C;D,E'``
@@ -170,6 +172,9 @@ class Converter:
             :class:`openipu.poprt.runtime.PackRunner` find them. PopRT's other pack mode (pack /
             unpack / repack ops: ``head_pattern``, ``dynamic_groups``) is not implemented.
 
+    The last pass is ``final_check``, looked up by name when ``convert`` runs (a client may map
+    the name to its own class, as Byte MLPerf's IPU backend does).
+
     Raises:
         ConverterError: unknown option or value, fp8 on a target without fp8, a bad
             ``fp8_params``, an unknown input name in ``input_shape``, a model the checker rejects.
@@ -180,7 +185,8 @@ class Converter:
                 "calibration_inputs", "ipu_version", "convert_version", "used_passes", "check", "quantize",
                 "enable_erf_gelu", "enable_insert_remap", "disable_fast_norm", "skip_passes", "pass_config",
                 "merge_matmul", "merge_matmul_add", "serialize_matmul", "serialize_matmul_add", "max_tensor_size",
-                "checkpoints", "pack_args"}
+                "checkpoints", "pack_args", "remap_mode", "infer_shape_ahead", "enable_avoid_overflow_patterns",
+                "disable_progress_bar"}
     _PACK_KEYS = {"max_valid_num", "segment_max_size", "mask_name", "dynamic_input_name"}
 
     def __init__(self, **options):
@@ -238,6 +244,8 @@ class Converter:
                                       if self.pack_args.get("mask_name") else {}))
         if options.get("checkpoints"):
             self.extra_passes.append(("add_outputs", {"names": options["checkpoints"]}))
+        if options.get("enable_insert_remap"):
+            self.extra_passes.append(("auto_insert_remap", {}))
         for n, _kw in self.extra_passes:
             Pass.get_pass(n)
 
@@ -280,6 +288,7 @@ class Converter:
         if self.precision in ("fp8", "fp8_weight"):
             out = self._to_fp8(out, calib)
         _fix_inputs(out)
+        out = Pass.get_pass("final_check")(out)
         try:
             onnx.shape_inference.infer_shapes(out, check_type=False, strict_mode=False)
         except Exception as e:  # noqa: BLE001

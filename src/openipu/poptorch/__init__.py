@@ -5,20 +5,28 @@ with PopTorch's batching rules (:class:`Options`)."""
 
 from __future__ import annotations
 
-from openipu.poptorch import _impl, optim  # noqa: F401
-from openipu.poptorch._args import ICustomArgParser, registerCustomArgParser  # noqa: F401
+import abc as _abc
+from typing import Any as _Any
+
+from openipu.poptorch import _impl, _logging, _utils, optim, poptorch_core, profiling  # noqa: F401
 from openipu.poptorch._geometric_ops import fps, nearest  # noqa: F401
-from openipu.poptorch.blocks import (BeginBlock, Block, BlockFunction, PipelinedExecution,  # noqa: F401
+from openipu.poptorch._impl import isDispatchTracing  # noqa: F401
+from openipu.poptorch._logging import logger, setLogLevel  # noqa: F401
+from openipu.poptorch._utils import accessAttributes, getIpuTensorId  # noqa: F401
+from openipu.poptorch.blocks import (BeginBlock, Block, BlockFunction, ParallelPhasedExecution,  # noqa: F401
+                                     Phase, PhasedExecution, PipelinedExecution, SerialPhasedExecution,
                                      ShardedExecution, Stage, removeBlocks)
 from openipu.poptorch.dataloader import AsynchronousDataAccessor, DataLoader  # noqa: F401
 from openipu.poptorch.enums import *  # noqa: F401,F403
 from openipu.poptorch.errors import Error, RecoverableError, UnrecoverableError, createPoptorchError  # noqa: F401
-from openipu.poptorch.executor import PoplarExecutor
+from openipu.poptorch.executor import PoplarExecutor, registerPostCompileHook, registerPreCompileHook  # noqa: F401
 from openipu.poptorch.ops import (CPU, Attribute, MultiConv, NameScope, cond, custom_op,  # noqa: F401
                                   dynamic_slice, dynamic_update, for_loop, identity_loss, ipu_print_tensor,
                                   isRunningOnIpu, nop, recomputationCheckpoint, register_custom_op,
-                                  serializedMatMul, set_available_memory)
-from openipu.poptorch.options import Options, TensorLocationSettings  # noqa: F401
+                                  serializedMatMul, set_available_memory, set_overlap_for_input,
+                                  set_overlap_for_output)
+from openipu.poptorch.options import ConfigFileError, Options, TensorLocationSettings  # noqa: F401
+from openipu.poptorch.poptorch_core import importPoptorchMetadataFromFile  # noqa: F401
 
 __version__ = "3.4.0+openipu"
 
@@ -71,11 +79,30 @@ def ipuHardwareVersion() -> int:  # noqa: N802
     return 2
 
 
-def setLogLevel(level) -> None:  # noqa: N802
-    """``TRACE``, ``DEBUG``, ``INFO``, ``WARN``, ``ERR``, ``OFF`` or 0 .. 6."""
-    import logging
-    names = {"TRACE": 5, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
-             "ERR": logging.ERROR, "OFF": logging.CRITICAL + 10}
-    ints = [5, logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL, logging.CRITICAL + 10]
-    lvl = names[str(level).upper()] if isinstance(level, str) else ints[int(level)]
-    logging.getLogger("poptorch").setLevel(lvl)
+class ICustomArgParser(_abc.ABC):
+    """``poptorch.ICustomArgParser``: how a wrapped model's inputs of a custom type hold
+    tensors. Register an instance with :func:`registerCustomArgParser`; the executor then
+    flattens such arguments to the tensors :meth:`yieldTensors` gives (they are the model's
+    inputs, batched and validated like any other) and, while capturing, hands ``forward`` the
+    object :meth:`reconstruct` builds from them."""
+
+    @_abc.abstractmethod
+    def yieldTensors(self, struct) -> None:  # noqa: N802
+        """Yield every ``torch.Tensor`` of ``struct``, in a deterministic order."""
+
+    @_abc.abstractmethod
+    def reconstruct(self, original_structure, tensor_iterator) -> _Any:
+        """A new object like ``original_structure`` whose tensors are taken, in the order of
+        :meth:`yieldTensors`, from ``tensor_iterator``."""
+
+
+def registerCustomArgParser(arg_data_type: type, arg_parser) -> None:  # noqa: N802
+    """Use ``arg_parser`` (an :class:`ICustomArgParser`) for inputs of type ``arg_data_type``
+    (and its subclasses), replacing any parser registered for it; ``None`` removes it. Raises
+    :class:`Error` ("arg_parser must inherit from ICustomArgParser") for another object."""
+    if arg_parser is None:
+        _utils.custom_arg_parsers.pop(arg_data_type, None)
+        return
+    if not isinstance(arg_parser, ICustomArgParser):
+        raise createPoptorchError("arg_parser must inherit from ICustomArgParser")
+    _utils.custom_arg_parsers[arg_data_type] = arg_parser

@@ -65,15 +65,27 @@ _state = _CaptureState()
 @contextlib.contextmanager
 def capturing():
     """Blocks annotate the ops recorded in this context (the executor's capture)."""
-    from openipu.poptorch import ops
-    _state.active, ops._running_on_ipu[0] = True, True
+    from openipu.poptorch import _impl, ops
+    _state.active, ops._running_on_ipu[0], _impl._dispatch_tracing[0] = True, True, True
     Block._auto_id = 0
+    # no annotation may outlive a capture: one left in torch's node metadata by a capture that
+    # failed part-way (inside a block) would tag every op of the next model
+    saved = fxt.current_meta.pop("custom", None)
     try:
         with fxt.preserve_node_meta():
             yield
     finally:
         _state.close()
-        _state.active, ops._running_on_ipu[0] = False, False
+        _state.active, ops._running_on_ipu[0], _impl._dispatch_tracing[0] = False, False, False
+        fxt.current_meta.pop("custom", None)
+        if saved is not None and _state_outer_annotation(saved):
+            fxt.current_meta["custom"] = saved
+
+
+def _state_outer_annotation(custom: dict) -> bool:
+    """Whether an annotation found before a capture is the user's own (kept), not a stale block,
+    name-scope or attribute annotation of an earlier capture (dropped)."""
+    return not any(str(k).startswith("poptorch") for k in custom)
 
 
 class Block:
@@ -217,6 +229,125 @@ class ShardedExecution(_Strategy):
     """Blocks run on their IPUs one after another (no pipelining)."""
 
     pipelined = False
+
+
+class Phase:
+    """``Phase(*stages)`` or ``Phase(*block_ids)`` (one stage of those blocks): stages that run
+    at the same time, each on its IPU (``.ipus(*ids)``, one per stage). Raises
+    ``AssertionError`` (PopTorch's) for mixed arguments or a wrong number of IPUs."""
+
+    def __init__(self, *arg):
+        if arg and all(isinstance(a, Stage) for a in arg):
+            self.stages = list(arg)
+        else:
+            assert all(isinstance(a, str) for a in arg), \
+                "All arguments must either be block IDs (strings) or Stages: " + str([type(a) for a in arg])
+            self.stages = [Stage(*arg)]
+
+    def stage(self, idx: int) -> Stage:
+        return self.stages[idx]
+
+    def ipus(self, *ipus) -> "Phase":
+        assert len(ipus) == len(self.stages), \
+            f"Phase contains {len(self.stages)} stages but you provided {len(ipus)} ipus"
+        for st, ipu in zip(self.stages, ipus):
+            st.ipu(ipu)
+        return self
+
+
+class PhasedExecution(_Strategy):
+    """Common base of :class:`SerialPhasedExecution` and :class:`ParallelPhasedExecution`
+    (PopTorch's ``_IPhasedExecution``): the model's blocks run in phases, each a
+    :class:`Phase`, a list of stages or a list of block ids (one stage). PopART runs such a
+    model with ``VirtualGraphMode.ExecutionPhases``, streaming each phase's weights and
+    activations in from remote memory; the simulated PopART has no execution phases, so openipu
+    runs the phases one after another on their IPUs, as :class:`ShardedExecution` does (same
+    results; the cost is that of the sharded model, without remote-memory streaming).
+    ``useSeparateBackwardPhase`` and the liveness settings are recorded."""
+
+    pipelined = False
+
+    def __init__(self, *phases):
+        from openipu.poptorch.enums import Liveness
+        assert phases, "There is currently no AutoStage for PhasedExecution, please explicitly specify the phases"
+        self.auto = AutoStage.SameAsIpu
+        self._phases = []
+        self._tensors_liveness = Liveness.AlwaysLive
+        self._separate_backward_phase = False
+        seen = set()
+        for a in phases:
+            ph = a if isinstance(a, Phase) else Phase(*(a if isinstance(a, list) else [a]))
+            self._phases.append(ph)
+            for st in ph.stages:
+                for blk in st.blocks:
+                    assert blk not in seen, f"{blk} associated with more than one stage"
+                    seen.add(blk)
+
+    @property
+    def stages(self) -> list:
+        out = []
+        for p, ph in enumerate(self._phases):
+            for k, st in enumerate(ph.stages):
+                if st._ipu is None:
+                    st._ipu = self._default_ipu(p, k)
+                out.append(st)
+        return out
+
+    @stages.setter
+    def stages(self, value):
+        pass
+
+    def _default_ipu(self, phase: int, k: int) -> int:
+        return k
+
+    def phase(self, phase: int) -> Phase:
+        """The ``phase``-th :class:`Phase`."""
+        assert isinstance(phase, int) and phase >= 0, "Phases are identified by positive integers"
+        return self._phases[phase]
+
+    def useSeparateBackwardPhase(self, use: bool = True):  # noqa: N802
+        """Run the backward pass in phases of its own (recorded; see the class docstring)."""
+        assert isinstance(use, bool)
+        self._separate_backward_phase = use
+        return self
+
+    def backendOptions(self) -> dict:  # noqa: N802
+        """PopTorch's backend options of the strategy (execution mode 2: phased)."""
+        return {"execution_mode": 2, "separate_backward_phase": self._separate_backward_phase,
+                "tensors_liveness": int(self._tensors_liveness)}
+
+
+class ParallelPhasedExecution(PhasedExecution):
+    """Phases alternate between two groups of IPUs (by default phase ``p``'s ``k``-th stage runs
+    on IPU ``2k + p % 2``). See :class:`PhasedExecution`."""
+
+    def _default_ipu(self, phase: int, k: int) -> int:
+        return 2 * k + phase % 2
+
+    def sendTensorsOffChipAfterFwd(self, off_chip: bool = True):  # noqa: N802
+        """Keep activations off chip between the forward and the backward pass (recorded)."""
+        from openipu.poptorch.enums import Liveness
+        assert isinstance(off_chip, bool)
+        self._tensors_liveness = Liveness.OffChipAfterFwd if off_chip else Liveness.AlwaysLive
+        return self
+
+    def backendOptions(self) -> dict:  # noqa: N802
+        return {**super().backendOptions(), "serial_phases_execution": False}
+
+
+class SerialPhasedExecution(PhasedExecution):
+    """All phases run one after another on one group of IPUs (by default a phase's ``k``-th
+    stage on IPU ``k``). See :class:`PhasedExecution`."""
+
+    def setTensorsLiveness(self, liveness):  # noqa: N802
+        """Where tensors live between phases (a ``poptorch.Liveness``; recorded)."""
+        from openipu.poptorch.enums import Liveness
+        assert isinstance(liveness, Liveness)
+        self._tensors_liveness = liveness
+        return self
+
+    def backendOptions(self) -> dict:  # noqa: N802
+        return {**super().backendOptions(), "serial_phases_execution": True}
 
 
 def resolve(gm: torch.fx.GraphModule, strategy) -> tuple[int, bool]:

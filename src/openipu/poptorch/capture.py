@@ -24,7 +24,7 @@ from openipu.poptorch.errors import Error
 from openipu.poptorch.lower import LOSS_OPS, NUMPY_TYPE, POPART_TYPE, Lowering, lower_graph, op_name
 
 #: composite ops kept whole (PopART has one op, and one cost, for each)
-KEEP = ("linear", "layer_norm", "group_norm", "conv1d", "conv2d", "conv3d", "dropout", "cross_entropy_loss",
+KEEP = ("linear", "bilinear", "layer_norm", "group_norm", "conv1d", "conv2d", "conv3d", "dropout", "cross_entropy_loss",
         "nll_loss_nd", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
         "binary_cross_entropy_with_logits", "gelu", "silu", "hardswish", "hardsigmoid", "mish",
         "adaptive_avg_pool2d", "max_pool2d", "avg_pool2d", "_safe_softmax",
@@ -90,18 +90,74 @@ def _gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean
     return identity_loss(loss, reduction=reduction) if reduction != "none" else loss
 
 
+torch.library.define("poptorch::ctc_loss", "(Tensor log_probs, Tensor targets, Tensor input_lengths, "
+                     "Tensor target_lengths, int blank, int reduction, bool zero_infinity) -> Tensor")
+
+
+@torch.library.impl("poptorch::ctc_loss", "CompositeExplicitAutograd")
+def _ctc_loss_impl(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity):
+    return torch.nn.functional.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank,
+                                        ("none", "mean", "sum")[reduction], zero_infinity)
+
+
+@torch.library.register_fake("poptorch::ctc_loss")
+def _ctc_loss_fake(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity):
+    return log_probs.new_empty(() if reduction else (log_probs.shape[1],))
+
+
+_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+
+torch.library.define("poptorch::bincount", "(Tensor x, Tensor? weights, int minlength) -> Tensor")
+
+
+@torch.library.impl("poptorch::bincount", "CompositeExplicitAutograd")
+def _bincount_impl(x, weights, minlength):
+    keep = (x >= 0) & (x < minlength)
+    out = torch.zeros(minlength, dtype=weights.dtype if weights is not None else torch.long)
+    w = weights[keep] if weights is not None else torch.ones(int(keep.sum()), dtype=torch.long)
+    return out.index_add_(0, x[keep].long(), w)
+
+
+@torch.library.register_fake("poptorch::bincount")
+def _bincount_fake(x, weights, minlength):
+    return x.new_empty((minlength,), dtype=weights.dtype if weights is not None else torch.long)
+
+
+def _bincount(x, weights=None, minlength=0):
+    """``torch.bincount`` as captured for the IPU (PopTorch's): ``minlength`` bins, a static
+    size; values outside ``[0, minlength)`` are not counted. Raises :class:`Error` without
+    ``minlength`` (the size would depend on the values)."""
+    if not minlength:
+        raise Error("torch.bincount on the IPU needs minlength: it is the number of bins (the output's size cannot "
+                    "depend on the input's values)")
+    return torch.ops.poptorch.bincount(x, weights, int(minlength))
+
+
+def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean", zero_infinity=False):
+    """``F.ctc_loss`` as captured for the IPU: one ``poptorch::ctc_loss`` op (PopART's Ctc;
+    torch's own has no kernel for fake tensors). Lengths given as lists become tensors."""
+    if reduction not in _REDUCTIONS:
+        raise ValueError(reduction + " is not a valid value for reduction")
+
+    def as_tensor(v):
+        return v if isinstance(v, torch.Tensor) else torch.tensor(list(v), dtype=torch.int32)
+    return torch.ops.poptorch.ctc_loss(log_probs, targets, as_tensor(input_lengths), as_tensor(target_lengths),
+                                       int(blank), _REDUCTIONS[reduction], bool(zero_infinity))
+
+
 @contextlib.contextmanager
 def _ipu_functionals():
-    """``torch.nn.functional`` entries replaced while capturing (the modules, e.g.
-    ``nn.GaussianNLLLoss``, call them through ``F``): those whose torch version reads tensor
-    values on the host."""
+    """``torch.nn.functional`` entries (the modules, e.g. ``nn.GaussianNLLLoss``, call them
+    through ``F``) and ``torch.bincount`` replaced while capturing: those whose torch version
+    reads tensor values on the host or has no kernel for fake tensors."""
     import torch.nn.functional as F
-    saved = F.gaussian_nll_loss
-    F.gaussian_nll_loss = _gaussian_nll_loss
+    saved = F.gaussian_nll_loss, F.ctc_loss, torch.bincount, torch.Tensor.bincount
+    F.gaussian_nll_loss, F.ctc_loss = _gaussian_nll_loss, _ctc_loss
+    torch.bincount = torch.Tensor.bincount = _bincount
     try:
         yield
     finally:
-        F.gaussian_nll_loss = saved
+        F.gaussian_nll_loss, F.ctc_loss, torch.bincount, torch.Tensor.bincount = saved
 
 
 def _drop_dynamo_meta(ep: ExportedProgram) -> None:
@@ -132,11 +188,36 @@ class Built:
     weights: dict = field(default_factory=dict)
     num_ipus: int = 1
     pipelined: bool = False
+    #: ``(k, id)``: the model changed user input ``k`` (index in ``inputs``) in place; ``id`` is
+    #: the anchored output holding its new value, copied into the caller's tensor after a run
+    input_mutations: list = field(default_factory=list)
 
 
-def build(ep: ExportedProgram, input_names: list[str], training: bool, strategy=None) -> Built:
+BUFFER_BROADCAST_ERROR = ("PopTorch does not support broadcasting buffers. If your model is able to tolerate buffers "
+                          "becoming out of sync between replicas, you can disable buffer broadcasting using "
+                          "poptorch.Options.broadcastBuffers(False).")
+
+
+def build(ep: ExportedProgram, input_names: list[str], training: bool, strategy=None,
+          broadcast_buffers: bool = False, constants: dict | None = None) -> Built:
     """Lower ``ep`` (``input_names``: one per user input, in order). With ``training`` the loss
-    is the output of the one final loss op (PopTorch's ``RemoveSurplusIdentityLosses``)."""
+    is the output of the one final loss op (PopTorch's ``RemoveSurplusIdentityLosses``).
+
+    In-place changes, as PopTorch makes them (``InplaceInputsTracker``):
+
+    - of a user input (``x += 1``, ``x[:, 0] = 5``): its new value is an extra output, copied
+      into the caller's tensor after each run (:attr:`Built.input_mutations`);
+    - of a buffer (``self.buf.add_(..)``, ``copy_``): the buffer is a device variable updated
+      in place (PopART ``CopyVarUpdate``), so the value persists from run to run; the host's
+      buffer gets it when weights are copied to the host (after each training run; explicitly,
+      ``copyWeightsToHost``, for inference). BatchNorm's running statistics are updated by
+      PopART's own training BatchNormalization. With ``broadcast_buffers`` (replicas and
+      ``Options.broadcastBuffers(True)``) a changed buffer raises PopTorch's :class:`Error`;
+    - parameters with ``requires_grad=False`` are detached: they get no gradient and the
+      optimizer never updates them;
+    - ``constants`` (module path -> value) are plain tensor attributes captured as buffers: they
+      are constants of the graph with these values, and changes to them are dropped (PopTorch
+      freezes such a tensor's value when it traces the model)."""
     gm = ep.graph_module
     num_ipus, pipelined = blocks.resolve(gm, strategy)
     b = popart.Builder()
@@ -144,6 +225,9 @@ def build(ep: ExportedProgram, input_names: list[str], training: bool, strategy=
     state = ep.state_dict
     consts = getattr(ep, "constants", {})
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    constants = constants or {}
+    mutated = {spec.target for spec in ep.graph_signature.output_specs if spec.kind == OutputKind.BUFFER_MUTATION}
+    input_pos: dict = {}
     ids, inputs, infos, weights = {}, [], [], {}
     user = iter(input_names)
     for n, spec in zip(placeholders, ep.graph_signature.input_specs):
@@ -155,17 +239,26 @@ def build(ep: ExportedProgram, input_names: list[str], training: bool, strategy=
             name = next(user)
             info = popart.TensorInfo(POPART_TYPE[v.dtype], [int(d) for d in v.shape])
             ids[n] = b.addInputTensor(info, name)
+            input_pos[spec.arg.name] = len(inputs)
             inputs.append(ids[n])
             infos.append(info)
+        elif spec.kind == InputKind.BUFFER and spec.target in constants:
+            value = constants[spec.target]
+            ids[n] = b.aiOnnxOpset11.constant(value.detach().cpu().numpy().astype(
+                NUMPY_TYPE[POPART_TYPE[value.dtype]]), spec.target)
         elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
             value = state[spec.target] if spec.target in state else consts[spec.target]
-            if not value.is_floating_point() and not any(u.op == "call_function" for u in n.users):
+            changed = spec.target in mutated
+            if not value.is_floating_point() and not changed and not any(u.op == "call_function" for u in n.users):
                 continue        # e.g. num_batches_tracked, read by nothing
             arr = value.detach().cpu().numpy()
             arr = arr.astype(NUMPY_TYPE[POPART_TYPE[value.dtype]], copy=False)     # the builder only reads it
             ids[n] = b.addInitializedInputTensor(arr, spec.target)
-            if value.is_floating_point():       # integer buffers (num_batches_tracked) stay constants
+            if value.is_floating_point() or changed:    # unchanged integer buffers stay constants
                 weights[ids[n]] = spec.target
+            if training and spec.kind == InputKind.PARAMETER and not value.requires_grad:
+                var = ids[n]
+                ids[n] = b.aiGraphcore.detach([var], f"{spec.target}/frozen")
         elif spec.kind in (InputKind.CONSTANT_TENSOR,):
             value = consts[spec.target]
             ids[n] = b.aiOnnxOpset11.constant(value.detach().cpu().numpy().astype(
@@ -175,7 +268,8 @@ def build(ep: ExportedProgram, input_names: list[str], training: bool, strategy=
     lower_graph(gm, lw, ids)
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     results = out_node.args[0]
-    outputs = []
+    outputs, input_mutations = [], []
+    buffer_ids = {t: i for i, t in weights.items()}
     for r, spec in zip(results, ep.graph_signature.output_specs):
         if spec.kind == OutputKind.USER_OUTPUT:
             tid = lw.ids.get(r) if isinstance(r, torch.fx.Node) else None
@@ -186,15 +280,51 @@ def build(ep: ExportedProgram, input_names: list[str], training: bool, strategy=
         elif spec.kind == OutputKind.BUFFER_MUTATION:
             src = r.args[0] if isinstance(r, torch.fx.Node) and op_name(r.target) == "getitem" else r
             producer = src.target if isinstance(src, torch.fx.Node) else None
-            if producer is not None and "batch_norm" in op_name(producer) or spec.target.endswith("num_batches_tracked"):
-                continue    # PopART updates a training BatchNorm's running statistics itself
-            if training:
-                raise Error(f"The model updates buffer '{spec.target}' in place; openipu supports the running "
-                            "statistics of BatchNorm only")
-        elif spec.kind == OutputKind.LOSS_OUTPUT or spec.kind == OutputKind.USER_INPUT_MUTATION:
+            if spec.target in constants or producer is not None and "batch_norm" in op_name(producer):
+                continue    # a frozen constant; PopART updates a training BatchNorm's running statistics itself
+            if broadcast_buffers and not spec.target.endswith("num_batches_tracked"):
+                raise Error(BUFFER_BROADCAST_ERROR, type="poptorch_cpp_error")
+            var = buffer_ids.get(spec.target)
+            tid = lw.ids.get(r) if isinstance(r, torch.fx.Node) else None
+            if var is None or not isinstance(tid, str):
+                raise Error(f"The model updates buffer '{spec.target}' in place with a value that is not a tensor "
+                            "computed by the model")
+            want = POPART_TYPE[(state[spec.target] if spec.target in state else consts[spec.target]).dtype]
+            if lw.dtype(r) != want:
+                tid = lw.cast(tid, want)
+            with _placement(b, r):
+                b.aiGraphcore.copyvarupdate([var, tid], f"{spec.target}/inplace_update")
+        elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+            tid = lw.ids.get(r) if isinstance(r, torch.fx.Node) else None
+            if not isinstance(tid, str) or spec.target not in input_pos:
+                raise Error(f"The model changes its input '{spec.target}' in place with a value that is not a tensor "
+                            "computed by the model")
+            tid = b.aiOnnxOpset11.identity([tid], f"{spec.target}/inplace_output")
+            b.addOutputTensor(tid)
+            input_mutations.append((input_pos[spec.target], tid))
+        elif spec.kind == OutputKind.LOSS_OUTPUT:
             raise Error(f"Unsupported model output kind {spec.kind}")
     loss = _find_loss(gm, lw) if training else None
-    return Built(b.getModelProto(), inputs, infos, outputs, ep.call_spec.out_spec, loss, weights, num_ipus, pipelined)
+    return Built(b.getModelProto(), inputs, infos, outputs, ep.call_spec.out_spec, loss, weights, num_ipus, pipelined,
+                 input_mutations)
+
+
+@contextlib.contextmanager
+def _placement(b, node):
+    """The virtual graph and pipeline stage of ``node`` (its block), for ops added after
+    lowering on its behalf."""
+    ann = node.meta.get("custom") or {} if isinstance(node, torch.fx.Node) else {}
+    ctxs = [b.virtualGraph(int(ann["ipu"])) if "ipu" in ann else None,
+            b.pipelineStage(int(ann["stage"])) if "stage" in ann else None]
+    for c in ctxs:
+        if c is not None:
+            c.__enter__()
+    try:
+        yield
+    finally:
+        for c in reversed(ctxs):
+            if c is not None:
+                c.__exit__(None, None, None)
 
 
 def _find_loss(gm, lw) -> str:

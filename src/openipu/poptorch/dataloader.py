@@ -20,10 +20,53 @@ from openipu.poptorch.enums import DataLoaderMode
 from openipu.poptorch.errors import Error
 
 
+class _ProcessSlice(torch.utils.data.Dataset):
+    """This process's contiguous share of a map-style dataset when ``Options.Distributed`` says
+    there are several processes (PopTorch's ``_SubDataset``): with ``drop_last`` every process gets
+    the same whole number of ``step``-sample calls, else the samples are shared out as evenly as
+    possible. ``shuffle``: each epoch (:meth:`reshuffle`) permutes the whole dataset with a
+    generator seeded by ``Options.randomSeed``, the same in every process, and each process reads
+    its slice of the permutation."""
+
+    def __init__(self, dataset, options, step: int, drop_last: bool, shuffle: bool):
+        n, procs, pid = len(dataset), options.Distributed.numProcesses, options.Distributed.processId
+        if drop_last:
+            per = step * (n // (step * procs))
+            self._offset, self._length = pid * per, per
+        else:
+            sizes = [n // procs + (n % procs > p) for p in range(procs)]
+            self._offset, self._length = sum(sizes[:pid]), sizes[pid]
+        self._dataset = dataset
+        self._order = None
+        self._generator = None
+        if shuffle:
+            if options.random_seed is None:
+                raise AssertionError("When using auto_distributed_partitioning you must set "
+                                     "poptorch.Options.randomSeed() to ensure that tensors are in the same order in "
+                                     "all processes.")
+            self._generator = torch.Generator().manual_seed(int(options.random_seed))
+
+    def reshuffle(self) -> None:
+        if self._generator is not None:
+            self._order = torch.randperm(len(self._dataset), generator=self._generator)
+
+    def __len__(self):
+        return self._length
+
+    def __getitem__(self, i):
+        if not 0 <= i < self._length:
+            raise IndexError(i)
+        g = self._offset + i
+        return self._dataset[int(self._order[g]) if self._order is not None else g]
+
+
 class DataLoader(torch.utils.data.DataLoader):
     """``poptorch.DataLoader(options, dataset, batch_size=1, shuffle=None, num_workers=0,
     drop_last=True, persistent_workers=None, auto_distributed_partitioning=True,
-    mode=DataLoaderMode.Sync, async_options=None, rebatched_worker_size=None, **kwargs)``."""
+    mode=DataLoaderMode.Sync, async_options=None, rebatched_worker_size=None, **kwargs)``.
+    With ``Options.Distributed`` naming several processes (and ``auto_distributed_partitioning``)
+    each process loads its own contiguous share of the dataset (:class:`_ProcessSlice`);
+    shuffling then needs ``Options.randomSeed`` (``AssertionError`` otherwise)."""
 
     def __init__(self, options, dataset, batch_size: int = 1, shuffle=None, num_workers: int = 0,
                  drop_last: bool = True, persistent_workers=None, auto_distributed_partitioning: bool = True,
@@ -34,6 +77,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self._combined = None
         factor = options.batch_factor() if batch_size is not None else 1
         self._combine_batches = None
+        self._slice = None
         if kwargs.get("batch_sampler") is not None:
             # a user batch sampler draws whole batches: one call combines ``factor`` of them
             # (PopTorch's rule: batch_size must stay 1 and shuffle off)
@@ -53,6 +97,14 @@ class DataLoader(torch.utils.data.DataLoader):
             persistent_workers = num_workers > 0
         if kwargs.get("sampler", 0) is None:
             del kwargs["sampler"]
+        procs = options.Distributed.numProcesses
+        if procs > 1 and auto_distributed_partitioning:
+            if isinstance(dataset, torch.utils.data.IterableDataset):
+                raise AssertionError("auto_distributed_partitioning not supported for IterableDataset")
+            if combined is None:
+                raise AssertionError("batch_size=None not allowed when using auto_distributed_partitioning.")
+            dataset = self._slice = _ProcessSlice(dataset, options, combined, drop_last, bool(shuffle))
+            shuffle = False
         super().__init__(dataset, batch_size=combined, shuffle=bool(shuffle), num_workers=num_workers,
                          drop_last=drop_last, persistent_workers=persistent_workers and num_workers > 0, **kwargs)
         self._combined = combined
@@ -71,6 +123,8 @@ class DataLoader(torch.utils.data.DataLoader):
         return self._options
 
     def __iter__(self):
+        if self._slice is not None:
+            self._slice.reshuffle()
         if self._accessor is not None:
             return iter(self._accessor)
         if self._combine_batches not in (None, 1):

@@ -12,8 +12,12 @@ trained by a ``trainingModel`` of the same module). Predicted IPU cycles of the 
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import inspect
 import io
+import json
+import os
 import logging
 import time
 import weakref
@@ -23,6 +27,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from openipu import popart
+from openipu.poptorch import _utils
 from openipu.poptorch import capture as cap
 from openipu.poptorch import optim as poptorch_optim
 from openipu.poptorch.enums import ConnectionType, OutputMode
@@ -30,6 +35,8 @@ from openipu.poptorch.errors import Error, from_popart
 from openipu.poptorch.lower import NUMPY_TYPE, POPART_TYPE
 
 _log = logging.getLogger("poptorch")
+NO_EXECUTABLE_ERR = "Model has not been compiled or has been destroyed."
+_pylog = logging.getLogger("poptorch::python")
 
 _ART = {OutputMode.All: "All", OutputMode.Final: "Final", OutputMode.Sum: "Sum"}
 #: user model -> weak reference to the training wrapper that owns it (until ``destroy()``)
@@ -39,7 +46,34 @@ _BACKWARD_ERROR = ("backward() cannot be called explicitly on outputs of a PopTo
                    "you're using an inferenceModel, you should use a trainingModel instead.")
 
 
+#: torch.nn.Module's own attributes, which the wrapper forwards to the user model (``__getattr__``)
 _MODULE_STATE = frozenset(torch.nn.Module().__dict__)
+
+#: handle id -> hook (``registerPreCompileHook`` / ``registerPostCompileHook``), in registration order
+_PRECOMPILE_HOOKS: dict = collections.OrderedDict()
+_POSTCOMPILE_HOOKS: dict = collections.OrderedDict()
+
+
+def _register_hook(hooks: dict, hook, what: str) -> "torch.utils.hooks.RemovableHandle":
+    if not callable(hook):
+        raise RuntimeError(f"{what} hook must be callable")
+    handle = torch.utils.hooks.RemovableHandle(hooks)
+    hooks[handle.id] = hook
+    return handle
+
+
+def registerPreCompileHook(hook) -> "torch.utils.hooks.RemovableHandle":  # noqa: N802
+    """Call ``hook()`` each time a model is compiled, before it is captured (PopTorch's
+    ``registerPreCompileHook``). Returns a handle whose ``remove()`` unregisters it. Raises
+    ``RuntimeError("Pre-compile hook must be callable")``."""
+    return _register_hook(_PRECOMPILE_HOOKS, hook, "Pre-compile")
+
+
+def registerPostCompileHook(hook) -> "torch.utils.hooks.RemovableHandle":  # noqa: N802
+    """Call ``hook()`` each time a model has been compiled (PopTorch's
+    ``registerPostCompileHook``). Returns a removable handle. Raises
+    ``RuntimeError("Post-compile hook must be callable")``."""
+    return _register_hook(_POSTCOMPILE_HOOKS, hook, "Post-compile")
 
 
 def _to_numpy(t: torch.Tensor, dtype: str) -> np.ndarray:
@@ -65,6 +99,10 @@ class PoplarExecutor:
             if owner is not None and owner() is not None:
                 raise RuntimeError("Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() "
                                    "on the model to unwrap before wrapping again.")
+        if training:
+            for b in model.buffers():
+                if type(b) is not torch.Tensor:
+                    raise Error(f"All buffers must be an instance of torch.Tensor (Got {type(b)})")
         if training and optimizer is None:
             optimizer = poptorch_optim.SGD(model.parameters(), lr=0.01)
         self._user_model = model
@@ -116,8 +154,6 @@ class PoplarExecutor:
     def _bind(self, args, kwargs):
         """(positional args, kwargs, [(name, tensor)] of the tensor leaves in capture order,
         the non-tensor leaves)."""
-        from openipu.poptorch._args import ensure_geometric_parsers
-        ensure_geometric_parsers()
         sig = inspect.signature(self._user_model.forward)
         try:
             ba = sig.bind(*args, **kwargs)
@@ -166,28 +202,93 @@ class PoplarExecutor:
 
     # -- compile -------------------------------------------------------------------------------
     def compile(self, *args, **kwargs) -> None:
-        """Capture and compile for these inputs without running (warns if already compiled)."""
+        """Capture and compile for these inputs without running (PopTorch's ``compile``; logs
+        "Call to compile() ignored: the executable is already compiled" when it is). Calls the
+        pre- and post-compile hooks (:func:`registerPreCompileHook`)."""
         if self._session is not None:
-            import warnings
-            warnings.warn("Call to compile() ignored: the model is already compiled")
+            _pylog.warning("Call to compile() ignored: the executable is already compiled")
             return
         start = time.perf_counter()
-        args_, kwargs_, tensors, others = self._bind(args, kwargs)
-        micro = self._micro(tensors)
-        it = iter(micro)
-        margs, mkwargs = pytree.tree_map(lambda v: next(it) if isinstance(v, torch.Tensor) else v, (args_, kwargs_))
         model = self._user_model
-        was_training = model.training
-        try:
-            ep = cap.capture(model, margs, mkwargs)
-        finally:
-            model.train(was_training)
+        with _utils.custom_pytree_nodes((args, kwargs)):
+            args_, kwargs_, tensors, others = self._bind(args, kwargs)
+            micro = [_detach_input(t) for t in self._micro(tensors)]
+            it = iter(micro)
+            margs, mkwargs = pytree.tree_map(lambda v: next(it) if isinstance(v, torch.Tensor) else v,
+                                             (args_, kwargs_))
+            for hook in list(_PRECOMPILE_HOOKS.values()):
+                hook()
+            was_training = model.training
+            attrs = _tensor_attributes(model)
+            from openipu.poptorch import ops as _ops
+            _ops._overlaps.clear()
+            _ops._capturing_training[0] = self._training
+            try:
+                with _attributes_as_buffers(model, attrs), _no_reassignment(model, set(attrs)):
+                    ep = cap.capture(model, margs, mkwargs)
+            finally:
+                model.train(was_training)
+                _ops._capturing_training[0] = False
         strategy = getattr(self._options, "_execution_strategy", None)
-        built = cap.build(ep, [n for n, _ in tensors], self._training, strategy)
+        if _ops._overlaps:
+            self._check_overlapped_io(strategy)
+        built = cap.build(ep, [n for n, _ in tensors], self._training, strategy, constants=attrs,
+                          broadcast_buffers=self._options.broadcast_buffers and self._options.replication_factor > 1)
         self._built = built
         self._signature = ([(n, tuple(t.shape), t.dtype) for n, t in tensors], others)
         self._make_session(built)
         self._compile_seconds = time.perf_counter() - start
+        for hook in list(_POSTCOMPILE_HOOKS.values()):
+            hook()
+
+    def _check_overlapped_io(self, strategy) -> None:
+        """PopTorch's checks of a model with overlapped host I/O (``verifySettingsForOverlappedIO``)."""
+        if getattr(strategy, "pipelined", True):        # None: PipelinedExecution, PopTorch's default
+            raise Error("Overlapped IO is not supported with poptorch.PipelinedExecution. If you are using only one "
+                        "IPU, please switch to poptorch.ShardedExecution.", type="poptorch_cpp_error")
+        if self._options.TensorLocations.num_io_tiles == 0:
+            raise Error("No IO tiles allocated. You must allocate at least 32 IO tiles using "
+                        "poptorch.Options().TensorLocations.numIOTiles.", type="poptorch_cpp_error")
+        if self._options.output_mode not in (OutputMode.All, OutputMode.Sum):
+            raise Error("Unsupported output mode for overlapped IO. Please switch output mode to "
+                        "poptorch.OutputMode.All or poptorch.OutputMode.Sum.", type="poptorch_cpp_error")
+
+    def _report_options(self, so) -> dict | None:
+        """PopART writes a session's reports to ``<autoReport.directory>/<session name>``, the
+        name being ``Options.modelName`` or ``training`` / ``inference``: the engine options
+        (code and ``POPLAR_ENGINE_OPTIONS``) with that directory, or None without reports."""
+        from openipu.poplar.options import engine_options
+        eff = engine_options(dict(so.engineOptions or {}))
+        wanted = any(eff.get_bool(k) for k in ("autoReport.all", "autoReport.outputGraphProfile",
+                                              "autoReport.outputExecutionProfile"))
+        if not wanted:
+            return None
+        name = self._options.model_name or ("training" if self._training else "inference")
+        return {"autoReport.directory": os.path.join(eff.get("autoReport.directory", "./") or ".", name)}
+
+    def _prepare(self, s, so) -> None:
+        """``s.prepareDevice()`` with PopTorch's progress bar (``showCompilationProgressBar``:
+        "Graph compilation: 100%|...| 100/100 [00:03<00:00]" on stderr when it is a terminal)
+        and report directory (:meth:`_report_options`)."""
+        from openipu.popart import session as popart_session
+        report = self._report_options(so)
+        saved_bar, saved_env = popart_session._progress_bar, os.environ.get("POPLAR_ENGINE_OPTIONS")
+        popart_session._progress_bar = _progress_bar if self._options.show_compilation_progress_bar else \
+            (lambda total: None)
+        if report is not None:
+            so.engineOptions = {**dict(so.engineOptions or {}), **report}
+            if saved_env is not None:       # the environment overrides code options: give it the directory too
+                try:
+                    env = json.loads(saved_env)
+                    os.environ["POPLAR_ENGINE_OPTIONS"] = json.dumps({**env, **report})
+                except ValueError:
+                    pass
+        try:
+            s.prepareDevice(loadEngine=self._options.connection_type == ConnectionType.Always)
+        finally:
+            popart_session._progress_bar = saved_bar
+            if saved_env is not None:
+                os.environ["POPLAR_ENGINE_OPTIONS"] = saved_env
 
     def _make_session(self, built: "cap.Built", executable: bytes | None = None) -> None:
         o = self._options
@@ -196,6 +297,7 @@ class PoplarExecutor:
         art = popart.AnchorReturnType("EveryN", o.output_return_period) if mode == OutputMode.EveryN else \
             popart.AnchorReturnType(_ART[mode])
         anchors = {t: art for t in built.outputs}
+        anchors.update({t: art for _, t in built.input_mutations})
         for short, (long_name, m, period) in o.anchored_tensors.items():
             m = mode if m is None else OutputMode(m)
             anchors[long_name] = popart.AnchorReturnType("EveryN", period) if m == OutputMode.EveryN else \
@@ -231,14 +333,16 @@ class PoplarExecutor:
                     self._loaded_executable = True
                 except popart.popart_exception as e:
                     _log.info("The saved executable does not match (%s): compiling the saved model again", e)
-            s.prepareDevice()
+            self._prepare(s, so)
         except popart.popart_exception as e:
             raise from_popart(e) from e
         self._session = s
-        self._attached = o.connection_type != ConnectionType.Never
+        # Always: attached once compiled; OnDemand: on the first run (attachToDevice); Never: not
+        self._attached = o.connection_type == ConnectionType.Always
         if o.random_seed is not None:
             s.setRandomSeed(o.random_seed)
-        self._upload_weights(force=True)
+        if self._attached:
+            self._upload_weights(force=True)
 
     # -- weights ---------------------------------------------------------------------------
     def _module_tensor(self, path: str) -> torch.Tensor:
@@ -249,7 +353,7 @@ class PoplarExecutor:
         return [self._module_tensor(p)._version for p in self._built.weights.values()]
 
     def _upload_weights(self, force: bool = False) -> None:
-        if self._connection_never():
+        if self._connection_never() or not self._attached:      # sent when the device is attached
             return
         versions = self._versions()
         if not force and versions == self._uploaded_versions:
@@ -285,6 +389,54 @@ class PoplarExecutor:
                 t.copy_(torch.from_numpy(buf).reshape(t.shape).to(t.dtype))
         self._uploaded_versions = self._versions()
 
+    def copyNamedBuffersToDevice(self) -> None:  # noqa: N802
+        """Send the module's buffers listed in ``Options.updatableNamedBuffers`` to the device,
+        leaving the other weights (and the optimizer state) as the device has them. Raises
+        :class:`Error` ("Model has not been compiled or has been destroyed.", "No named buffers
+        marked as updatable via updatableNamedBuffers option")."""
+        self._check_compiled()
+        names = self._options._Popart.options.get("updatableNamedBuffers")
+        if names is None:
+            raise Error("No named buffers marked as updatable via updatableNamedBuffers option")
+        if not self._attached or self._connection_never():
+            return
+        ids = {path: tid for tid, path in self._built.weights.items()}
+        buffers = dict(self._user_model.named_buffers())
+        io = {}
+        for name in names:
+            if name not in buffers:
+                raise Error(f"updatableNamedBuffers: the model has no buffer '{name}'")
+            if name in ids:
+                io[ids[name]] = _to_numpy(buffers[name], POPART_TYPE[buffers[name].dtype])
+        if not io:
+            return
+        try:
+            self._session.weightsToHost()
+            self._session.writeWeights(popart.PyWeightsIO(io))
+            self._session.weightsFromHost()
+        except popart.popart_exception as e:
+            raise from_popart(e) from e
+
+    def _debugGetPopartIR(self) -> str:  # noqa: N802
+        """The compiled model's PopART IR as JSON text, in the layout of PopART's
+        ``serializeIr`` (``{"maingraph": [{"type", "domain", "version", "name", "inputs",
+        "outputs", "attributes"}, ...]}``, each tensor ``{"name", "type", "shape"}``). Raises
+        :class:`Error` before compilation."""
+        self._check_compiled()
+        ir = self._session._ir
+
+        def tensor(tid):
+            t = ir.tensors.get(tid)
+            return {"name": tid, "type": t.info.data_type() if t else "", "shape": list(t.info.shape()) if t else []}
+        ops = []
+        for op in ir.ops:
+            attrs = {k: (v if isinstance(v, (int, float, str, list, bool)) or v is None else str(v))
+                     for k, v in dict(op.attrs or {}).items()}
+            ops.append({"type": op.op_type, "domain": op.domain or "ai.onnx", "version": str(op.opset),
+                        "name": op.name, "inputs": [tensor(t) for t in op.inputs if t],
+                        "outputs": [tensor(t) for t in op.outputs if t], "attributes": attrs})
+        return json.dumps({"maingraph": ops}, default=str)
+
     def copyWeightsToHostIfNeeded(self) -> bool:  # noqa: N802
         """Weights are copied back after every training call, so there is nothing to do."""
         return False
@@ -294,19 +446,19 @@ class PoplarExecutor:
 
     def _check_compiled(self):
         if self._session is None:
-            raise Error("Model has not been compiled or has been destroyed.")
+            raise Error(NO_EXECUTABLE_ERR)
 
     # -- run -----------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
+        assert not self._connection_never(), ("Trying to run a model on an offline device (ConnectionType.Never): use "
+                                              "model.compile(inputs) instead of model(inputs)")
         if self._session is None:
             self.compile(*args, **kwargs)
-        if self._connection_never():
-            raise Error("Trying to run a model compiled for an offline IPU target (useOfflineIpuTarget / "
-                        "ConnectionType.Never): it can be compiled and exported, not run")
         if not self._attached:       # PopTorch re-attaches a detached model when it is called
             self.attachToDevice()
         t0 = time.perf_counter()
-        _, _, tensors, others = self._bind(args, kwargs)
+        with _utils.custom_pytree_nodes((args, kwargs)):
+            _, _, tensors, others = self._bind(args, kwargs)
         self._validate(tensors, others)
         if not self._training:
             self._upload_weights()
@@ -330,10 +482,15 @@ class PoplarExecutor:
         if self._training:
             self.copyWeightsToHost()
         outs = [self._output(anchors[tid]) for tid in self._built.outputs]
+        # inputs the model changed in place: PopTorch copies the returned value into them
+        for k, tid in self._built.input_mutations:
+            t, new = tensors[k][1], self._output(anchors[tid])
+            with torch.no_grad():
+                t.copy_(new.reshape(t.shape) if new.numel() == t.numel() else new)
         for o in outs:
             o.backward = _error_on_backward
         self._perf = (t0, t1, t2, time.perf_counter())
-        return pytree.tree_unflatten(outs, self._built.out_spec)
+        return _utils.tree_unflatten(outs, self._built.out_spec)
 
     def _output(self, arr: np.ndarray) -> torch.Tensor:
         """A PopART anchor (leading dims: iterations / micro-batches / replicas, as returned by
@@ -365,21 +522,34 @@ class PoplarExecutor:
 
     # -- device and lifetime -------------------------------------------------------------------
     def detachFromDevice(self) -> None:  # noqa: N802
-        """Release the IPU (the weights are read back first for a training model)."""
+        """Release the IPU (PopTorch's ``detachFromDevice``): the random state is read and, for
+        a training model, the weights are copied to the host first. Raises :class:`Error`
+        ("Model has not been compiled or has been destroyed.", "Device is not attached")."""
         if self._session is None:
-            raise Error("Cannot detach a model that has not been compiled.")
+            raise Error(NO_EXECUTABLE_ERR)
         if not self._attached:
             raise Error("Device is not attached")
+        self._rng_state = self.rng_state
         if self._training:
             self.copyWeightsToHost()
         self._attached = False
 
     def attachToDevice(self) -> None:  # noqa: N802
-        """Take the IPU back and re-send the weights (and optimizer)."""
+        """Take the IPU (back): loads the executable when the model was compiled with
+        ``ConnectionType.OnDemand``, then sends the weights. Raises :class:`Error` ("Model has not
+        been compiled or has been destroyed.", "Device is already attached") and
+        ``AssertionError`` ("Trying to attach to an offline device (ConnectionType.Never)")."""
         if self._session is None:
-            raise Error("Cannot attach a model that has not been compiled.")
+            raise Error(NO_EXECUTABLE_ERR)
+        assert not self._connection_never(), "Trying to attach to an offline device (ConnectionType.Never)"
         if self._attached:
             raise Error("Device is already attached")
+        engine = getattr(self._session, "_engine", None)
+        if engine is not None and getattr(engine, "_storage", True) is None:
+            try:
+                self._session.loadEngineAndConnectStreams()
+            except popart.popart_exception as e:
+                raise from_popart(e) from e
         self._attached = True
         self._upload_weights(force=True)
 
@@ -454,7 +624,7 @@ class PoplarExecutor:
         s = self._session
         if s._ir.random_seed is None:      # no random op: nothing on the device to read
             return list(self._rng_state or [self._options.random_seed or 0])
-        return [int(s.getRandomSeed())]
+        return [int(s.getRandomSeed())] + list((self._rng_state or [])[1:])
 
     @rng_state.setter
     def rng_state(self, state) -> None:
@@ -475,30 +645,51 @@ class PoplarExecutor:
         return float(self._compile_seconds)
 
     def getPerfCounters(self) -> dict:  # noqa: N802
-        """PopTorch's performance counters of the last call, in seconds (``time.perf_counter``):
-        ``input`` / ``input_complete`` / ``output`` / ``output_complete``, each ``[tensor][step]``.
+        """PopTorch's performance counters of the last call, in seconds: ``input`` /
+        ``input_complete`` (the IPU asks for an input tensor / has received it) and ``output`` /
+        ``output_complete`` (it sends an output / the host has it), each ``[tensor][step]``, one
+        step per device iteration (outputs: per iteration returned by the output mode). Before
+        compilation every list is ``[[]]``.
 
-        These are **host-measured** timestamps of the simulation, not predictions of the IPU (for
-        those see ``cycleCount()``): the host's input preparation, the run and the output copies
-        are timed once per call and spread evenly over its device iterations (one output step per
-        iteration returned by the output mode)."""
+        The timestamps are **predicted** for the simulated IPU (an IPU records them on the
+        device): the predicted cycles of the call (the cost model's, as ``cycleCount()``) at the
+        tile clock, split evenly over the device iterations, each input / output stream taking
+        its bytes over the target's host link in turn, from the host time the run started (the
+        reference point is arbitrary, as on an IPU; differences are predicted seconds)."""
         empty = {"input": [[]], "input_complete": [[]], "output": [[]], "output_complete": [[]]}
         if self._session is None or self._perf is None:
             return empty
-        t0, t1, t2, t3 = self._perf
-        di = self._options.device_iterations
-        mode = self._options.output_mode
-        n_out = di if mode == OutputMode.All else di // self._options.output_return_period \
-            if mode == OutputMode.EveryN else 1
-        d_in, d_run, d_out = (t1 - t0) / di, (t2 - t1) / di, (t3 - t2) / max(n_out, 1)
-        starts = [t1 + k * d_run for k in range(di)]
-        ins = [s - d_in for s in starts]
-        step = di // max(n_out, 1)
-        outs = [t1 + (k + 1) * step * d_run for k in range(n_out)]
-        n_in, n_o = max(len(self._built.inputs), 1), max(len(self._built.outputs), 1)
-        return {"input": [list(ins) for _ in range(n_in)], "input_complete": [list(starts) for _ in range(n_in)],
-                "output": [list(outs) for _ in range(n_o)],
-                "output_complete": [[o + d_out for o in outs] for _ in range(n_o)]}
+        s, b, o = self._session, self._built, self._options
+        di, af, rf = self._factor()
+        spec = s.deviceInfo.device.getTarget().spec
+        clock, link = float(spec.clock_hz), float(spec.host_bytes_per_s or 16e9)
+        cycles = float(getattr(s, "_last_cycles", 0) or 0)
+        step = cycles / clock / di
+        n_out = di if o.output_mode == OutputMode.All else di // o.output_return_period \
+            if o.output_mode == OutputMode.EveryN else 1
+        t0 = self._perf[1]
+
+        def seconds(info, per_step: int) -> float:
+            return info.nbytes() * per_step / link
+        ins = [seconds(i, af * rf) for i in b.input_info] or [0.0]
+        outs = []
+        for tid in b.outputs:
+            info = s._ir.tensors[tid].info if tid in s._ir.tensors else None
+            outs.append(seconds(info, (af if o.output_mode in (OutputMode.All, OutputMode.EveryN) else 1) * rf)
+                        if info is not None else 0.0)
+        outs = outs or [0.0]
+        res = {k: [] for k in empty}
+        for i in range(len(ins)):
+            start = [t0 + k * step + sum(ins[:i]) for k in range(di)]
+            res["input"].append(start)
+            res["input_complete"].append([t + ins[i] for t in start])
+        every = max(di // max(n_out, 1), 1)
+        for j in range(len(outs)):
+            last = [t0 + ((m + 1) * every - 1) * step + sum(ins) for m in range(n_out)]   # inputs of the step in
+            ends = [max(t0 + ((m + 1) * every) * step - sum(outs[j + 1:]), last[m] + outs[j]) for m in range(n_out)]
+            res["output"].append([e - outs[j] for e in ends])
+            res["output_complete"].append(ends)
+        return res
 
     def _latency(self, from_event, from_reduce, to_event, to_reduce) -> tuple:
         pc = self.getPerfCounters()
@@ -554,6 +745,7 @@ class PoplarExecutor:
                 "weights": dict(b.weights), "params": [p for p in b.weights.values() if _is_param(self._user_model, p)],
                 "forward": _forward_signature(self._user_model),
                 "num_ipus": b.num_ipus, "pipelined": b.pipelined,
+                "input_mutations": [[int(k), str(t)] for k, t in b.input_mutations],
                 "rng_state": self.rng_state if save_rng_state else None,
                 "optimizer": export.optimizer_to_json(self._optimizer, params) if self._training else None}
         buf = io.BytesIO()
@@ -591,7 +783,7 @@ class PoplarExecutor:
         built = cap.Built(model_bytes, list(meta["inputs"]),
                           [popart.TensorInfo(dt, shape) for dt, shape in meta["input_info"]], list(meta["outputs"]),
                           export.spec_loads(meta["out_spec"]), meta["loss"], dict(meta["weights"]),
-                          int(meta["num_ipus"]), bool(meta["pipelined"]))
+                          int(meta["num_ipus"]), bool(meta["pipelined"]), _input_mutations(meta))
         self._built = built
         self._signature = ([(n, tuple(shape), export._DTYPES[dt]) for n, shape, dt in meta["signature"]],
                            export.decode(meta["others"]))
@@ -602,6 +794,17 @@ class PoplarExecutor:
 
     def __repr__(self):
         return f"PoplarExecutor({'training' if self._training else 'inference'}, {self._user_model!r})"
+
+
+def _input_mutations(meta: dict) -> list:
+    """The saved ``[[input index, output id]]`` of inputs changed in place (files of an older
+    openipu have none). Raises :class:`Error` for a malformed entry."""
+    raw = meta.get("input_mutations") or []
+    if not isinstance(raw, list) or not all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], int) and
+                                            isinstance(e[1], str) and 0 <= e[0] < len(meta["inputs"])
+                                            for e in raw):
+        raise Error("Invalid file: malformed input_mutations")
+    return [(k, t) for k, t in raw]
 
 
 def _forward_signature(model) -> list:
@@ -617,6 +820,135 @@ def _forward_signature(model) -> list:
                 has = False
         out.append([p.name, p.kind.name, has, default])
     return out
+
+
+class _PopTorchBar:
+    """PopTorch's compilation progress bar over PopART's progress steps: tqdm on stderr,
+    "Graph compilation" with PopTorch's ``{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}]``
+    format, counted to 100."""
+
+    def __init__(self, total: int):
+        import sys
+
+        from tqdm import tqdm
+        self._total, self._done, self._shown = max(int(total), 1), 0, 0
+        self._bar = tqdm(desc="Graph compilation", total=100, file=sys.stderr,
+                         bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}]")
+
+    def update(self, n: int = 1) -> None:
+        self._done = min(self._done + n, self._total)
+        pct = self._done * 100 // self._total
+        if pct > self._shown:
+            self._bar.update(pct - self._shown)
+            self._shown = pct
+
+    def close(self) -> None:
+        if self._shown < 100:
+            self._bar.update(100 - self._shown)
+            self._shown = 100
+        self._bar.close()
+
+
+def _progress_bar(total: int):
+    """A :class:`_PopTorchBar` when stderr is a terminal (and tqdm is installed), else None."""
+    import sys
+    if not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()):
+        return None
+    try:
+        return _PopTorchBar(total)
+    except ImportError:
+        return None
+
+
+def _detach_input(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached, with PopTorch's warning, if it requires a gradient."""
+    if t.requires_grad:
+        _pylog.warning("Input tensor has requires_grad=True set. This tensor will be detached because backward pass "
+                       "via inputs is not supported.")
+        return t.detach()
+    return t
+
+
+def _tensor_attributes(model: torch.nn.Module) -> dict:
+    """``{path: clone}`` of the plain tensor attributes (neither parameters nor buffers) of
+    ``model``'s modules: the values a captured graph takes as constants."""
+    out = {}
+    for prefix, m in model.named_modules():
+        for k, v in vars(m).items():
+            if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter) and not k.startswith("_"):
+                out[f"{prefix}.{k}" if prefix else k] = v.detach().clone()
+    return out
+
+
+#: modules whose buffers may be replaced while the model runs (PopTorch's ``BUFFERS_CAN_CHANGE``)
+_BUFFERS_CAN_CHANGE = (torch.nn.modules.batchnorm._BatchNorm,)
+
+
+@contextlib.contextmanager
+def _no_reassignment(model: torch.nn.Module, plain: set = frozenset()):
+    """While ``model`` is captured, assigning a new tensor to one of its buffers or parameters
+    (``self.buf = self.buf + 1``) raises PopTorch's :class:`Error` ("Buffer buf is reassigned
+    within the model when calling the forward method. This is not supported. Consider using
+    self.buf.copy_(src) ..."); deleting one raises "... is removed from the model ...". BatchNorm
+    modules may replace their buffers (PopTorch's exception), and so may the plain tensor
+    attributes ``plain`` (paths) captured as buffers."""
+    owners = {id(m): prefix for prefix, m in model.named_modules() if not isinstance(m, _BUFFERS_CAN_CHANGE)}
+    param_owners = {id(m): prefix for prefix, m in model.named_modules()}
+    orig_set, orig_del = torch.nn.Module.__setattr__, torch.nn.Module.__delattr__
+
+    def check(mod, name, removed):
+        kind = "Buffer" if name in mod._buffers and id(mod) in owners else \
+            "Parameter" if name in mod._parameters and id(mod) in param_owners else None
+        if kind is None:
+            return
+        prefix = param_owners[id(mod)]
+        full = f"{prefix}.{name}" if prefix else name
+        if full in plain:
+            return
+        if removed:
+            raise Error(f"{kind} {full} is removed from the model when calling the forward method.")
+        raise Error(f"{kind} {full} is reassigned within the model when calling the forward method. This is not "
+                    f"supported. Consider using self.{full}.copy_(src) to copy data from a source tensor, where src "
+                    "is the name of the source tensor.")
+
+    def guarded_set(mod, name, value):
+        if isinstance(value, torch.Tensor) or value is None:
+            cur = mod.__dict__.get("_buffers", {}).get(name, mod.__dict__.get("_parameters", {}).get(name))
+            if cur is not None and value is not cur:
+                check(mod, name, False)
+        return orig_set(mod, name, value)
+
+    def guarded_del(mod, name):
+        check(mod, name, True)
+        return orig_del(mod, name)
+    torch.nn.Module.__setattr__, torch.nn.Module.__delattr__ = guarded_set, guarded_del
+    try:
+        yield
+    finally:
+        torch.nn.Module.__setattr__, torch.nn.Module.__delattr__ = orig_set, orig_del
+
+
+@contextlib.contextmanager
+def _attributes_as_buffers(model: torch.nn.Module, attrs: dict):
+    """The plain tensor attributes ``attrs`` (paths) of ``model`` registered as non-persistent
+    buffers while the model is captured, so that changing one in place is captured (torch.export
+    refuses to capture a changed constant). :func:`capture.build` then lowers them as the
+    constants PopTorch makes of them (their values before the call)."""
+    done = []
+    try:
+        for path in attrs:
+            mod_path, _, name = path.rpartition(".")
+            mod = model.get_submodule(mod_path) if mod_path else model
+            t = vars(mod)[name]
+            delattr(mod, name)
+            mod.register_buffer(name, t, persistent=False)
+            done.append((mod, name, t))
+        yield
+    finally:
+        for mod, name, t in done:
+            mod._buffers.pop(name, None)
+            mod._non_persistent_buffers_set.discard(name)
+            object.__setattr__(mod, name, t)
 
 
 def _error_on_backward(*args, **kwargs):

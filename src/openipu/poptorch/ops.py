@@ -382,12 +382,26 @@ def _tensors(xs, what):
     return xs
 
 
+#: True while a training model is being captured (set by the executor)
+_capturing_training = [False]
+
+
 def for_loop(count: int, body, inputs):
     """Run ``body`` ``count`` times on the device (PopTorch's ``for_loop``): ``body(*tensors)``
-    returns as many tensors as it takes, of the same shapes; ``inputs`` are passed by value.
-    Returns the final tensors (a list). Captured as one PopART ``Loop`` (inference models; the
-    simulated PopART has no Loop gradient, so training models raise :class:`Error`)."""
-    inputs = _tensors(inputs, "for_loop")
+    returns as many tensors as it takes, of the same shapes; ``inputs`` (a list of tensors) are
+    passed by value. Returns the final tensors (a list). Raises ``ValueError`` (PopTorch's
+    messages) when ``inputs`` is not a list of tensors.
+
+    An inference model captures it as one PopART ``Loop``. The simulated PopART has no
+    gradient of ``Loop``, so a training model captures the loop unrolled (``count`` copies of
+    the body): the same values and gradients, the cost of the unrolled ops."""
+    if not isinstance(inputs, list):
+        raise ValueError("poptorch.for_loop expects input tensors (inputs) to be a list of tensors. (Object is not "
+                         "list)")
+    for ind, t in enumerate(inputs):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError("poptorch.for_loop expects input tensors (inputs) to be a list of tensors. (Object "
+                             f"contained in list at index {ind} is not torch.tensor)")
     count = int(count)
 
     def step(*xs):
@@ -397,7 +411,7 @@ def for_loop(count: int, body, inputs):
             raise Error(f"poptorch.for_loop: the body returned {len(out)} tensors for {len(xs)} inputs: it must "
                         "return as many tensors as it takes")
         return out
-    if not isRunningOnIpu():
+    if not isRunningOnIpu() or _capturing_training[0]:
         xs = [t.clone() for t in inputs]
         for _ in range(count):
             xs = step(*xs)
@@ -581,11 +595,72 @@ class MultiConv(_Annotating):
         self._backoff = float(value)
         return self
 
+    _depth = 0
+
     def _push(self):
+        from openipu.poptorch import blocks
+        if blocks._state.active and MultiConv._depth:
+            raise Error("Nested poptorch.MultiConv is not supported.", type="poptorch_cpp_error")
         MultiConv._count += 1
+        MultiConv._depth += 1
         self._id = MultiConv._count
+
+    def _pop(self):
+        MultiConv._depth = max(MultiConv._depth - 1, 0)
 
     def _annotation(self):
         return {MULTICONV_KEY: json.dumps({"id": self._id, "amp": self._amp, "partials": self._partials,
                                            "dithering": self._dithering, "plan": self._plan,
                                            "reserved": self._reserved, "backoff": self._backoff})}
+
+
+# ----------------------------------------------------------------------------------------------
+# overlapped host I/O
+# ----------------------------------------------------------------------------------------------
+#: the overlap modes set while the model being captured ran (checked by the executor)
+_overlaps: list = []
+
+
+def _set_overlap(tensors, mode, what: str):
+    from openipu.poptorch import _utils
+    from openipu.poptorch.enums import OverlapMode
+    mode = OverlapMode(mode)
+    flat = _utils.flattenTensorStructure(tensors)
+    if isinstance(tensors, torch.Tensor):
+        flat = [tensors]
+    for t in _leaves(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise Error(f"You may only set overlap for torch.tensor {what}. {type(t)} is not supported.")
+    if isRunningOnIpu() and mode != OverlapMode.NoOverlap:
+        _overlaps.append((what, mode))
+    return _utils.reconstructTensorStructure(tensors, iter(flat))
+
+
+def _leaves(x):
+    if isinstance(x, dict):
+        for v in x.values():
+            yield from _leaves(v)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _leaves(v)
+    else:
+        yield x
+
+
+def set_overlap_for_input(input_tensors, mode):
+    """Overlap the host-to-IPU copies of ``input_tensors`` (a tensor, or a tuple / list / dict
+    of them) with computation (PopTorch's ``set_overlap_for_input``, ``mode`` an
+    ``OverlapMode``); returns the tensors, to be used in their place. PopTorch requires IO tiles
+    (``Options.TensorLocations.numIOTiles``), a non-pipelined strategy and output mode All or
+    Sum (:class:`Error` otherwise, at compile time). Raises :class:`Error` for a non-tensor.
+
+    openipu accepts it with those checks and computes the same values; its cost model streams
+    host data at the start of each step and does not overlap it with compute, so predicted
+    times are those of ``OverlapMode.NoOverlap``."""
+    return _set_overlap(input_tensors, mode, "inputs")
+
+
+def set_overlap_for_output(output_tensors, mode):
+    """Overlap the IPU-to-host copies of ``output_tensors`` with computation (PopTorch's
+    ``set_overlap_for_output``); as :func:`set_overlap_for_input`."""
+    return _set_overlap(output_tensors, mode, "outputs")

@@ -18,23 +18,73 @@ from openipu import popart
 from openipu.poptorch.errors import Error
 
 
+class VariableAttributes:
+    """``opt.variable_attrs`` (PopTorch's ``poptorch.optim.VariableAttributes``): which
+    hyper-parameters are variables (changed by ``setOptimizer`` without recompiling) and which
+    are compiled in as constants. ``_allowed_attributes``: the names the optimizer has (its
+    ``defaults`` and PopTorch's extra arguments)."""
+
+    def __init__(self, variable_attributes, allowed_attributes):
+        self._variable_attributes = list(variable_attributes)
+        self._allowed_attributes = list(allowed_attributes)
+
+    def isConstant(self, attr: str) -> bool:  # noqa: N802
+        """Whether ``attr`` is compiled in as a constant."""
+        return attr not in self._variable_attributes
+
+    def markAsConstant(self, attr: str) -> None:  # noqa: N802
+        """Compile ``attr`` in as a constant. Asserts "Unknown attribute X, allowed values: [...]"."""
+        assert attr in self._allowed_attributes, f"Unknown attribute {attr}, allowed values: {self._allowed_attributes}"
+        self._variable_attributes = [a for a in self._variable_attributes if a != attr]
+
+    def markAsVariable(self, attr: str) -> None:  # noqa: N802
+        """Make ``attr`` a variable. Asserts as :meth:`markAsConstant`."""
+        assert attr in self._allowed_attributes, f"Unknown attribute {attr}, allowed values: {self._allowed_attributes}"
+        if attr not in self._variable_attributes:
+            self._variable_attributes.append(attr)
+
+    def __contains__(self, attr) -> bool:      # openipu: "is a variable"
+        return attr in self._variable_attributes
+
+    def __iter__(self):                         # openipu: the variable attributes
+        return iter(list(self._variable_attributes))
+
+    def __repr__(self):
+        return f"VariableAttributes(variables={self._variable_attributes})"
+
+
 class Optimizer:
     """Mixin of the ``poptorch.optim`` classes: the extra arguments and which hyper-parameters
-    are variables (``variable_attrs``)."""
+    are variables (``variable_attrs``, a :class:`VariableAttributes`: the arguments passed
+    explicitly, and ``lr``)."""
 
     _EXTRA: dict = {}
 
     def _init_extra(self, given: dict, extra: dict):
-        self.variable_attrs = {"lr"} | {k for k, v in given.items() if v is not None}
+        variables = ["lr"] + [k for k, v in given.items() if v is not None] + \
+            [k for k, v in extra.items() if v is not None]
         for k, default in self._EXTRA.items():
             v = extra.get(k)
             setattr(self, k, default if v is None else v)
+        self.variable_attrs = VariableAttributes(dict.fromkeys(variables), list(self.defaults) + list(self._EXTRA))
+
+    @property
+    def variable_attrs(self) -> VariableAttributes:
+        return self._variable_attrs
+
+    @variable_attrs.setter
+    def variable_attrs(self, value) -> None:
+        """A :class:`VariableAttributes`, or the names of the variable attributes (a saved
+        optimizer's)."""
+        if not isinstance(value, VariableAttributes):
+            value = VariableAttributes(list(value), list(self.defaults) + list(self._EXTRA))
+        self._variable_attrs = value
 
     def markAsConstant(self, attr: str):  # noqa: N802
-        self.variable_attrs.discard(attr)
+        self.variable_attrs.markAsConstant(attr)
 
     def markAsVariable(self, attr: str):  # noqa: N802
-        self.variable_attrs.add(attr)
+        self.variable_attrs.markAsVariable(attr)
 
 
 def _kw(locals_: dict, names) -> dict:

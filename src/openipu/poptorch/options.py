@@ -13,7 +13,9 @@ order ``[deviceIterations][gradientAccumulation][replicationFactor][micro-batch]
 
 from __future__ import annotations
 
+import ast
 import copy
+import inspect
 import json
 import os
 
@@ -77,6 +79,141 @@ class _OptionsDict:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
 
 
+class OptionError(ValueError, AssertionError):
+    """An invalid option value: PopTorch asserts (``AssertionError``); openipu raised
+    ``ValueError`` before, so the error is both."""
+
+
+class ConfigFileError(Exception):
+    """``poptorch.ConfigFileError``: a line of an options file (:meth:`Options.loadFromFile`)
+    that cannot be applied."""
+
+
+def _load_config(options, filepath: str) -> None:
+    """Apply the option calls of ``filepath`` to ``options`` (:meth:`Options.loadFromFile`)."""
+    name = os.path.basename(filepath)
+    with open(filepath) as f:
+        lines = [ln.strip() for ln in f]
+    cmds = [ln for ln in lines if ln and not ln.startswith("#")]
+    for lineno, line in enumerate(cmds, 1):
+        try:
+            tree = ast.parse(line, mode="eval")
+        except SyntaxError as err:
+            raise ConfigFileError(f"SyntaxError at line {lineno} of {name}: {err.args[0]}\n> {line}") from None
+        try:
+            _ConfigCall(options, line, lineno, name).run(tree.body)
+        except ConfigFileError:
+            raise
+        except (AttributeError, TypeError, ValueError, AssertionError, Error) as err:
+            raise ConfigFileError(f"{type(err).__name__} at line {lineno} of {name}: {err}\n> {line}") from None
+
+
+class _ConfigCall:
+    """One line of an options file evaluated as data: a call chain on the options with literal,
+    ``poptorch.*`` / ``torch.*`` arguments (no other names, no private attributes)."""
+
+    ROOTS = ("poptorch", "torch")
+    PRIVATE_OK = ("_Popart",)
+
+    def __init__(self, options, line, lineno, name):
+        self.options, self.line, self.lineno, self.name = options, line, lineno, name
+        self.created: list = []
+
+    def owners(self) -> list:
+        """The objects whose methods a line may call: the options, their sub-objects and the
+        poptorch objects the line built."""
+        o = self.options
+        return [o, o.Precision, o.Training, o.Jit, o.TensorLocations, o.Distributed, o._Popart, *self.created]
+
+    def fail(self, what):
+        raise ConfigFileError(f"Unsupported option line at line {self.lineno} of {self.name}: {what}\n> {self.line}")
+
+    def run(self, node):
+        if not isinstance(node, ast.Call):
+            self.fail("each line must call an option setter, e.g. deviceIterations(4)")
+        return self.value(node, target=True)
+
+    def root(self, name, target):
+        import torch as _torch
+
+        import openipu.poptorch as _poptorch
+        if name == "poptorch":
+            return _poptorch
+        if name == "torch":
+            return _torch
+        if target and (not name.startswith("_") or name in self.PRIVATE_OK):
+            return getattr(self.options, name)
+        self.fail(f"unknown name '{name}'")
+
+    def value(self, node, target=False):
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, (ast.List, ast.Tuple)):
+            vals = [self.value(e) for e in node.elts]
+            return vals if isinstance(node, ast.List) else tuple(vals)
+        if isinstance(node, ast.Dict):
+            return {self.value(k): self.value(v) for k, v in zip(node.keys, node.values)}
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            v = self.value(node.operand)
+            return -v if isinstance(node.op, ast.USub) else v
+        if isinstance(node, ast.Name):
+            return self.root(node.id, target)
+        if isinstance(node, ast.Attribute):
+            if node.attr.startswith("_") and node.attr not in self.PRIVATE_OK:
+                self.fail(f"private attribute '{node.attr}'")
+            return getattr(self.value(node.value, target), node.attr)
+        if isinstance(node, ast.Call):
+            fn = self.value(node.func, target)
+            owner = getattr(fn, "__self__", None)
+            is_class = isinstance(fn, type) and str(getattr(fn, "__module__", "")).startswith("openipu.poptorch")
+            if not is_class and not (inspect.ismethod(fn) and any(owner is o for o in self.owners())):
+                self.fail(f"only option setters and poptorch classes may be called, not {getattr(fn, '__name__', fn)}")
+            args = [self.value(a) for a in node.args]
+            kwargs = {k.arg: self.value(k.value) for k in node.keywords}
+            out = fn(*args, **kwargs)
+            if is_class:
+                self.created.append(out)
+            return out
+        self.fail(f"unsupported expression {type(node).__name__}")
+
+
+class _DistributedOptions(_OptionsDict):
+    """``Options.Distributed``: this process's place among the processes of a distributed run
+    (PopTorch reads ``OMPI_COMM_WORLD_SIZE`` / ``OMPI_COMM_WORLD_RANK`` by default). The
+    simulated system runs every replica in one process; the options are accepted and
+    ``poptorch.DataLoader`` reads them."""
+
+    def __init__(self):
+        super().__init__(num_distributed_processes=1, distributed_process_id=0)
+        self._env = ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")
+        self.setEnvVarNames(*self._env)
+
+    def disable(self):
+        """One process, id 0, whatever the environment says."""
+        return self.set(num_distributed_processes=1, distributed_process_id=0)
+
+    def setEnvVarNames(self, var_num_processes: str, var_process_id: str):  # noqa: N802
+        """Read the number of processes and this process's id from these environment variables."""
+        object.__setattr__(self, "_env", (str(var_num_processes), str(var_process_id)))
+        return self.configureProcessId(int(os.environ.get(var_process_id, "0")),
+                                       int(os.environ.get(var_num_processes, "1")))
+
+    def configureProcessId(self, process_id: int, num_processes: int):  # noqa: N802
+        """This process is ``process_id`` of ``num_processes``. Raises :class:`OptionError` unless
+        ``0 <= process_id < num_processes``."""
+        if not 0 <= int(process_id) < int(num_processes):
+            raise OptionError(f"Invalid process id {process_id} for {num_processes} processes")
+        return self.set(distributed_process_id=int(process_id), num_distributed_processes=int(num_processes))
+
+    @property
+    def processId(self) -> int:  # noqa: N802
+        return self.distributed_process_id
+
+    @property
+    def numProcesses(self) -> int:  # noqa: N802
+        return self.num_distributed_processes
+
+
 class _PrecisionOptions(_OptionsDict):
     """``Options.Precision``."""
 
@@ -113,6 +250,11 @@ class _TrainingOptions(_OptionsDict):
         super().__init__(gradient_accumulation=1, accumulation_and_replication_reduction_type=ReductionType.Mean,
                          mean_accumulation_and_replication_reduction_strategy=MeanReductionStrategy.Post,
                          automatic_loss_scaling=False, convolution_dithering=False)
+
+    @property
+    def meanAccumulationAndReplicationReductionStrategy(self):  # noqa: N802
+        """PopTorch's name of the option :meth:`setMeanAccumulationAndReplicationReductionStrategy` sets."""
+        return self.mean_accumulation_and_replication_reduction_strategy
 
     def gradientAccumulation(self, n: int):  # noqa: N802
         """Micro-batches summed (or meaned) into one weight update."""
@@ -254,12 +396,13 @@ class Options(_OptionsDict):
                          executable_cache_dir="", synthetic_data=False, available_memory_proportion={},
                          enable_stable_norm=False, broadcast_buffers=True, model_name="", profile_dir="",
                          anchored_tensors={}, updatable_named_buffers=[], relax_optimizer_attributes_checks=False,
-                         show_compilation_progress_bar=False, disable_module_namescope=False)
+                         show_compilation_progress_bar=True, disable_module_namescope=False)
         object.__setattr__(self, "Precision", _PrecisionOptions())
         object.__setattr__(self, "Training", _TrainingOptions())
         object.__setattr__(self, "Jit", _JitOptions())
         object.__setattr__(self, "TensorLocations", _TensorLocationOptions())
         object.__setattr__(self, "_Popart", _PopartOptions())
+        object.__setattr__(self, "Distributed", _DistributedOptions())
         object.__setattr__(self, "_execution_strategy", None)
         env = os.environ.get("POPTORCH_DEFAULT_OPTIONS")
         if env:
@@ -290,13 +433,18 @@ class Options(_OptionsDict):
         return self.set(replication_factor=int(n))
 
     def outputMode(self, mode: OutputMode, output_return_period: int | None = None):  # noqa: N802
-        """What each call returns (module docstring); ``EveryN`` needs ``output_return_period``."""
+        """What each call returns (module docstring). ``EveryN`` needs a positive
+        ``output_return_period`` (else raises :class:`OptionError`, an ``AssertionError`` as in
+        PopTorch, and a ``ValueError``); for the other modes a period is ignored, with PopTorch's
+        info log "Anchor return period argument ignored with output_mode set to ..."."""
         mode = OutputMode(mode)
         if mode == OutputMode.EveryN:
             if not output_return_period or int(output_return_period) < 1:
-                raise ValueError("EveryN output mode must specify a non-zero output_return_period")
-        elif output_return_period is not None:
-            raise ValueError("A return period should only be provided for EveryN output mode")
+                raise OptionError("EveryN anchor must have output_return_period set to valid positive integer")
+        elif output_return_period:
+            from openipu.poptorch._logging import logger
+            logger.info("Anchor return period argument ignored with output_mode set to %s", mode)
+            output_return_period = None
         return self.set(output_mode=mode, output_return_period=int(output_return_period or 1))
 
     def anchorMode(self, anchor_mode: OutputMode, anchor_return_period: int | None = None):  # noqa: N802
@@ -381,8 +529,10 @@ class Options(_OptionsDict):
     def logDir(self, path: str):  # noqa: N802
         return self.set(log_dir=str(path))
 
-    def maxRepeatLogs(self, n: int):  # noqa: N802
-        return self.set(max_repeat_logs=int(n))
+    def maxRepeatLogs(self, n: int | None):  # noqa: N802
+        """Repeated log lines shown at most ``n`` times (default 4); ``None`` shows them all
+        (PopTorch stores ``2**64 - 1``)."""
+        return self.set(max_repeat_logs=(1 << 64) - 1 if n is None else int(n))
 
     def modelName(self, name: str):  # noqa: N802
         return self.set(model_name=str(name))
@@ -394,6 +544,9 @@ class Options(_OptionsDict):
         return self.set(disable_module_namescope=True)
 
     def updatableNamedBuffers(self, buffers: list):  # noqa: N802
+        """Buffers (module paths) that ``PoplarExecutor.copyNamedBuffersToDevice()`` sends to the
+        device on their own (PopTorch keeps the list in the PopART option of that name)."""
+        self._Popart.set("updatableNamedBuffers", list(buffers))
         return self.set(updatable_named_buffers=list(buffers))
 
     def relaxOptimizerAttributesChecks(self, relaxed: bool = True):  # noqa: N802
@@ -403,25 +556,25 @@ class Options(_OptionsDict):
         return self.set(show_compilation_progress_bar=bool(show))
 
     def loadFromFile(self, filepath: str):  # noqa: N802
-        """One setter call per line (``deviceIterations(32)``); ``#`` starts a comment."""
-        with open(filepath) as f:
-            for line in f:
-                line = line.split("#")[0].strip()
-                if line:
-                    target = self
-                    call = line
-                    while "." in call.split("(")[0]:
-                        head, call = call.split(".", 1)
-                        target = getattr(target, head)
-                    name, args = call.split("(", 1)
-                    getattr(target, name)(*json.loads("[" + args.rsplit(")", 1)[0] + "]"))
+        """Apply the options in ``filepath``, PopTorch's format: one setter call per line, as it
+        would be written in Python without the ``options.`` prefix (``deviceIterations(32)``,
+        ``Training.gradientAccumulation(4)``, ``setExecutionStrategy(poptorch.ShardedExecution())``,
+        ``_Popart.set("key", 1)``); ``#`` starts a comment line. May be called several times:
+        later values win. Raises :class:`ConfigFileError` ("SyntaxError at line N of FILE: ...")
+        for a line that is not Python.
+
+        The file is read as data, not run: each line must be a call chain on the options whose
+        arguments are literals, ``poptorch.*`` / ``torch.*`` names (enums, dtypes) or calls of
+        public ``poptorch`` classes (``ShardedExecution``, ``Stage`` ...); anything else raises
+        :class:`ConfigFileError` (PopTorch ``exec``-utes the lines)."""
+        _load_config(self, filepath)
         return self
 
     # -- whole-object ----------------------------------------------------------------------
     def clone(self) -> "Options":
         """An unfrozen deep copy."""
         out = copy.deepcopy(self)
-        for o in (out, out.Precision, out.Training, out.Jit, out.TensorLocations):
+        for o in (out, out.Precision, out.Training, out.Jit, out.TensorLocations, out.Distributed):
             object.__setattr__(o, "_frozen", False)
         return out
 

@@ -16,7 +16,7 @@ import torch
 from torch_geometric.data import Batch, Data, HeteroData
 from torch_geometric.data.data import BaseData
 
-from openipu.poptorch._args import ICustomArgParser, registerCustomArgParser
+from openipu.poptorch import ICustomArgParser, registerCustomArgParser
 
 #: the batch classes ``Batch.from_data_list`` creates for ``Data`` and ``HeteroData``
 DataBatch = type(Batch(_base_cls=Data))

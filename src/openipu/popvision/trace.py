@@ -71,9 +71,59 @@ class Trace:
         return [e for e in self.hostEvents if e.get("name", "").startswith(prefix)]
 
 
+#: Bounds on a trace file: its size in bytes and its number of events.
+MAX_TRACE_BYTES = 1 << 30
+MAX_TRACE_EVENTS = 20_000_000
+_PHASES = frozenset(CHROME_TRACE_SCHEMA["properties"]["traceEvents"]["items"]["properties"]["ph"]["enum"])
+
+
+def _read_regular_file(path: str) -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most :data:`MAX_TRACE_BYTES` (opened
+    without blocking, so a FIFO or a device cannot hang the reader). Raises :class:`NotATrace`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise NotATrace(f"'{path}' cannot be read ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        import stat
+        if not stat.S_ISREG(st.st_mode):
+            raise NotATrace(f"'{path}' is not a regular file")
+        if st.st_size > MAX_TRACE_BYTES:
+            raise NotATrace(f"'{path}' is larger than {MAX_TRACE_BYTES} bytes")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(MAX_TRACE_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
+def _check_events(doc, path: str) -> None:
+    """The structure :class:`Trace` relies on, checked without the optional schema validator:
+    a ``traceEvents`` list of objects with a known phase, integer ``pid`` / ``tid``, finite
+    numbers, string names and object ``args``."""
+    evs = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(evs, list):
+        raise NotATrace(f"'{path}' is not a Chrome trace event file (no traceEvents list)")
+    if len(evs) > MAX_TRACE_EVENTS:
+        raise NotATrace(f"'{path}' has more than {MAX_TRACE_EVENTS} events")
+    for i, e in enumerate(evs):
+        ok = (isinstance(e, dict) and e.get("ph") in _PHASES and type(e.get("pid")) is int
+              and type(e.get("tid")) is int and isinstance(e.get("name", ""), str)
+              and isinstance(e.get("args", {}), dict)
+              and all(isinstance(e.get(k, 0), (int, float)) and not isinstance(e.get(k, 0), bool)
+                      for k in ("ts", "dur")))
+        if not ok:
+            raise NotATrace(f"'{path}' is not a Chrome trace event file (event {i} is malformed)")
+
+
 def openTrace(path) -> Trace:  # noqa: N802
-    """Load a trace file (or the newest ``*.pvti.json`` in a directory). Raises
-    ``FileNotFoundError``, :class:`NotATrace` (not JSON, or not the Chrome trace event format)."""
+    """Load a trace file (or the newest ``*.pvti.json`` in a directory). The file is untrusted
+    data: it must be a regular file of at most :data:`MAX_TRACE_BYTES`, valid JSON without NaN or
+    infinity tokens, nested as the format is, with at most :data:`MAX_TRACE_EVENTS` well-formed
+    events. Raises ``FileNotFoundError`` and :class:`NotATrace` (a ``pva.Error``) for anything
+    else."""
     path = os.fspath(path)
     if os.path.isdir(path):
         files = sorted((os.path.join(path, f) for f in os.listdir(path) if f.endswith(".pvti.json")),
@@ -81,20 +131,22 @@ def openTrace(path) -> Trace:  # noqa: N802
         if not files:
             raise FileNotFoundError(f"No trace (*.pvti.json) in '{path}'")
         path = files[-1]
+    data = _read_regular_file(path)
+
+    def no_constant(c):
+        raise ValueError(f"{c} is not a JSON number")
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise NotATrace(f"'{path}' is not a trace (not JSON: {e})") from None
+        doc = json.loads(data.decode("utf-8"), parse_constant=no_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise NotATrace(f"'{path}' is not a trace (not JSON: {type(e).__name__}: {str(e)[:120]})") from None
+    _check_events(doc, path)
     try:
         import jsonschema
-    except ImportError:          # the schema check needs the test extra; the structure is still checked
+    except ImportError:          # the schema check needs the test extra; the structure is checked above
         jsonschema = None
     if jsonschema is not None:
         try:
             jsonschema.validate(doc, CHROME_TRACE_SCHEMA)
         except jsonschema.ValidationError as e:
-            raise NotATrace(f"'{path}' is not a Chrome trace event file: {e.message}") from None
-    elif not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise NotATrace(f"'{path}' is not a Chrome trace event file (no traceEvents list)")
+            raise NotATrace(f"'{path}' is not a Chrome trace event file: {e.message[:200]}") from None
     return Trace(path, doc)

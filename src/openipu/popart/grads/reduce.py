@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from openipu.popart.grads import grad_rule
+from openipu.popart.onnx_ops.reduce import attribute_axes_empty
 
 
 def _axes(g, op):
@@ -28,6 +29,8 @@ def _axes(g, op):
         if not axes and op.attrs.get("noop_with_empty_axes", 0):
             return []
     else:
+        if attribute_axes_empty(op.op_type, op.attrs, op.opset):     # no axis reduced: the generic vjp
+            return None
         axes = list(op.attrs.get("axes", range(r)))
     return sorted(a % r for a in axes) if axes else list(range(r))
 

@@ -8,7 +8,8 @@ ReduceSum / ReduceMean (``ADD``, Mean with ``scale = 1 / n``), ReduceMax / Reduc
 IR's output shape (``keepdims``).
 
 Declined (generic lowering): axes given as a non-constant input, empty axes with
-``noop_with_empty_axes``, reduced dimensions of size 0, scalars, non-float types.
+``noop_with_empty_axes`` or as an empty attribute (PopART: no axis reduced), reduced dimensions
+of size 0, scalars, non-float types.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from openipu.poplibs import popops
 from openipu.popart.lowering import lowering
 from openipu.popart.lowering._util import all_float, const_value, graph, name, shape
 from openipu.popart.onnx_ops._common import norm_axes
+from openipu.popart.onnx_ops.reduce import attribute_axes_empty
 
 _OPERATION = {"ReduceSum": "ADD", "ReduceMean": "ADD", "ReduceMax": "MAX", "ReduceMin": "MIN",
               "ReduceProd": "MUL", "ReduceSumSquare": "SQUARE_ADD", "ReduceL2": "SQUARE_ADD", "ReduceL1": "ADD",
@@ -41,6 +43,8 @@ def _axes(op, ir):
         else:
             axes = []
     else:
+        if attribute_axes_empty(op.op_type, op.attrs, op.opset):     # PopART: no axis reduced
+            return None
         axes = [int(i) for i in (op.attrs.get("axes") or [])]
     if not axes:
         if op.attrs.get("noop_with_empty_axes", 0):

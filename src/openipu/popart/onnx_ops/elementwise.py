@@ -162,10 +162,23 @@ def mul(inputs, attrs, opset):
     return [_binary(torch.mul, inputs[0], inputs[1])]
 
 
+def int_div_trunc(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Integer division rounding toward zero, as ONNX ``Div`` on integers. torch's
+    ``div(rounding_mode="trunc")`` traps (SIGFPE, the process dies) on the one overflowing
+    quotient, the type's minimum divided by -1: that quotient is computed as ``-a`` instead,
+    which wraps to the minimum in two's complement (numpy's and the IPU's result). Division by
+    zero stays torch's ``RuntimeError``."""
+    minus_one = b == -1
+    if not bool(minus_one.any()):
+        return torch.div(a, b, rounding_mode="trunc")
+    q = torch.div(a, torch.where(minus_one, torch.ones_like(b), b), rounding_mode="trunc")
+    return torch.where(minus_one, torch.neg(a).to(q.dtype), q)
+
+
 def _div(a, b):
     if a.dtype.is_floating_point:
         return torch.div(a, b)
-    return torch.div(a, b, rounding_mode="trunc")
+    return int_div_trunc(a, b)
 
 
 @onnx_op("Div")

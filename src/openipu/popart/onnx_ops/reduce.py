@@ -20,12 +20,23 @@ def _reduce_flops(in_shapes, out_shapes, attrs):
     return float(numel(in_shapes[0]))
 
 
+def attribute_axes_empty(op, attrs, opset) -> bool:
+    """PopART's ``ReduceOp``: an ``axes`` attribute that is present but empty (opsets where axes
+    is an attribute) reduces over no axis (the output has the input's shape), where an absent
+    one reduces over all of them."""
+    return opset < _AXES_INPUT_FROM.get(op, 18) and "axes" in attrs and attrs["axes"] is not None \
+        and len(attrs["axes"]) == 0
+
+
 def _reduce_axes(op, inputs, attrs, opset, rank):
-    """The axes to reduce, or None for 'return the input unchanged'."""
+    """The axes to reduce ([] for none: the op's map only), or None for 'return the input
+    unchanged'."""
     if opset >= _AXES_INPUT_FROM.get(op, 18):
         a = opt(inputs, 1)
         axes = ints(a) if a is not None else []
     else:
+        if attribute_axes_empty(op, attrs, opset):
+            return []
         axes = list(attrs.get("axes") or [])
     if not axes:
         if attrs.get("noop_with_empty_axes", 0):

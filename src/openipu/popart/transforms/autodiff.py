@@ -1,8 +1,11 @@
 """Autodiff (PopART's ``constructBackwards``, ``research/popart.md`` 3.3): grow the backward ops
 of the final loss.
 
-1. The tensors that need a gradient: the trainable weights (float ``Variable`` tensors) and
-   every float op output computed from one; ``Detach`` stops the flow.
+1. The tensors that need a gradient: the trainable weights (float ``Variable`` tensors), every
+   float tensor whose gradient ``Gradient___<id>`` is anchored (model inputs and intermediate
+   tensors: PopART grows the backward pass from the loss to every tensor on its path, which is
+   how its operator tests read an input's gradient, with or without weights), and every float
+   op output computed from one of those; ``Detach`` stops the flow.
 2. The loss gradient is seeded with the loss scaling (``Gradient___<loss>``: a constant, or the
    optimizer's ``lossScaling_<TYPE>`` tensor when the loss scaling is not const).
 3. Ops are visited from the last to the first. An op on a path from a weight to the loss gets
@@ -14,7 +17,9 @@ of the final loss.
    instead of ``-scale / p`` at the label through the softmax gradient.
 
 An op on such a path without a rule raises PopART's error naming it. Weights with no path to
-the loss get no gradient (and no update), as in PopART.
+the loss get no gradient (and no update), as in PopART; an anchored gradient of a tensor with no
+path to the loss is not made (the anchor check then raises PopART's "Anchor tensor ... not in Ir
+Tensors").
 """
 
 from __future__ import annotations
@@ -37,15 +42,32 @@ def trainable(ir) -> list[str]:
             and t.id not in ir.optimizer_tensors]
 
 
-def grow(ir, loss: str, seed: str | float, patterns=None) -> dict[str, str]:
+def anchored_gradients(ir, anchors) -> list[str]:
+    """The float, non-constant tensors whose gradient ``Gradient___<id>`` is among ``anchors``
+    (ids), in anchor order. Integer tensors (indices, labels) and constants have no gradient."""
+    out = []
+    for a in anchors:
+        if not a.startswith(GRADIENT_PREFIX):
+            continue
+        t = ir.tensors.get(a[len(GRADIENT_PREFIX):])
+        if t is not None and t.kind != "Const" and t.info.data_type() in FLOATS and t.id not in out:
+            out.append(t.id)
+    return out
+
+
+def grow(ir, loss: str, seed: str | float, patterns=None, wanted=()) -> dict[str, str]:
     """Append the backward ops of ``loss`` to ``ir.ops``; return ``{weight id: gradient id}``.
 
-    ``seed``: the loss gradient, a float (the const loss scaling) or a tensor id.
-    Raises ``popart_exception`` for an op without a gradient on a weight's path to the loss.
+    ``seed``: the loss gradient, a float (the const loss scaling) or a tensor id. ``wanted``:
+    further tensors (model inputs, op outputs) whose gradient ``Gradient___<id>`` is made, e.g.
+    because it is anchored (:func:`anchored_gradients`); PopART's ``TrainingSession`` makes the
+    gradient of every tensor on the loss's path, with or without trainable weights.
+    Raises ``popart_exception`` for an op without a gradient on such a path.
     """
     order = trainable(ir)
     weights = set(order)
-    needs: set[str] = set(weights)
+    extra = [t for t in wanted if t not in weights]
+    needs: set[str] = weights | set(extra)
     for op in ir.ops:
         if (op.domain, op.op_type) in NO_GRADIENT:
             continue
@@ -86,11 +108,11 @@ def grow(ir, loss: str, seed: str | float, patterns=None) -> dict[str, str]:
             continue
         rule = find_rule(op)
         if rule is None:
+            reach = sorted(w for w in needs & to_loss if w in weights or w in extra)
             raise popart_exception(
                 f"Op {op.opid} ('{op.name}') has no gradient in openipu, but the gradient of the loss '{loss}' "
-                f"must pass through it to reach the weights "
-                f"({', '.join(sorted(w for w in weights if w in to_loss)[:3])}...). Detach its inputs "
-                "(builder.aiGraphcore.detach) or replace the op")
+                f"must pass through it to reach {', '.join(reach[:3])}{'...' if len(reach) > 3 else ''}. "
+                "Detach its inputs (builder.aiGraphcore.detach) or replace the op")
         g = GradContext(ir, op, gys, want)
         grads = rule(g, op)
         for x, gx, w in zip(op.inputs, grads, want):
@@ -100,6 +122,9 @@ def grow(ir, loss: str, seed: str | float, patterns=None) -> dict[str, str]:
     for w in order:
         if w in partial:
             out[w] = _total(ir, w, partial, done)
+    for t in extra:
+        if t in partial:
+            _total(ir, t, partial, done)
     return out
 
 

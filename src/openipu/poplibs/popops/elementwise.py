@@ -495,7 +495,11 @@ def _signum(x):
 
 def _int_div(a, b):
     z = b == 0
-    q = torch.div(a, torch.where(z, torch.ones_like(b), b), rounding_mode="trunc")
+    # torch's trunc division traps (SIGFPE) on the type's minimum / -1: that quotient is -a,
+    # which wraps to the minimum (two's complement, as the IPU's divide)
+    m = b == -1
+    q = torch.div(a, torch.where(z | m, torch.ones_like(b), b), rounding_mode="trunc")
+    q = torch.where(m, torch.neg(a).to(q.dtype), q)
     return torch.where(z, torch.zeros_like(q), q)
 
 

@@ -17,9 +17,22 @@ passes, :func:`get_registered_passes`, and the built-in passes:
 ``serialize_matmul_add``              the same for MatMul + bias Add (:mod:`.matmul`)
 ``merge_matmul``                      MatMuls sharing an input merged into one (:mod:`.matmul`)
 ``merge_matmul_add``                  the same for MatMul + bias Add (:mod:`.matmul`)
+``final_check``                       types and shapes of the result checked, warnings only (:mod:`.final_check`)
+``shape_inference``                   ONNX shape inference tolerating ai.graphcore ops (:mod:`.shape_inference`)
+``remove_duplicated_initializer``     equal initializers merged (:mod:`.remove_duplicated_initializer`)
+``unique_name_for_nodes``             every node named, uniquely (:mod:`.apply_ir_pass`)
+``apply_ir_pass``                     IR passes by name (:mod:`.apply_ir_pass`)
+``sort_graph``, ``remove_input_cast`` topological order; input Casts folded (:mod:`.graph_order`)
+``disable_fast_norm`` and others      accepted, no effect on the simulator (:mod:`.accepted`)
 ====================================  ==========================================================
+
+Helper modules as PopRT names them: :mod:`.base_pass` (``ImmutablePass``,
+``get_all_named_subclasses``), :mod:`.onnx_helper`, :mod:`.pattern_helper`,
+:mod:`.shape_inference` (``infer_shapes``).
 """
 
 from openipu.poprt.passes.base import GraphView, Pass, PassError, get_registered_passes, register
+from openipu.poprt.passes.base_pass import ImmutablePass, get_all_named_subclasses
 
-__all__ = ["GraphView", "Pass", "PassError", "get_registered_passes", "register"]
+__all__ = ["GraphView", "ImmutablePass", "Pass", "PassError", "get_all_named_subclasses", "get_registered_passes",
+           "register"]

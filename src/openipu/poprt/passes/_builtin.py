@@ -1,3 +1,4 @@
 """Imports the modules that register PopRT's built-in passes."""
 
-from openipu.poprt.passes import attention, graph, matmul, patterns  # noqa: F401
+from openipu.poprt.passes import (accepted, apply_ir_pass, attention, final_check, graph,  # noqa: F401
+                                  graph_order, matmul, patterns, remove_duplicated_initializer, shape_inference)

@@ -172,7 +172,8 @@ class FusedAttention(Pass):
 
 @register("insert_attention_mask")
 class InsertAttentionMask(Pass):
-    """Give ``FusedAttention`` the attention mask of packed sequences, from a 2-D ``[B, S]`` integer
+    """Give attention the mask of packed sequences (``FusedAttention`` nodes, and attention left
+    as ops: a ``Softmax(Add(scores, bias))`` whose bias comes from the mask input alone), from a 2-D ``[B, S]`` integer
     graph input (``mask_input``, default the input whose name contains ``mask``) that holds, per
     row, a segment number for each token: ``1`` for the tokens of the first sequence packed into
     the row, ``2`` for the second, ..., ``0`` for padding (a plain 0/1 padding mask is the case of
@@ -200,12 +201,35 @@ class InsertAttentionMask(Pass):
         graph_inputs = set(inputs) - set(gv.inits)
         targets = [n for n in fused if len(n.input) == 3
                    or (replace and _input_ancestors(gv, n.input[3], graph_inputs) == {name})]
-        if not targets:
+        # attention left as ops (PopRT's own pattern): Softmax(Add(scores, bias)) where the bias
+        # is computed from the mask input alone (BERT's (1 - mask) * -10000)
+        unfused = []
+        if replace:
+            for sm in (n for n in model.graph.node if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")):
+                add = gv.prod(sm.input[0], "Add")
+                if add is None:
+                    continue
+                for k in (0, 1):
+                    if _input_ancestors(gv, add.input[k], graph_inputs) == {name} and \
+                            _input_ancestors(gv, add.input[1 - k], graph_inputs) - {name}:
+                        unfused.append((add, k))
+                        break
+        if not targets and not unfused:
             return model
-        dt = _dtype(gv, targets[0].input[0], _shapes(model), model)
+        shapes = _shapes(model)
+        dt = _dtype(gv, targets[0].input[0] if targets else unfused[0][0].input[1 - unfused[0][1]], shapes, model)
         m = gv.fresh(name + "_segments")
         zero_i = gv.add_init("mask_zero", np.array(0, np.int32))
-        ax_q, ax_k, ax_h = (gv.add_init("mask_axes", np.array(a, np.int64)) for a in ([2], [1], [1]))
+        if opset_of(model) >= 13:           # Unsqueeze takes its axes as an input from opset 13
+            ax_q, ax_k, ax_h = (gv.add_init("mask_axes", np.array(a, np.int64)) for a in ([2], [1], [1]))
+
+            def unsqueeze(x, axes, y):
+                return onnx.helper.make_node("Unsqueeze", [x, axes], [y])
+        else:
+            ax_q, ax_k, ax_h = [2], [1], [1]
+
+            def unsqueeze(x, axes, y):
+                return onnx.helper.make_node("Unsqueeze", [x], [y], axes=axes)
         zero_f = gv.add_init("mask_bias_zero", np.array(0.0, dt))
         neg = gv.add_init("mask_bias_neg", np.array(-10000.0, dt))
         mi, mk = gv.fresh(name + "_q"), gv.fresh(name + "_k")
@@ -213,25 +237,34 @@ class InsertAttentionMask(Pass):
         b3, b4 = gv.fresh(name + "_bias3d"), gv.fresh(name + "_bias4d")
         mk_node = onnx.helper.make_node
         nodes = [mk_node("Cast", [name], [m], to=onnx.TensorProto.INT32),
-                 mk_node("Unsqueeze", [m, ax_q], [mi]),                  # [B, S, 1]: the query's segment
-                 mk_node("Unsqueeze", [m, ax_k], [mk]),                  # [B, 1, S]: the key's segment
+                 unsqueeze(m, ax_q, mi),                                 # [B, S, 1]: the query's segment
+                 unsqueeze(m, ax_k, mk),                                 # [B, 1, S]: the key's segment
                  mk_node("Equal", [mi, mk], [same]), mk_node("Equal", [mi, zero_i], [qpad]),
                  mk_node("Equal", [mk, zero_i], [kpad]), mk_node("Not", [kpad], [kval]),
                  mk_node("Or", [same, qpad], [qok]), mk_node("And", [qok, kval], [ok]),
-                 mk_node("Where", [ok, zero_f, neg], [b3]), mk_node("Unsqueeze", [b3, ax_h], [b4])]
+                 mk_node("Where", [ok, zero_f, neg], [b3]), unsqueeze(b3, ax_h, b4)]
         for n in targets:
             if len(n.input) == 3:
                 n.input.append(b4)
             else:
                 n.input[3] = b4
             self.applied.append(n.output[0])
-        remove_nodes(model.graph, [], [(x, targets[0]) for x in nodes])
+        for add, k in unfused:
+            add.input[k] = b4
+            self.applied.append(add.output[0])
+        first = min((targets[0:1] + [a for a, _k in unfused]), key=lambda n: _index(model.graph, n))
+        remove_nodes(model.graph, [], [(x, first) for x in nodes])
         prune_unused(model.graph)
         return model
 
 
+def _index(graph, node) -> int:
+    return next(i for i, n in enumerate(graph.node) if n is node)
+
+
 def _input_ancestors(gv: GraphView, name: str, graph_inputs: set) -> set:
-    """The graph inputs ``name`` is computed from (initializers and constants are not inputs)."""
+    """The graph inputs whose values ``name`` is computed from (initializers and constants are not
+    inputs; a ``Shape`` / ``Size`` reads only its input's static shape, not its values)."""
     seen, todo, found = set(), [name], set()
     while todo:
         t = todo.pop()
@@ -242,7 +275,7 @@ def _input_ancestors(gv: GraphView, name: str, graph_inputs: set) -> set:
             found.add(t)
             continue
         node = gv.producer.get(t)
-        if node is not None:
+        if node is not None and node.op_type not in ("Shape", "Size"):
             todo.extend(node.input)
     return found
 

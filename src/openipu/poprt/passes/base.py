@@ -1,8 +1,10 @@
 """The pass machinery of PopRT's converter: :class:`Pass`, :func:`register`, the registry.
 
 A pass is a class with ``run(model: onnx.ModelProto) -> onnx.ModelProto``, registered under a
-name with ``@register('name')``. ``Pass.get_pass(name)`` returns an instance (calling it runs the
-pass on a copy of the model); :func:`get_registered_passes` maps names to classes. Passes rewrite
+name with ``@register('name')`` (PopRT 1.4 user guide, "Python API": ``poprt.Pass``).
+``Pass.get_pass(name)`` returns an instance (calling it runs the pass on a copy of the model);
+:func:`get_registered_passes` maps names to classes (looked up through
+:mod:`openipu.poprt.passes.base_pass` at each call). Passes rewrite
 the ONNX graph with the ``onnx`` package only; they record what they did in ``self.applied``
 (one entry per rewrite, e.g. the output names of the fused subgraphs) so callers and tests can
 tell whether a pattern was found.
@@ -24,7 +26,10 @@ class PassError(ValueError):
 
 
 def register(name: str):
-    """Class decorator: register a :class:`Pass` subclass as ``name`` (PopRT's ``@register``).
+    """Class decorator: register a :class:`Pass` subclass as ``name`` (PopRT's
+    ``poprt.passes.register``). Sets ``cls.name = name``; the pass is then found by name through
+    :func:`openipu.poprt.passes.base_pass.get_all_named_subclasses` (which a client may replace,
+    as Byte MLPerf's IPU backend does).
 
     Raises:
         PassError: ``name`` is already registered by another class.
@@ -40,9 +45,17 @@ def register(name: str):
 
 
 def get_registered_passes() -> dict[str, type]:
-    """``{name: Pass subclass}`` of every registered pass (built-in and custom), sorted by name."""
+    """``{name: Pass subclass}`` of every named pass (built-in and custom), sorted by name.
+
+    The names come from ``poprt.passes.base_pass.get_all_named_subclasses(Pass)``, looked up at
+    each call (PopRT's lookup: a class is a pass of that name when it, or a base, has a ``name``
+    attribute; ``@register`` sets it). Classes registered with ``@register`` are always included.
+    """
     _load_builtin()
-    return dict(sorted(_REGISTRY.items()))
+    from openipu.poprt.passes import base_pass
+    found = dict(_REGISTRY)
+    found.update(base_pass.get_all_named_subclasses(Pass))
+    return dict(sorted(found.items()))
 
 
 def _load_builtin() -> None:
@@ -50,22 +63,28 @@ def _load_builtin() -> None:
 
 
 class Pass:
-    """Base class of converter passes. Subclasses implement :meth:`run`.
+    """Base class of converter passes (PopRT's ``poprt.Pass`` / ``poprt.passes.Pass``).
+    Subclasses implement :meth:`run`; an instance is called on a model (``p(model)``).
 
     Attributes:
-        name: the registered name.
+        name: the registered name (set by :func:`register`; the base class has none, so that
+            subclasses without one are not passes of some inherited name).
         applied: what the last run rewrote (list of str), empty when the pattern was not found.
+        logger: a ``logging.Logger`` named ``poprt.passes.<name>``.
     """
-
-    name = "pass"
 
     def __init__(self, *args, **kwargs):
         self.args, self.kwargs = args, kwargs
         self.applied: list[str] = []
 
+    @property
+    def logger(self):
+        import logging
+        return logging.getLogger(f"poprt.passes.{getattr(self, 'name', type(self).__name__)}")
+
     @staticmethod
     def get_pass(name: str, *args, **kwargs) -> "Pass":
-        """An instance of the pass registered as ``name``.
+        """An instance of the pass registered as ``name`` (``kwargs`` go to its constructor).
 
         Raises:
             PassError: no pass is registered under ``name`` (the message lists the known ones).
@@ -91,17 +110,25 @@ class Pass:
         raise NotImplementedError
 
     @staticmethod
-    def traverse_graph(graph: onnx.GraphProto, fn, include_subgraphs: bool = True) -> None:
-        """Call ``fn(graph, node)`` for every node of ``graph`` (and its subgraphs)."""
-        for node in list(graph.node):
-            fn(graph, node)
-            if include_subgraphs:
-                for a in node.attribute:
-                    if a.type == onnx.AttributeProto.GRAPH:
-                        Pass.traverse_graph(a.g, fn)
-                    elif a.type == onnx.AttributeProto.GRAPHS:
-                        for g in a.graphs:
-                            Pass.traverse_graph(g, fn)
+    def traverse_graph(graph: onnx.GraphProto, transform, is_main_graph: bool = True) -> onnx.GraphProto:
+        """PopRT's ``Pass.traverse_graph(graph, transform, is_main_graph=True)``: call
+        ``transform(g, is_main_graph)`` on the subgraphs of ``graph``'s control-flow nodes (``If``
+        branches, ``Loop`` / ``Scan`` bodies, recursively, ``is_main_graph=False``), each result
+        replacing its subgraph, then on ``graph`` itself. Returns what ``transform`` returned for
+        ``graph`` (``graph`` itself when it returned None)."""
+        for node in graph.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    new = Pass.traverse_graph(a.g, transform, False)
+                    if new is not a.g:
+                        a.g.CopyFrom(new)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    for g in a.graphs:
+                        new = Pass.traverse_graph(g, transform, False)
+                        if new is not g:
+                            g.CopyFrom(new)
+        res = transform(graph, is_main_graph)
+        return graph if res is None else res
 
 
 class GraphView:

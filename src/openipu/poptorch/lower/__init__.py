@@ -318,6 +318,10 @@ def lower_graph(gm: torch.fx.GraphModule, lw: Lowering, inputs: dict) -> dict:
     load_lowerings()
     missing = sorted({op_name(n.target) for n in gm.graph.nodes if n.op == "call_function"
                       and not lowers(n.target)})
+    if any(m.startswith("<built-in function") or "sym_" in m for m in missing):
+        raise Error("The model computes a shape from tensor values (e.g. boolean-mask indexing x[mask], nonzero, "
+                    "unique): a data-dependent shape, which a static IPU graph cannot have. Use torch.where, "
+                    f"masked_fill or a fixed-size result instead (ops on symbolic sizes: {', '.join(missing)})")
     if missing:
         _unsupported(missing)
     lw.ids.update(inputs)

@@ -174,28 +174,75 @@ def div_scalar_mode(lw, n):
     return div(lw, n)
 
 
-def _logic(onnx_op):
-    """The lowering of a logical op on bool tensors as ONNX ``onnx_op`` (``"Xor"``)."""
-    method = method_name(onnx_op)
-
+def _logic(method: str):
+    """A logical op on bool tensors, or PopART's bitwise op (``aiGraphcore.bitwise*``) on
+    integer tensors (PopTorch lowers ``&``, ``|``, ``^`` on ints to them)."""
     def fn(lw, n):
         a, b = n.args[0], n.args[1]
-        if lw.out_dtype() != "BOOL":
+        dt = lw.out_dtype()
+        if dt == "BOOL":
+            ta = lw.like(a, n) if isinstance(a, torch.fx.Node) else lw.const(bool(a), "BOOL")
+            tb = lw.like(b, n) if isinstance(b, torch.fx.Node) else lw.const(bool(b), "BOOL")
+            return getattr(lw.onnx, method)([ta, tb], lw._name())
+        if dt not in ("INT32", "INT16", "INT8", "UINT8"):
             raise_int(n)
-        ta = lw.like(a, n) if isinstance(a, torch.fx.Node) else lw.const(bool(a), "BOOL")
-        tb = lw.like(b, n) if isinstance(b, torch.fx.Node) else lw.const(bool(b), "BOOL")
-        return getattr(lw.onnx, method)([ta, tb], lw._name())
+        ta = lw.like(a, n) if isinstance(a, torch.fx.Node) else lw.const(int(a), dt)
+        tb = lw.like(b, n) if isinstance(b, torch.fx.Node) else lw.const(int(b), dt)
+        op = {"logical_and": "bitwiseand", "logical_or": "bitwiseor", "logical_xor": "bitwisexor"}[method]
+        return getattr(lw.gc, op)([ta, tb], lw._name())
     return fn
 
 
 def raise_int(n):
     from openipu.poptorch.errors import Error
-    raise Error(f"{n.target}: bitwise operations are supported on bool tensors only (as in PopTorch)")
+    raise Error(f"{n.target}: bitwise operations are supported on bool and integer tensors only (as in PopTorch)")
 
 
-aten("aten.logical_xor.default", "aten.bitwise_xor.Tensor", "aten.bitwise_xor.Scalar", onnx="Xor")(_logic("Xor"))
-aten("aten.bitwise_and.Scalar", onnx="And")(_logic("And"))
-aten("aten.bitwise_or.Scalar", onnx="Or")(_logic("Or"))
+aten("aten.logical_xor.default", "aten.bitwise_xor.Tensor", "aten.bitwise_xor.Scalar", onnx="Xor")(_logic("logical_xor"))
+aten("aten.bitwise_and.Scalar", "aten.bitwise_and.Tensor", onnx="And")(_logic("logical_and"))
+aten("aten.bitwise_or.Scalar", "aten.bitwise_or.Tensor", onnx="Or")(_logic("logical_or"))
+
+
+@aten("aten.bitwise_not.default", "aten.bitwise_not_.default")
+def bitwise_not(lw, n):
+    """``~x``: logical not on bools, PopART's ``bitwisenot`` on integers."""
+    x = n.args[0]
+    if lw.dtype(x) == "BOOL":
+        return lw.onnx.logical_not([lw.t(x)], lw._name())
+    return lw.gc.bitwisenot([lw.t(x)], lw._name())
+
+
+@aten("aten.__lshift__.Scalar", "aten.__rshift__.Scalar", "aten.bitwise_left_shift.Tensor_Scalar",
+      "aten.bitwise_right_shift.Tensor_Scalar", "aten.__lshift__.Tensor", "aten.__rshift__.Tensor",
+      "aten.bitwise_left_shift.Tensor", "aten.bitwise_right_shift.Tensor")
+def shift(lw, n):
+    """``x << k`` / ``x >> k`` on integers: a product / floor division by ``2**k`` (two's
+    complement wrap-around, arithmetic right shift: PyTorch's results)."""
+    x, k = n.args[0], n.args[1]
+    dt = lw.dtype(x)
+    if dt not in ("INT32", "INT16", "INT8", "UINT8"):
+        raise_int(n)
+    left = "lshift" in str(n.target) or "left" in str(n.target)
+    if isinstance(k, torch.fx.Node):
+        kt = lw.like(k, x)
+        p = lw.cast(lw.onnx.pow([lw.const(2.0), lw.cast(kt, "FLOAT")], lw._name("pow2")), dt)
+    else:
+        p = lw.const(1 << int(k), dt)
+    xt = lw.t(x)
+    if left:
+        return lw.onnx.mul([xt, p], lw._name())
+    q = lw.onnx.div([xt, p], lw._name("div"))         # truncates towards zero: fix negative remainders
+    fix = lw.onnx.logical_and([lw.onnx.less([xt, lw.const(0, dt)]),
+                               lw.onnx.logical_not([lw.onnx.equal([lw.onnx.mul([q, p]), xt])])])
+    return lw.onnx.sub([q, lw.cast(fix, dt)], lw._name())
+
+
+@aten("aten.erfc.default", "prims.erfc.default")
+def erfc(lw, n):
+    """``erfc(x) = 1 - erf(x)``."""
+    x = lw.t(n.args[0])
+    return lw.onnx.sub([lw.const(1.0, lw.dtype(n.args[0])), lw.onnx.erf([x])], lw._name())
+
 
 
 @aten("aten.rrelu_with_noise_functional.default", "aten.rrelu_with_noise.default")

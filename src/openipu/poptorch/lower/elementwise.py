@@ -79,8 +79,7 @@ for _op, _onnx in (("relu", "relu"), ("sigmoid", "sigmoid"), ("tanh", "tanh"), (
                    ("log", "log"), ("sqrt", "sqrt"), ("abs", "abs"), ("erf", "erf"), ("sin", "sin"), ("cos", "cos"),
                    ("floor", "floor"), ("ceil", "ceil"), ("reciprocal", "reciprocal"), ("sign", "sign"),
                    ("asin", "asin"), ("acos", "acos"), ("atan", "atan"), ("sinh", "sinh"), ("cosh", "cosh"),
-                   ("tan", "tan"), ("round", "round"), ("isnan", "isnan"), ("logical_not", "logical_not"),
-                   ("bitwise_not", "logical_not")):
+                   ("tan", "tan"), ("round", "round"), ("isnan", "isnan"), ("logical_not", "logical_not")):
     aten(f"aten.{_op}.default", f"aten.{_op}_.default")(_unary(_onnx))
 
 
@@ -165,12 +164,12 @@ for _op, _onnx, _neg in (("eq", "Equal", False), ("ne", "Equal", True), ("lt", "
     aten(f"aten.{_op}.Tensor", f"aten.{_op}.Scalar", onnx=_onnx)(_compare(_onnx, _neg))
 
 
-@aten("aten.logical_and.default", "aten.bitwise_and.Tensor", onnx="And")
+@aten("aten.logical_and.default", onnx="And")
 def logical_and(lw, n):
     return lw.onnx.logical_and([lw.like(n.args[0], n), lw.like(n.args[1], n)], lw._name())
 
 
-@aten("aten.logical_or.default", "aten.bitwise_or.Tensor", onnx="Or")
+@aten("aten.logical_or.default", onnx="Or")
 def logical_or(lw, n):
     return lw.onnx.logical_or([lw.like(n.args[0], n), lw.like(n.args[1], n)], lw._name())
 

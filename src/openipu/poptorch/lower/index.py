@@ -86,11 +86,46 @@ def index(lw, n):
     return out
 
 
+def _mask_put(lw, n, x, indices, values, accumulate):
+    """``x[mask] = values`` with one boolean ``mask`` over dims ``d .. d+k-1`` of ``x``: a
+    ``Where`` of the mask (broadcast over the other dims) between ``values`` and ``x``
+    (``accumulate``: ``x + values``). ``values`` must broadcast to the dims after the mask (a
+    scalar, or one row): the count of selected elements is data-dependent. Raises
+    :class:`Error` otherwise."""
+    shape = lw.shape(x)
+    d = next(i for i, t in enumerate(indices) if t is not None)
+    mask = indices[d]
+    mshape = lw.shape(mask)
+    k = len(mshape)
+    if mshape != shape[d:d + k]:
+        raise Error(f"Boolean mask of shape {mshape} does not match the indexed dims {shape[d:d + k]} of the tensor")
+    rest = shape[d + k:]
+    vshape = lw.shape(values) if isinstance(values, torch.fx.Node) else []
+    vs = [s for s in vshape]
+    while vs and vs[0] == 1:
+        vs = vs[1:]
+    if len(vs) > len(rest) or any(a not in (1, b) for a, b in zip(vs[::-1], rest[::-1])):
+        raise Error("Assigning through a boolean mask needs values that broadcast to every selected element (a "
+                    f"scalar or a row of shape {rest}): values of shape {vshape} depend on how many elements the "
+                    "mask selects, which a static IPU graph cannot know")
+    m = lw.b.reshape_const(lw.onnx, [lw.t(mask)], [1] * d + mshape + [1] * len(rest), lw._name("mask"))
+    vt = lw.like(values, x)
+    if vs != vshape:
+        vt = lw.b.reshape_const(lw.onnx, [vt], vs or [1], lw._name("values"))
+    if accumulate:
+        vt = lw.onnx.add([lw.t(x), vt], lw._name("acc"))
+    return lw.onnx.where([m, vt, lw.t(x)], lw._name())
+
+
 @aten("aten.index_put.default", "aten.index_put_.default", "aten._unsafe_index_put.default")
 def index_put(lw, n):
-    """``x[indices] = values`` (``accumulate``: ``+=``, duplicates summed)."""
+    """``x[indices] = values`` (``accumulate``: ``+=``, duplicates summed); one boolean mask
+    index: :func:`_mask_put`."""
     x, indices, values = n.args[0], list(n.args[1]), n.args[2]
     accumulate = bool(n.args[3] if len(n.args) > 3 else n.kwargs.get("accumulate", False))
+    given = [t for t in indices if t is not None]
+    if len(given) == 1 and lw.val(given[0]).dtype == torch.bool:
+        return _mask_put(lw, n, x, indices, values, accumulate)
     shape = lw.shape(x)
     indices = indices + [None] * (len(shape) - len(indices))
     dims, bshape, idx = _nd_indices(lw, x, indices)
@@ -148,13 +183,37 @@ def _src(lw, n, src, index_shape, like):
     return lw.const(np.full(index_shape, src, np.float32 if lw.dtype(like) == "FLOAT" else np.int32), lw.dtype(like))
 
 
-@aten("aten.scatter.src", "aten.scatter.value", "aten.scatter_.src", "aten.scatter_.value")
+@aten("aten.scatter.src", "aten.scatter.value", "aten.scatter_.src", "aten.scatter_.value", "aten.scatter.reduce",
+      "aten.scatter.value_reduce", "aten.scatter_.reduce", "aten.scatter_.value_reduce")
 def scatter(lw, n):
+    """``scatter`` (last write wins), or with ``reduce="add"`` / ``"multiply"`` the reduction of
+    the scattered values into ``x`` (PyTorch's ``scatter(..., reduce=)``: ``scatter_reduce``
+    with ``sum`` / ``prod``, ``include_self``)."""
     x, dim, idx, ishape = _scatter_args(lw, n)
     src = _src(lw, n, n.args[3] if len(n.args) > 3 else n.kwargs.get("src", n.kwargs.get("value")), ishape, x)
-    if "reduce" in n.kwargs:
-        raise Error("scatter with reduce= is deprecated in PyTorch: use scatter_reduce")
+    reduce = n.args[4] if len(n.args) > 4 else n.kwargs.get("reduce")
+    if reduce is not None:
+        red = {"add": "sum", "multiply": "prod"}.get(reduce)
+        if red is None:
+            raise Error(f"scatter: unsupported reduce '{reduce}' (PyTorch's are 'add' and 'multiply')")
+        return _scatter_reduce(lw, x, dim, idx, ishape, src, red, True)
     return lw.onnx.scatterelements([lw.t(x), idx, src], dim, lw._name())
+
+
+@aten("aten.index_reduce.default", "aten.index_reduce_.default")
+def index_reduce(lw, n):
+    """``x.index_reduce(dim, index, source, reduce, include_self)``: row ``i`` of ``source``
+    along ``dim`` is reduced (``prod``, ``mean``, ``amax``, ``amin``) into row ``index[i]`` of
+    ``x``: a ``scatter_reduce`` whose index is ``index`` broadcast over ``source``."""
+    x, dim, index, source, reduce = n.args[:5]
+    include_self = bool(n.args[5] if len(n.args) > 5 else n.kwargs.get("include_self", True))
+    shape, sshape = lw.shape(x), lw.shape(source)
+    dim = int(dim) % len(shape)
+    idx = _wrap(lw, index, shape[dim])
+    view = [sshape[d] if d == dim else 1 for d in range(len(sshape))]
+    idx = lw.b.reshape_const(lw.onnx, [idx], view, lw._name("index"))
+    idx = _broadcast(lw, idx, view, sshape)
+    return _scatter_reduce(lw, x, dim, idx, sshape, lw.like(source, x), reduce, include_self)
 
 
 def _scatter_reduce(lw, x, dim, idx, ishape, src, reduce, include_self):
@@ -391,3 +450,19 @@ def embedding_bag(lw, n):
             out = lw.onnx.div([out, lw.onnx.unsqueeze([denom], axes=[1])], lw._name())
     zeros = lw.const(np.zeros(nb, np.int32), "INT32")
     return [out, bag, lw.cast(sizes, "INT32"), zeros]
+
+
+@aten("poptorch.bincount.default")
+def bincount(lw, n):
+    """``torch.bincount(x, weights, minlength)`` with ``minlength`` bins: a ScatterReduce (Sum)
+    of the weights (ones) at ``x`` (PopTorch's lowering); values outside the bins are dropped."""
+    x, weights, size = n.args[0], n.args[1], int(n.args[2])
+    length = lw.shape(x)[0]
+    dt = lw.out_dtype()
+    xt = lw.t(x) if lw.dtype(x) == "INT32" else lw.cast(lw.t(x), "INT32")
+    inside = lw.onnx.logical_and([lw.onnx.less([xt, lw.const(size, "INT32")]),
+                                  lw.onnx.logical_not([lw.onnx.less([xt, lw.const(0, "INT32")])])])
+    w = lw.like(weights, n) if weights is not None else lw.const(np.ones([length], np.int32), dt)
+    w = lw.onnx.where([inside, w, lw.const(0, dt) if dt == "INT32" else lw.const(0.0, dt)], lw._name("w"))
+    idx = lw.onnx.where([inside, xt, lw.const(0, "INT32")], lw._name("idx"))
+    return lw.gc.scatterreduce([w, idx], size, 0, "Sum", debugContext=lw._name())

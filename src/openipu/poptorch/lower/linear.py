@@ -6,6 +6,8 @@ row is trained too)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from openipu.poptorch.errors import Error
 from openipu.poptorch.lower import aten
 
@@ -113,3 +115,24 @@ def embedding(lw, n):
                                                                   lw.const(int(padding_idx), "INT32")])])],
                              axes=[len(lw.shape(idx))], debugContext=lw._name("pad"))
     return lw.onnx.where([keep, rows, lw.gc.detach([rows], lw._name("detach"))], lw._name("padding_idx"))
+
+
+@aten("aten.bilinear.default")
+def bilinear(lw, n):
+    """``F.bilinear(x1, x2, W, b)``: ``y[..., o] = x1[..., i] W[o, i, j] x2[..., j] + b[o]``, as
+    a MatMul of ``x1`` with ``W`` laid out ``[i, o*j]``, a product with ``x2`` and a sum over
+    ``j`` (PopTorch lowers ``torch.nn.Bilinear`` to matmuls too)."""
+    x1, x2, w = n.args[:3]
+    b = n.args[3] if len(n.args) > 3 else None
+    s1, s2, ws = lw.shape(x1), lw.shape(x2), lw.shape(w)
+    o, i, j = ws
+    rows = int(np.prod(s1[:-1])) if len(s1) > 1 else 1
+    a = lw.b.reshape_const(lw.onnx, [lw.t(x1)], [rows, i], lw._name("x1"))
+    wt = lw.onnx.transpose([lw.t(w)], [1, 0, 2], lw._name("w"))
+    wt = lw.b.reshape_const(lw.onnx, [wt], [i, o * j], lw._name("wflat"))
+    t = lw.b.reshape_const(lw.onnx, [lw.onnx.matmul([a, wt], lw._name("mm"))], [rows, o, j], lw._name("t"))
+    c = lw.b.reshape_const(lw.onnx, [lw.t(x2)], [rows, 1, j], lw._name("x2"))
+    y = lw.onnx.reducesum([lw.onnx.mul([t, c], lw._name("mul"))], axes=[2], keepdims=0, debugContext=lw._name("sum"))
+    if b is not None:
+        y = lw.onnx.add([y, lw.t(b)], lw._name("bias"))
+    return lw.b.reshape_const(lw.onnx, [y], s1[:-1] + [o], lw._name())

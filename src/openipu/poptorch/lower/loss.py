@@ -139,3 +139,29 @@ def identity_loss(lw, n):
 def decomposed_loss(lw, n):
     """A loss with no PopART op of its own: its decomposition, marked as the loss."""
     return lower_decomposed(lw, n)
+
+
+@aten("poptorch.ctc_loss.default", loss=True)
+def ctc_loss(lw, n):
+    """``F.ctc_loss(log_probs [T, N, C], targets [N, S], input_lengths [N], target_lengths [N],
+    blank, reduction, zero_infinity)`` -> PopART's ``ctcloss`` (PopTorch's lowering; Mean divides
+    each loss by its target length, then averages the batch, as PyTorch). Targets must be the
+    padded ``[N, S]`` form. Raises :class:`Error` for concatenated 1-D targets."""
+    import numpy as np
+    import torch
+
+    from openipu.poptorch.errors import Error
+    lp, tgt, il, tl = n.args[:4]
+    blank = int(_arg(n, 4, "blank", 0))
+    reduction = int(_arg(n, 5, "reduction", 1))
+    zero_inf = bool(_arg(n, 6, "zero_infinity", False))
+    if len(lw.shape(tgt)) != 2:
+        raise Error("CTCLoss: targets must be a padded [batch, max target length] tensor (PopTorch's restriction)")
+
+    def lengths(v):
+        if not isinstance(v, torch.fx.Node):
+            return lw.const(np.asarray(v, np.int32), "INT32")
+        return lw.t(v) if lw.dtype(v) == "INT32" else lw.cast(lw.t(v), "INT32")
+    t = lw.t(tgt) if lw.dtype(tgt) == "INT32" else lw.cast(lw.t(tgt), "INT32")
+    return lw.gc.ctcloss([lw.t(lp), t, lengths(il), lengths(tl)], _REDUCTION[reduction], blank, "UNDEFINED",
+                         zero_inf, lw._name())

@@ -33,21 +33,21 @@ def batch_norm(lw, n):
     c = lw.shape(x)[1]
     if rm is None or rv is None:
         raise Error("BatchNorm without running statistics (track_running_stats=False) is not supported")
+    xs = lw.shape(x)
     xt = lw.t(x)
-    rank2 = len(lw.shape(x)) == 2      # BatchNorm1d on [N, C] (PyG's MLPs): PopART's op wants [N, C, ...]
-    if rank2:
-        xt = lw.b.reshape_const(lw.onnx, [xt], lw.shape(x) + [1], lw._name("bn3d"))
+    if len(xs) == 2:        # BatchNorm1d on [N, C]: PopART's BatchNormalization wants [N, C, ...]
+        xt = lw.b.reshape_const(lw.onnx, [xt], xs + [1], lw._name("to3d"))
     ins = [xt, _affine(lw, n, w, c, 1.0), _affine(lw, n, b, c, 0.0), lw.t(rm), lw.t(rv)]
     if training and lw.training:
         y, mean, var, *_ = lw.gc.batchnormalization(ins, 5, float(eps), 1.0 - float(momentum), lw._name())
-        if rank2:
-            y = lw.b.reshape_const(lw.onnx, [y], lw.shape(x), lw._name("bn2d"))
+        if len(xs) == 2:
+            y = lw.b.reshape_const(lw.onnx, [y], xs, lw._name("to2d"))
         # (y, saved mean, saved rstd, new running mean, new running var) in PyTorch's order;
         # the session writes the running statistics back itself
         return (y, mean, var, mean, var) if "functional" in name or "native" in name else y
     y = lw.gc.batchnormalization(ins, 1, float(eps), 1.0 - float(momentum), lw._name())[0]
-    if rank2:
-        y = lw.b.reshape_const(lw.onnx, [y], lw.shape(x), lw._name("bn2d"))
+    if len(xs) == 2:
+        y = lw.b.reshape_const(lw.onnx, [y], xs, lw._name("to2d"))
     return y if name.startswith("aten.batch_norm") else (y, None, None)
 
 

@@ -103,3 +103,14 @@ def randint(lw, n):
     r = lw.onnx.floor([u], lw._name("floor"))
     r = lw.onnx.min([r, lw.const(np.float32(high - 1))], lw._name("clip"))
     return lw.cast(r, dt) if dt != "FLOAT" else r
+
+
+@aten("aten.randperm.default")
+def randperm(lw, n):
+    """``torch.randperm(n)``: the order that sorts ``n`` uniform draws (PopTorch's lowering: the
+    indices of a TopK of a RandomUniform)."""
+    size = int(n.args[0])
+    _, dt = _out(lw)
+    u = _uniform(lw, [size])
+    _, idx = lw.onnx.topk([u, lw.shape_const([size])], axis=0, largest=1, sorted=1, debugContext=lw._name("topk"))
+    return lw.cast(idx, dt)

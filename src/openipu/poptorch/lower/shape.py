@@ -6,6 +6,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from openipu.poptorch.errors import Error
 from openipu.poptorch.lower import aten
 
 _INT_MAX = 2 ** 62
@@ -125,3 +128,22 @@ def repeat(lw, n):
     if len(reps) > len(shape):
         tid = lw.b.reshape_const(lw.onnx, [tid], [1] * (len(reps) - len(shape)) + shape)
     return lw.onnx.tile([tid, lw.shape_const(reps)], lw._name())
+
+
+@aten("aten.as_strided.default", "aten.as_strided_copy.default")
+def as_strided(lw, n):
+    """``x.as_strided(size, stride, storage_offset)`` of a contiguous ``x``: a Gather of the
+    flattened tensor at the (constant) element offsets the view reads."""
+    x, size, stride = n.args[0], [int(v) for v in n.args[1]], [int(v) for v in n.args[2]]
+    offset = int(n.args[3] if len(n.args) > 3 and n.args[3] is not None else n.kwargs.get("storage_offset", 0) or 0)
+    numel = int(np.prod(lw.shape(x))) if lw.shape(x) else 1
+    idx = np.full(size, offset, np.int64)
+    for d, (sz, st) in enumerate(zip(size, stride)):
+        view = [1] * len(size)
+        view[d] = sz
+        idx = idx + (np.arange(sz, dtype=np.int64) * st).reshape(view)
+    if idx.size and (idx.min() < 0 or idx.max() >= numel):
+        raise Error(f"as_strided: the view {size} / {stride} (offset {offset}) reads outside the tensor's "
+                    f"{numel} elements")
+    flat = lw.b.reshape_const(lw.onnx, [lw.t(x)], [numel], lw._name("flat"))
+    return lw.onnx.gather([flat, lw.const(idx.astype(np.int32), "INT32")], 0, lw._name())

@@ -1,0 +1,186 @@
+"""The IR executor (``OPENIPU_EXECUTION=ir``) against the device-storage emulation: the same
+outputs within the plan's precision and the same predicted cycles, for every anchor return type,
+batches per step, weights sent from the host, and the sessions it does not cover."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import popart
+
+
+def _model(const_weights=True):
+    rng = np.random.default_rng(0)
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [3, 8]), "x")
+    w = b.addInitializedInputTensor(rng.standard_normal((8, 5)).astype(np.float32), "w")
+    bias = b.addInitializedInputTensor(rng.standard_normal(5).astype(np.float32), "bias")
+    h = b.aiOnnx.add([b.aiOnnx.matmul([x, w]), bias])
+    r = b.aiOnnx.relu([h])
+    y = b.aiOnnx.softmax([r], axis=1)
+    b.addOutputTensor(y)
+    return b.getModelProto(), x, h, y
+
+
+def _run(monkeypatch, mode, arts, bps=4, const_weights=True, new_w=None):
+    monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+    proto, x, h, y = _model()
+    opts = popart.SessionOptions()
+    opts.constantWeights = const_weights
+    flow = popart.DataFlow(bps, {t: art for t, art in zip((y, h), arts)})
+    s = popart.InferenceSession(fnModel=proto, dataFlow=flow, userOptions=opts,
+                                deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
+    s.prepareDevice()
+    if new_w is not None:
+        s.writeWeights(popart.PyWeightsIO({"w": new_w}))
+        s.weightsFromHost()
+    a = s.initAnchorArrays()
+    xs = np.random.default_rng(1).standard_normal((bps, 3, 8)).astype(np.float32)
+    s.run(popart.PyStepIO({x: xs}, a))
+    return s, {k: v.copy() for k, v in a.items()}, s.getCycleCount()
+
+
+ARTS = [("ALL", "ALL"), ("FINAL", "SUM"), ("EVERYN", "ALL"), ("SUM", "FINAL")]
+
+
+@pytest.mark.parametrize("arts", ARTS, ids=["-".join(a) for a in ARTS])
+def test_anchor_return_types_agree_with_the_device_emulation(monkeypatch, arts):
+    made = [popart.AnchorReturnType(a, 2) if a == "EVERYN" else popart.AnchorReturnType(a) for a in arts]
+    s_dev, dev, c_dev = _run(monkeypatch, "device", made)
+    s_ir, ir, c_ir = _run(monkeypatch, "ir", made)
+    assert not getattr(s_dev, "_fast", None) and s_ir._fast
+    assert c_dev == c_ir > 0
+    for k in dev:
+        assert dev[k].shape == ir[k].shape
+        np.testing.assert_allclose(ir[k], dev[k], rtol=1e-5, atol=1e-6)
+
+
+def test_weights_sent_from_the_host_are_used(monkeypatch):
+    w = np.full((8, 5), 0.25, np.float32)
+    arts = [popart.AnchorReturnType("ALL")] * 2
+    _, dev, _ = _run(monkeypatch, "device", arts, const_weights=False, new_w=w)
+    s, ir, _ = _run(monkeypatch, "ir", arts, const_weights=False, new_w=w)
+    assert s._fast
+    for k in dev:
+        np.testing.assert_allclose(ir[k], dev[k], rtol=1e-5, atol=1e-6)
+    # writeWeights on a prepared session reaches the device (both modes)
+    s.writeWeights(popart.PyWeightsIO({"w": np.zeros((8, 5), np.float32)}))
+    a = s.initAnchorArrays()
+    xs = np.random.default_rng(1).standard_normal((4, 3, 8)).astype(np.float32)
+    s.run(popart.PyStepIO({"x": xs}, a))
+    _, dev0, _ = _run(monkeypatch, "device", arts, const_weights=False, new_w=np.zeros((8, 5), np.float32))
+    for k in dev0:
+        np.testing.assert_allclose(a[k], dev0[k], rtol=1e-5, atol=1e-6)
+
+
+def test_sessions_it_does_not_cover_run_on_the_device_emulation(monkeypatch):
+    monkeypatch.setenv("OPENIPU_EXECUTION", "ir")
+    proto, x, h, y = _model()
+    b = popart.Builder(proto)
+    loss = b.aiGraphcore.l1loss([y], 0.1)
+    opts = popart.SessionOptions()
+    opts.enableGradientAccumulation = True
+    opts.accumulationFactor = 2
+    s = popart.TrainingSession(fnModel=b.getModelProto(), dataFlow=popart.DataFlow(1, {loss: popart.AnchorReturnType("ALL")}),
+                               loss=loss, optimizer=popart.ConstSGD(0.1), userOptions=opts,
+                               deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
+    s.prepareDevice()
+    s.weightsFromHost()
+    a = s.initAnchorArrays()
+    s.run(popart.PyStepIO({x: np.ones((2, 3, 8), np.float32)}, a))
+    assert s._fast is False and (a[loss] > 0).all()
+
+
+def test_an_unknown_mode_is_a_popart_error(monkeypatch):
+    monkeypatch.setenv("OPENIPU_EXECUTION", "fastest")
+    proto, x, h, y = _model()
+    s = popart.InferenceSession(fnModel=proto, dataFlow=popart.DataFlow(1, {y: popart.AnchorReturnType("ALL")}),
+                                deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
+    with pytest.raises(popart.popart_exception, match="OPENIPU_EXECUTION"):
+        s.prepareDevice()
+
+
+def test_minilm_with_real_weights_agrees(monkeypatch, tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "models"))
+    from export_minilm import export
+    data = export(tmp_path / "m.onnx", batch=2, seq=16)
+    feeds = {"input_ids": data["input_ids"], "attention_mask": data["attention_mask"]}
+    outs = {}
+    for mode in ("device", "ir"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        s = popart.InferenceSession(fnModel=str(tmp_path / "m.onnx"),
+                                    dataFlow=popart.DataFlow(1, {"last_hidden_state": popart.AnchorReturnType("ALL")}),
+                                    deviceInfo=popart.DeviceManager().acquireAvailableDevice(numIpus=1))
+        s.prepareDevice()
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO(feeds, a))
+        outs[mode] = (a["last_hidden_state"], s.getCycleCount())
+    assert outs["ir"][1] == outs["device"][1]
+    np.testing.assert_allclose(outs["ir"][0], outs["device"][0], rtol=0, atol=1e-5)
+
+
+def _train(monkeypatch, mode, opt_name, bps=2, steps=3, fp16=False):
+    monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+    rng = np.random.default_rng(0)
+    dt, ft = (np.float16, "FLOAT16") if fp16 else (np.float32, "FLOAT")
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo(ft, [4, 8]), "x")
+    lab = b.addInputTensor(popart.TensorInfo("INT32", [4]), "lab")
+    w = b.addInitializedInputTensor(rng.standard_normal((8, 5)).astype(dt), "w")
+    bias = b.addInitializedInputTensor(rng.standard_normal(5).astype(dt), "bias")
+    h = b.aiOnnx.add([b.aiOnnx.matmul([x, w]), bias])
+    y = b.aiOnnx.softmax([b.aiOnnx.relu([h])], axis=1)
+    loss = b.aiGraphcore.nllloss([y, lab])
+    opt = {"sgd0": lambda: popart.SGD({"defaultLearningRate": (0.1, False)}),
+           "sgd1": lambda: popart.SGD({"defaultLearningRate": (0.1, False), "defaultMomentum": (0.9, False),
+                                       "defaultWeightDecay": (0.01, False)}),
+           "adam": lambda: popart.Adam({"defaultLearningRate": (0.01, False), "defaultWeightDecay": (0.01, True)}),
+           "lamb": lambda: popart.Adam({"defaultLearningRate": (0.01, False)}, popart.AdamMode.Lamb),
+           "rmsprop": lambda: popart.Adaptive({"defaultLearningRate": (0.01, False), "defaultMomentum": (0.5, False)},
+                                              popart.AdaptiveMode.CenteredRMSProp)}[opt_name]()
+    s = popart.TrainingSession(fnModel=b.getModelProto(), loss=loss, optimizer=opt,
+                               dataFlow=popart.DataFlow(bps, {loss: popart.AnchorReturnType("ALL"),
+                                                              popart.reservedGradientPrefix() + w:
+                                                                  popart.AnchorReturnType("FINAL")}),
+                               deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
+    s.prepareDevice()
+    s.weightsFromHost()
+    data = np.random.default_rng(2)
+    losses = []
+    for _ in range(steps):
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: data.standard_normal((bps, 4, 8)).astype(dt),
+                               lab: data.integers(0, 5, (bps, 4)).astype(np.int32)}, a))
+        losses.append({k: v.copy() for k, v in a.items()})
+    if opt_name == "sgd1":          # a new learning rate reaches the device in both modes
+        s.updateOptimizerFromHost(popart.SGD({"defaultLearningRate": (0.05, False), "defaultMomentum": (0.9, False),
+                                              "defaultWeightDecay": (0.01, False)}))
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: data.standard_normal((bps, 4, 8)).astype(dt),
+                               lab: data.integers(0, 5, (bps, 4)).astype(np.int32)}, a))
+        losses.append({k: v.copy() for k, v in a.items()})
+    s.weightsToHost()
+    weights = {"w": np.zeros((8, 5), dt), "bias": np.zeros(5, dt)}
+    s.readWeights(popart.PyWeightsIO(weights))
+    return s, losses, weights, s.getCycleCount()
+
+
+@pytest.mark.parametrize("opt", ["sgd0", "sgd1", "adam", "lamb", "rmsprop"])
+def test_training_agrees_with_the_device_emulation(monkeypatch, opt):
+    _, l_dev, w_dev, c_dev = _train(monkeypatch, "device", opt)
+    s, l_ir, w_ir, c_ir = _train(monkeypatch, "ir", opt)
+    assert s._fast and c_dev == c_ir
+    for a, b in zip(l_dev, l_ir):
+        for k in a:
+            np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-5)
+    for k in w_dev:
+        np.testing.assert_allclose(w_ir[k], w_dev[k], rtol=1e-4, atol=1e-5)
+        assert not np.array_equal(w_ir[k], _model_init(k))      # trained
+
+
+def _model_init(k):
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 5)).astype(np.float32)
+    return w if k == "w" else rng.standard_normal(5).astype(np.float32)

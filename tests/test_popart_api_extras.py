@@ -1,0 +1,263 @@
+"""The rest of PopART's API that user code reaches for (issue 35): ``Patterns`` by name,
+``GraphTransformer``, ``Builder.saveInitializersExternally`` / ``checkpointOutput``,
+``Session._serializeIr`` and the RNG state APIs."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import popart
+
+ALL = popart.AnchorReturnType("All")
+
+
+def _dev():
+    return popart.DeviceManager().createIpuModelDevice({})
+
+
+# -- Patterns ---------------------------------------------------------------------------------
+def test_patterns_levels_and_names():
+    p = popart.Patterns()
+    assert p.InPlace and p.PreUniRepl and p.SoftMaxGradDirect and p.isPatternEnabled("NlllWithSoftmaxGradDirect")
+    assert not p.isPatternEnabled("SplitGather") and p.isPatternEnabled("MatMulOp")
+    m = popart.Patterns(popart.PatternsLevel.Minimal)
+    assert not m.InPlace and not m.PreUniRepl and m.MatMulOp
+    assert popart.Patterns(popart.PatternsLevel.All).isPatternEnabled("TiedGather")
+    n = popart.Patterns(["PreUniRepl", "InPlace"])
+    assert n.PreUniRepl and n.InPlace and not n.PostNRepl
+    p.NlllWithSoftMaxGradDirect = False
+    assert not p.isPatternEnabled("NlllWithSoftmaxGradDirect")
+
+
+@pytest.mark.parametrize("make,msg", [
+    (lambda: popart.Patterns(["NoSuchPattern"]), "Unknown pattern NoSuchPattern"),
+    (lambda: popart.Patterns(["Inplace"]), "Unknown pattern Inplace, did you mean InPlace?"),
+    (lambda: popart.Patterns().isPatternEnabled("Nope"), "Unknown pattern Nope"),
+    (lambda: popart.Patterns().enablePattern("MatMulOp", False), "Pattern 'MatMulOp' is mandatory and cannot be "
+                                                                 "disabled"),
+])
+def test_patterns_errors(make, msg):
+    with pytest.raises(popart.popart_exception, match=msg):
+        make()
+
+
+def test_patterns_mandatory_checked_at_session_creation():
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [2]))
+    y = b.aiOnnx.relu([x])
+    p = popart.Patterns(["PreUniRepl"])
+    with pytest.raises(popart.popart_exception, match=r"Pattern '\w+' must be enabled"):
+        popart.InferenceSession(b.getModelProto(), popart.DataFlow(1, {y: ALL}), _dev(), patterns=p)
+    p.enableRuntimeAsserts(False)
+    popart.InferenceSession(b.getModelProto(), popart.DataFlow(1, {y: ALL}), _dev(), patterns=p)
+
+
+def test_disabling_nll_softmax_pattern_keeps_gradient():
+    xv, lab = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32), np.array([1, 0, 3], np.int32)
+    grads = []
+    for on in (True, False):
+        b = popart.Builder()
+        x = b.addInputTensor(popart.TensorInfo("FLOAT", [3, 4]))
+        label = b.addInputTensor(popart.TensorInfo("INT32", [3]))
+        loss = b.aiGraphcore.nllloss([b.aiOnnx.softmax([x], axis=1), label])
+        p = popart.Patterns()
+        p.NlllWithSoftMaxGradDirect = on
+        g = popart.reservedGradientPrefix() + x
+        s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {g: ALL}), loss, popart.ConstSGD(0.1), _dev(),
+                                   patterns=p)
+        s.prepareDevice()
+        s.weightsFromHost()
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: xv, label: lab}, a))
+        grads.append(a[g])
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5, atol=1e-6)
+
+
+# -- GraphTransformer -------------------------------------------------------------------------
+def _float_model():
+    b = popart.Builder(opsets={"ai.onnx": 11, "ai.graphcore": 1})
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 3]))
+    w = b.addInitializedInputTensor(np.array([1.5, -2.0, 0.25], np.float32), "w")
+    i = b.addInitializedInputTensor(np.array([2, 0, 1], np.int64), "idx")
+    b.addInputTensor(popart.TensorInfo("FLOAT", [4]), "unused")
+    c = b.aiOnnx.constant(np.array(0.5, np.float32))
+    y = b.aiOnnx.gather([b.aiOnnx.add([b.aiOnnx.mul([x, w]), c]), i], axis=1)
+    b.addOutputTensor(y)
+    return b, x, y
+
+
+def test_graph_transformer_float_to_half_runs_in_fp16():
+    b, x, y = _float_model()
+    gt = popart.GraphTransformer(b.getModelProto())
+    gt.convertFloatsToHalfs()
+    gt.removeUnusedInputs()
+    m = onnx.load_from_string(gt.getModelProto())
+    assert [i.name for i in m.graph.input if i.name == "unused"] == []
+    inits = {i.name: i for i in m.graph.initializer}
+    assert inits["w"].data_type == onnx.TensorProto.FLOAT16 and inits["idx"].data_type == onnx.TensorProto.INT64
+    s = popart.InferenceSession(gt.getModelProto(), popart.DataFlow(1, {y: ALL}), _dev())
+    s.prepareDevice()
+    a = s.initAnchorArrays()
+    xv = np.arange(6, dtype=np.float16).reshape(2, 3)
+    s.run(popart.PyStepIO({x: xv}, a))
+    assert a[y].dtype == np.float16
+    np.testing.assert_allclose(a[y], (xv * np.array([1.5, -2, 0.25], np.float16) + np.float16(0.5))[:, [2, 0, 1]])
+
+
+def test_graph_transformer_int64_and_constants():
+    b, x, y = _float_model()
+    gt = popart.GraphTransformer(b.getModelProto())
+    gt.convertINT64ToINT32()
+    gt.convertAllFixedPointInitializersToConstants()
+    m = onnx.load_from_string(gt.getModelProto())
+    assert "idx" not in {i.name for i in m.graph.initializer}
+    const = [n for n in m.graph.node if n.op_type == "Constant" and n.output[0] == "idx"][0]
+    assert numpy_helper.to_array(const.attribute[0].t).dtype == np.int32
+    with pytest.raises(popart.popart_exception, match="TensorId nope not in the model initalizers"):
+        gt.convertInitializersToConstants(["nope"])
+    b2 = popart.Builder()
+    b2.addInitializedInputTensor(np.array([2 ** 40], np.int64), "big")
+    g2 = popart.GraphTransformer(b2.getModelProto())
+    with pytest.raises(popart.popart_exception, match="cannot cast int64 to int32: number is too large"):
+        g2.convertINT64ToINT32()
+    g2.convertINT64ToINT32(clip=True)
+    big = onnx.load_from_string(g2.getModelProto()).graph.initializer[0]
+    assert numpy_helper.to_array(big).tolist() == [2 ** 31 - 1]
+
+
+def test_graph_transformer_prepare_nodes_for_training():
+    b = popart.Builder(opsets={"ai.onnx": 9, "ai.graphcore": 1})
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 3, 2, 2]))
+    ws = [b.addInitializedInputTensor(np.ones(3, np.float32) * k) for k in (1, 0, 0, 1)]
+    b.aiOnnx.batchnormalization([x] + ws, 1)
+    gt = popart.GraphTransformer(b.getModelProto())
+    gt.prepareNodesForTraining()
+    bn = [n for n in onnx.load_from_string(gt.getModelProto()).graph.node if n.op_type == "BatchNormalization"][0]
+    assert len(bn.output) == 5
+
+
+# -- external initializers, checkpoints -------------------------------------------------------
+@pytest.mark.parametrize("via", ["builder", "graph_transformer"])
+def test_save_initializers_externally(tmp_path, via):
+    b, x, y = _float_model()
+    fn = str(tmp_path / "weights.bin")
+    if via == "builder":
+        b.saveInitializersExternally(["w", "idx"], fn)
+        proto = b.getModelProto()
+    else:
+        gt = popart.GraphTransformer(b.getModelProto())
+        gt.saveInitializersExternally(["w", "idx"], fn)
+        proto = gt.getModelProto()
+    assert os.path.getsize(fn) == 3 * 4 + 3 * 8
+    inits = {i.name: i for i in onnx.load_from_string(proto).graph.initializer}
+    assert inits["w"].data_location == onnx.TensorProto.EXTERNAL
+    assert {e.key: e.value for e in inits["idx"].external_data} == {"location": fn, "offset": "12", "length": "24"}
+    s = popart.InferenceSession(proto, popart.DataFlow(1, {y: ALL}), _dev())
+    s.prepareDevice()
+    a = s.initAnchorArrays()
+    xv = np.ones((2, 3), np.float32)
+    s.run(popart.PyStepIO({x: xv}, a))
+    np.testing.assert_allclose(a[y], (xv * np.array([1.5, -2, 0.25], np.float32) + 0.5)[:, [2, 0, 1]])
+    with pytest.raises(popart.popart_exception, match="Tensor 'input' is not an initializer"):
+        popart.GraphTransformer(proto).saveInitializersExternally([x], str(tmp_path / "x.bin"))
+    with pytest.raises(popart.popart_exception, match="parent directory does not exist"):
+        popart.GraphTransformer(proto).saveInitializersExternally(["w"], str(tmp_path / "no" / "x.bin"))
+
+
+def test_checkpoint_output_trains_like_without():
+    xv = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
+    results = []
+    for checkpoint in (False, True):
+        b = popart.Builder()
+        x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 3]))
+        w = b.addInitializedInputTensor(np.array([0.5, 1.0, -1.0], np.float32), "w")
+        h = b.aiOnnx.tanh([b.aiOnnx.mul([x, w])])
+        if checkpoint:
+            (h,) = b.checkpointOutput([h])
+            assert b.getRecomputeOutputInBackwardPass(h)
+        loss = b.aiGraphcore.l1loss([b.aiOnnx.sigmoid([h])], 1.0)
+        g = popart.reservedGradientPrefix() + w
+        s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {g: ALL}), loss, popart.ConstSGD(0.1),
+                                   _dev())
+        s.prepareDevice()
+        s.weightsFromHost()
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: xv}, a))
+        results.append(a[g])
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-6)
+
+
+# -- IR JSON, RNG state -----------------------------------------------------------------------
+def test_serialize_ir_json():
+    b, x, y = _float_model()
+    s = popart.InferenceSession(b.getModelProto(), popart.DataFlow(1, {y: ALL}), _dev())
+    ir = json.loads(s._serializeIr(popart.IrSerializationFormat.JSON))
+    ops = ir["maingraph"]
+    assert [o["type"] for o in ops] == ["Mul", "Add", "Gather"]
+    assert ops[0]["inputs"][0] == {"name": x, "shape": "[2 3]", "type": "FLOAT", "index": "0"}
+    assert ops[-1]["outputs"] == [{"name": y, "index": "0"}] and ops[-1]["attributes"]["axis"] == "1"
+
+
+def test_rng_state_round_trip():
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [4]))
+    y = b.aiOnnx.relu([x])
+    opts = popart.SessionOptions()
+    opts.enableLoadAndOffloadRNGState = True
+    s = popart.InferenceSession(b.getModelProto(), popart.DataFlow(1, {y: ALL}), _dev(), userOptions=opts)
+    with pytest.raises(popart.popart_exception, match=r"Devicex::prepare\(\) must be called"):
+        s.getRNGState()
+    s.prepareDevice()
+    state = s.getRNGState()
+    assert len(state) == 4 * 6 * 4 and all(0 <= v < 2 ** 32 for v in state)
+    s.setRNGState([7] * len(state))
+    assert s.getRNGState() == [7] * len(state)
+    with pytest.raises(popart.popart_exception, match="values given"):
+        s.setRNGState([1, 2])
+    s2 = popart.InferenceSession(b.getModelProto(), popart.DataFlow(1, {y: ALL}), _dev())
+    s2.prepareDevice()
+    with pytest.raises(popart.popart_runtime_error, match="enableLoadAndOffloadRNGState must be set to True"):
+        s2.getRNGState()
+
+
+# -- VariableSettings -------------------------------------------------------------------------
+def test_variable_settings():
+    vs = popart.VariableSettings(popart.CommGroup(popart.CommGroupType.Consecutive, 2),
+                                 popart.VariableRetrievalMode.OnePerGroup)
+    assert vs.getGroupCount(4) == 2 and vs.numReplicasReturningVariable(4) == 2
+    assert popart.VariableSettings(popart.VariableRetrievalMode.AllReplicas).numReplicasReturningVariable(4) == 4
+    assert popart.VariableSettings(popart.CommGroup(popart.CommGroupType.Ungrouped, 0)).getGroupCount(4) == 4
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [3]))
+    w = b.addInitializedInputTensor(np.array([1.0, 2.0, 3.0], np.float32),
+                                    popart.VariableSettings(popart.CommGroup(popart.CommGroupType.All, 0)), "w")
+    y = b.aiOnnx.mul([x, w])
+    s = popart.InferenceSession(b.getModelProto(), popart.DataFlow(1, {y: ALL}), _dev())
+    s.prepareDevice()
+    a = s.initAnchorArrays()
+    s.run(popart.PyStepIO({x: np.ones(3, np.float32)}, a))
+    assert a[y].tolist() == [1.0, 2.0, 3.0]
+    with pytest.raises(popart.popart_exception, match="replica-grouped variables"):
+        b.addInitializedInputTensor(np.ones((2, 3), np.float32), vs, "v")
+
+
+def test_logger_set_level_persists(capfd):
+    """``getLogger(module).setLevel`` holds for later messages (it was reset to POPART_LOG_LEVEL)."""
+    log = popart.getLogger("session")
+    log.setLevel("INFO")
+    log.info("first message")
+    log.debug("hidden")
+    popart.getLogger().setLevel("WARN")
+    popart.getLogger("ir").info("hidden too")
+    popart.getLogger("ir").warn("second message")
+    popart.getLogger().setLevel("OFF")
+    popart.getLogger("ir").error("hidden as well")
+    err = capfd.readouterr().err
+    assert "popart:session" in err and " I: first message" in err and " W: second message" in err
+    assert "hidden" not in err
