@@ -226,6 +226,12 @@ def test_cluster_loader():
         pg.FixedSizeClusterLoader(cd, pg.FixedSizeOptions(40, 200, num_graphs=3))
     with pytest.raises(AssertionError, match="does not support"):
         pg.FixedSizeClusterLoader(cd, opts, shuffle=True)
+    from poptorch_geometric.pyg_cluster_loader import FixedSizeClusterLoader as PlainLoader
+    plain = PlainLoader(cd, opts, batch_size=2)
+    assert not isinstance(plain, poptorch.DataLoader) and len(plain) == 2
+    for b in plain:
+        assert b.x.shape[0] == opts.num_nodes and b.edge_index.shape[1] == opts.num_edges
+        assert "nodes_mask" not in b
 
 
 # -- static ops ------------------------------------------------------------------------------
@@ -294,3 +300,27 @@ def test_parser_roundtrip_hetero():
     back = parser.reconstruct(h, iter([t + 1 for t in ts]))
     torch.testing.assert_close(back["a"].x, h["a"].x + 1)
     assert parser.sortedTensorKeys(h) == ("a.x", "a__r__a.edge_index")
+
+
+def test_maskers():
+    from poptorch_geometric import masker
+    x = torch.randn(4, 3)
+    assert masker.NoMasker().node_masker(x) is x
+    mask = torch.tensor([True, True, False, False])
+    zeroed = masker.MaskMasker(nodes_mask=mask).node_masker((x, x + 1))
+    assert zeroed[0][2:].abs().sum() == 0 and torch.equal(zeroed[1][:2], x[:2] + 1)
+    with pytest.raises(ValueError, match="no edge mask"):
+        masker.MaskMasker(nodes_mask=mask).edge_masker(x)
+    layer = masker.PreLayerMasker(masker.MaskMasker(nodes_mask=mask)).node_masker(lambda a, b: a.sum() + b.sum())
+    torch.testing.assert_close(layer(x, x), 2 * x[:2].sum())
+    with pytest.raises(TypeError):
+        masker.Masker()
+
+
+def test_common_batch_classes():
+    from poptorch_geometric.common import DataBatch, call_once
+    b = Batch.from_data_list([Data(x=torch.ones(2, 1)), Data(x=torch.ones(1, 1))])
+    assert type(b) is DataBatch
+    calls = []
+    f = call_once(lambda: calls.append(1) or 5)
+    assert (f(), f(), calls) == (5, None, [1])

@@ -12,7 +12,7 @@ for _name in dir(_impl):
     if not _name.startswith("__"):
         globals()[_name] = getattr(_impl, _name)
 for _sub in ("collate", "dataloader", "pyg_dataloader", "pyg_collate", "fixed_size_options", "stream_packing_sampler",
-             "types", "utils", "override", "sampling", "neighbor_loader", "cluster_loader", "ops", "common"):
+             "types", "utils", "override", "sampling", "neighbor_loader", "cluster_loader", "pyg_cluster_loader", "masker", "ops", "common"):
     try:
         _sys.modules[f"{__name__}.{_sub}"] = _importlib.import_module(f"openipu.poptorch_geometric.{_sub}")
     except ImportError:

@@ -6,18 +6,9 @@ works without METIS (:mod:`openipu.poptorch_geometric.sampling`)."""
 from __future__ import annotations
 
 from openipu import poptorch
-from openipu.poptorch_geometric.collate import CombinedBatchingCollater, FixedSizeCollater
-from openipu.poptorch_geometric.pyg_dataloader import OverSizeStrategy, _trims
-
-
-class _ClusterCollate:
-    def __init__(self, cluster_data, batch_size, collater):
-        from torch_geometric.loader import ClusterLoader
-        self.inner = ClusterLoader(cluster_data, batch_size=batch_size)
-        self.collater = collater
-
-    def __call__(self, index):
-        return self.collater([self.inner._collate(list(index))])
+from openipu.poptorch_geometric.collate import CombinedBatchingCollater
+from openipu.poptorch_geometric.pyg_cluster_loader import _cluster_collater
+from openipu.poptorch_geometric.pyg_dataloader import OverSizeStrategy
 
 
 class FixedSizeClusterLoader(poptorch.DataLoader):
@@ -31,16 +22,9 @@ class FixedSizeClusterLoader(poptorch.DataLoader):
     def __init__(self, cluster_data, fixed_size_options, batch_size: int = 1,
                  over_size_strategy=OverSizeStrategy.TrimNodesAndEdges, add_pad_masks: bool = True, options=None,
                  **kwargs):
-        refused = {k for k in ("collate_fn", "batch_sampler", "shuffle", "exclude_keys") if k in kwargs}
-        assert not refused, f"`FixedSizeClusterLoader` does not support the following arguments: {refused}."
-        assert fixed_size_options.num_graphs == 2, (
-            "The number of graphs in a batch specified by the fixed sized options must be 2 when using the "
-            f"FixedSizeClusterLoader, currently it is set to {fixed_size_options.num_graphs}")
-        trim_nodes, trim_edges = _trims(over_size_strategy)
+        per_batch = _cluster_collater(cluster_data, fixed_size_options, batch_size, over_size_strategy,
+                                      add_pad_masks, kwargs)
         self.fixed_size_options = fixed_size_options
         self.cluster_data = cluster_data
-        collater = FixedSizeCollater(fixed_size_options, add_masks_to_batch=add_pad_masks, trim_nodes=trim_nodes,
-                                     trim_edges=trim_edges)
-        per_batch = _ClusterCollate(cluster_data, batch_size, collater)
         super().__init__(options or poptorch.Options(), range(len(cluster_data)), batch_size=batch_size,
                          collate_fn=CombinedBatchingCollater(per_batch, batch_size), **kwargs)

@@ -13,14 +13,11 @@ from __future__ import annotations
 import copy
 
 import torch
-from torch_geometric.data import Batch, Data, HeteroData
+from torch_geometric.data import Data, HeteroData
 from torch_geometric.data.data import BaseData
 
 from openipu.poptorch import ICustomArgParser, registerCustomArgParser
-
-#: the batch classes ``Batch.from_data_list`` creates for ``Data`` and ``HeteroData``
-DataBatch = type(Batch(_base_cls=Data))
-HeteroDataBatch = type(Batch(_base_cls=HeteroData))
+from openipu.poptorch_geometric.common import DataBatch, HeteroDataBatch
 
 
 def _store_name(store) -> str:
