@@ -8,6 +8,7 @@ batches of a user ``batch_sampler`` concatenated into one call's worth of data."
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import itertools
 import sys
@@ -148,7 +149,9 @@ def _tensor_keys(parser, obj, n: int) -> list:
 def _flatten(obj):
     parser = getCustomParser(obj)
     tensors = list(parser.yieldTensors(obj))
-    return tensors, _Context(obj, _tensor_keys(parser, obj, len(tensors)))
+    # the template is a shallow copy: a model that adds tensors to its input object (PyG models
+    # set ``data.h = ...``) must not change the structure its spec was flattened from
+    return tensors, _Context(copy.copy(obj), _tensor_keys(parser, obj, len(tensors)))
 
 
 def _unflatten(children, ctx):
