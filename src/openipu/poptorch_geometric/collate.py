@@ -56,6 +56,9 @@ class FixedSizeCollater:
     ``HeteroData``, returns a ``Batch`` of exactly ``fixed_size_options.num_graphs`` graphs
     (the real ones first, then padding graphs holding the padding nodes and edges, whose edges
     join padding nodes), ``num_nodes`` nodes and ``num_edges`` edges (per type for hetero).
+    As in PopTorch Geometric, padding edges whose padding graph has no node of their type
+    (all nodes of the type are real, e.g. after trimming) point one past the last node: out of
+    range, so the IPU's scatters drop them; ``edges_mask`` marks them.
 
     Padding values: node / edge attributes ``node_pad_value`` / ``edge_pad_value``, graph-level
     tensors ``graph_pad_value``, non-tensor attributes ``pad_graph_defaults[key]`` (else the
@@ -277,17 +280,10 @@ class FixedSizeCollater:
                 for i in range(num_pad_graphs):
                     n = {t: s[i] for t, s in node_split.items()}
                     e = {t: s[i] for t, s in edge_split.items()}
-                    for et, ne in e.items():
-                        if ne and (not n.get(et[0]) or not n.get(et[-1])):
-                            raise RuntimeError(f"Cannot pad the {et} edges: no padding node of the types they join "
-                                               "is left. Increase the maximum number of nodes of those types.")
                     padded.append(self._pad_graph(data_list[0], n, e, None))
             else:
                 ns, es = _divide_evenly(pad_nodes, num_pad_graphs), _divide_evenly(pad_edges, num_pad_graphs)
                 for n, e in zip(ns, es):
-                    if e and not n:
-                        raise RuntimeError("Cannot pad the edges of the batch: no padding node is left for them to "
-                                           "join. Increase the maximum number of nodes.")
                     padded.append(self._pad_graph(data_list[0], n, e, level))
         batch = Batch.from_data_list(padded, follow_batch=self.follow_batch, exclude_keys=self.exclude_keys)
         if self.add_masks_to_batch:
@@ -313,7 +309,8 @@ class CombinedBatchingCollater:
     ``poptorch.DataLoader`` gives (one call's worth: ``batch_size x deviceIterations x
     replicas x gradientAccumulation`` items) into mini-batches of ``mini_batch_size`` (all of
     it when None), collates each with ``collater`` and concatenates their tensors on dim 0
-    (``edge_index`` becomes [2k, E] for k mini-batches; the executor splits dim 0 back).
+    (``edge_index`` becomes [2k, E] for k mini-batches; the executor splits dim 0 back); the
+    result's ``num_nodes`` (per node type) and ``num_edges`` are those of one mini-batch.
     Raises ``AssertionError`` ('Invalid batch size. ...') when the list does not divide."""
 
     def __init__(self, collater, mini_batch_size: Optional[int] = None):
@@ -329,4 +326,8 @@ class CombinedBatchingCollater:
         if len(batches) == 1:
             return batches[0]
         tensors = [list(self.parser.yieldTensors(b)) for b in batches]
-        return self.parser.reconstruct(batches[0], combine_batch_tensors_gen(tensors))
+        out = self.parser.reconstruct(batches[0], combine_batch_tensors_gen(tensors))
+        # as PopTorch Geometric: the combined batch reports one mini-batch's node counts
+        for store, first in zip(out.node_stores, batches[0].node_stores):
+            store.num_nodes = first.num_nodes
+        return out
