@@ -326,8 +326,4 @@ class CombinedBatchingCollater:
         if len(batches) == 1:
             return batches[0]
         tensors = [list(self.parser.yieldTensors(b)) for b in batches]
-        out = self.parser.reconstruct(batches[0], combine_batch_tensors_gen(tensors))
-        # as PopTorch Geometric: the combined batch reports one mini-batch's node counts
-        for store, first in zip(out.node_stores, batches[0].node_stores):
-            store.num_nodes = first.num_nodes
-        return out
+        return self.parser.reconstruct(batches[0], combine_batch_tensors_gen(tensors))

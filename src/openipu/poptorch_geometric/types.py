@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 
 import torch
-from torch_geometric.data import Data, HeteroData
+from torch_geometric.data import Batch, Data, HeteroData
 from torch_geometric.data.data import BaseData
 
 from openipu.poptorch import ICustomArgParser, registerCustomArgParser
@@ -55,8 +55,14 @@ class PyGArgsParser(ICustomArgParser):
 
     def reconstruct(self, original_structure: BaseData, tensor_iterator) -> BaseData:
         """A shallow copy of ``original_structure`` with its tensors taken in order from
-        ``tensor_iterator``."""
+        ``tensor_iterator``. A ``Batch`` keeps the ``num_nodes`` of ``original_structure`` (per
+        node type, from its ``batch`` vector), as in PopTorch Geometric: a batch combined from
+        k mini-batches (tensors concatenated on dim 0) reports one mini-batch's counts."""
         out = copy.copy(original_structure)
+        if isinstance(original_structure, Batch):
+            for store, orig in zip(out.node_stores, original_structure.node_stores):
+                if "batch" in orig and isinstance(orig["batch"], torch.Tensor):   # (no data-dependent
+                    store.num_nodes = int(orig["batch"].shape[0])                # inference from edge_index)
         for store, key in [(s, k) for s, k, _ in _tensor_items(original_structure)]:
             target = out[store._key] if getattr(store, "_key", None) is not None else out._store \
                 if hasattr(out, "_store") else out._global_store
