@@ -324,3 +324,15 @@ def test_common_batch_classes():
     calls = []
     f = call_once(lambda: calls.append(1) or 5)
     assert (f(), f(), calls) == (5, None, [1])
+
+
+def test_cluster_gcn_conv_captures_without_mask_writes():
+    from torch_geometric.nn import ClusterGCNConv
+    from torch_geometric.utils import add_self_loops
+    torch.manual_seed(0)
+    data = KarateClub()[0]
+    edge_index, _ = add_self_loops(data.edge_index, num_nodes=data.num_nodes)
+    conv = ClusterGCNConv(data.num_features, 4, diag_lambda=0.5, add_self_loops=False)  # (the guide's rule)
+    out = poptorch.inferenceModel(conv)(data.x, edge_index)
+    torch.testing.assert_close(out, conv(data.x, edge_index).detach(), rtol=1e-4, atol=1e-5)
+    assert ClusterGCNConv.forward.__module__.startswith("torch_geometric")     # restored after capture

@@ -4,7 +4,8 @@ While ``poptorch`` captures a model, :class:`_TorchGeometricOpsSubstitutionManag
 with ``poptorch``'s substitution managers at import) puts the static ops of :mod:`.ops` in place
 of PyG's ``knn``, ``knn_graph``, ``radius``, ``radius_graph`` and ``knn_interpolate`` (in every
 loaded ``torch_geometric`` module that bound them, e.g. SchNet's ``radius_graph``, and in
-``torch_cluster`` if present), makes ``Aggregation.assert_sorted_index`` a no-op (it reads index
+``torch_cluster`` if present), gives ``ClusterGCNConv`` a forward without boolean-mask writes,
+makes ``Aggregation.assert_sorted_index`` a no-op (it reads index
 values on the host) and turns on PyG's ``disable_dynamic_shapes`` experimental mode (so a
 missing ``dim_size`` / ``batch_size`` raises PyG's ``ValueError`` instead of a capture error).
 Everything is restored after capture: eager CPU calls run PyG's code.
@@ -28,7 +29,7 @@ import torch_geometric
 import torch_geometric.nn.pool as _pool
 import torch_geometric.nn.unpool as _unpool
 from torch_geometric.nn.aggr import Aggregation
-from torch_geometric.nn.conv import MessagePassing
+from torch_geometric.nn.conv import ClusterGCNConv, MessagePassing
 
 from openipu.poptorch._overrides import _OverwriteContextManager
 from openipu.poptorch_geometric import ops
@@ -40,6 +41,23 @@ _KNOWN: dict = {n: set() for n in _NAMES}
 for _n in _NAMES[:-1]:
     _KNOWN[_n].add(getattr(_pool, _n))
 _KNOWN["knn_interpolate"].add(_unpool.knn_interpolate)
+
+
+def _cluster_gcn_forward(self, x, edge_index):
+    """``ClusterGCNConv.forward`` for a dense ``edge_index`` [2, E] with static shapes: the
+    diagonal term ``diag_lambda / deg`` is added to the self-loop edges' weights through a 0/1
+    factor (PyG writes it through a boolean mask, a data-dependent shape)."""
+    from torch_geometric.utils import add_self_loops, degree, remove_self_loops
+    num_nodes = x.size(self.node_dim)
+    if self.add_self_loops:
+        edge_index, _ = remove_self_loops(edge_index)
+        edge_index, _ = add_self_loops(edge_index, num_nodes=num_nodes)
+    row, col = edge_index[0], edge_index[1]
+    deg_inv = 1. / degree(col, num_nodes=num_nodes).clamp_(1.)
+    w = deg_inv[col]
+    edge_weight = w + (row == col).to(w.dtype) * self.diag_lambda * w
+    out = self.propagate(edge_index, x=x, edge_weight=edge_weight)
+    return self.lin_out(out) + self.lin_root(x)
 
 
 def _modules():
@@ -72,9 +90,12 @@ class _TorchGeometricOpsSubstitutionManager:
         self._undo = []
         self._assert_sorted = None
         self._experimental = None
+        self._cluster_gcn_forward = None
 
     def replace(self):
         self._undo = _swap(lambda name, fn: _STATIC[name])
+        self._cluster_gcn_forward = ClusterGCNConv.__dict__["forward"]
+        ClusterGCNConv.forward = _cluster_gcn_forward
         self._assert_sorted = Aggregation.__dict__.get("assert_sorted_index")
         Aggregation.assert_sorted_index = lambda self, index: None
         from torch_geometric import experimental
@@ -82,6 +103,9 @@ class _TorchGeometricOpsSubstitutionManager:
         self._experimental.__enter__()
 
     def restore(self):
+        if self._cluster_gcn_forward is not None:
+            ClusterGCNConv.forward = self._cluster_gcn_forward
+            self._cluster_gcn_forward = None
         if self._experimental is not None:
             self._experimental.__exit__(None, None, None)
             self._experimental = None
