@@ -336,3 +336,23 @@ def test_cluster_gcn_conv_captures_without_mask_writes():
     out = poptorch.inferenceModel(conv)(data.x, edge_index)
     torch.testing.assert_close(out, conv(data.x, edge_index).detach(), rtol=1e-4, atol=1e-5)
     assert ClusterGCNConv.forward.__module__.startswith("torch_geometric")     # restored after capture
+
+
+def test_training_stepper_compares_losses_and_weights():
+    from torch_geometric.nn import GCNConv
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GCNConv(34, 4, add_self_loops=False)
+
+        def forward(self, x, edge_index, y):
+            out = self.conv(x, edge_index)
+            return out, torch.nn.functional.cross_entropy(out, y)
+
+    torch.manual_seed(0)
+    data = KarateClub()[0]
+    stepper = pg.TrainingStepper(M(), lr=0.01, atol=1e-5, rtol=1e-4, equal_nan=True)
+    cpu, ipu = stepper.run(2, (data.x, data.edge_index, data.y))
+    assert cpu.shape == ipu.shape == (2,)
+    torch.testing.assert_close(stepper.ipu_model.conv.lin.weight, stepper.model.conv.lin.weight, rtol=1e-4, atol=1e-5)
