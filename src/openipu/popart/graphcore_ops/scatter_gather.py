@@ -66,6 +66,15 @@ def scatter_reduce_fn(src, index, initial, attrs):
     red = str(attrs.get("reduction", "sum"))
     red = {"0": "sum", "1": "max", "2": "min", "3": "mul", "4": "none"}.get(red, red)
     base = initial.to(src.dtype) if initial is not None else torch.zeros(shape, dtype=src.dtype)
+    bad = (idx < 0) | (idx >= shape[axis])
+    if bool(bad.any()):         # out-of-range rows are dropped (PopLibs' multiUpdate ignores them)
+        extra = list(shape)
+        extra[axis] = 1
+        base = torch.cat([base, torch.zeros(extra, dtype=base.dtype)], axis)
+        idx = torch.where(bad, torch.full_like(idx, shape[axis]), idx)
+        out = base.scatter(axis, idx, src) if red == "none" else \
+            base.scatter_reduce(axis, idx, src, reduce=SCATTER_REDUCE[red], include_self=initial is not None)
+        return out.narrow(axis, 0, shape[axis])
     if red == "none":
         return base.scatter(axis, idx, src)
     return base.scatter_reduce(axis, idx, src, reduce=SCATTER_REDUCE[red], include_self=initial is not None)
