@@ -79,17 +79,16 @@ def test_sessions_it_does_not_cover_run_on_the_device_emulation(monkeypatch):
     monkeypatch.setenv("OPENIPU_EXECUTION", "ir")
     proto, x, h, y = _model()
     b = popart.Builder(proto)
-    loss = b.aiGraphcore.l1loss([y], 0.1)
+    (d,) = b.aiOnnx.dropout([y], 1, 0.5)
+    loss = b.aiGraphcore.l1loss([d], 0.1)
     opts = popart.SessionOptions()
-    opts.enableGradientAccumulation = True
-    opts.accumulationFactor = 2
     s = popart.TrainingSession(fnModel=b.getModelProto(), dataFlow=popart.DataFlow(1, {loss: popart.AnchorReturnType("ALL")}),
                                loss=loss, optimizer=popart.ConstSGD(0.1), userOptions=opts,
                                deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
     s.prepareDevice()
     s.weightsFromHost()
     a = s.initAnchorArrays()
-    s.run(popart.PyStepIO({x: np.ones((2, 3, 8), np.float32)}, a))
+    s.run(popart.PyStepIO({x: np.ones((3, 8), np.float32)}, a))
     assert s._fast is False and (a[loss] > 0).all()
 
 
@@ -121,7 +120,7 @@ def test_minilm_with_real_weights_agrees(monkeypatch, tmp_path):
     np.testing.assert_allclose(outs["ir"][0], outs["device"][0], rtol=0, atol=1e-5)
 
 
-def _train(monkeypatch, mode, opt_name, bps=2, steps=3, fp16=False):
+def _train(monkeypatch, mode, opt_name, bps=2, steps=3, fp16=False, rf=1, af=1, arts=None):
     monkeypatch.setenv("OPENIPU_EXECUTION", mode)
     rng = np.random.default_rng(0)
     dt, ft = (np.float16, "FLOAT16") if fp16 else (np.float32, "FLOAT")
@@ -140,26 +139,33 @@ def _train(monkeypatch, mode, opt_name, bps=2, steps=3, fp16=False):
            "lamb": lambda: popart.Adam({"defaultLearningRate": (0.01, False)}, popart.AdamMode.Lamb),
            "rmsprop": lambda: popart.Adaptive({"defaultLearningRate": (0.01, False), "defaultMomentum": (0.5, False)},
                                               popart.AdaptiveMode.CenteredRMSProp)}[opt_name]()
-    s = popart.TrainingSession(fnModel=b.getModelProto(), loss=loss, optimizer=opt,
-                               dataFlow=popart.DataFlow(bps, {loss: popart.AnchorReturnType("ALL"),
-                                                              popart.reservedGradientPrefix() + w:
-                                                                  popart.AnchorReturnType("FINAL")}),
-                               deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
+    opts = popart.SessionOptions()
+    if rf > 1:
+        opts.enableReplicatedGraphs, opts.replicatedGraphCount = True, rf
+    if af > 1:
+        opts.enableGradientAccumulation, opts.accumulationFactor = True, af
+    arts = arts or {loss: "ALL", popart.reservedGradientPrefix() + w: "FINAL"}
+    s = popart.TrainingSession(fnModel=b.getModelProto(), loss=loss, optimizer=opt, userOptions=opts,
+                               dataFlow=popart.DataFlow(bps, {(loss if k == "loss" else k): _art(v)
+                                                              for k, v in arts.items()}),
+                               deviceInfo=popart.DeviceManager().createIpuModelDevice({"numIPUs": rf,
+                                                                                       "tilesPerIPU": 8}))
     s.prepareDevice()
     s.weightsFromHost()
     data = np.random.default_rng(2)
     losses = []
+    lead = tuple(d for d in (bps, af, rf) if d > 1)
     for _ in range(steps):
         a = s.initAnchorArrays()
-        s.run(popart.PyStepIO({x: data.standard_normal((bps, 4, 8)).astype(dt),
-                               lab: data.integers(0, 5, (bps, 4)).astype(np.int32)}, a))
+        s.run(popart.PyStepIO({x: data.standard_normal(lead + (4, 8)).astype(dt),
+                               lab: data.integers(0, 5, lead + (4,)).astype(np.int32)}, a))
         losses.append({k: v.copy() for k, v in a.items()})
     if opt_name == "sgd1":          # a new learning rate reaches the device in both modes
         s.updateOptimizerFromHost(popart.SGD({"defaultLearningRate": (0.05, False), "defaultMomentum": (0.9, False),
                                               "defaultWeightDecay": (0.01, False)}))
         a = s.initAnchorArrays()
-        s.run(popart.PyStepIO({x: data.standard_normal((bps, 4, 8)).astype(dt),
-                               lab: data.integers(0, 5, (bps, 4)).astype(np.int32)}, a))
+        s.run(popart.PyStepIO({x: data.standard_normal(lead + (4, 8)).astype(dt),
+                               lab: data.integers(0, 5, lead + (4,)).astype(np.int32)}, a))
         losses.append({k: v.copy() for k, v in a.items()})
     s.weightsToHost()
     weights = {"w": np.zeros((8, 5), dt), "bias": np.zeros(5, dt)}
@@ -180,7 +186,72 @@ def test_training_agrees_with_the_device_emulation(monkeypatch, opt):
         assert not np.array_equal(w_ir[k], _model_init(k))      # trained
 
 
+def _art(name):
+    return popart.AnchorReturnType(name, 2) if name == "EVERYN" else popart.AnchorReturnType(name)
+
+
+def _agree(monkeypatch, opt, **kw):
+    _, l_dev, w_dev, c_dev = _train(monkeypatch, "device", opt, **kw)
+    s, l_ir, w_ir, c_ir = _train(monkeypatch, "ir", opt, **kw)
+    assert s._fast and c_dev == c_ir
+    for a, b in zip(l_dev, l_ir):
+        for k in a:
+            assert a[k].shape == b[k].shape, k
+            np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    for k in w_dev:
+        np.testing.assert_allclose(w_ir[k], w_dev[k], rtol=1e-4, atol=1e-5, err_msg=k)
+        assert not np.array_equal(w_ir[k], _model_init(k))      # trained
+
+
+SCHEDULES = [dict(af=3), dict(af=2, bps=4, arts={"loss": "EVERYN", "Gradient___w": "SUM", "w": "FINAL"}),
+             dict(rf=2), dict(rf=2, af=2, arts={"loss": "SUM", "Gradient___w": "ALL", "bias": "FINAL"})]
+
+
+@pytest.mark.parametrize("kw", SCHEDULES, ids=["accumulation", "accumulation-everyn", "replication",
+                                              "replication-accumulation"])
+@pytest.mark.parametrize("opt", ["sgd1", "adam"])
+def test_accumulation_and_replication_agree_with_the_device_emulation(monkeypatch, opt, kw):
+    _agree(monkeypatch, opt, **kw)
+
+
 def _model_init(k):
     rng = np.random.default_rng(0)
     w = rng.standard_normal((8, 5)).astype(np.float32)
     return w if k == "w" else rng.standard_normal(5).astype(np.float32)
+
+
+def test_pipelined_inference_agrees_with_the_device_emulation(monkeypatch):
+    from test_popart_pipelining import ALL, _data, _device, _mlp, _options
+    outs = {}
+    for mode in ("device", "ir"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        b, x, lab, p, loss = _mlp()
+        s = popart.InferenceSession(b.getModelProto(), popart.DataFlow(6, {p: ALL}), _device(),
+                                    userOptions=_options(True))
+        s.prepareDevice()
+        out = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: _data(6)[0]}, out))
+        outs[mode] = (out[p].copy(), s.getCycleCount(), s._fast)
+    assert outs["ir"][2] and not outs["device"][2]
+    assert outs["ir"][1] == outs["device"][1]
+    np.testing.assert_allclose(outs["ir"][0], outs["device"][0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", [None, "Running"])
+def test_pipelined_training_with_accumulation_agrees(monkeypatch, strategy):
+    """Pipelined training with gradient accumulation is functionally accumulation: the executor
+    runs the stages micro-batch by micro-batch; without accumulation (stale weights) the device
+    emulation runs it."""
+    from test_popart_pipelining import _train as train
+    res = {}
+    for mode in ("device", "ir"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        opt = popart.Adam({"defaultLearningRate": (0.02, True)}) if strategy else None
+        out, s = train(True, bps=2, af=4, optimizer=opt, strategy=strategy)
+        res[mode] = (out, s.getCycleCount(), s._fast)
+    assert res["ir"][2] and res["ir"][1] == res["device"][1]
+    for k in res["device"][0]:
+        np.testing.assert_allclose(res["ir"][0][k], res["device"][0][k], rtol=1e-5, atol=1e-6, err_msg=k)
+    monkeypatch.setenv("OPENIPU_EXECUTION", "ir")
+    _, s = train(True, bps=3)
+    assert s._fast is False

@@ -342,7 +342,8 @@ class _SessionBase(rng_state.RngStateApi):
         if getattr(self, "_fast", None) is None and m == "ir":
             why = execute.unsupported(self)
             if why is None:
-                self._fast = execute.IrExecutor(self._ir, self._host_weights)
+                self._fast = execute.IrExecutor(self._ir, self._host_weights, self.replicationFactor,
+                                                self.accumulationFactor if self._ir.training is not None else 1)
                 if self._ir.training is not None and self._engine is not None:
                     self._fast.set_weights({k: np.asarray(v) for k, v in self._scalars(self._optimizer).items()
                                             if k in self._ir.optimizer_tensors})
