@@ -79,8 +79,8 @@ def test_sessions_it_does_not_cover_run_on_the_device_emulation(monkeypatch):
     monkeypatch.setenv("OPENIPU_EXECUTION", "ir")
     proto, x, h, y = _model()
     b = popart.Builder(proto)
-    (d,) = b.aiOnnx.dropout([y], 1, 0.5)
-    loss = b.aiGraphcore.l1loss([d], 0.1)
+    b.aiGraphcore.abort([b.aiOnnx.constant(np.array(0, np.int32))])   # never aborts
+    loss = b.aiGraphcore.l1loss([y], 0.1)
     opts = popart.SessionOptions()
     s = popart.TrainingSession(fnModel=b.getModelProto(), dataFlow=popart.DataFlow(1, {loss: popart.AnchorReturnType("ALL")}),
                                loss=loss, optimizer=popart.ConstSGD(0.1), userOptions=opts,
@@ -255,3 +255,46 @@ def test_pipelined_training_with_accumulation_agrees(monkeypatch, strategy):
     monkeypatch.setenv("OPENIPU_EXECUTION", "ir")
     _, s = train(True, bps=3)
     assert s._fast is False
+
+
+def _random_run(monkeypatch, mode, rf):
+    monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+    rng = np.random.default_rng(0)
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [4, 8]), "x")
+    w = b.addInitializedInputTensor(rng.standard_normal((8, 5)).astype(np.float32), "w")
+    (d,) = b.aiOnnx.dropout([b.aiOnnx.matmul([x, w])], 1, 0.3)
+    y = b.aiOnnx.add([d, b.aiOnnx.randomuniformlike([b.aiGraphcore.detach([d])])])
+    loss = b.aiGraphcore.l1loss([y], 0.1)
+    o = popart.SessionOptions()
+    if rf > 1:
+        o.enableReplicatedGraphs, o.replicatedGraphCount = True, rf
+    s = popart.TrainingSession(fnModel=b.getModelProto(), loss=loss, optimizer=popart.ConstSGD(0.1), userOptions=o,
+                               dataFlow=popart.DataFlow(2, {y: popart.AnchorReturnType("ALL")}),
+                               deviceInfo=popart.DeviceManager().createIpuModelDevice({"numIPUs": rf,
+                                                                                       "tilesPerIPU": 8}))
+    s.prepareDevice()
+    s.weightsFromHost()
+    s.setRandomSeed(7)
+    outs = []
+    for _ in range(2):
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: np.ones((2,) + ((rf,) if rf > 1 else ()) + (4, 8), np.float32)}, a))
+        outs.append(a[y].copy())
+    s.weightsToHost()
+    wts = {"w": np.zeros((8, 5), np.float32)}
+    s.readWeights(popart.PyWeightsIO(wts))
+    return s, outs, wts["w"]
+
+
+@pytest.mark.parametrize("rf", [1, 2])
+def test_random_ops_draw_the_device_streams(monkeypatch, rf):
+    """Dropout (and its gradient's regenerated mask) and a seeded RandomUniformLike draw what the
+    device emulation draws, batch after batch (GetRandomSeed advances the seed in the executor)."""
+    _, dev, w_dev = _random_run(monkeypatch, "device", rf)
+    s, ir, w_ir = _random_run(monkeypatch, "ir", rf)
+    assert s._fast
+    for a, b in zip(dev, ir):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(ir[0][0], ir[0][1])          # a new mask every batch
+    np.testing.assert_allclose(w_ir, w_dev, rtol=1e-6, atol=1e-6)

@@ -13,9 +13,10 @@ then runs on the device-storage emulation): inference and training sessions (for
 weight updates: the update ops' kernels are :mod:`openipu.popart.onnx_ops.varupdate`), replication
 (the replicas in lockstep, collectives reduced across them), gradient accumulation (micro-batches,
 then the accumulate outer fragment), pipelining of inference and of training with gradient
-accumulation (functionally accumulation); not yet: pipelined training without accumulation (stale
-weights), random ops, automatic loss scaling, replicated tensor sharding, control-flow subgraphs; buffers from ``PyStepIO`` or ``PyStepIOCallback``. Numerics: each op
-computes in its IR dtype, as its host kernel does (float16 stays float16); a precise PopLibs
+accumulation (functionally accumulation), random ops (the device's seed and streams:
+``GetRandomSeed`` advances the seed variable, each op draws poprand's stream); not yet: pipelined training without accumulation (stale
+weights), automatic loss scaling, replicated tensor sharding, control-flow subgraphs;
+buffers from ``PyStepIO`` or ``PyStepIOCallback``. Numerics: each op computes in its IR dtype, as its host kernel does (float16 stays float16); a precise PopLibs
 lowering may round differently (poplin accumulates matmuls in fp32 partials), within the plan's
 precision. The variables (weights, optimizer state and scalars) live in the executor between runs:
 the session's ``weightsFromHost``, ``optimizerFromHost`` and ``weightsToHost`` move them.
@@ -61,8 +62,6 @@ def unsupported(session) -> str | None:
         return "gradient accumulation in an inference session"
     if ir.num_stages and ir.training is not None and session.accumulationFactor <= 1:
         return "pipelined training without gradient accumulation (each stage updates stale weights)"
-    if ir.random_seed is not None:
-        return "random ops (the IPU's random streams come from the device)"
     if ir.auto_loss_scale or ir.sharded_state:
         return "automatic loss scaling and replicated tensor sharding"
     for op in ir.ops:
@@ -120,7 +119,8 @@ class IrExecutor:
         main, outer = [], []
         for op in ir.ops:
             step = (find_kernel(op.domain, op.op_type), op.attrs, op.opset, list(op.inputs), list(op.outputs),
-                    op.op_type in _COLLECTIVES and self.replicas > 1)
+                    "collective" if op.op_type in _COLLECTIVES and self.replicas > 1 else
+                    "in_place" if (op.domain, op.op_type) == ("ai.graphcore", "GetRandomSeed") else None)
             (outer if self.accumulation > 1 and op.execution_context == OUTER_FRAGMENT else main).append(step)
         self.steps, self.outer_steps = main, outer
         # 64-bit integers live as 32-bit on the device (enableSupportedDataTypeCasting): an op's
@@ -131,8 +131,9 @@ class IrExecutor:
         #: per replica: variable id -> tensor (the replica's copy on the device)
         self.reps: list[dict] = [{} for _ in range(self.replicas)]
         self.set_weights(weights)
-        # the optimizer scalars are variables too (optimizerFromHost writes them)
-        for tid in ir.optimizer_tensors:
+        # the optimizer scalars are variables too (optimizerFromHost writes them), and so is the
+        # random seed (randomSeedFromHost: broadcast, every replica draws the same numbers)
+        for tid in [*ir.optimizer_tensors, *([ir.random_seed] if ir.random_seed else [])]:
             t = ir.tensors[tid]
             if t.value is not None:
                 self.set_weights({tid: t.value})
@@ -190,12 +191,14 @@ class IrExecutor:
 
     def _ops(self, steps, envs) -> None:
         with torch.no_grad():
-            for kernel, attrs, opset, ins, outs, collective in steps:
-                if collective:
+            for kernel, attrs, opset, ins, outs, special in steps:
+                if special == "collective":
                     self._collective(kernel.op_type, attrs, ins, outs, envs)
                     continue
                 for env in envs:
                     res = call_kernel(kernel, [env[x] if x else None for x in ins], attrs, opset)
+                    if special == "in_place":       # GetRandomSeed: the seed variable advances
+                        res = [env[ins[0]].copy_(res[0])]
                     for o, v in zip(outs, res):
                         if o:
                             if o in self.narrow:

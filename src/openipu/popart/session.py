@@ -574,6 +574,8 @@ class _SessionBase(rng_state.RngStateApi):
         buf = np.ascontiguousarray(np.asarray(self._ir.tensors[tid].value, np.uint32).reshape(-1))
         self._engine.connectStream(low.seed_in[tid], buf)
         self._engine.run(4, "randomSeedFromHost")
+        if getattr(self, "_fast", None):
+            self._fast.set_weights({tid: buf.reshape(2)})
 
     # -- weights --------------------------------------------------------------------------
     def weightsFromHost(self) -> None:  # noqa: N802
