@@ -2,6 +2,7 @@
 outputs within the plan's precision and the same predicted cycles, for every anchor return type,
 batches per step, weights sent from the host, and the sessions it does not cover."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -298,3 +299,32 @@ def test_random_ops_draw_the_device_streams(monkeypatch, rf):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
     assert not np.allclose(ir[0][0], ir[0][1])          # a new mask every batch
     np.testing.assert_allclose(w_ir, w_dev, rtol=1e-6, atol=1e-6)
+
+
+def test_print_tensor_prints_what_the_device_prints(monkeypatch, capfd):
+    """PrintTensor and its gradient print the device program's text (title, values, order), once
+    per batch, from replica 0."""
+    printed = {}
+    for mode in ("device", "ir"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        b = popart.Builder()
+        x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 3]), "x")
+        w = b.addInitializedInputTensor(np.arange(9, dtype=np.float32).reshape(3, 3) / 10, "w")
+        h = b.aiGraphcore.printtensor([b.aiOnnx.matmul([x, w])], title="hidden")
+        loss = b.aiGraphcore.l1loss([h], 0.5)
+        s = popart.TrainingSession(fnModel=b.getModelProto(), loss=loss, optimizer=popart.ConstSGD(0.1),
+                                   dataFlow=popart.DataFlow(2, {loss: popart.AnchorReturnType("ALL")}),
+                                   deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
+        s.prepareDevice()
+        s.weightsFromHost()
+        capfd.readouterr()
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: np.linspace(-1, 1, 12, dtype=np.float32).reshape(2, 2, 3)}, a))
+        printed[mode] = (capfd.readouterr().out, s._fast)
+    assert printed["ir"][1] and not printed["device"][1]
+    num = r"-?\d+\.\d+(?:e[-+]\d+)?"
+    # the same text up to the last digits of the values (the plan's matmul accumulation order)
+    assert re.sub(num, "#", printed["ir"][0]) == re.sub(num, "#", printed["device"][0])
+    np.testing.assert_allclose(np.array(re.findall(num, printed["ir"][0]), float),
+                               np.array(re.findall(num, printed["device"][0]), float), rtol=1e-6, atol=1e-7)
+    assert printed["ir"][0].count("hidden: ") == 2 and printed["ir"][0].count("hidden_gradient: ") == 2

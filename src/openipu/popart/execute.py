@@ -10,16 +10,19 @@ for Poplar-level programs, user codelets and explicit tile mappings).
 
 Scope of this version (:func:`unsupported` says why a session is not covered, and the session
 then runs on the device-storage emulation): inference and training sessions (forward, backward and
-weight updates: the update ops' kernels are :mod:`openipu.popart.onnx_ops.varupdate`), replication
-(the replicas in lockstep, collectives reduced across them), gradient accumulation (micro-batches,
-then the accumulate outer fragment), pipelining of inference and of training with gradient
-accumulation (functionally accumulation), random ops (the device's seed and streams:
-``GetRandomSeed`` advances the seed variable, each op draws poprand's stream); not yet: pipelined training without accumulation (stale
-weights), automatic loss scaling, replicated tensor sharding, control-flow subgraphs;
-buffers from ``PyStepIO`` or ``PyStepIOCallback``. Numerics: each op computes in its IR dtype, as its host kernel does (float16 stays float16); a precise PopLibs
+weight updates: the update ops' kernels are :mod:`openipu.popart.onnx_ops.varupdate`); replication
+(the replicas in lockstep, collectives reduced across them); gradient accumulation (micro-batches,
+then the accumulate outer fragment); pipelining of inference and of training with gradient
+accumulation (functionally accumulation); random ops (the device's seed and streams:
+``GetRandomSeed`` advances the seed variable, each op draws poprand's stream); PrintTensor (replica
+0 prints Poplar's text at the op's place in the step). Not yet: pipelined training without
+accumulation (stale weights), automatic loss scaling, replicated tensor sharding, control-flow
+subgraphs, Abort. Buffers come from ``PyStepIO`` or ``PyStepIOCallback``. Numerics: each op
+computes in its IR dtype, as its host kernel does (float16 stays float16); a precise PopLibs
 lowering may round differently (poplin accumulates matmuls in fp32 partials), within the plan's
-precision. The variables (weights, optimizer state and scalars) live in the executor between runs:
-the session's ``weightsFromHost``, ``optimizerFromHost`` and ``weightsToHost`` move them.
+precision. The variables (weights, optimizer state, scalars and the random seed) live in the
+executor between runs: the session's ``weightsFromHost``, ``optimizerFromHost``,
+``setRandomSeed`` and ``weightsToHost`` move them.
 
 Selected with ``OPENIPU_EXECUTION=ir`` (default: ``device``, the emulation); the prediction
 comes from the compiled program either way (``Engine.predict_run``).
@@ -41,8 +44,7 @@ _CONTROL_FLOW = {"If", "Loop", "Scan", "Call", "call"}
 #: Ops that act on the host or the program (print, abort) in their lowering, and gradient ops whose
 #: host kernel takes another form of inputs than their precise lowering: the device emulation runs
 #: sessions holding them.
-_DEVICE_ONLY = {"PrintTensor": "PrintTensor (prints from the device program)",
-                "Abort": "Abort (stops the device program)",
+_DEVICE_ONLY = {"Abort": "Abort (stops the device program)",
                 "GroupNormalizationGrad": "GroupNormalizationGrad (its host kernel takes the statistics)"}
 
 
@@ -109,8 +111,9 @@ class IrExecutor:
         accumulation: micro-batches per batch (training with gradient accumulation; else 1).
     """
 
-    def __init__(self, ir, weights: dict, replicas: int = 1, accumulation: int = 1):
+    def __init__(self, ir, weights: dict, replicas: int = 1, accumulation: int = 1, out=None):
         self.ir = ir
+        self.out = out          # PrintTensor's stream (None: sys.stdout when printing)
         self.replicas, self.accumulation = int(replicas), int(accumulation)
         self.dtype = {tid: KERNEL_TORCH_OF.get(t.info.data_type(), torch.float32) for tid, t in ir.tensors.items()}
         self.consts = {tid: self._tensor(t.value, tid) for tid, t in ir.tensors.items()
@@ -120,7 +123,8 @@ class IrExecutor:
         for op in ir.ops:
             step = (find_kernel(op.domain, op.op_type), op.attrs, op.opset, list(op.inputs), list(op.outputs),
                     "collective" if op.op_type in _COLLECTIVES and self.replicas > 1 else
-                    "in_place" if (op.domain, op.op_type) == ("ai.graphcore", "GetRandomSeed") else None)
+                    "in_place" if (op.domain, op.op_type) == ("ai.graphcore", "GetRandomSeed") else
+                    self._printer(op) if (op.domain, op.op_type) == ("ai.graphcore", "PrintTensor") else None)
             (outer if self.accumulation > 1 and op.execution_context == OUTER_FRAGMENT else main).append(step)
         self.steps, self.outer_steps = main, outer
         # 64-bit integers live as 32-bit on the device (enableSupportedDataTypeCasting): an op's
@@ -137,6 +141,24 @@ class IrExecutor:
             t = ir.tensors[tid]
             if t.value is not None:
                 self.set_weights({tid: t.value})
+
+    def _printer(self, op):
+        """PrintTensor's print of a value (Poplar's ``PrintTensor`` text under PopART's title),
+        as the device program prints at that point of the step."""
+        import sys
+
+        from openipu.poplar import format_tensor
+        from openipu.popart.lowering.graphcore import print_title
+        from openipu.popart.tensorinfo import poplar_type
+        title = print_title(op, self.ir)
+        ptype = poplar_type(self.ir.tensors[op.inputs[0]].info.data_type(),
+                            bool(getattr(self.ir.options, "enableSupportedDataTypeCasting", True)))
+
+        def show(value):
+            out = self.out or sys.stdout
+            out.write(format_tensor(title, value, ptype) + "\n")
+            out.flush()
+        return show
 
     @property
     def weights(self) -> dict:
@@ -199,6 +221,8 @@ class IrExecutor:
                     res = call_kernel(kernel, [env[x] if x else None for x in ins], attrs, opset)
                     if special == "in_place":       # GetRandomSeed: the seed variable advances
                         res = [env[ins[0]].copy_(res[0])]
+                    elif callable(special) and env is envs[0]:     # PrintTensor: replica 0 prints
+                        special(res[0])
                     for o, v in zip(outs, res):
                         if o:
                             if o in self.narrow:

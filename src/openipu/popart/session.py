@@ -343,7 +343,8 @@ class _SessionBase(rng_state.RngStateApi):
             why = execute.unsupported(self)
             if why is None:
                 self._fast = execute.IrExecutor(self._ir, self._host_weights, self.replicationFactor,
-                                                self.accumulationFactor if self._ir.training is not None else 1)
+                                                self.accumulationFactor if self._ir.training is not None else 1,
+                                                out=getattr(self._engine, "_out", None))
                 if self._ir.training is not None and self._engine is not None:
                     self._fast.set_weights({k: np.asarray(v) for k, v in self._scalars(self._optimizer).items()
                                             if k in self._ir.optimizer_tensors})
