@@ -328,3 +328,23 @@ def test_print_tensor_prints_what_the_device_prints(monkeypatch, capfd):
     np.testing.assert_allclose(np.array(re.findall(num, printed["ir"][0]), float),
                                np.array(re.findall(num, printed["device"][0]), float), rtol=1e-6, atol=1e-7)
     assert printed["ir"][0].count("hidden: ") == 2 and printed["ir"][0].count("hidden_gradient: ") == 2
+
+
+@pytest.mark.parametrize("kind", ["if", "loop", "scan", "call"])
+def test_control_flow_agrees_with_the_device_emulation(monkeypatch, kind):
+    from test_popart_dtypes import _subgraph_models
+    got = {}
+    for mode in ("device", "ir"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        b, feeds, o, want = _subgraph_models()[kind]
+        b.addOutputTensor(o)
+        s = popart.InferenceSession(fnModel=b.getModelProto(),
+                                    dataFlow=popart.DataFlow(1, {o: popart.AnchorReturnType("ALL")}),
+                                    deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
+        s.prepareDevice()
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO(feeds, a))
+        got[mode] = (a[o].copy(), s.getCycleCount(), s._fast)
+    assert got["ir"][2] and got["ir"][1] == got["device"][1]
+    np.testing.assert_allclose(got["ir"][0], got["device"][0], rtol=1e-6)
+    np.testing.assert_allclose(got["ir"][0], want, rtol=1e-6)

@@ -15,9 +15,10 @@ weight updates: the update ops' kernels are :mod:`openipu.popart.onnx_ops.varupd
 then the accumulate outer fragment); pipelining of inference and of training with gradient
 accumulation (functionally accumulation); random ops (the device's seed and streams:
 ``GetRandomSeed`` advances the seed variable, each op draws poprand's stream); PrintTensor (replica
-0 prints Poplar's text at the op's place in the step). Not yet: pipelined training without
-accumulation (stale weights), automatic loss scaling, replicated tensor sharding, control-flow
-subgraphs, Abort. Buffers come from ``PyStepIO`` or ``PyStepIOCallback``. Numerics: each op
+0 prints Poplar's text at the op's place in the step); control flow (If, Loop, Scan, call: their
+host kernels run the subgraphs, as the generic lowering's vertex does). Not yet: pipelined training without
+accumulation (stale weights), automatic loss scaling, replicated tensor sharding,
+Abort. Buffers come from ``PyStepIO`` or ``PyStepIOCallback``. Numerics: each op
 computes in its IR dtype, as its host kernel does (float16 stays float16); a precise PopLibs
 lowering may round differently (poplin accumulates matmuls in fp32 partials), within the plan's
 precision. The variables (weights, optimizer state, scalars and the random seed) live in the
@@ -39,8 +40,6 @@ from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.graphcore_ops import find_kernel
 from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel
 
-#: Control-flow ops (their subgraphs run data-dependently; the prediction's dry run does not follow).
-_CONTROL_FLOW = {"If", "Loop", "Scan", "Call", "call"}
 #: Ops that act on the host or the program (print, abort) in their lowering, and gradient ops whose
 #: host kernel takes another form of inputs than their precise lowering: the device emulation runs
 #: sessions holding them.
@@ -69,8 +68,6 @@ def unsupported(session) -> str | None:
     for op in ir.ops:
         if op.op_type in _COLLECTIVES and str(op.attrs.get("op", "Add")) not in _REDUCE:
             return f"the collective {op.op_type} with operation {op.attrs.get('op')}"
-        if op.op_type in _CONTROL_FLOW or "__outer_names__" in op.attrs:
-            return f"control flow ({op.op_type})"
         if op.op_type in _DEVICE_ONLY:
             return _DEVICE_ONLY[op.op_type]
         if find_kernel(op.domain, op.op_type) is None:
