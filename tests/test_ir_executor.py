@@ -191,16 +191,16 @@ def _art(name):
     return popart.AnchorReturnType(name, 2) if name == "EVERYN" else popart.AnchorReturnType(name)
 
 
-def _agree(monkeypatch, opt, **kw):
+def _agree(monkeypatch, opt, tol=(1e-4, 1e-5), **kw):
     _, l_dev, w_dev, c_dev = _train(monkeypatch, "device", opt, **kw)
     s, l_ir, w_ir, c_ir = _train(monkeypatch, "ir", opt, **kw)
     assert s._fast and c_dev == c_ir
     for a, b in zip(l_dev, l_ir):
         for k in a:
-            assert a[k].shape == b[k].shape, k
-            np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-5, err_msg=k)
+            assert a[k].shape == b[k].shape and a[k].dtype == b[k].dtype, k
+            np.testing.assert_allclose(b[k], a[k], rtol=tol[0], atol=tol[1], err_msg=k)
     for k in w_dev:
-        np.testing.assert_allclose(w_ir[k], w_dev[k], rtol=1e-4, atol=1e-5, err_msg=k)
+        np.testing.assert_allclose(w_ir[k], w_dev[k], rtol=tol[0], atol=tol[1], err_msg=k)
         assert not np.array_equal(w_ir[k], _model_init(k))      # trained
 
 
@@ -213,6 +213,13 @@ SCHEDULES = [dict(af=3), dict(af=2, bps=4, arts={"loss": "EVERYN", "Gradient___w
 @pytest.mark.parametrize("opt", ["sgd1", "adam"])
 def test_accumulation_and_replication_agree_with_the_device_emulation(monkeypatch, opt, kw):
     _agree(monkeypatch, opt, **kw)
+
+
+@pytest.mark.parametrize("opt", ["sgd1", "adam"])
+def test_fp16_training_agrees_within_half_precision(monkeypatch, opt):
+    """fp16 weights and activations: matmuls compute in float32 and round once (poplin's float
+    partials); losses, gradients and weights within one half ulp of the device emulation's."""
+    _agree(monkeypatch, opt, tol=(1e-3, 1e-3), fp16=True)
 
 
 def _model_init(k):
@@ -348,3 +355,34 @@ def test_control_flow_agrees_with_the_device_emulation(monkeypatch, kind):
     assert got["ir"][2] and got["ir"][1] == got["device"][1]
     np.testing.assert_allclose(got["ir"][0], got["device"][0], rtol=1e-6)
     np.testing.assert_allclose(got["ir"][0], want, rtol=1e-6)
+
+
+def test_fp16_conv_and_matmul_round_once_from_float32(monkeypatch):
+    """An fp16 Conv + MatMul inference: the executor's outputs are the float32 results rounded to
+    half (what poplin's float partials give), within one half ulp of the device emulation's."""
+    import torch
+    rng = np.random.default_rng(3)
+    xv = rng.standard_normal((2, 3, 6, 6)).astype(np.float16)
+    kv = rng.standard_normal((4, 3, 3, 3)).astype(np.float16)
+    mv = rng.standard_normal((16, 5)).astype(np.float16)
+    got = {}
+    for mode in ("device", "ir"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        b = popart.Builder()
+        x = b.addInputTensor(popart.TensorInfo("FLOAT16", [2, 3, 6, 6]), "x")
+        c = b.aiOnnx.conv([x, b.addInitializedInputTensor(kv, "k")], strides=[1, 1], pads=[0, 0, 0, 0])
+        y = b.aiOnnx.matmul([b.aiOnnx.reshape([c, b.aiOnnx.constant(np.array([8, 16], np.int64))]),
+                             b.addInitializedInputTensor(mv, "m")])
+        s = popart.InferenceSession(fnModel=b.getModelProto(),
+                                    dataFlow=popart.DataFlow(1, {y: popart.AnchorReturnType("ALL")}),
+                                    deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
+        s.prepareDevice()
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: xv}, a))
+        got[mode] = (a[y].copy(), s._fast)
+    assert got["ir"][1] and got["ir"][0].dtype == np.float16
+    conv = torch.nn.functional.conv2d(torch.from_numpy(xv).float(), torch.from_numpy(kv).float()).half()
+    want = (conv.reshape(8, 16).float() @ torch.from_numpy(mv).float()).half().numpy()
+    np.testing.assert_array_equal(got["ir"][0], want)
+    np.testing.assert_allclose(got["ir"][0].astype(np.float32), got["device"][0].astype(np.float32),
+                               rtol=2e-3, atol=2e-3)

@@ -47,6 +47,13 @@ _DEVICE_ONLY = {"Abort": "Abort (stops the device program)",
                 "GroupNormalizationGrad": "GroupNormalizationGrad (its host kernel takes the statistics)"}
 
 
+#: Ops whose IPU lowering accumulates half inputs in FLOAT partials and rounds the result once
+#: (poplin matMul / convolution): the executor computes them in float32 and rounds to the output's
+#: type, instead of torch's slow CPU float16 kernels.
+_FLOAT_PARTIALS = {("", "MatMul"), ("", "Gemm"), ("", "Conv"), ("", "ConvTranspose"),
+                   ("ai.graphcore", "ConvDataGrad"), ("ai.graphcore", "ConvWeightsGrad")}
+
+
 def mode() -> str:
     """``OPENIPU_EXECUTION``: ``"ir"`` (this executor where it covers a session) or ``"device"``
     (the device-storage emulation; the default). Raises ``ValueError`` for another value."""
@@ -121,7 +128,9 @@ class IrExecutor:
             step = (find_kernel(op.domain, op.op_type), op.attrs, op.opset, list(op.inputs), list(op.outputs),
                     "collective" if op.op_type in _COLLECTIVES and self.replicas > 1 else
                     "in_place" if (op.domain, op.op_type) == ("ai.graphcore", "GetRandomSeed") else
-                    self._printer(op) if (op.domain, op.op_type) == ("ai.graphcore", "PrintTensor") else None)
+                    self._printer(op) if (op.domain, op.op_type) == ("ai.graphcore", "PrintTensor") else
+                    "float" if (op.domain, op.op_type) in _FLOAT_PARTIALS and any(
+                        ir.tensors[x].info.data_type() == "FLOAT16" for x in op.inputs if x) else None)
             (outer if self.accumulation > 1 and op.execution_context == OUTER_FRAGMENT else main).append(step)
         self.steps, self.outer_steps = main, outer
         # 64-bit integers live as 32-bit on the device (enableSupportedDataTypeCasting): an op's
@@ -215,7 +224,10 @@ class IrExecutor:
                     self._collective(kernel.op_type, attrs, ins, outs, envs)
                     continue
                 for env in envs:
-                    res = call_kernel(kernel, [env[x] if x else None for x in ins], attrs, opset)
+                    args = [env[x] if x else None for x in ins]
+                    if special == "float":          # float32 compute, rounded once below
+                        args = [a.float() if a is not None and a.dtype == torch.float16 else a for a in args]
+                    res = call_kernel(kernel, args, attrs, opset)
                     if special == "in_place":       # GetRandomSeed: the seed variable advances
                         res = [env[ins[0]].copy_(res[0])]
                     elif callable(special) and env is envs[0]:     # PrintTensor: replica 0 prints
