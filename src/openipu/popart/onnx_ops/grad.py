@@ -148,6 +148,8 @@ def _norm_grad(fwd_type, inputs, attrs, opset):
     fwd_opset = int(attrs.get("fwd_opset", opset))
     bias = torch.zeros(list(attrs.get("bias_shape") or scale.shape))
     ins = [x, scale, bias]
+    if fwd_type == "BatchNormalization" and x.dim() >= 2:
+        return _batch_norm_grad(x, scale, gy, float(a.get("epsilon", 1e-5)))
     if fwd_type == "BatchNormalization":        # batch statistics: the training-mode kernel
         c = x.shape[1]
         ins += [torch.zeros(c), torch.ones(c)]
@@ -157,6 +159,19 @@ def _norm_grad(fwd_type, inputs, attrs, opset):
         a["__num_outputs__"] = 1
     dx, ds, db = vjp_many(get_kernel("", fwd_type).fn, ins, a, fwd_opset, [0, 1, 2], gy)
     return [dx.to(x.dtype), ds.to(scale.dtype), db.to(scale.dtype)]      # bias: scale's type (ONNX)
+
+
+def _batch_norm_grad(x, scale, gy, eps: float) -> list:
+    """BatchNormalization's gradients with the batch statistics (biased variance, as the
+    training-mode forward kernel): ``aten.native_batch_norm_backward`` in float32 on the
+    recomputed mean and ``1 / sqrt(var + eps)`` (the forward kernel's vjp in closed form)."""
+    xf = x.float()
+    dims = [0] + list(range(2, x.dim()))
+    mean = xf.mean(dims)
+    invstd = torch.rsqrt(xf.var(dims, unbiased=False) + eps)
+    dx, ds, db = torch.ops.aten.native_batch_norm_backward(
+        gy.float().reshape(x.shape), xf, scale.float(), None, None, mean, invstd, True, eps, [True, True, True])
+    return [dx.to(x.dtype), ds.to(scale.dtype), db.to(scale.dtype)]
 
 
 for _name, _fwd in NORM_GRADS.items():
