@@ -25,7 +25,8 @@ precision. The variables (weights, optimizer state, scalars and the random seed)
 executor between runs: the session's ``weightsFromHost``, ``optimizerFromHost``,
 ``setRandomSeed`` and ``weightsToHost`` move them.
 
-Selected with ``OPENIPU_EXECUTION=ir`` (default: ``device``, the emulation); the prediction
+The default for every PopART session (and so for PopTorch and PopRT, which run PopART sessions);
+``OPENIPU_EXECUTION=device`` selects the emulation for every session; the prediction
 comes from the compiled program either way (``Engine.predict_run``).
 """
 
@@ -55,8 +56,9 @@ _FLOAT_PARTIALS = {("", "MatMul"), ("", "Gemm"), ("", "Conv"), ("", "ConvTranspo
 
 
 def mode() -> str:
-    """``OPENIPU_EXECUTION``: ``"ir"`` (this executor where it covers a session) or ``"device"``
-    (the device-storage emulation; the default). Raises ``ValueError`` for another value."""
+    """``OPENIPU_EXECUTION``: ``"ir"`` (this executor where it covers a session; the default) or
+    ``"device"`` (the device-storage emulation, the verifying mode). Raises ``ValueError`` for
+    another value."""
     m = os.environ.get("OPENIPU_EXECUTION", "device").strip().lower() or "device"
     if m not in ("ir", "device"):
         raise ValueError(f"OPENIPU_EXECUTION must be 'ir' or 'device', not {m!r}")
@@ -70,10 +72,13 @@ def unsupported(session) -> str | None:
         return "gradient accumulation in an inference session"
     if ir.num_stages and ir.training is not None and session.accumulationFactor <= 1:
         return "pipelined training without gradient accumulation (each stage updates stale weights)"
+    if str(o.syntheticDataMode).split(".")[-1] != "Off":
+        return "synthetic data (the inputs are filled on the device)"
     if ir.auto_loss_scale or ir.sharded_state:
         return "automatic loss scaling and replicated tensor sharding"
     for op in ir.ops:
-        if op.op_type in _COLLECTIVES and str(op.attrs.get("op", "Add")) not in _REDUCE:
+        if op.op_type in _COLLECTIVES and op.op_type not in ("ReplicatedAllGather", "ReplicaSlice") and \
+                str(op.attrs.get("op", "Add")) not in _REDUCE:
             return f"the collective {op.op_type} with operation {op.attrs.get('op')}"
         if op.op_type in _DEVICE_ONLY:
             return _DEVICE_ONLY[op.op_type]
@@ -86,7 +91,8 @@ def unsupported(session) -> str | None:
 _REDUCE = {"Add": lambda xs: _fold(torch.add, xs), "Mean": lambda xs: _fold(torch.add, xs) / len(xs),
            "Mul": lambda xs: _fold(torch.mul, xs), "Max": lambda xs: _fold(torch.maximum, xs),
            "Min": lambda xs: _fold(torch.minimum, xs)}
-_COLLECTIVES = {"ReplicatedAllReduce", "ReplicatedAllReduceInplace"}
+_COLLECTIVES = {"ReplicatedAllReduce", "ReplicatedAllReduceInplace", "ReplicatedReduceScatter",
+                "ReplicatedAllGather", "ReplicaSlice"}
 
 
 def _fold(fn, xs):
@@ -239,17 +245,35 @@ class IrExecutor:
                             env[o] = v if v.dtype == self.dtype[o] else v.to(self.dtype[o])
 
     def _collective(self, op_type, attrs, ins, outs, envs) -> None:
-        """A cross-replica reduction (``gcl`` all-reduce): in place into every replica's input
-        (``ReplicatedAllReduceInplace``) or as each replica's output."""
-        kind = str(attrs.get("op", "Add"))
+        """A cross-replica op (``gcl``): an all-reduce in place into every replica's input
+        (``ReplicatedAllReduceInplace``) or as each replica's output; a reduce-scatter (the
+        flattened inputs reduced, zero-padded to ``replicas`` pieces of ``ceil(n / replicas)``,
+        piece ``r`` to replica ``r``); an all-gather (the replicas' pieces in order, trimmed and
+        shaped as the output); ``ReplicaSlice`` (replica ``r``'s piece of its own input)."""
+        rf = len(envs)
+        out = outs[0]
         xs = [env[ins[0]] for env in envs]
-        total = _REDUCE[kind](xs)
-        in_place = op_type == "ReplicatedAllReduceInplace"
+        if op_type == "ReplicatedAllGather":
+            full = torch.cat([x.reshape(-1) for x in xs])
+            shape = self.ir.tensors[out].info.shape()
+            value = full[:int(np.prod(shape))].reshape(shape).to(self.dtype[out])
+            for env in envs:
+                env[out] = value.clone()
+            return
+        if op_type in ("ReplicatedReduceScatter", "ReplicaSlice"):
+            n = xs[0].numel()
+            k = -(-n // rf)
+            for r, (env, x) in enumerate(zip(envs, xs)):
+                src = _REDUCE[str(attrs.get("op", "Add"))](xs) if op_type == "ReplicatedReduceScatter" else x
+                flat = torch.cat([src.reshape(-1), src.new_zeros(rf * k - n)])
+                env[out] = flat[r * k:(r + 1) * k].to(self.dtype[out]).clone()
+            return
+        total = _REDUCE[str(attrs.get("op", "Add"))](xs)
         for env, x in zip(envs, xs):
-            if in_place:
-                env[outs[0]] = x.copy_(total)
+            if op_type == "ReplicatedAllReduceInplace":
+                env[out] = x.copy_(total)
             else:
-                env[outs[0]] = total.to(self.dtype[outs[0]])
+                env[out] = total.to(self.dtype[out])
 
     def _step(self, take, put, anchors: list, bps: int) -> None:
         ir = self.ir
