@@ -386,3 +386,31 @@ def test_fp16_conv_and_matmul_round_once_from_float32(monkeypatch):
     np.testing.assert_array_equal(got["ir"][0], want)
     np.testing.assert_allclose(got["ir"][0].astype(np.float32), got["device"][0].astype(np.float32),
                                rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("op", ["Add", "Max"])
+def test_collectives_across_replicas_agree(monkeypatch, op):
+    """ReplicatedReduceScatter and ReplicatedAllReduce over 2 replicas: each replica's piece and
+    sum as the device emulation's gcl collectives give them."""
+    got = {}
+    xv = np.array([[[1, 2, 3, 4, 5], [10, 20, -30, 40, 50]], [[0, 1, 0, 1, 0], [5, 5, 5, 5, -5]]], np.float32)
+    for mode in ("device", "ir"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        b = popart.Builder()
+        x = b.addInputTensor(popart.TensorInfo("FLOAT", [5]), "x")
+        y = b.aiGraphcore.replicatedreducescatter([x], getattr(popart.CollectiveOperator, op))
+        z = b.aiGraphcore.replicatedallreduce([b.aiOnnx.mul([x, x])], getattr(popart.CollectiveOperator, op))
+        opts = popart.SessionOptions()
+        opts.enableReplicatedGraphs, opts.replicatedGraphCount = True, 2
+        s = popart.InferenceSession(fnModel=b.getModelProto(), userOptions=opts,
+                                    dataFlow=popart.DataFlow(2, {y: popart.AnchorReturnType("ALL"),
+                                                                 z: popart.AnchorReturnType("ALL")}),
+                                    deviceInfo=popart.DeviceManager().createIpuModelDevice({"numIPUs": 2,
+                                                                                            "tilesPerIPU": 8}))
+        s.prepareDevice()
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: xv}, a))
+        got[mode] = ({k: v.copy() for k, v in a.items()}, s._fast, s.getCycleCount())
+    assert got["ir"][1] and got["ir"][2] == got["device"][2]
+    for k in got["device"][0]:
+        np.testing.assert_array_equal(got["ir"][0][k], got["device"][0][k])
