@@ -59,7 +59,7 @@ def mode() -> str:
     """``OPENIPU_EXECUTION``: ``"ir"`` (this executor where it covers a session; the default) or
     ``"device"`` (the device-storage emulation, the verifying mode). Raises ``ValueError`` for
     another value."""
-    m = os.environ.get("OPENIPU_EXECUTION", "device").strip().lower() or "device"
+    m = os.environ.get("OPENIPU_EXECUTION", "ir").strip().lower() or "ir"
     if m not in ("ir", "device"):
         raise ValueError(f"OPENIPU_EXECUTION must be 'ir' or 'device', not {m!r}")
     return m

@@ -332,7 +332,7 @@ class _SessionBase(rng_state.RngStateApi):
         self._last_cycles = eng.last_run_cycles
 
     def _ir_executor(self):
-        """The session's :class:`openipu.popart.execute.IrExecutor` under ``OPENIPU_EXECUTION=ir``
+        """The session's :class:`openipu.popart.execute.IrExecutor` (``OPENIPU_EXECUTION=ir``, the default)
         when it covers the session (else ``None``: the device emulation runs it)."""
         from openipu.popart import execute
         try:
