@@ -15,10 +15,11 @@ weight updates: the update ops' kernels are :mod:`openipu.popart.onnx_ops.varupd
 then the accumulate outer fragment); pipelining of inference and of training with gradient
 accumulation (functionally accumulation); random ops (the device's seed and streams:
 ``GetRandomSeed`` advances the seed variable, each op draws poprand's stream); PrintTensor (replica
-0 prints Poplar's text at the op's place in the step); control flow (If, Loop, Scan, call: their
-host kernels run the subgraphs, as the generic lowering's vertex does). Not yet: pipelined training without
-accumulation (stale weights), automatic loss scaling, replicated tensor sharding,
-Abort. Buffers come from ``PyStepIO`` or ``PyStepIOCallback``. Numerics: each op
+0 prints Poplar's text at the op's place in the step); Abort (Poplar's error when it fires);
+control flow (If, Loop, Scan, call: their host kernels run the subgraphs, as the generic
+lowering's vertex does). Not yet: pipelined training without accumulation (stale weights),
+automatic loss scaling, replicated tensor sharding, synthetic data, GroupNormalizationGrad.
+Buffers come from ``PyStepIO`` or ``PyStepIOCallback``. Numerics: each op
 computes in its IR dtype, as its host kernel does (float16 stays float16); a precise PopLibs
 lowering may round differently (poplin accumulates matmuls in fp32 partials), within the plan's
 precision. The variables (weights, optimizer state, scalars and the random seed) live in the
@@ -37,6 +38,7 @@ import os
 import numpy as np
 import torch
 
+from openipu import poplar
 from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.graphcore_ops import find_kernel
 from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel
@@ -44,8 +46,7 @@ from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel
 #: Ops that act on the host or the program (print, abort) in their lowering, and gradient ops whose
 #: host kernel takes another form of inputs than their precise lowering: the device emulation runs
 #: sessions holding them.
-_DEVICE_ONLY = {"Abort": "Abort (stops the device program)",
-                "GroupNormalizationGrad": "GroupNormalizationGrad (its host kernel takes the statistics)"}
+_DEVICE_ONLY = {"GroupNormalizationGrad": "GroupNormalizationGrad (its host kernel takes the statistics)"}
 
 
 #: Ops whose IPU lowering accumulates half inputs in FLOAT partials and rounds the result once
@@ -82,7 +83,7 @@ def unsupported(session) -> str | None:
             return f"the collective {op.op_type} with operation {op.attrs.get('op')}"
         if op.op_type in _DEVICE_ONLY:
             return _DEVICE_ONLY[op.op_type]
-        if find_kernel(op.domain, op.op_type) is None:
+        if find_kernel(op.domain, op.op_type) is None and op.op_type != "Abort":
             return f"{op.domain or 'ai.onnx'}.{op.op_type} has no host kernel"
     return None
 
@@ -134,6 +135,7 @@ class IrExecutor:
             step = (find_kernel(op.domain, op.op_type), op.attrs, op.opset, list(op.inputs), list(op.outputs),
                     "collective" if op.op_type in _COLLECTIVES and self.replicas > 1 else
                     "in_place" if (op.domain, op.op_type) == ("ai.graphcore", "GetRandomSeed") else
+                    "abort" if (op.domain, op.op_type) == ("ai.graphcore", "Abort") else
                     self._printer(op) if (op.domain, op.op_type) == ("ai.graphcore", "PrintTensor") else
                     "float" if (op.domain, op.op_type) in _FLOAT_PARTIALS and any(
                         ir.tensors[x].info.data_type() == "FLOAT16" for x in op.inputs if x) else None)
@@ -228,6 +230,10 @@ class IrExecutor:
             for kernel, attrs, opset, ins, outs, special in steps:
                 if special == "collective":
                     self._collective(kernel.op_type, attrs, ins, outs, envs)
+                    continue
+                if special == "abort":      # Poplar's Abort / AbortOnCondition (any replica)
+                    if not (ins and ins[0]) or any(bool(env[ins[0]].any()) for env in envs):
+                        raise poplar.application_runtime_error("Abort op")
                     continue
                 for env in envs:
                     args = [env[x] if x else None for x in ins]
