@@ -119,7 +119,8 @@ def measure(name: str, quick: bool = False, steps: int = 3, mode: str | None = N
     pt, et = statistics.median(times), statistics.median(etimes)
     plan = tm._session._engine.memory
     fits = plan.fits()
-    return {"model": name, "mode": os.environ.get("OPENIPU_EXECUTION", "ir"), "load": round(load, 1), "batch": batch, "params": sum(p.numel() for p in model.parameters()), "fits": fits,
+    return {"model": name, "mode": os.environ.get("OPENIPU_EXECUTION", "ir"), "load": round(load, 1), "batch": batch,
+            "params": sum(p.numel() for p in model.parameters()), "fits": fits,
             "compile_s": round(compile_s, 2), "poptorch_step_s": round(pt, 4), "eager_step_s": round(et, 4),
             "ratio": round(pt / et, 1), "ipu_step_cycles": int(cycles), "ipu_step_s": cycles / clock,
             "ipu_samples_per_s": round(batch * clock / cycles, 1),
@@ -140,7 +141,8 @@ def main() -> None:
         for mode in a.modes.split(","):
             r = measure(name, a.quick, a.steps, mode.strip())
             print(f"{r['model'] + ('' if r['fits'] else '*'):<10} {r['mode']:>6} {r['load']:>5.1f} {r['batch']:>5} "
-                  f"{r['compile_s']:>10.1f} {r['poptorch_step_s']:>16.3f} {r['eager_step_s']:>13.4f} {r['ratio']:>6.1f} "
+                  f"{r['compile_s']:>10.1f} {r['poptorch_step_s']:>16.3f} {r['eager_step_s']:>13.4f} "
+                  f"{r['ratio']:>6.1f} "
                   f"{r['ipu_step_cycles']:>18,} {r['ipu_step_s']:>18.6f}")
             print(json.dumps(r))
             if not r["fits"]:
