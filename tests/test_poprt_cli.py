@@ -87,7 +87,10 @@ def test_export_popef(tmp_path):
     assert rc == 0, err
     popef = tmp_path / "sq.popef"
     assert popef.is_file() and f"wrote {popef}" in text
+    # the prediction of the exported executable, with the configuration it assumes
+    assert "poprt: predicted IPU (ipu21, batch 1, batches_per_step 2, 32 I/O tiles, overlapped I/O): latency" in text
     from openipu.poprt.runtime import Runner
     r = Runner(str(popef))
     assert [i.name for i in r.get_model_inputs()]
+    assert r.predicted.summary("ipu21") in text
     del compiler

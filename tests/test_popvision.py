@@ -231,3 +231,72 @@ def test_poptorch_enable_profiling(tmp_path):
     model(torch.ones(4, 16))
     r = pva.openReport(str(tmp_path / "prof" / "inference" / "profile.pop"))    # PopART's <dir>/<session name>
     assert r.execution.totalCycles.total > 0 and r.compilation.graph.numComputeSets > 0
+
+
+def test_peak_variables_operations_and_names(profiled):
+    """The variables live at the liveness peak, the ops' cycles and memory, the named program
+    tree and the run's options (run.json) as the report reads them."""
+    from openipu.popvision.operations import operations
+    res, rep = profiled
+    r = pva.openReport(str(rep))
+    c = r.compilation
+    peak_step, peak = c.livenessPeak()
+    live = c.livenessPeakVariables()
+    names = {v.name for v in live}
+    # the step at the peak is the first MatMul: its rearranged input and its output are live
+    assert c.programOfStep(peak_step).name == "MatMul/h/Conv"
+    assert {"MatMul/h/actsRearranged", "MatMul/h"} <= names
+    assert "MatMul/y" not in names             # made later
+    assert all(v.alwaysLive is False for v in live)
+    assert [v.size for v in live] == sorted((v.size for v in live), reverse=True)
+    assert sum(v.size for v in live) <= peak
+    ops = {o.name: o for o in operations(r)}
+    assert {"MatMul/h", "Relu/r", "MatMul/y"} <= set(ops)
+    assert ops["MatMul/h"].type == "MatMul" and "Conv" in ops["MatMul/h"].calls
+    assert ops["MatMul/h"].variable_bytes == sum(v.size for v in c.variables if v.name.startswith("MatMul/h"))
+    [run] = r.execution.runs
+    # every executed step's cycles are counted once, in one op: they add up to the run
+    assert sum(o.cycles for o in ops.values()) == pytest.approx(run.cycles, rel=1e-6)
+    assert ops["MatMul/h"].flops == 2 * 8 * 256 * 128
+    tree = {p.name: p for p in c.programs if p.name}
+    assert {"program 0", "program 1: weightsFromHost", "batchesPerStep", "model"} <= set(tree)
+    assert tree["batchesPerStep"].type == "Repeat"
+    assert r.runOptions == {"model": str(rep.parent / "mlp.onnx"), "ipu": "ipu2", "num_ipus": 1, "batch_size": 8,
+                            "batches_per_step": 1, "precision": "fp32", "offline": False,
+                            "available_memory_proportion": None}
+
+
+def test_run_options_are_untrusted(tmp_path):
+    from openipu.popvision.report import read_run_options
+    (tmp_path / "run.json").write_text('{"batch_size": "8; rm -rf", "precision": "fp16", "offline": 1, '
+                                       '"batches_per_step": -3, "num_ipus": true, "extra": 1}')
+    assert read_run_options(str(tmp_path)) == {"precision": "fp16"}
+    (tmp_path / "run.json").write_text("[" * 100_000)
+    assert read_run_options(str(tmp_path)) == {}
+    (tmp_path / "run.json").write_text("not json")
+    assert read_run_options(str(tmp_path)) == {}
+
+
+def test_op_of_a_name():
+    """The op of a step, compute set or variable name: its longest known proper prefix."""
+    from openipu.popvision.operations import _op_of
+    known = {"MatMul/h", "Conv/r0"}
+    assert _op_of("MatMul/h/Conv", known) == ("MatMul/h", "Conv")
+    assert _op_of("Relu/r", known) == ("Relu/r", "")
+    assert _op_of("Conv/r0/Conv/partials", known) == ("Conv/r0", "Conv")
+    assert _op_of("Copy", known) is None and _op_of("/abs/name", known) is None
+
+
+def test_summary_of_a_session_profile_names_the_variable_types(profiled, tmp_path):
+    """A profile without run.json (a PopART / PopTorch session's): batch not recorded, the
+    precision read off the variables' types, no samples/s claimed."""
+    import shutil
+
+    from openipu.popvision.html import _summary
+    _, rep = profiled
+    shutil.copy(rep / "profile.pop", tmp_path / "profile.pop")
+    r = pva.openReport(str(tmp_path))
+    assert r.runOptions == {}
+    page = _summary(r)
+    assert "not recorded; variable bytes by type: float 100%" in page
+    assert "runs/s (samples per run not recorded)" in page and "samples/s" not in page

@@ -31,8 +31,10 @@ def load_minilm():
     return AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
 
 
-def export(out: Path, batch: int = 2, seq: int = 16, position_ids: bool = False) -> dict:
+def export(out: Path, batch: int = 2, seq: int = 16, position_ids: bool = False, sentences=None) -> dict:
     """Export to ``out``; return the example inputs and PyTorch's ``last_hidden_state``.
+
+    ``sentences``: the example sentences (default: :data:`SENTENCES`, repeated to ``batch``).
 
     ``position_ids=True`` makes the token positions a third input ``position_ids`` (int64
     ``[batch, seq]``) instead of the constant ``0..seq-1``, as packed BERT needs (the positions
@@ -40,7 +42,7 @@ def export(out: Path, batch: int = 2, seq: int = 16, position_ids: bool = False)
     input to the ONNX model the same way).
     """
     tok, model = load_minilm()
-    sentences = (SENTENCES * batch)[:batch]
+    sentences = (list(sentences or SENTENCES) * batch)[:batch]
     enc = tok(sentences, padding="max_length", truncation=True, max_length=seq, return_tensors="pt")
     args = (enc["input_ids"], enc["attention_mask"])
     kwargs = {}

@@ -210,6 +210,16 @@ class _Compiler:
         return node
 
     def compile(self, prog):
+        """The executable node of ``prog``; a container (Sequence, Repeat, RepeatWhile*, If,
+        Switch) keeps the program's debug name as ``name`` (the profile's program tree shows it)."""
+        node = self._compile(prog)
+        name = getattr(prog, "debug_name", "")
+        if name and isinstance(name, str) and isinstance(node, (_Seq, _Repeat, _While, _If, _Switch)) \
+                and not getattr(node, "name", ""):
+            node.name = name
+        return node
+
+    def _compile(self, prog):
         if isinstance(prog, P.Sequence):
             return self.block(("seq", id(prog)), prog, lambda: _Seq([self.compile(p) for p in prog.programs]))
         if isinstance(prog, P.Execute):

@@ -63,6 +63,21 @@ class MemoryPlan:
     host_layout: dict = None      # type name -> (offset of each variable of the space, buffer size)
     liveness_by_ipu: np.ndarray = None   # [ipus, steps]: ``liveness`` split by IPU (profiles)
     num_events: int = 0     # allocations on the plan's timeline (each one allocated and freed)
+    #: ids of the graph's not-always-live variables (int64), and their def-use segments on the
+    #: plan's timeline: ``(variable id, first position, last position)`` int64 arrays (profiles)
+    not_always_live_ids: np.ndarray = None
+    nal_segments: tuple = None
+    step_pos: np.ndarray = None      # per program step: its position on the timeline
+
+    def live_at_step(self, step: int) -> np.ndarray:
+        """Ids of the not-always-live variables whose def-use segments cover program step
+        ``step`` (int64, sorted). A variable of a reused block counts at the block's first
+        occurrence. Raises ``IndexError`` for a step the plan does not have."""
+        if self.nal_segments is None or self.step_pos is None:
+            return np.zeros(0, np.int64)
+        p = int(self.step_pos[step])
+        v, s0, s1 = self.nal_segments
+        return np.unique(v[(s0 <= p) & (p <= s1)])
 
     def worst_tiles(self, n: int = 5) -> list[tuple[int, int]]:
         """The ``n`` tiles using most memory: [(tile, bytes)], most used first."""
@@ -555,6 +570,7 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
     events = _Events()
     occ_runs: dict = {}       # reused block -> [(entry/exit pattern per ref, tiles, first, last, bytes)]
     host_layout: dict = {}
+    nal_ids, seg_v, seg_0, seg_1 = [], [], [], []
     prog_of_pos = np.zeros(max(npos, 1), np.int64)
     for i, (a, b) in enumerate(prog_ranges):
         prog_of_pos[a:b] = i
@@ -614,6 +630,11 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
             # not-always-live variables live over their def-use segments, stretched over the loops
             # they cross; a run is allocated before each segment and freed after
             sv, s0, s1 = _widen_over_loops(*_segments(S, V, W, F, nal), comp.loops)
+            gid = np.fromiter((x.id for x in space.vars), np.int64, nv)
+            seg_v.append(gid[sv])
+            seg_0.append(np.asarray(s0, np.int64))
+            seg_1.append(np.asarray(s1, np.int64))
+            nal_ids.append(gid[nal])
             cnt = np.bincount(sv, minlength=nv)
             seg_at = np.cumsum(cnt) - cnt                      # index of each variable's first segment
             per_run = cnt[v]
@@ -687,6 +708,8 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
     }
     total = sum(categories.values())
     oom = np.flatnonzero(total > spec.bytes_per_tile)
+    cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))  # noqa: E731
     return MemoryPlan(spec.bytes_per_tile, categories, total, always, nal_peak, np.asarray(liveness),
                       oom, dict(comp.vertex_state_by_type), sum(len(s.vars) for s in st.spaces.values()), num_edges,
-                      host_layout, liveness_by_ipu, events.count)
+                      host_layout, liveness_by_ipu, events.count, cat(nal_ids), (cat(seg_v), cat(seg_0), cat(seg_1)),
+                      step_pos)

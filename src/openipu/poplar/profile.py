@@ -257,20 +257,23 @@ def _program_rows(roots) -> list:
         elif isinstance(node, E._Step):          # a branch's predicate read
             rows.append((nid, parent, pos, _pva_type(node), node.name, int(node.idx), None, root))
         elif isinstance(node, E._Seq):
-            rows.append((nid, parent, pos, "Sequence", f"program {root}" if parent < 0 else "", None, None, root))
+            name = getattr(node, "name", "")
+            if parent < 0:      # an engine program: its index, and the name its Sequence was given
+                name = f"program {root}" + (f": {name}" if name else "")
+            rows.append((nid, parent, pos, "Sequence", name, None, None, root))
             children = node.nodes
         elif isinstance(node, E._Repeat):
-            rows.append((nid, parent, pos, "Repeat", "", None, int(node.count), root))
+            rows.append((nid, parent, pos, "Repeat", getattr(node, "name", ""), None, int(node.count), root))
             children = [node.body]
         elif isinstance(node, E._While):
-            rows.append((nid, parent, pos, "RepeatWhileTrue" if not node.until else "RepeatWhileFalse", "",
-                         None, None, root))
+            rows.append((nid, parent, pos, "RepeatWhileTrue" if not node.until else "RepeatWhileFalse",
+                         getattr(node, "name", ""), None, None, root))
             children = [node.cond, node.branch, node.body]
         elif isinstance(node, E._If):
-            rows.append((nid, parent, pos, "If", "", None, None, root))
+            rows.append((nid, parent, pos, "If", getattr(node, "name", ""), None, None, root))
             children = [node.branch, node.then, node.other]
         elif isinstance(node, E._Switch):
-            rows.append((nid, parent, pos, "Switch", "", None, None, root))
+            rows.append((nid, parent, pos, "Switch", getattr(node, "name", ""), None, None, root))
             children = [node.branch] + list(node.cases.values()) + [node.default]
         else:
             rows.append((nid, parent, pos, type(node).__name__.lstrip("_"), "", None, None, root))
@@ -307,6 +310,11 @@ def _profile_tables(graph, compiled, engine):
     if getattr(mem, "liveness_by_ipu", None) is not None:
         arrays["liveness/notAlwaysLiveByIpu"] = np.asarray(mem.liveness_by_ipu, np.float64).astype(np.int64)
 
+    nal = set(np.asarray(getattr(mem, "not_always_live_ids", None) if getattr(mem, "not_always_live_ids", None)
+                         is not None else [], np.int64).tolist())
+    if getattr(mem, "nal_segments", None) is not None and len(comp.steps):
+        peak = int(np.argmax(mem.liveness)) if np.size(mem.liveness) else 0
+        arrays["liveness/peakVariables"] = mem.live_at_step(min(peak, len(comp.steps) - 1)).astype(np.int64)
     var_rows = []
     for v in st.variables:
         if v._pending:
@@ -314,7 +322,7 @@ def _profile_tables(graph, compiled, engine):
         ti = v._ti
         ntiles = int(np.unique(ti[ti >= 0]).size) if ti.size else 0
         var_rows.append((v.id, v.name, v.type.name, ",".join(str(d) for d in v.shape), int(v.nbytes), ntiles,
-                         int(bool(v.constant)), None))
+                         int(bool(v.constant)), int(not v.constant and v.id not in nal)))
     tables["variables"] = var_rows
 
     vt_names: dict = {}

@@ -246,8 +246,10 @@ def run(args) -> int:
             except AttributeError:
                 raise _CliError("--popart_options: this build's CompilerOptions takes no PopART options") from None
         popef = out_path.with_suffix(".popef")
-        Compiler.compile_and_export(out.SerializeToString(), [o.name for o in out.graph.output], str(popef), opts)
+        exe = Compiler.compile(out.SerializeToString(), [o.name for o in out.graph.output], opts)
+        exe.save(str(popef))
         print(f"poprt: wrote {popef}")
+        print(f"poprt: {exe.prediction.summary(exe.target['ipu_version'])}")
     return 0
 
 

@@ -154,6 +154,16 @@ class Prediction:
         """Predicted samples per second in steady state on the IPU."""
         return self.batch_size * self.clock_hz / max(self.batch_period_cycles, 1.0)
 
+    def summary(self, ipu_version: str) -> str:
+        """One line of the predicted figures and the configuration they assume (predicted IPU time,
+        not host time)."""
+        period = self.batch_period_cycles / self.clock_hz
+        io = (f"{self.num_io_tiles} I/O tiles, overlapped I/O" if self.num_io_tiles
+              else "no I/O tiles, I/O not overlapped")
+        return (f"predicted IPU ({ipu_version}, batch {self.batch_size}, batches_per_step {self.batches_per_step}, "
+                f"{io}): latency {self.latency_seconds * 1e3:.3f} ms, one batch every {period * 1e3:.3f} ms in "
+                f"steady state, {self.qps:,.0f} samples/s")
+
     def to_dict(self) -> dict:
         return {"clock_hz": self.clock_hz, "batch_size": self.batch_size, "batches_per_step": self.batches_per_step,
                 "step_cycles": self.step_cycles, "compute_cycles": self.compute_cycles,

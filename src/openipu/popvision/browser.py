@@ -12,6 +12,7 @@ import os
 VIEWS = {"summary": "#total-memory", "memory-heatmap": "#plot-memory-heatmap .main-svg",
          "memory-histogram": "#plot-memory-histogram .main-svg",
          "memory-categories": "#plot-memory-categories .main-svg", "liveness": "#plot-liveness .main-svg",
+         "operations": "#table-operations tbody tr",
          "program-tree": "ul.tree li", "execution-trace": "#plot-execution-trace .main-svg",
          "largest-variables": "#table-variables tbody tr", "largest-vertices": "#table-vertex-types tbody tr"}
 COMPARE_VIEW = {"compare": "#plot-compare-histogram .main-svg"}
@@ -21,7 +22,10 @@ CHROMIUM = os.environ.get("OPENIPU_CHROMIUM", "/usr/bin/chromium")
 def check_page(html_path: str, screenshot_dir: str | None = None, compare: bool = False,
                width: int = 1400) -> dict:
     """Load ``html_path`` in headless chromium; return ``{"errors": [console errors and page
-    errors], "rendered": {view: bool}, "texts": {element id: text}, "screenshots": [paths]}``.
+    errors], "rendered": {view: bool}, "texts": {element id: text}, "screenshots": [paths],
+    "trace_hovers": [hover text of the execution trace's first bars, as the mouse shows it],
+    "tree_labels": [the program tree's labels, containers and leaves], "ops": [rows of the Operations table],
+    "peak_variables": [rows of the table of variables live at the liveness peak]}``.
     Screenshots (PNG, one per view) go to ``screenshot_dir`` if given. Raises playwright's
     errors if chromium cannot start."""
     from playwright.sync_api import sync_playwright
@@ -41,10 +45,15 @@ def check_page(html_path: str, screenshot_dir: str | None = None, compare: bool 
                     out["rendered"][view] = True
                 except Exception:  # noqa: BLE001 - reported as not rendered
                     out["rendered"][view] = False
-            for i in ("total-memory", "worst-tile", "cycles-per-run", "liveness-peak", "biggest-compute-set"):
+            for i in ("total-memory", "worst-tile", "cycles-per-run", "liveness-peak", "biggest-compute-set",
+                      "batch-size", "precision", "mode", "throughput", "host-seconds", "peak-variables-summary"):
                 loc = page.locator(f"#{i}")
                 if loc.count():
                     out["texts"][i] = loc.inner_text()
+            out["trace_hovers"] = _trace_hovers(page) if "execution-trace" in views else []
+            out["ops"] = _rows(page, "#table-operations tbody tr")
+            out["peak_variables"] = _rows(page, "#table-peak-variables tbody tr")
+            out["tree_labels"] = page.locator("ul.tree summary, ul.tree li.leaf").all_text_contents()[:200]
             if screenshot_dir:
                 os.makedirs(screenshot_dir, exist_ok=True)
                 page.add_style_tag(content="nav{position:static !important}")   # keep it out of the shots
@@ -57,3 +66,30 @@ def check_page(html_path: str, screenshot_dir: str | None = None, compare: bool 
         finally:
             browser.close()
     return out
+
+
+def _trace_hovers(page, n: int = 3) -> list:
+    """Move the mouse over the first ``n`` compute bars of the execution trace (the view is
+    scrolled into sight) and return plotly's hover text for each."""
+    out = []
+    page.locator("section#execution-trace").scroll_into_view_if_needed()
+    bars = page.locator("#plot-execution-trace .cartesianlayer .subplot.xy .barlayer .trace").last.locator("path")
+    for k in range(min(n, bars.count())):
+        bar = bars.nth(k)
+        box = bar.bounding_box()
+        if not box or box["width"] < 1:
+            continue
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        try:
+            page.wait_for_selector("#plot-execution-trace .hoverlayer .hovertext", timeout=5_000)
+            out.append(page.locator("#plot-execution-trace .hoverlayer .hovertext").first.text_content() or "")
+        except Exception:  # noqa: BLE001 - no hover: reported as missing
+            out.append("")
+        page.mouse.move(0, 0)
+    return out
+
+
+def _rows(page, selector: str, n: int = 100) -> list:
+    """The cell texts of the first ``n`` table rows matching ``selector``."""
+    rows = page.locator(selector)
+    return [rows.nth(k).locator("td").all_text_contents() for k in range(min(n, rows.count()))]

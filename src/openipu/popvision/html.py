@@ -3,8 +3,10 @@
 Views (each a ``<section>`` with a stable id): ``summary`` (target, memory, cycles, predicted
 throughput), ``memory-heatmap`` (bytes per tile laid out per IPU), ``memory-histogram`` (with
 the out-of-memory line at ``bytesPerTile``), ``memory-categories``, ``liveness`` (not-always-live
-bytes per program step, peak marked), ``program-tree``, ``execution-trace`` (compute, exchange,
-sync of each superstep on each IPU, zoomable), ``largest-variables``, ``largest-vertices``
+bytes per program step, peak marked, and the variables live at the peak), ``operations``
+(predicted cycles and memory per ONNX op and PopLibs call), ``program-tree`` (named programs),
+``execution-trace`` (compute, exchange, sync of each superstep on each IPU, zoomable; the hover
+gives each bar's own duration), ``largest-variables``, ``largest-vertices``
 (vertex types and compute sets) and, given a second profile, ``compare``.
 
 Charts are plotly figures; plotly.js is inlined once, so the page works offline. Every cycle
@@ -56,12 +58,45 @@ def summary_figures(report) -> dict:
             int(round(float(big.estimatedCyclesByTile.max()))) if big else 0}
 
 
+def _run_rows(report) -> tuple[list, int | None]:
+    """Summary rows of what the run was (batch, precision, mode) and the samples per run, None
+    when the profile does not record it (a session's profile has no ``run.json``)."""
+    o = report.runOptions
+    runs = report.execution.runs
+    dry = bool(runs) and runs[0].dry
+    mode = ("offline prediction (nothing was run: no outputs, no host run time)" if dry or o.get("offline")
+            else "run on the simulated IPU (IPU Model)" if runs else "compiled only (no run recorded)")
+    rows = [("Mode", mode, "mode")]
+    if "batch_size" in o:
+        bps = o.get("batches_per_step", 1)
+        rows.append(("Batch size", f"{o['batch_size']:,}" + (f" x {bps:,} batches per step" if bps > 1 else ""),
+                     "batch-size"))
+        samples = o["batch_size"] * bps
+    else:
+        rows.append(("Batch size", "not recorded (only `openipu run --report` records it)", "batch-size"))
+        samples = None
+    if "precision" in o:
+        rows.append(("Precision", o["precision"], "precision"))
+    else:       # a session's profile: what the graph's variables hold, by bytes
+        by: dict = {}
+        for v in report.compilation.variables:
+            by[v.type] = by.get(v.type, 0) + v.size
+        total = sum(by.values()) or 1
+        mix = ", ".join(f"{t} {b / total:.0%}" for t, b in sorted(by.items(), key=lambda kv: -kv[1])[:3])
+        rows.append(("Precision", f"not recorded; variable bytes by type: {mix}", "precision"))
+    if "model" in o:
+        rows.insert(0, ("Model", o["model"], "model"))
+    return rows, samples
+
+
 def _summary(report) -> str:
     c = report.compilation
     tg = c.target
     f = summary_figures(report)
     clock = tg.clockFrequency
-    rows = [("Target", f"{tg.numIPUs} x {tg.arch} ({tg.version}, {tg.type}), {tg.tilesPerIpu:,} tiles per IPU, "
+    run_rows, samples = _run_rows(report)
+    rows = run_rows + [
+            ("Target", f"{tg.numIPUs} x {tg.arch} ({tg.version}, {tg.type}), {tg.tilesPerIpu:,} tiles per IPU, "
                        f"{tg.bytesPerTile / 1024:,.1f} KiB per tile, {clock / 1e6:,.1f} MHz", "target"),
             ("Poplar version", report.poplarVersion.string, "poplar-version"),
             ("Graph", f"{c.graph.numVertices:,} vertices, {c.graph.numEdges:,} edges, {c.graph.numVariables:,} "
@@ -76,12 +111,19 @@ def _summary(report) -> str:
              f"{f['biggest_compute_set']}: {f['biggest_compute_set_cycles']:,} cycles", "biggest-compute-set")]
     if f["cycles_per_run"] is not None:
         cyc = f["cycles_per_run"]
+        if not cyc:
+            tput = "-"
+        elif samples:
+            tput = f"{clock / cyc * samples:,.1f} samples/s ({clock / cyc:,.1f} runs/s of {samples:,} samples)"
+        else:
+            tput = f"{clock / cyc:,.1f} runs/s (samples per run not recorded)"
         rows += [("Cycles per run (predicted, first run)", f"{cyc:,}", "cycles-per-run"),
                  ("Latency per run (predicted)", f"{cyc / clock * 1e6:,.1f} us", "latency"),
-                 ("Throughput (predicted)", f"{clock / cyc:,.1f} runs/s (x samples per run)" if cyc else "-",
-                  "throughput")]
+                 ("Throughput (predicted)", tput, "throughput")]
         run = report.execution.runs[0]
-        rows.append(("Host time of that run (simulation, not IPU)", f"{run.hostSeconds:.3f} s", "host-seconds"))
+        if not run.dry:
+            rows.append(("Host time of that run (simulation on this machine, not IPU)", f"{run.hostSeconds:.3f} s",
+                         "host-seconds"))
     body = "".join(f"<tr><th>{_e(k)}</th><td id='{i}'>{_e(v)}</td></tr>" for k, v, i in rows)
     return f"<table class='summary'>{body}</table>"
 
@@ -142,22 +184,29 @@ def _liveness(reports, names, go) -> str:
 def _program_tree(report, limit: int = 5000) -> str:
     comp = report.compilation
     out, count = [], 0
+    total = sum(comp.stepCycles().values())
+    step_cycles = total.max(axis=1) if total.size else np.zeros(0)
 
     def node(p, depth):
         nonlocal count
         count += 1
         if count > limit:
             return ""
-        label = p.type + (f" x{p.repeatCount}" if p.repeatCount else "") + (f" {p.name}" if p.name else "")
+        kind = p.type + (f" x{p.repeatCount:,}" if p.repeatCount else "")
+        label = f"{p.name} ({kind})" if p.name else kind
         if p.step is not None:
-            label += f"  [step {p.step}]"
+            label += f"  [step {p.step}, {step_cycles[p.step]:,.0f} cycles predicted]"
             return f"<li class='leaf'>{_e(label)}</li>"
         if depth >= MAX_TREE_DEPTH:
             return (f"<li class='leaf'>{_e(label)} ({len(p.children)} children, deeper than {MAX_TREE_DEPTH} "
                     "levels: not shown)</li>")
+        if not p.children:
+            return f"<li class='leaf'>{_e(label)}: empty</li>"
         kids = "".join(node(c, depth + 1) for c in p.children)
         opened = " open" if depth < 2 else ""
-        return f"<li><details{opened}><summary>{_e(label)} ({len(p.children)})</summary><ul>{kids}</ul></details></li>"
+        n = len(p.children)
+        return (f"<li><details{opened}><summary>{_e(label)}: {n:,} program{'s' if n != 1 else ''}</summary>"
+                f"<ul>{kids}</ul></details></li>")
     for root in comp.controlPrograms:
         out.append(node(root, 0))
     more = f"<p>(first {limit:,} of {len(comp.programs):,} program nodes shown)</p>" if count > limit else ""
@@ -188,9 +237,11 @@ def _trace(report, go) -> str:
                 fig.add_trace(go.Bar(
                     x=d[keep], base=base[keep], y=_np.full(int(keep.sum()), f"IPU {ipu}"), orientation="h",
                     name=_LABELS[cat], legendgroup=cat, showlegend=ipu == 0, marker_color=_COLOURS[cat],
-                    customdata=_np.stack([names[idx[keep]], idx[keep]], axis=1),
+                    customdata=_np.stack([names[idx[keep]], idx[keep], _np.round(d[keep]).astype(_np.int64),
+                                          _np.round(base[keep]).astype(_np.int64)], axis=1).astype(object),
+                    # plotly's %{x} of a bar with a base is where the bar ends: show the duration
                     hovertemplate="%{customdata[0]} (step %{customdata[1]})<br>" + _LABELS[cat]
-                                  + " %{x:,.0f} cycles from %{base:,.0f}<extra></extra>"))
+                                  + " %{customdata[2]:,} cycles, from cycle %{customdata[3]:,}<extra></extra>"))
             base = base + d
     fig.update_layout(title=f"Execution trace of run 0 (predicted cycles; {idx.size:,} steps"
                             f"{' shown' if idx.size == MAX_TRACE_STEPS else ''}); drag to zoom",
@@ -223,6 +274,52 @@ def _largest(report, n: int = 25) -> tuple[str, str]:
     return var, vtx + "<h3>Compute sets with the most cycles</h3>" + cst
 
 
+def _operations(report, go, n: int = 200) -> str:
+    """Predicted cycles and memory per ONNX op and PopLibs call (:mod:`.operations`)."""
+    from openipu.popvision.operations import operations
+    ops = operations(report)
+    run_total = sum(o.cycles for o in ops) or 1.0
+    rows = [(o.name, o.type, f"{o.cycles:,.0f}", f"{o.cycles / run_total:.1%}", f"{o.compute_cycles:,.0f}",
+             f"{o.exchange_cycles:,.0f}", f"{o.variable_bytes:,}", f"{o.steps:,}", f"{o.executions:,}",
+             ", ".join(f"{k} {v['cycles']:,.0f}" for k, v in sorted(o.calls.items(), key=lambda kv: -kv[1]["cycles"])))
+            for o in ops[:n]]
+    table = _table(["op", "ONNX type", "cycles (predicted)", "share", "compute cycles", "exchange cycles",
+                    "variable bytes (all tiles)", "steps", "executions", "PopLibs calls (cycles)"], rows,
+                   "table-operations")
+    top = [o for o in ops if o.cycles > 0][:25][::-1]
+    fig = go.Figure([go.Bar(y=[o.name for o in top], x=[o.compute_cycles for o in top], orientation="h",
+                            name="compute", marker_color=_COLOURS["compute"]),
+                     go.Bar(y=[o.name for o in top], x=[o.cycles - o.compute_cycles for o in top], orientation="h",
+                            name="exchange and sync", marker_color=_COLOURS["exchange"])])
+    fig.update_layout(title="Ops with the most predicted cycles (first run)", barmode="stack",
+                      xaxis_title="cycles (predicted)", height=220 + 22 * len(top))
+    more = f"<p>(the {n:,} ops with the most cycles of {len(ops):,} shown)</p>" if len(ops) > n else ""
+    table = f"<div class='scroll'>{table}</div>"
+    note = ("<p>Ops are found by name: what PopART makes for an op is called &lt;op type&gt;/&lt;first output&gt;"
+            "[/&lt;PopLibs call&gt;]. Cycles: each step's predicted cycles on its busiest IPU, times the "
+            "times it ran in the first run.</p>")
+    return note + _fig_html(fig, "plot-operations") + table + more
+
+
+def _peak_variables(report, n: int = 50) -> str:
+    """The variables live at the liveness peak: the not-always-live ones whose def-use segments
+    cover the peak step, and the always-live total."""
+    c = report.compilation
+    step, peak = c.livenessPeak()
+    live = c.livenessPeakVariables()
+    if live is None:
+        return "<p>This profile does not record the variables live at the peak.</p>"
+    nal = sum(v.size for v in live)
+    always = sum(v.size for v in c.variables if v.alwaysLive)
+    head = (f"<p id='peak-variables-summary'>At program step {step:,} (the peak, {peak:,} not-always-live bytes "
+            f"over all tiles): {len(live):,} not-always-live variables hold {nal:,} B; operands received over "
+            f"exchange for that step hold the rest, {max(peak - nal, 0):,} B. The always-live variables "
+            f"({always:,} B) and the constants are live there too, as at every step.</p>")
+    rows = [(v.name, f"{v.size:,}", v.type, "x".join(map(str, v.shape)), f"{v.numTiles:,}") for v in live[:n]]
+    more = f"<p>(the {n:,} largest of {len(live):,} shown)</p>" if len(live) > n else ""
+    return head + _table(["variable", "bytes", "type", "shape", "tiles"], rows, "table-peak-variables") + more
+
+
 def _compare(a, b, names, go) -> str:
     fa, fb = summary_figures(a), summary_figures(b)
     rows = []
@@ -244,6 +341,7 @@ nav a{margin-right:14px;color:#01579b;text-decoration:none}
 section{padding:10px 20px;border-bottom:1px solid #ddd}
 table{border-collapse:collapse} td,th{padding:3px 8px;border:1px solid #ddd;text-align:left;font-size:13px}
 table.summary th{background:#f5f5f5}
+div.scroll{max-height:640px;overflow:auto;display:inline-block}
 ul.tree{font-family:monospace;font-size:12px} ul.tree ul{padding-left:18px} li.leaf{list-style:circle}
 """
 
@@ -258,7 +356,9 @@ def render(report, compare=None, title: str | None = None) -> str:
              ("memory-heatmap", "Memory per tile", _heatmap(report, go)),
              ("memory-histogram", "Memory histogram", _histogram([report], ["this"], go)),
              ("memory-categories", "Memory by category", _categories([report], ["this"], go)),
-             ("liveness", "Liveness", _liveness([report], ["this"], go)),
+             ("liveness", "Liveness", _liveness([report], ["this"], go)
+              + "<h3>Variables live at the peak</h3>" + _peak_variables(report)),
+             ("operations", "Operations", _operations(report, go)),
              ("program-tree", "Program tree", _program_tree(report)),
              ("execution-trace", "Execution trace", _trace(report, go))]
     var, vtx = _largest(report)

@@ -443,6 +443,12 @@ def _check_tables(data: dict, arrays: dict, path: str) -> None:
     for _, _, _, shape, *_ in data["variables"]:
         if not _SHAPE_RE.match(shape):
             raise CorruptReport(f"Profile '{path}' is damaged: a variable's shape is {shape[:40]!r}")
+    peak = _array(arrays, "liveness/peakVariables", path, (None,), "iu", required=False)
+    if peak is not None and peak.size:
+        var_ids = _ids(data["variables"], "variable", path)
+        if not set(peak.tolist()) <= var_ids:
+            raise CorruptReport(f"Profile '{path}' is damaged: liveness/peakVariables names variables that do not "
+                                "exist")
     _ids(data["runs"], "run", path)
     for i, *_ in data["runs"]:
         _array(arrays, f"runs/{i}/cyclesPerIpu", path, (ipus,), finite=True)

@@ -126,7 +126,7 @@ class Ipu(_Obj):
 
 class Variable(_Obj):
     """``compilation.variables[i]``: ``name``, ``size`` (bytes), ``type``, ``shape``, ``numTiles``,
-    ``constant``."""
+    ``constant``, ``alwaysLive`` (True / False; None when the profile does not record it)."""
 
 
 class VertexType(_Obj):
@@ -264,6 +264,7 @@ class Report:
                             for _, name, arr in self._data["memory_categories"]}
         self.compilation = Compilation(self)
         self.execution = Execution(self)
+        self.runOptions = read_run_options(os.path.dirname(self.path))
 
     def __repr__(self):
         return f"pva.Report('{self.path}')"
@@ -330,8 +331,8 @@ class Compilation:
     @_guarded
     def variables(self) -> list:
         return [Variable(id=i, name=n, type=ty, shape=tuple(int(x) for x in sh.split(",") if x), size=int(b),
-                         numTiles=int(nt), constant=bool(c))
-                for i, n, ty, sh, b, nt, c, _ in self._r._data["variables"]]
+                         numTiles=int(nt), constant=bool(c), alwaysLive=None if al is None else bool(al))
+                for i, n, ty, sh, b, nt, c, al in self._r._data["variables"]]
 
     @cached_property
     @_guarded
@@ -441,6 +442,18 @@ class Compilation:
                              notAlwaysLiveMemory=_Obj(bytes=int(b)), _by_ipu=by_ipu, _num_ipus=self.target.numIPUs)
                 for i, b in enumerate(self.livenessBytes.tolist())]
 
+    @_guarded
+    def livenessPeakVariables(self) -> list | None:  # noqa: N802
+        """The not-always-live variables live at the liveness peak (:meth:`livenessPeak`), largest
+        first: those whose def-use segments cover that program step (a reused block's variables
+        counted at its first occurrence). The always-live variables (``alwaysLive``) are live there
+        too, as at every step. None when the profile does not record them (openipu extension)."""
+        ids = self._r._arrays.get("liveness/peakVariables")
+        if ids is None:
+            return None
+        by_id = {v.id: v for v in self.variables}
+        return sorted((by_id[i] for i in ids.tolist()), key=lambda v: (-v.size, v.name))
+
     def livenessPeak(self) -> tuple[int, int]:  # noqa: N802
         """``(program step, bytes)`` where the not-always-live bytes over all tiles peak (openipu
         extension)."""
@@ -526,6 +539,40 @@ class _LazyStep(ExecutionStep):
     @property
     def cyclesByTile(self):
         return self._comp._step_tile_cycles(self._s)
+
+
+#: ``run.json`` (written by ``openipu run --report`` beside ``profile.pop``): its keys and types.
+RUN_OPTION_TYPES = {"model": str, "ipu": str, "num_ipus": int, "batch_size": int, "batches_per_step": int,
+                    "precision": str, "offline": bool, "available_memory_proportion": (float, int, type(None))}
+_RUN_JSON_MAX_BYTES = 64 << 10
+
+
+def read_run_options(directory: str) -> dict:
+    """The options ``openipu run`` recorded in ``directory/run.json`` (batch size, batches per
+    step, precision, target, offline ...), as ``{key: value}`` with only the keys of
+    :data:`RUN_OPTION_TYPES` whose values have those types; ``{}`` when there is no such file or
+    it is not a small JSON object (the file is untrusted data: read as JSON, at most 64 KiB,
+    nothing in it is executed). Profiles written by the sessions have no ``run.json``."""
+    import json
+    p = os.path.join(directory, "run.json")
+    try:
+        if not os.path.isfile(p) or os.path.getsize(p) > _RUN_JSON_MAX_BYTES:
+            return {}
+        with open(p, "rb") as f:
+            d = json.loads(f.read(_RUN_JSON_MAX_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if not isinstance(d, dict):
+        return {}
+    out = {}
+    for k, ty in RUN_OPTION_TYPES.items():
+        v = d.get(k)
+        if k in d and isinstance(v, ty) and not (ty is int and isinstance(v, bool)):
+            out[k] = v[:500] if isinstance(v, str) else v
+    for k in ("batch_size", "batches_per_step", "num_ipus"):
+        if k in out and not 1 <= out[k] <= 1 << 40:
+            del out[k]
+    return out
 
 
 def openReport(path, *_args) -> Report:  # noqa: N802

@@ -53,8 +53,9 @@ def convolution(graph, in_, weights, params: ConvParams, transposeAndFlipWeights
     Returns a new ``[N, G*Co, *outField]`` tensor of ``params.outputType``. Options:
     ``availableMemoryProportion`` (0.6), ``partialsType`` ("float" / "half"), ``pass``.
 
-    Raises ``poplar.graph_connection_error`` (shapes or types), ``poplar.invalid_option`` and
-    :class:`poplibs_error` (no plan fits the memory budget).
+    Raises ``poplar.graph_connection_error`` (shapes or types) and ``poplar.invalid_option``. No
+    plan within the memory budget is a warning and the least-memory plan
+    (:mod:`openipu.poplibs.poplin.plan`), not an error.
     """
     op = "convolution"
     _check_shape(op, "the input", in_, params.getInputShape())
@@ -219,13 +220,18 @@ def _wu_transform(graph, wu: ConvParams, x, w, options, cache, op, prog, name):
     planner tries each candidate and keeps the one predicted fastest, the copy's estimate included
     (PopLibs' planner tries every ``expandDims`` candidate and keeps the cheapest plan, transform
     costs included: ``ConvPlan.cpp getExpandDimsCandidates``). A candidate with no plan within the
-    memory budget loses; if none has one, the untransformed convolution raises the planner's
-    error."""
+    memory budget loses to one within it; if none has one, the candidate with the least temporary
+    memory wins (the planner has warned)."""
     target = graph.getTarget()
-    cands = []                      # (cycles, kind, dims, params, plan)
+    cands = []                      # (over budget, cycles or temp bytes, order, kind, dims, params, plan)
+
+    def rank(p):
+        over = p.temp_bytes > p.budget_bytes
+        return (over, p.temp_bytes if over else p.cycles)
+
     try:
         p0 = plan_convolution(wu, target, options, cache, op=op)
-        cands.append((p0.cycles, 0, "none", (), wu, p0))
+        cands.append((*rank(p0), 0, "none", (), wu, p0))
     except poplibs_error:
         pass
     view = transforms.view_expandable_dims(wu)
@@ -239,10 +245,11 @@ def _wu_transform(graph, wu: ConvParams, x, w, options, cache, op, prog, name):
         except poplibs_error:
             continue
         extra = transforms.expand_copy_cycles(wu, dims, target) if kind == "copy" else 0.0
-        cands.append((pe.cycles + extra, len(cands), kind, dims, e, pe))
+        over, score = rank(pe)
+        cands.append((over, score if over else score + extra, len(cands), kind, dims, e, pe))
     if not cands:
         return wu, x, w
-    _, _, kind, dims, e, pe = min(cands)
+    _, _, _, kind, dims, e, pe = min(cands)
     if kind == "none":
         return wu, x, w
     if kind == "view":
