@@ -56,6 +56,19 @@ _FLOAT_PARTIALS = {("", "MatMul"), ("", "Gemm"), ("", "Conv"), ("", "ConvTranspo
                    ("ai.graphcore", "ConvDataGrad"), ("ai.graphcore", "ConvWeightsGrad")}
 
 
+def _float_partials(op, ir) -> bool:
+    """Whether the op's PopLibs plan accumulates in float (the default) rather than half
+    (``partialsType`` half from ``SessionOptions.partialsTypeMatMuls``, ``matmulOptions`` /
+    ``convolutionOptions`` or ``builder.setPartialsType``): half partials keep the op's half kernel."""
+    from openipu.popart.lowering._util import poplibs_options
+    o = ir.options
+    if op.op_type in ("MatMul", "Gemm"):
+        opts = poplibs_options(op, getattr(o, "matmulOptions", {}) or {}, getattr(o, "partialsTypeMatMuls", ""))
+    else:
+        opts = poplibs_options(op, getattr(o, "convolutionOptions", {}) or {})
+    return opts.get("partialsType", "float").lower() != "half"
+
+
 def mode() -> str:
     """``OPENIPU_EXECUTION``: ``"ir"`` (this executor where it covers a session; the default) or
     ``"device"`` (the device-storage emulation, the verifying mode). Raises ``ValueError`` for
@@ -137,7 +150,7 @@ class IrExecutor:
                     "in_place" if (op.domain, op.op_type) == ("ai.graphcore", "GetRandomSeed") else
                     "abort" if (op.domain, op.op_type) == ("ai.graphcore", "Abort") else
                     self._printer(op) if (op.domain, op.op_type) == ("ai.graphcore", "PrintTensor") else
-                    "float" if (op.domain, op.op_type) in _FLOAT_PARTIALS and any(
+                    "float" if (op.domain, op.op_type) in _FLOAT_PARTIALS and _float_partials(op, ir) and any(
                         ir.tensors[x].info.data_type() == "FLOAT16" for x in op.inputs if x) else None)
             (outer if self.accumulation > 1 and op.execution_context == OUTER_FRAGMENT else main).append(step)
         self.steps, self.outer_steps = main, outer
