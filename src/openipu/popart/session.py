@@ -335,7 +335,7 @@ class _SessionBase(rng_state.RngStateApi):
         self._last_cycles = eng.last_run_cycles
 
     def _ir_executor(self):
-        """The session's :class:`openipu.popart.execute.IrExecutor` under ``OPENIPU_EXECUTION=ir``
+        """The session's :class:`openipu.popart.execute.IrExecutor` (``OPENIPU_EXECUTION=ir``, the default)
         when it covers the session (else ``None``: the device emulation runs it)."""
         from openipu.popart import execute
         try:
@@ -345,7 +345,9 @@ class _SessionBase(rng_state.RngStateApi):
         if getattr(self, "_fast", None) is None and m == "ir":
             why = execute.unsupported(self)
             if why is None:
-                self._fast = execute.IrExecutor(self._ir, self._host_weights)
+                self._fast = execute.IrExecutor(self._ir, self._host_weights, self.replicationFactor,
+                                                self.accumulationFactor if self._ir.training is not None else 1,
+                                                out=getattr(self._engine, "_out", None))
                 if self._ir.training is not None and self._engine is not None:
                     self._fast.set_weights({k: np.asarray(v) for k, v in self._scalars(self._optimizer).items()
                                             if k in self._ir.optimizer_tensors})
@@ -579,6 +581,8 @@ class _SessionBase(rng_state.RngStateApi):
         buf = np.ascontiguousarray(np.asarray(self._ir.tensors[tid].value, np.uint32).reshape(-1))
         self._engine.connectStream(low.seed_in[tid], buf)
         self._engine.run(4, "randomSeedFromHost")
+        if getattr(self, "_fast", None):
+            self._fast.set_weights({tid: buf.reshape(2)})
 
     # -- weights --------------------------------------------------------------------------
     def weightsFromHost(self) -> None:  # noqa: N802
