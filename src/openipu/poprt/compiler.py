@@ -421,6 +421,7 @@ class Compiler:
             options["pack_args"] = json.loads(pack)
         exe = Executable(low, inputs, outs, options, target, pred, weights, compile_seconds, engine._exe.compiled,
                          proto.SerializeToString(), outputs)
+        exe._session = session      # its IR, for runners on the IR executor (not part of the file)
         _COMPILED[_compile_key(exe.model_bytes, {"outputs": list(outputs), "options": _jsonable(o.to_dict())})] = exe
         return exe
 
