@@ -263,7 +263,7 @@ def test_peak_variables_operations_and_names(profiled):
     assert tree["batchesPerStep"].type == "Repeat"
     assert r.runOptions == {"model": str(rep.parent / "mlp.onnx"), "ipu": "ipu2", "num_ipus": 1, "batch_size": 8,
                             "batches_per_step": 1, "precision": "fp32", "offline": False,
-                            "available_memory_proportion": None}
+                            "available_memory_proportion": 0.6}   # as applied (PopRT's default)
 
 
 def test_run_options_are_untrusted(tmp_path):
