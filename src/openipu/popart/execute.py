@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from openipu import poplar
+from openipu.poplar import pvti
 from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.graphcore_ops import find_kernel
 from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel
@@ -295,6 +296,8 @@ class IrExecutor:
                 env[out] = total.to(self.dtype[out])
 
     def _step(self, take, put, anchors: list, bps: int) -> None:
+        if pvti.enabled():      # the host copies as the System Analyser shows Poplar's stream copies
+            take, put = _traced(take, "StreamCopy host->IPU"), _traced(put, "StreamCopy IPU->host")
         ir = self.ir
         flow = ir.data_flow
         alias = getattr(ir, "anchor_alias", {})
@@ -335,6 +338,14 @@ class IrExecutor:
                     put(tid, r, rf, _numpy(env[alias.get(tid, tid)]))
         for (tid, r), v in sums.items():
             put(tid, r, rf, _numpy(v))
+
+
+def _traced(fn, what: str):
+    """``fn(tid, ...)`` inside a PopVision trace span named ``<what> <tid>`` (category ``stream``)."""
+    def traced(tid, *args):
+        with pvti.span(f"{what} {tid}", "stream"):
+            return fn(tid, *args)
+    return traced
 
 
 def _numpy(v: torch.Tensor) -> np.ndarray:

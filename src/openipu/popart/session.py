@@ -15,6 +15,7 @@ import hashlib
 import io
 import os
 import sys
+import time
 import weakref
 
 import numpy as np
@@ -320,11 +321,12 @@ class _SessionBase(rng_state.RngStateApi):
         try:
             if fast is not None:        # outputs from the IR executor, the prediction from the program
                 anchors = [t for t in self._lowered.anchors if self._lowered.anchors[t] is not None]
+                t0 = time.perf_counter()
                 if isinstance(stepio, PyStepIO):
                     fast.run(stepio.inputs, {t: stepio.outputs[t] for t in anchors}, self._dataflow.batchesPerStep())
                 else:
                     fast.run_callbacks(stepio, anchors, self._dataflow.batchesPerStep())
-                eng.predict_run(0, debugName)
+                eng.predict_run(0, debugName, functional_seconds=time.perf_counter() - t0)
             else:
                 eng.run(0, debugName)
         except poplar.application_runtime_error as e:
