@@ -46,3 +46,45 @@ def test_unmutated_plain_attribute_left_alone():
     pm = poptorch.inferenceModel(m)
     torch.testing.assert_close(pm(torch.ones(2)), torch.full((2,), 2.0))
     torch.testing.assert_close(m.k, torch.tensor([2.0]))
+
+
+def test_strategy_stage_by_block_id():
+    # PopTorch's docs/user_guide/mnist.py: strategy.stage("B1").ipu(0) for each block
+    for cls in (poptorch.ShardedExecution, poptorch.PipelinedExecution, poptorch.SerialPhasedExecution):
+        strategy = cls("B1", "B2")
+        assert strategy.stage("B2").blocks == ["B2"]
+        assert strategy.stage("B1").ipu(0) is strategy.stage("B1")
+        strategy.stage("B2").ipu(1)
+        assert [s._ipu for s in strategy.stages] == [0, 1]
+        try:
+            strategy.stage("B3")
+        except AssertionError as e:
+            assert "B3" in str(e)
+        else:
+            raise AssertionError("no error for an unknown block")
+
+
+def test_sharded_stages_placed_by_stage_ipu():
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(4, 4)
+            self.b = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            with poptorch.Block("B1"):
+                x = torch.relu(self.a(x))
+            with poptorch.Block("B2"):
+                return self.b(x)
+
+    torch.manual_seed(0)
+    m = Two()
+    opts = poptorch.Options()
+    strategy = poptorch.ShardedExecution("B1", "B2")
+    strategy.stage("B1").ipu(0)
+    strategy.stage("B2").ipu(1)
+    opts.setExecutionStrategy(strategy)
+    pm = poptorch.inferenceModel(m, opts)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(pm(x), m(x).detach(), rtol=1e-5, atol=1e-6)
+    assert pm._built.num_ipus == 2
