@@ -88,3 +88,50 @@ def test_sharded_stages_placed_by_stage_ipu():
     x = torch.randn(3, 4)
     torch.testing.assert_close(pm(x), m(x).detach(), rtol=1e-5, atol=1e-6)
     assert pm._built.num_ipus == 2
+
+
+class WithLoss(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.loss = torch.nn.MSELoss()
+
+    def forward(self, x, target=None):
+        out = self.fc(x)
+        if self.training:
+            return out, self.loss(out, target)
+        return out
+
+
+def test_wrapper_keeps_the_training_flag_of_wrapping_time():
+    # PopTorch wraps a shallow copy: model.eval() / model.train() after wrapping does not change
+    # the wrapper's mode (docs/user_guide/trainingModel.py and precompilation.py)
+    torch.manual_seed(0)
+    model = WithLoss()
+    model.eval()
+    inf = poptorch.inferenceModel(model)
+    model.train()
+    train = poptorch.trainingModel(model)
+    model.eval()                                   # after wrapping: the training wrapper still trains
+    x, t = torch.randn(2, 4), torch.randn(2, 4)
+    out, loss = train(x, t)
+    assert loss.dim() == 0 and not model.training
+    torch.testing.assert_close(inf(x), model(x).detach(), rtol=1e-5, atol=1e-6)
+    assert not model.training and not model.fc.training     # the host model's flags are left as they were
+
+
+def test_load_drops_the_offline_target(tmp_path):
+    # PopTorch's poptorch.load: a model compiled with useOfflineIpuTarget runs once loaded
+    # (docs/user_guide/precompilation.py)
+    torch.manual_seed(0)
+    model = WithLoss()
+    opts = poptorch.Options().useOfflineIpuTarget(poptorch.ipuHardwareVersion())
+    pm = poptorch.trainingModel(model, opts)
+    x, t = torch.randn(2, 4), torch.randn(2, 4)
+    path = str(tmp_path / "training.poptorch")
+    pm.compileAndExport(path, x, t)
+    pm.destroy()
+    loaded = poptorch.load(path)
+    assert loaded.options.connection_type == poptorch.ConnectionType.Always
+    out, loss = loaded(x, t)
+    assert out.shape == (2, 4) and loss.dim() == 0

@@ -103,6 +103,9 @@ class PoplarExecutor:
         if training and optimizer is None:
             optimizer = poptorch_optim.SGD(model.parameters(), lr=0.01)
         self._user_model = model
+        # PopTorch wraps a shallow copy of the model: its own ``training`` flag is the one at
+        # wrapping time (a later model.eval() / model.train() on the original does not change it)
+        self._wrapped_training = model.training
         self._options = options
         self._training = training
         self._optimizer = optimizer
@@ -213,7 +216,8 @@ class PoplarExecutor:
                                              (args_, kwargs_))
             for hook in list(_PRECOMPILE_HOOKS.values()):
                 hook()
-            was_training = model.training
+            modes = [(m, m.training) for m in model.modules()]
+            model.training = self._wrapped_training
             attrs = _tensor_attributes(model)
             from openipu.poptorch import ops as _ops
             _ops._overlaps.clear()
@@ -223,7 +227,8 @@ class PoplarExecutor:
                     ep = cap.capture(model, margs, mkwargs)
                 _trace_attribute_mutations(model, ep, attrs, margs, mkwargs)
             finally:
-                model.train(was_training)
+                for m, mode in modes:
+                    m.training = mode
                 _ops._capturing_training[0] = False
         strategy = getattr(self._options, "_execution_strategy", None)
         if _ops._overlaps:
