@@ -135,3 +135,37 @@ def test_load_drops_the_offline_target(tmp_path):
     assert loaded.options.connection_type == poptorch.ConnectionType.Always
     out, loss = loaded(x, t)
     assert out.shape == (2, 4) and loss.dim() == 0
+
+
+class LoopWithState(torch.nn.Module):
+    """A ``poptorch.for_loop`` body that reads and overwrites a buffer (``copy_``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(1, 1)
+        self.register_buffer("accu", torch.tensor([0.5]))
+
+    def body(self, val):
+        val = self.lin(val + self.accu)
+        self.accu.copy_(val)
+        return [val]
+
+    def forward(self, x):
+        return poptorch.for_loop(3, self.body, [x])
+
+
+def test_for_loop_body_changing_a_buffer_matches_cpu():
+    import copy
+
+    torch.manual_seed(0)
+    m = LoopWithState()
+    ref = copy.deepcopy(m)
+    pm = poptorch.inferenceModel(m)
+    x = torch.tensor([0.25])
+    for _ in range(2):
+        out = pm(x)[0]
+        with torch.no_grad():
+            expected = ref(x)[0]
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    pm.copyWeightsToHost()
+    torch.testing.assert_close(m.accu, ref.accu, rtol=1e-5, atol=1e-6)
