@@ -169,3 +169,42 @@ def test_for_loop_body_changing_a_buffer_matches_cpu():
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
     pm.copyWeightsToHost()
     torch.testing.assert_close(m.accu, ref.accu, rtol=1e-5, atol=1e-6)
+
+
+class ReshapeInSecondStage(torch.nn.Module):
+    """view(-1, n) inside a block placed by a Stage: the reshape's shape is a Constant with
+    PopART's placement attributes (Graphcore's pipelining tutorial, docs/user_guide/mnist.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(8, 2)
+        self.loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, labels):
+        with poptorch.Block("B1"):
+            x = torch.relu(self.a(x))
+        with poptorch.Block("B2"):
+            out = self.b(x.view(-1, 8))
+            return out, self.loss(out, labels)
+
+
+def test_sharded_stage_with_reshape_trains_like_cpu():
+    import copy
+
+    torch.manual_seed(0)
+    m = ReshapeInSecondStage()
+    ref = copy.deepcopy(m)
+    opts = poptorch.Options().deviceIterations(2)
+    opts.setExecutionStrategy(poptorch.ShardedExecution(poptorch.Stage("B1").ipu(0), poptorch.Stage("B2").ipu(1)))
+    pm = poptorch.trainingModel(m, opts, optimizer=torch.optim.SGD(m.parameters(), lr=0.1))
+    x, y = torch.randn(2, 3, 2, 4), torch.randint(0, 2, (2, 3))
+    pm(x.reshape(6, 2, 4), y.reshape(6))
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for i in range(2):                          # two device iterations: two SGD steps
+        opt.zero_grad()
+        _, loss = ref(x[i], y[i])
+        loss.backward()
+        opt.step()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-4, atol=1e-5)
