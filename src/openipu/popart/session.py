@@ -79,6 +79,13 @@ class _SessionBase(rng_state.RngStateApi):
             raise popart_exception("Gradient Accumulation only available when training.")
         n_ipus = deviceInfo.numIpus
         repl = o.replication_factor()
+        if o.enableDistributedReplicatedGraphs:
+            g, off = int(o.globalReplicationFactor), int(o.globalReplicaOffset)
+            if g < repl or g % repl or off % repl or not 0 <= off <= g - repl:
+                raise popart_exception(
+                    f"Invalid distributed replication: globalReplicationFactor ({g}) must be a multiple of the local "
+                    f"replication factor ({repl}) and globalReplicaOffset ({off}) a multiple of it below "
+                    f"{g - repl + 1}")
         if n_ipus % repl:
             raise popart_exception("For replicated graphs, the number of IPUs must be divisible by the replication "
                                    "factor.")
@@ -148,8 +155,13 @@ class _SessionBase(rng_state.RngStateApi):
         target = self.deviceInfo.device.getTarget()
         try:
             from openipu.poplar import pvti
+            from openipu.poplibs import gcl_instances
+            o = self.options
+            repl = o.replication_factor()
+            dist = (o.getGlobalReplicationFactor(), int(o.globalReplicaOffset), repl) \
+                if o.enableDistributedReplicatedGraphs else (repl, 0, repl)
             with pvti.span("PopART: graph construction (lower the IR to a Poplar graph)", "popart",
-                           ops=len(self._ir.ops)):
+                           ops=len(self._ir.ops)), gcl_instances.scope(*dist):
                 lowered = lowering_program.build(self._ir, target, self.options,
                                                  progress=(lambda: bar.update(1)) if bar else None,
                                                  patterns=self.patterns)

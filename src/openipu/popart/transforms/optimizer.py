@@ -99,9 +99,10 @@ def _scalar_id(opt, name: str, weight: str) -> str:
 
 def reduction(options) -> Reduction:
     """The :class:`Reduction` of a session's options (``accumulationFactor``,
-    ``replicatedGraphCount``, ``accumulationAndReplicationReductionType``,
+    the global replication factor (``replicatedGraphCount``, or ``globalReplicationFactor`` with
+    ``enableDistributedReplicatedGraphs``), ``accumulationAndReplicationReductionType``,
     ``meanAccumulationAndReplicationReductionStrategy``)."""
-    return Reduction(options.accumulation_factor(), options.replication_factor(),
+    return Reduction(options.accumulation_factor(), options.getGlobalReplicationFactor(),
                      str(options.accumulationAndReplicationReductionType).endswith("Mean"),
                      str(options.meanAccumulationAndReplicationReductionStrategy).split(".")[-1])
 
