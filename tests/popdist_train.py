@@ -10,7 +10,7 @@
 - ``MODEL``: ``bert`` (BERT-tiny config from ``transformers``, random init, seed 0) or ``mlp``.
 
 Writes the weights after the 3 steps (``torch.save`` of the state dict; instance ``i`` of a
-``poprun`` run writes ``OUT.i``) and the step losses.
+``poprun`` run writes ``OUT.i``) the step losses and the last step's predicted IPU cycles.
 """
 
 import os
@@ -81,6 +81,7 @@ def run_poptorch(name, out):
     else:
         opts = poptorch.Options().replicationFactor(REPLICAS)
         lo, n = 0, REPLICAS
+    opts.logCycleCount(True)
     m = model(name)
     net = WithLoss(m)
     tm = poptorch.trainingModel(net, opts, optimizer=poptorch.optim.SGD(m.parameters(), lr=LR))
@@ -89,7 +90,7 @@ def run_poptorch(name, out):
         loss = tm(x[lo * MICRO:(lo + n) * MICRO], y[lo * MICRO:(lo + n) * MICRO])
         losses.append(loss.reshape(-1).tolist())
     tm.copyWeightsToHost()
-    torch.save({"state": m.state_dict(), "losses": losses, "cycles": tm.cycleCount() if False else None}, out)
+    torch.save({"state": m.state_dict(), "losses": losses, "cycles": tm.cycleCount()}, out)
 
 
 def _ddp_worker(rank, name, out, port):

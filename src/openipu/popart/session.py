@@ -52,6 +52,19 @@ def _progress_bar(total: int):
 _COMPILED: "weakref.WeakValueDictionary[str, poplar.Executable]" = weakref.WeakValueDictionary()
 
 
+def _validate_distributed(o) -> None:
+    """Check ``enableDistributedReplicatedGraphs``' ``globalReplicationFactor`` and
+    ``globalReplicaOffset`` against the local replication factor (this instance's replicas are a
+    block of the global replicas). Raises ``popart_exception``."""
+    if not o.enableDistributedReplicatedGraphs:
+        return
+    repl = o.replication_factor()
+    g, off = int(o.globalReplicationFactor), int(o.globalReplicaOffset)
+    if g < repl or g % repl or off % repl or not 0 <= off <= g - repl:
+        raise popart_exception(
+            f"Invalid distributed replication: globalReplicationFactor ({g}) must be a multiple of the local "
+            f"replication factor ({repl}) and globalReplicaOffset ({off}) a multiple of it below {g - repl + 1}")
+
 class _SessionBase(rng_state.RngStateApi):
     _KIND = "InferenceSession"
 
@@ -79,13 +92,7 @@ class _SessionBase(rng_state.RngStateApi):
             raise popart_exception("Gradient Accumulation only available when training.")
         n_ipus = deviceInfo.numIpus
         repl = o.replication_factor()
-        if o.enableDistributedReplicatedGraphs:
-            g, off = int(o.globalReplicationFactor), int(o.globalReplicaOffset)
-            if g < repl or g % repl or off % repl or not 0 <= off <= g - repl:
-                raise popart_exception(
-                    f"Invalid distributed replication: globalReplicationFactor ({g}) must be a multiple of the local "
-                    f"replication factor ({repl}) and globalReplicaOffset ({off}) a multiple of it below "
-                    f"{g - repl + 1}")
+        _validate_distributed(o)
         if n_ipus % repl:
             raise popart_exception("For replicated graphs, the number of IPUs must be divisible by the replication "
                                    "factor.")
