@@ -172,3 +172,38 @@ def test_training_under_poprun_matches_one_process_and_ddp(tmp_path, model):
     ddp = torch.load(tmp_path / "ddp.pt")
     for k, v in one["state"].items():
         torch.testing.assert_close(v, ddp["state"][k], rtol=1e-5, atol=1e-6)
+
+
+def _collective_cost(global_replicas, monkeypatch):
+    """The Collective step an all-reduce of 1000 floats adds on a 2-replica graph that holds
+    replicas [0, 2) of ``global_replicas`` (2 = not distributed)."""
+    from openipu import poplar
+    from openipu.poplar import program as P
+    from openipu.poplibs import gcl, gcl_instances, poputil
+    monkeypatch.setenv("POPDIST_NUM_INSTANCES", str(global_replicas // 2))
+    m = poplar.IPUModel()
+    m.numIPUs, m.tilesPerIPU = 2, 4
+    g = poplar.Graph(m.createDevice().getTarget(), replication_factor=2)
+    x = g.addVariable(poplar.FLOAT, [1000], "x")
+    poputil.mapTensorLinearly(g, x)
+    prog = P.Sequence()
+    with gcl_instances.scope(global_replicas, 0, 2):
+        gcl.allReduceCrossReplica(g, x, "ADD", prog, debug_name="ar")
+    (step,) = [s for s in prog.programs if isinstance(s, P.Collective)]
+    return step
+
+
+def test_collective_cost_follows_the_global_ring(monkeypatch):
+    """A distributed replicated graph costs its collectives over the global replicas' ring: 4
+    replicas stay on IPU-Links, 128 (two IPU-POD64 racks) cross GW-Links and take longer."""
+    from openipu.ipu import SYSTEMS
+    from openipu.poplibs import gcl_instances
+    local = _collective_cost(2, monkeypatch).cost.total().max()
+    pod4 = _collective_cost(4, monkeypatch).cost.total().max()
+    pod128 = _collective_cost(128, monkeypatch).cost.total().max()
+    assert local < pod4 < pod128
+    assert SYSTEMS["IPU-POD128"].gw_links and not SYSTEMS["IPU-POD64"].gw_links
+    assert SYSTEMS["IPU-POD128"].machines == 32 and SYSTEMS["IPU-POD128"].ipu_link_domains == 2
+    with pytest.raises(Exception, match="local replication factor"):
+        with gcl_instances.scope(6, 0, 2):
+            pass
