@@ -150,17 +150,21 @@ def gather_replicas(local: torch.Tensor, what: str = "collective") -> torch.Tens
     return out.view(torch.bool) if x.dtype == torch.bool else out
 
 
-def all_reduce_replicas(local: torch.Tensor, op: str = "ADD", what: str = "allReduce") -> torch.Tensor:
+def all_reduce_replicas(local: torch.Tensor, op: str = "ADD", what: str = "allReduce",
+                        across_instances: bool = True) -> torch.Tensor:
     """All-reduce over all global replicas, for executors that keep replica values as host
-    tensors: ``local`` is ``[local_replicas, *shape]`` (this instance's replicas), the result the
-    same shape, every row the reduction over all instances' replicas in ring order in the
-    tensor's type (exactly what ``gcl.allReduceCrossReplica`` computes). ``op``: a
-    ``gcl.CollectiveOperator`` name."""
+    tensors (the PopART IR executor's ``ReplicatedAllReduce`` / ``ReplicatedAllReduceInplace``):
+    ``local`` is ``[local_replicas, *shape]`` (this instance's replicas), the result the same
+    shape, every row the reduction over all instances' replicas in ring order in the tensor's
+    type (exactly what ``gcl.allReduceCrossReplica`` computes). ``op``: a
+    ``gcl.CollectiveOperator`` name. ``across_instances``: the session is a distributed replicated
+    graph (PopART ``enableDistributedReplicatedGraphs``); False reduces the local replicas only.
+    Raises ``poplar_error`` on a timeout or a lost instance."""
     from openipu.poplibs.gcl import _reduce
     op = str(getattr(op, "name", op)).upper()
     if op == "LOCAL":
         return local.clone()
-    red = _reduce(gather_replicas(local, what), op, 0)
+    red = _reduce(gather_replicas(local, what) if across_instances else local, op, 0)
     return red.unsqueeze(0).expand_as(local).contiguous()
 
 
