@@ -207,3 +207,23 @@ def test_collective_cost_follows_the_global_ring(monkeypatch):
     with pytest.raises(Exception, match="local replication factor"):
         with gcl_instances.scope(6, 0, 2):
             pass
+
+
+@pytest.mark.slow
+def test_popart_training_under_poprun_matches_one_process(tmp_path):
+    """PopART with ``popdist.popart.configureSessionOptions`` / ``getDevice``: SGD with momentum,
+    Mean reduction, 4 replicas as 2 instances x 2: bit-identical weights to one process."""
+    import numpy as np
+    cmd = [sys.executable, str(HERE / "popdist_popart.py")]
+    r = subprocess.run([*cmd, str(tmp_path / "one")], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                       timeout=1200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = _poprun(["--num-instances", "2", "--num-replicas", "4", *cmd, str(tmp_path / "two")], tmp_path, timeout=1200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    one = np.load(tmp_path / "one.npz")
+    for i in range(2):
+        two = np.load(tmp_path / f"two.{i}.npz")
+        for k in one:
+            np.testing.assert_array_equal(two[k], one[k])
+    rng = np.random.default_rng(0)
+    assert not np.allclose(one["w1"], rng.standard_normal((8, 16)).astype(np.float32) * 0.3)   # it trained
