@@ -25,7 +25,8 @@ if popdist.isPopdistEnvSet():
     import popdist.popart
     popdist.popart.configureSessionOptions(o)
     device = popdist.popart.getDevice()
-    lo, n, out = popdist.getReplicaIndexOffset(), popdist.getNumLocalReplicas(), f"{sys.argv[1]}.{popdist.getInstanceIndex()}"
+    lo, n = popdist.getReplicaIndexOffset(), popdist.getNumLocalReplicas()
+    out = f"{sys.argv[1]}.{popdist.getInstanceIndex()}"
 else:
     o.enableReplicatedGraphs, o.replicatedGraphCount = True, REPLICAS
     device = popart.DeviceManager().acquireAvailableDevice(REPLICAS)
