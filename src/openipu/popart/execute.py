@@ -55,7 +55,7 @@ def mode() -> str:
 def unsupported(session) -> str | None:
     """Why ``session`` cannot run on the IR executor (``None`` when it can)."""
     ir, o = session._ir, session.options
-    if session.replicationFactor > 1 or int(o.accumulationFactor) > 1:
+    if o.getGlobalReplicationFactor() > 1 or int(o.accumulationFactor) > 1:   # (global: PopDist instances)
         return "replication and gradient accumulation"
     if ir.num_stages:
         return "pipelining"
