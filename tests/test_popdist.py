@@ -227,3 +227,46 @@ def test_popart_training_under_poprun_matches_one_process(tmp_path):
             np.testing.assert_array_equal(two[k], one[k])
     rng = np.random.default_rng(0)
     assert not np.allclose(one["w1"], rng.standard_normal((8, 16)).astype(np.float32) * 0.3)   # it trained
+
+
+def _ip(*args):
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/sbin/ip").exists() and not Path("/sbin/ip").exists(),
+                    reason="network namespaces need root and iproute2")
+def test_instances_in_two_network_namespaces(tmp_path):
+    """Each instance in its own network namespace (loopback plus one veth pair between the two,
+    set up here): the instances meet over TCP on the veth addresses and train the MLP to the
+    one-process weights bit for bit."""
+    tag = f"{os.getpid() % 100000}"
+    ns, veth = [f"oipu{tag}n{i}" for i in range(2)], [f"oipu{tag}v{i}" for i in range(2)]
+    addr = ["10.233.0.1", "10.233.0.2"]
+    try:
+        for n in ns:
+            _ip("netns", "add", n)
+        _ip("link", "add", veth[0], "type", "veth", "peer", "name", veth[1])
+        for i in range(2):
+            _ip("link", "set", veth[i], "netns", ns[i])
+            _ip("-n", ns[i], "addr", "add", f"{addr[i]}/24", "dev", veth[i])
+            _ip("-n", ns[i], "link", "set", veth[i], "up")
+            _ip("-n", ns[i], "link", "set", "lo", "up")
+        _train(tmp_path, "poptorch", "mlp", "one.pt")
+        procs = []
+        for i in range(2):
+            env = _env(**poprun.instance_env(i, 2, 4, 1, addr[0], 29533, timeout=300), GLOO_SOCKET_IFNAME=veth[i])
+            procs.append(subprocess.Popen(["ip", "netns", "exec", ns[i], sys.executable, str(HERE / "popdist_train.py"),
+                                           "poptorch", "mlp", str(tmp_path / "ns.pt")], env=env, cwd=tmp_path,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        for p in procs:
+            out, _ = p.communicate(timeout=1200)
+            assert p.returncode == 0, out[-3000:]
+        one = torch.load(tmp_path / "one.pt")
+        for i in range(2):
+            got = torch.load(tmp_path / f"ns.pt.{i}")
+            for k, v in one["state"].items():
+                assert torch.equal(got["state"][k], v), k
+    finally:
+        for n in ns:
+            subprocess.run(["ip", "netns", "del", n], capture_output=True, timeout=30)
