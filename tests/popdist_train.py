@@ -10,11 +10,12 @@
 - ``MODEL``: ``bert`` (BERT-tiny config from ``transformers``, random init, seed 0) or ``mlp``.
 
 Writes the weights after the 3 steps (``torch.save`` of the state dict; instance ``i`` of a
-``poprun`` run writes ``OUT.i``) the step losses and the last step's predicted IPU cycles.
+``poprun`` run writes ``OUT.i``) the step losses, the last step's predicted IPU cycles and the host seconds of each step.
 """
 
 import os
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -85,12 +86,14 @@ def run_poptorch(name, out):
     m = model(name)
     net = WithLoss(m)
     tm = poptorch.trainingModel(net, opts, optimizer=poptorch.optim.SGD(m.parameters(), lr=LR))
-    losses = []
+    losses, host_s = [], []
     for x, y in batches(name):
+        t0 = time.perf_counter()
         loss = tm(x[lo * MICRO:(lo + n) * MICRO], y[lo * MICRO:(lo + n) * MICRO])
+        host_s.append(time.perf_counter() - t0)       # host seconds per step (the first compiles)
         losses.append(loss.reshape(-1).tolist())
     tm.copyWeightsToHost()
-    torch.save({"state": m.state_dict(), "losses": losses, "cycles": tm.cycleCount()}, out)
+    torch.save({"state": m.state_dict(), "losses": losses, "cycles": tm.cycleCount(), "host_s": host_s}, out)
 
 
 def _ddp_worker(rank, name, out, port):

@@ -270,3 +270,24 @@ def test_instances_in_two_network_namespaces(tmp_path):
     finally:
         for n in ns:
             subprocess.run(["ip", "netns", "del", n], capture_output=True, timeout=30)
+
+
+def test_distributed_options_without_instances_raise(monkeypatch):
+    """PopTorch told it is process 0 of 2 but started alone: the compile says to use poprun."""
+    import poptorch
+    for k in poprun.instance_env(0, 1, 1, 1, "x", 1):
+        monkeypatch.delenv(k, raising=False)
+    m = torch.nn.Linear(2, 2)
+
+    class L(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            return poptorch.identity_loss(self.m(x).sum(), reduction="none")
+    o = poptorch.Options().replicationFactor(2)
+    o.Distributed.configureProcessId(0, 2)
+    tm = poptorch.trainingModel(L(), o, optimizer=poptorch.optim.SGD(m.parameters(), lr=0.1))
+    with pytest.raises(Exception, match="start the program with poprun --num-instances 2 --num-replicas 4"):
+        tm(torch.ones(2, 2))

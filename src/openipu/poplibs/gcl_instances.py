@@ -56,13 +56,13 @@ class Scope:
 
 
 def num_instances() -> int:
-    """``POPDIST_NUM_INSTANCES`` (1 outside ``poprun``)."""
-    return int(os.environ.get("POPDIST_NUM_INSTANCES", "1") or 1)
+    """``POPDIST_NUM_INSTANCES``, else ``OMPI_COMM_WORLD_SIZE`` (1 outside ``poprun`` / ``mpirun``)."""
+    return int(os.environ.get("POPDIST_NUM_INSTANCES") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
 
 
 def instance_index() -> int:
-    """``POPDIST_INSTANCE_INDEX`` (0 outside ``poprun``)."""
-    return int(os.environ.get("POPDIST_INSTANCE_INDEX", "0") or 0)
+    """``POPDIST_INSTANCE_INDEX``, else ``OMPI_COMM_WORLD_RANK`` (0 outside ``poprun`` / ``mpirun``)."""
+    return int(os.environ.get("POPDIST_INSTANCE_INDEX") or os.environ.get("OMPI_COMM_WORLD_RANK") or 0)
 
 
 def timeout_seconds() -> float:
@@ -84,7 +84,7 @@ def scope(global_replicas: int, offset: int, local_replicas: int):
     if g != n and g != n * num_instances():
         raise errors.poplar_error(
             f"The global replication factor ({g}) must be the local replication factor ({n}) times the number of "
-            f"instances ({num_instances()}); start the program with poprun --num-replicas {n * num_instances()}")
+            f"instances ({num_instances()}); start the program with poprun --num-instances {g // n} --num-replicas {g}")
     prev = getattr(_local, "scope", None)
     _local.scope = Scope(g, o, n) if g > n else None
     try:
