@@ -149,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         _note(f"{len(hosts)} hosts for {n} instances: the last {len(hosts) - n} hosts are not used")
         hosts = hosts[:n]
     per_host = -(-n // len(hosts))
-    master = hosts[0] if hosts[0] not in _LOCAL_HOSTS else "127.0.0.1"
+    remote = any(h not in _LOCAL_HOSTS for h in hosts)
+    # instance 0's address as the others see it
+    master = hosts[0] if hosts[0] not in _LOCAL_HOSTS else (socket.getfqdn() if remote else "127.0.0.1")
     port = a.master_port or _free_port(master if master == "127.0.0.1" else "0.0.0.0")
     if a.verbose:
         _note(f"{n} instances x {total // n} replicas x {a.ipus_per_replica} IPUs on {', '.join(hosts)}; "
