@@ -55,7 +55,10 @@ def mode() -> str:
 def unsupported(session) -> str | None:
     """Why ``session`` cannot run on the IR executor (``None`` when it can)."""
     ir, o = session._ir, session.options
-    if o.getGlobalReplicationFactor() > 1 or int(o.accumulationFactor) > 1:   # (global: PopDist instances)
+    if o.enableDistributedReplicatedGraphs and o.getGlobalReplicationFactor() > o.replication_factor():
+        return ("replicas in several instances (PopDist): the executor does not call "
+                "gcl_instances.all_reduce_replicas yet")
+    if session.replicationFactor > 1 or int(o.accumulationFactor) > 1:
         return "replication and gradient accumulation"
     if ir.num_stages:
         return "pipelining"
