@@ -291,3 +291,19 @@ def test_distributed_options_without_instances_raise(monkeypatch):
     tm = poptorch.trainingModel(L(), o, optimizer=poptorch.optim.SGD(m.parameters(), lr=0.1))
     with pytest.raises(Exception, match="start the program with poprun --num-instances 2 --num-replicas 4"):
         tm(torch.ones(2, 2))
+
+
+def test_ir_executor_leaves_distributed_sessions_to_the_device_path():
+    import numpy as np
+    import popart
+    from openipu.popart import execute
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 3]), "x")
+    w = b.addInitializedInputTensor(np.ones((3, 3), np.float32), "w")
+    loss = b.aiGraphcore.l1loss([b.aiOnnx.matmul([x, w])], 1.0)
+    o = popart.SessionOptions()
+    o.enableDistributedReplicatedGraphs, o.globalReplicationFactor, o.globalReplicaOffset = True, 2, 1
+    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}), loss,
+                               popart.ConstSGD(0.1), popart.DeviceManager().createIpuModelDevice({"numIPUs": 1}),
+                               userOptions=o)
+    assert "several instances" in execute.unsupported(s)
