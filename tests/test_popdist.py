@@ -126,6 +126,7 @@ _COLLECTIVE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow     # two poprun runs of two processes each (~50 s on the loaded 2-core host)
 def test_cross_instance_all_reduce_and_hung_instance(tmp_path):
     script = tmp_path / "coll.py"
     script.write_text(_COLLECTIVE)
