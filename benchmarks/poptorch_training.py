@@ -1,7 +1,7 @@
 """PopTorch training: host time per training step of real models through ``poptorch`` against
 PyTorch eager in the same run, and the predicted IPU time of the step.
 
-    python benchmarks/poptorch_training.py [--quick] [--steps N] [--models resnet18,bert]
+    python benchmarks/poptorch_training.py [--quick] [--steps N] [--models resnet18,bert] [--modes ir,device]
 
 Models (random weights, fp32, SGD lr 0.001 momentum 0.9):
 
@@ -26,7 +26,11 @@ Figures for each model (printed as a table and one JSON line):
   IPU (``cycleCount()`` cycles / the target's tile clock) - a predicted device time, not a host
   time; ``ipu_samples_per_s`` = batch / ``ipu_step_s``.
 
-Host times depend on the machine and its load; the predictions do not.
+``--modes``: the ``OPENIPU_EXECUTION`` modes measured one after the other (``ir``: the IR executor,
+the default; ``device``: the device-storage emulation); each row names its mode.
+
+Host times depend on the machine and its load (the row's ``load`` is ``os.getloadavg()`` before
+the model); the predictions do not.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import sys
 import time
@@ -70,8 +75,12 @@ def _inputs(name, quick, g):
                torch.randint(0, s, (b,), generator=g))
 
 
-def measure(name: str, quick: bool = False, steps: int = 3) -> dict:
-    """The figures of one model (see the module docstring)."""
+def measure(name: str, quick: bool = False, steps: int = 3, mode: str | None = None) -> dict:
+    """The figures of one model (see the module docstring); ``mode``: ``OPENIPU_EXECUTION`` for
+    the poptorch model (None: the environment's)."""
+    if mode is not None:
+        os.environ["OPENIPU_EXECUTION"] = mode
+    load = os.getloadavg()[0]
     torch.manual_seed(0)
     model = ResNet18WithLoss() if name == "resnet18" else BertSquadLoss(2 if quick else 12)
     model.train()
@@ -110,7 +119,8 @@ def measure(name: str, quick: bool = False, steps: int = 3) -> dict:
     pt, et = statistics.median(times), statistics.median(etimes)
     plan = tm._session._engine.memory
     fits = plan.fits()
-    return {"model": name, "batch": batch, "params": sum(p.numel() for p in model.parameters()), "fits": fits,
+    return {"model": name, "mode": os.environ.get("OPENIPU_EXECUTION", "ir"), "load": round(load, 1), "batch": batch,
+            "params": sum(p.numel() for p in model.parameters()), "fits": fits,
             "compile_s": round(compile_s, 2), "poptorch_step_s": round(pt, 4), "eager_step_s": round(et, 4),
             "ratio": round(pt / et, 1), "ipu_step_cycles": int(cycles), "ipu_step_s": cycles / clock,
             "ipu_samples_per_s": round(batch * clock / cycles, 1),
@@ -122,16 +132,21 @@ def main() -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--models", default="resnet18,bert")
+    p.add_argument("--modes", default=os.environ.get("OPENIPU_EXECUTION", "ir"),
+                   help="comma-separated OPENIPU_EXECUTION modes (ir, device)")
     a = p.parse_args()
-    print(f"{'model':<10} {'batch':>5} {'compile s':>10} {'poptorch s/step':>16} {'eager s/step':>13} "
-          f"{'ratio':>6} {'IPU cycles (pred)':>18} {'IPU s/step (pred)':>18}")
+    print(f"{'model':<10} {'mode':>6} {'load':>5} {'batch':>5} {'compile s':>10} {'poptorch s/step':>16} "
+          f"{'eager s/step':>13} {'ratio':>6} {'IPU cycles (pred)':>18} {'IPU s/step (pred)':>18}")
     for name in a.models.split(","):
-        r = measure(name, a.quick, a.steps)
-        print(f"{r['model'] + ('' if r['fits'] else '*'):<10} {r['batch']:>5} {r['compile_s']:>10.1f} {r['poptorch_step_s']:>16.3f} "
-              f"{r['eager_step_s']:>13.4f} {r['ratio']:>6.1f} {r['ipu_step_cycles']:>18,} {r['ipu_step_s']:>18.6f}")
-        print(json.dumps(r))
-        if not r["fits"]:
-            print("* does not fit one IPU's tile memory: compiled with debug.allowOutOfMemory")
+        for mode in a.modes.split(","):
+            r = measure(name, a.quick, a.steps, mode.strip())
+            print(f"{r['model'] + ('' if r['fits'] else '*'):<10} {r['mode']:>6} {r['load']:>5.1f} {r['batch']:>5} "
+                  f"{r['compile_s']:>10.1f} {r['poptorch_step_s']:>16.3f} {r['eager_step_s']:>13.4f} "
+                  f"{r['ratio']:>6.1f} "
+                  f"{r['ipu_step_cycles']:>18,} {r['ipu_step_s']:>18.6f}")
+            print(json.dumps(r))
+            if not r["fits"]:
+                print("* does not fit one IPU's tile memory: compiled with debug.allowOutOfMemory")
 
 
 if __name__ == "__main__":

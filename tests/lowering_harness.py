@@ -1,7 +1,12 @@
 """Run one ONNX node through a PopART InferenceSession and compare it with its onnx_ops kernel
-(shared by tests/test_popart_lowering_*.py)."""
+(shared by tests/test_popart_lowering_*.py). The session runs on the device-storage emulation
+(``OPENIPU_EXECUTION=device``): these tests check the lowering, which the IR executor (the
+default) would bypass by running the kernel itself."""
 
 from __future__ import annotations
+
+import contextlib
+import os
 
 import numpy as np
 import onnx
@@ -14,6 +19,20 @@ from openipu.popart.onnx_ops import get_kernel
 _ONNX_OF = {np.dtype(np.float32): onnx.TensorProto.FLOAT, np.dtype(np.float16): onnx.TensorProto.FLOAT16,
             np.dtype(np.int64): onnx.TensorProto.INT64, np.dtype(np.int32): onnx.TensorProto.INT32,
             np.dtype(np.bool_): onnx.TensorProto.BOOL}
+
+
+@contextlib.contextmanager
+def device_emulation():
+    """``OPENIPU_EXECUTION=device`` for the block (restored after it)."""
+    old = os.environ.get("OPENIPU_EXECUTION")
+    os.environ["OPENIPU_EXECUTION"] = "device"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("OPENIPU_EXECUTION", None)
+        else:
+            os.environ["OPENIPU_EXECUTION"] = old
 
 
 def run_node(op_type, inputs, attrs=None, consts=None, opset=17, n_out=1, out_names=None, tiles=16, options=None,
@@ -44,9 +63,11 @@ def run_node(op_type, inputs, attrs=None, consts=None, opset=17, n_out=1, out_na
     s = popart.InferenceSession(fnModel=model.SerializeToString(),
                                 dataFlow=popart.DataFlow(1, {o: popart.AnchorReturnType("ALL") for o in live}),
                                 deviceInfo=dev, userOptions=opts)
-    s.prepareDevice()
-    anchors = s.initAnchorArrays()
-    s.run(popart.PyStepIO({k: np.ascontiguousarray(v) for k, v in inputs.items()}, anchors))
+    with device_emulation():
+        s.prepareDevice()
+        anchors = s.initAnchorArrays()
+        s.run(popart.PyStepIO({k: np.ascontiguousarray(v) for k, v in inputs.items()}, anchors))
+    assert not getattr(s, "_fast", None)
     (op,) = [o for o in s.ops() if o.op_type == op_type]
     return [anchors[o] for o in live], s, op
 

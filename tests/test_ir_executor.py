@@ -2,6 +2,7 @@
 outputs within the plan's precision and the same predicted cycles, for every anchor return type,
 batches per step, weights sent from the host, and the sessions it does not cover."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -81,16 +82,15 @@ def test_sessions_it_does_not_cover_run_on_the_device_emulation(monkeypatch):
     b = popart.Builder(proto)
     loss = b.aiGraphcore.l1loss([y], 0.1)
     opts = popart.SessionOptions()
-    opts.enableGradientAccumulation = True
-    opts.accumulationFactor = 2
+    opts.syntheticDataMode = popart.SyntheticDataMode.Zeros
     s = popart.TrainingSession(fnModel=b.getModelProto(), dataFlow=popart.DataFlow(1, {loss: popart.AnchorReturnType("ALL")}),
                                loss=loss, optimizer=popart.ConstSGD(0.1), userOptions=opts,
                                deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
     s.prepareDevice()
     s.weightsFromHost()
     a = s.initAnchorArrays()
-    s.run(popart.PyStepIO({x: np.ones((2, 3, 8), np.float32)}, a))
-    assert s._fast is False and (a[loss] > 0).all()
+    s.run(popart.PyStepIO({x: np.ones((3, 8), np.float32)}, a))
+    assert s._fast is False     # (synthetic data streams no anchors either)
 
 
 def test_an_unknown_mode_is_a_popart_error(monkeypatch):
@@ -121,7 +121,7 @@ def test_minilm_with_real_weights_agrees(monkeypatch, tmp_path):
     np.testing.assert_allclose(outs["ir"][0], outs["device"][0], rtol=0, atol=1e-5)
 
 
-def _train(monkeypatch, mode, opt_name, bps=2, steps=3, fp16=False):
+def _train(monkeypatch, mode, opt_name, bps=2, steps=3, fp16=False, rf=1, af=1, arts=None):
     monkeypatch.setenv("OPENIPU_EXECUTION", mode)
     rng = np.random.default_rng(0)
     dt, ft = (np.float16, "FLOAT16") if fp16 else (np.float32, "FLOAT")
@@ -140,26 +140,33 @@ def _train(monkeypatch, mode, opt_name, bps=2, steps=3, fp16=False):
            "lamb": lambda: popart.Adam({"defaultLearningRate": (0.01, False)}, popart.AdamMode.Lamb),
            "rmsprop": lambda: popart.Adaptive({"defaultLearningRate": (0.01, False), "defaultMomentum": (0.5, False)},
                                               popart.AdaptiveMode.CenteredRMSProp)}[opt_name]()
-    s = popart.TrainingSession(fnModel=b.getModelProto(), loss=loss, optimizer=opt,
-                               dataFlow=popart.DataFlow(bps, {loss: popart.AnchorReturnType("ALL"),
-                                                              popart.reservedGradientPrefix() + w:
-                                                                  popart.AnchorReturnType("FINAL")}),
-                               deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
+    opts = popart.SessionOptions()
+    if rf > 1:
+        opts.enableReplicatedGraphs, opts.replicatedGraphCount = True, rf
+    if af > 1:
+        opts.enableGradientAccumulation, opts.accumulationFactor = True, af
+    arts = arts or {loss: "ALL", popart.reservedGradientPrefix() + w: "FINAL"}
+    s = popart.TrainingSession(fnModel=b.getModelProto(), loss=loss, optimizer=opt, userOptions=opts,
+                               dataFlow=popart.DataFlow(bps, {(loss if k == "loss" else k): _art(v)
+                                                              for k, v in arts.items()}),
+                               deviceInfo=popart.DeviceManager().createIpuModelDevice({"numIPUs": rf,
+                                                                                       "tilesPerIPU": 8}))
     s.prepareDevice()
     s.weightsFromHost()
     data = np.random.default_rng(2)
     losses = []
+    lead = tuple(d for d in (bps, af, rf) if d > 1)
     for _ in range(steps):
         a = s.initAnchorArrays()
-        s.run(popart.PyStepIO({x: data.standard_normal((bps, 4, 8)).astype(dt),
-                               lab: data.integers(0, 5, (bps, 4)).astype(np.int32)}, a))
+        s.run(popart.PyStepIO({x: data.standard_normal(lead + (4, 8)).astype(dt),
+                               lab: data.integers(0, 5, lead + (4,)).astype(np.int32)}, a))
         losses.append({k: v.copy() for k, v in a.items()})
     if opt_name == "sgd1":          # a new learning rate reaches the device in both modes
         s.updateOptimizerFromHost(popart.SGD({"defaultLearningRate": (0.05, False), "defaultMomentum": (0.9, False),
                                               "defaultWeightDecay": (0.01, False)}))
         a = s.initAnchorArrays()
-        s.run(popart.PyStepIO({x: data.standard_normal((bps, 4, 8)).astype(dt),
-                               lab: data.integers(0, 5, (bps, 4)).astype(np.int32)}, a))
+        s.run(popart.PyStepIO({x: data.standard_normal(lead + (4, 8)).astype(dt),
+                               lab: data.integers(0, 5, lead + (4,)).astype(np.int32)}, a))
         losses.append({k: v.copy() for k, v in a.items()})
     s.weightsToHost()
     weights = {"w": np.zeros((8, 5), dt), "bias": np.zeros(5, dt)}
@@ -180,7 +187,254 @@ def test_training_agrees_with_the_device_emulation(monkeypatch, opt):
         assert not np.array_equal(w_ir[k], _model_init(k))      # trained
 
 
+def _art(name):
+    return popart.AnchorReturnType(name, 2) if name == "EVERYN" else popart.AnchorReturnType(name)
+
+
+def _agree(monkeypatch, opt, tol=(1e-4, 1e-5), **kw):
+    _, l_dev, w_dev, c_dev = _train(monkeypatch, "device", opt, **kw)
+    s, l_ir, w_ir, c_ir = _train(monkeypatch, "ir", opt, **kw)
+    assert s._fast and c_dev == c_ir
+    for a, b in zip(l_dev, l_ir):
+        for k in a:
+            assert a[k].shape == b[k].shape and a[k].dtype == b[k].dtype, k
+            np.testing.assert_allclose(b[k], a[k], rtol=tol[0], atol=tol[1], err_msg=k)
+    for k in w_dev:
+        np.testing.assert_allclose(w_ir[k], w_dev[k], rtol=tol[0], atol=tol[1], err_msg=k)
+        assert not np.array_equal(w_ir[k], _model_init(k))      # trained
+
+
+SCHEDULES = [dict(af=3), dict(af=2, bps=4, arts={"loss": "EVERYN", "Gradient___w": "SUM", "w": "FINAL"}),
+             dict(rf=2), dict(rf=2, af=2, arts={"loss": "SUM", "Gradient___w": "ALL", "bias": "FINAL"})]
+
+
+@pytest.mark.parametrize("kw", SCHEDULES, ids=["accumulation", "accumulation-everyn", "replication",
+                                              "replication-accumulation"])
+@pytest.mark.parametrize("opt", ["sgd1", "adam"])
+def test_accumulation_and_replication_agree_with_the_device_emulation(monkeypatch, opt, kw):
+    _agree(monkeypatch, opt, **kw)
+
+
+@pytest.mark.parametrize("opt", ["sgd1", "adam"])
+def test_fp16_training_agrees_within_half_precision(monkeypatch, opt):
+    """fp16 weights and activations: matmuls compute in float32 and round once (poplin's float
+    partials); losses, gradients and weights within one half ulp of the device emulation's."""
+    _agree(monkeypatch, opt, tol=(1e-3, 1e-3), fp16=True)
+
+
 def _model_init(k):
     rng = np.random.default_rng(0)
     w = rng.standard_normal((8, 5)).astype(np.float32)
     return w if k == "w" else rng.standard_normal(5).astype(np.float32)
+
+
+def test_pipelined_inference_agrees_with_the_device_emulation(monkeypatch):
+    from test_popart_pipelining import ALL, _data, _device, _mlp, _options
+    outs = {}
+    for mode in ("device", "ir"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        b, x, lab, p, loss = _mlp()
+        s = popart.InferenceSession(b.getModelProto(), popart.DataFlow(6, {p: ALL}), _device(),
+                                    userOptions=_options(True))
+        s.prepareDevice()
+        out = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: _data(6)[0]}, out))
+        outs[mode] = (out[p].copy(), s.getCycleCount(), s._fast)
+    assert outs["ir"][2] and not outs["device"][2]
+    assert outs["ir"][1] == outs["device"][1]
+    np.testing.assert_allclose(outs["ir"][0], outs["device"][0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", [None, "Running"])
+def test_pipelined_training_with_accumulation_agrees(monkeypatch, strategy):
+    """Pipelined training with gradient accumulation is functionally accumulation: the executor
+    runs the stages micro-batch by micro-batch; without accumulation (stale weights) the device
+    emulation runs it."""
+    from test_popart_pipelining import _train as train
+    res = {}
+    for mode in ("device", "ir"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        opt = popart.Adam({"defaultLearningRate": (0.02, True)}) if strategy else None
+        out, s = train(True, bps=2, af=4, optimizer=opt, strategy=strategy)
+        res[mode] = (out, s.getCycleCount(), s._fast)
+    assert res["ir"][2] and res["ir"][1] == res["device"][1]
+    for k in res["device"][0]:
+        np.testing.assert_allclose(res["ir"][0][k], res["device"][0][k], rtol=1e-5, atol=1e-6, err_msg=k)
+    monkeypatch.setenv("OPENIPU_EXECUTION", "ir")
+    _, s = train(True, bps=3)
+    assert s._fast is False
+
+
+def _random_run(monkeypatch, mode, rf):
+    monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+    rng = np.random.default_rng(0)
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [4, 8]), "x")
+    w = b.addInitializedInputTensor(rng.standard_normal((8, 5)).astype(np.float32), "w")
+    (d,) = b.aiOnnx.dropout([b.aiOnnx.matmul([x, w])], 1, 0.3)
+    y = b.aiOnnx.add([d, b.aiOnnx.randomuniformlike([b.aiGraphcore.detach([d])])])
+    loss = b.aiGraphcore.l1loss([y], 0.1)
+    o = popart.SessionOptions()
+    if rf > 1:
+        o.enableReplicatedGraphs, o.replicatedGraphCount = True, rf
+    s = popart.TrainingSession(fnModel=b.getModelProto(), loss=loss, optimizer=popart.ConstSGD(0.1), userOptions=o,
+                               dataFlow=popart.DataFlow(2, {y: popart.AnchorReturnType("ALL")}),
+                               deviceInfo=popart.DeviceManager().createIpuModelDevice({"numIPUs": rf,
+                                                                                       "tilesPerIPU": 8}))
+    s.prepareDevice()
+    s.weightsFromHost()
+    s.setRandomSeed(7)
+    outs = []
+    for _ in range(2):
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: np.ones((2,) + ((rf,) if rf > 1 else ()) + (4, 8), np.float32)}, a))
+        outs.append(a[y].copy())
+    s.weightsToHost()
+    wts = {"w": np.zeros((8, 5), np.float32)}
+    s.readWeights(popart.PyWeightsIO(wts))
+    return s, outs, wts["w"]
+
+
+@pytest.mark.parametrize("rf", [1, 2])
+def test_random_ops_draw_the_device_streams(monkeypatch, rf):
+    """Dropout (and its gradient's regenerated mask) and a seeded RandomUniformLike draw what the
+    device emulation draws, batch after batch (GetRandomSeed advances the seed in the executor)."""
+    _, dev, w_dev = _random_run(monkeypatch, "device", rf)
+    s, ir, w_ir = _random_run(monkeypatch, "ir", rf)
+    assert s._fast
+    for a, b in zip(dev, ir):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(ir[0][0], ir[0][1])          # a new mask every batch
+    np.testing.assert_allclose(w_ir, w_dev, rtol=1e-6, atol=1e-6)
+
+
+def test_print_tensor_prints_what_the_device_prints(monkeypatch, capfd):
+    """PrintTensor and its gradient print the device program's text (title, values, order), once
+    per batch, from replica 0."""
+    printed = {}
+    for mode in ("device", "ir"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        b = popart.Builder()
+        x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 3]), "x")
+        w = b.addInitializedInputTensor(np.arange(9, dtype=np.float32).reshape(3, 3) / 10, "w")
+        h = b.aiGraphcore.printtensor([b.aiOnnx.matmul([x, w])], title="hidden")
+        loss = b.aiGraphcore.l1loss([h], 0.5)
+        s = popart.TrainingSession(fnModel=b.getModelProto(), loss=loss, optimizer=popart.ConstSGD(0.1),
+                                   dataFlow=popart.DataFlow(2, {loss: popart.AnchorReturnType("ALL")}),
+                                   deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
+        s.prepareDevice()
+        s.weightsFromHost()
+        capfd.readouterr()
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: np.linspace(-1, 1, 12, dtype=np.float32).reshape(2, 2, 3)}, a))
+        printed[mode] = (capfd.readouterr().out, s._fast)
+    assert printed["ir"][1] and not printed["device"][1]
+    num = r"-?\d+\.\d+(?:e[-+]\d+)?"
+    # the same text up to the last digits of the values (the plan's matmul accumulation order)
+    assert re.sub(num, "#", printed["ir"][0]) == re.sub(num, "#", printed["device"][0])
+    np.testing.assert_allclose(np.array(re.findall(num, printed["ir"][0]), float),
+                               np.array(re.findall(num, printed["device"][0]), float), rtol=1e-6, atol=1e-7)
+    assert printed["ir"][0].count("hidden: ") == 2 and printed["ir"][0].count("hidden_gradient: ") == 2
+
+
+@pytest.mark.parametrize("kind", ["if", "loop", "scan", "call"])
+def test_control_flow_agrees_with_the_device_emulation(monkeypatch, kind):
+    from test_popart_dtypes import _subgraph_models
+    got = {}
+    for mode in ("device", "ir"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        b, feeds, o, want = _subgraph_models()[kind]
+        b.addOutputTensor(o)
+        s = popart.InferenceSession(fnModel=b.getModelProto(),
+                                    dataFlow=popart.DataFlow(1, {o: popart.AnchorReturnType("ALL")}),
+                                    deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
+        s.prepareDevice()
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO(feeds, a))
+        got[mode] = (a[o].copy(), s.getCycleCount(), s._fast)
+    assert got["ir"][2] and got["ir"][1] == got["device"][1]
+    np.testing.assert_allclose(got["ir"][0], got["device"][0], rtol=1e-6)
+    np.testing.assert_allclose(got["ir"][0], want, rtol=1e-6)
+
+
+def test_fp16_conv_and_matmul_round_once_from_float32(monkeypatch):
+    """An fp16 Conv + MatMul inference: the executor's outputs are the float32 results rounded to
+    half (what poplin's float partials give), within one half ulp of the device emulation's."""
+    import torch
+    rng = np.random.default_rng(3)
+    xv = rng.standard_normal((2, 3, 6, 6)).astype(np.float16)
+    kv = rng.standard_normal((4, 3, 3, 3)).astype(np.float16)
+    mv = rng.standard_normal((16, 5)).astype(np.float16)
+    got = {}
+    for mode in ("device", "ir"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        b = popart.Builder()
+        x = b.addInputTensor(popart.TensorInfo("FLOAT16", [2, 3, 6, 6]), "x")
+        c = b.aiOnnx.conv([x, b.addInitializedInputTensor(kv, "k")], strides=[1, 1], pads=[0, 0, 0, 0])
+        y = b.aiOnnx.matmul([b.aiOnnx.reshape([c, b.aiOnnx.constant(np.array([8, 16], np.int64))]),
+                             b.addInitializedInputTensor(mv, "m")])
+        s = popart.InferenceSession(fnModel=b.getModelProto(),
+                                    dataFlow=popart.DataFlow(1, {y: popart.AnchorReturnType("ALL")}),
+                                    deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
+        s.prepareDevice()
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: xv}, a))
+        got[mode] = (a[y].copy(), s._fast)
+    assert got["ir"][1] and got["ir"][0].dtype == np.float16
+    conv = torch.nn.functional.conv2d(torch.from_numpy(xv).float(), torch.from_numpy(kv).float()).half()
+    want = (conv.reshape(8, 16).float() @ torch.from_numpy(mv).float()).half().numpy()
+    np.testing.assert_array_equal(got["ir"][0], want)
+    np.testing.assert_allclose(got["ir"][0].astype(np.float32), got["device"][0].astype(np.float32),
+                               rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("op", ["Add", "Max"])
+def test_collectives_across_replicas_agree(monkeypatch, op):
+    """ReplicatedReduceScatter and ReplicatedAllReduce over 2 replicas: each replica's piece and
+    sum as the device emulation's gcl collectives give them."""
+    got = {}
+    xv = np.array([[[1, 2, 3, 4, 5], [10, 20, -30, 40, 50]], [[0, 1, 0, 1, 0], [5, 5, 5, 5, -5]]], np.float32)
+    for mode in ("device", "ir"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        b = popart.Builder()
+        x = b.addInputTensor(popart.TensorInfo("FLOAT", [5]), "x")
+        y = b.aiGraphcore.replicatedreducescatter([x], getattr(popart.CollectiveOperator, op))
+        z = b.aiGraphcore.replicatedallreduce([b.aiOnnx.mul([x, x])], getattr(popart.CollectiveOperator, op))
+        opts = popart.SessionOptions()
+        opts.enableReplicatedGraphs, opts.replicatedGraphCount = True, 2
+        s = popart.InferenceSession(fnModel=b.getModelProto(), userOptions=opts,
+                                    dataFlow=popart.DataFlow(2, {y: popart.AnchorReturnType("ALL"),
+                                                                 z: popart.AnchorReturnType("ALL")}),
+                                    deviceInfo=popart.DeviceManager().createIpuModelDevice({"numIPUs": 2,
+                                                                                            "tilesPerIPU": 8}))
+        s.prepareDevice()
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: xv}, a))
+        got[mode] = ({k: v.copy() for k, v in a.items()}, s._fast, s.getCycleCount())
+    assert got["ir"][1] and got["ir"][2] == got["device"][2]
+    for k in got["device"][0]:
+        np.testing.assert_array_equal(got["ir"][0][k], got["device"][0][k])
+
+
+@pytest.mark.parametrize("fires", [False, True])
+def test_abort_stops_the_run_as_on_the_device(monkeypatch, fires):
+    errors = {}
+    for mode in ("device", "ir"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        b = popart.Builder()
+        x = b.addInputTensor(popart.TensorInfo("FLOAT", [3]), "x")
+        y = b.aiOnnx.relu([x])
+        b.aiGraphcore.abort([b.aiOnnx.reducemax([y], keepdims=0)])      # fires when an input is > 0
+        s = popart.InferenceSession(fnModel=b.getModelProto(),
+                                    dataFlow=popart.DataFlow(1, {y: popart.AnchorReturnType("ALL")}),
+                                    deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
+        s.prepareDevice()
+        a = s.initAnchorArrays()
+        try:
+            s.run(popart.PyStepIO({x: np.array([-1, 2 if fires else -2, -3], np.float32)}, a))
+            errors[mode] = (None, s._fast)
+        except Exception as e:  # noqa: BLE001 - compared between the modes
+            errors[mode] = ((type(e), str(e)), s._fast)
+    assert errors["ir"][1] and not errors["device"][1]
+    assert errors["ir"][0] == errors["device"][0]
+    assert (errors["ir"][0] is not None) == fires

@@ -10,6 +10,13 @@ import pytest
 import popart
 
 
+@pytest.fixture(autouse=True)
+def _device_emulation(monkeypatch):
+    """These tests check the lowering (views, in-place writes on the device): they run on the
+    device-storage emulation, which the IR executor (the default) would bypass."""
+    monkeypatch.setenv("OPENIPU_EXECUTION", "device")
+
+
 def _session(b, anchors, patterns=None):
     dev = popart.DeviceManager().createIpuModelDevice({"numIPUs": 1, "tilesPerIPU": 16})
     s = popart.InferenceSession(fnModel=b.getModelProto(),

@@ -7,6 +7,14 @@ import pytest
 import popart
 from lowering_harness import check, run_node
 
+
+@pytest.fixture(autouse=True)
+def _device_emulation(monkeypatch):
+    """These tests check the lowering (views, in-place writes on the device): they run on the
+    device-storage emulation, which the IR executor (the default) would bypass."""
+    monkeypatch.setenv("OPENIPU_EXECUTION", "device")
+
+
 RNG = np.random.default_rng(3)
 REDUCE_OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare", "ReduceL2",
               "ReduceL1", "ReduceLogSum", "ReduceLogSumExp"]

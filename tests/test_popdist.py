@@ -145,23 +145,26 @@ def test_cross_instance_all_reduce_and_hung_instance(tmp_path):
     assert "done" not in r.stdout
 
 
-def _train(tmp_path, mode, model, out, instances=0):
+def _train(tmp_path, mode, model, out, instances=0, execution="ir"):
     cmd = [sys.executable, str(HERE / "popdist_train.py"), mode, model, str(tmp_path / out)]
     if instances:
-        r = _poprun(["--num-instances", str(instances), "--num-replicas", "4", *cmd], tmp_path, timeout=1200)
+        r = _poprun(["--num-instances", str(instances), "--num-replicas", "4", *cmd], tmp_path, timeout=1200,
+                    OPENIPU_EXECUTION=execution)
     else:
-        r = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=1200)
+        r = subprocess.run(cmd, cwd=tmp_path, env=_env(OPENIPU_EXECUTION=execution), capture_output=True, text=True,
+                           timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["mlp", "bert"])
-def test_training_under_poprun_matches_one_process_and_ddp(tmp_path, model):
+@pytest.mark.parametrize("model,execution", [("mlp", "ir"), ("bert", "ir"), ("mlp", "device"), ("bert", "device")])
+def test_training_under_poprun_matches_one_process_and_ddp(tmp_path, model, execution):
     """4 replicas, 3 SGD steps: ``poprun --num-instances 2`` (2 replicas each) gives bit-identical
     weights to one process with 4 replicas, the same per-replica losses and predicted cycles, and
-    PyTorch DDP's weights (gloo, 4 CPU processes) within fp32 rounding."""
-    _train(tmp_path, "poptorch", model, "one.pt")
-    _train(tmp_path, "poptorch", model, "two.pt", instances=2)
+    PyTorch DDP's weights (gloo, 4 CPU processes) within fp32 rounding; on the IR executor (the
+    default) and on the device emulation."""
+    _train(tmp_path, "poptorch", model, "one.pt", execution=execution)
+    _train(tmp_path, "poptorch", model, "two.pt", instances=2, execution=execution)
     one = torch.load(tmp_path / "one.pt")
     parts = [torch.load(tmp_path / f"two.pt.{i}") for i in range(2)]
     for k, v in one["state"].items():
@@ -293,18 +296,3 @@ def test_distributed_options_without_instances_raise(monkeypatch):
     with pytest.raises(Exception, match="start the program with poprun --num-instances 2 --num-replicas 4"):
         tm(torch.ones(2, 2))
 
-
-def test_ir_executor_leaves_distributed_sessions_to_the_device_path():
-    import numpy as np
-    import popart
-    from openipu.popart import execute
-    b = popart.Builder()
-    x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 3]), "x")
-    w = b.addInitializedInputTensor(np.ones((3, 3), np.float32), "w")
-    loss = b.aiGraphcore.l1loss([b.aiOnnx.matmul([x, w])], 1.0)
-    o = popart.SessionOptions()
-    o.enableDistributedReplicatedGraphs, o.globalReplicationFactor, o.globalReplicaOffset = True, 2, 1
-    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}), loss,
-                               popart.ConstSGD(0.1), popart.DeviceManager().createIpuModelDevice({"numIPUs": 1}),
-                               userOptions=o)
-    assert "several instances" in execute.unsupported(s)

@@ -136,10 +136,9 @@ SHAPES = [(1, 512, 512, 512), (1, 4096, 1024, 4096), (1, 6144, 1024, 1024), (12,
 def test_plan_within_budget_and_monotone_in_proportion(shape, dtype):
     prev = None
     for amp in (1.0, 0.6, 0.3, 0.15, 0.05, 0.01):
-        try:
-            plan = poplin.plan_matmul(*shape, dtype, IPU2, {"availableMemoryProportion": amp}, poplin.PlanningCache())
-        except poplin.poplibs_error as e:
-            assert "no plan fits" in str(e)
+        plan = poplin.plan_matmul(*shape, dtype, IPU2, {"availableMemoryProportion": amp}, poplin.PlanningCache())
+        if plan.temp_bytes > plan.budget_bytes:     # no plan fits: the least-memory plan, over the budget
+            assert prev is None or plan.temp_bytes <= prev.temp_bytes
             break
         assert plan.temp_bytes <= amp * IPU2.getBytesPerTile()
         if prev is not None:
@@ -195,18 +194,44 @@ def test_single_tile_fp16_rate_at_most_amp_peak(partials, peak):
     assert peak / 4 < rate <= peak
 
 
-def test_no_plan_fits_error():
+def _tiny_target():
     m = poplar.IPUModel("ipu2")
     m.tilesPerIPU = 2
     m.memoryBytesPerTile = 8 * 1024
-    t = m.createDevice().getTarget()
-    with pytest.raises(poplin.poplibs_error) as e:
-        poplin.plan_matmul(1, 512, 4096, 512, poplar.HALF, t, {"availableMemoryProportion": 0.5})
-    msg = str(e.value)
-    for part in ("matMul [512x4096] x [4096x512]", "half inputs", "no plan fits", "least temporary memory needs",
+    return m.createDevice().getTarget()
+
+
+def test_no_plan_fits_warns_and_takes_the_least_memory_plan(tmp_path, monkeypatch):
+    """As PopLibs: no plan within the budget is a warning through Poplar's logger (printed at
+    POPLAR_LOG_LEVEL=WARN) and the plan with least temporary memory, not an error."""
+    log = tmp_path / "poplar.log"
+    monkeypatch.setenv("POPLAR_LOG_LEVEL", "WARN")
+    monkeypatch.setenv("POPLAR_LOG_DEST", str(log))
+    t = _tiny_target()
+    with poplin.plan.record_over_budget() as over:
+        plan = poplin.plan_matmul(1, 512, 4096, 512, poplar.HALF, t, {"availableMemoryProportion": 0.5},
+                                  poplin.PlanningCache())
+    least = poplin.plan_matmul(1, 512, 4096, 512, poplar.HALF, t, {"availableMemoryProportion": 0},
+                               poplin.PlanningCache())
+    assert plan.budget_bytes == 4096 < plan.temp_bytes
+    assert plan.temp_bytes == least.temp_bytes
+    assert [(o.temp_bytes, o.budget_bytes) for o in over] == [(plan.temp_bytes, 4096)]
+    msg = log.read_text()
+    for part in ("PO:POPLIN [W]", "matMul [512x4096] x [4096x512]", "half inputs",
+                 "unable to meet memory target", f"least temporary memory needs {plan.temp_bytes:,} bytes",
                  "availableMemoryProportion 0.5 of 8,192 bytes per tile allows 4,096 bytes",
                  "Raise availableMemoryProportion", "lower the batch size", "more IPUs"):
         assert part in msg, (part, msg)
+
+
+def test_no_plan_fits_is_silent_by_default(tmp_path, monkeypatch):
+    log = tmp_path / "poplar.log"
+    monkeypatch.delenv("POPLAR_LOG_LEVEL", raising=False)
+    monkeypatch.delenv("POPLAR_POPLIN_LOG_LEVEL", raising=False)
+    monkeypatch.setenv("POPLAR_LOG_DEST", str(log))
+    poplin.plan_matmul(1, 512, 4096, 512, poplar.HALF, _tiny_target(), {"availableMemoryProportion": 0.5},
+                       poplin.PlanningCache())
+    assert not log.exists() or log.read_text() == ""
 
 
 def test_plan_cache():
@@ -232,8 +257,8 @@ def test_serial_splits_when_memory_is_short():
     amp = 0.02                           # 12,779 bytes per tile
     plan = poplin.plan_matmul(1, 96, 256, 80, poplar.FLOAT, t, {"availableMemoryProportion": amp})
     assert plan.serial_steps > 1 and plan.temp_bytes <= amp * t.getBytesPerTile()
-    with pytest.raises(poplin.poplibs_error):
-        poplin.plan_matmul(1, 96, 256, 80, poplar.FLOAT, t, {"availableMemoryProportion": 0.001})
+    least = poplin.plan_matmul(1, 96, 256, 80, poplar.FLOAT, t, {"availableMemoryProportion": 0.001})
+    assert least.temp_bytes > least.budget_bytes and least.temp_bytes <= plan.temp_bytes   # over: least memory
     rng = np.random.default_rng(0)
     A = rng.standard_normal((96, 256)).astype(np.float32)
     B = rng.standard_normal((256, 80)).astype(np.float32)

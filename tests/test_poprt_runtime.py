@@ -143,6 +143,7 @@ def test_compiler_options_fields_and_errors():
     o = CompilerOptions()
     assert (o.num_ipus, o.ipu_version, o.batches_per_step, o.available_memory_proportion, o.num_io_tiles) == \
         (1, "ipu21", 1, 0.6, 0)
+    assert o.partials_type == "half"        # PopRT's default (research/poprt.md: CompilerOptions defaults)
     o.enable_prefetch_datastreams = False       # accepted and stored
     o.time_limit_scheduler = 5
     with pytest.raises(AttributeError, match="no attribute 'not_an_option'"):

@@ -75,7 +75,14 @@ def test_memory_views_and_results_in_the_callers_arrays(step1):
     r.close()
 
 
-def test_batches_per_step_one_batch_per_call_from_concurrent_callers(step4):
+@pytest.fixture
+def device_path(monkeypatch):
+    """The Poplar program on the device emulation (its step loop takes the queued calls), not the
+    IR executor, which runs each call's batch on its own."""
+    monkeypatch.setenv("OPENIPU_EXECUTION", "device")
+
+
+def test_batches_per_step_one_batch_per_call_from_concurrent_callers(step4, device_path):
     exe, w = step4
     r = runtime.Runner(exe, runtime.RuntimeConfig(timeout_ns=datetime.timedelta(milliseconds=200)))
     xs = [_x(10 + i) for i in range(12)]
@@ -101,7 +108,7 @@ def test_batches_per_step_one_batch_per_call_from_concurrent_callers(step4):
     r.close()
 
 
-def test_batches_per_step_lone_caller_async_and_k_batches(step4):
+def test_batches_per_step_lone_caller_async_and_k_batches(step4, device_path):
     exe, w = step4
     r = runtime.Runner(exe, runtime.RuntimeConfig(timeout_ns=5_000_000))
     for i in range(3):                              # fewer than batches_per_step: the flush ends the step
@@ -148,7 +155,7 @@ def test_missing_file_names_a_file_differing_in_case(tmp_path):
         runtime.Runner(str(tmp_path / "executable_FP16.popef"), runtime.RuntimeConfig())
 
 
-def test_a_runner_nobody_holds_is_freed(step4):
+def test_a_runner_nobody_holds_is_freed(step4, device_path):
     """Byte MLPerf ``del``s its engine before loading the next batch size: the runner, its step
     thread and its engine go."""
     import gc
@@ -167,3 +174,23 @@ def test_a_runner_nobody_holds_is_freed(step4):
     assert ref() is None
     thread.join(2.0)
     assert not thread.is_alive()
+
+
+def test_ir_executor_runs_each_callers_batch(step4, monkeypatch):
+    """With the IR executor (the default) each call's batch runs on its own, from concurrent
+    callers, with the same outputs as the program's; the prediction is the compiled program's."""
+    monkeypatch.setenv("OPENIPU_EXECUTION", "ir")
+    exe, w = step4
+    r = runtime.Runner(exe)
+    assert r._fast is not None and r._stepper is None and not hasattr(r, "_engine")
+    xs = [_x(30 + i) for i in range(6)]
+    outs = [np.zeros((B, D_OUT), np.float32) for _ in xs]
+    ts = [threading.Thread(target=r.execute, args=({"x": x}, {"y": o})) for x, o in zip(xs, outs)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for x, o in zip(xs, outs):
+        np.testing.assert_allclose(o, x @ w, rtol=1e-5, atol=1e-6)
+    assert r.host_stats()["executes"] == len(xs) and r.predicted is exe.prediction
+    r.close()

@@ -496,3 +496,11 @@ def test_dataloader_splits_the_dataset_between_distributed_processes():
         o.Distributed.configureProcessId(pid, 2)
         shuffled += torch.cat([b[0] for b in poptorch.DataLoader(o, data, batch_size=5, shuffle=True)]).tolist()
     assert sorted(shuffled) == list(map(float, range(20))) and shuffled != list(map(float, range(20)))
+
+
+def test_options_setters_take_poptorch_keyword_names():
+    # PopTorch Geometric's tests and user code pass these by keyword
+    o = poptorch.Options().deviceIterations(device_iterations=3).replicationFactor(replication_factor=2)
+    o.Training.gradientAccumulation(gradient_accumulation=4)
+    o.randomSeed(random_seed=7)
+    assert (o.device_iterations, o.replication_factor, o.Training.gradient_accumulation, o.random_seed) == (3, 2, 4, 7)

@@ -1,6 +1,13 @@
-"""``openipu`` command line. ``openipu run MODEL.onnx`` is the main job (see :mod:`openipu.runner`).
+"""``openipu`` command line. ``openipu run MODEL.onnx`` is the main job (see :mod:`openipu.runner`);
+``openipu sweep MODEL.onnx`` sizes it over batch sizes, targets and options (:mod:`openipu.sizing`);
+``openipu report`` writes the HTML report of a profile. ``openipu --version`` prints the version.
 
-Exit status (``openipu run``): 0 success; 1 error (unreadable model or ``--input``, a model the
+``openipu run --json`` prints one JSON document (schema ``docs/run.schema.json``): the target and
+the inference options as applied, the prediction (predicted IPU figures) and the host figures,
+apart. Every prediction is made with :class:`openipu.runner.InferenceOptions`, whose defaults are
+PopRT's production inference options, and the assumptions are printed with it.
+
+Exit status (``openipu run`` and ``openipu sweep``): 0 success; 1 error (unreadable model or ``--input``, a model the
 checks refuse, an unwritable ``--output`` / ``--report``, not enough host memory for a functional
 run, any unexpected failure); 2 usage (an unknown flag or an option value outside its range);
 3 the model does not fit in tile memory (the prediction, latency included, is still printed).
@@ -24,7 +31,8 @@ _EXIT_TEXT = """exit status:
   1  error: unreadable model or --input file, a model the checks refuse, an output path that
      cannot be written, not enough host memory for a functional run (try --offline)
   2  usage: an unknown flag or an option value outside its range
-  3  the model does not fit in tile memory (the prediction, latency included, is printed)
+  3  the model does not fit in tile memory (the prediction, latency included, is printed with the
+     shortfall: bytes over on the worst tile); for sweep, no point fits
 Errors are one line on stderr; set OPENIPU_DEBUG=1 to see the traceback of an unexpected one."""
 
 
@@ -57,8 +65,32 @@ def _seconds(s: float) -> str:
     return f"{s * 1e6:,.1f} us"
 
 
+def _add_inference_options(r) -> None:
+    """The flags of :class:`openipu.runner.InferenceOptions` (defaults: PopRT's production inference)."""
+    g = r.add_argument_group("inference options (defaults: PopRT's production inference; printed with every "
+                             "prediction)")
+    g.add_argument("--precision", default="fp32", choices=["fp32", "fp16"], help="model precision (default fp32, as "
+                   "PopRT's converter)")
+    g.add_argument("--partials-type", default="half", choices=["half", "float"],
+                   help="matmul / convolution partials (default half, as PopRT; fp32 models accumulate in float)")
+    g.add_argument("--available-memory-proportion", type=float, default=None, metavar="AMP",
+                   help="temporary-memory budget of matmuls and convolutions, a proportion of a tile (default 0.6)")
+    g.add_argument("--num-io-tiles", type=int, default=0, metavar="N",
+                   help="tiles of each IPU set aside for host I/O; the model is compiled on the rest (default 0)")
+    g.add_argument("--overlap-io", action=argparse.BooleanOptionalAction, default=None,
+                   help="overlap the host I/O of the next batch with compute on the I/O tiles (default: on when "
+                        "there are I/O tiles, as PopRT)")
+    g.add_argument("--batches-per-step", type=int, default=1, help="PopART batches per step (default 1)")
+
+
+def _version() -> str:
+    from openipu import __version__
+    return f"openipu {__version__}"
+
+
 def _build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="openipu", description="Graphcore IPU software stack on a simulated IPU.")
+    p.add_argument("--version", action="version", version=_version())
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="compile and run an ONNX model on a simulated IPU and predict its IPU performance",
                        description="Compile MODEL for a simulated IPU, run one step, print the outputs and "
@@ -69,18 +101,19 @@ def _build_parser() -> argparse.ArgumentParser:
     r.add_argument("--num-ipus", type=int, default=1, help="IPUs to shard the model over (default 1)")
     r.add_argument("--tiles-per-ipu", type=int, default=None, help="use this many tiles of each IPU (1 to the generation's 1,216 / 1,472)")
     r.add_argument("--batch-size", type=int, default=None, help="override the model's batch dimension")
-    r.add_argument("--batches-per-step", type=int, default=1, help="PopART batches per step (default 1)")
-    r.add_argument("--precision", default="fp32", choices=["fp32", "fp16"], help="model precision (default fp32)")
     r.add_argument("--input", metavar="FILE", help=".npz of input arrays keyed by input name, one for each input "
                                                  "(default: random inputs)")
     r.add_argument("--output", metavar="FILE", help="write the outputs to this .npz (missing folders are created)")
     r.add_argument("--report", metavar="DIR", help="write the profile (profile.pop, summary.txt; read it with pva or `openipu report`) to DIR")
-    r.add_argument("--available-memory-proportion", type=float, default=None,
-                   help="temporary-memory budget of matmuls and convolutions (default 0.6)")
+    r.add_argument("--json", action="store_true",
+                   help="print one JSON document (schema docs/run.schema.json) instead of the text")
     r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     r.add_argument("--offline", action="store_true",
                    help="predict only: compile for an offline IPU and predict cycles and memory without "
                         "running the model (no device memory, no kernels)")
+    _add_inference_options(r)
+    from openipu.sizing import add_sweep_parser
+    add_sweep_parser(sub)
     rp = sub.add_parser("report", help="write the Graph Analyser HTML report of a profile",
                         description="Write a self-contained HTML page (memory per tile, liveness, program tree, "
                                     "execution trace, largest variables and vertices) of PROFILE_DIR's profile.pop.")
@@ -113,14 +146,17 @@ def _report(args) -> int:
     return 0
 
 
-def _print_run(res, out, amp_used: float | None = None) -> None:
+def _print_run(res, out) -> None:
     w = lambda s="": print(s, file=out)  # noqa: E731
     w(f"Model     {res.model_path}  ({res.num_nodes} nodes)")
     from openipu.runner import PLACEHOLDER_NOTE, is_placeholder
     if is_placeholder(res.model_path):
         w(f"          ({PLACEHOLDER_NOTE})")
-    w(f"Target    {res.target}: {res.num_ipus} IPU(s) x {res.tiles_per_ipu:,} tiles, {_kib(res.bytes_per_tile)} per tile, "
-      f"{res.clock_hz / 1e9:.2f} GHz; batch {res.batch_size}, batches per step {res.batches_per_step}, {res.precision}")
+    io = (f" ({res.compute_tiles_per_ipu:,} compute + {res.options.num_io_tiles:,} I/O)"
+          if res.options.num_io_tiles else "")
+    w(f"Target    {res.target}: {res.num_ipus} IPU(s) x {res.tiles_per_ipu:,} tiles{io}, {_kib(res.bytes_per_tile)} "
+      f"per tile, {res.clock_hz / 1e9:.2f} GHz; batch {res.batch_size}")
+    w(f"Options   {res.options.describe()}")
     w()
     if res.outputs:
         w("Outputs (computed on this host by the simulated IPU)")
@@ -135,13 +171,19 @@ def _print_run(res, out, amp_used: float | None = None) -> None:
       f"mean {_kib(res.tile_bytes_mean)}; fits: {fit}")
     if res.worst_tiles:
         t, b = res.worst_tiles[0]
-        w(f"  total memory        {res.tile_bytes_total:,} B over {res.num_ipus * res.tiles_per_ipu:,} tiles; "
+        w(f"  total memory        {res.tile_bytes_total:,} B over {res.num_ipus * res.compute_tiles_per_ipu:,} tiles; "
           f"worst tile {t} ({b:,} B)")
+    if res.over_budget_plans:
+        w(f"  planner             {len(res.over_budget_plans)} matmul/convolution plan(s) over the temporary-memory "
+          "budget (least-memory plan taken), e.g.")
+        op, tb, bb = max(res.over_budget_plans, key=lambda o: o[1] - o[2])
+        w(f"                      {op[:100]}: {tb:,} B per tile, budget {bb:,} B")
     if not res.fits:
         w("  worst tiles         " + ", ".join(f"tile {t}: {_kib(b)}" for t, b in res.worst_tiles))
-        w(f"  latency             {_seconds(res.latency)} per batch  ({res.step_cycles:,.0f} cycles per step; "
+        w(f"  shortfall           {res.shortfall_bytes:,} B over a tile's {res.bytes_per_tile:,} B on the worst tile")
+        w(f"  latency             {_seconds(res.latency)} per batch  ({res.latency_cycles:,.0f} cycles per batch; "
           "if it fitted)")
-        w(f"  throughput          {res.throughput:,.1f} samples/s")
+        w(f"  throughput          {res.throughput:,.1f} samples/s (if it fitted)")
         w()
         w("The model does not fit in tile memory, so it was not run. Try:")
         w(f"  --num-ipus {res.num_ipus * 2}            shard over more IPUs")
@@ -149,12 +191,17 @@ def _print_run(res, out, amp_used: float | None = None) -> None:
             w("  --precision fp16         halve weights and activations")
         if res.batch_size > 1:
             w(f"  --batch-size {max(1, res.batch_size // 2):<11} a smaller batch")
-        amp = (amp_used if amp_used is not None else 0.6) / 2
-        w(f"  --available-memory-proportion {amp:g}   less temporary memory per matmul/convolution "
-          "(more serial steps, which take longer)")
+        if not res.over_budget_plans:
+            amp = res.options.available_memory_proportion / 2
+            w(f"  --available-memory-proportion {amp:g}   less temporary memory per matmul/convolution "
+              "(more serial steps, which take longer)")
+        w(f"  openipu sweep {res.model_path} --max-batch   the largest batch that fits")
         return
-    w(f"  latency             {_seconds(res.latency)} per batch  ({res.step_cycles:,.0f} cycles per step)")
-    w(f"  throughput          {res.throughput:,.1f} samples/s")
+    w(f"  latency             {_seconds(res.latency)} per batch  ({res.latency_cycles:,.0f} cycles per batch)")
+    w(f"  step                {_seconds(res.step_seconds)}  ({res.step_cycles:,.0f} cycles per step, "
+      f"{res.batches_per_step} batch(es), host I/O not overlapped)")
+    over = " (host I/O overlapped)" if res.options.overlapped else ""
+    w(f"  throughput          {res.throughput:,.1f} samples/s{over}")
     total = sum(res.by_category.values()) or 1.0
     shares = "  ".join(f"{_CATEGORY_LABELS[c]} {v / total:.1%}" for c, v in res.by_category.items() if v)
     w(f"  time shares         {shares}")
@@ -182,7 +229,8 @@ def _run(args) -> int:
         runner.check_options(ipu=args.ipu, num_ipus=args.num_ipus, batch_size=args.batch_size,
                              batches_per_step=args.batches_per_step, precision=args.precision, seed=args.seed,
                              available_memory_proportion=args.available_memory_proportion,
-                             tiles_per_ipu=args.tiles_per_ipu)
+                             tiles_per_ipu=args.tiles_per_ipu, num_io_tiles=args.num_io_tiles,
+                             overlap_io=args.overlap_io, partials_type=args.partials_type)
     except runner.UsageError as e:
         return fail(f"error: {e} (see openipu run --help)", EXIT_USAGE)
     # paths first, so that a bad one costs no compile
@@ -209,7 +257,8 @@ def _run(args) -> int:
                                seed=args.seed, report_dir=args.report,
                                available_memory_proportion=args.available_memory_proportion,
                                tiles_per_ipu=args.tiles_per_ipu, offline=args.offline,
-                               all_inputs=inputs is not None)
+                               all_inputs=inputs is not None, num_io_tiles=args.num_io_tiles,
+                               overlap_io=args.overlap_io, partials_type=args.partials_type)
     except runner.UsageError as e:
         return fail(f"error: {e} (see openipu run --help)", EXIT_USAGE)
     except (FileNotFoundError, ValueError) as e:
@@ -225,14 +274,32 @@ def _run(args) -> int:
         if type(e).__module__.startswith(("openipu.popart", "openipu.poplar", "openipu.poplibs")):
             return fail(f"the model could not be compiled or run for the IPU: {type(e).__name__}: {_one_line(e)}")
         raise
-    _print_run(res, sys.stdout, args.available_memory_proportion)
+    if args.json:
+        import json
+        doc = res.to_dict()
+        doc["outputs"] = {k: _output_stats(v) for k, v in res.outputs.items()}
+        doc["exit_status"] = EXIT_OK if res.fits else EXIT_DOES_NOT_FIT
+        print(json.dumps(doc, indent=1))
+    else:
+        _print_run(res, sys.stdout)
     if args.output and res.outputs:
         try:
             np.savez(args.output, **res.outputs)
         except OSError as e:
             return fail(f"cannot write --output '{args.output}': {e.strerror or e}")
-        print(f"Outputs written to {args.output}")
+        print(f"Outputs written to {args.output}", file=sys.stderr if args.json else sys.stdout)
     return EXIT_OK if res.fits else EXIT_DOES_NOT_FIT
+
+
+def _output_stats(v: np.ndarray) -> dict:
+    """dtype, shape and summary statistics of one output (JSON numbers; NaN / inf as strings)."""
+    a = np.asarray(v, dtype=np.float64) if v.dtype != np.bool_ else v.astype(np.float64)
+
+    def num(x):
+        x = float(x)
+        return x if np.isfinite(x) else str(x)
+    stats = {"mean": num(a.mean()), "std": num(a.std()), "min": num(a.min()), "max": num(a.max())} if a.size else {}
+    return {"dtype": str(v.dtype), "shape": list(v.shape), **stats}
 
 
 def _one_line(e: BaseException) -> str:
@@ -251,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "report":
             return _report(args)
+        if args.command == "sweep":
+            from openipu.sizing import sweep_main
+            return sweep_main(args)
         return _run(args)
     except KeyboardInterrupt:
         print(f"openipu {args.command}: interrupted", file=sys.stderr)

@@ -51,9 +51,65 @@ MAX_BATCH = (1 << 31) - 1
 _FEEDABLE_KINDS = "biuf"
 
 
+@dataclass(frozen=True)
+class InferenceOptions:
+    """The inference options every prediction of ``openipu run`` and ``openipu sweep`` is made
+    with. The defaults are those of PopRT's production inference (``poprt.compiler.CompilerOptions``
+    of PopRT 1.4: ``partials_type`` "half", ``available_memory_proportion`` 0.6,
+    ``num_io_tiles`` 0, ``batches_per_step`` 1, ``enable_prefetch_datastreams`` true; the
+    converter's ``precision`` "fp32").
+
+    Fields: ``precision`` "fp32" / "fp16" (PopRT's float-to-half conversion of the whole model);
+    ``partials_type`` "half" / "float" (matmul and convolution partial sums; float models always
+    accumulate in float); ``available_memory_proportion`` (0, 1] (the planner's temporary-memory
+    budget as a proportion of a tile's memory); ``num_io_tiles`` (tiles of each IPU set aside for
+    host I/O, PopART ``numIOTiles`` / PopRT ``num_io_tiles``; the model is compiled on the rest);
+    ``overlap_io`` (host I/O of the next batch overlapped with compute on the I/O tiles, PopART's
+    ``ExchangeStrategy.OverlapInnerLoop``; needs I/O tiles; ``None`` = on when there are I/O tiles,
+    as PopRT); ``batches_per_step`` (PopART ``DataFlow``); ``prefetch`` (PopART
+    ``enablePrefetchDatastreams``: recorded, it does not change the prediction).
+    """
+
+    precision: str = "fp32"
+    partials_type: str = "half"
+    available_memory_proportion: float = 0.6
+    num_io_tiles: int = 0
+    overlap_io: bool | None = None
+    batches_per_step: int = 1
+    prefetch: bool = True
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether host I/O overlaps compute (explicitly asked, or I/O tiles and not refused)."""
+        return bool(self.num_io_tiles) if self.overlap_io is None else bool(self.overlap_io)
+
+    @property
+    def effective_partials_type(self) -> str:
+        """The partials type matmuls and convolutions use: float for an fp32 model (PopLibs
+        accumulates float inputs in float whatever is asked), else ``partials_type``."""
+        return "float" if self.precision == "fp32" else self.partials_type
+
+    def as_applied(self) -> dict:
+        """The options as applied, for printing and JSON (``overlap_io`` resolved, the partials
+        type the model uses)."""
+        return {"precision": self.precision, "partials_type": self.effective_partials_type,
+                "available_memory_proportion": float(self.available_memory_proportion),
+                "num_io_tiles": int(self.num_io_tiles), "overlap_io": self.overlapped,
+                "batches_per_step": int(self.batches_per_step), "prefetch": bool(self.prefetch)}
+
+    def describe(self) -> str:
+        """One line naming every assumption (printed with each prediction)."""
+        io = (f"{self.num_io_tiles} I/O tiles per IPU, host I/O {'overlapped' if self.overlapped else 'not overlapped'}"
+              if self.num_io_tiles else "no I/O tiles, host I/O not overlapped")
+        return (f"{self.precision}, {self.effective_partials_type} partials, available memory proportion "
+                f"{self.available_memory_proportion:g}, {io}, batches per step {self.batches_per_step}"
+                f"{', prefetch' if self.prefetch else ''}")
+
+
 def check_options(*, ipu: str = "ipu2", num_ipus: int = 1, batch_size: int | None = None, batches_per_step: int = 1,
                   precision: str = "fp32", seed: int = 0, available_memory_proportion: float | None = None,
-                  tiles_per_ipu: int | None = None) -> None:
+                  tiles_per_ipu: int | None = None, num_io_tiles: int = 0, overlap_io: bool | None = None,
+                  partials_type: str = "half") -> None:
     """Check :func:`run_model`'s options against their ranges; raise :class:`UsageError` naming
     the first that is outside.
 
@@ -61,7 +117,9 @@ def check_options(*, ipu: str = "ipu2", num_ipus: int = 1, batch_size: int | Non
     ``tiles_per_ipu`` 1 to the generation's tiles per IPU (``openipu.ipu.target``: 1,216 on
     ipu1, 1,472 on the others; fewer tiles model a part of an IPU); ``batch_size`` and
     ``batches_per_step`` 1 to :data:`MAX_BATCH`; ``available_memory_proportion`` in (0, 1];
-    ``seed`` 0 to 2**63 - 1; ``precision`` fp32 or fp16."""
+    ``seed`` 0 to 2**63 - 1; ``precision`` fp32 or fp16; ``partials_type`` half or float;
+    ``num_io_tiles`` 0 to less than half the tiles used (PopRT's range); ``overlap_io`` true
+    only with I/O tiles."""
     from openipu.ipu import target as ipu_target
     from openipu.ipu.target import ARCH_OF
     if ipu not in ARCH_OF:
@@ -83,6 +141,15 @@ def check_options(*, ipu: str = "ipu2", num_ipus: int = 1, batch_size: int | Non
         raise UsageError(f"--available-memory-proportion must be in (0, 1], not {available_memory_proportion:g}")
     if not 0 <= seed < (1 << 63):
         raise UsageError(f"--seed must be between 0 and 2**63 - 1, not {seed}")
+    if partials_type not in ("half", "float"):
+        raise UsageError(f"--partials-type must be half or float, not '{partials_type}'")
+    tiles = tiles_per_ipu if tiles_per_ipu is not None else ipu_target(ipu).tiles_per_ipu
+    if not 0 <= num_io_tiles < max(tiles // 2, 1):
+        raise UsageError(f"--num-io-tiles must be between 0 and {max(tiles // 2 - 1, 0):,} (less than half of the "
+                         f"{tiles:,} tiles used), not {num_io_tiles:,}")
+    if overlap_io and not num_io_tiles:
+        raise UsageError("--overlap-io needs I/O tiles (--num-io-tiles N): the next batch is received on them while "
+                         "the compute tiles work")
 
 
 def check_input_array(name: str, arr) -> np.ndarray:
@@ -385,6 +452,27 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray
     return out
 
 
+def vi_bytes(vi) -> int:
+    """Bytes of one value of ONNX value info ``vi`` (unknown dims count as 1)."""
+    dt = _NP_OF_ONNX.get(vi.type.tensor_type.elem_type, np.float32)
+    return int(np.prod(_dims(vi), dtype=np.int64)) * np.dtype(dt).itemsize
+
+
+def prepare_model(proto: onnx.ModelProto, batch_size: int | None, precision: str,
+                  inputs: dict | None = None) -> onnx.ModelProto:
+    """``proto`` as :func:`run_model` compiles it: at ``batch_size`` (PopRT's batch-size pass,
+    :func:`set_batch_size`), with static input shapes (:func:`fix_input_shapes`), converted to
+    half when ``precision`` is "fp16" (PopRT's float-to-half conversion). Raises ``ValueError``
+    as those do."""
+    if batch_size is not None:
+        proto = set_batch_size(proto, batch_size)
+    proto = fix_input_shapes(proto, inputs)
+    if precision == "fp16":
+        from openipu.poprt import convert_float_to_half
+        proto = convert_float_to_half(proto)
+    return proto
+
+
 @dataclass
 class ModelRun:
     """What :func:`run_model` found. Predicted IPU figures and host figures are separate fields."""
@@ -396,8 +484,6 @@ class ModelRun:
     bytes_per_tile: int
     clock_hz: float
     batch_size: int
-    batches_per_step: int
-    precision: str
     num_nodes: int
     outputs: dict = field(default_factory=dict)
     # predicted IPU figures
@@ -413,6 +499,17 @@ class ModelRun:
     out_of_memory_tiles: int = 0
     offline: bool = False             # predicted without running (no outputs)
     num_elements: int = 0             # IPU tensor elements of the compiled graph (all variables)
+    options: InferenceOptions = field(default_factory=InferenceOptions)
+    compute_tiles_per_ipu: int = 0    # tiles the model is compiled on (tiles_per_ipu - I/O tiles)
+    compute_cycles: float = 0.0       # per batch: everything but host exchange (predicted)
+    host_io_cycles: float = 0.0       # per batch: host exchange (predicted)
+    io_to_compute_cycles: float = 0.0  # per batch: I/O tiles <-> compute tiles (predicted; 0 without I/O tiles)
+    memory_by_category: dict = field(default_factory=dict)     # bytes over all tiles (predicted)
+    worst_tile_by_category: dict = field(default_factory=dict)  # bytes on the worst tile (predicted)
+    io_tile_bytes_needed: int = 0     # bytes the I/O tiles buffer (inputs and outputs of one batch)
+    over_budget_plans: list = field(default_factory=list)   # (op, temp bytes, budget bytes) per tile
+    plan_temp_bytes_max: int = 0      # the largest temporary bytes per tile of the compile's conv/matmul plans
+    num_plans: int = 0                # conv / matmul plans the compile used
     # host figures (this machine)
     host_compile_seconds: float = 0.0
     host_run_seconds: float = 0.0
@@ -424,14 +521,83 @@ class ModelRun:
         return self.batch_size * self.batches_per_step
 
     @property
+    def latency_cycles(self) -> float:
+        """Predicted IPU cycles of one batch alone: compute, host I/O and the I/O-tile transfer."""
+        return self.compute_cycles + self.host_io_cycles + self.io_to_compute_cycles
+
+    @property
+    def period_cycles(self) -> float:
+        """Predicted IPU cycles between batches in steady state: with overlapped host I/O, the
+        longer of compute (with the I/O-tile transfer) and host I/O; otherwise the latency."""
+        if self.options.overlapped:
+            return max(self.compute_cycles + self.io_to_compute_cycles, self.host_io_cycles)
+        return self.latency_cycles
+
+    @property
     def throughput(self) -> float:
-        """Predicted samples per second on the IPU (samples per step / predicted step time)."""
-        return self.samples_per_step / self.step_seconds if self.step_seconds else 0.0
+        """Predicted samples per second on the IPU in steady state (batch / period)."""
+        return self.batch_size * self.clock_hz / self.period_cycles if self.period_cycles else 0.0
 
     @property
     def latency(self) -> float:
-        """Predicted seconds per batch on the IPU (step time / batches per step)."""
-        return self.step_seconds / self.batches_per_step
+        """Predicted seconds of one batch on the IPU (:attr:`latency_cycles` at the clock)."""
+        return self.latency_cycles / self.clock_hz if self.clock_hz else 0.0
+
+    @property
+    def shortfall_bytes(self) -> int:
+        """Bytes over a tile's memory on the worst tile (0 when the model fits; predicted)."""
+        io_over = max(0, self.io_tile_bytes_needed - self.options.num_io_tiles * self.num_ipus * self.bytes_per_tile) \
+            if self.options.num_io_tiles else 0
+        return max(0, self.tile_bytes_max - self.bytes_per_tile, io_over)
+
+    @property
+    def precision(self) -> str:
+        return self.options.precision
+
+    @property
+    def batches_per_step(self) -> int:
+        return self.options.batches_per_step
+
+    def to_dict(self) -> dict:
+        """The run as one JSON-able document (``openipu run --json``; schema
+        ``docs/run.schema.json``): ``model``, ``target``, ``options`` (as applied), ``prediction``
+        (predicted IPU figures: seconds, cycles, bytes) and ``host`` (this machine's wall time,
+        seconds), kept apart."""
+        return {
+            "schema": "openipu.run/1",
+            "model": {"path": self.model_path, "nodes": self.num_nodes, "batch_size": self.batch_size},
+            "target": {"ipu": self.target, "num_ipus": self.num_ipus, "tiles_per_ipu": self.tiles_per_ipu,
+                       "compute_tiles_per_ipu": self.compute_tiles_per_ipu, "bytes_per_tile": self.bytes_per_tile,
+                       "clock_hz": self.clock_hz},
+            "options": self.options.as_applied(),
+            "assumptions": self.options.describe(),
+            "prediction": {
+                "label": "predicted IPU figures (cost model of the simulated target; not host time)",
+                "fits": self.fits,
+                "latency_seconds": self.latency, "latency_cycles": self.latency_cycles,
+                "throughput_samples_per_second": self.throughput,
+                "step_cycles": self.step_cycles, "step_seconds": self.step_seconds,
+                "period_cycles": self.period_cycles,
+                "cycles_by_category": {k: float(v) for k, v in self.by_category.items()},
+                "cycles_per_batch": {"compute": self.compute_cycles, "host_io": self.host_io_cycles,
+                                     "io_to_compute": self.io_to_compute_cycles},
+                "flops_per_step": self.flops,
+                "tile_memory": {
+                    "max_bytes": self.tile_bytes_max, "mean_bytes": self.tile_bytes_mean,
+                    "total_bytes": self.tile_bytes_total,
+                    "by_category_bytes": {k: int(v) for k, v in self.memory_by_category.items()},
+                    "worst_tile_by_category_bytes": {k: int(v) for k, v in self.worst_tile_by_category.items()},
+                    "out_of_memory_tiles": self.out_of_memory_tiles,
+                    "shortfall_bytes": self.shortfall_bytes,
+                    "io_tile_bytes_needed": self.io_tile_bytes_needed},
+                "worst_tiles": [{"tile": int(t), "bytes": int(b)} for t, b in self.worst_tiles],
+                "over_budget_plans": [{"op": op, "temp_bytes": int(tb), "budget_bytes": int(bb)}
+                                      for op, tb, bb in self.over_budget_plans],
+            },
+            "host": {"label": "this machine running the simulation; not an IPU figure",
+                     "offline": self.offline, "compile_seconds": self.host_compile_seconds,
+                     "run_seconds": self.host_run_seconds},
+        }
 
 
 def _batch_of(model) -> int:
@@ -446,7 +612,9 @@ def _batch_of(model) -> int:
 def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: int = 1, batch_size: int | None = None,
               batches_per_step: int = 1, precision: str = "fp32", inputs: dict | None = None,
               seed: int = 0, report_dir: str | None = None, available_memory_proportion: float | None = None,
-              tiles_per_ipu: int | None = None, offline: bool = False, all_inputs: bool = False) -> ModelRun:
+              tiles_per_ipu: int | None = None, offline: bool = False, all_inputs: bool = False,
+              num_io_tiles: int = 0, overlap_io: bool | None = None, partials_type: str = "half",
+              _prepared: "onnx.ModelProto | None" = None, _sessions: dict | None = None) -> ModelRun:
     """Compile ``model`` for the simulated target and run one step on ``inputs`` (or random ones).
 
     Args:
@@ -465,6 +633,12 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
         all_inputs: every run-time input must be in ``inputs`` (``openipu run --input``).
         report_dir: where the engine writes its profile (``autoReport.directory``).
         available_memory_proportion: matmul / convolution temporary-memory budget (default 0.6).
+            When no plan of an op keeps to it, the planner warns (Poplar's logger) and takes its
+            least-memory plan; those ops are listed in ``over_budget_plans``.
+        num_io_tiles: tiles of each IPU set aside for host I/O (the model is compiled on the
+            others); ``overlap_io``: host I/O overlapped with compute (default: when there are I/O
+            tiles); ``partials_type``: "half" (default, PopRT's) or "float". See
+            :class:`InferenceOptions`.
         offline: compile for an offline IPU (``createOfflineIPUDevice``) and predict one step
             without device memory, kernels or inputs (none are made); ``outputs`` stays empty.
     Returns:
@@ -482,11 +656,19 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
 
     from openipu.poplar.profile import run_breakdown
 
+    from openipu.poplibs.poplin.plan import record_over_budget, record_plans
+
     check_options(ipu=ipu, num_ipus=num_ipus, batch_size=batch_size, batches_per_step=batches_per_step,
                   precision=precision, seed=seed, available_memory_proportion=available_memory_proportion,
-                  tiles_per_ipu=tiles_per_ipu)
+                  tiles_per_ipu=tiles_per_ipu, num_io_tiles=num_io_tiles, overlap_io=overlap_io,
+                  partials_type=partials_type)
+    iopts = InferenceOptions(precision, partials_type, 0.6 if available_memory_proportion is None
+                             else float(available_memory_proportion), int(num_io_tiles), overlap_io,
+                             int(batches_per_step))
     inputs = {str(k): check_input_array(str(k), v) for k, v in (inputs or {}).items()}
-    if isinstance(model, onnx.ModelProto):
+    if _prepared is not None:        # openipu.sizing: loaded, batched and converted once per sweep
+        path, proto = model, _prepared
+    elif isinstance(model, onnx.ModelProto):
         path, proto = f"<ModelProto {model.graph.name}>", model
     else:
         path = resolve_model(model)
@@ -505,12 +687,8 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     except UnicodeDecodeError as e:
         raise ValueError(f"'{path}' is not a valid ONNX model: a name in it is not UTF-8 text ({e}). The file is "
                          "corrupt; re-export it") from None
-    if batch_size is not None:
-        proto = set_batch_size(proto, batch_size)
-    proto = fix_input_shapes(proto, inputs)
-    if precision == "fp16":
-        from openipu.poprt import convert_float_to_half
-        proto = convert_float_to_half(proto)
+    if _prepared is None:
+        proto = prepare_model(proto, batch_size, precision, inputs)
     batch = _batch_of(proto)
     runtime = {}        # copies, so that dropping the proto below frees it (and its weights)
     for vi in model_inputs(proto):
@@ -543,15 +721,17 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
         os.makedirs(report_dir, exist_ok=True)
         engine_opts.update({"autoReport.all": "true", "autoReport.directory": str(report_dir)})
     opts.engineOptions = engine_opts
-    if available_memory_proportion is not None:
-        amp = str(float(available_memory_proportion))
-        opts.convolutionOptions = {"availableMemoryProportion": amp}
-        opts.matmulOptions = {"availableMemoryProportion": amp}
+    amp = str(iopts.available_memory_proportion)
+    opts.convolutionOptions = {"availableMemoryProportion": amp, "partialsType": partials_type}
+    opts.matmulOptions = {"availableMemoryProportion": amp, "partialsType": partials_type}
+    opts.partialsTypeMatMuls = partials_type
+    opts.numIOTiles = int(num_io_tiles)
+    opts.enablePrefetchDatastreams = iopts.prefetch
     if num_ipus > 1:
         opts.virtualGraphMode = popart.VirtualGraphMode.Auto
     from openipu.ipu import target as ipu_target
-    dev_opts = {"numIPUs": num_ipus, "ipuVersion": ipu,
-                "tilesPerIPU": tiles_per_ipu if tiles_per_ipu is not None else ipu_target(ipu).tiles_per_ipu}
+    all_tiles = tiles_per_ipu if tiles_per_ipu is not None else ipu_target(ipu).tiles_per_ipu
+    dev_opts = {"numIPUs": num_ipus, "ipuVersion": ipu, "tilesPerIPU": all_tiles - int(num_io_tiles)}
     dm = popart.DeviceManager()
     device = dm.createOfflineIPUDevice(dev_opts) if offline else dm.createIpuModelDevice(dev_opts)
     outputs = [o.name for o in proto.graph.output]
@@ -559,31 +739,62 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
 
     num_nodes = len(proto.graph.node)
     t0 = time.perf_counter()
-    # the session parses its own copy and keeps the weights once, as arrays: drop ours
-    data, proto = proto.SerializeToString(), None
-    session = popart.InferenceSession(fnModel=data, dataFlow=flow, deviceInfo=device, userOptions=opts)
-    del data
-    if not offline:     # the model is checked and its shapes known: can this host run it?
-        need, have = host_memory_estimate(session, batches_per_step), host_memory_available()
-        if need > have:
-            raise HostMemoryError(f"running the model needs about {_gib(need)} of host memory and this machine has "
-                                  f"{_gib(have)} available: use --offline to predict without running it, or a "
-                                  "smaller --batch-size / --batches-per-step")
-    session.prepareDevice(loadEngine=False)     # host buffers are allocated by the run, if it fits
+    # a sweep (openipu.sizing) keeps the last session it made: points that differ only in
+    # options read at lowering (planner options, partials, target, I/O tiles) share its IR (the
+    # model's import, shape inference, constant folding) and compile it again
+    key = (id(_prepared), batches_per_step, num_ipus, ipu if num_ipus > 1 else None)
+    session = _sessions.get(key) if (_sessions is not None and offline and not report_dir) else None
+    with record_over_budget() as over, record_plans() as plans:
+        if session is not None:
+            session.options = session._ir.options = opts
+            session.deviceInfo = device
+            session._engine = session._lowered = None
+        else:
+            if _sessions is not None:
+                _sessions.clear()           # one IR at a time: a BERT-base IR holds its weights
+            # the session parses its own copy and keeps the weights once, as arrays: drop ours
+            data, proto = proto.SerializeToString(), None
+            session = popart.InferenceSession(fnModel=data, dataFlow=flow, deviceInfo=device, userOptions=opts)
+            del data
+            if _sessions is not None and offline and not report_dir:
+                _sessions[key] = session
+        if not offline:     # the model is checked and its shapes known: can this host run it?
+            need, have = host_memory_estimate(session, batches_per_step), host_memory_available()
+            if need > have:
+                raise HostMemoryError(f"running the model needs about {_gib(need)} of host memory and this machine "
+                                      f"has {_gib(have)} available: use --offline to predict without running it, or a "
+                                      "smaller --batch-size / --batches-per-step")
+        session.prepareDevice(loadEngine=False)     # host buffers are allocated by the run, if it fits
     host_compile = time.perf_counter() - t0
     engine = session._engine
     spec = engine._spec
     mem = engine.memory
-    res = ModelRun(str(path), ipu, spec.num_ipus, spec.tiles_per_ipu, spec.bytes_per_tile, spec.clock_hz,
-                   batch, batches_per_step, precision, num_nodes,
-                   host_compile_seconds=host_compile, report_dir=report_dir, offline=offline)
+    res = ModelRun(str(path), ipu, spec.num_ipus, all_tiles, spec.bytes_per_tile, spec.clock_hz, batch, num_nodes,
+                   host_compile_seconds=host_compile, report_dir=report_dir, offline=offline, options=iopts,
+                   compute_tiles_per_ipu=spec.tiles_per_ipu)
+    res.plan_temp_bytes_max = max((p.temp_bytes for p in plans), default=0)
+    res.num_plans = len(plans)
+    seen = set()
+    for o in over:
+        if o.op not in seen:
+            seen.add(o.op)
+            res.over_budget_plans.append((o.op, o.temp_bytes, o.budget_bytes))
+    res.memory_by_category = {k: int(np.asarray(v).astype(np.int64).sum()) for k, v in mem.categories.items()}
     res.num_elements = int(sum(v.numel for v in engine.graph._state.variables))
     res.tile_bytes_max = int(mem.total.max()) if mem.total.size else 0
     res.tile_bytes_mean = float(mem.total.mean()) if mem.total.size else 0.0
     res.tile_bytes_total = int(mem.total.astype(np.int64).sum())
     res.worst_tiles = mem.worst_tiles(5)
+    if res.worst_tiles:
+        w = res.worst_tiles[0][0]
+        res.worst_tile_by_category = {k: int(np.asarray(v)[w]) for k, v in mem.categories.items()
+                                      if np.asarray(v).size > w}
     res.out_of_memory_tiles = int(mem.out_of_memory_tiles.size)
-    res.fits = mem.fits()
+    if num_io_tiles:        # one batch of every input and output buffered on the I/O tiles
+        res.io_tile_bytes_needed = int(sum(vi_bytes(vi) for vi in runtime.values())
+                                       + sum(session._ir.tensors[t].info.nbytes() for t in outputs
+                                             if t in session._ir.tensors))
+    res.fits = mem.fits() and res.shortfall_bytes == 0
     run = not offline and res.fits
     if run:         # inputs are made only now that the model compiled and fits
         feeds = random_inputs(stand_in, seed)
@@ -603,6 +814,10 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     res.host_run_seconds = time.perf_counter() - t0
     b = run_breakdown(engine)
     res.step_cycles, res.step_seconds, res.by_category, res.flops = b["cycles"], b["seconds"], b["by_category"], b["flops"]
+    res.host_io_cycles = b["by_category"].get("host_exchange", 0.0) / batches_per_step
+    res.compute_cycles = max(b["cycles"] / batches_per_step - res.host_io_cycles, 0.0)
+    if num_io_tiles:        # the batch moves between the I/O tiles and the compute tiles (PopRT's model)
+        res.io_to_compute_cycles = res.io_tile_bytes_needed / (num_io_tiles * num_ipus * spec.exchange_bytes_per_cycle)
     res.outputs = {k: np.asarray(v) for k, v in anchors.items()}
     if report_dir:
         res.summary_report = session.getSummaryReport()
@@ -610,8 +825,7 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
         # what the report cannot read off the graph: the run's batch, precision and mode
         Path(report_dir, "run.json").write_text(json.dumps({
             "model": str(path), "ipu": ipu, "num_ipus": res.num_ipus, "batch_size": batch,
-            "batches_per_step": batches_per_step, "precision": precision, "offline": bool(offline),
-            "available_memory_proportion": available_memory_proportion}, indent=1))
+            "offline": bool(offline), **iopts.as_applied()}, indent=1))
     return res
 
 

@@ -187,29 +187,40 @@ class DeviceManager:
                                pattern="Full",
                                connectionType=DeviceConnectionType.Always,  # noqa: N803
                                selectionCriterion=DeviceSelectionCriterion.First) -> DeviceInfo:  # noqa: N803
-        """A simulated Mk2 device of ``numIpus`` IPUs (a power of two, at most 256)."""
-        if int(numIpus) > poplar.DeviceManager.MAX_IPUS:
-            raise popart_exception(f"Failed to acquire device with {numIpus} IPUs. Ensure that there are sufficient "
+        """A simulated Mk2 device of ``numIpus`` IPUs (a power of two, at most 256).
+
+        Raises ``popart_exception`` when the request cannot be met."""
+        return self._acquire(numIpus, tilesPerIpu, connectionType)
+
+    def _acquire(self, num_ipus, tiles_per_ipu, connection) -> DeviceInfo:
+        # Shared by acquire* and tryAcquire*: user code often replaces
+        # ``DeviceManager.acquireAvailableDevice`` with a retry loop around
+        # ``tryAcquireAvailableDevice``, so neither may call the other.
+        if int(num_ipus) > poplar.DeviceManager.MAX_IPUS:
+            raise popart_exception(f"Failed to acquire device with {num_ipus} IPUs. Ensure that there are sufficient "
                                    "IPUs available. The simulator offers at most "
                                    f"{poplar.DeviceManager.MAX_IPUS} IPUs")
-        return self._ipu(numIpus, tilesPerIpu, connectionType)
+        return self._ipu(num_ipus, tiles_per_ipu, connection)
 
     def tryAcquireAvailableDevice(self, numIpus: int = 1, tilesPerIpu: int = 0, pattern="Full",  # noqa: N802,N803
                                   connectionType=DeviceConnectionType.Always,  # noqa: N803
                                   selectionCriterion=DeviceSelectionCriterion.First):  # noqa: N803
         """As :meth:`acquireAvailableDevice` but returns ``None`` instead of raising."""
         try:
-            return self.acquireAvailableDevice(numIpus, tilesPerIpu, pattern, connectionType, selectionCriterion)
+            return self._acquire(numIpus, tilesPerIpu, connectionType)
         except popart_exception:
             return None
 
     def acquireDeviceById(self, id: int, pattern="Full", connectionType=DeviceConnectionType.Always):  # noqa: A002,N802,N803
-        info = self._ipu(1, 0, connectionType)
-        info._id = int(id)
-        return info
+        return self._by_id(id, connectionType)
 
     def tryAcquireDeviceById(self, id: int, pattern="Full", connectionType=DeviceConnectionType.Always):  # noqa: A002,N802,N803
-        return self.acquireDeviceById(id, pattern, connectionType)
+        return self._by_id(id, connectionType)
+
+    def _by_id(self, device_id, connection) -> DeviceInfo:
+        info = self._ipu(1, 0, connection)
+        info._id = int(device_id)
+        return info
 
     def enumerateDevices(self, pattern="Full", numIpus: int = 1, deviceType=DeviceType.Ipu,  # noqa: N802,N803
                          connectionType=DeviceConnectionType.Always, tilesPerIPU: int = 0):  # noqa: N803

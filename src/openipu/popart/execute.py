@@ -10,15 +10,24 @@ for Poplar-level programs, user codelets and explicit tile mappings).
 
 Scope of this version (:func:`unsupported` says why a session is not covered, and the session
 then runs on the device-storage emulation): inference and training sessions (forward, backward and
-weight updates: the update ops' kernels are :mod:`openipu.popart.onnx_ops.varupdate`), one
-replica, no gradient accumulation, no pipelining, no random ops, no automatic loss scaling, no
-control-flow subgraphs; buffers from ``PyStepIO`` or ``PyStepIOCallback``. Numerics: each op
+weight updates: the update ops' kernels are :mod:`openipu.popart.onnx_ops.varupdate`); replication
+(the replicas in lockstep, collectives reduced across them); gradient accumulation (micro-batches,
+then the accumulate outer fragment); pipelining of inference and of training with gradient
+accumulation (functionally accumulation); random ops (the device's seed and streams:
+``GetRandomSeed`` advances the seed variable, each op draws poprand's stream); PrintTensor (replica
+0 prints Poplar's text at the op's place in the step); Abort (Poplar's error when it fires);
+control flow (If, Loop, Scan, call: their host kernels run the subgraphs, as the generic
+lowering's vertex does). Not yet: pipelined training without accumulation (stale weights),
+automatic loss scaling, replicated tensor sharding, synthetic data, GroupNormalizationGrad.
+Buffers come from ``PyStepIO`` or ``PyStepIOCallback``. Numerics: each op
 computes in its IR dtype, as its host kernel does (float16 stays float16); a precise PopLibs
 lowering may round differently (poplin accumulates matmuls in fp32 partials), within the plan's
-precision. The variables (weights, optimizer state and scalars) live in the executor between runs:
-the session's ``weightsFromHost``, ``optimizerFromHost`` and ``weightsToHost`` move them.
+precision. The variables (weights, optimizer state, scalars and the random seed) live in the
+executor between runs: the session's ``weightsFromHost``, ``optimizerFromHost``,
+``setRandomSeed`` and ``weightsToHost`` move them.
 
-Selected with ``OPENIPU_EXECUTION=ir`` (default: ``device``, the emulation); the prediction
+The default for every PopART session (and so for PopTorch and PopRT, which run PopART sessions);
+``OPENIPU_EXECUTION=device`` selects the emulation for every session; the prediction
 comes from the compiled program either way (``Engine.predict_run``).
 """
 
@@ -29,24 +38,43 @@ import os
 import numpy as np
 import torch
 
+from openipu import poplar
 from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.graphcore_ops import find_kernel
 from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel
+from openipu.poplibs import gcl_instances
 
-#: Control-flow ops (their subgraphs run data-dependently; the prediction's dry run does not follow).
-_CONTROL_FLOW = {"If", "Loop", "Scan", "Call", "call"}
 #: Ops that act on the host or the program (print, abort) in their lowering, and gradient ops whose
 #: host kernel takes another form of inputs than their precise lowering: the device emulation runs
 #: sessions holding them.
-_DEVICE_ONLY = {"PrintTensor": "PrintTensor (prints from the device program)",
-                "Abort": "Abort (stops the device program)",
-                "GroupNormalizationGrad": "GroupNormalizationGrad (its host kernel takes the statistics)"}
+_DEVICE_ONLY = {"GroupNormalizationGrad": "GroupNormalizationGrad (its host kernel takes the statistics)"}
+
+
+#: Ops whose IPU lowering accumulates half inputs in FLOAT partials and rounds the result once
+#: (poplin matMul / convolution): the executor computes them in float32 and rounds to the output's
+#: type, instead of torch's slow CPU float16 kernels.
+_FLOAT_PARTIALS = {("", "MatMul"), ("", "Gemm"), ("", "Conv"), ("", "ConvTranspose"),
+                   ("ai.graphcore", "ConvDataGrad"), ("ai.graphcore", "ConvWeightsGrad")}
+
+
+def _float_partials(op, ir) -> bool:
+    """Whether the op's PopLibs plan accumulates in float (the default) rather than half
+    (``partialsType`` half from ``SessionOptions.partialsTypeMatMuls``, ``matmulOptions`` /
+    ``convolutionOptions`` or ``builder.setPartialsType``): half partials keep the op's half kernel."""
+    from openipu.popart.lowering._util import poplibs_options
+    o = ir.options
+    if op.op_type in ("MatMul", "Gemm"):
+        opts = poplibs_options(op, getattr(o, "matmulOptions", {}) or {}, getattr(o, "partialsTypeMatMuls", ""))
+    else:
+        opts = poplibs_options(op, getattr(o, "convolutionOptions", {}) or {})
+    return opts.get("partialsType", "float").lower() != "half"
 
 
 def mode() -> str:
-    """``OPENIPU_EXECUTION``: ``"ir"`` (this executor where it covers a session) or ``"device"``
-    (the device-storage emulation; the default). Raises ``ValueError`` for another value."""
-    m = os.environ.get("OPENIPU_EXECUTION", "device").strip().lower() or "device"
+    """``OPENIPU_EXECUTION``: ``"ir"`` (this executor where it covers a session; the default) or
+    ``"device"`` (the device-storage emulation, the verifying mode). Raises ``ValueError`` for
+    another value."""
+    m = os.environ.get("OPENIPU_EXECUTION", "ir").strip().lower() or "ir"
     if m not in ("ir", "device"):
         raise ValueError(f"OPENIPU_EXECUTION must be 'ir' or 'device', not {m!r}")
     return m
@@ -55,54 +83,119 @@ def mode() -> str:
 def unsupported(session) -> str | None:
     """Why ``session`` cannot run on the IR executor (``None`` when it can)."""
     ir, o = session._ir, session.options
-    if o.enableDistributedReplicatedGraphs and o.getGlobalReplicationFactor() > o.replication_factor():
-        return ("replicas in several instances (PopDist): the executor does not call "
-                "gcl_instances.all_reduce_replicas yet")
-    if session.replicationFactor > 1 or int(o.accumulationFactor) > 1:
-        return "replication and gradient accumulation"
-    if ir.num_stages:
-        return "pipelining"
-    if ir.random_seed is not None:
-        return "random ops (the IPU's random streams come from the device)"
+    if ir.training is None and session.accumulationFactor > 1:
+        return "gradient accumulation in an inference session"
+    if ir.num_stages and ir.training is not None and session.accumulationFactor <= 1:
+        return "pipelined training without gradient accumulation (each stage updates stale weights)"
+    if str(o.syntheticDataMode).split(".")[-1] != "Off":
+        return "synthetic data (the inputs are filled on the device)"
     if ir.auto_loss_scale or ir.sharded_state:
         return "automatic loss scaling and replicated tensor sharding"
     for op in ir.ops:
-        if op.op_type in _CONTROL_FLOW or "__outer_names__" in op.attrs:
-            return f"control flow ({op.op_type})"
+        if op.op_type in _COLLECTIVES and op.op_type not in ("ReplicatedAllGather", "ReplicaSlice") and \
+                str(op.attrs.get("op", "Add")) not in _REDUCE:
+            return f"the collective {op.op_type} with operation {op.attrs.get('op')}"
         if op.op_type in _DEVICE_ONLY:
             return _DEVICE_ONLY[op.op_type]
-        if find_kernel(op.domain, op.op_type) is None:
+        if find_kernel(op.domain, op.op_type) is None and op.op_type != "Abort":
             return f"{op.domain or 'ai.onnx'}.{op.op_type} has no host kernel"
     return None
 
 
+#: Cross-replica reductions of the collectives (``attrs["op"]``) over the replicas' tensors.
+_REDUCE = {"Add": lambda xs: _fold(torch.add, xs), "Mean": lambda xs: _fold(torch.add, xs) / len(xs),
+           "Mul": lambda xs: _fold(torch.mul, xs), "Max": lambda xs: _fold(torch.maximum, xs),
+           "Min": lambda xs: _fold(torch.minimum, xs)}
+_COLLECTIVES = {"ReplicatedAllReduce", "ReplicatedAllReduceInplace", "ReplicatedReduceScatter",
+                "ReplicatedAllGather", "ReplicaSlice"}
+
+
+def _fold(fn, xs):
+    acc = xs[0].float()
+    for x in xs[1:]:
+        acc = fn(acc, x.float())
+    return acc
+
+
 class IrExecutor:
-    """Runs an inference IR's ops in order on whole tensors.
+    """Runs a session's IR ops in order on whole tensors.
+
+    A step runs ``batchesPerStep`` batches; a training batch runs ``accumulationFactor``
+    micro-batches of the model's ops, then the ops of the accumulate outer fragment (the weight
+    update under gradient accumulation), as the device program's ``Repeat(accumulationFactor)``.
+    A pipelined IR runs the same way (its stages in the IR's order, one micro-batch at a time:
+    functionally the pipeline is gradient accumulation). ``replicas`` copies of the variables
+    step in lockstep, op by op, so that a collective (``ReplicatedAllReduce[Inplace]``) reduces
+    over the replicas' tensors as ``gcl`` does; each replica reads its own slice of the input
+    buffers (``[batchesPerStep, accumulationFactor, replicas, *shape]``).
 
     Args:
         ir: the session's :class:`openipu.popart.ir.Ir`.
         weights: variable id -> host array (the values the device holds).
+        replicas: the local replication factor (1: no replication).
+        accumulation: micro-batches per batch (training with gradient accumulation; else 1).
     """
 
-    def __init__(self, ir, weights: dict):
+    def __init__(self, ir, weights: dict, replicas: int = 1, accumulation: int = 1, out=None,
+                 distributed: bool = False):
         self.ir = ir
+        #: the replicas are a block of a distributed replicated graph (PopDist instances): the
+        #: all-reduces gather every instance's replicas (gcl_instances.gather_replicas)
+        self.distributed = bool(distributed)
+        self.out = out          # PrintTensor's stream (None: sys.stdout when printing)
+        self.replicas, self.accumulation = int(replicas), int(accumulation)
         self.dtype = {tid: KERNEL_TORCH_OF.get(t.info.data_type(), torch.float32) for tid, t in ir.tensors.items()}
         self.consts = {tid: self._tensor(t.value, tid) for tid, t in ir.tensors.items()
                        if t.kind == "Const" and t.value is not None}
-        self.steps = [(find_kernel(op.domain, op.op_type), op.attrs, op.opset, list(op.inputs), list(op.outputs))
-                      for op in ir.ops]
+        from openipu.popart.ir import OUTER_FRAGMENT
+        main, outer = [], []
+        for op in ir.ops:
+            step = (find_kernel(op.domain, op.op_type), op.attrs, op.opset, list(op.inputs), list(op.outputs),
+                    "collective" if op.op_type in _COLLECTIVES and (self.replicas > 1 or self.distributed) else
+                    "in_place" if (op.domain, op.op_type) == ("ai.graphcore", "GetRandomSeed") else
+                    "abort" if (op.domain, op.op_type) == ("ai.graphcore", "Abort") else
+                    self._printer(op) if (op.domain, op.op_type) == ("ai.graphcore", "PrintTensor") else
+                    "float" if (op.domain, op.op_type) in _FLOAT_PARTIALS and _float_partials(op, ir) and any(
+                        ir.tensors[x].info.data_type() == "FLOAT16" for x in op.inputs if x) else None)
+            (outer if self.accumulation > 1 and op.execution_context == OUTER_FRAGMENT else main).append(step)
+        self.steps, self.outer_steps = main, outer
         # 64-bit integers live as 32-bit on the device (enableSupportedDataTypeCasting): an op's
         # output wraps as the device's copy would
         cast = bool(getattr(ir.options, "enableSupportedDataTypeCasting", True))
         self.narrow = {tid: torch.int32 for tid, t in ir.tensors.items()
                        if cast and t.info.data_type() in ("INT64", "UINT64")}
-        self.weights: dict = {}
+        #: per replica: variable id -> tensor (the replica's copy on the device)
+        self.reps: list[dict] = [{} for _ in range(self.replicas)]
         self.set_weights(weights)
-        # the optimizer scalars are variables too (optimizerFromHost writes them)
-        for tid in ir.optimizer_tensors:
+        # the optimizer scalars are variables too (optimizerFromHost writes them), and so is the
+        # random seed (randomSeedFromHost: broadcast, every replica draws the same numbers)
+        for tid in [*ir.optimizer_tensors, *([ir.random_seed] if ir.random_seed else [])]:
             t = ir.tensors[tid]
             if t.value is not None:
-                self.weights[tid] = self._tensor(t.value, tid)
+                self.set_weights({tid: t.value})
+
+    def _printer(self, op):
+        """PrintTensor's print of a value (Poplar's ``PrintTensor`` text under PopART's title),
+        as the device program prints at that point of the step."""
+        import sys
+
+        from openipu.poplar import format_tensor
+        from openipu.popart.lowering.graphcore import print_title
+        from openipu.popart.tensorinfo import poplar_type
+        title = print_title(op, self.ir)
+        ptype = poplar_type(self.ir.tensors[op.inputs[0]].info.data_type(),
+                            bool(getattr(self.ir.options, "enableSupportedDataTypeCasting", True)))
+
+        def show(value):
+            out = self.out or sys.stdout
+            out.write(format_tensor(title, value, ptype) + "\n")
+            out.flush()
+        return show
+
+    @property
+    def weights(self) -> dict:
+        """Replica 0's variables (id -> tensor)."""
+        return self.reps[0]
 
     def _tensor(self, value, tid) -> torch.Tensor:
         a = np.asarray(value)
@@ -110,30 +203,37 @@ class IrExecutor:
         return t.to(self.dtype[tid]) if t.dtype != self.dtype[tid] else t
 
     def set_weights(self, weights: dict) -> None:
-        """The variables' values from their host copies (``weightsFromHost``, ``optimizerFromHost``):
-        copied, so that later changes to the host copies reach the device only through another
-        call."""
-        self.weights.update({tid: self._tensor(np.array(w), tid) for tid, w in weights.items()})
+        """The variables' values from their host copies (``weightsFromHost``, ``optimizerFromHost``),
+        broadcast to every replica: copied, so that later changes to the host copies reach the
+        device only through another call."""
+        for tid, w in weights.items():
+            t = self._tensor(np.array(w), tid)
+            for r, rep in enumerate(self.reps):
+                rep[tid] = t if r == 0 else t.clone()
 
     def get_weight(self, tid: str) -> np.ndarray:
-        """A variable's value as the device holds it (``weightsToHost``)."""
-        return _numpy(self.weights[tid])
+        """A variable's value as the device holds it (``weightsToHost``: replica 0's copy)."""
+        return _numpy(self.reps[0][tid])
 
     def run(self, inputs: dict, outputs: dict, bps: int) -> None:
         """One step from ``PyStepIO`` buffers: ``bps`` batches from ``inputs`` (id -> array of
-        ``bps`` batches) into the anchor arrays ``outputs`` by each anchor's return type."""
-        def take(tid, b):
+        ``[bps, accumulation, replicas]`` micro-batch slices) into the anchor arrays ``outputs``
+        by each anchor's return type."""
+        per = bps * self.accumulation * self.replicas
+
+        def take(tid, i):
             arr = inputs.get(tid)
-            return None if arr is None else arr.reshape(bps, -1)[b]
+            return None if arr is None else arr.reshape(per, -1)[i]
 
         def put(tid, index, count, value):
             outputs[tid].reshape(count, -1)[index] = value.reshape(-1)
         self._step(take, put, list(outputs), bps)
 
     def run_callbacks(self, cb, anchors: list, bps: int) -> None:
-        """One step from a ``PyStepIOCallback``: each batch's inputs from ``input_callback``, each
-        anchor's value into the array ``output_callback`` gives, when the anchor returns it."""
-        def take(tid, b):
+        """One step from a ``PyStepIOCallback``: each micro-batch's inputs from
+        ``input_callback`` (replica by replica), each anchor's value into the array
+        ``output_callback`` gives, when the anchor returns it."""
+        def take(tid, i):
             data = cb.input_callback(tid, False)
             cb.input_complete_callback(tid)
             return None if data is None else np.asarray(data).reshape(-1)
@@ -143,44 +243,106 @@ class IrExecutor:
             cb.output_complete_callback(tid)
         self._step(take, put, anchors, bps)
 
-    def _step(self, take, put, anchors: list, bps: int) -> None:
-        ir = self.ir
-        flow = ir.data_flow
-        alias = getattr(ir, "anchor_alias", {})
-        sums: dict = {}
-        for b in range(bps):
-            env = {**self.consts, **self.weights}
-            for tid in ir.stream_inputs:
-                if tid not in ir.tensors:
+    def _ops(self, steps, envs) -> None:
+        with torch.no_grad():
+            for kernel, attrs, opset, ins, outs, special in steps:
+                if special == "collective":
+                    self._collective(kernel.op_type, attrs, ins, outs, envs)
                     continue
-                flat = take(tid, b)
-                if flat is None:
+                if special == "abort":      # Poplar's Abort / AbortOnCondition (any replica)
+                    if not (ins and ins[0]) or any(bool(env[ins[0]].any()) for env in envs):
+                        raise poplar.application_runtime_error("Abort op")
                     continue
-                env[tid] = self._tensor(np.asarray(flat).reshape(ir.tensors[tid].info.shape()), tid)
-            with torch.no_grad():
-                for kernel, attrs, opset, ins, outs in self.steps:
-                    res = call_kernel(kernel, [env[x] if x else None for x in ins], attrs, opset)
+                for env in envs:
+                    args = [env[x] if x else None for x in ins]
+                    if special == "float":          # float32 compute, rounded once below
+                        args = [a.float() if a is not None and a.dtype == torch.float16 else a for a in args]
+                    res = call_kernel(kernel, args, attrs, opset)
+                    if special == "in_place":       # GetRandomSeed: the seed variable advances
+                        res = [env[ins[0]].copy_(res[0])]
+                    elif callable(special) and env is envs[0]:     # PrintTensor: replica 0 prints
+                        special(res[0])
                     for o, v in zip(outs, res):
                         if o:
                             if o in self.narrow:
                                 v = v.to(self.narrow[o])
                             env[o] = v if v.dtype == self.dtype[o] else v.to(self.dtype[o])
-            for tid in anchors:
-                art = flow.art(tid)
-                kind = art.id()
-                v = env[alias.get(tid, tid)]
-                if kind == AnchorReturnTypeId.All:
-                    put(tid, b, bps, _numpy(v))
-                elif kind == AnchorReturnTypeId.EveryN:
-                    if (b + 1) % art.rp() == 0:
-                        put(tid, (b + 1) // art.rp() - 1, bps // art.rp(), _numpy(v))
-                elif kind == AnchorReturnTypeId.Final:
-                    if b == bps - 1:
-                        put(tid, 0, 1, _numpy(v))
-                else:                                       # Sum
-                    sums[tid] = v.clone() if b == 0 else sums[tid] + v
-        for tid, v in sums.items():
-            put(tid, 0, 1, _numpy(v))
+
+    def _collective(self, op_type, attrs, ins, outs, envs) -> None:
+        """A cross-replica op (``gcl``): an all-reduce in place into every replica's input
+        (``ReplicatedAllReduceInplace``) or as each replica's output; a reduce-scatter (the
+        flattened inputs reduced, zero-padded to ``replicas`` pieces of ``ceil(n / replicas)``,
+        piece ``r`` to replica ``r``); an all-gather (the replicas' pieces in order, trimmed and
+        shaped as the output); ``ReplicaSlice`` (replica ``r``'s piece of its own input)."""
+        rf = len(envs)
+        out = outs[0]
+        xs = [env[ins[0]] for env in envs]
+        if op_type == "ReplicatedAllGather":
+            full = torch.cat([x.reshape(-1) for x in xs])
+            shape = self.ir.tensors[out].info.shape()
+            value = full[:int(np.prod(shape))].reshape(shape).to(self.dtype[out])
+            for env in envs:
+                env[out] = value.clone()
+            return
+        if op_type in ("ReplicatedReduceScatter", "ReplicaSlice"):
+            n = xs[0].numel()
+            k = -(-n // rf)
+            for r, (env, x) in enumerate(zip(envs, xs)):
+                src = _REDUCE[str(attrs.get("op", "Add"))](xs) if op_type == "ReplicatedReduceScatter" else x
+                flat = torch.cat([src.reshape(-1), src.new_zeros(rf * k - n)])
+                env[out] = flat[r * k:(r + 1) * k].to(self.dtype[out]).clone()
+            return
+        every = xs
+        if self.distributed:        # every instance's replicas, in global order (the hook of gcl's kernels)
+            every = list(gcl_instances.gather_replicas(torch.stack(xs), f"{op_type} {out}").unbind(0))
+        total = _REDUCE[str(attrs.get("op", "Add"))](every)
+        for env, x in zip(envs, xs):
+            if op_type == "ReplicatedAllReduceInplace":
+                env[out] = x.copy_(total)
+            else:
+                env[out] = total.to(self.dtype[out])
+
+    def _step(self, take, put, anchors: list, bps: int) -> None:
+        ir = self.ir
+        flow = ir.data_flow
+        alias = getattr(ir, "anchor_alias", {})
+        af, rf = self.accumulation, self.replicas
+        sums: dict = {}
+        envs: list = []
+        for b in range(bps):
+            for m in range(af):
+                envs = [{**self.consts, **rep} for rep in self.reps]
+                for r, env in enumerate(envs):
+                    for tid in ir.stream_inputs:
+                        if tid not in ir.tensors:
+                            continue
+                        flat = take(tid, (b * af + m) * rf + r)
+                        if flat is None:
+                            continue
+                        env[tid] = self._tensor(np.asarray(flat).reshape(ir.tensors[tid].info.shape()), tid)
+                self._ops(self.steps, envs)
+                for tid in anchors:
+                    art = flow.art(tid)
+                    kind = art.id()
+                    for r, env in enumerate(envs):
+                        v = env[alias.get(tid, tid)]
+                        if kind == AnchorReturnTypeId.All:
+                            put(tid, (b * af + m) * rf + r, bps * af * rf, _numpy(v))
+                        elif kind == AnchorReturnTypeId.EveryN:
+                            if (b + 1) % art.rp() == 0:
+                                put(tid, ((b + 1) // art.rp() - 1) * af * rf + m * rf + r,
+                                    bps // art.rp() * af * rf, _numpy(v))
+                        elif kind == AnchorReturnTypeId.Sum:
+                            key = (tid, r)
+                            sums[key] = v.clone() if key not in sums else sums[key] + v
+            if self.outer_steps:
+                self._ops(self.outer_steps, envs)
+        for tid in anchors:
+            if flow.art(tid).id() == AnchorReturnTypeId.Final:
+                for r, env in enumerate(envs):
+                    put(tid, r, rf, _numpy(env[alias.get(tid, tid)]))
+        for (tid, r), v in sums.items():
+            put(tid, r, rf, _numpy(v))
 
 
 def _numpy(v: torch.Tensor) -> np.ndarray:

@@ -714,7 +714,7 @@ class Ir:
         loss, opt = self.training["loss"], self.training["optimizer"]
         if loss not in self.tensors:
             raise popart_exception(f"Could not find loss tensor '{loss}' in main graph tensors")
-        if self.tensors[loss].info.nelms() != 1 or self.tensors[loss].info.rank() > 1:
+        if self.tensors[loss].info.nelms() > 1:
             raise popart_exception(f"Loss tensor, '{loss}', must be a scalar tensor")
         if self.tensors[loss].info.data_type() not in autodiff.FLOATS:
             raise popart_exception(f"Loss tensor, '{loss}', must be a float tensor, not "

@@ -185,6 +185,9 @@ class _SessionBase(rng_state.RngStateApi):
                 raise self._oom(e, lowered, opts) from None
             except poplar.poplar_error as e:
                 raise poplar_exception(str(e), e) from None
+            total = getattr(bar, "total", None)     # a tqdm bar (PopTorch's counts to 100 itself)
+            if bar and total is not None and bar.n < total:     # compiled: the bar ends at 100%
+                bar.update(total - bar.n)
         finally:
             if bar:
                 bar.close()
@@ -351,7 +354,7 @@ class _SessionBase(rng_state.RngStateApi):
         self._last_cycles = eng.last_run_cycles
 
     def _ir_executor(self):
-        """The session's :class:`openipu.popart.execute.IrExecutor` under ``OPENIPU_EXECUTION=ir``
+        """The session's :class:`openipu.popart.execute.IrExecutor` (``OPENIPU_EXECUTION=ir``, the default)
         when it covers the session (else ``None``: the device emulation runs it)."""
         from openipu.popart import execute
         try:
@@ -361,7 +364,11 @@ class _SessionBase(rng_state.RngStateApi):
         if getattr(self, "_fast", None) is None and m == "ir":
             why = execute.unsupported(self)
             if why is None:
-                self._fast = execute.IrExecutor(self._ir, self._host_weights)
+                self._fast = execute.IrExecutor(self._ir, self._host_weights, self.replicationFactor,
+                                                self.accumulationFactor if self._ir.training is not None else 1,
+                                                out=getattr(self._engine, "_out", None),
+                                                distributed=self.options.getGlobalReplicationFactor()
+                                                > self.replicationFactor)
                 if self._ir.training is not None and self._engine is not None:
                     self._fast.set_weights({k: np.asarray(v) for k, v in self._scalars(self._optimizer).items()
                                             if k in self._ir.optimizer_tensors})
@@ -433,7 +440,10 @@ class _SessionBase(rng_state.RngStateApi):
             if tid not in stepio.inputs:
                 raise popart_runtime_error(f"No tensor {tid} provided in PyStepIO's inputs")
             arr = stepio.inputs[tid]
-            self._check_array(tid, arr, "input")
+            if low.inputs[tid] is not None or not isinstance(arr, np.ndarray):
+                # with syntheticDataMode (no host stream) PopART never reads the buffer, so
+                # only its element count is checked, not its type or layout
+                self._check_array(tid, arr, "input")
             exp = self._expected_in(tid)
             if stepio._runtime_asserts and arr.size != exp:
                 raise popart_runtime_error(self._size_message(tid, "input", exp, arr.size))
@@ -592,6 +602,8 @@ class _SessionBase(rng_state.RngStateApi):
         buf = np.ascontiguousarray(np.asarray(self._ir.tensors[tid].value, np.uint32).reshape(-1))
         self._engine.connectStream(low.seed_in[tid], buf)
         self._engine.run(4, "randomSeedFromHost")
+        if getattr(self, "_fast", None):
+            self._fast.set_weights({tid: buf.reshape(2)})
 
     # -- weights --------------------------------------------------------------------------
     def weightsFromHost(self) -> None:  # noqa: N802

@@ -59,3 +59,16 @@ USER_CODELET_CODE_BYTES = 256
 #: pointers, Poplar SPAN layout.
 VERTEX_STATE_BYTES_PER_SCALAR = 4
 VERTEX_STATE_BYTES_PER_VECTOR = 8
+
+#: Worker instructions per slice of the ``pi`` vertex's loop (``UCL-RITS/pi_examples``
+#: ``cpp_ipu_pi_dir``: ``x = (i + 0.5) * slice; sum += 4 / (1 + x * x)`` compiled with ``-O3``).
+#: Fitted: the ``pi`` calibration point, 90,084 tile cycles for 1,000 slices on a Bow IPU; a worker
+#: running alone issues once every 6 tile cycles, so 90,084 / 6 = 15,014 = 15 x 1,000 + 14. The same
+#: README's second run (2,917,776 slices per tile: 262,599,924 cycles = 6 x (15 x 2,917,776 + 14))
+#: fixes the same two numbers, so slope and intercept are both measured, not split by assumption.
+#: Used only by that program's estimator (``benchmarks/calibration.py``).
+PI_LOOP_WORKER_CYCLES = 15
+
+#: Worker instructions of the ``pi`` vertex between its two cycle-counter reads outside the loop
+#: (loop set-up, the final store). Fitted with :data:`PI_LOOP_WORKER_CYCLES` (see there).
+PI_FIXED_WORKER_CYCLES = 14

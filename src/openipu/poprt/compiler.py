@@ -43,7 +43,8 @@ class CompilerOptions:
 
     Fields that change the program or its predicted cost: ``num_ipus`` (1), ``ipu_version``
     (``"ipu21"``; also ``"ipu2"``, ``"bow"``, ``"ipu1"``), ``batches_per_step`` (1),
-    ``partials_type`` (``""`` = PopLibs' default, ``"half"``, ``"float"``), ``num_io_tiles`` (0;
+    ``partials_type`` (``"half"``, PopRT's default, or ``"float"``; ``""`` leaves PopLibs' own
+    default, float; float inputs always accumulate in float), ``num_io_tiles`` (0;
     overlapped I/O, see the module docstring), ``available_memory_proportion`` (0.6),
     ``enable_pipelining`` (False; needs ``num_ipus > 1``), ``virtual_graph_mode`` (``"off"``,
     ``"auto"``, ``"manual"``), ``stream_buffering_depth`` (1: batches of inputs and outputs the I/O
@@ -55,7 +56,7 @@ class CompilerOptions:
     """
 
     _DEFAULTS = {
-        "num_ipus": 1, "ipu_version": "ipu21", "batches_per_step": 1, "partials_type": "", "num_io_tiles": 0,
+        "num_ipus": 1, "ipu_version": "ipu21", "batches_per_step": 1, "partials_type": "half", "num_io_tiles": 0,
         "available_memory_proportion": 0.6, "enable_pipelining": False, "virtual_graph_mode": "off",
         "stream_buffering_depth": 1, "enable_engine_caching": False, "cache_path": "session_cache",
         "constant_weights": True,
@@ -420,6 +421,7 @@ class Compiler:
             options["pack_args"] = json.loads(pack)
         exe = Executable(low, inputs, outs, options, target, pred, weights, compile_seconds, engine._exe.compiled,
                          proto.SerializeToString(), outputs)
+        exe._session = session      # its IR, for runners on the IR executor (not part of the file)
         _COMPILED[_compile_key(exe.model_bytes, {"outputs": list(outputs), "options": _jsonable(o.to_dict())})] = exe
         return exe
 

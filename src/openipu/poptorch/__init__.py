@@ -9,6 +9,7 @@ import abc as _abc
 from typing import Any as _Any
 
 from openipu.poptorch import _impl, _logging, _utils, optim, poptorch_core, profiling  # noqa: F401
+from openipu.poptorch._geometric_ops import fps, nearest  # noqa: F401
 from openipu.poptorch._impl import isDispatchTracing  # noqa: F401
 from openipu.poptorch._logging import logger, setLogLevel  # noqa: F401
 from openipu.poptorch._utils import accessAttributes, getIpuTensorId  # noqa: F401

@@ -1,13 +1,17 @@
 """``poptorch._utils``: the helpers PopTorch programs import from it, chiefly the custom argument
 parsers (``poptorch.ICustomArgParser``, ``registerCustomArgParser``): a registered parser says
 which tensors an object of its type holds (``yieldTensors``) and how to build one back from
-tensors (``reconstruct``), so objects of that type can be inputs of a wrapped model."""
+tensors (``reconstruct``), so objects of that type (PyG's ``Data`` / ``Batch``) can be inputs
+and outputs of a wrapped model; and combined batches (``combined_batch_generator``): the
+batches of a user ``batch_sampler`` concatenated into one call's worth of data."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import itertools
+import sys
 import warnings
 
 import torch
@@ -104,23 +108,59 @@ def getIpuTensorId(x: torch.Tensor) -> int:  # noqa: N802
     return _get(x)
 
 
-class _Wrapped:
-    """A custom-parsed object as a pytree leaf context: compared by identity of the object."""
+class _Context:
+    """The pytree context of a custom-parsed object: the object itself (the template
+    ``reconstruct`` rebuilds from) and the names of its tensors. Contexts compare equal for
+    objects of one type with the same tensor names, so the specs of two batches of equal
+    structure match (as ``torch.export`` and spec comparisons expect)."""
 
-    def __init__(self, obj):
-        self.obj = obj
+    __slots__ = ("template", "keys")
+
+    def __init__(self, template, keys):
+        self.template = template
+        self.keys = tuple(keys)
 
     def __eq__(self, other):
-        return isinstance(other, _Wrapped) and other.obj is self.obj
+        return isinstance(other, _Context) and type(self.template) is type(other.template) and \
+            self.keys == other.keys
 
     def __hash__(self):
-        return id(self.obj)
+        return hash((type(self.template), self.keys))
+
+    def __repr__(self):
+        return f"{type(self.template).__name__}{list(self.keys)}"
 
     def __copy__(self):
         return self
 
     def __deepcopy__(self, memo):       # torch.export copies specs; the object may hold fake tensors
         return self
+
+
+def _tensor_keys(parser, obj, n: int) -> list:
+    """One name per tensor of ``obj``: the parser's optional ``tensorKeys(obj)`` (openipu
+    extension, e.g. ``x`` / ``edge_index`` for PyG's ``Data``; they name the model's inputs in
+    error messages), else ``0``, ``1`` ..."""
+    keys_fn = getattr(parser, "tensorKeys", None)
+    keys = [str(k) for k in keys_fn(obj)] if keys_fn is not None else []
+    return keys if len(keys) == n else [str(i) for i in range(n)]
+
+
+def _flatten(obj):
+    parser = getCustomParser(obj)
+    tensors = list(parser.yieldTensors(obj))
+    # the template is a shallow copy: a model that adds tensors to its input object (PyG models
+    # set ``data.h = ...``) must not change the structure its spec was flattened from
+    return tensors, _Context(copy.copy(obj), _tensor_keys(parser, obj, len(tensors)))
+
+
+def _unflatten(children, ctx):
+    return getCustomParser(ctx.template).reconstruct(ctx.template, iter(children))
+
+
+def _flatten_with_keys(obj):
+    tensors, ctx = _flatten(obj)
+    return [(pytree.MappingKey(k), t) for k, t in zip(ctx.keys, tensors)], ctx
 
 
 def _custom_types(values) -> set:
@@ -140,28 +180,78 @@ def _custom_types(values) -> set:
     return {t for t in found if t not in pytree.SUPPORTED_NODES}
 
 
+def _spec_types(spec) -> set:
+    """The custom-parsed types a pytree spec (``TreeSpec``) was built from."""
+    found, todo = set(), [spec]
+    while todo:
+        s = todo.pop()
+        if isinstance(s.context, _Context):
+            found.add(s.type)
+        todo.extend(s.children() if hasattr(s, "children") else s.children_specs)
+    return {t for t in found if t not in pytree.SUPPORTED_NODES}
+
+
 @contextlib.contextmanager
-def custom_pytree_nodes(values):
-    """Make the custom-parsed types found in ``values`` pytree nodes while the context lasts:
-    their children are the tensors ``yieldTensors`` gives, rebuilt by ``reconstruct`` (so
-    ``torch.export`` and the executor's flattening see the tensors inside them)."""
+def _registered(types):
     registered = []
-    for t in _custom_types(values):
-        parser = getCustomParser     # looked up per object: a subclass may have its own parser
-
-        def flatten(obj, _p=parser):
-            return list(_p(obj).yieldTensors(obj)), _Wrapped(obj)
-
-        def unflatten(children, ctx, _p=parser):
-            return _p(ctx.obj).reconstruct(ctx.obj, iter(children))
-
-        def flatten_with_keys(obj, _p=parser):
-            kids = list(_p(obj).yieldTensors(obj))
-            return [(pytree.SequenceKey(i), c) for i, c in enumerate(kids)], _Wrapped(obj)
-        pytree.register_pytree_node(t, flatten, unflatten, flatten_with_keys_fn=flatten_with_keys)
-        registered.append(t)
     try:
+        for t in types:
+            pytree.register_pytree_node(t, _flatten, _unflatten, flatten_with_keys_fn=_flatten_with_keys)
+            registered.append(t)
         yield
     finally:
         for t in registered:
             pytree._deregister_pytree_node(t)
+
+
+@contextlib.contextmanager
+def custom_pytree_nodes(values):
+    """Make the custom-parsed types found in ``values`` pytree nodes while the context lasts:
+    their children are the tensors ``yieldTensors`` gives, rebuilt by ``reconstruct`` (so
+    ``torch.export`` and the executor's flattening see the tensors inside them). The parser is
+    looked up per object, so a subclass may have its own."""
+    ensure_geometric_parsers()
+    with _registered(_custom_types(values)):
+        yield
+
+
+def tree_unflatten(values, spec):
+    """``torch.utils._pytree.tree_unflatten`` for a spec that may hold custom-parsed objects
+    (a model returning PyG's ``Data``): their types are pytree nodes while it runs."""
+    with _registered(_spec_types(spec)):
+        return pytree.tree_unflatten(values, spec)
+
+
+def ensure_geometric_parsers() -> None:
+    """Register PopTorch Geometric's ``PyGArgsParser`` when ``torch_geometric`` is in use
+    (PopTorch Geometric registers it on import; openipu also does on the first call that may
+    see a ``Data``, so that ``import poptorch`` alone does not import PyG)."""
+    if "torch_geometric" in sys.modules and "openipu.poptorch_geometric.types" not in sys.modules:
+        try:
+            from openipu.poptorch_geometric import types  # noqa: F401  (registers on import)
+        except ImportError:
+            pass
+
+
+# -- combined batches (a user ``batch_sampler`` under device iterations / replicas) ---------------
+def combine_batch_tensors_gen(tensors):
+    """Yield ``torch.cat`` on dim 0 of the i-th tensor of every batch (``tensors``: one list of
+    tensors per batch, all the same length), for each i."""
+    for i in range(len(tensors[0])):
+        yield torch.cat([batch[i] for batch in tensors])
+
+
+def combined_batch_generator(iterator, num_batches_to_combine: int, drop_last: bool = True):
+    """Wrap a loader iterator (PopTorch's ``_utils.combined_batch_generator``): yield batches
+    made of ``num_batches_to_combine`` consecutive batches concatenated tensor by tensor on dim 0,
+    non-tensor values taken from the last of them (the last, shorter group is dropped when
+    ``drop_last``)."""
+    group, last = [], None
+    for batch in iterator:
+        group.append(flattenTensorStructure(batch))
+        last = batch
+        if len(group) == num_batches_to_combine:
+            yield reconstructTensorStructure(last, combine_batch_tensors_gen(group))
+            group = []
+    if group and not drop_last:
+        yield reconstructTensorStructure(last, combine_batch_tensors_gen(group))

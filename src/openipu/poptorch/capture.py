@@ -49,7 +49,8 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict) -> ExportedProgra
     :class:`Error` (PopTorch's wording where it has one) when the model cannot be captured:
     data-dependent values (``.item()``) and control flow."""
     try:
-        with blocks.capturing(), warnings.catch_warnings(), _ipu_functionals():
+        from openipu.poptorch._overrides import substitutions
+        with blocks.capturing(), warnings.catch_warnings(), _ipu_functionals(), substitutions():
             warnings.simplefilter("ignore", FutureWarning)      # torch-internal pytree deprecations
             ep = torch.export.export(model, tuple(args), dict(kwargs), strict=False)
             _drop_dynamo_meta(ep)

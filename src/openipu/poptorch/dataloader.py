@@ -76,12 +76,27 @@ class DataLoader(torch.utils.data.DataLoader):
         self._options = options
         self._combined = None
         factor = options.batch_factor() if batch_size is not None else 1
+        self._combine_batches = None
+        self._slice = None
+        if kwargs.get("batch_sampler") is not None:
+            # a user batch sampler draws whole batches: one call combines ``factor`` of them
+            # (PopTorch's rule: batch_size must stay 1 and shuffle off)
+            if batch_size != 1 or shuffle:
+                raise Error("`batch_sampler` option is mutually exclusive with batch_size, shuffle.")
+            self._combine_batches, self._sampler_drop_last = factor, drop_last
+            super().__init__(dataset, num_workers=num_workers,
+                             persistent_workers=bool(persistent_workers) and num_workers > 0, **kwargs)
+            self._combined = getattr(kwargs["batch_sampler"], "batch_size", 1) * factor
+            self._mode = DataLoaderMode(mode)
+            self._accessor = None
+            if self._mode != DataLoaderMode.Sync:
+                self._accessor = AsynchronousDataAccessor(self, **(async_options or {}))
+            return
         combined = None if batch_size is None else int(batch_size) * factor
         if persistent_workers is None:
             persistent_workers = num_workers > 0
         if kwargs.get("sampler", 0) is None:
             del kwargs["sampler"]
-        self._slice = None
         procs = options.Distributed.numProcesses
         if procs > 1 and auto_distributed_partitioning:
             if isinstance(dataset, torch.utils.data.IterableDataset):
@@ -112,7 +127,16 @@ class DataLoader(torch.utils.data.DataLoader):
             self._slice.reshuffle()
         if self._accessor is not None:
             return iter(self._accessor)
+        if self._combine_batches not in (None, 1):
+            from openipu.poptorch._utils import combined_batch_generator
+            return combined_batch_generator(super().__iter__(), self._combine_batches, self._sampler_drop_last)
         return super().__iter__()
+
+    def __len__(self):
+        n = super().__len__()
+        if self._combine_batches not in (None, 1):
+            n = n // self._combine_batches if self._sampler_drop_last else -(-n // self._combine_batches)
+        return n
 
     def terminate(self):
         if self._accessor is not None:

@@ -46,6 +46,9 @@ _BACKWARD_ERROR = ("backward() cannot be called explicitly on outputs of a PopTo
                    "you're using an inferenceModel, you should use a trainingModel instead.")
 
 
+#: torch.nn.Module's own attributes, which the wrapper forwards to the user model (``__getattr__``)
+_MODULE_STATE = frozenset(torch.nn.Module().__dict__)
+
 #: handle id -> hook (``registerPreCompileHook`` / ``registerPostCompileHook``), in registration order
 _PRECOMPILE_HOOKS: dict = collections.OrderedDict()
 _POSTCOMPILE_HOOKS: dict = collections.OrderedDict()
@@ -134,8 +137,10 @@ class PoplarExecutor:
         return self._options
 
     def __getattr__(self, name):
-        # unknown attributes are the user model's (PopTorch forwards them)
-        if name.startswith("_"):
+        # unknown attributes are the user model's (PopTorch forwards them); of the private ones
+        # only torch.nn.Module's own state (``_modules``, ``_parameters`` ...), which tools such
+        # as torchinfo read: PopTorch's wrapper is a subclass of the model's class
+        if name.startswith("_") and name not in _MODULE_STATE:
             raise AttributeError(name)
         return getattr(self._user_model, name)
 
@@ -485,7 +490,7 @@ class PoplarExecutor:
         for o in outs:
             o.backward = _error_on_backward
         self._perf = (t0, t1, t2, time.perf_counter())
-        return pytree.tree_unflatten(outs, self._built.out_spec)
+        return _utils.tree_unflatten(outs, self._built.out_spec)
 
     def _output(self, arr: np.ndarray) -> torch.Tensor:
         """A PopART anchor (leading dims: iterations / micro-batches / replicas, as returned by

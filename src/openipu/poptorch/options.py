@@ -260,11 +260,11 @@ class _TrainingOptions(_OptionsDict):
         """PopTorch's name of the option :meth:`setMeanAccumulationAndReplicationReductionStrategy` sets."""
         return self.mean_accumulation_and_replication_reduction_strategy
 
-    def gradientAccumulation(self, n: int):  # noqa: N802
+    def gradientAccumulation(self, gradient_accumulation: int):  # noqa: N802
         """Micro-batches summed (or meaned) into one weight update."""
-        if int(n) < 1:
+        if int(gradient_accumulation) < 1:
             raise ValueError("gradientAccumulation must be at least 1")
-        return self.set(gradient_accumulation=int(n))
+        return self.set(gradient_accumulation=int(gradient_accumulation))
 
     def accumulationAndReplicationReductionType(self, t):  # noqa: N802
         if str(t).split(".")[-1] not in ("Mean", "Sum"):
@@ -425,16 +425,17 @@ class Options(_OptionsDict):
         return self._Popart
 
     # -- batching --------------------------------------------------------------------------
-    def deviceIterations(self, n: int):  # noqa: N802
+    def deviceIterations(self, device_iterations: int):  # noqa: N802
         """Batches run per call (PopART's ``batchesPerStep``)."""
-        if int(n) < 1:
+        if int(device_iterations) < 1:
             raise ValueError("deviceIterations must be at least 1")
-        return self.set(device_iterations=int(n))
+        return self.set(device_iterations=int(device_iterations))
 
-    def replicationFactor(self, n: int):  # noqa: N802
-        if int(n) < 1:
+    def replicationFactor(self, replication_factor: int):  # noqa: N802
+        """Copies of the model, each on its own IPUs, each fed its share of the batch."""
+        if int(replication_factor) < 1:
             raise ValueError("replicationFactor must be at least 1")
-        return self.set(replication_factor=int(n))
+        return self.set(replication_factor=int(replication_factor))
 
     def outputMode(self, mode: OutputMode, output_return_period: int | None = None):  # noqa: N802
         """What each call returns (module docstring). ``EveryN`` needs a positive
@@ -476,10 +477,10 @@ class Options(_OptionsDict):
             self.Training.gradient_accumulation
 
     # -- device ----------------------------------------------------------------------------
-    def randomSeed(self, seed: int):  # noqa: N802
+    def randomSeed(self, random_seed: int):  # noqa: N802
         """The device's seed (and ``torch.manual_seed``, as PopTorch does)."""
-        torch.manual_seed(int(seed))
-        return self.set(random_seed=int(seed))
+        torch.manual_seed(int(random_seed))
+        return self.set(random_seed=int(random_seed))
 
     def useIpuModel(self, use: bool):  # noqa: N802
         return self.set(use_ipu_model=bool(use))

@@ -67,8 +67,10 @@ def conv_nd(x, w, b, attrs):
     nd = len(k)
     if nd not in _CONV:
         raise OnnxKernelError(f"Conv: {nd}-D convolution is not supported (1-D to 3-D)")
-    if any(pads):
-        x = F.pad(x, torch_pad(pads))
+    if list(pads[:nd]) == list(pads[nd:]):     # symmetric: the convolution pads (no padded copy)
+        return _CONV[nd](x, w, b, stride=strides, padding=list(pads[:nd]), dilation=dilations,
+                         groups=attrs.get("group", 1))
+    x = F.pad(x, torch_pad(pads))
     return _CONV[nd](x, w, b, stride=strides, dilation=dilations, groups=attrs.get("group", 1))
 
 

@@ -17,6 +17,7 @@ import functools
 import math
 
 import torch
+import torch.nn.functional as F
 
 from openipu.popart.onnx_ops import get_kernel, onnx_op
 from openipu.popart.onnx_ops._common import nll_rows, numel
@@ -147,6 +148,8 @@ def _norm_grad(fwd_type, inputs, attrs, opset):
     fwd_opset = int(attrs.get("fwd_opset", opset))
     bias = torch.zeros(list(attrs.get("bias_shape") or scale.shape))
     ins = [x, scale, bias]
+    if fwd_type == "BatchNormalization" and x.dim() >= 2:
+        return _batch_norm_grad(x, scale, gy, float(a.get("epsilon", 1e-5)))
     if fwd_type == "BatchNormalization":        # batch statistics: the training-mode kernel
         c = x.shape[1]
         ins += [torch.zeros(c), torch.ones(c)]
@@ -156,6 +159,19 @@ def _norm_grad(fwd_type, inputs, attrs, opset):
         a["__num_outputs__"] = 1
     dx, ds, db = vjp_many(get_kernel("", fwd_type).fn, ins, a, fwd_opset, [0, 1, 2], gy)
     return [dx.to(x.dtype), ds.to(scale.dtype), db.to(scale.dtype)]      # bias: scale's type (ONNX)
+
+
+def _batch_norm_grad(x, scale, gy, eps: float) -> list:
+    """BatchNormalization's gradients with the batch statistics (biased variance, as the
+    training-mode forward kernel): ``aten.native_batch_norm_backward`` in float32 on the
+    recomputed mean and ``1 / sqrt(var + eps)`` (the forward kernel's vjp in closed form)."""
+    xf = x.float()
+    dims = [0] + list(range(2, x.dim()))
+    mean = xf.mean(dims)
+    invstd = torch.rsqrt(xf.var(dims, unbiased=False) + eps)
+    dx, ds, db = torch.ops.aten.native_batch_norm_backward(
+        gy.float().reshape(x.shape), xf, scale.float(), None, None, mean, invstd, True, eps, [True, True, True])
+    return [dx.to(x.dtype), ds.to(scale.dtype), db.to(scale.dtype)]
 
 
 for _name, _fwd in NORM_GRADS.items():
@@ -281,18 +297,44 @@ def identity_loss_grad(inputs, attrs, opset):
     return [g.expand(x.shape).to(x.dtype).clone()]
 
 
+def _conv_backward(gy, x, w, x_shape, w_shape, attrs, wrt: int) -> torch.Tensor:
+    """The gradient of ONNX Conv (no bias) w.r.t. its input (``wrt`` 0) or weights (1), float32,
+    from ``torch.ops.aten.convolution_backward`` (no forward recomputation); the operand not
+    needed is a broadcast placeholder of its shape. Asymmetric pads are applied to the input (and
+    cut from its gradient), as the forward kernel pads."""
+    from openipu.popart.onnx_ops.conv import conv_geometry, torch_pad
+    k = list(w_shape[2:])
+    n = len(k)
+    strides, dilations, pads = conv_geometry(x_shape, k, attrs)
+    gy = gy.float()
+    symmetric = list(pads[:n]) == list(pads[n:])
+    padded = list(x_shape) if symmetric else \
+        list(x_shape[:2]) + [int(x_shape[2 + i]) + int(pads[i]) + int(pads[n + i]) for i in range(n)]
+    if x is None:
+        x = gy.new_empty(1).expand(padded)
+    else:
+        x = x.float() if symmetric or not any(pads) else F.pad(x.float(), torch_pad(pads))
+    w = gy.new_empty(1).expand(list(w_shape)) if w is None else w.float()
+    g = torch.ops.aten.convolution_backward(
+        gy.reshape([int(x_shape[0]), int(w_shape[0])] + list(gy.shape[2:])), x, w, None, strides,
+        list(pads[:n]) if symmetric else [0] * n, dilations, False, [0] * n, int(attrs.get("group", 1)),
+        [wrt == 0, wrt == 1, False])[wrt]
+    if wrt == 0 and not symmetric:
+        for i in range(n):
+            g = g.narrow(2 + i, int(pads[i]), int(x_shape[2 + i]))
+    return g.contiguous()
+
+
 @onnx_op("ConvDataGrad", domain=GC, flops=_conv_data_flops)
 def conv_data_grad(inputs, attrs, opset):
     gy, w = inputs
-    x = torch.zeros(list(attrs["input_shape"]), dtype=torch.float32)
-    return [_vjp("Conv", [x, w], attrs, opset, 0, gy)]
+    return [_conv_backward(gy, None, w, list(attrs["input_shape"]), list(w.shape), attrs, 0).to(gy.dtype)]
 
 
 @onnx_op("ConvWeightsGrad", domain=GC, flops=_conv_weights_flops)
 def conv_weights_grad(inputs, attrs, opset):
     gy, x = inputs
-    w = torch.zeros(list(attrs["weights_shape"]), dtype=torch.float32)
-    return [_vjp("Conv", [x, w], attrs, opset, 1, gy)]
+    return [_conv_backward(gy, x, None, list(x.shape), list(attrs["weights_shape"]), attrs, 1).to(gy.dtype)]
 
 
 @onnx_op("MaxPoolGrad", domain=GC, flops=_first_input_flops)

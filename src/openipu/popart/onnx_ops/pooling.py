@@ -88,6 +88,8 @@ def max_pool(inputs, attrs, opset):
     xf = x.to(torch.float64) if not dt.is_floating_point or dt == torch.float64 else x.float()
     padded = F.pad(xf, torch_pad(begins + ends), value=-math.inf)
     pool = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[nd]
+    if int(attrs.get("__num_outputs__", 2)) < 2:        # no Indices output: the values only
+        return [pool(padded, k, s, 0, d, ceil_mode=False).to(dt)]
     y, idx = pool(padded, k, s, 0, d, ceil_mode=False, return_indices=True)
     # idx: flat over the padded spatial dims -> ONNX flat index over the whole unpadded input.
     pshape = list(padded.shape[2:])

@@ -84,6 +84,8 @@ def sgd1_var_update(inputs, attrs, opset):
         if not _is(s["nesterovWeightDecay1"], 0.0):
             x = x + s["nesterovWeightDecay1"] * _f(w)
         step = x.to(w.dtype).float()
+    if w.dtype == torch.float32:        # in place, the same roundings: w - (slr1 * v)
+        return [w.sub_(s["scaledLearningRate1"] * step)]
     return [_write(w, _f(w) - s["scaledLearningRate1"] * step)]
 
 
@@ -93,6 +95,9 @@ def sgd1_accl_update(inputs, attrs, opset):
     v = inputs[0]
     s = _scalars(inputs, attrs)
     smm, swd = s["scaledMomentum1"], s["scaledWeightDecay1"]
+    if v.dtype == torch.float32:        # in place, the same roundings: (v smm) + (swd w)
+        v.mul_(smm)
+        return [v if _is(swd, 0.0) else v.add_(swd * _f(inputs[1]))]
     x = _f(v) * smm
     if not _is(swd, 0.0):
         x = x + swd * _f(inputs[1])
@@ -107,6 +112,10 @@ def accumulate(inputs, attrs, opset):
     kind = attrs["accumulationType"]
     if kind == "Mean":
         sc["factor"] = _f(inputs[2]).reshape(())
+    if acc.dtype == torch.float32 and kind in ("Add", "DampenedAdd") and "rescaleRatio" not in sc:
+        s = _grad_term(inputs, sc, 1, 2)        # in place, the same roundings: a + (f s)
+        f = sc.get("factor", 1.0)
+        return [acc.add_(s if kind == "Add" or _is(f, 1.0) else f * s)]
     a = _f(acc)
     if "rescaleRatio" in sc:
         r = sc["rescaleRatio"]

@@ -53,8 +53,15 @@ def convolution(graph, in_, weights, params: ConvParams, transposeAndFlipWeights
     Returns a new ``[N, G*Co, *outField]`` tensor of ``params.outputType``. Options:
     ``availableMemoryProportion`` (0.6), ``partialsType`` ("float" / "half"), ``pass``.
 
-    Raises ``poplar.graph_connection_error`` (shapes or types), ``poplar.invalid_option`` and
-    :class:`poplibs_error` (no plan fits the memory budget).
+    The forward pass (no ``transposeAndFlipWeights``) is planned with and without PopLibs'
+    ``expandDims`` transform (:func:`_expand_transform`: kernel dimensions folded into the input
+    channels, the expanded input copied in ``prog``) and the cheaper is built, copy included, as
+    PopLibs' planner does (``ConvPlan.cpp getExpandDimsCandidates``): a layer with few input
+    channels (ResNet's 7x7 stem, 3 channels) then fills the AMP's input channels.
+
+    Raises ``poplar.graph_connection_error`` (shapes or types) and ``poplar.invalid_option``. No
+    plan within the memory budget is a warning and the least-memory plan
+    (:mod:`openipu.poplibs.poplin.plan`), not an error.
     """
     op = "convolution"
     _check_shape(op, "the input", in_, params.getInputShape())
@@ -72,14 +79,24 @@ def convolution(graph, in_, weights, params: ConvParams, transposeAndFlipWeights
         if t.elementType() != params.inputType:
             raise poplar.graph_connection_error(
                 f"{op}: the {what} is {t.elementType()} but the ConvParams input type is {params.inputType}")
-    out = _conv(graph, _canon_input(in_, params), w, params, prog, name or op, options, cache, op)
+    x = _canon_input(in_, params)
+    cp, metas = params, None
+    if not transposeAndFlipWeights:
+        # the forward pass tries PopLibs' expandDims as the weight update does (below); a copied
+        # fp8 input keeps the scale of the input it came from
+        if in_.hasMetadata() or weights.hasMetadata():
+            metas = (in_.getMetadata() if in_.hasMetadata() else None,
+                     weights.getMetadata() if weights.hasMetadata() else None)
+        cp, x, w = _expand_transform(graph, params, x, w, options, cache, op, prog, name or op)
+    out = _conv(graph, x, w, cp, prog, name or op, options, cache, op, metas=metas)
     return _user_output(out, params)
 
 
-def _conv(graph, x, w, params, prog, name, options, cache, op, out=None):
+def _conv(graph, x, w, params, prog, name, options, cache, op, out=None, metas=None):
     plan = plan_convolution(params, graph.getTarget(), options, cache, op=op)
     opts = parse_options(options, op)
-    return core.build(graph, x, w, params, plan, opts.partials_type, params.outputType, prog, name, out=out)
+    return core.build(graph, x, w, params, plan, opts.partials_type, params.outputType, prog, name, out=out,
+                      metas=metas)
 
 
 def createInput(graph, params: ConvParams, name: str = "", options=None, cache=None):  # noqa: N802
@@ -188,7 +205,7 @@ def calculateWeightDeltas(graph, zDeltas, activations, params: ConvParams, prog,
     ``[N, G*Co, *outField]`` and forward ``activations`` ``[N, G*Ci, *field]``
     (``poplin::calculateWeightDeltas``): a convolution over the batch and output field
     (:func:`~openipu.poplibs.poplin.params.weight_update_params`, PopLibs
-    ``getWeightUpdateParams``), planned with or without ``expandDims`` (:func:`_wu_transform`).
+    ``getWeightUpdateParams``), planned with or without ``expandDims`` (:func:`_expand_transform`).
 
     The result is laid out as the weight-update convolution's output (its plan's output
     layout), not as :func:`createWeights` lays out the weights: PopLibs' ``calculateWeightDeltas``
@@ -206,26 +223,31 @@ def calculateWeightDeltas(graph, zDeltas, activations, params: ConvParams, prog,
         .dimShuffle([1, 2, 0, *range(3, 3 + n)])
     w = zDeltas.reshape([N, G, params.outputChannelsPerConvGroup, *params.getOutputFieldShape()]) \
         .dimShuffle([1, 2, 0, *range(3, 3 + n)])
-    wu, x, w = _wu_transform(graph, wu, x, w, options, cache, op, prog, name or op)
+    wu, x, w = _expand_transform(graph, wu, x, w, options, cache, op, prog, name or op)
     out = _conv(graph, x, w, wu, prog, name or op, options, cache, op)       # [G, Ci, Co, *kernel]
     return out.dimShuffle([0, 2, 1, *range(3, 3 + n)])
 
 
-def _wu_transform(graph, wu: ConvParams, x, w, options, cache, op, prog, name):
-    """The weight-update convolution as planned: ``(params, x, w)``, either as given or with field
+def _expand_transform(graph, wu: ConvParams, x, w, options, cache, op, prog, name):
+    """A convolution as planned: ``(params, x, w)``, either as given or with field
     dimensions folded into the input channels (PopLibs' ``expandDims``,
     :mod:`~openipu.poplibs.poplin.transforms`): as a view of the operands where the forward kernel
     is 1 wide, or with a copy of the expanded input (added to ``prog``) for wider kernels. The
     planner tries each candidate and keeps the one predicted fastest, the copy's estimate included
     (PopLibs' planner tries every ``expandDims`` candidate and keeps the cheapest plan, transform
     costs included: ``ConvPlan.cpp getExpandDimsCandidates``). A candidate with no plan within the
-    memory budget loses; if none has one, the untransformed convolution raises the planner's
-    error."""
+    memory budget loses to one within it; if none has one, the candidate with the least temporary
+    memory wins (the planner has warned)."""
     target = graph.getTarget()
-    cands = []                      # (cycles, kind, dims, params, plan)
+    cands = []                      # (over budget, cycles or temp bytes, order, kind, dims, params, plan)
+
+    def rank(p):
+        over = p.temp_bytes > p.budget_bytes
+        return (over, p.temp_bytes if over else p.cycles)
+
     try:
         p0 = plan_convolution(wu, target, options, cache, op=op)
-        cands.append((p0.cycles, 0, "none", (), wu, p0))
+        cands.append((*rank(p0), 0, "none", (), wu, p0))
     except poplibs_error:
         pass
     view = transforms.view_expandable_dims(wu)
@@ -233,16 +255,17 @@ def _wu_transform(graph, wu: ConvParams, x, w, options, cache, op, prog, name):
     for kind, dims in (("view", view), ("copy", copy)):
         if not dims or (kind == "copy" and dims == view):
             continue
-        e = transforms.expand_dims_params(wu, dims)
         try:
+            e = transforms.expand_dims_params(wu, dims)      # raises for a kernel truncated to nothing
             pe = plan_convolution(e, target, options, cache, op=op)
         except poplibs_error:
             continue
         extra = transforms.expand_copy_cycles(wu, dims, target) if kind == "copy" else 0.0
-        cands.append((pe.cycles + extra, len(cands), kind, dims, e, pe))
+        over, score = rank(pe)
+        cands.append((over, score if over else score + extra, len(cands), kind, dims, e, pe))
     if not cands:
         return wu, x, w
-    _, _, kind, dims, e, pe = min(cands)
+    _, _, _, kind, dims, e, pe = min(cands)
     if kind == "none":
         return wu, x, w
     if kind == "view":

@@ -89,8 +89,9 @@ def matMul(graph, A, B, prog, *args, **kw):  # noqa: N802
     (default 0.6), ``partialsType`` ("float" default, or "half"), ``fullyConnectedPass``.
 
     Returns a new tensor ``[m, n]`` mapped the way the plan produces it.
-    Raises ``poplar.graph_connection_error`` (shapes or types), ``poplar.invalid_option``, and
-    :class:`~openipu.poplibs.poplin.params.poplibs_error` when no plan fits the memory budget.
+    Raises ``poplar.graph_connection_error`` (shapes or types) and ``poplar.invalid_option``. No
+    plan within the memory budget is a warning and the least-memory plan
+    (:mod:`openipu.poplibs.poplin.plan`), not an error.
     """
     out_type, name, options, cache = _args("matMul", args, kw)
     _check("matMul", A, B, False)

@@ -32,11 +32,14 @@ parallel blocks evenly.
 
 It keeps the fastest plan whose temporary memory fits ``availableMemoryProportion`` (default 0.6)
 of the tile's memory. Serial splits are tried only when no parallel plan fits. If no plan fits at
-all, it raises :class:`poplibs_error` naming the op, its shapes, the smallest temporary memory
-found and the budget (PopLibs instead retries with a doubled budget and then ignores it, with the
-warning "convolution planner unable to meet memory target"; openipu makes this an error so the
-sizing question is answered at plan time). ``availableMemoryProportion`` 0 asks for the plan
-with the least temporary memory (PopLibs' MINIMIZE_TILE_TEMP_MEMORY objective).
+all, it does as PopLibs' planner does: it warns through Poplar's logger (``PO:POPLIN [W]``,
+printed with ``POPLAR_LOG_LEVEL=WARN`` or ``POPLAR_POPLIN_LOG_LEVEL=WARN``: "convolution planner
+unable to meet memory target", naming the op, its shapes, the least temporary memory found and the
+budget) and takes the plan that needs least temporary memory (the MINIMIZE_TILE_TEMP_MEMORY
+objective). The graph then holds more than the budget, usually more than the tile, and the memory
+report says it does not fit, as for any graph that does not fit. Callers that want to know can
+collect those plans with :func:`record_over_budget`. ``availableMemoryProportion`` 0 asks for the
+plan with the least temporary memory from the start.
 
 The AMP's conv units come from the target table: ``units = Target.getAmpMacsPerCycle(in,
 partials) x core cycles / weights per conv unit`` (ipu2: 16 for half with half partials, 8 for
@@ -59,6 +62,7 @@ numpy: one array element per candidate.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -66,6 +70,7 @@ import numpy as np
 
 from openipu import poplar
 from openipu.poplar import calibration as cal
+from openipu.poplar.options import get_logger
 from openipu.poplar.types import as_type
 from openipu.poplibs.poplin.params import ConvParams, poplibs_error
 from openipu.poplibs.popops.dynamic_slice import dynamic_slice_worker_cycles
@@ -167,6 +172,57 @@ class PlanningCache:
 
 
 _DEFAULT_CACHE = PlanningCache()
+
+
+@dataclass(frozen=True)
+class OverBudgetPlan:
+    """A plan taken although its temporary memory is over the budget (no plan met it).
+
+    ``temp_bytes`` and ``budget_bytes``: bytes per tile (predicted)."""
+
+    op: str
+    temp_bytes: int
+    budget_bytes: int
+
+
+_over_budget_sinks: list[list] = []
+
+
+@contextlib.contextmanager
+def record_over_budget():
+    """Collect the :class:`OverBudgetPlan` of every plan made or reused inside the ``with`` block
+    whose temporary memory is over its budget (the planner fell back to the least-memory plan).
+    Yields the list they are appended to. openipu extension (the sizing CLI reports them)."""
+    sink: list = []
+    _over_budget_sinks.append(sink)
+    try:
+        yield sink
+    finally:
+        _over_budget_sinks.remove(sink)
+
+
+_plan_sinks: list[list] = []
+
+
+@contextlib.contextmanager
+def record_plans():
+    """Collect every :class:`ConvPlan` made or reused inside the ``with`` block (yields the list
+    they are appended to). openipu extension: ``openipu sweep`` reads the largest temporary
+    memory of a compile's plans to know when a smaller budget would choose the same plans."""
+    sink: list = []
+    _plan_sinks.append(sink)
+    try:
+        yield sink
+    finally:
+        _plan_sinks.remove(sink)
+
+
+def _note_over_budget(plan: "ConvPlan", op_desc: str) -> None:
+    for sink in _plan_sinks:
+        sink.append(plan)
+    if plan.temp_bytes > plan.budget_bytes:
+        for sink in _over_budget_sinks:
+            sink.append(OverBudgetPlan(op_desc, plan.temp_bytes, plan.budget_bytes))
 
 # --------------------------------------------------------------------------------------------
 # options
@@ -500,9 +556,12 @@ def plan_problem(pb: Problem, in_type, partials_type, out_type, target, opts: Pl
                  cache: PlanningCache | None = None) -> ConvPlan:
     """The cheapest plan for ``pb`` whose temporary memory fits the budget (see module doc).
 
+    When none fits ``availableMemoryProportion x bytesPerTile`` it warns through Poplar's logger
+    and returns the plan with the least temporary memory (its ``temp_bytes`` over
+    ``budget_bytes``), as PopLibs does.
+
     Raises:
-        poplibs_error: no plan fits ``availableMemoryProportion x bytesPerTile``; the message
-            names the op, its shapes, the smallest temporary memory found and the budget.
+        poplibs_error: the problem has no candidate plan at all (an empty problem).
     """
     cache = _DEFAULT_CACHE if cache is None else cache
     in_type, partials_type, out_type = as_type(in_type), as_type(partials_type), as_type(out_type)
@@ -511,12 +570,13 @@ def plan_problem(pb: Problem, in_type, partials_type, out_type, target, opts: Pl
     key = (pb, in_type.name, partials_type.name, out_type.name, opts.key(), target.spec)
     hit = cache.plans.get(key)
     if hit is not None:
+        _note_over_budget(hit, op_desc)
         return hit
     T = target.getNumTiles()
     W = target.getNumWorkerContexts()
     budget = opts.available_memory_proportion * target.getBytesPerTile()
     minimise_memory = opts.available_memory_proportion == 0
-    best, least = None, None
+    best, least = None, None       # least: (temp bytes, cycles, plan) of the least-memory plan
     for serial in (False, True):
         c = _candidates(pb, T, serial)
         if c["gs"].size == 0:
@@ -529,9 +589,13 @@ def plan_problem(pb: Problem, in_type, partials_type, out_type, target, opts: Pl
             else:
                 score = total
                 ok = temp <= budget
-            j = int(np.argmin(temp))
-            if least is None or temp[j] < least[0]:
-                least = (int(temp[j]), float(total[j]))
+            lo = temp.min()
+            j = int(np.flatnonzero(temp == lo)[np.argmin(total[temp == lo])])   # fastest of the least
+            if least is None or (int(temp[j]), float(total[j])) < least[:2]:
+                least = (int(temp[j]), float(total[j]), ConvPlan(
+                    method, units, int(icpg[j]), int(ocpg[j]), int(c["gs"][j]), int(c["bs"][j]), int(c["fs"][j]),
+                    int(c["ics"][j]), int(c["ocs"][j]), int(c["so"][j]), int(c["sb"][j]), float(total[j]),
+                    float(comp[j]), float(exch[j]), float(red[j]), int(temp[j]), int(budget)))
             if ok.any():
                 i = int(np.flatnonzero(ok)[np.argmin(score[ok])])
                 if best is None or score[i] < best[0]:
@@ -542,13 +606,18 @@ def plan_problem(pb: Problem, in_type, partials_type, out_type, target, opts: Pl
         if best is not None and not minimise_memory:
             break
     if best is None:
-        raise poplibs_error(
-            f"{op_desc}: no plan fits in the temporary memory budget. The plan using least temporary memory needs "
-            f"{least[0]:,} bytes per tile, but availableMemoryProportion {opts.available_memory_proportion:g} of "
-            f"{target.getBytesPerTile():,} bytes per tile allows {int(budget):,} bytes. Raise availableMemoryProportion, "
-            f"lower the batch size, or use more IPUs (split the model or its batch).")
+        if least is None:
+            raise poplibs_error(f"{op_desc}: the planner found no candidate plan")
+        get_logger("poplin").warning(
+            f"{op_desc}: convolution planner unable to meet memory target. The plan using least temporary memory "
+            f"needs {least[0]:,} bytes per tile, but availableMemoryProportion {opts.available_memory_proportion:g} "
+            f"of {target.getBytesPerTile():,} bytes per tile allows {int(budget):,} bytes; using it anyway, so the "
+            f"graph may not fit in tile memory. Raise availableMemoryProportion, lower the batch size, or use more "
+            f"IPUs.")
+        best = (0.0, least[2])
     plan = best[1]
     cache.plans[key] = plan
+    _note_over_budget(plan, op_desc)
     return plan
 
 

@@ -173,9 +173,11 @@ def expand_dims_copy(graph, x, w, p: ConvParams, dims, xe, prog, name: str):
     channels by copying: ``xe`` (canonical ``[G, N, Ci x prod K, *O]`` input of
     :func:`expand_dims_params`, laid out for its plan) receives, for each output position ``o``,
     the input elements the kernel taps meet (``xe[g, n, (c, k), o] = x[g, n, c, base + o x stride +
-    k x dilation]``, zero where that is padding): one ``Copy`` of ``prod O`` strided boxes and one
-    ``popops::zero`` of the padding boxes (PopLibs copies the expanded input in the convolution's
-    transform step). Returns ``(xe, w')``, ``w'`` the weights folded as a view."""
+    k x dilation]``, zero where that is padding). Built per kernel tap ``k``: the output positions
+    whose input is real form one box per dimension, whose input is a strided slice of ``x`` (one
+    ``Copy`` of ``prod K`` boxes); the others are zeroed (one ``popops::zero``). PopLibs copies the
+    expanded input in the convolution's transform step. Returns ``(xe, w')``, ``w'`` the weights
+    folded as a view."""
     from itertools import product
 
     from openipu import poplar
@@ -190,39 +192,37 @@ def expand_dims_copy(graph, x, w, p: ConvParams, dims, xe, prog, name: str):
            for d in range(n)]
     xe7 = xe.reshape([G, N, Ci, *K, *O])
     srcs, dsts, zeros = [], [], []
-    for o in product(*[range(v) for v in O]):
-        src, dst = x, xe7
+    for k in product(*[range(v) for v in K]):
+        dst = xe7
         for d in range(n):
-            dst = dst.slice(o[d], o[d] + 1, 3 + n + d)
-        ranges = []
+            dst = dst.slice(k[d], k[d] + 1, 3 + d)
+        ranges = []             # per dim: the output positions [olo, ohi) whose input is real, first input
         for d in range(n):
-            b = _tap_base(p, d) + o[d] * ot.stride[d]
-            kd = kt.dilation[d]
-            klo = max(0, -(-(lim[d][0] - b) // kd))
-            khi = min(K[d], -(-(lim[d][1] - b) // kd))
-            ranges.append((klo, max(klo, khi), b, kd))
-        # padding: for each dim j, the taps outside its valid range (earlier dims valid, later full)
-        for j in range(n):
-            for a, z in ((0, ranges[j][0]), (ranges[j][1], K[j])):
+            first = _tap_base(p, d) + k[d] * kt.dilation[d]
+            st = ot.stride[d]
+            olo = max(0, -(-(lim[d][0] - first) // st))
+            ohi = min(O[d], -(-(lim[d][1] - first) // st))
+            ranges.append((olo, max(olo, ohi), first, st))
+        for j in range(n):      # padding: dims before j real, dim j outside its real range
+            for a, z in ((0, ranges[j][0]), (ranges[j][1], O[j])):
                 if z <= a:
                     continue
                 t = dst
-                for d in range(n):
-                    if d < j:
-                        t = t.slice(ranges[d][0], ranges[d][1], 3 + d)
-                    elif d == j:
-                        t = t.slice(a, z, 3 + d)
+                for d in range(j):
+                    t = t.slice(ranges[d][0], ranges[d][1], 3 + n + d)
+                t = t.slice(a, z, 3 + n + j)
                 if t.numElements():
                     zeros.append(t.flatten())
         if any(hi <= lo for lo, hi, _, _ in ranges):
             continue
-        for d, (klo, khi, b, kd) in enumerate(ranges):
-            i0 = b + klo * kd
-            s_ = src.slice(i0, i0 + (khi - klo - 1) * kd + 1, 3 + d)
-            src = s_.subSample(kd, 3 + d) if kd > 1 else s_
-            dst = dst.slice(klo, khi, 3 + d)
+        src, d_ = x, dst
+        for d, (olo, ohi, first, st) in enumerate(ranges):
+            i0 = first + olo * st
+            s_ = src.slice(i0, i0 + (ohi - olo - 1) * st + 1, 3 + d)
+            src = s_.subSample(st, 3 + d) if st > 1 else s_
+            d_ = d_.slice(olo, ohi, 3 + n + d)
         srcs.append(src.flatten())
-        dsts.append(dst.flatten())
+        dsts.append(d_.flatten())
     if srcs:
         prog.add(poplar.program.Copy(poplar.concat(srcs), poplar.concat(dsts)))
     if zeros:

@@ -62,7 +62,7 @@ class Runner:
         if timing not in TIMINGS:
             raise PopRTRuntimeError(f"RuntimeConfig.timing is {timing!r}; expected one of {', '.join(TIMINGS)}")
         self.timing = timing
-        self._device = None
+        self._device = self._fast = None
         if timing == "predicted":       # no program on the host: the modelled device keeps time
             p = exe.prediction
             self._device = PredictedDevice(p.latency_seconds, p.batch_period_cycles / p.clock_hz,
@@ -78,8 +78,8 @@ class Runner:
         self._lock = threading.Lock()
         self._closed = False
         self._n_exec, self._host_exec_s = 0, 0.0
-        if self._device is not None:
-            self._stepper = None
+        if self._device is not None or self._fast is not None:
+            self._stepper = None        # each call runs its own batch (the IR executor) or none
         elif bps == 1:
             self._in_bufs = {n: np.zeros(d.shape, d.dtype) for n, d in self._inputs.items()}
             self._out_bufs = {n: np.zeros(d.shape, d.dtype) for n, d in self._outputs.items()}
@@ -90,8 +90,24 @@ class Runner:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="poprt-device")
         self.load_seconds = time.perf_counter() - t0
 
+    def _ir_executor(self, exe):
+        """The PopART IR executor for this executable (``OPENIPU_EXECUTION=ir``, the default) when
+        it covers the program, else None (the Poplar engine runs it)."""
+        from openipu.popart import execute
+        session = getattr(exe, "_session", None)
+        try:
+            if session is None or execute.mode() != "ir" or execute.unsupported(session) is not None:
+                return None
+        except ValueError as e:
+            raise PopRTRuntimeError(str(e)) from None
+        return execute.IrExecutor(session._ir, session._host_weights, 1, 1)
+
     def _load_engine(self, exe) -> None:
-        """Build and load the Poplar engine of the executable (host timing)."""
+        """Take the IR executor where it covers the program; else build and load the Poplar
+        engine of the executable (host timing)."""
+        self._fast = self._ir_executor(exe)
+        if self._fast is not None:
+            return
         from openipu import poplar
         from openipu.ipu import target as ipu_target
         from openipu.poplar.device import IPUModel
@@ -190,6 +206,8 @@ class Runner:
 
     def _run_step(self, feeds: dict) -> dict:
         """One compiled batch, ``batches_per_step == 1``: copy in, run, copy out (the device lock held)."""
+        if self._fast is not None:
+            return self._run_ir(feeds)
         with self._lock:
             t0 = time.perf_counter()
             for n, a in feeds.items():
@@ -197,6 +215,18 @@ class Runner:
                 np.copyto(buf, np.asarray(a).reshape(buf.shape), casting="unsafe")
             self._engine.run(0, "step")
             out = {n: b.copy() for n, b in self._out_bufs.items()}
+            self._host_exec_s += time.perf_counter() - t0
+            self._n_exec += 1
+        return out
+
+    def _run_ir(self, feeds: dict) -> dict:
+        """One compiled batch on the IR executor (whole-tensor kernels; the same outputs as the
+        Poplar program within the plan's precision)."""
+        with self._lock:
+            t0 = time.perf_counter()
+            ins = {n: np.asarray(a).astype(self._inputs[n].dtype, copy=False).reshape(1, -1) for n, a in feeds.items()}
+            out = {n: np.zeros(d.shape, d.dtype) for n, d in self._outputs.items()}
+            self._fast.run(ins, out, 1)
             self._host_exec_s += time.perf_counter() - t0
             self._n_exec += 1
         return out

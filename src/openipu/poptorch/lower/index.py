@@ -265,8 +265,56 @@ def _scatter_reduce(lw, x, dim, idx, ishape, src, reduce, include_self):
     return lw.onnx.where([hit, merged, xt], lw._name())
 
 
+def _row_index(lw, n, x, dim):
+    """For a scatter along dim 0 whose index is one row index per ``src`` row broadcast over
+    the other dims (PyG's ``index.view(-1, 1).expand_as(src)``): that 1-D index as INT32
+    (negative entries made out of range: their rows are dropped), else None. Such scatters lower to one row-wise ``ScatterReduce`` (index broadcast),
+    which PopLibs runs as a ``multiUpdateAdd`` (:mod:`openipu.popart.lowering.scatter`)."""
+    index, src = n.args[2], n.args[3] if len(n.args) > 3 else None
+    if dim != 0 or not isinstance(index, torch.fx.Node) or not isinstance(src, torch.fx.Node):
+        return None
+    ishape, sshape = lw.shape(index), lw.shape(src)
+    if not ishape or ishape != sshape:
+        return None
+    base = index
+    while isinstance(base, torch.fx.Node) and str(base.target) in ("aten.expand.default", "aten.view.default",
+                                                                    "aten.unsqueeze.default", "aten.reshape.default"):
+        shp = lw.shape(base)
+        if len(shp) == 1 and shp[0] == ishape[0] or len(shp) >= 1 and shp[0] == ishape[0] and \
+                all(d == 1 for d in shp[1:]) and str(base.target) != "aten.expand.default":
+            break
+        base = base.args[0]
+    if not isinstance(base, torch.fx.Node):
+        return None
+    shp = lw.shape(base)
+    if not shp or shp[0] != ishape[0] or any(d != 1 for d in shp[1:]):
+        return None
+    row = lw.b.reshape_const(lw.onnx, [lw.t(base)], [ishape[0]], lw._name("rowidx")) if len(shp) > 1 else lw.t(base)
+    if lw.dtype(base) != "INT32":
+        row = lw.cast(row, "INT32")
+    # a negative index (PopTorch Geometric's -1, "no neighbour") becomes out of range, and the
+    # row is dropped as PopLibs' multiUpdate drops out-of-range offsets (torch itself rejects
+    # negative scatter indices, so no valid torch program is changed)
+    size = lw.shape(x)[0]
+    neg = lw.onnx.less([row, lw.const(0, "INT32")], lw._name("neg"))
+    return lw.onnx.where([neg, lw.const(size, "INT32"), row], lw._name("drop"))
+
+
+def _row_scatter_sum(lw, n, x, row):
+    """``x + scatter_add(src rows at row)``: one row-wise ScatterReduce Sum (no count pass:
+    rows nothing hits get 0)."""
+    src = lw.like(n.args[3], x)
+    size = lw.shape(x)[0]
+    r = lw.gc.scatterreduce([src, row], size, 0, "Sum", 1, debugContext=lw._name("rowscatter"))
+    return lw.onnx.add([lw.t(x), r], lw._name())
+
+
 @aten("aten.scatter_add.default", "aten.scatter_add_.default")
 def scatter_add(lw, n):
+    x0, dim0 = n.args[0], int(n.args[1]) % max(len(lw.shape(n.args[0])), 1)
+    row = _row_index(lw, n, x0, dim0)
+    if row is not None:
+        return _row_scatter_sum(lw, n, x0, row)
     x, dim, idx, ishape = _scatter_args(lw, n)
     src = _src(lw, n, n.args[3], ishape, x)
     return _scatter_reduce(lw, x, dim, idx, ishape, src, "sum", True)
@@ -274,10 +322,15 @@ def scatter_add(lw, n):
 
 @aten("aten.scatter_reduce.two", "aten.scatter_reduce_.two")
 def scatter_reduce(lw, n):
-    x, dim, idx, ishape = _scatter_args(lw, n)
-    src = _src(lw, n, n.args[3], ishape, x)
     reduce = n.args[4] if len(n.args) > 4 else n.kwargs["reduce"]
     include_self = bool(n.args[5] if len(n.args) > 5 else n.kwargs.get("include_self", True))
+    if reduce in ("sum", "add") and include_self:
+        x0, dim0 = n.args[0], int(n.args[1]) % max(len(lw.shape(n.args[0])), 1)
+        row = _row_index(lw, n, x0, dim0)
+        if row is not None:
+            return _row_scatter_sum(lw, n, x0, row)
+    x, dim, idx, ishape = _scatter_args(lw, n)
+    src = _src(lw, n, n.args[3], ishape, x)
     return _scatter_reduce(lw, x, dim, idx, ishape, src, reduce, include_self)
 
 

@@ -1,0 +1,603 @@
+"""Sizing a model: ``openipu sweep MODEL`` predicts it over batch sizes, targets and inference
+options, and finds the largest batch that fits (``--max-batch``).
+
+Every point is an offline prediction of :func:`openipu.runner.run_model` (``--offline``: compiled
+for an offline IPU, predicted, nothing run), with the options of
+:class:`openipu.runner.InferenceOptions`. Points share what does not change between them, in one
+process:
+
+- the model is read once (``onnx.load``), converted to half once per precision, and set to each
+  batch size once (PopRT's batch-size pass);
+- points that differ only in what is read when the IR is lowered (available memory proportion,
+  partials type, IPU generation, I/O tiles) share the PopART IR (the model's import, shape
+  inference, constant folding) and only compile again;
+- the convolution / matmul planner keeps its plans in one module-wide cache, so an op whose
+  problem and options did not change between points is not planned again;
+- a point whose available memory proportion is lower than that of a point already predicted
+  (all else equal) takes that point's prediction when every plan of it needs no more temporary
+  memory than the lower budget allows: the planner keeps the fastest plan within the budget, so
+  it would choose the same plans, and nothing else in the compile reads the proportion (points
+  are predicted from the highest proportion down);
+- Python, torch and the libraries are imported once.
+
+Figures: the prediction (latency, throughput, cycles, tile memory) is predicted IPU figures of
+the cost model, never host time; ``host_seconds`` of a point and of the sweep is this machine's
+wall time.
+
+Exit status of ``openipu sweep``: 0 when at least one point fits, 3 when none does, 1 error,
+2 usage (as ``openipu run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from itertools import product
+
+import onnx
+
+from openipu import runner
+
+#: Largest batch ``--max-batch`` tries unless ``--batch-limit`` says otherwise.
+DEFAULT_BATCH_LIMIT = 4096
+
+#: columns of the table and the CSV, in order
+COLUMNS = ("batch", "ipu", "num_ipus", "precision", "partials_type", "available_memory_proportion", "num_io_tiles",
+           "fits", "latency_ms", "throughput", "worst_tile_bytes", "tile_use", "shortfall_bytes",
+           "over_budget_plans", "host_seconds")
+
+
+@dataclass(frozen=True)
+class PointSpec:
+    """One sweep point: the batch size, the target and the inference options that vary."""
+
+    batch: int
+    ipu: str = "ipu2"
+    num_ipus: int = 1
+    precision: str = "fp32"
+    partials_type: str = "half"
+    available_memory_proportion: float = 0.6
+    num_io_tiles: int = 0
+
+    def others(self) -> tuple:
+        """Everything but the batch: the series a point belongs to (one line of the plot)."""
+        return (self.ipu, self.num_ipus, self.precision, self.partials_type, self.available_memory_proportion,
+                self.num_io_tiles)
+
+    def series_label(self) -> str:
+        partials = "float" if self.precision == "fp32" else self.partials_type     # as used
+        return (f"{self.ipu} x{self.num_ipus} {self.precision} {partials} partials, "
+                f"AMP {self.available_memory_proportion:g}" + (f", {self.num_io_tiles} I/O tiles"
+                                                               if self.num_io_tiles else ""))
+
+
+@dataclass
+class Point:
+    """A predicted point: its spec, the :class:`openipu.runner.ModelRun` (``None`` with an
+    error) and the host seconds it took (this machine)."""
+
+    spec: PointSpec
+    run: "runner.ModelRun | None"
+    host_seconds: float
+    error: str | None = None
+    same_plans_as: "PointSpec | None" = None    # the point whose prediction this one took
+
+    @property
+    def fits(self) -> bool:
+        return self.run is not None and self.run.fits
+
+    def row(self) -> dict:
+        """The point as a table / CSV row (predicted IPU figures and the host seconds)."""
+        s, r = self.spec, self.run
+        row = {"batch": s.batch, "ipu": s.ipu, "num_ipus": s.num_ipus, "precision": s.precision,
+               "partials_type": s.partials_type if s.precision != "fp32" else "float",     # as used
+               "available_memory_proportion": s.available_memory_proportion,
+               "num_io_tiles": s.num_io_tiles, "host_seconds": round(self.host_seconds, 3)}
+        if r is None:
+            row.update({"fits": "error", "latency_ms": "", "throughput": "", "worst_tile_bytes": "", "tile_use": "",
+                        "shortfall_bytes": "", "over_budget_plans": ""})
+            return row
+        row.update({"fits": r.fits, "latency_ms": r.latency * 1e3, "throughput": r.throughput,
+                    "worst_tile_bytes": r.tile_bytes_max, "tile_use": r.tile_bytes_max / r.bytes_per_tile,
+                    "shortfall_bytes": r.shortfall_bytes, "over_budget_plans": len(r.over_budget_plans)})
+        return row
+
+
+@dataclass
+class Sweeper:
+    """Predicts points of one model, sharing the work points have in common (module doc).
+
+    Args:
+        model: a path, a bundled model name or an ``onnx.ModelProto``.
+        tiles_per_ipu: tiles of each IPU (default: the generation's).
+        batches_per_step: PopART batches per step, for every point.
+        overlap_io: as :class:`openipu.runner.InferenceOptions` (None: with I/O tiles).
+    Raises ``FileNotFoundError`` / ``ValueError`` for a model that cannot be read.
+    """
+
+    model: "str | onnx.ModelProto"
+    tiles_per_ipu: int | None = None
+    batches_per_step: int = 1
+    overlap_io: bool | None = None
+    points: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if isinstance(self.model, onnx.ModelProto):
+            self.path, self._proto = f"<ModelProto {self.model.graph.name}>", self.model
+        else:
+            self.path = str(runner.resolve_model(self.model))
+            try:
+                self._proto = onnx.load(self.path)
+            except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
+                raise ValueError(f"'{self.path}' is not a readable ONNX model ({type(e).__name__}: {e})") from None
+        self._by_precision: dict = {}       # precision -> the model converted (not yet batched)
+        self._batched: tuple | None = None  # ((batch, precision), proto): the last one only
+        self._sessions: dict = {}           # the last PopART session (its IR), see runner.run_model
+        self._done: dict = {}               # PointSpec -> Point
+
+    def _prepared(self, batch: int, precision: str) -> onnx.ModelProto:
+        key = (batch, precision)
+        if self._batched is not None and self._batched[0] == key:
+            return self._batched[1]
+        base = self._by_precision.get(precision)
+        if base is None:
+            base = runner.prepare_model(self._proto, None, precision) if precision == "fp16" else self._proto
+            self._by_precision[precision] = base
+        self._sessions.clear()
+        self._batched = None
+        proto = runner.prepare_model(base, batch, "fp32")       # batch only: already converted
+        self._batched = (key, proto)
+        return proto
+
+    def predict(self, spec: PointSpec) -> Point:
+        """Predict one point (at most once per spec). Option values out of range raise
+        :class:`openipu.runner.UsageError`; a model that cannot be compiled gives a point with
+        ``error`` set (PopART's, Poplar's or PopLibs' message), not an exception."""
+        if spec in self._done:
+            return self._done[spec]
+        runner.check_options(ipu=spec.ipu, num_ipus=spec.num_ipus, batch_size=spec.batch,
+                             batches_per_step=self.batches_per_step, precision=spec.precision,
+                             available_memory_proportion=spec.available_memory_proportion,
+                             tiles_per_ipu=self.tiles_per_ipu, num_io_tiles=spec.num_io_tiles,
+                             overlap_io=self.overlap_io, partials_type=spec.partials_type)
+        t0 = time.perf_counter()
+        same = self._same_plans(spec)
+        if same is not None:
+            q = self._done[same]
+            run = replace(q.run, options=replace(q.run.options,
+                                                 available_memory_proportion=spec.available_memory_proportion),
+                          host_compile_seconds=0.0, host_run_seconds=0.0)
+            point = Point(spec, run, time.perf_counter() - t0, same_plans_as=same)
+            self._done[spec] = point
+            self.points.append(point)
+            return point
+        try:
+            proto = self._prepared(spec.batch, spec.precision)
+            run = runner.run_model(self.path, ipu=spec.ipu, num_ipus=spec.num_ipus, batch_size=spec.batch,
+                                   batches_per_step=self.batches_per_step, precision=spec.precision,
+                                   available_memory_proportion=spec.available_memory_proportion,
+                                   tiles_per_ipu=self.tiles_per_ipu, offline=True, num_io_tiles=spec.num_io_tiles,
+                                   overlap_io=self.overlap_io, partials_type=spec.partials_type,
+                                   _prepared=proto, _sessions=self._sessions)
+            point = Point(spec, run, time.perf_counter() - t0)
+        except runner.UsageError:
+            raise
+        except (ValueError, MemoryError) as e:
+            point = Point(spec, None, time.perf_counter() - t0, f"{type(e).__name__}: {_one_line(e)}")
+        except Exception as e:  # noqa: BLE001 - PopART / Poplar / PopLibs refusals: the point's error
+            if not type(e).__module__.startswith(("openipu.popart", "openipu.poplar", "openipu.poplibs")):
+                raise
+            point = Point(spec, None, time.perf_counter() - t0, f"{type(e).__name__}: {_one_line(e)}")
+        self._done[spec] = point
+        self.points.append(point)
+        return point
+
+    def _same_plans(self, spec: PointSpec) -> "PointSpec | None":
+        """A predicted point equal to ``spec`` but for a higher available memory proportion, all
+        of whose plans fit ``spec``'s budget (so the planner would choose them again), if any."""
+        for q, p in self._done.items():
+            if (p.run is not None and p.same_plans_as is None and q.available_memory_proportion >
+                    spec.available_memory_proportion and replace(q, available_memory_proportion=0.0) ==
+                    replace(spec, available_memory_proportion=0.0) and not p.run.over_budget_plans
+                    and p.run.plan_temp_bytes_max <= spec.available_memory_proportion * p.run.bytes_per_tile):
+                return q
+        return None
+
+    def sweep(self, specs, progress=None) -> list:
+        """Predict ``specs`` in the order that shares most (precision, batch, IPUs outermost);
+        returns the points in the order given. ``progress(point)`` is called after each."""
+        specs = list(specs)
+        order = sorted(specs, key=lambda s: (s.precision, s.batch, s.num_ipus, s.ipu if s.num_ipus > 1 else "",
+                                             s.ipu, s.num_io_tiles, s.partials_type, -s.available_memory_proportion))
+        for s in order:
+            p = self.predict(s)
+            if progress:
+                progress(p)
+        return [self._done[s] for s in specs]
+
+    def max_batch(self, template: PointSpec, start: int = 1, limit: int = DEFAULT_BATCH_LIMIT, progress=None):
+        """The largest batch in [1, ``limit``] that fits with ``template``'s other settings, by
+        doubling from ``start`` until a batch does not fit and then bisecting (assumes memory
+        grows with the batch). Returns ``(batch or None, the points tried)``; None when even
+        batch 1 does not fit."""
+        tried = []
+
+        def fits(b: int) -> bool:
+            p = self.predict(PointSpec(b, *template.others()))
+            tried.append(p)
+            if progress:
+                progress(p)
+            return p.fits
+        lo, hi = 0, None            # lo fits (0: none known), hi does not
+        b = max(1, min(start, limit))
+        while True:
+            if fits(b):
+                lo = b
+                if b >= limit:
+                    return lo, tried
+                b = min(b * 2, limit)
+            else:
+                hi = b
+                break
+        if lo == 0:                 # the start did not fit: bisect below it
+            if hi == 1:
+                return None, tried
+            lo_try = 1
+            if not fits(lo_try):
+                return None, tried
+            lo = 1
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo, tried
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+# ------------------------------------------------------------------------------------------------
+# output
+# ------------------------------------------------------------------------------------------------
+
+def table(points) -> str:
+    """The points as a text table (predicted IPU figures; host seconds last)."""
+    head = ("batch", "ipu", "ipus", "prec", "partials", "AMP", "io", "fits", "latency ms", "samples/s",
+            "worst tile", "of tile", "shortfall B", "host s")
+    rows = []
+    for p in points:
+        r = p.row()
+        if p.run is None:
+            rows.append((r["batch"], r["ipu"], r["num_ipus"], r["precision"], r["partials_type"],
+                         f"{r['available_memory_proportion']:g}", r["num_io_tiles"], "error", "", "", "", "", "",
+                         f"{r['host_seconds']:.1f}"))
+            continue
+        rows.append((r["batch"], r["ipu"], r["num_ipus"], r["precision"], r["partials_type"],
+                     f"{r['available_memory_proportion']:g}", r["num_io_tiles"], "yes" if r["fits"] else "NO",
+                     f"{r['latency_ms']:,.3f}", f"{r['throughput']:,.1f}",
+                     f"{r['worst_tile_bytes'] / 1024:,.1f} KiB", f"{r['tile_use']:.0%}",
+                     f"{r['shortfall_bytes']:,}" if r["shortfall_bytes"] else "", f"{r['host_seconds']:.1f}"))
+    width = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    fmt = lambda row: "  ".join(str(x).rjust(w) for x, w in zip(row, width))  # noqa: E731
+    return "\n".join([fmt(head), fmt(["-" * w for w in width])] + [fmt(r) for r in rows])
+
+
+def write_csv(points, path: str) -> None:
+    """One row per point, :data:`COLUMNS` (raw numbers: seconds as ms, bytes, samples/s)."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    for p in points:
+        w.writerow(p.row())
+    _write_text(path, buf.getvalue())
+
+
+def document(sweeper: Sweeper, points, max_batches, host_seconds: float) -> dict:
+    """The sweep as one JSON document: every point's ``openipu run --json`` document (or its
+    error), the largest batches found and the sweep's host seconds (schema
+    ``docs/sweep.schema.json``)."""
+    pts = []
+    for p in points:
+        d = {"spec": p.spec.__dict__, "host_seconds": p.host_seconds}
+        if p.same_plans_as is not None:
+            d["same_plans_as"] = p.same_plans_as.__dict__
+        if p.run is not None:
+            d["run"] = p.run.to_dict()
+        else:
+            d["error"] = p.error
+        pts.append(d)
+    return {"schema": "openipu.sweep/1", "model": sweeper.path,
+            "batches_per_step": sweeper.batches_per_step, "tiles_per_ipu": sweeper.tiles_per_ipu,
+            "points": pts,
+            "max_batch": [{"series": s.__dict__ | {"batch": None}, "batch": b} for s, b in max_batches],
+            "host": {"label": "this machine running the simulation; not an IPU figure",
+                     "sweep_seconds": host_seconds}}
+
+
+def plot_html(sweeper: Sweeper, points, title: str | None = None) -> str:
+    """A self-contained HTML page (plotly.js inlined): predicted throughput and predicted
+    worst-tile memory against the batch size, one line per series, with the tile's memory as the
+    fits line."""
+    import html
+
+    import plotly
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("Predicted throughput (samples/s, IPU)",
+                                        "Predicted worst-tile memory (KiB, IPU)"))
+    series: dict = {}
+    for p in points:
+        if p.run is not None:
+            series.setdefault(p.spec.others(), []).append(p)
+    per_tile = None
+    for i, (key, pts) in enumerate(sorted(series.items(), key=lambda kv: str(kv[0]))):
+        pts = sorted(pts, key=lambda p: p.spec.batch)
+        label = pts[0].spec.series_label()
+        colour = plotly.colors.qualitative.Plotly[i % len(plotly.colors.qualitative.Plotly)]
+        x = [p.spec.batch for p in pts]
+        symbols = ["circle" if p.fits else "x" for p in pts]
+        text = [f"batch {p.spec.batch}: {'fits' if p.fits else 'does not fit'}" for p in pts]
+        fig.add_trace(go.Scatter(x=x, y=[p.run.throughput for p in pts], mode="lines+markers", name=label,
+                                 legendgroup=label, line=dict(color=colour), marker=dict(symbol=symbols, size=9),
+                                 text=text, hovertemplate="%{text}<br>%{y:,.1f} samples/s<extra>%{fullData.name}"
+                                 "</extra>"), row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=[p.run.tile_bytes_max / 1024 for p in pts], mode="lines+markers",
+                                 name=label, legendgroup=label, showlegend=False, line=dict(color=colour),
+                                 marker=dict(symbol=symbols, size=9), text=text,
+                                 hovertemplate="%{text}<br>%{y:,.1f} KiB<extra>%{fullData.name}</extra>"), row=2, col=1)
+        per_tile = pts[0].run.bytes_per_tile
+    if per_tile:
+        fig.add_hline(y=per_tile / 1024, line=dict(color="#c62828", dash="dash"), row=2, col=1,
+                      annotation_text=f"tile memory {per_tile / 1024:,.0f} KiB (fits below)",
+                      annotation_position="top left")
+    fig.update_xaxes(title_text="batch size", type="log", row=2, col=1)
+    fig.update_xaxes(type="log", row=1, col=1)
+    fig.update_layout(height=760, template="plotly_white", margin=dict(l=70, r=20, t=50, b=50),
+                      legend=dict(orientation="h", y=-0.12))
+    body = fig.to_html(full_html=False, include_plotlyjs=False, div_id="sweep",
+                       config={"displaylogo": False, "responsive": True})
+    title = title or f"openipu sweep: {os.path.basename(sweeper.path)}"
+    css = ("body{font-family:system-ui,sans-serif;margin:0;color:#222}header{background:#263238;color:#fff;"
+           "padding:10px 20px}section{padding:10px 20px}p.note{color:#555;font-size:13px}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<link rel='icon' href='data:,'><style>{css}</style><script>{plotly.offline.get_plotlyjs()}</script>"
+            f"</head><body><header><b>{html.escape(title)}</b></header><section><p class='note'>Predicted IPU "
+            "figures of the cost model (not host time). Crosses: points that do not fit in tile memory; the "
+            "dashed line is a tile's memory.</p>" + body + "</section></body></html>")
+
+
+def _write_text(path: str, text: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------------
+# command line
+# ------------------------------------------------------------------------------------------------
+
+def _list_of(kind, what: str):
+    def parse(text: str):
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"{what}: give a comma-separated list")
+        try:
+            return [kind(x) for x in items]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what}: '{text}' is not a comma-separated list of "
+                                             f"{kind.__name__} values") from None
+    return parse
+
+
+def _batches(text: str):
+    """``8,16,32`` or a range ``8-64`` (powers of two from 8 to 64) or ``8-64:8`` (step 8)."""
+    text = text.strip()
+    if "-" in text and "," not in text:
+        a, _, rest = text.partition("-")
+        b, _, step = rest.partition(":")
+        try:
+            lo, hi = int(a), int(b)
+            st = int(step) if step else 0
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--batch-sizes: '{text}' is not a range like 8-64 or 8-64:8") from None
+        if lo < 1 or hi < lo or st < 0:
+            raise argparse.ArgumentTypeError(f"--batch-sizes: '{text}' is not a range of batch sizes from 1 up")
+        if st:
+            return list(range(lo, hi + 1, st))
+        out, b = [], lo
+        while b <= hi:
+            out.append(b)
+            b *= 2
+        if out[-1] != hi:
+            out.append(hi)
+        return out
+    return _list_of(int, "--batch-sizes")(text)
+
+
+_EXIT_TEXT = """exit status:
+  0  some point fits in tile memory
+  1  error: unreadable model, every point refused, an output that cannot be written
+  2  usage: an unknown flag or an option value outside its range
+  3  no point fits in tile memory (the table is printed)
+Errors are one line on stderr; set OPENIPU_DEBUG=1 to see the traceback of an unexpected one."""
+
+
+def add_sweep_parser(sub) -> None:
+    """The ``openipu sweep`` sub-command (called by :mod:`openipu.cli`)."""
+    s = sub.add_parser(
+        "sweep", help="predict a model over batch sizes, targets and options; find the largest batch that fits",
+        description="Predict MODEL (offline: compiled and predicted, not run) at every combination of the lists "
+                    "given, print a table, and optionally write CSV, JSON and an HTML plot. Points share the "
+                    "model's import and conversion, the IR of points that differ only in planner options and "
+                    "target, and the planner's plans. Defaults: PopRT's production inference options.",
+        epilog=_EXIT_TEXT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("model", help="path of an .onnx file, or a bundled model name")
+    s.add_argument("--batch-sizes", type=_batches, default=None, metavar="LIST",
+                   help="batch sizes: 8,16,32 or a range 8-64 (doubling) or 8-64:8 (default: the model's)")
+    s.add_argument("--ipu", type=_list_of(str, "--ipu"), default=["ipu2"], metavar="LIST",
+                   help="IPU generations, of ipu1, ipu2, bow, ipu21 (default ipu2, as openipu run)")
+    s.add_argument("--num-ipus", type=_list_of(int, "--num-ipus"), default=[1], metavar="LIST",
+                   help="IPU counts the model is sharded over (default 1)")
+    s.add_argument("--precision", type=_list_of(str, "--precision"), default=["fp32"], metavar="LIST",
+                   help="fp32, fp16 (default fp32, as openipu run and PopRT's converter)")
+    s.add_argument("--partials-type", type=_list_of(str, "--partials-type"), default=["half"], metavar="LIST",
+                   help="half, float (default half, as PopRT)")
+    s.add_argument("--available-memory-proportion", "--amp", type=_list_of(float, "--available-memory-proportion"),
+                   default=[0.6], metavar="LIST", help="planner temporary-memory budgets (default 0.6)")
+    s.add_argument("--num-io-tiles", type=_list_of(int, "--num-io-tiles"), default=[0], metavar="LIST",
+                   help="I/O tiles per IPU (default 0)")
+    s.add_argument("--overlap-io", action=argparse.BooleanOptionalAction, default=None,
+                   help="overlap host I/O with compute on the I/O tiles (default: when there are I/O tiles)")
+    s.add_argument("--batches-per-step", type=int, default=1, help="PopART batches per step (default 1)")
+    s.add_argument("--tiles-per-ipu", type=int, default=None, help="use this many tiles of each IPU")
+    s.add_argument("--max-batch", action="store_true",
+                   help="also find, for each combination of the other lists, the largest batch that fits (doubling "
+                        "from the smallest batch size given, then bisection)")
+    s.add_argument("--batch-limit", type=int, default=DEFAULT_BATCH_LIMIT,
+                   help=f"largest batch --max-batch tries (default {DEFAULT_BATCH_LIMIT})")
+    s.add_argument("--csv", metavar="FILE", help="write the points as CSV")
+    s.add_argument("--json", metavar="FILE", help="write the sweep as JSON ('-' for stdout, instead of the table)")
+    s.add_argument("--plot", metavar="FILE.html", help="write the HTML plot (throughput and worst-tile memory "
+                                                     "against batch, with the fits line)")
+
+
+def sweep_main(args) -> int:
+    """Run ``openipu sweep`` from parsed ``args``; returns the exit status."""
+    from openipu.cli import EXIT_DOES_NOT_FIT, EXIT_ERROR, EXIT_OK, EXIT_USAGE
+
+    to_stdout = args.json == "-"
+    out = sys.stderr if to_stdout else sys.stdout
+
+    def fail(msg: str, code: int = EXIT_ERROR) -> int:
+        print(f"openipu sweep: {msg}", file=sys.stderr)
+        return code
+    for v in args.precision:
+        if v not in ("fp32", "fp16"):
+            return fail(f"error: --precision must be fp32 or fp16, not '{v}' (see openipu sweep --help)", EXIT_USAGE)
+    if args.batch_limit < 1:
+        return fail("error: --batch-limit must be at least 1 (see openipu sweep --help)", EXIT_USAGE)
+    t_start = time.perf_counter()
+    try:
+        sw = Sweeper(args.model, tiles_per_ipu=args.tiles_per_ipu, batches_per_step=args.batches_per_step,
+                     overlap_io=args.overlap_io)
+    except (FileNotFoundError, ValueError) as e:
+        return fail(_one_line(e))
+    batches = args.batch_sizes or [runner._batch_of(runner.fix_input_shapes(sw._proto))
+                                   if _static_batch(sw._proto) else 1]
+    combos = [PointSpec(1, ipu, n, prec, part, amp, io_) for ipu, n, prec, part, amp, io_ in product(
+        args.ipu, args.num_ipus, args.precision, args.partials_type, args.available_memory_proportion,
+        args.num_io_tiles)]
+    specs = [PointSpec(b, *c.others()) for c in combos for b in batches]
+    bar = _bar(len(specs))
+
+    done = [0]
+
+    def progress(p: Point) -> None:
+        done[0] += 1
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix_str(f"batch {p.spec.batch} {'fits' if p.fits else 'does not fit'}")
+        else:       # not a terminal: one line a point on stderr, so a long sweep shows where it is
+            what = (p.error or ("fits" if p.fits else "does not fit")
+                    + (f", {p.run.throughput:,.1f} samples/s (predicted)" if p.run else ""))
+            print(f"openipu sweep: point {done[0]}: batch {p.spec.batch}, {p.spec.series_label()}: {what} "
+                  f"(host {p.host_seconds:,.1f} s)", file=sys.stderr, flush=True)
+    try:
+        for s in (specs[0],) if specs else ():      # option ranges before any compile
+            runner.check_options(ipu=s.ipu, num_ipus=s.num_ipus, batch_size=s.batch, precision=s.precision,
+                                 available_memory_proportion=s.available_memory_proportion,
+                                 tiles_per_ipu=args.tiles_per_ipu, num_io_tiles=s.num_io_tiles,
+                                 overlap_io=args.overlap_io, partials_type=s.partials_type,
+                                 batches_per_step=args.batches_per_step)
+        for c in combos:
+            runner.check_options(ipu=c.ipu, num_ipus=c.num_ipus, precision=c.precision,
+                                 available_memory_proportion=c.available_memory_proportion,
+                                 tiles_per_ipu=args.tiles_per_ipu, num_io_tiles=c.num_io_tiles,
+                                 overlap_io=args.overlap_io, partials_type=c.partials_type)
+        for b in batches:
+            runner.check_options(batch_size=b)
+        points = sw.sweep(specs, progress)
+        max_batches = []
+        if args.max_batch:
+            if bar is not None:
+                bar.set_description("Largest batch")
+            for c in combos:
+                b, _ = sw.max_batch(c, start=min(batches), limit=args.batch_limit, progress=progress)
+                max_batches.append((c, b))
+    except runner.UsageError as e:
+        return fail(f"error: {e} (see openipu sweep --help)", EXIT_USAGE)
+    finally:
+        if bar is not None:
+            bar.close()
+    host = time.perf_counter() - t_start
+    print(f"Model     {sw.path}", file=out)
+    overlap = {None: "overlapped where there are I/O tiles", True: "overlapped", False: "not overlapped"}
+    print(f"Options   batches per step {args.batches_per_step}; host I/O {overlap[args.overlap_io]}; prefetch; "
+          "the rest per point below (defaults: PopRT's production inference)", file=out)
+    print("Prediction for the IPU (cost model of the simulated target; not host time), offline", file=out)
+    print(table(points), file=out)
+    for p in points:
+        if p.error:
+            print(f"  batch {p.spec.batch} ({p.spec.series_label()}): {p.error}", file=out)
+    for c, b in max_batches:
+        found = f"{b}" if b else "none (batch 1 does not fit)"
+        limit = " (the --batch-limit)" if b == args.batch_limit else ""
+        print(f"Largest batch that fits, {c.series_label()}: {found}{limit}", file=out)
+    n = len(sw.points)
+    same = sum(p.same_plans_as is not None for p in sw.points)
+    print(f"Host (this machine; not an IPU figure): {n} point(s) predicted in {host:,.1f} s "
+          f"({host / max(n, 1):,.1f} s per point, model import and shared work included"
+          + (f"; {same} took the plans, and so the prediction, of a point with a higher available memory "
+             "proportion" if same else "") + ")", file=out)
+    try:
+        if args.csv:
+            write_csv(points, args.csv)
+            print(f"CSV written to {args.csv}", file=out)
+        if args.plot:
+            _write_text(args.plot, plot_html(sw, sw.points))
+            print(f"Plot written to {args.plot}", file=out)
+        if args.json:
+            text = json.dumps(document(sw, points, max_batches, host), indent=1)
+            if to_stdout:
+                print(text)
+            else:
+                _write_text(args.json, text)
+                print(f"JSON written to {args.json}", file=out)
+    except OSError as e:
+        return fail(f"cannot write {getattr(e, 'filename', '') or 'the output'}: {e.strerror or e}")
+    if any(p.error for p in points) and not any(p.run for p in points):
+        return EXIT_ERROR
+    return EXIT_OK if any(p.fits for p in points) else EXIT_DOES_NOT_FIT
+
+
+def _static_batch(proto) -> bool:
+    try:
+        runner.fix_input_shapes(proto)
+        return True
+    except ValueError:
+        return False
+
+
+def _bar(total: int):
+    """A tqdm bar of sweep points on stderr, only when stderr is a terminal."""
+    if not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()):
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="Sweep", file=sys.stderr, unit="point", leave=False)

@@ -1,0 +1,10 @@
+"""``ipu.ipu_compiler.compile``: run ``computation(*inputs)`` (TensorFlow on the host CPU for now)."""
+
+
+def compile(computation, inputs=None):  # noqa: A001 - Graphcore's name
+    """Returns the outputs of ``computation(*inputs)`` as a list (Graphcore returns the outputs
+    of the compiled XLA cluster)."""
+    outs = computation(*(inputs or []))
+    if outs is None:
+        return []
+    return list(outs) if isinstance(outs, (list, tuple)) else [outs]

@@ -1,0 +1,52 @@
+"""``ipu.loops``: ``repeat`` and ``while_loop`` (run by TensorFlow on the host CPU for now)."""
+
+import inspect
+
+import tensorflow as tf
+
+
+def _call(body, args, infeed_queue):
+    extra = []
+    kw = {}
+    if infeed_queue is not None:
+        el = next(infeed_queue._iterator)
+        if isinstance(el, dict):
+            kw = el
+        elif isinstance(el, (tuple, list)):
+            extra = list(el)
+        else:
+            extra = [el]
+    try:
+        inspect.signature(body).bind(*args, *extra, **kw)
+    except TypeError as e:
+        raise TypeError("Supplied loop body function cannot be called with the specified inputs. You specified "
+                        f"{len(args)} inputs: {args}, with {len(extra) + len(kw)} additional inputs from infeed "
+                        "queue.") from e
+    return body(*args, *extra, **kw)
+
+
+def _as_list(x):
+    if x is None:
+        return []
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def repeat(n, body, inputs=None, infeed_queue=None, use_while_v1=True):
+    """Run ``body`` ``n`` times, carrying ``inputs`` (the body returns the new values) and
+    taking one element of ``infeed_queue`` per iteration. Returns the final values."""
+    vals = _as_list(inputs)
+    for _ in range(int(n)):
+        out = _call(body, vals, infeed_queue)
+        vals = _as_list(out)
+    return vals if len(vals) != 1 else vals[0] if inputs is not None and not isinstance(inputs, (list, tuple)) \
+        else vals
+
+
+def while_loop(condition, body, inputs=None, infeed_queue=None, maximum_iterations=None, use_while_v1=True):
+    """Run ``body`` while ``condition(*values)`` holds (at most ``maximum_iterations`` times)."""
+    vals = _as_list(inputs)
+    i = 0
+    while bool(tf.convert_to_tensor(condition(*vals))) and (maximum_iterations is None or i < maximum_iterations):
+        vals = _as_list(_call(body, vals, infeed_queue))
+        i += 1
+    return vals
