@@ -96,7 +96,8 @@ def _build_parser() -> argparse.ArgumentParser:
                        description="Compile MODEL for a simulated IPU, run one step, print the outputs and "
                                    "the predicted IPU latency, throughput and tile memory.",
                        epilog=_EXIT_TEXT, formatter_class=argparse.RawDescriptionHelpFormatter)
-    r.add_argument("model", help="path of an .onnx file, or a bundled model name (e.g. light_resnet50)")
+    r.add_argument("model", help="path of an .onnx file, a bundled model name (e.g. light_resnet50), or a PopRT "
+                                 "executable (.popef, from poprt --export_popef: run, or --offline predict, with its own options)")
     r.add_argument("--ipu", default="ipu2", choices=["ipu1", "ipu2", "bow", "ipu21"], help="IPU generation (default ipu2)")
     r.add_argument("--num-ipus", type=int, default=1, help="IPUs to shard the model over (default 1)")
     r.add_argument("--tiles-per-ipu", type=int, default=None, help="use this many tiles of each IPU (1 to the generation's 1,216 / 1,472)")
@@ -225,6 +226,8 @@ def _run(args) -> int:
         print(f"openipu run: {msg}", file=sys.stderr)
         return code
 
+    if str(args.model).lower().endswith(".popef"):
+        return _run_popef(args, fail)
     try:
         runner.check_options(ipu=args.ipu, num_ipus=args.num_ipus, batch_size=args.batch_size,
                              batches_per_step=args.batches_per_step, precision=args.precision, seed=args.seed,
@@ -289,6 +292,60 @@ def _run(args) -> int:
             return fail(f"cannot write --output '{args.output}': {e.strerror or e}")
         print(f"Outputs written to {args.output}", file=sys.stderr if args.json else sys.stdout)
     return EXIT_OK if res.fits else EXIT_DOES_NOT_FIT
+
+
+def _run_popef(args, fail) -> int:
+    """``openipu run MODEL.popef``: a saved PopRT executable (``poprt --export_popef``,
+    ``Compiler.compile_and_export``) with its own compile options. ``--offline`` prints its
+    prediction; otherwise one batch of random inputs (or ``--input``) runs through PopRT's
+    ``Runner`` and the outputs are printed beside the prediction. Options that would change the
+    compile are the executable's; ``--json`` and ``--report`` are not available for executables."""
+    from openipu import runner
+    from openipu.poprt import runtime
+    if args.json or args.report:
+        return fail("error: --json and --report take an ONNX model, not a .popef executable "
+                    "(see openipu run --help)", EXIT_USAGE)
+    try:
+        r = runtime.Runner(args.model, runtime.RuntimeConfig(timing="predicted" if args.offline else "host"))
+    except (runtime.PopRTRuntimeError, OSError) as e:
+        return fail(_one_line(e))
+    with r:
+        exe, out = r.executable, sys.stdout
+        out.write(f"Executable {args.model}: {exe.target['ipu_version']} x {exe.target['num_ipus']}, "
+                  f"batch {r.batch_size}, batches_per_step {r.batches_per_step} (its own compile options; "
+                  f"compile flags of openipu run do not apply)\n")
+        outputs = None
+        if not args.offline:
+            rng = np.random.default_rng(args.seed)
+            try:
+                given = runner.load_inputs(args.input) if args.input else {}
+            except (FileNotFoundError, ValueError) as e:
+                return fail(_one_line(e))
+            feeds = {}
+            for d in r.get_model_inputs():
+                if d.name in given:
+                    feeds[d.name] = given[d.name]
+                elif np.issubdtype(d.dtype, np.integer):
+                    feeds[d.name] = rng.integers(0, 2, d.shape).astype(d.dtype)
+                else:
+                    feeds[d.name] = rng.standard_normal(d.shape).astype(d.dtype)
+            try:
+                outputs = r.execute(feeds)
+            except runtime.PopRTRuntimeError as e:
+                return fail(_one_line(e))
+            out.write("Outputs (simulated IPU):\n")
+            for n, v in outputs.items():
+                st = _output_stats(np.asarray(v))
+                out.write(f"  {n}: {st['dtype']} {st['shape']} mean {st.get('mean', 0):.6g} std {st.get('std', 0):.6g}\n")
+        out.write(f"Prediction for the IPU (openipu's cost model; not host time)\n  "
+                  f"{exe.prediction.summary(exe.target['ipu_version'])}\n")
+        h = r.host_stats()
+        out.write(f"Host (this machine; not an IPU figure)\n  load {h['load_seconds']:.2f} s"
+                  + ("" if args.offline else f", run {h['host_seconds']:.2f} s") + "\n")
+    if args.output and outputs:
+        np.savez(args.output, **{k: np.asarray(v) for k, v in outputs.items()})
+        print(f"Outputs written to {args.output}")
+    return EXIT_OK
 
 
 def _output_stats(v: np.ndarray) -> dict:

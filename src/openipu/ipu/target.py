@@ -187,6 +187,27 @@ class System:
     def target(self, num_ipus: int | None = None) -> Target:
         return target(self.version, num_ipus or self.num_ipus)
 
+    @property
+    def ipus_per_machine(self) -> int:
+        """IPUs of one machine (IPU-M2000 / Bow-2000: 4; a C600 card: 1)."""
+        return 1 if self.topology == "single" else min(4, self.num_ipus)
+
+    @property
+    def machines(self) -> int:
+        """IPU-Machines (or cards) of the system."""
+        return -(-self.num_ipus // self.ipus_per_machine)
+
+    @property
+    def ipu_link_domains(self) -> int:
+        """Racks of at most 64 IPUs joined by IPU-Links (a 2D torus inside a Pod64 rack);
+        collectives between racks cross GW-Links (``gcl.IPU_LINK_DOMAIN_IPUS``)."""
+        return -(-self.num_ipus // 64)
+
+    @property
+    def gw_links(self) -> bool:
+        """True when the system spans several IPU-Link domains joined by GW-Links."""
+        return self.ipu_link_domains > 1
+
 
 SYSTEMS: dict[str, System] = {s.name: s for s in [
     System("IPU-M2000", "ipu2", 4, "ladder", "[P] M2000 datasheet: 4 GC200, 1 PFLOPS FP16.16"),
@@ -197,4 +218,11 @@ SYSTEMS: dict[str, System] = {s.name: s for s in [
     System("Bow Pod16", "bow", 16, "torus", "[P] 4 x Bow-2000"),
     System("Bow Pod64", "bow", 64, "torus", "[P] 16 x Bow-2000"),
     System("Bow Pod256", "bow", 256, "torus", "[P] 64 x Bow-2000"),
+    System("IPU-POD128", "ipu2", 128, "torus",
+           "[P] IPU-POD128 datasheet: 2 IPU-POD64 racks (32 x IPU-M2000) joined by GW-Links"),
+    System("IPU-POD256", "ipu2", 256, "torus",
+           "[P] IPU-POD256 datasheet: 4 IPU-POD64 racks (64 x IPU-M2000) joined by GW-Links"),
+    System("Bow Pod128", "bow", 128, "torus", "[P] 2 Bow Pod64 racks (32 x Bow-2000) joined by GW-Links"),
+    System("Bow Pod512", "bow", 512, "torus", "[P] 8 Bow Pod64 racks (128 x Bow-2000) joined by GW-Links"),
+    System("Bow Pod1024", "bow", 1024, "torus", "[P] 16 Bow Pod64 racks (256 x Bow-2000) joined by GW-Links"),
 ]}

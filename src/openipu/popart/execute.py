@@ -43,6 +43,7 @@ from openipu.poplar import pvti
 from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.graphcore_ops import find_kernel
 from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel
+from openipu.poplibs import gcl_instances
 
 #: Ops that act on the host or the program (print, abort) in their lowering, and gradient ops whose
 #: host kernel takes another form of inputs than their precise lowering: the device emulation runs
@@ -136,8 +137,12 @@ class IrExecutor:
         accumulation: micro-batches per batch (training with gradient accumulation; else 1).
     """
 
-    def __init__(self, ir, weights: dict, replicas: int = 1, accumulation: int = 1, out=None):
+    def __init__(self, ir, weights: dict, replicas: int = 1, accumulation: int = 1, out=None,
+                 distributed: bool = False):
         self.ir = ir
+        #: the replicas are a block of a distributed replicated graph (PopDist instances): the
+        #: all-reduces gather every instance's replicas (gcl_instances.gather_replicas)
+        self.distributed = bool(distributed)
         self.out = out          # PrintTensor's stream (None: sys.stdout when printing)
         self.replicas, self.accumulation = int(replicas), int(accumulation)
         self.dtype = {tid: KERNEL_TORCH_OF.get(t.info.data_type(), torch.float32) for tid, t in ir.tensors.items()}
@@ -147,7 +152,7 @@ class IrExecutor:
         main, outer = [], []
         for op in ir.ops:
             step = (find_kernel(op.domain, op.op_type), op.attrs, op.opset, list(op.inputs), list(op.outputs),
-                    "collective" if op.op_type in _COLLECTIVES and self.replicas > 1 else
+                    "collective" if op.op_type in _COLLECTIVES and (self.replicas > 1 or self.distributed) else
                     "in_place" if (op.domain, op.op_type) == ("ai.graphcore", "GetRandomSeed") else
                     "abort" if (op.domain, op.op_type) == ("ai.graphcore", "Abort") else
                     self._printer(op) if (op.domain, op.op_type) == ("ai.graphcore", "PrintTensor") else
@@ -288,7 +293,10 @@ class IrExecutor:
                 flat = torch.cat([src.reshape(-1), src.new_zeros(rf * k - n)])
                 env[out] = flat[r * k:(r + 1) * k].to(self.dtype[out]).clone()
             return
-        total = _REDUCE[str(attrs.get("op", "Add"))](xs)
+        every = xs
+        if self.distributed:        # every instance's replicas, in global order (the hook of gcl's kernels)
+            every = list(gcl_instances.gather_replicas(torch.stack(xs), f"{op_type} {out}").unbind(0))
+        total = _REDUCE[str(attrs.get("op", "Add"))](every)
         for env, x in zip(envs, xs):
             if op_type == "ReplicatedAllReduceInplace":
                 env[out] = x.copy_(total)

@@ -236,6 +236,14 @@ def _skeleton(model: onnx.ModelProto, weights: dict) -> onnx.ModelProto:
     _copy_fields(m, model, skip="graph")
     _copy_fields(m.graph, g, skip="initializer")
     m.graph.initializer.extend(i for i in g.initializer if i.name not in weights)
+    # ONNX infers a Constant's shape from its one attribute: PopART's placement attributes
+    # (``__ipu_number``, ``__pipeline_stage`` ...) on a Constant are not shown to it
+    for n in m.graph.node:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and \
+                any(a.name.startswith("__") for a in n.attribute):
+            keep = [a for a in n.attribute if not a.name.startswith("__")]
+            del n.attribute[:]
+            n.attribute.extend(keep)
     listed = {vi.name for vi in g.input}
     for init in g.initializer:
         if init.name in weights and init.name not in listed:

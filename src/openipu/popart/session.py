@@ -53,6 +53,19 @@ def _progress_bar(total: int):
 _COMPILED: "weakref.WeakValueDictionary[str, poplar.Executable]" = weakref.WeakValueDictionary()
 
 
+def _validate_distributed(o) -> None:
+    """Check ``enableDistributedReplicatedGraphs``' ``globalReplicationFactor`` and
+    ``globalReplicaOffset`` against the local replication factor (this instance's replicas are a
+    block of the global replicas). Raises ``popart_exception``."""
+    if not o.enableDistributedReplicatedGraphs:
+        return
+    repl = o.replication_factor()
+    g, off = int(o.globalReplicationFactor), int(o.globalReplicaOffset)
+    if g < repl or g % repl or off % repl or not 0 <= off <= g - repl:
+        raise popart_exception(
+            f"Invalid distributed replication: globalReplicationFactor ({g}) must be a multiple of the local "
+            f"replication factor ({repl}) and globalReplicaOffset ({off}) a multiple of it below {g - repl + 1}")
+
 class _SessionBase(rng_state.RngStateApi):
     _KIND = "InferenceSession"
 
@@ -80,6 +93,7 @@ class _SessionBase(rng_state.RngStateApi):
             raise popart_exception("Gradient Accumulation only available when training.")
         n_ipus = deviceInfo.numIpus
         repl = o.replication_factor()
+        _validate_distributed(o)
         if n_ipus % repl:
             raise popart_exception("For replicated graphs, the number of IPUs must be divisible by the replication "
                                    "factor.")
@@ -149,8 +163,13 @@ class _SessionBase(rng_state.RngStateApi):
         target = self.deviceInfo.device.getTarget()
         try:
             from openipu.poplar import pvti
+            from openipu.poplibs import gcl_instances
+            o = self.options
+            repl = o.replication_factor()
+            dist = (o.getGlobalReplicationFactor(), int(o.globalReplicaOffset), repl) \
+                if o.enableDistributedReplicatedGraphs else (repl, 0, repl)
             with pvti.span("PopART: graph construction (lower the IR to a Poplar graph)", "popart",
-                           ops=len(self._ir.ops)):
+                           ops=len(self._ir.ops)), gcl_instances.scope(*dist):
                 lowered = lowering_program.build(self._ir, target, self.options,
                                                  progress=(lambda: bar.update(1)) if bar else None,
                                                  patterns=self.patterns)
@@ -349,7 +368,9 @@ class _SessionBase(rng_state.RngStateApi):
             if why is None:
                 self._fast = execute.IrExecutor(self._ir, self._host_weights, self.replicationFactor,
                                                 self.accumulationFactor if self._ir.training is not None else 1,
-                                                out=getattr(self._engine, "_out", None))
+                                                out=getattr(self._engine, "_out", None),
+                                                distributed=self.options.getGlobalReplicationFactor()
+                                                > self.replicationFactor)
                 if self._ir.training is not None and self._engine is not None:
                     self._fast.set_weights({k: np.asarray(v) for k, v in self._scalars(self._optimizer).items()
                                             if k in self._ir.optimizer_tensors})

@@ -48,6 +48,7 @@ from openipu.poplar import cost as costmod
 from openipu.poplar import errors
 from openipu.poplar.program import Collective
 from openipu.poplar.graph_codec import kernel
+from openipu.poplibs import gcl_instances
 from openipu.poplibs.popops.elementwise import binary_op_cycles
 from openipu.poplibs.poputil import poplibs_error
 
@@ -165,22 +166,34 @@ def _reduce(x: torch.Tensor, op: str, dim: int) -> torch.Tensor:
     return acc
 
 
+def _global(v: torch.Tensor, span, what: str) -> torch.Tensor:
+    """``v`` (``[local replicas, ...]``) as the ``[global replicas, ...]`` stack when the graph is
+    part of a distributed replicated graph (``span = (offset, local)``), over
+    :func:`gcl_instances.gather_replicas`; else ``v``."""
+    return v if span is None else gcl_instances.gather_replicas(v, what)
+
+
+def _mine(x: torch.Tensor, span) -> torch.Tensor:
+    """This instance's rows of a ``[global replicas, ...]`` result."""
+    return x if span is None else x[span[0]: span[0] + span[1]]
+
+
 @kernel
-def _cross_allreduce_kernel(data, out, groups, group_of, op, ctx):
+def _cross_allreduce_kernel(data, out, groups, group_of, op, span, ctx):
     v = ctx.read(data)
     if op == "LOCAL":
         ctx.write(out, v.clone())
         return
-    x = v[torch.from_numpy(groups)]                       # [G, p, *shape]
+    x = _global(v, span, "allReduceCrossReplica")[torch.from_numpy(groups)]   # [G, p, *shape]
     red = _reduce(x, op, 1)                               # [G, *shape]
-    ctx.write(out, red[torch.from_numpy(group_of)])
+    ctx.write(out, _mine(red[torch.from_numpy(group_of)], span))
 
 
 @kernel
-def _cross_allgather_kernel(data, out, groups, group_of, ctx):
-    v = ctx.read(data)
+def _cross_allgather_kernel(data, out, groups, group_of, span, ctx):
+    v = _global(ctx.read(data), span, "allGatherCrossReplica")
     x = v[torch.from_numpy(groups)]                       # [G, p, *shape]
-    ctx.write(out, x[torch.from_numpy(group_of)])         # [R, p, *shape]
+    ctx.write(out, _mine(x[torch.from_numpy(group_of)], span))   # [R, p, *shape]
 
 
 def _scatter_index(layout, p: int) -> np.ndarray:
@@ -199,8 +212,8 @@ def _scatter_index(layout, p: int) -> np.ndarray:
 
 
 @kernel
-def _cross_reducescatter_kernel(data, out, groups, group_of, pos_of, layout, op, ctx):
-    v = ctx.read(data)
+def _cross_reducescatter_kernel(data, out, groups, group_of, pos_of, layout, op, span, ctx):
+    v = _global(ctx.read(data), span, "reduceScatterCrossReplica")
     R = v.shape[0]
     flat = v.reshape(R, -1)
     if op == "LOCAL":
@@ -210,7 +223,7 @@ def _cross_reducescatter_kernel(data, out, groups, group_of, pos_of, layout, op,
     padded = torch.cat([red, torch.zeros(R, 1, dtype=red.dtype)], 1)
     index = _scatter_index(layout, groups.shape[1])
     idx = torch.from_numpy(index)[torch.from_numpy(pos_of)]                                # [R, out_n]
-    ctx.write(out, torch.gather(padded, 1, idx))
+    ctx.write(out, _mine(torch.gather(padded, 1, idx), span))
 
 
 @kernel
@@ -412,9 +425,20 @@ def _split_args(group, debug_name, options):
     return None, str(group), debug_name if isinstance(debug_name, dict) else options
 
 
+def _span(graph):
+    """``(offset, local replicas)`` of this instance when ``graph`` is built inside a
+    :func:`gcl_instances.scope` (a distributed replicated graph), else None."""
+    sc = gcl_instances.current_scope()
+    if sc is None or sc.local_replicas != graph.getReplicationFactor():
+        return None
+    return (sc.offset, sc.local_replicas)
+
+
 def _groups(graph, group: CommGroup | None, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(groups [G, p] of replica ids, group of each replica, position of each replica in its group)."""
-    R = graph.getReplicationFactor()
+    """(groups [G, p] of replica ids, group of each replica, position of each replica in its group),
+    over the global replicas of a distributed replicated graph (:func:`_span`)."""
+    span = _span(graph)
+    R = graph.getReplicationFactor() if span is None else gcl_instances.current_scope().global_replicas
     gtype = CommGroupType.ALL if group is None else str(group.type).upper()
     size = 0 if group is None else int(group.replicaGroupSize)
     if gtype == CommGroupType.ALL:
@@ -477,7 +501,7 @@ def _allreduce_into(graph, data, out, prog, name, what, args):
     rc = _cross_cost(graph, data, tiles, p, "allreduce", op, opts, groups)
     if out is not data and (p <= 1 or op == "LOCAL"):
         rc.cost.add(costmod.on_tile_copy_cost(_spec(graph), tiles * float(data.elementType().size)))
-    kernel = functools.partial(_cross_allreduce_kernel, data, out, groups, group_of, op)
+    kernel = functools.partial(_cross_allreduce_kernel, data, out, groups, group_of, op, _span(graph))
     _add(prog, kernel, [data], [out], rc, _recv_bytes(_spec(graph), tiles, data.elementType(), p, "allreduce"),
          name or what)
 
@@ -544,7 +568,7 @@ def allGatherCrossReplica(graph, data, prog, group=None, debug_name: str = "", o
     for i in range(p):                             # each row mapped like data
         graph.copy_tile_mapping(out[i], data)
     rc = _cross_cost(graph, data, tiles, p, "allgather", "ADD", opts, groups)
-    kernel = functools.partial(_cross_allgather_kernel, data, out, groups, group_of)
+    kernel = functools.partial(_cross_allgather_kernel, data, out, groups, group_of, _span(graph))
     _add(prog, kernel, [data], [out], rc, _recv_bytes(_spec(graph), tiles, data.elementType(), p, "allgather"),
          debug_name or what)
     return out
@@ -593,7 +617,8 @@ def reduceScatterCrossReplica(graph, data, op, prog, group=None, debug_name: str
             graph.copy_tile_mapping(out.slice(int(out_start[j]), int(out_start[j] + m[j]), 0), src)
     layout = (rb, re, seg_start, seg_len, m, out_start, n)
     rc = _cross_cost(graph, data, tiles, p, "reducescatter", op, opts, groups)
-    kernel = functools.partial(_cross_reducescatter_kernel, data, out, groups, group_of, pos_of, layout, op)
+    kernel = functools.partial(_cross_reducescatter_kernel, data, out, groups, group_of, pos_of, layout, op,
+                               _span(graph))
     _add(prog, kernel, [data], [out], rc, _recv_bytes(spec, tiles, data.elementType(), p, "reducescatter"),
          debug_name or what)
     return out

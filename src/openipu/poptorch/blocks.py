@@ -194,6 +194,14 @@ class _Strategy:
             else:
                 self.stages.append(Stage(a))
 
+    def stage(self, block_id) -> Stage:
+        """The :class:`Stage` that holds the block ``block_id`` (PopTorch's
+        ``strategy.stage("B1").ipu(0)``). Raises ``AssertionError`` for an unknown block."""
+        for st in self.stages:
+            if str(block_id) in st.blocks:
+                return st
+        raise AssertionError(f"Unknown block {block_id}")
+
     def place(self, order: list[tuple[str, object]]) -> dict:
         """block id -> (ipu, stage) for the blocks in capture ``order`` ((id, ipu or None))."""
         out = {}

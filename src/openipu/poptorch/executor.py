@@ -106,6 +106,9 @@ class PoplarExecutor:
         if training and optimizer is None:
             optimizer = poptorch_optim.SGD(model.parameters(), lr=0.01)
         self._user_model = model
+        # PopTorch wraps a shallow copy of the model: its own ``training`` flag is the one at
+        # wrapping time (a later model.eval() / model.train() on the original does not change it)
+        self._wrapped_training = model.training
         self._options = options
         self._training = training
         self._optimizer = optimizer
@@ -218,7 +221,8 @@ class PoplarExecutor:
                                              (args_, kwargs_))
             for hook in list(_PRECOMPILE_HOOKS.values()):
                 hook()
-            was_training = model.training
+            modes = [(m, m.training) for m in model.modules()]
+            model.training = self._wrapped_training
             attrs = _tensor_attributes(model)
             from openipu.poptorch import ops as _ops
             _ops._overlaps.clear()
@@ -226,8 +230,10 @@ class PoplarExecutor:
             try:
                 with _attributes_as_buffers(model, attrs), _no_reassignment(model, set(attrs)):
                     ep = cap.capture(model, margs, mkwargs)
+                _trace_attribute_mutations(model, ep, attrs, margs, mkwargs)
             finally:
-                model.train(was_training)
+                for m, mode in modes:
+                    m.training = mode
                 _ops._capturing_training[0] = False
         strategy = getattr(self._options, "_execution_strategy", None)
         if _ops._overlaps:
@@ -949,6 +955,28 @@ def _attributes_as_buffers(model: torch.nn.Module, attrs: dict):
             mod._buffers.pop(name, None)
             mod._non_persistent_buffers_set.discard(name)
             object.__setattr__(mod, name, t)
+
+
+def _trace_attribute_mutations(model: torch.nn.Module, ep, attrs: dict, args, kwargs) -> None:
+    """PopTorch traces the model on the host, so a plain tensor attribute (not a buffer) changed in
+    place by ``forward`` (``self.i += 1``) is changed once on the host by the trace, while the
+    graph keeps its value before the call as a constant (PopTorch's ``docs/user_guide/buffers.py``:
+    two runs both return ``tensor([1.])`` and ``model.i`` is then ``tensor([1.])``). The captured
+    program is run once on the micro-batch inputs when it mutates such an attribute, and the
+    attribute takes the value it left (the host tensor is updated in place)."""
+    mutated = [p for p in ep.graph_signature.buffers_to_mutate.values() if p in attrs]
+    if not mutated:
+        return
+    gm = ep.module()
+    with torch.no_grad():
+        gm(*args, **kwargs)
+    for path in mutated:
+        mod_path, _, name = path.rpartition(".")
+        mod = model.get_submodule(mod_path) if mod_path else model
+        host = vars(mod).get(name)
+        if isinstance(host, torch.Tensor):
+            with torch.no_grad():
+                host.copy_(gm.get_buffer(path))
 
 
 def _error_on_backward(*args, **kwargs):

@@ -95,6 +95,7 @@ def options_to_json(o) -> dict:
 
 
 def options_from_json(d: dict):
+    from openipu.poptorch.enums import ConnectionType
     from openipu.poptorch.options import Options
     o = Options()
     for target, key in ((o, "values"), (o.Precision, "Precision"), (o.Training, "Training"), (o.Jit, "Jit")):
@@ -106,6 +107,11 @@ def options_from_json(d: dict):
     o._Popart.options = decode(d["_Popart"]["options"])
     o._Popart.patterns = decode(d["_Popart"]["patterns"])
     o._Popart.pattern_level = int(d["_Popart"]["pattern_level"])
+    # as PopTorch's poptorch.load: the offline-target settings of a model compiled with
+    # useOfflineIpuTarget are dropped, so the loaded model runs on an attached IPU
+    o._values["offline_ipu_version"] = None
+    if ConnectionType(o._values["connection_type"]) == ConnectionType.Never:
+        o._values["connection_type"] = ConnectionType.Always
     return o
 
 

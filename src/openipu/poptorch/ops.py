@@ -394,7 +394,9 @@ def for_loop(count: int, body, inputs):
 
     An inference model captures it as one PopART ``Loop``. The simulated PopART has no
     gradient of ``Loop``, so a training model captures the loop unrolled (``count`` copies of
-    the body): the same values and gradients, the cost of the unrolled ops."""
+    the body): the same values and gradients, the cost of the unrolled ops. A body that torch
+    cannot capture as one loop (one that changes a buffer in place, ``self.buf.copy_(x)``) is
+    captured unrolled too, with the same values."""
     if not isinstance(inputs, list):
         raise ValueError("poptorch.for_loop expects input tensors (inputs) to be a list of tensors. (Object is not "
                          "list)")
@@ -411,11 +413,13 @@ def for_loop(count: int, body, inputs):
             raise Error(f"poptorch.for_loop: the body returned {len(out)} tensors for {len(xs)} inputs: it must "
                         "return as many tensors as it takes")
         return out
-    if not isRunningOnIpu() or _capturing_training[0]:
+    def unrolled():
         xs = [t.clone() for t in inputs]
         for _ in range(count):
             xs = step(*xs)
         return xs
+    if not isRunningOnIpu() or _capturing_training[0]:
+        return unrolled()
     from torch._higher_order_ops.while_loop import while_loop
 
     def cond_fn(i, *xs):
@@ -423,7 +427,14 @@ def for_loop(count: int, body, inputs):
 
     def body_fn(i, *xs):
         return (i + 1, *[o.clone() for o in step(*xs)])
-    out = while_loop(cond_fn, body_fn, (torch.zeros((), dtype=torch.int32), *[t.clone() for t in inputs]))
+    try:
+        out = while_loop(cond_fn, body_fn, (torch.zeros((), dtype=torch.int32), *[t.clone() for t in inputs]))
+    except Error:
+        raise
+    except Exception as e:  # torch's loop capture refused the body (side effects): unroll it
+        if "higher order operator" not in str(e) and "graph break" not in str(e):
+            raise
+        return unrolled()
     return list(out[1:])
 
 

@@ -179,9 +179,13 @@ class _ConfigCall:
 
 class _DistributedOptions(_OptionsDict):
     """``Options.Distributed``: this process's place among the processes of a distributed run
-    (PopTorch reads ``OMPI_COMM_WORLD_SIZE`` / ``OMPI_COMM_WORLD_RANK`` by default). The
-    simulated system runs every replica in one process; the options are accepted and
-    ``poptorch.DataLoader`` reads them."""
+    (PopTorch reads ``OMPI_COMM_WORLD_SIZE`` / ``OMPI_COMM_WORLD_RANK`` by default; ``poprun``
+    sets them). With several processes each process's ``replicationFactor`` replicas are a block
+    of the global replicated graph (PopART ``enableDistributedReplicatedGraphs``,
+    ``globalReplicationFactor = replicationFactor * numProcesses``, ``globalReplicaOffset =
+    replicationFactor * processId``); the cross-replica collectives run between the processes over
+    ``torch.distributed`` (:mod:`openipu.poplibs.gcl_instances`), and ``poptorch.DataLoader`` gives
+    each process its share of the dataset."""
 
     def __init__(self):
         super().__init__(num_distributed_processes=1, distributed_process_id=0)
@@ -600,6 +604,11 @@ class Options(_OptionsDict):
             o.enableGradientAccumulation, o.accumulationFactor = True, af
         if self.replication_factor > 1:
             o.enableReplicatedGraphs, o.replicatedGraphCount = True, self.replication_factor
+        procs = self.Distributed.numProcesses
+        if procs > 1:       # PopDist: this process's replicas are a block of the global replicas
+            o.enableDistributedReplicatedGraphs = True
+            o.globalReplicationFactor = self.replication_factor * procs
+            o.globalReplicaOffset = self.replication_factor * self.Distributed.processId
         if training:
             o.accumulationAndReplicationReductionType = self.Training.accumulation_and_replication_reduction_type
             o.meanAccumulationAndReplicationReductionStrategy = \

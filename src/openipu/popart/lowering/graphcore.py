@@ -77,7 +77,7 @@ _COLLECTIVE = {"Add": "ADD", "Mean": "MEAN", "Mul": "MUL", "Min": "MIN", "Max": 
 @lowering("ReplicatedAllReduce", domain=GC, accepts=_view_ok)
 def replicated_all_reduce(ctx, op):
     x = ctx.input(op, 0)
-    if ctx.options.replication_factor() <= 1:
+    if ctx.options.getGlobalReplicationFactor() <= 1:
         return [x]
     return [gcl.allReduceCrossReplica(graph(ctx, op), x, _COLLECTIVE.get(str(op.attrs.get("op", "Add")), "ADD"),
                                       ctx.prog, debug_name=name(op))]

@@ -97,7 +97,7 @@ def apply(ir, opt, seed) -> None:
                     absoluteOfInput=1) for t in tracked}
     stats = [h.outputs[0] for h in hists.values()]
     total = add("Sum", stats, "autoLossScaleStatsSum", "FLOAT", [2]).outputs[0] if len(stats) > 1 else stats[0]
-    repl = ir.options.replication_factor() > 1
+    repl = ir.options.getGlobalReplicationFactor() > 1
     context = OUTER_FRAGMENT if acc else "Normal"
     if acc:     # summed over the micro-batches, then zeroed after the update
         acc_var = _variable(ir, STATS_ID, "FLOAT", [2], 0.0)

@@ -1,0 +1,183 @@
+"""Cross-instance transport of ``gcl``'s cross-replica collectives (PopDist / ``poprun`` runs).
+
+Under ``poprun`` each program instance (a process) simulates only its *local* replicas; the
+replicas of all instances form the *global* replicated graph (PopART's
+``enableDistributedReplicatedGraphs`` / ``globalReplicationFactor`` / ``globalReplicaOffset``).
+Instance ``i`` holds the global replicas ``[offset, offset + local)``, ``offset = i * local``.
+
+This module is the one place where a collective leaves the process. It runs on
+``torch.distributed`` (the gloo backend on CPU), not on a transport of its own:
+
+- :func:`scope` marks a graph construction as part of a distributed replicated graph (the
+  PopART session enters it while lowering); :func:`current_scope` is what ``gcl`` reads to build
+  its replica groups over the global replicas;
+- :func:`gather_replicas` is the hook every cross-replica collective kernel calls: the local
+  ``[local, ...]`` values of every instance concatenated into the global ``[global, ...]`` stack,
+  so that the reduction itself runs exactly as in a one-process run of all replicas (the same ring
+  order, the same rounding) and the instance keeps its own rows;
+- :func:`all_reduce_replicas` is the whole all-reduce on host tensors for executors that do not
+  run Poplar kernels (the PopART IR executor): ``[local, ...]`` in, ``[local, ...]`` out.
+
+The process group is created on first use from PopDist's environment (``poprun`` sets it):
+``POPDIST_NUM_INSTANCES``, ``POPDIST_INSTANCE_INDEX``, ``MASTER_ADDR``, ``MASTER_PORT``. A
+collective that waits longer than ``POPDIST_COLLECTIVE_TIMEOUT`` seconds (default 300) for the
+other instances raises :class:`openipu.poplar.errors.poplar_error` naming the collective and the
+instance, so that a dead or hung instance stops the others with a clear message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import threading
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Scope", "scope", "current_scope", "num_instances", "instance_index", "timeout_seconds",
+           "init_process_group", "gather_replicas", "all_reduce_replicas", "broadcast_from_instance0"]
+
+#: Default seconds a collective waits for the other instances.
+DEFAULT_TIMEOUT_S = 300.0
+
+_local = threading.local()
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Scope:
+    """A distributed replicated graph under construction: ``global_replicas`` replicas in all,
+    this instance holding ``[offset, offset + local_replicas)``."""
+
+    global_replicas: int
+    offset: int
+    local_replicas: int
+
+
+def num_instances() -> int:
+    """``POPDIST_NUM_INSTANCES``, else ``OMPI_COMM_WORLD_SIZE`` (1 outside ``poprun`` / ``mpirun``)."""
+    return int(os.environ.get("POPDIST_NUM_INSTANCES") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
+
+
+def instance_index() -> int:
+    """``POPDIST_INSTANCE_INDEX``, else ``OMPI_COMM_WORLD_RANK`` (0 outside ``poprun`` / ``mpirun``)."""
+    return int(os.environ.get("POPDIST_INSTANCE_INDEX") or os.environ.get("OMPI_COMM_WORLD_RANK") or 0)
+
+
+def timeout_seconds() -> float:
+    """``POPDIST_COLLECTIVE_TIMEOUT`` in seconds (default :data:`DEFAULT_TIMEOUT_S`)."""
+    return float(os.environ.get("POPDIST_COLLECTIVE_TIMEOUT", DEFAULT_TIMEOUT_S) or DEFAULT_TIMEOUT_S)
+
+
+@contextlib.contextmanager
+def scope(global_replicas: int, offset: int, local_replicas: int):
+    """Graph construction inside this block builds cross-replica collectives over
+    ``global_replicas`` replicas, this process holding ``local_replicas`` of them from ``offset``.
+
+    Raises ``poplar_error`` if the numbers do not fit (the local replicas outside the global
+    range, or a global count that is not ``local_replicas`` times the number of instances)."""
+    from openipu.poplar import errors
+    g, o, n = int(global_replicas), int(offset), int(local_replicas)
+    if n < 1 or o < 0 or o + n > g:
+        raise errors.poplar_error(f"Replicas [{o}, {o + n}) of this instance are outside the {g} global replicas")
+    if g != n and g != n * num_instances():
+        raise errors.poplar_error(
+            f"The global replication factor ({g}) must be the local replication factor ({n}) times the number of "
+            f"instances ({num_instances()}); start the program with poprun --num-instances {g // n} --num-replicas {g}")
+    prev = getattr(_local, "scope", None)
+    _local.scope = Scope(g, o, n) if g > n else None
+    try:
+        yield _local.scope
+    finally:
+        _local.scope = prev
+
+
+def current_scope() -> Scope | None:
+    """The :class:`Scope` of the graph being built, or None (all replicas in this process)."""
+    return getattr(_local, "scope", None)
+
+
+def init_process_group() -> None:
+    """Join the instances' ``torch.distributed`` gloo group (once per process) from PopDist's
+    environment; ``MASTER_ADDR`` / ``MASTER_PORT`` name instance 0's rendezvous. Raises
+    ``poplar_error`` when the environment does not describe several instances or the rendezvous
+    times out."""
+    import torch.distributed as dist
+    from openipu.poplar import errors
+    with _lock:
+        if dist.is_available() and dist.is_initialized():
+            return
+        n, i = num_instances(), instance_index()
+        if n < 2:
+            raise errors.poplar_error("A cross-instance collective needs several instances: start the program with "
+                                      "poprun --num-instances N (POPDIST_NUM_INSTANCES is not set above 1)")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            raise errors.poplar_error("MASTER_PORT is not set: start the instances with poprun")
+        try:
+            dist.init_process_group("gloo", rank=i, world_size=n,
+                                    timeout=datetime.timedelta(seconds=timeout_seconds()))
+        except Exception as e:  # noqa: BLE001 - torch raises RuntimeError / DistStoreError / TimeoutError
+            raise errors.poplar_error(f"Instance {i} of {n} could not join the other instances at "
+                                      f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}: {e}") from None
+
+
+def _failed(what: str, e: Exception):
+    from openipu.poplar import errors
+    return errors.poplar_error(
+        f"Instance {instance_index()} of {num_instances()}: the cross-instance collective '{what}' failed waiting for "
+        f"the other instances (timeout {timeout_seconds():g} s, POPDIST_COLLECTIVE_TIMEOUT); an instance has "
+        f"stopped or hangs: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+
+
+def gather_replicas(local: torch.Tensor, what: str = "collective") -> torch.Tensor:
+    """The ``[global, ...]`` stack of every instance's ``[local, ...]`` replica values, in global
+    replica order (instances hold equal, consecutive blocks). ``local`` is returned when this
+    process runs alone. Raises ``poplar_error`` on a timeout or a lost instance."""
+    import torch.distributed as dist
+    if num_instances() < 2:
+        return local
+    init_process_group()
+    x = local.contiguous()
+    wire = x.view(torch.uint8) if x.dtype == torch.bool else x     # gloo has no bool
+    parts = [torch.empty_like(wire) for _ in range(dist.get_world_size())]
+    try:
+        dist.all_gather(parts, wire)
+    except Exception as e:  # noqa: BLE001 - gloo raises RuntimeError / DistBackendError
+        raise _failed(what, e) from None
+    out = torch.cat(parts, 0)
+    return out.view(torch.bool) if x.dtype == torch.bool else out
+
+
+def all_reduce_replicas(local: torch.Tensor, op: str = "ADD", what: str = "allReduce",
+                        across_instances: bool = True) -> torch.Tensor:
+    """All-reduce over all global replicas, for executors that keep replica values as host
+    tensors (the PopART IR executor's ``ReplicatedAllReduce`` / ``ReplicatedAllReduceInplace``):
+    ``local`` is ``[local_replicas, *shape]`` (this instance's replicas), the result the same
+    shape, every row the reduction over all instances' replicas in ring order in the tensor's
+    type (exactly what ``gcl.allReduceCrossReplica`` computes). ``op``: a
+    ``gcl.CollectiveOperator`` name. ``across_instances``: the session is a distributed replicated
+    graph (PopART ``enableDistributedReplicatedGraphs``); False reduces the local replicas only.
+    Raises ``poplar_error`` on a timeout or a lost instance."""
+    from openipu.poplibs.gcl import _reduce
+    op = str(getattr(op, "name", op)).upper()
+    if op == "LOCAL":
+        return local.clone()
+    red = _reduce(gather_replicas(local, what) if across_instances else local, op, 0)
+    return red.unsqueeze(0).expand_as(local).contiguous()
+
+
+def broadcast_from_instance0(t: torch.Tensor, what: str = "broadcast") -> torch.Tensor:
+    """Instance 0's value of ``t`` on every instance (a weight broadcast); ``t`` itself when
+    running alone. Raises ``poplar_error`` on a timeout or a lost instance."""
+    import torch.distributed as dist
+    if num_instances() < 2:
+        return t
+    init_process_group()
+    x = t.detach().clone().contiguous()
+    try:
+        dist.broadcast(x, 0)
+    except Exception as e:  # noqa: BLE001
+        raise _failed(what, e) from None
+    return x

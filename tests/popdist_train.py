@@ -1,0 +1,126 @@
+"""Three SGD steps of a small model with 4 data-parallel replicas, for ``test_popdist.py``.
+
+``python popdist_train.py MODE MODEL OUT``:
+
+- ``MODE=poptorch``: PopTorch training; under ``poprun`` (PopDist's environment set) with
+  ``popdist.poptorch.Options`` (this instance's replicas and rows of each global batch), else one
+  process with ``replicationFactor(4)``;
+- ``MODE=ddp``: PyTorch ``DistributedDataParallel`` on the CPU (gloo), one process per replica,
+  started by this script with ``torch.multiprocessing``;
+- ``MODEL``: ``bert`` (BERT-tiny config from ``transformers``, random init, seed 0) or ``mlp``.
+
+Writes the weights after the 3 steps (``torch.save`` of the state dict; instance ``i`` of a
+``poprun`` run writes ``OUT.i``) the step losses, the last step's predicted IPU cycles and the host seconds of each step.
+"""
+
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+REPLICAS, MICRO, STEPS, SEQ, LR = 4, 2, 3, 16, 0.05
+
+
+class Bert(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        from transformers import BertConfig, BertForSequenceClassification
+        cfg = BertConfig(vocab_size=256, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=64, num_labels=3,
+                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        self.m = BertForSequenceClassification(cfg)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.m(input_ids=x).logits, y)
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 3)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.b(torch.relu(self.a(x))), y)
+
+
+def model(name):
+    torch.manual_seed(0)
+    return (Bert if name == "bert" else Mlp)().train()
+
+
+def batches(name):
+    """``STEPS`` global batches of ``REPLICAS * MICRO`` samples: replica ``r`` takes rows
+    ``[r * MICRO, (r + 1) * MICRO)``."""
+    g = torch.Generator().manual_seed(1)
+    n = REPLICAS * MICRO
+    out = []
+    for _ in range(STEPS):
+        x = torch.randint(0, 256, (n, SEQ), generator=g) if name == "bert" else torch.randn(n, 8, generator=g)
+        out.append((x, torch.randint(0, 3, (n,), generator=g)))
+    return out
+
+
+def run_poptorch(name, out):
+    import poptorch
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x, y):
+            return poptorch.identity_loss(self.m(x, y), reduction="none")
+
+    import popdist
+    if popdist.isPopdistEnvSet():
+        import popdist.poptorch
+        opts = popdist.poptorch.Options()
+        lo, n = popdist.getReplicaIndexOffset(), popdist.getNumLocalReplicas()
+        out = f"{out}.{popdist.getInstanceIndex()}"
+    else:
+        opts = poptorch.Options().replicationFactor(REPLICAS)
+        lo, n = 0, REPLICAS
+    opts.logCycleCount(True)
+    m = model(name)
+    net = WithLoss(m)
+    tm = poptorch.trainingModel(net, opts, optimizer=poptorch.optim.SGD(m.parameters(), lr=LR))
+    losses, host_s = [], []
+    for x, y in batches(name):
+        t0 = time.perf_counter()
+        loss = tm(x[lo * MICRO:(lo + n) * MICRO], y[lo * MICRO:(lo + n) * MICRO])
+        host_s.append(time.perf_counter() - t0)       # host seconds per step (the first compiles)
+        losses.append(loss.reshape(-1).tolist())
+    tm.copyWeightsToHost()
+    torch.save({"state": m.state_dict(), "losses": losses, "cycles": tm.cycleCount(), "host_s": host_s}, out)
+
+
+def _ddp_worker(rank, name, out, port):
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=REPLICAS)
+    torch.set_num_threads(1)
+    m = model(name)
+    ddp = torch.nn.parallel.DistributedDataParallel(m)
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    for x, y in batches(name):
+        opt.zero_grad()
+        ddp(x[rank * MICRO:(rank + 1) * MICRO], y[rank * MICRO:(rank + 1) * MICRO]).backward()
+        opt.step()
+    if rank == 0:
+        torch.save({"state": m.state_dict()}, out)
+    dist.destroy_process_group()
+
+
+def run_ddp(name, out):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_ddp_worker, args=(name, out, port), nprocs=REPLICAS)
+
+
+if __name__ == "__main__":
+    mode, name, path = sys.argv[1:4]
+    (run_poptorch if mode == "poptorch" else run_ddp)(name, path)
