@@ -23,7 +23,7 @@ def _run_and_check(model_args, rep, name, capsys):
     printed = capsys.readouterr().out
     m = re.search(r"total memory\s+([\d,]+) B over [\d,]+ tiles; worst tile (\d+) \(([\d,]+) B\)", printed)
     total, worst, worst_b = int(m.group(1).replace(",", "")), int(m.group(2)), int(m.group(3).replace(",", ""))
-    cycles = int(re.search(r"\(([\d,]+) cycles per step\)", printed).group(1).replace(",", ""))
+    cycles = int(re.search(r"\(([\d,]+) cycles per step[,)]", printed).group(1).replace(",", ""))
     p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "pva_acceptance.py"), str(rep), "--json"],
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
