@@ -259,7 +259,12 @@ def host_memory_estimate(session, batches_per_step: int = 1) -> int:
     """Bytes of host memory a functional run of ``session`` (a ``popart.InferenceSession``
     before ``prepareDevice``) needs, roughly: twice (the session's host copy and the simulated
     device's) every tensor of its IR, one batch each, plus its stream inputs and anchors for
-    ``batches_per_step`` batches, twice (the step's buffers and the anchor arrays)."""
+    ``batches_per_step`` batches, twice (the step's buffers and the anchor arrays). On the IR
+    executor (the default execution) only the tensors live at once count
+    (:func:`openipu.popart.execute.host_bytes`)."""
+    from openipu.popart import execute
+    if execute.mode() == "ir" and execute.unsupported(session) is None:
+        return execute.host_bytes(session, batches_per_step)
     ir = session._ir
     total = sum(t.info.nbytes() for t in ir.tensors.values())
     io_ids = set(ir.stream_inputs) | set(session.dataFlow.anchors())

@@ -20,9 +20,9 @@ control flow (If, Loop, Scan, call: their host kernels run the subgraphs, as the
 lowering's vertex does). Not yet: pipelined training without accumulation (stale weights),
 automatic loss scaling, replicated tensor sharding, synthetic data, GroupNormalizationGrad.
 Buffers come from ``PyStepIO`` or ``PyStepIOCallback``. Numerics: each op
-computes in its IR dtype, as its host kernel does (float16 stays float16); a precise PopLibs
-lowering may round differently (poplin accumulates matmuls in fp32 partials), within the plan's
-precision. The variables (weights, optimizer state, scalars and the random seed) live in the
+computes in its IR dtype, as its host kernel does (float16 stays float16), except matmuls and
+convolutions, which compute half inputs in float32 and round once (``_FLOAT_PARTIALS``); a precise
+PopLibs lowering may round differently, within the plan's precision. The variables (weights, optimizer state, scalars and the random seed) live in the
 executor between runs: the session's ``weightsFromHost``, ``optimizerFromHost``,
 ``setRandomSeed`` and ``weightsToHost`` move them.
 
@@ -51,24 +51,15 @@ from openipu.poplibs import gcl_instances
 _DEVICE_ONLY = {"GroupNormalizationGrad": "GroupNormalizationGrad (its host kernel takes the statistics)"}
 
 
-#: Ops whose IPU lowering accumulates half inputs in FLOAT partials and rounds the result once
-#: (poplin matMul / convolution): the executor computes them in float32 and rounds to the output's
-#: type, instead of torch's slow CPU float16 kernels.
+#: Ops whose IPU lowering accumulates half inputs in partial sums (poplin matMul / convolution):
+#: the executor computes them in float32 and rounds the result to the output's type once, instead
+#: of torch's slow CPU float16 kernels (two orders of magnitude slower at BERT-base sizes). With
+#: float partials (PopLibs' default) that is what the IPU computes, up to fp32 rounding. With half
+#: partials (``partialsType`` half, PopRT's default) the IPU rounds each partial sum to half; the
+#: executor's result is then the more precise one, within the half plan's precision of the
+#: verifying mode's (``OPENIPU_EXECUTION=device`` models the half partial sums).
 _FLOAT_PARTIALS = {("", "MatMul"), ("", "Gemm"), ("", "Conv"), ("", "ConvTranspose"),
                    ("ai.graphcore", "ConvDataGrad"), ("ai.graphcore", "ConvWeightsGrad")}
-
-
-def _float_partials(op, ir) -> bool:
-    """Whether the op's PopLibs plan accumulates in float (the default) rather than half
-    (``partialsType`` half from ``SessionOptions.partialsTypeMatMuls``, ``matmulOptions`` /
-    ``convolutionOptions`` or ``builder.setPartialsType``): half partials keep the op's half kernel."""
-    from openipu.popart.lowering._util import poplibs_options
-    o = ir.options
-    if op.op_type in ("MatMul", "Gemm"):
-        opts = poplibs_options(op, getattr(o, "matmulOptions", {}) or {}, getattr(o, "partialsTypeMatMuls", ""))
-    else:
-        opts = poplibs_options(op, getattr(o, "convolutionOptions", {}) or {})
-    return opts.get("partialsType", "float").lower() != "half"
 
 
 def mode() -> str:
@@ -103,12 +94,54 @@ def unsupported(session) -> str | None:
     return None
 
 
+def host_bytes(session, batches_per_step: int = 1) -> int:
+    """Bytes of host memory a run of ``session`` on this executor needs, roughly (``bytes``):
+    the constants and variables twice (the session's host copy and the executor's, one per
+    replica), the peak of the intermediate tensors live at once (each op's inputs and outputs
+    and what later ops still read, as :func:`_with_releases` frees them), and the stream inputs
+    and anchors of ``batches_per_step`` batches twice (the step's buffers and the anchor arrays).
+    ``session``: a PopART session whose IR is built (before ``prepareDevice``)."""
+    ir = session._ir
+    size = {t: v.info.nbytes() for t, v in ir.tensors.items()}
+    held = {t for t, v in ir.tensors.items() if v.kind in ("Const", "Variable")}
+    last: dict = {}
+    for i, op in enumerate(ir.ops):
+        for x in list(op.inputs) + list(op.outputs):
+            if x in size and x not in held:
+                last[x] = i
+    live = peak = 0
+    for i, op in enumerate(ir.ops):
+        live += sum(size[x] for x in op.outputs if x in size and x not in held)
+        peak = max(peak, live)
+        live -= sum(size[x] for x in set(op.inputs) | set(op.outputs)
+                    if last.get(x) == i and ir.tensors[x].producer is not None)
+    io = sum(size[t] for t in set(ir.stream_inputs) | set(session.dataFlow.anchors()) if t in size)
+    fixed = sum(size[t] for t in held)
+    return int(fixed * (1 + max(1, int(session.replicationFactor))) + peak + 2 * io * batches_per_step)
+
+
 #: Cross-replica reductions of the collectives (``attrs["op"]``) over the replicas' tensors.
 _REDUCE = {"Add": lambda xs: _fold(torch.add, xs), "Mean": lambda xs: _fold(torch.add, xs) / len(xs),
            "Mul": lambda xs: _fold(torch.mul, xs), "Max": lambda xs: _fold(torch.maximum, xs),
            "Min": lambda xs: _fold(torch.minimum, xs)}
 _COLLECTIVES = {"ReplicatedAllReduce", "ReplicatedAllReduceInplace", "ReplicatedReduceScatter",
                 "ReplicatedAllGather", "ReplicaSlice"}
+
+
+def _with_releases(steps: list, keep: set) -> list:
+    """``steps`` with a 7th field each: the ids of the tensors whose last reader (or, unread, whose
+    producer) is that step, outside ``keep``. The executor drops them from the replica's
+    environment after the step, so a step holds its live tensors only (the IR's liveness), not
+    every activation of the batch: BERT-base 40x384 inference holds about 1 GiB, not 18 GiB."""
+    last: dict = {}
+    for i, st in enumerate(steps):
+        for x in list(st[3]) + list(st[4]):
+            if x and x not in keep:
+                last[x] = i
+    dead: list = [[] for _ in steps]
+    for x, i in last.items():
+        dead[i].append(x)
+    return [(*st, tuple(d)) for st, d in zip(steps, dead)]
 
 
 def _fold(fn, xs):
@@ -156,10 +189,13 @@ class IrExecutor:
                     "in_place" if (op.domain, op.op_type) == ("ai.graphcore", "GetRandomSeed") else
                     "abort" if (op.domain, op.op_type) == ("ai.graphcore", "Abort") else
                     self._printer(op) if (op.domain, op.op_type) == ("ai.graphcore", "PrintTensor") else
-                    "float" if (op.domain, op.op_type) in _FLOAT_PARTIALS and _float_partials(op, ir) and any(
+                    "float" if (op.domain, op.op_type) in _FLOAT_PARTIALS and any(
                         ir.tensors[x].info.data_type() == "FLOAT16" for x in op.inputs if x) else None)
             (outer if self.accumulation > 1 and op.execution_context == OUTER_FRAGMENT else main).append(step)
-        self.steps, self.outer_steps = main, outer
+        keep = set(self.consts) | {t for t, v in ir.tensors.items() if v.kind == "Variable"}
+        keep |= {getattr(ir, "anchor_alias", {}).get(t, t) for t in ir.data_flow.anchors()} | set(ir.data_flow.anchors())
+        keep |= {x for st in outer for x in st[3] if x}     # read after the micro-batch loop
+        self.steps, self.outer_steps = _with_releases(main, keep), _with_releases(outer, keep)
         # 64-bit integers live as 32-bit on the device (enableSupportedDataTypeCasting): an op's
         # output wraps as the device's copy would
         cast = bool(getattr(ir.options, "enableSupportedDataTypeCasting", True))
@@ -246,28 +282,34 @@ class IrExecutor:
 
     def _ops(self, steps, envs) -> None:
         with torch.no_grad():
-            for kernel, attrs, opset, ins, outs, special in steps:
+            for kernel, attrs, opset, ins, outs, special, dead in steps:
                 if special == "collective":
                     self._collective(kernel.op_type, attrs, ins, outs, envs)
-                    continue
-                if special == "abort":      # Poplar's Abort / AbortOnCondition (any replica)
+                elif special == "abort":      # Poplar's Abort / AbortOnCondition (any replica)
                     if not (ins and ins[0]) or any(bool(env[ins[0]].any()) for env in envs):
                         raise poplar.application_runtime_error("Abort op")
-                    continue
+                else:
+                    self._op(kernel, attrs, opset, ins, outs, special, envs)
                 for env in envs:
-                    args = [env[x] if x else None for x in ins]
-                    if special == "float":          # float32 compute, rounded once below
-                        args = [a.float() if a is not None and a.dtype == torch.float16 else a for a in args]
-                    res = call_kernel(kernel, args, attrs, opset)
-                    if special == "in_place":       # GetRandomSeed: the seed variable advances
-                        res = [env[ins[0]].copy_(res[0])]
-                    elif callable(special) and env is envs[0]:     # PrintTensor: replica 0 prints
-                        special(res[0])
-                    for o, v in zip(outs, res):
-                        if o:
-                            if o in self.narrow:
-                                v = v.to(self.narrow[o])
-                            env[o] = v if v.dtype == self.dtype[o] else v.to(self.dtype[o])
+                    for t in dead:
+                        env.pop(t, None)
+
+    def _op(self, kernel, attrs, opset, ins, outs, special, envs) -> None:
+        """One op on every replica's environment."""
+        for env in envs:
+            args = [env[x] if x else None for x in ins]
+            if special == "float":          # float32 compute, rounded once below
+                args = [a.float() if a is not None and a.dtype == torch.float16 else a for a in args]
+            res = call_kernel(kernel, args, attrs, opset)
+            if special == "in_place":       # GetRandomSeed: the seed variable advances
+                res = [env[ins[0]].copy_(res[0])]
+            elif callable(special) and env is envs[0]:     # PrintTensor: replica 0 prints
+                special(res[0])
+            for o, v in zip(outs, res):
+                if o:
+                    if o in self.narrow:
+                        v = v.to(self.narrow[o])
+                    env[o] = v if v.dtype == self.dtype[o] else v.to(self.dtype[o])
 
     def _collective(self, op_type, attrs, ins, outs, envs) -> None:
         """A cross-replica op (``gcl``): an all-reduce in place into every replica's input
