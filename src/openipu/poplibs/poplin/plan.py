@@ -189,32 +189,31 @@ _over_budget_sinks: list[list] = []
 
 
 @contextlib.contextmanager
+def _collecting(sinks: list):
+    """A list appended to ``sinks`` for the ``with`` block (yielded), removed after it."""
+    sink: list = []
+    sinks.append(sink)
+    try:
+        yield sink
+    finally:
+        sinks.remove(sink)
+
+
 def record_over_budget():
     """Collect the :class:`OverBudgetPlan` of every plan made or reused inside the ``with`` block
     whose temporary memory is over its budget (the planner fell back to the least-memory plan).
     Yields the list they are appended to. openipu extension (the sizing CLI reports them)."""
-    sink: list = []
-    _over_budget_sinks.append(sink)
-    try:
-        yield sink
-    finally:
-        _over_budget_sinks.remove(sink)
+    return _collecting(_over_budget_sinks)
 
 
 _plan_sinks: list[list] = []
 
 
-@contextlib.contextmanager
 def record_plans():
     """Collect every :class:`ConvPlan` made or reused inside the ``with`` block (yields the list
     they are appended to). openipu extension: ``openipu sweep`` reads the largest temporary
     memory of a compile's plans to know when a smaller budget would choose the same plans."""
-    sink: list = []
-    _plan_sinks.append(sink)
-    try:
-        yield sink
-    finally:
-        _plan_sinks.remove(sink)
+    return _collecting(_plan_sinks)
 
 
 def _note_over_budget(plan: "ConvPlan", op_desc: str) -> None:
