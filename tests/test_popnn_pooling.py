@@ -200,3 +200,28 @@ def test_graph_construction_has_no_per_element_arrays(monkeypatch):
         y = pooling.pool(h.graph, params, x, h.prog)
         g = h.graph.clone(y, "g")
         pooling.poolInputGradient(h.graph, params, x, y, g, False, h.prog)
+
+
+@pytest.mark.parametrize("kind", ["MAX", "AVG", "SUM"])
+def test_global_pool_of_a_large_field_splits_its_kernel_over_tiles(kind):
+    """A 32x32 global pool over 4x4 outputs: PopLibs' planner splits the kernel (partial pools on
+    many tiles, then a pool of the partials) instead of putting every window on the one tile a
+    linear mapping of the 16 outputs uses. Same values as torch; the busiest tile's cycles drop."""
+    B, C, F_ = 4, 4, [32, 32]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal([B, C] + F_).astype(np.float32)
+    params = pooling.PoolParams(kind, F_, F_, [1, 1], [0, 0], [0, 0], C, B, poplar.FLOAT)
+    runs = {}
+    for split in (True, False):
+        h = OpHarness(tiles=64)
+        X = h.input("x", x, mapping="linear")
+        if split:
+            assert pooling._kernel_split(h.graph, params, poplar.FLOAT) is not None
+            Y = pooling.pool(h.graph, params, X, h.prog)
+        else:
+            Y = pooling._pool_once(h.graph, params, X, h.prog, "Pool")
+        runs[split] = (h.run(y=Y)["y"], h.cycles())
+    want = torch_pool(kind, torch.tensor(x.astype(np.float64)), F_, [1, 1], [0, 0], [0, 0]).numpy()
+    for y, _ in runs.values():
+        np.testing.assert_allclose(y.astype(np.float64), want, rtol=1e-5, atol=1e-5)
+    assert runs[True][1] < runs[False][1] / 4

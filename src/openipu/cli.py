@@ -201,7 +201,9 @@ def _print_run(res, out) -> None:
     w(f"  latency             {_seconds(res.latency)} per batch  ({res.latency_cycles:,.0f} cycles per batch)")
     w(f"  step                {_seconds(res.step_seconds)}  ({res.step_cycles:,.0f} cycles per step, "
       f"{res.batches_per_step} batch(es), host I/O not overlapped)")
-    over = " (host I/O overlapped)" if res.options.overlapped else ""
+    over = ""
+    if res.options.overlapped and res.throughput:
+        over = f" (host I/O overlapped: one batch each {_seconds(res.batch_size / res.throughput)})"
     w(f"  throughput          {res.throughput:,.1f} samples/s{over}")
     total = sum(res.by_category.values()) or 1.0
     shares = "  ".join(f"{_CATEGORY_LABELS[c]} {v / total:.1%}" for c, v in res.by_category.items() if v)

@@ -345,9 +345,71 @@ def _check_input(params, t, what, name="input"):
         raise poplibs_error(f"{what}: {name} must be float or half, got {t.elementType()}")
 
 
+def _split_params(p: PoolParams, split: tuple) -> tuple:
+    """The two pools of a kernel split: ``split[d]`` pieces of each field dim's kernel (windows
+    of ``kernel / split`` with that stride), then windows of ``split`` over their results."""
+    k1 = [k // s for k, s in zip(p.kernelShape, split)]
+    inner = "MAX" if p.poolingType == PoolingType.MAX else p.poolingType.name
+    zeros = [0] * len(split)
+    first = PoolParams(inner, p.inputFieldShape, k1, k1, zeros, zeros, p.numChannels, p.batchSize, p.dType)
+    mid = first.getOutputFieldShape()
+    second = PoolParams(inner, mid, list(split), list(split), zeros, zeros, p.numChannels, p.batchSize, p.dType)
+    return first, second
+
+
+def _linear_max_count(n: int, tiles: int, min_el: int, grain: int) -> int:
+    """Elements on the fullest tile when ``n`` are mapped linearly (``mapTensorLinearly``)."""
+    per = max(-(-n // tiles), min_el)
+    return min(n, -(-per // grain) * grain)
+
+
+def _kernel_split(graph, p: PoolParams, type_) -> tuple | None:
+    """The kernel split PopLibs' pooling planner would take for ``p`` (``lib/popnn/PoolPlan``: the
+    kernel partitioned over tiles, partial results pooled again), or ``None`` for none.
+
+    Considered for field dims whose windows do not overlap and are not padded (stride equal to the
+    kernel, or one output): each such dim's kernel split by a divisor. The choice minimises the
+    estimated cycles of the busiest tile over both pools (:func:`_pool_cycles` on a linear mapping,
+    plus receiving its window inputs at the target's exchange rate). Without a split, a global
+    pool of a large field over few channels puts every window on the few tiles a linear mapping
+    of the small output uses (a 64x64 average over 32x32 outputs: 16 tiles, 512 KiB each)."""
+    from openipu.poplibs.poputil import _linear_defaults
+    target = graph.getTarget()
+    tiles = target.getNumTiles()
+    min_el, grain = _linear_defaults(graph, type_, None, None)
+    size = target.getTypeSize(type_)
+    xbpc = max(1, int(target.getExchangeBytesPerCycle()))
+    out_field = p.getOutputFieldShape()
+    choices = []
+    for d, k in enumerate(p.kernelShape):
+        ok = (p.inputTruncationOrPaddingLower[d] == 0 and p.inputTruncationOrPaddingUpper[d] == 0
+              and (p.stride[d] == k or out_field[d] == 1) and p.inputFieldShape[d] % k == 0)
+        choices.append([s for s in range(1, k + 1) if k % s == 0] if ok and k > 1 else [1])
+
+    def cost(params_list) -> float:
+        total = 0.0
+        for q in params_list:
+            n = q.batchSize * q.numChannels * int(np.prod(q.getOutputFieldShape()))
+            c = _linear_max_count(n, tiles, min_el, grain)
+            total += float(_pool_cycles(np.array([c]), q, type_, target, False)[0])
+            total += c * int(np.prod(q.kernelShape)) * size / xbpc
+        return total
+
+    best, best_cost = None, cost([p])
+    for split in itertools.product(*choices):
+        if np.prod(split) == 1:
+            continue
+        c = cost(_split_params(p, split))
+        if c < best_cost:
+            best, best_cost = split, c
+    return best
+
+
 def pool(graph, params: PoolParams, input, prog, debug_name: str = "", options=None):  # noqa: A002
     """Pool ``input`` ``[B][C][..field..]`` (``popnn::pooling::pool``); returns ``[B][C][..outField..]``
-    of the input's type, mapped linearly. Appends one compute set.
+    of the input's type, mapped linearly. Appends one compute set, or two when PopLibs' planner
+    would split a large kernel over tiles (:func:`_kernel_split`: the partial pools then a pool
+    of them; AVG of equal full windows is AVG of their AVGs).
 
     Raises:
         poplibs_error: params that do not match the input, or a non-float input.
@@ -355,6 +417,16 @@ def pool(graph, params: PoolParams, input, prog, debug_name: str = "", options=N
     what = debug_name or "Pool"
     _check_input(params, input, what)
     check_mapped(graph, input, what)
+    split = _kernel_split(graph, params, input.elementType())
+    if split is not None:
+        first, second = _split_params(params, split)
+        part = _pool_once(graph, first, input, prog, f"{what}/kernelSplit")
+        return _pool_once(graph, second, part, prog, what)
+    return _pool_once(graph, params, input, prog, what)
+
+
+def _pool_once(graph, params: PoolParams, input, prog, what: str):  # noqa: A002
+    """One pooling compute set: ``params`` over ``input`` into a new linearly mapped tensor."""
     out = new_mapped(graph, input.elementType(), [params.batchSize, params.numChannels] + params.getOutputFieldShape(),
                      f"{what}/out")
     used, counts = tile_counts_of(graph, out)
