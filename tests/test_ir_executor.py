@@ -388,25 +388,29 @@ def test_fp16_conv_and_matmul_round_once_from_float32(monkeypatch):
                                rtol=2e-3, atol=2e-3)
 
 
-@pytest.mark.parametrize("op", ["Add", "Max"])
-def test_collectives_across_replicas_agree(monkeypatch, op):
-    """ReplicatedReduceScatter and ReplicatedAllReduce over 2 replicas: each replica's piece and
-    sum as the device emulation's gcl collectives give them."""
+@pytest.mark.parametrize("op,dtype,replicas", [("Add", "FLOAT", 2), ("Max", "FLOAT", 2), ("Add", "FLOAT16", 4),
+                                                ("Mean", "FLOAT16", 4), ("SquareAdd", "FLOAT", 2)])
+def test_collectives_across_replicas_agree(monkeypatch, op, dtype, replicas):
+    """ReplicatedReduceScatter and ReplicatedAllReduce over the replicas: each replica's piece and
+    reduction exactly as the device emulation's gcl collectives give them (ring order, in the
+    tensor's own type: fp16 sums round as the device's do)."""
     got = {}
-    xv = np.array([[[1, 2, 3, 4, 5], [10, 20, -30, 40, 50]], [[0, 1, 0, 1, 0], [5, 5, 5, 5, -5]]], np.float32)
+    rng = np.random.default_rng(5)
+    npt = np.float32 if dtype == "FLOAT" else np.float16
+    xv = (rng.standard_normal((2, replicas, 5)) * 3).astype(npt)
     for mode in ("device", "ir"):
         monkeypatch.setenv("OPENIPU_EXECUTION", mode)
         b = popart.Builder()
-        x = b.addInputTensor(popart.TensorInfo("FLOAT", [5]), "x")
+        x = b.addInputTensor(popart.TensorInfo(dtype, [5]), "x")
         y = b.aiGraphcore.replicatedreducescatter([x], getattr(popart.CollectiveOperator, op))
         z = b.aiGraphcore.replicatedallreduce([b.aiOnnx.mul([x, x])], getattr(popart.CollectiveOperator, op))
         opts = popart.SessionOptions()
-        opts.enableReplicatedGraphs, opts.replicatedGraphCount = True, 2
+        opts.enableReplicatedGraphs, opts.replicatedGraphCount = True, replicas
         s = popart.InferenceSession(fnModel=b.getModelProto(), userOptions=opts,
                                     dataFlow=popart.DataFlow(2, {y: popart.AnchorReturnType("ALL"),
                                                                  z: popart.AnchorReturnType("ALL")}),
-                                    deviceInfo=popart.DeviceManager().createIpuModelDevice({"numIPUs": 2,
-                                                                                            "tilesPerIPU": 8}))
+                                    deviceInfo=popart.DeviceManager().createIpuModelDevice(
+                                        {"numIPUs": replicas, "tilesPerIPU": 8}))
         s.prepareDevice()
         a = s.initAnchorArrays()
         s.run(popart.PyStepIO({x: xv}, a))

@@ -42,8 +42,9 @@ from openipu import poplar
 from openipu.poplar import pvti
 from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.graphcore_ops import find_kernel
+from openipu.popart.lowering.graphcore import _COLLECTIVE as _COLLECTIVE_OP
 from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel
-from openipu.poplibs import gcl_instances
+from openipu.poplibs import gcl, gcl_instances
 
 #: Ops that act on the host or the program (print, abort) in their lowering, and gradient ops whose
 #: host kernel takes another form of inputs than their precise lowering: the device emulation runs
@@ -85,7 +86,7 @@ def unsupported(session) -> str | None:
         return "automatic loss scaling and replicated tensor sharding"
     for op in ir.ops:
         if op.op_type in _COLLECTIVES and op.op_type not in ("ReplicatedAllGather", "ReplicaSlice") and \
-                str(op.attrs.get("op", "Add")) not in _REDUCE:
+                not _reducible(str(op.attrs.get("op", "Add"))):
             return f"the collective {op.op_type} with operation {op.attrs.get('op')}"
         if op.op_type in _DEVICE_ONLY:
             return _DEVICE_ONLY[op.op_type]
@@ -120,10 +121,16 @@ def host_bytes(session, batches_per_step: int = 1) -> int:
     return int(fixed * (1 + max(1, int(session.replicationFactor))) + peak + 2 * io * batches_per_step)
 
 
-#: Cross-replica reductions of the collectives (``attrs["op"]``) over the replicas' tensors.
-_REDUCE = {"Add": lambda xs: _fold(torch.add, xs), "Mean": lambda xs: _fold(torch.add, xs) / len(xs),
-           "Mul": lambda xs: _fold(torch.mul, xs), "Max": lambda xs: _fold(torch.maximum, xs),
-           "Min": lambda xs: _fold(torch.minimum, xs)}
+def _reduce(op: str, xs: list) -> torch.Tensor:
+    """The cross-replica reduction ``op`` (PopART's ``CollectiveOperator`` name) of the replicas'
+    tensors, as ``gcl`` reduces them on the device: in ring order, in the tensors' own type."""
+    return gcl._reduce(torch.stack(xs), _COLLECTIVE_OP[op], 0)
+
+
+def _reducible(op: str) -> bool:
+    return op in _COLLECTIVE_OP and _COLLECTIVE_OP[op] != "LOCAL"
+
+
 _COLLECTIVES = {"ReplicatedAllReduce", "ReplicatedAllReduceInplace", "ReplicatedReduceScatter",
                 "ReplicatedAllGather", "ReplicaSlice"}
 
@@ -142,13 +149,6 @@ def _with_releases(steps: list, keep: set) -> list:
     for x, i in last.items():
         dead[i].append(x)
     return [(*st, tuple(d)) for st, d in zip(steps, dead)]
-
-
-def _fold(fn, xs):
-    acc = xs[0].float()
-    for x in xs[1:]:
-        acc = fn(acc, x.float())
-    return acc
 
 
 class IrExecutor:
@@ -331,14 +331,14 @@ class IrExecutor:
             n = xs[0].numel()
             k = -(-n // rf)
             for r, (env, x) in enumerate(zip(envs, xs)):
-                src = _REDUCE[str(attrs.get("op", "Add"))](xs) if op_type == "ReplicatedReduceScatter" else x
+                src = _reduce(str(attrs.get("op", "Add")), xs) if op_type == "ReplicatedReduceScatter" else x
                 flat = torch.cat([src.reshape(-1), src.new_zeros(rf * k - n)])
                 env[out] = flat[r * k:(r + 1) * k].to(self.dtype[out]).clone()
             return
         every = xs
         if self.distributed:        # every instance's replicas, in global order (the hook of gcl's kernels)
             every = list(gcl_instances.gather_replicas(torch.stack(xs), f"{op_type} {out}").unbind(0))
-        total = _REDUCE[str(attrs.get("op", "Add"))](every)
+        total = _reduce(str(attrs.get("op", "Add")), every)
         for env, x in zip(envs, xs):
             if op_type == "ReplicatedAllReduceInplace":
                 env[out] = x.copy_(total)
