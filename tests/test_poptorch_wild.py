@@ -208,3 +208,34 @@ def test_sharded_stage_with_reshape_trains_like_cpu():
         opt.step()
     for p, q in zip(m.parameters(), ref.parameters()):
         torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_non_contiguous_inputs_are_copied_in():
+    """A transposed or strided input runs as its values (PopTorch copies inputs into its host
+    buffers), in inference and training."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 3)
+    x = torch.randn(6, 4).t()                       # [4, 6], not contiguous
+    assert not x.is_contiguous()
+    got = poptorch.inferenceModel(lin)(x)
+    torch.testing.assert_close(got, lin(x), rtol=1e-5, atol=1e-5)
+    got = poptorch.inferenceModel(lin)(torch.randn(8, 6)[::2])
+    assert got.shape == (4, 3)
+
+    class Loss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(6, 3)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return y, poptorch.identity_loss((y * y).sum(), reduction="none")
+
+    model = Loss()
+    ref = Loss()
+    ref.load_state_dict(model.state_dict())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    poptorch.trainingModel(model, optimizer=opt)(x)
+    (ref(x)[1]).backward()
+    torch.optim.SGD(ref.parameters(), lr=0.1).step()
+    torch.testing.assert_close(model.lin.weight, ref.lin.weight, rtol=1e-5, atol=1e-5)

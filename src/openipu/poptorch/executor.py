@@ -77,7 +77,9 @@ def registerPostCompileHook(hook) -> "torch.utils.hooks.RemovableHandle":  # noq
 
 
 def _to_numpy(t: torch.Tensor, dtype: str) -> np.ndarray:
-    return t.detach().cpu().numpy().astype(NUMPY_TYPE[dtype], copy=False)
+    """``t`` as a C-contiguous array of the IPU-side ``dtype`` (a transposed or sliced input is
+    copied, as PopTorch copies inputs into its host buffers; no copy when already laid out)."""
+    return np.ascontiguousarray(t.detach().cpu().numpy().astype(NUMPY_TYPE[dtype], copy=False))
 
 
 class PoplarExecutor:
