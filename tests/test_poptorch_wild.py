@@ -239,3 +239,36 @@ def test_non_contiguous_inputs_are_copied_in():
     (ref(x)[1]).backward()
     torch.optim.SGD(ref.parameters(), lr=0.1).step()
     torch.testing.assert_close(model.lin.weight, ref.lin.weight, rtol=1e-5, atol=1e-5)
+
+
+def test_ctc_beam_search_decoder_finds_the_most_probable_labelling():
+    """``poptorch.ctc_beam_search_decoder`` on the IPU: with beams enough for every prefix, the top
+    paths are the labellings of highest probability summed over their alignments (brute force
+    over all C**T alignments), with their log-probabilities and lengths (PopTorch's three
+    outputs: [B, P] probs' type, [B, P] and [B, P, T] int32)."""
+    import itertools
+    import math
+
+    torch.manual_seed(3)
+    T, B, C, P = 4, 2, 3, 2
+    lp = torch.randn(T, B, C).mul(2).log_softmax(2)
+    lens = torch.tensor([4, 3])
+
+    class Decode(torch.nn.Module):
+        def forward(self, lp, lens):
+            return poptorch.ctc_beam_search_decoder(lp, lens, blank=0, beam_width=16, top_paths=P)
+
+    probs, lengths, paths = poptorch.inferenceModel(Decode())(lp, lens)
+    assert probs.shape == (B, P) and lengths.dtype == torch.int32 and paths.shape == (B, P, T)
+    for b in range(B):
+        t_b = int(lens[b])
+        score: dict = {}
+        for align in itertools.product(range(C), repeat=t_b):
+            label = tuple(k for i, k in enumerate(align) if k != 0 and (i == 0 or align[i - 1] != k))
+            s = sum(float(lp[t, b, k]) for t, k in enumerate(align))
+            score[label] = float(torch.logaddexp(torch.tensor(score[label]), torch.tensor(s))) if label in score else s
+        best = sorted(score.items(), key=lambda kv: -kv[1])[:P]
+        for p, (label, s) in enumerate(best):
+            assert int(lengths[b, p]) == len(label)
+            assert tuple(int(v) for v in paths[b, p, :len(label)]) == label
+            assert math.isclose(float(probs[b, p]), s, abs_tol=1e-4)

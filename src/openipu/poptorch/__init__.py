@@ -20,7 +20,7 @@ from openipu.poptorch.dataloader import AsynchronousDataAccessor, DataLoader  # 
 from openipu.poptorch.enums import *  # noqa: F401,F403
 from openipu.poptorch.errors import Error, RecoverableError, UnrecoverableError, createPoptorchError  # noqa: F401
 from openipu.poptorch.executor import PoplarExecutor, registerPostCompileHook, registerPreCompileHook  # noqa: F401
-from openipu.poptorch.ops import (CPU, Attribute, MultiConv, NameScope, cond, custom_op,  # noqa: F401
+from openipu.poptorch.ops import (CPU, Attribute, MultiConv, NameScope, cond, ctc_beam_search_decoder, custom_op,  # noqa: F401,E501
                                   dynamic_slice, dynamic_update, for_loop, identity_loss, ipu_print_tensor,
                                   isRunningOnIpu, nop, recomputationCheckpoint, register_custom_op,
                                   serializedMatMul, set_available_memory, set_overlap_for_input,

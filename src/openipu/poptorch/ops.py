@@ -195,6 +195,44 @@ def dynamic_update(input: torch.Tensor, src: torch.Tensor, dim: int, start, size
     return torch.ops.poptorch.dynamic_update(input, src, dim, _start_tensor(start), int(size))
 
 
+torch.library.define("poptorch::ctc_beam_search_decoder",
+                     "(Tensor probs, Tensor lengths, int blank, int beam_width, int top_paths) -> (Tensor, Tensor, Tensor)")
+
+
+@torch.library.impl("poptorch::ctc_beam_search_decoder", "CompositeExplicitAutograd")
+def _ctc_beam_search_decoder_impl(probs, lengths, blank, beam_width, top_paths):
+    from openipu.popart.graphcore_ops.ctc import ctc_prefix_beam_search
+    p, n, labels = ctc_prefix_beam_search(probs, lengths.to(torch.int64), int(blank), int(beam_width), int(top_paths))
+    return p.to(probs.dtype), n.to(torch.int32), labels.to(torch.int32)
+
+
+@torch.library.register_fake("poptorch::ctc_beam_search_decoder")
+def _ctc_beam_search_decoder_fake(probs, lengths, blank, beam_width, top_paths):
+    t, b = probs.shape[0], probs.shape[1]
+    return (probs.new_empty((b, top_paths)), probs.new_empty((b, top_paths), dtype=torch.int32),
+            probs.new_empty((b, top_paths, t), dtype=torch.int32))
+
+
+def ctc_beam_search_decoder(probs: torch.Tensor, lengths: torch.Tensor, blank: int = 0, beam_width: int = 100,
+                            top_paths: int = 1) -> list:
+    """PopTorch's ``ctc_beam_search_decoder``: the ``top_paths`` most likely label sequences of a
+    CTC prefix beam search of ``beam_width`` beams over log-probabilities ``probs``
+    ``[input_length, batch_size, num_classes]`` (float), each batch entry's first ``lengths[b]``
+    steps (``lengths`` ``[batch_size]``, integer). Returns ``[path log-probabilities [batch_size,
+    top_paths] (probs' type), path lengths [batch_size, top_paths] (int32), decoded paths
+    [batch_size, top_paths, input_length] (int32, zero past each path's length)]``, most probable
+    first. Lowered to PopART's ``CtcBeamSearchDecoder``; not differentiable.
+
+    Raises ``poptorch.Error`` when ``probs`` or ``lengths`` is not a tensor (PopTorch's text)."""
+    if not isinstance(probs, torch.Tensor):
+        raise Error(f"ctc_beam_search_decoder: probs must be a torch.tensor argument. {type(probs)} is not supported.")
+    if not isinstance(lengths, torch.Tensor):
+        raise Error(f"ctc_beam_search_decoder: lengths must be a torch.tensor argument. {type(lengths)} is not "
+                    "supported.")
+    return list(torch.ops.poptorch.ctc_beam_search_decoder(probs, lengths, int(blank), int(beam_width),
+                                                           int(top_paths)))
+
+
 torch.library.define("poptorch::serialized_matmul", "(Tensor a, Tensor b, str mode, int factor, bool keep) -> Tensor")
 
 

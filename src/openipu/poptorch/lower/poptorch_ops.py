@@ -9,6 +9,7 @@
   RecomputeType.Checkpoint)`` (PopART's ``builder.checkpointOutput``);
 - ``dynamic_slice`` / ``dynamic_update`` -> ``aiGraphcore.dynamicslice`` / ``dynamicupdate``;
 - ``serialized_matmul`` -> MatMul + ``builder.setSerializeMatMul``;
+- ``ctc_beam_search_decoder`` -> ``aiGraphcore.ctcbeamsearchdecoder`` (UINT32 results as INT32);
 - ``custom_operation`` -> ``builder.customOp`` (its Python kernel from
   :func:`openipu.poptorch.ops.register_custom_op`); ``poptorch.CPU`` callbacks are such ops;
 - ``torch.cond`` (``poptorch.cond``) -> ONNX ``If`` and ``while_loop`` (``poptorch.for_loop``) ->
@@ -109,6 +110,14 @@ def serialized_matmul(lw, n):
     if mode != "none":
         lw.b.setSerializeMatMul({out}, mode, int(factor), bool(keep))
     return out
+
+
+@aten("poptorch.ctc_beam_search_decoder.default")
+def ctc_beam_search_decoder(lw, n):
+    probs, lengths, blank, width, paths = n.args[:5]
+    outs = lw.gc.ctcbeamsearchdecoder([lw.t(probs), lw.cast(lw.t(lengths), "UINT32")], blank=int(blank),
+                                      beam_width=int(width), top_paths=int(paths), debug_context=lw._name())
+    return [outs[0], lw.cast(outs[1], "INT32"), lw.cast(outs[2], "INT32")]
 
 
 @aten("poptorch.custom_operation.default")
