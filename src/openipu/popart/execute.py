@@ -22,8 +22,9 @@ automatic loss scaling, replicated tensor sharding, synthetic data, GroupNormali
 Buffers come from ``PyStepIO`` or ``PyStepIOCallback``. Numerics: each op
 computes in its IR dtype, as its host kernel does (float16 stays float16), except matmuls and
 convolutions, which compute half inputs in float32 and round once (``_FLOAT_PARTIALS``); a precise
-PopLibs lowering may round differently, within the plan's precision. The variables (weights, optimizer state, scalars and the random seed) live in the
-executor between runs: the session's ``weightsFromHost``, ``optimizerFromHost``,
+PopLibs lowering may round differently, within the plan's precision. Each intermediate tensor is
+dropped after its last reader. The variables (weights, optimizer state, scalars and the random
+seed) live in the executor between runs: the session's ``weightsFromHost``, ``optimizerFromHost``,
 ``setRandomSeed`` and ``weightsToHost`` move them.
 
 The default for every PopART session (and so for PopTorch and PopRT, which run PopART sessions);
@@ -105,17 +106,13 @@ def host_bytes(session, batches_per_step: int = 1) -> int:
     ir = session._ir
     size = {t: v.info.nbytes() for t, v in ir.tensors.items()}
     held = {t for t, v in ir.tensors.items() if v.kind in ("Const", "Variable")}
-    last: dict = {}
-    for i, op in enumerate(ir.ops):
-        for x in list(op.inputs) + list(op.outputs):
-            if x in size and x not in held:
-                last[x] = i
+    last = _last_uses([(op.inputs, op.outputs) for op in ir.ops], held)
     live = peak = 0
     for i, op in enumerate(ir.ops):
-        live += sum(size[x] for x in op.outputs if x in size and x not in held)
+        live += sum(size.get(x, 0) for x in op.outputs if x not in held)
         peak = max(peak, live)
-        live -= sum(size[x] for x in set(op.inputs) | set(op.outputs)
-                    if last.get(x) == i and ir.tensors[x].producer is not None)
+        live -= sum(size.get(x, 0) for x in set(op.inputs) | set(op.outputs)
+                    if last.get(x) == i and x in ir.tensors and ir.tensors[x].producer is not None)
     io = sum(size[t] for t in set(ir.stream_inputs) | set(session.dataFlow.anchors()) if t in size)
     fixed = sum(size[t] for t in held)
     return int(fixed * (1 + max(1, int(session.replicationFactor))) + peak + 2 * io * batches_per_step)
@@ -135,18 +132,24 @@ _COLLECTIVES = {"ReplicatedAllReduce", "ReplicatedAllReduceInplace", "Replicated
                 "ReplicatedAllGather", "ReplicaSlice"}
 
 
+def _last_uses(io: list, keep: set) -> dict:
+    """Tensor id -> index of the last of ``io`` (``(inputs, outputs)`` per op, in order) that reads
+    or writes it, for the ids outside ``keep``."""
+    last: dict = {}
+    for i, (ins, outs) in enumerate(io):
+        for x in list(ins) + list(outs):
+            if x and x not in keep:
+                last[x] = i
+    return last
+
+
 def _with_releases(steps: list, keep: set) -> list:
     """``steps`` with a 7th field each: the ids of the tensors whose last reader (or, unread, whose
     producer) is that step, outside ``keep``. The executor drops them from the replica's
     environment after the step, so a step holds its live tensors only (the IR's liveness), not
-    every activation of the batch: BERT-base 40x384 inference holds about 1 GiB, not 18 GiB."""
-    last: dict = {}
-    for i, st in enumerate(steps):
-        for x in list(st[3]) + list(st[4]):
-            if x and x not in keep:
-                last[x] = i
+    every activation of the batch."""
     dead: list = [[] for _ in steps]
-    for x, i in last.items():
+    for x, i in _last_uses([(st[3], st[4]) for st in steps], keep).items():
         dead[i].append(x)
     return [(*st, tuple(d)) for st, d in zip(steps, dead)]
 
@@ -193,7 +196,8 @@ class IrExecutor:
                         ir.tensors[x].info.data_type() == "FLOAT16" for x in op.inputs if x) else None)
             (outer if self.accumulation > 1 and op.execution_context == OUTER_FRAGMENT else main).append(step)
         keep = set(self.consts) | {t for t, v in ir.tensors.items() if v.kind == "Variable"}
-        keep |= {getattr(ir, "anchor_alias", {}).get(t, t) for t in ir.data_flow.anchors()} | set(ir.data_flow.anchors())
+        anchors = set(ir.data_flow.anchors())
+        keep |= anchors | {getattr(ir, "anchor_alias", {}).get(t, t) for t in anchors}
         keep |= {x for st in outer for x in st[3] if x}     # read after the micro-batch loop
         self.steps, self.outer_steps = _with_releases(main, keep), _with_releases(outer, keep)
         # 64-bit integers live as 32-bit on the device (enableSupportedDataTypeCasting): an op's
