@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from openipu.popart.onnx_ops import OnnxKernelError, onnx_op
@@ -232,7 +233,13 @@ def scatter_elements(inputs, attrs, opset):
 @onnx_op("Expand")
 def expand(inputs, attrs, opset):
     x = inputs[0]
-    shape = torch.broadcast_shapes(tuple(x.shape), tuple(ints(inputs[1])))
+    # numpy's broadcast rule is ONNX's; torch.broadcast_shapes would import sympy (~2 s) on
+    # its first call, which the compile of any model with an Expand paid
+    try:
+        shape = np.broadcast_shapes(tuple(x.shape), tuple(ints(inputs[1])))
+    except ValueError as e:
+        raise OnnxKernelError(f"Expand: shape {list(ints(inputs[1]))} cannot be broadcast with the input's "
+                           f"{list(x.shape)}") from e
     return [x.expand(shape).clone()]
 
 
