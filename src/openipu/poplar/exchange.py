@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from openipu.poplar import regions as R
+from openipu.poplar import structure_cache as SC
 
 _I64 = np.int64
 
@@ -153,11 +154,25 @@ def _run_overlaps(view, var_ids, lo, hi, runs=None):
 def tile_boxes(t) -> Boxes:
     """The partition of ``t``'s index space into boxes, each held by one tile (the tile mapping
     of the view, by structure). Unmapped elements get tile -1. At most ``2 m - 1`` boxes per
-    overlap of a piece with a run of its variable's tile map (``m``: the piece's non-unit dims)."""
+    overlap of a piece with a run of its variable's tile map (``m``: the piece's non-unit dims).
+    Memoised on the view's structure and its variables' mappings (:mod:`structure_cache`)."""
+    d = t.rank()
+    if len(t.pieces) == 0:
+        return Boxes(np.zeros((0, d), _I64), np.zeros((0, d), _I64), np.zeros(0, _I64))
+    if not SC.enabled():
+        return _tile_boxes(t)
+    key = SC.view_key(b"tile_boxes", t, True)[0]
+    hit = SC.MEMO.get(key)
+    if hit is None:
+        b = _tile_boxes(t)
+        hit = (b.lo, b.sz, b.tile)
+        SC.MEMO.put(key, hit)
+    return Boxes(hit[0].copy(), hit[1].copy(), hit[2].copy())
+
+
+def _tile_boxes(t) -> Boxes:
     p = t.pieces
     d = t.rank()
-    if len(p) == 0:
-        return Boxes(np.zeros((0, d), _I64), np.zeros((0, d), _I64), np.zeros(0, _I64))
     base, T, n, dim, flip = R.sorted_lattices(p.addr, p.sz, p.st)
     lo_a, hi_a = p.address_bounds()
     pi, ri, gst, gend, gtl = _run_overlaps(t, p.var, lo_a, hi_a)
@@ -343,7 +358,22 @@ def lattices(view, boxes: Boxes, chunk: int = 1 << 20):
     """Intersect ``boxes`` with ``view``'s pieces. Returns ``(box index, var id, base, T, n,
     elements)`` with ``T``/``n`` the merged canonical lattice (:func:`regions.canonical`) of each
     non-empty intersection and its number of view elements (more than its lattice points where
-    the view broadcasts). Many pieces are searched through a :class:`_SlabIndex`."""
+    the view broadcasts). Many pieces are searched through a :class:`_SlabIndex`. Memoised on
+    the view's structure relative to its variables and the boxes (:mod:`structure_cache`)."""
+    if not SC.enabled() or len(view.pieces) == 0:
+        return _lattices(view, boxes, chunk)
+    key, uv, starts = SC.view_key(b"lattices", view, False, (np.array([chunk]), boxes.lo, boxes.sz))
+    hit = SC.MEMO.get(key)
+    if hit is None:
+        bi, var, base, T, n, elems = _lattices(view, boxes, chunk)
+        local = np.searchsorted(uv, var)
+        hit = (bi, local, base - starts[local], T, n, elems)
+        SC.MEMO.put(key, hit)
+    bi, local, rel, T, n, elems = hit
+    return bi.copy(), uv[local], rel + starts[local], T.copy(), n.copy(), elems.copy()
+
+
+def _lattices(view, boxes: Boxes, chunk: int = 1 << 20):
     p = view.pieces
     k, m = len(boxes), len(p)
     d = view.rank()
@@ -468,9 +498,38 @@ def _split_sparse(bi, var, base, T, n, elems, starts):
     return tuple(np.concatenate([q[i] for q in parts]) for i in range(6))
 
 
+#: Fields of :func:`transfer_pairs`' result that are addresses (translated on a memo hit).
+_ADDRESS_FIELDS = (3, 6, 7, 10, 11)
+
+
 def transfer_pairs(tr: RegionTransfer):
     """The moves of one transfer: per (lattice, tile-map run) overlap with elements that change
-    tile, ``(src, dst, var, base, T, n, S, E, count, msgs)``; ``S, E`` bound the overlap."""
+    tile, ``(src, dst, var, base, T, n, S, E, count, msgs, first, last, mult)``; ``S, E`` bound
+    the overlap, ``first`` / ``last`` its first and last address. None when nothing meets,
+    ``"elements"`` when the view is not monotone. Memoised on the view's structure, its
+    variables' mappings and the boxes (:mod:`structure_cache`)."""
+    view = tr.view
+    if not SC.enabled() or len(view.pieces) == 0:
+        return _transfer_pairs(tr)
+    key, uv, starts = SC.view_key(b"transfer_pairs" + (b"w" if tr.to_owner else b"r"), view, True,
+                                  (tr.boxes.lo, tr.boxes.sz, tr.boxes.tile))
+    hit = SC.MEMO.get(key)
+    if hit is None:
+        res = _transfer_pairs(tr)
+        if res is None or isinstance(res, str):
+            hit = (res,)
+        else:
+            local = np.searchsorted(uv, res[2])
+            off = starts[local]
+            hit = tuple(local if i == 2 else a - off if i in _ADDRESS_FIELDS else a for i, a in enumerate(res))
+        SC.MEMO.put(key, hit)
+    if len(hit) == 1:
+        return hit[0]
+    off = starts[hit[2]]
+    return tuple(uv[a] if i == 2 else a + off if i in _ADDRESS_FIELDS else a.copy() for i, a in enumerate(hit))
+
+
+def _transfer_pairs(tr: RegionTransfer):
     view = tr.view
     bi, var, base, T, n, elems = lattices(view, tr.boxes)
     if bi.size == 0:

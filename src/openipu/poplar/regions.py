@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from openipu.poplar import structure_cache as SC
+
 _I64 = np.int64
 
 
@@ -569,7 +571,23 @@ def address_runs(addr: np.ndarray, sz: np.ndarray, st: np.ndarray):
 
     Returns ``(owner, start, length)``: for every run, the index of its box, its first address and
     its length. A box whose inner dim is contiguous gives one run per row of its other dims; a box
-    with no contiguous dim gives one run per element (Poplar's regions split the same way)."""
+    with no contiguous dim gives one run per element (Poplar's regions split the same way).
+    Memoised (:mod:`structure_cache`) for many boxes: the runs move with ``addr``."""
+    addr = np.asarray(addr, _I64)
+    if addr.size < 64 or not SC.enabled():
+        return _address_runs(addr, sz, st)
+    shift = int(addr[0])
+    key = b"".join([b"address_runs", np.int64(sz.shape[1]).tobytes()]
+                   + SC.array_bytes(addr - shift, sz, np.broadcast_to(st, sz.shape)))
+    hit = SC.MEMO.get(key)
+    if hit is None:
+        owner, start, length = _address_runs(addr, sz, st)
+        hit = (owner, start - shift, length)
+        SC.MEMO.put(key, hit)
+    return hit[0].copy(), hit[1] + shift, hit[2].copy()
+
+
+def _address_runs(addr: np.ndarray, sz: np.ndarray, st: np.ndarray):
     base, T, n = canonical(addr, sz, st)
     k, d = n.shape
     if k == 0:
