@@ -1,0 +1,101 @@
+"""The structural memo of exchange geometry (poplar/structure_cache.py) returns what the
+computation returns: translated onto the caller's variables on a hit, recomputed when a tile
+mapping changes, and a compiled model predicts the same cycles and memory with it on or off."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from openipu import poplar, runner
+from openipu.poplar import exchange as X
+from openipu.poplar import structure_cache as SC
+
+
+def _graph():
+    m = poplar.IPUModel("ipu2")
+    m.tilesPerIPU = 8
+    return poplar.Graph(m.createDevice().getTarget())
+
+
+def _uncached(monkeypatch, fn, *args):
+    with monkeypatch.context() as m:
+        m.setenv("OPENIPU_STRUCTURE_CACHE", "0")
+        return fn(*args)
+
+
+def _equal(a, b):
+    if isinstance(a, X.Boxes):
+        a, b = (a.lo, a.sz, a.tile), (b.lo, b.sz, b.tile)
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+
+
+def _pair(g, mapping_b):
+    """Two [6, 10] variables with the same mapping pattern; a filler variable between them so
+    that their addresses differ by more than their size."""
+    a = g.addVariable(poplar.FLOAT, [6, 10], "a")
+    g.addVariable(poplar.FLOAT, [7], "filler")
+    b = g.addVariable(poplar.FLOAT, [6, 10], "b")
+    tiles = np.repeat(np.arange(6) % 4, 10)
+    g.setTileMapping(a, tiles)
+    g.setTileMapping(b, mapping_b(tiles))
+    return a, b
+
+
+def test_a_hit_is_translated_onto_the_callers_variables(monkeypatch):
+    monkeypatch.setenv("OPENIPU_STRUCTURE_CACHE", "1")
+    SC.MEMO.clear()
+    g = _graph()
+    a, b = _pair(g, lambda t: t)
+    boxes = X.Boxes(np.array([[0, 0], [2, 3]]), np.array([[3, 10], [4, 5]]), np.array([5, 6]))
+    views = [t.transpose().slice(1, 9, 0) for t in (a, b)]
+    for v in views:
+        _equal(X.tile_boxes(v), _uncached(monkeypatch, X.tile_boxes, v))
+        _equal(X.lattices(v, boxes), _uncached(monkeypatch, X.lattices, v, boxes))
+        tr = X.RegionTransfer(v, X.Boxes(boxes.lo[:, ::-1].copy(), boxes.sz[:, ::-1].copy(), boxes.tile))
+        _equal(X.transfer_pairs(tr), _uncached(monkeypatch, X.transfer_pairs, tr))
+    assert SC.MEMO.hits >= 3                       # b's geometry came from a's
+    assert X.lattices(views[1], boxes)[1].tolist() != X.lattices(views[0], boxes)[1].tolist()
+
+
+def test_a_different_mapping_is_recomputed(monkeypatch):
+    monkeypatch.setenv("OPENIPU_STRUCTURE_CACHE", "1")
+    SC.MEMO.clear()
+    g = _graph()
+    a, b = _pair(g, lambda t: (t + 1) % 8)
+    ta, tb = X.tile_boxes(a), X.tile_boxes(b)
+    _equal(tb, _uncached(monkeypatch, X.tile_boxes, b))
+    assert not np.array_equal(ta.tile, tb.tile)
+    g.setTileMapping(a, 7)                         # a mapping changed after its geometry was memoised
+    np.testing.assert_array_equal(X.tile_boxes(a).tile, [7])
+
+
+def _mlp(path, layers=3, width=64):
+    nodes, inits, x = [], [], "x"
+    rng = np.random.default_rng(0)
+    for i in range(layers):
+        w = helper.make_tensor(f"w{i}", TensorProto.FLOAT, [width, width],
+                               rng.standard_normal(width * width).astype(np.float32))
+        inits.append(w)
+        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]), helper.make_node("Relu", [f"m{i}"], [f"r{i}"])]
+        x = f"r{i}"
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16, width])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [4, 16, width])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_identical_layers_predict_the_same_with_the_memo_off(tmp_path, monkeypatch, precision):
+    path = str(tmp_path / "mlp.onnx")
+    _mlp(path)
+    got = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("OPENIPU_STRUCTURE_CACHE", mode)
+        SC.MEMO.clear()
+        r = runner.run_model(path, offline=True, precision=precision)
+        got[mode] = (r.step_cycles, r.tile_bytes_max, r.tile_bytes_mean)
+        if mode == "1":
+            assert SC.MEMO.hits > 0
+    assert got["0"] == got["1"]
