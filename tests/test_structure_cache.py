@@ -99,3 +99,30 @@ def test_identical_layers_predict_the_same_with_the_memo_off(tmp_path, monkeypat
         if mode == "1":
             assert SC.MEMO.hits > 0
     assert got["0"] == got["1"]
+
+
+def test_blocked_constant_values_land_block_by_block():
+    """poplin's blocked layout stores a constant's blocks one after the other, each row-major:
+    the vectorised placement equals copying block by block, whatever the block order."""
+    import math
+
+    from openipu.poplar import regions as R
+    from openipu.poplibs.poplin import core
+
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        shape = rng.integers(1, 9, rng.integers(1, 5))
+        edges = [np.r_[0:n:rng.integers(1, n + 1), n] for n in shape]
+        lo, sz = R.grid_cells(edges)
+        if rng.random() < 0.5:
+            order = rng.permutation(lo.shape[0])
+            lo, sz = lo[order], sz[order]
+        value = rng.standard_normal(shape)
+        ref, a = np.empty(value.size), 0
+        for c_lo, c_sz in zip(lo.tolist(), sz.tolist()):
+            n = math.prod(c_sz)
+            ref[a:a + n] = value[tuple(slice(x, x + y) for x, y in zip(c_lo, c_sz))].reshape(-1)
+            a += n
+        got = np.empty(value.size)
+        got[core._block_order(edges, lo, sz)] = value.reshape(-1)
+        np.testing.assert_array_equal(got, ref)

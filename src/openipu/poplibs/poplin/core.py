@@ -311,12 +311,42 @@ def blocked_tensor(graph, type_, edges, name: str, value=None, serial=None):
     if value is not None:
         value = np.asarray(value).reshape(shape)
         mem = np.empty(math.prod(shape), value.dtype)
-        a = 0
-        for c_lo, c_sz in zip(lo.tolist(), sz.tolist()):
-            n = math.prod(c_sz)
-            mem[a:a + n] = value[tuple(slice(x, x + y) for x, y in zip(c_lo, c_sz))].reshape(-1)
-            a += n
+        mem[_block_order(edges, lo, sz)] = value.reshape(-1)
     return graph.add_blocks(type_, shape, lo, sz, name, mem)
+
+
+def _block_order(edges, lo: np.ndarray, sz: np.ndarray) -> np.ndarray:
+    """Where each element (row-major over the tensor) goes when the blocks ``lo``, ``sz``
+    ``[k, d]`` (the non-empty cells of the grid ``edges``, in storage order) are stored one after
+    the other, each row-major inside: int64 ``[numel]``. Host work: a few passes over the
+    elements, none per block."""
+    edges = [np.asarray(e, np.int64) for e in edges]
+    d = len(edges)
+    counts = [e.size - 1 for e in edges]
+    cell = np.ravel_multi_index([np.searchsorted(edges[j], lo[:, j], side="right") - 1 for j in range(d)], counts)
+    nel = np.prod(sz, axis=1, dtype=np.int64)
+    start = np.zeros(math.prod(counts), np.int64)
+    start[cell] = np.cumsum(nel) - nel
+    inner = np.ones((math.prod(counts), d), np.int64)      # row-major strides inside each block
+    for j in range(d - 2, -1, -1):
+        inner[cell, j] = inner[cell, j + 1] * sz[:, j + 1]
+    dest = None
+    cell_of = None
+    for j, e in enumerate(edges):
+        i = np.arange(int(e[-1]), dtype=np.int64)
+        c = np.searchsorted(e, i, side="right") - 1
+        bshape = [1] * d
+        bshape[j] = i.size
+        c = c.reshape(bshape)
+        cell_of = c if cell_of is None else cell_of * counts[j] + c
+    for j, e in enumerate(edges):
+        i = np.arange(int(e[-1]), dtype=np.int64)
+        off = i - e[np.searchsorted(e, i, side="right") - 1]
+        bshape = [1] * d
+        bshape[j] = i.size
+        term = off.reshape(bshape) * inner[cell_of, j]
+        dest = term if dest is None else dest + term
+    return (start[cell_of] + dest).reshape(-1)
 
 
 def create_weights(graph, type_, params: ConvParams, plan, name: str, value=None, lay: Layout | None = None):
