@@ -23,6 +23,7 @@ import numpy as np
 
 from openipu.poplar import calibration as cal
 from openipu.poplar import regions as R
+from openipu.poplar import structure_cache as SC
 from openipu.poplar.exchange import RegionTransfer, _run_overlaps, _union, add_volume, code_units, variable_runs
 
 CATEGORIES = ("compute", "exchange", "global_exchange", "host_exchange", "sync")
@@ -365,6 +366,26 @@ def _add_read_segments(T, tpi, size, count_send, seg, recv_b, send_b, recv_m, se
 
 def exchange_volume(spec, transfers: list) -> ExchangeVolume:
     """Bytes and messages each tile receives and sends for ``transfers`` (local elements are free).
+    Memoised (:mod:`structure_cache`) when every transfer is a :class:`RegionTransfer`: the
+    volume depends on their views' structure, their variables' tile mappings, the boxes and the
+    target only, so identical layers cost their exchange once (see :func:`_exchange_volume`)."""
+    if not transfers or not SC.enabled() or not all(isinstance(tr, RegionTransfer) for tr in transfers):
+        return _exchange_volume(spec, transfers)
+    parts = [repr(spec).encode()]
+    for tr in transfers:
+        parts.append(b"%d%d%d" % (tr.to_owner, tr.count_send, tr.view._type.size))
+        parts.append(SC.view_key(b"xv", tr.view, True, (tr.boxes.lo, tr.boxes.sz, tr.boxes.tile))[0])
+    key = b"|".join(parts)
+    hit = SC.MEMO.get(key)
+    if hit is None:
+        v = _exchange_volume(spec, transfers)
+        hit = (v.recv_bytes, v.send_bytes, v.recv_msgs, v.send_msgs, v.global_bytes, v.recv_code, v.send_code)
+        SC.MEMO.put(key, hit)
+    return ExchangeVolume(*(None if a is None else a.copy() for a in hit))
+
+
+def _exchange_volume(spec, transfers: list) -> ExchangeVolume:
+    """:func:`exchange_volume`, computed.
 
     A value needed by several tiles is sent once (the exchange multicasts) and received by each.
     Consecutive addresses from the same source form one message (region): a tile receives one
