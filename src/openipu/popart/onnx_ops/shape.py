@@ -12,7 +12,16 @@ import torch
 
 from openipu.popart.onnx_ops import OnnxKernelError, onnx_op
 from openipu.popart.onnx_ops._common import (
-    ints, narrow, norm_axes, norm_axis, numel, opt, scalar, torch_dtype, widen)
+    ints,
+    narrow,
+    norm_axes,
+    norm_axis,
+    numel,
+    opt,
+    scalar,
+    torch_dtype,
+    widen,
+)
 
 
 def _idx(i: torch.Tensor, dim: int) -> torch.Tensor:
