@@ -853,10 +853,19 @@ class Graph:
         """A new tensor of ``shape`` made of the boxes ``lo``, ``sz`` ``[k, rank]`` (a partition of
         its index space), stored one after the other, each row-major inside
         (:func:`regions.stacked_pieces`). ``values``: a constant's values in that memory order
-        (flat), else a variable. Unmapped. openipu extension for PopLibs' blocked layouts."""
+        (flat), else a variable; a flat array already of the type's storage dtype (float16 /
+        float32) becomes the constant's storage without a copy (the caller hands it over).
+        Unmapped. openipu extension for PopLibs' blocked layouts."""
         numel = int(np.prod(sz, axis=1, dtype=np.int64).sum())
-        flat = (self._new_variable(type_, [numel], name) if values is None else
-                self.addConstant(type_, [numel], values, name))
+        t = as_type(type_)
+        if values is None:
+            flat = self._new_variable(type_, [numel], name)
+        elif (isinstance(values, np.ndarray) and values.ndim == 1 and values.size == numel
+              and values.flags.c_contiguous and t.is_float and t.torch_dtype in (torch.float16, torch.float32)
+              and values.dtype == t.numpy_dtype):
+            flat = self._new_variable(type_, [numel], name, constant=True, init=torch.from_numpy(values))
+        else:
+            flat = self.addConstant(type_, [numel], values, name)
         var, start = flat.pieces.row[0], flat.pieces.row[1]
         return Tensor(self._state, flat._type, pieces=R.stacked_pieces(var, start, lo, sz),
                       shape=tuple(int(x) for x in shape))
