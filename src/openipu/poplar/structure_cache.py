@@ -13,7 +13,7 @@ their weights' and activations' geometry once, and a sweep reuses it across its 
 Exact: the key holds every input the result depends on (a byte string compared in full, not a
 hash), so a hit returns what the computation would. ``OPENIPU_STRUCTURE_CACHE=0`` turns it off
 (the tests compare both ways). The memo is bounded (:data:`MAX_BYTES` of keys and values, least
-recently used first out) and lives for the process.
+recently used first out; entries over a quarter of it are not kept) and lives for the process.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ import numpy as np
 
 _I64 = np.int64
 
-#: Bytes of keys and stored arrays the memo keeps before it drops the least recently used entries.
-MAX_BYTES = 256 << 20
+#: Bytes of keys and stored arrays the memo keeps before it drops the least recently used entries
+#: (``OPENIPU_STRUCTURE_CACHE_MB`` sets it in MiB; one MiniLM compile would keep ~200 MB).
+MAX_BYTES = int(float(os.environ.get("OPENIPU_STRUCTURE_CACHE_MB", "128")) * (1 << 20))
 
 
 class _Memo:
@@ -48,7 +49,7 @@ class _Memo:
 
     def put(self, key: bytes, arrays: tuple) -> None:
         size = len(key) + sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
-        if size > self.max_bytes // 8:
+        if size > self.max_bytes // 4:
             return
         for a in arrays:
             if isinstance(a, np.ndarray):
