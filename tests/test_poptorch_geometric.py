@@ -234,6 +234,47 @@ def test_cluster_loader():
         assert "nodes_mask" not in b
 
 
+_HOOK_SCRIPT = """
+import site, sys
+if sys.argv[1] == "hook":
+    site.addsitedir(sys.argv[2])        # processes src/openipu-pyg.pth as site-packages would
+from torch_geometric.datasets import KarateClub
+from torch_geometric.loader import ClusterData, NeighborLoader
+data = KarateClub()[0]
+assert "openipu.poptorch_geometric" not in sys.modules
+try:
+    cd = ClusterData(data, num_parts=4, recursive=False, log=False)
+except ImportError as e:
+    print("ImportError", e)
+    sys.exit(0)
+b = next(iter(NeighborLoader(data, num_neighbors=[3, 3], batch_size=4)))
+print("parts", sorted(int(cd[i].num_nodes) for i in range(4)), "seeds", b.batch_size)
+"""
+
+
+@pytest.mark.parametrize("hook", ["hook", pytest.param("none", marks=pytest.mark.slow)])
+def test_startup_hook_partitions_before_poptorch_geometric_import(hook, tmp_path):
+    """``ClusterData`` / ``NeighborLoader`` used before ``import poptorch_geometric`` (Graphcore's
+    tutorial 5 order): with ``openipu-pyg.pth`` processed at start-up they use openipu's numpy
+    partitioner and sampler; without it PyG raises its ImportError (no pyg-lib / torch-sparse)."""
+    import importlib.util
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    src = pathlib.Path(importlib.util.find_spec("openipu_pyg_hook").origin).parent
+    assert (src / "openipu-pyg.pth").read_text().strip() == "import openipu_pyg_hook"
+    script = tmp_path / "order.py"
+    script.write_text(_HOOK_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(src))
+    out = subprocess.run([sys.executable, str(script), hook, str(src)], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    if hook == "hook":
+        assert "parts [8, 8, 9, 9] seeds 4" in out, out
+    else:
+        assert "'ClusterData' requires either 'pyg-lib' or 'torch-sparse'" in out, out
+
+
 # -- static ops ------------------------------------------------------------------------------
 def _pairs(ei):
     return {tuple(p) for p in ei.t().tolist() if -1 not in p}
