@@ -397,3 +397,35 @@ def test_training_stepper_compares_losses_and_weights():
     cpu, ipu = stepper.run(2, (data.x, data.edge_index, data.y))
     assert cpu.shape == ipu.shape == (2,)
     torch.testing.assert_close(stepper.ipu_model.conv.lin.weight, stepper.model.conv.lin.weight, rtol=1e-4, atol=1e-5)
+
+
+def test_padding_edges_past_the_last_node():
+    """A batch whose real nodes fill ``num_nodes`` leaves no padding node: PopTorch Geometric's
+    padding edges then point one past the last node. Gathering their source rows gives zeros on
+    the device (PopLibs' padding index) and their gradient rows are dropped, so a training step
+    masked by ``edges_mask`` matches the CPU on the real edges (nothing raises)."""
+    g = _graph(6, 8)
+    b = pg.FixedSizeCollater(pg.FixedSizeOptions(num_nodes=6, num_edges=12, num_graphs=2), add_masks_to_batch=True)([g])
+    assert b.x.shape[0] == 6 and int(b.edge_index.max()) == 6 and int(b.edges_mask.sum()) == 8
+
+    class Messages(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = torch.nn.Linear(3, 4)
+
+        def forward(self, x, edge_index, edges_mask):
+            msg = self.lin(x).index_select(0, edge_index[0])
+            return msg, poptorch.identity_loss((msg.sum(1) * edges_mask).pow(2), reduction="mean")
+
+    model = Messages()
+    cpu = Messages()
+    out, loss = poptorch.trainingModel(model, optimizer=poptorch.optim.SGD(model.parameters(), lr=0.1))(
+        b.x, b.edge_index, b.edges_mask)
+    assert (out[8:] == 0).all()
+    real = g.edge_index[0]
+    ref = cpu.lin(g.x).index_select(0, real).sum(1).pow(2).sum() / 12
+    ref.backward()
+    torch.testing.assert_close(torch.as_tensor(loss).reshape(()), ref.detach(), rtol=1e-5, atol=1e-6)
+    for p, q in zip(model.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.detach(), (q - 0.1 * q.grad).detach(), rtol=1e-5, atol=1e-6)
