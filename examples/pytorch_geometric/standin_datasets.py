@@ -204,7 +204,8 @@ class IMDB(_Generated):
         # directors and actors lean towards movies of one genre, so their edges carry the label
         md = torch.stack([torch.arange(nm), (y * (nd // 3) + torch.randint(max(nd // 3, 1), (nm,), generator=g)) % nd])
         ma_src = torch.arange(nm).repeat(3)
-        ma = torch.stack([ma_src, (y[ma_src] * (na // 3) + torch.randint(max(na // 3, 1), (3 * nm,), generator=g)) % na])
+        ma_dst = (y[ma_src] * (na // 3) + torch.randint(max(na // 3, 1), (3 * nm,), generator=g)) % na
+        ma = torch.stack([ma_src, ma_dst])
         ma = coalesce(ma)
         data["movie", "to", "director"].edge_index = md
         data["movie", "to", "actor"].edge_index = ma
