@@ -234,6 +234,47 @@ def test_cluster_loader():
         assert "nodes_mask" not in b
 
 
+_HOOK_SCRIPT = """
+import site, sys
+if sys.argv[1] == "hook":
+    site.addsitedir(sys.argv[2])        # processes src/openipu-pyg.pth as site-packages would
+from torch_geometric.datasets import KarateClub
+from torch_geometric.loader import ClusterData, NeighborLoader
+data = KarateClub()[0]
+assert "openipu.poptorch_geometric" not in sys.modules
+try:
+    cd = ClusterData(data, num_parts=4, recursive=False, log=False)
+except ImportError as e:
+    print("ImportError", e)
+    sys.exit(0)
+b = next(iter(NeighborLoader(data, num_neighbors=[3, 3], batch_size=4)))
+print("parts", sorted(int(cd[i].num_nodes) for i in range(4)), "seeds", b.batch_size)
+"""
+
+
+@pytest.mark.parametrize("hook", ["hook", pytest.param("none", marks=pytest.mark.slow)])
+def test_startup_hook_partitions_before_poptorch_geometric_import(hook, tmp_path):
+    """``ClusterData`` / ``NeighborLoader`` used before ``import poptorch_geometric`` (Graphcore's
+    tutorial 5 order): with ``openipu-pyg.pth`` processed at start-up they use openipu's numpy
+    partitioner and sampler; without it PyG raises its ImportError (no pyg-lib / torch-sparse)."""
+    import importlib.util
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    src = pathlib.Path(importlib.util.find_spec("openipu_pyg_hook").origin).parent
+    assert (src / "openipu-pyg.pth").read_text().strip() == "import openipu_pyg_hook"
+    script = tmp_path / "order.py"
+    script.write_text(_HOOK_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(src))
+    out = subprocess.run([sys.executable, str(script), hook, str(src)], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    if hook == "hook":
+        assert "parts [8, 8, 9, 9] seeds 4" in out, out
+    else:
+        assert "'ClusterData' requires either 'pyg-lib' or 'torch-sparse'" in out, out
+
+
 # -- static ops ------------------------------------------------------------------------------
 def _pairs(ei):
     return {tuple(p) for p in ei.t().tolist() if -1 not in p}
@@ -356,3 +397,35 @@ def test_training_stepper_compares_losses_and_weights():
     cpu, ipu = stepper.run(2, (data.x, data.edge_index, data.y))
     assert cpu.shape == ipu.shape == (2,)
     torch.testing.assert_close(stepper.ipu_model.conv.lin.weight, stepper.model.conv.lin.weight, rtol=1e-4, atol=1e-5)
+
+
+def test_padding_edges_past_the_last_node():
+    """A batch whose real nodes fill ``num_nodes`` leaves no padding node: PopTorch Geometric's
+    padding edges then point one past the last node. Gathering their source rows gives zeros on
+    the device (PopLibs' padding index) and their gradient rows are dropped, so a training step
+    masked by ``edges_mask`` matches the CPU on the real edges (nothing raises)."""
+    g = _graph(6, 8)
+    b = pg.FixedSizeCollater(pg.FixedSizeOptions(num_nodes=6, num_edges=12, num_graphs=2), add_masks_to_batch=True)([g])
+    assert b.x.shape[0] == 6 and int(b.edge_index.max()) == 6 and int(b.edges_mask.sum()) == 8
+
+    class Messages(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = torch.nn.Linear(3, 4)
+
+        def forward(self, x, edge_index, edges_mask):
+            msg = self.lin(x).index_select(0, edge_index[0])
+            return msg, poptorch.identity_loss((msg.sum(1) * edges_mask).pow(2), reduction="mean")
+
+    model = Messages()
+    cpu = Messages()
+    out, loss = poptorch.trainingModel(model, optimizer=poptorch.optim.SGD(model.parameters(), lr=0.1))(
+        b.x, b.edge_index, b.edges_mask)
+    assert (out[8:] == 0).all()
+    real = g.edge_index[0]
+    ref = cpu.lin(g.x).index_select(0, real).sum(1).pow(2).sum() / 12
+    ref.backward()
+    torch.testing.assert_close(torch.as_tensor(loss).reshape(()), ref.detach(), rtol=1e-5, atol=1e-6)
+    for p, q in zip(model.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.detach(), (q - 0.1 * q.grad).detach(), rtol=1e-5, atol=1e-6)

@@ -120,6 +120,22 @@ def test_wrapper_keeps_the_training_flag_of_wrapping_time():
     assert not model.training and not model.fc.training     # the host model's flags are left as they were
 
 
+def test_wrapper_eval_sets_the_wrappers_own_mode():
+    # PopTorch: inferenceModel(model) wraps a shallow copy, and inference_model.eval() sets that
+    # copy's flag, so a model still in training mode at wrapping time runs its inference path
+    # (Graphcore's PyG tutorial 4: inferenceModel(model) after training, then .eval())
+    torch.manual_seed(0)
+    model = WithLoss()
+    model.train()
+    inf = poptorch.inferenceModel(model)
+    assert inf.eval() is inf
+    x = torch.randn(2, 4)
+    out = inf(x)
+    assert out.shape == (2, 4)
+    torch.testing.assert_close(out, model.fc(x).detach(), rtol=1e-5, atol=1e-6)
+    assert model.training and not model.fc.training    # top-level flag is the copy's; submodules shared
+
+
 def test_load_drops_the_offline_target(tmp_path):
     # PopTorch's poptorch.load: a model compiled with useOfflineIpuTarget runs once loaded
     # (docs/user_guide/precompilation.py)

@@ -149,6 +149,22 @@ class PoplarExecutor:
             raise AttributeError(name)
         return getattr(self._user_model, name)
 
+    def train(self, mode: bool = True):
+        """``torch.nn.Module.train`` on the wrapped model, as on PopTorch's shallow copy: the
+        wrapper's own top-level ``training`` flag becomes ``mode`` (the mode the model is captured
+        in), the submodules, shared with the user's model, follow; the user model's top-level flag
+        is left as it was. Takes effect at the next compile. Returns the wrapper."""
+        top = self._user_model.training
+        self._user_model.train(mode)
+        self._user_model.training = top
+        self._wrapped_training = bool(mode)
+        return self
+
+    def eval(self):
+        """``train(False)``: ``inferenceModel(model).eval()`` captures ``model``'s inference path
+        even when ``model`` was in training mode at wrapping time (PopTorch's shallow copy)."""
+        return self.train(False)
+
     def isCompiled(self) -> bool:  # noqa: N802
         return self._session is not None
 

@@ -120,13 +120,40 @@ class FixedSizeCollater:
             mask[rest[torch.randperm(len(rest))[:need]]] = True
         return mask
 
+    @staticmethod
+    def _counts(data_list, t, kind: str) -> List[int]:
+        """Per graph, the number of ``kind`` ('nodes' / 'edges') of type ``t`` (``None``:
+        homogeneous; 0 where a graph lacks the type)."""
+        types_of = "node_types" if kind == "nodes" else "edge_types"
+        return [int(getattr(d[t] if t else d, f"num_{kind}")) if (t is None or t in getattr(d, types_of)) else 0
+                for d in data_list]
+
+    @staticmethod
+    def _apply_keep_masks(data_list, masks: dict, hetero: bool, kind: str) -> list:
+        """Cut each graph down to the elements kept by ``masks`` (type -> (counts, bool mask over
+        the batch's ``kind``, 'nodes' or 'edges')): ``Data.subgraph`` / ``edge_subgraph`` with
+        the graph's slice of each mask; types without a mask are kept whole."""
+        if not masks:
+            return data_list
+        types_of, cut = ("node_types", "subgraph") if kind == "nodes" else ("edge_types", "edge_subgraph")
+
+        def piece(t, i, d):
+            if t not in masks:
+                return torch.ones(int(getattr(d[t], f"num_{kind}")), dtype=torch.bool)
+            counts, m = masks[t]
+            start = sum(counts[:i])
+            return m[start:start + counts[i]]
+        return [getattr(d, cut)({t: piece(t, i, d) for t in getattr(d, types_of)} if hetero else piece(None, i, d))
+                for i, d in enumerate(data_list)]
+
     def _trim_nodes(self, data_list, num_pad_graphs):
+        """Drop random nodes (and their edges) so each node type fits ``num_nodes`` (one kept per
+        graph, one left for the padding graph when there is one); ``RuntimeError`` when fewer
+        nodes than graphs would remain."""
         hetero = self._hetero(data_list)
-        types = list(self.opts.num_nodes) if hetero else [None]
         masks = {}
-        for t in types:
-            counts = [int(d[t].num_nodes if t else d.num_nodes) if (t is None or t in d.node_types) else 0
-                      for d in data_list]
+        for t in (list(self.opts.num_nodes) if hetero else [None]):
+            counts = self._counts(data_list, t, "nodes")
             limit = self.opts.num_nodes[t] if hetero else self.opts.num_nodes
             target = limit - (1 if num_pad_graphs > 0 else 0)
             if sum(counts) <= limit:
@@ -135,55 +162,18 @@ class FixedSizeCollater:
                 raise RuntimeError(f"The number of nodes to trim to ({target}) is less than the number of graphs in "
                                    f"the batch ({len(data_list)}), which would result in empty graphs.")
             masks[t] = (counts, self._keep_mask(counts, target, True))
-        if not masks:
-            return data_list
-        out = []
-        for i, d in enumerate(data_list):
-            if hetero:
-                sub = {}
-                for t in d.node_types:
-                    if t in masks:
-                        counts, m = masks[t]
-                        start = sum(counts[:i])
-                        sub[t] = m[start:start + counts[i]]
-                    else:
-                        sub[t] = torch.ones(int(d[t].num_nodes), dtype=torch.bool)
-                out.append(d.subgraph(sub))
-            else:
-                counts, m = masks[None]
-                start = sum(counts[:i])
-                out.append(d.subgraph(m[start:start + counts[i]]))
-        return out
+        return self._apply_keep_masks(data_list, masks, hetero, "nodes")
 
     def _trim_edges(self, data_list):
+        """Drop random edges so each edge type fits ``num_edges``."""
         hetero = self._hetero(data_list)
-        types = list(self.opts.num_edges) if hetero else [None]
         masks = {}
-        for t in types:
-            counts = [int(d[t].num_edges if t else d.num_edges) if (t is None or t in d.edge_types) else 0
-                      for d in data_list]
+        for t in (list(self.opts.num_edges) if hetero else [None]):
+            counts = self._counts(data_list, t, "edges")
             limit = self.opts.num_edges[t] if hetero else self.opts.num_edges
             if sum(counts) > limit:
                 masks[t] = (counts, self._keep_mask(counts, limit, False))
-        if not masks:
-            return data_list
-        out = []
-        for i, d in enumerate(data_list):
-            if hetero:
-                sub = {}
-                for t in d.edge_types:
-                    if t in masks:
-                        counts, m = masks[t]
-                        start = sum(counts[:i])
-                        sub[t] = m[start:start + counts[i]]
-                    else:
-                        sub[t] = torch.ones(int(d[t].num_edges), dtype=torch.bool)
-                out.append(d.edge_subgraph(sub))
-            else:
-                counts, m = masks[None]
-                start = sum(counts[:i])
-                out.append(d.edge_subgraph(m[start:start + counts[i]]))
-        return out
+        return self._apply_keep_masks(data_list, masks, hetero, "edges")
 
     # -- padding graphs ------------------------------------------------------------------------
     def _pad_store(self, src, dst, n, e, kind, level):

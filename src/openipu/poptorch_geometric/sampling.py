@@ -2,8 +2,9 @@
 
 PyG 2.8's ``NeighborSampler`` (``NeighborLoader``) and ``ClusterData`` (``ClusterLoader``) call
 compiled kernels of pyg-lib or torch-sparse and raise ``ImportError`` when neither is installed
-(neither has wheels for torch 2.13). :func:`install` (run at ``import poptorch_geometric``) fills
-that gap, only when both are missing:
+(neither has wheels for torch 2.13). :func:`install` (run at ``import poptorch_geometric``, or on
+the first partition / sample by the start-up hook ``openipu_pyg_hook`` when PyG is used before
+``poptorch_geometric`` is imported) fills that gap, only when both are missing:
 
 * ``NeighborSampler._sample`` gets a numpy path with torch-sparse's ``neighbor_sample`` /
   ``hetero_neighbor_sample`` semantics: seeds first, then each hop's new nodes in the order
@@ -194,7 +195,8 @@ def install() -> None:
     from torch_geometric.sampler.utils import remap_keys
     if getattr(NeighborSampler._sample, "_openipu", False):
         return
-    native = NeighborSampler._sample
+    # PyG's own method, also when openipu_pyg_hook's first-use stand-in is in its place
+    native = getattr(NeighborSampler._sample, "_openipu_native", NeighborSampler._sample)
 
     def _sample(self, seed, seed_time=None, **kwargs):
         if seed_time is not None or getattr(self, "node_time", None) is not None or \

@@ -353,7 +353,8 @@ def average_pool_grad(inputs, attrs, opset):
 @onnx_op("GatherGrad", domain=GC, flops=_gather_grad_flops)
 def gather_grad(inputs, attrs, opset):
     """Each slice of ``gy`` added into its row of zeros shaped like the data (``data_shape``);
-    negative indices count from the end, as Gather's."""
+    negative indices count from the end, as Gather's; slices whose index is outside the data
+    (Gather gave zeros for them) are dropped, as ``popops::multiUpdateAdd`` drops such offsets."""
     gy, idx = inputs
     axis = int(attrs.get("axis", 0))
     shape = [int(d) for d in attrs["data_shape"]]
@@ -365,5 +366,8 @@ def gather_grad(inputs, attrs, opset):
     lead, trail = shape[:axis], shape[axis + 1:]
     g = gy.float().reshape(lead + [i.numel()] + trail)
     out = torch.zeros(shape, dtype=torch.float32)
+    valid = (i >= 0) & (i < n)
+    if not bool(valid.all()):
+        i, g = i[valid], g.index_select(axis, valid.nonzero().reshape(-1))
     out.index_add_(axis, i, g)
     return [out.to(gy.dtype)]

@@ -171,11 +171,22 @@ def slice_(inputs, attrs, opset):
 
 @onnx_op("Gather")
 def gather(inputs, attrs, opset):
+    """ONNX Gather as the device runs it (``popops::multiSlice``): an index outside
+    ``[-n, n)`` raises nothing and gives a slice of zeros, as PopLibs returns for its padding
+    index (``n``, which PopTorch Geometric's padding edges use when a batch has no padding node
+    left) and for offsets past the table."""
     x, i = inputs
     axis = norm_axis(attrs.get("axis", 0), x.dim(), "Gather")
-    idx = _idx(i, x.shape[axis])
-    out = x.index_select(axis, idx.reshape(-1))
-    return [out.reshape(x.shape[:axis] + idx.shape + x.shape[axis + 1:])]
+    n = x.shape[axis]
+    idx = _idx(i, n).reshape(-1)
+    valid = (idx >= 0) & (idx < n)
+    if bool(valid.all()) or n == 0:
+        out = x.index_select(axis, idx)
+    else:
+        out = x.index_select(axis, torch.where(valid, idx, 0))
+        keep = valid.reshape([1] * axis + [-1] + [1] * (x.dim() - axis - 1))
+        out = torch.where(keep, out, torch.zeros((), dtype=out.dtype))
+    return [out.reshape(x.shape[:axis] + i.shape + x.shape[axis + 1:])]
 
 
 @onnx_op("GatherElements")

@@ -1,0 +1,132 @@
+"""Start-up hook that gives PyTorch Geometric openipu's neighbour sampler and graph partitioner
+whether or not ``poptorch_geometric`` has been imported.
+
+In Graphcore's environment torch-sparse is installed, so a script may build PyG's
+``ClusterData`` (METIS) or sample with ``NeighborLoader`` before it imports ``poptorch`` or
+``poptorch_geometric`` (Graphcore's tutorial 5 does). Neither pyg-lib nor torch-sparse installs
+on the torch openipu pins, and ``import poptorch_geometric`` installs the numpy paths of
+:mod:`openipu.poptorch_geometric.sampling`; this hook makes the order irrelevant.
+
+Installed by ``openipu-pyg.pth`` (one ``import openipu_pyg_hook`` line in site-packages, shipped
+by the openipu wheel, or written by ``python -m openipu_pyg_hook install`` for an editable
+install). It runs in every interpreter of the environment, so it imports nothing (never torch
+or PyG): it registers a :class:`importlib.abc.MetaPathFinder` that answers only the name
+``torch_geometric``, with the real module's spec whose loader, after the module has executed,
+puts two thin stand-ins on ``ClusterData._metis`` and ``NeighborSampler._sample``. On their first
+call those import :mod:`openipu.poptorch_geometric.sampling` and install the real numpy paths
+(``sampling.install``). Nothing is patched when pyg-lib or torch-sparse is installed, or when the
+environment variable ``OPENIPU_PYG_HOOK=0`` is set.
+"""
+
+import os
+import sys
+
+_NAME = "torch_geometric"
+
+
+class _AfterExecLoader:
+    """Wraps the real loader of ``torch_geometric``; runs :func:`_patch` after the module body."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        _patch()
+
+    def __getattr__(self, name):          # get_resource_reader, get_filename, ...
+        return getattr(self._loader, name)
+
+
+class PygImportFinder:
+    """Answers ``torch_geometric`` with the spec the other finders give, its loader wrapped in
+    :class:`_AfterExecLoader`. A ``MetaPathFinder`` by protocol (importing ``importlib.abc`` at
+    start-up would cost time in every interpreter)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != _NAME or os.environ.get("OPENIPU_PYG_HOOK") == "0":
+            return None
+        for finder in sys.meta_path:
+            if finder is self or isinstance(finder, PygImportFinder):
+                continue
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _AfterExecLoader(spec.loader)
+        return spec
+
+
+def _patch() -> None:
+    """Stand-ins on ``ClusterData._metis`` / ``NeighborSampler._sample`` that install
+    :mod:`openipu.poptorch_geometric.sampling` on first use (no-op with pyg-lib or
+    torch-sparse)."""
+    try:
+        import torch_geometric.typing as tgt
+        if tgt.WITH_PYG_LIB or tgt.WITH_TORCH_SPARSE:
+            return
+        from torch_geometric.loader.cluster import ClusterData
+        from torch_geometric.sampler import NeighborSampler
+    except Exception:                      # a broken or partial PyG: leave it alone
+        return
+
+    def _install():
+        from openipu.poptorch_geometric import sampling
+        sampling.install()
+
+    if not getattr(ClusterData._metis, "_openipu", False):
+        native_metis = ClusterData._metis
+
+        def _metis(self, *args, **kwargs):
+            _install()
+            if ClusterData._metis is _metis:          # sampling.install declined: PyG's own path
+                return native_metis(self, *args, **kwargs)
+            return ClusterData._metis(self, *args, **kwargs)
+        _metis._openipu_pending = True
+        ClusterData._metis = _metis
+    if not getattr(NeighborSampler._sample, "_openipu", False):
+        native = NeighborSampler._sample
+
+        def _sample(self, *args, **kwargs):
+            _install()
+            if NeighborSampler._sample is _sample:    # sampling.install declined: PyG's own path
+                return native(self, *args, **kwargs)
+            return NeighborSampler._sample(self, *args, **kwargs)
+        _sample._openipu_pending = True
+        _sample._openipu_native = native
+        NeighborSampler._sample = _sample
+
+
+def install() -> None:
+    """Put the finder first in ``sys.meta_path`` (idempotent). If ``torch_geometric`` is already
+    imported, patch it now."""
+    if not any(isinstance(f, PygImportFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, PygImportFinder())
+    if _NAME in sys.modules and os.environ.get("OPENIPU_PYG_HOOK") != "0":
+        _patch()
+
+
+def write_pth(site_dir=None) -> str:
+    """Write ``openipu-pyg.pth`` into ``site_dir`` (default: this environment's site-packages)
+    and return its path. Wheels ship the file; an editable install does not."""
+    import sysconfig
+    path = os.path.join(site_dir or sysconfig.get_paths()["purelib"], "openipu-pyg.pth")
+    with open(path, "w") as f:
+        f.write("import openipu_pyg_hook\n")
+    return path
+
+
+install()
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["install"]:
+        print(write_pth())
+    else:
+        print("usage: python -m openipu_pyg_hook install   (writes openipu-pyg.pth into site-packages)")
+        sys.exit(2)
