@@ -15,8 +15,10 @@ from popart import CommGroup, CommGroupType, VariableRetrievalMode, VariableSett
 R = 4
 
 
-def _opts(replicas=R, accumulation=1):
+def _opts(replicas=R, accumulation=1, mean=False):
     o = popart.SessionOptions()
+    if mean:
+        o.accumulationAndReplicationReductionType = popart.ReductionType.Mean
     o.enableReplicatedGraphs = replicas > 1
     o.replicatedGraphCount = replicas
     if accumulation > 1:
@@ -120,7 +122,7 @@ def test_grouped_inference_and_read_back(path):
 
 
 # -- training: each group trains on its replicas' data -------------------------------------------
-def _train(gtype, size, optimizer, accumulation, steps=2, model_file=None):
+def _train(gtype, size, optimizer, accumulation, steps=2, model_file=None, mean=False):
     vs = VariableSettings(CommGroup(gtype, size), VariableRetrievalMode.OnePerGroup)
     n = vs.getGroupCount(R)
     rng = np.random.default_rng(1)
@@ -131,7 +133,7 @@ def _train(gtype, size, optimizer, accumulation, steps=2, model_file=None):
     y = b.aiOnnx.matmul([x, w])
     loss = b.aiGraphcore.l1loss([y], 1.0, reduction=popart.ReductionType.Sum)
     s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}), loss,
-                               optimizer, _dev(), userOptions=_opts(accumulation=accumulation))
+                               optimizer, _dev(), userOptions=_opts(accumulation=accumulation, mean=mean))
     s.prepareDevice()
     s.weightsFromHost()
     xs = rng.standard_normal([steps, accumulation, R, 2, 4]).astype(np.float32)
@@ -146,8 +148,9 @@ def _train(gtype, size, optimizer, accumulation, steps=2, model_file=None):
     return w0, xs, vs.groups(R), got
 
 
-def _torch_reference(w0, xs, groups, make_opt):
-    """Each group: one weight, its replicas' gradients summed, the optimizer stepped by hand."""
+def _torch_reference(w0, xs, groups, make_opt, scale=1.0):
+    """Each group: one weight, its replicas' gradients summed (times ``scale``), the optimizer
+    stepped by hand."""
     out = []
     stack = w0 if w0.ndim == 3 else w0[None]
     for g, members in enumerate(groups):
@@ -155,7 +158,8 @@ def _torch_reference(w0, xs, groups, make_opt):
         opt = make_opt([wt])
         for i in range(xs.shape[0]):
             opt.zero_grad()
-            loss = sum((torch.tensor(xs[i, m, r]) @ wt).abs().sum() for m in range(xs.shape[1]) for r in members)
+            loss = scale * sum((torch.tensor(xs[i, m, r]) @ wt).abs().sum() for m in range(xs.shape[1])
+                               for r in members)
             loss.backward()
             opt.step()
         out.append(wt.detach().numpy())
@@ -180,6 +184,18 @@ def test_grouped_momentum_with_accumulation(path, gtype, size):
     opt = popart.SGD({"defaultLearningRate": (0.05, False), "defaultMomentum": (0.9, False)})
     w0, xs, groups, got = _train(gtype, size, opt, 2)
     ref = _torch_reference(w0, xs, groups, lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_mean_reduction_is_the_mean_over_every_replica(path, accumulation):
+    """ReductionType.Mean (Post): a grouped weight's update is the gradient of the mean of every
+    replica's loss (the group's gradients summed, divided by the replication factor and the
+    micro-batches), with momentum (SGD1: the velocity all-reduced within the group)."""
+    opt = popart.SGD({"defaultLearningRate": (0.2, False), "defaultMomentum": (0.9, False)})
+    w0, xs, groups, got = _train(CommGroupType.Consecutive, 2, opt, accumulation, mean=True)
+    ref = _torch_reference(w0, xs, groups, lambda p: torch.optim.SGD(p, lr=0.2, momentum=0.9),
+                           scale=1.0 / (R * accumulation))
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
 

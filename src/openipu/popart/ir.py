@@ -373,11 +373,8 @@ class Ir:
                 for d in one.shape:
                     dims.add().dim_value = int(d)
             regrouped = True
-        if regrouped:
-            g = self.model.graph
-            del g.value_info[:]
-            for vi in g.output:
-                vi.type.tensor_type.ClearField("shape")
+        if regrouped:       # (an output's declared shape gives way to the inferred one: _strict_inference)
+            del self.model.graph.value_info[:]
 
     # -- 1-3 ------------------------------------------------------------------------------
     def _check_model(self):

@@ -109,14 +109,13 @@ def reduction(options, settings=None) -> Reduction:
     the global replication factor (``replicatedGraphCount``, or ``globalReplicationFactor`` with
     ``enableDistributedReplicatedGraphs``), ``accumulationAndReplicationReductionType``,
     ``meanAccumulationAndReplicationReductionStrategy``). For a replica-grouped weight
-    (``settings``, a :class:`popart.VariableSettings`) the replicas are those of one group,
-    the ones its gradient is reduced over."""
+    (``settings``, a :class:`popart.VariableSettings`) the gradient is reduced over the replicas
+    of its group (``Reduction.group``)."""
     replicas = options.getGlobalReplicationFactor()
-    if _grouped(settings):
-        replicas = settings.getRealGroupSize(replicas)
+    group = settings.getRealGroupSize(replicas) if _grouped(settings) else 0
     return Reduction(options.accumulation_factor(), replicas,
                      str(options.accumulationAndReplicationReductionType).endswith("Mean"),
-                     str(options.meanAccumulationAndReplicationReductionStrategy).split(".")[-1])
+                     str(options.meanAccumulationAndReplicationReductionStrategy).split(".")[-1], group)
 
 
 def loss_seed(opt, options) -> float:
@@ -356,7 +355,7 @@ def apply(ir, opt, grads: dict[str, str]) -> None:
         # a replica-grouped weight reduces over its group's replicas (none for groups of one)
         red_w = reduction(ir.options, ir.variable_settings.get(w))
         u = _Updates(ir, opt, w, g, red_w, red.replicas if w in sharded else 1)
-        pending[w] = (_sgd_reduce if isinstance(opt, SGD) else _reduce)(u, g, acc, repl and red_w.replicas > 1)
+        pending[w] = (_sgd_reduce if isinstance(opt, SGD) else _reduce)(u, g, acc, repl and red_w.reduced > 1)
     count_micro_batches(ir)
     updaters = clip_by_norm(ir, opt, {w: p[0] for w, p in pending.items()}, acc)
     for w, (_, finish) in pending.items():
