@@ -231,3 +231,21 @@ def test_sgd_const_values_per_group(path):
     w0, xs, groups, got = _train(CommGroupType.Orthogonal, 2, opt, 2)
     ref = _torch_reference(w0, xs, groups, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5))
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_builder_all_reduce_within_comm_groups(path):
+    """``aiGraphcore.replicatedallreduce(args, commGroup=CommGroup(...))`` reduces within groups."""
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [2]), "x")
+    cases = {None: [1111] * 4, CommGroup(CommGroupType.Consecutive, 2): [11, 11, 1100, 1100],
+             CommGroup(CommGroupType.Orthogonal, 2): [101, 1010, 101, 1010],
+             CommGroup(CommGroupType.Ungrouped, 0): [1, 10, 100, 1000]}
+    outs = {b.aiGraphcore.replicatedallreduce([x], commGroup=cg): want for cg, want in cases.items()}
+    s = popart.InferenceSession(b.getModelProto(),
+                                popart.DataFlow(1, {t: popart.AnchorReturnType("All") for t in outs}), _dev(),
+                                userOptions=_opts())
+    s.prepareDevice()
+    a = s.initAnchorArrays()
+    s.run(popart.PyStepIO({x: np.array([[1, 0], [10, 0], [100, 0], [1000, 0]], np.float32)}, a))
+    for t, want in outs.items():
+        assert a[t][:, 0].tolist() == want
