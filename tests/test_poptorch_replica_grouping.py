@@ -68,7 +68,8 @@ def test_all_replicas_read_back_and_inference_per_replica(path):
                          poptorch.enums.VariableRetrievalMode.AllReplicas)
     x = torch.ones(4, 1, 3)
     z, _ = pt(x)
-    np.testing.assert_allclose(z.numpy().reshape(4, 2), torch.cat([x[r] @ model.W[r] for r in range(4)]).detach().numpy())
+    want = torch.cat([x[r] @ model.W[r] for r in range(4)]).detach().numpy()
+    np.testing.assert_allclose(z.numpy().reshape(4, 2), want)
     pt.copyWeightsToHost()
     assert model.W.shape == (4, 3, 2)
 
