@@ -565,6 +565,10 @@ class Ir:
             vs = self.variable_settings.get(init.name)
             if vs is not None and vs.numReplicasReturningVariable(self.options.getGlobalReplicationFactor()) > 1:
                 # PopART declines constantWeights for a weight the replicas hold apart
+                if const_weights:
+                    log("ir").warning('Tensor %s was declined as a target of optimization "constantWeights" on the '
+                                      "grounds that the tensor's %s do not allow for the TensorType::Variable to be "
+                                      "initialized as a TensorType::Const", init.name, vs)
                 variable = self.training is None or dtype in ("FLOAT", "FLOAT16") or variable
             self._add_tensor(init.name, dtype, arr.shape, "Variable" if variable else "Const", arr)
         for vi in g.input:
