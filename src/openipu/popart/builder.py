@@ -308,11 +308,19 @@ class Builder:
 
     def addInitializedInputTensor(self, initVal, variableSettings=None, debugContext=""):  # noqa: N802,N803
         """A weight with value ``initVal`` (numpy array, made C-contiguous) -> its id
-        (``init_input``, ``init_input/1`` ... or the prefix given)."""
+        (``init_input``, ``init_input/1`` ... or the prefix given).
+
+        ``variableSettings`` (:class:`popart.VariableSettings`): a replica-grouped weight; its
+        ``initVal`` holds one value per group, ``[groups, *shape]`` (no leading dimension with
+        one group), and the model records the settings in its ``metadata_props`` as PopART does.
+        The session checks the leading dimension against the groups of its replication factor
+        (:mod:`openipu.popart.variable_settings`)."""
         if isinstance(variableSettings, str):
             variableSettings, debugContext = None, variableSettings
-        if variableSettings is not None and hasattr(variableSettings, "check_supported"):
-            variableSettings.check_supported(str(debugContext) or "init_input")
+        from openipu.popart.variable_settings import VariableSettings, to_metadata
+        if variableSettings is not None and not isinstance(variableSettings, VariableSettings):
+            raise popart_exception(f"addInitializedInputTensor: variableSettings must be a popart.VariableSettings, "
+                                   f"got {type(variableSettings).__name__}")
         arr = np.asarray(initVal)
         arr = np.ascontiguousarray(arr).reshape(arr.shape)      # (keeps 0-d scalars 0-d)
         name = dtype_name(arr.dtype)
@@ -324,6 +332,9 @@ class Builder:
         self._model.graph.initializer.append(typed_tensor(arr, tid))
         self._infos[tid] = (name, list(arr.shape))
         self._consts[tid] = arr
+        if variableSettings is not None:
+            for key, value in to_metadata(variableSettings, tid):
+                self._root()._model.metadata_props.append(onnx.StringStringEntryProto(key=key, value=value))
         return tid
 
     def addOutputTensor(self, outputName: str) -> None:  # noqa: N802,N803

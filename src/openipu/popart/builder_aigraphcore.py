@@ -101,9 +101,21 @@ class AiGraphcoreOpset1:
 
     def replicatedallreduce(self, args, collectiveOperator=None, commGroup=None, debugContext=""):  # noqa: N803
         """Sum (``collectiveOperator``, default Add) of the input over the replicas; with one
-        replica the input itself."""
+        replica the input itself. ``commGroup`` (:class:`popart.CommGroup`): reduce within each
+        group of replicas only (``Consecutive`` / ``Orthogonal`` groups of ``replicaGroupSize``;
+        ``Ungrouped``: each replica its own value), kept as the op's ``commGroup`` attribute
+        ``[type, size]``; a size that does not divide the replication factor raises
+        ``popart_exception`` when the session runs it."""
         op, debugContext = _collective(collectiveOperator, debugContext, "replicatedallreduce")
-        return self._op("ReplicatedAllReduce", args, {"op": op}, debugContext)[0]
+        attrs = {"op": op}
+        if commGroup is not None:
+            from openipu.popart.variable_settings import CommGroup, _TYPES
+            if not isinstance(commGroup, CommGroup):
+                raise popart_exception(f"replicatedallreduce: commGroup must be a popart.CommGroup, got "
+                                       f"{type(commGroup).__name__}")
+            if str(commGroup.type) != "All":
+                attrs["commGroup"] = [_TYPES.index(str(commGroup.type)), int(commGroup.replicaGroupSize)]
+        return self._op("ReplicatedAllReduce", args, attrs, debugContext)[0]
 
     def incrementmod(self, args, increment, modulus, debugContext=""):  # noqa: N803
         """``(x + increment) % modulus`` (a float ``increment`` and ``modulus``; the type is x's)."""

@@ -45,6 +45,7 @@ from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.graphcore_ops import find_kernel
 from openipu.popart.lowering.graphcore import _COLLECTIVE as _COLLECTIVE_OP
 from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel
+from openipu.popart.variable_settings import comm_groups
 from openipu.poplibs import gcl, gcl_instances
 
 #: Ops that act on the host or the program (print, abort) in their lowering, and gradient ops whose
@@ -174,8 +175,11 @@ class IrExecutor:
     """
 
     def __init__(self, ir, weights: dict, replicas: int = 1, accumulation: int = 1, out=None,
-                 distributed: bool = False):
+                 distributed: bool = False, groups: dict | None = None):
         self.ir = ir
+        #: replica-grouped variables: id -> the group of each replica (their host values are
+        #: ``[groups, *shape]``, replica ``r`` holds row ``groups[id][r]``)
+        self.groups = dict(groups or {})
         #: the replicas are a block of a distributed replicated graph (PopDist instances): the
         #: all-reduces gather every instance's replicas (gcl_instances.gather_replicas)
         self.distributed = bool(distributed)
@@ -248,6 +252,11 @@ class IrExecutor:
         broadcast to every replica: copied, so that later changes to the host copies reach the
         device only through another call."""
         for tid, w in weights.items():
+            if tid in self.groups:          # each replica its group's value
+                rows = np.asarray(w)
+                for r, rep in enumerate(self.reps):
+                    rep[tid] = self._tensor(rows[self.groups[tid][r]], tid)
+                continue
             t = self._tensor(np.array(w), tid)
             for r, rep in enumerate(self.reps):
                 rep[tid] = t if r == 0 else t.clone()
@@ -255,6 +264,10 @@ class IrExecutor:
     def get_weight(self, tid: str) -> np.ndarray:
         """A variable's value as the device holds it (``weightsToHost``: replica 0's copy)."""
         return _numpy(self.reps[0][tid])
+
+    def get_replica_weights(self, tid: str) -> np.ndarray:
+        """Every replica's value of a variable, ``[replicas, *shape]``."""
+        return np.stack([_numpy(rep[tid]) for rep in self.reps])
 
     def run(self, inputs: dict, outputs: dict, bps: int) -> None:
         """One step from ``PyStepIO`` buffers: ``bps`` batches from ``inputs`` (id -> array of
@@ -342,8 +355,19 @@ class IrExecutor:
         every = xs
         if self.distributed:        # every instance's replicas, in global order (the hook of gcl's kernels)
             every = list(gcl_instances.gather_replicas(torch.stack(xs), f"{op_type} {out}").unbind(0))
-        total = _reduce(str(attrs.get("op", "Add")), every)
-        for env, x in zip(envs, xs):
+        op = str(attrs.get("op", "Add"))
+        scope = gcl_instances.current_scope() if self.distributed else None
+        offset = scope.offset if scope is not None else 0
+        # the replica groups (attribute commGroup: a grouped weight's gradient reduces in its groups)
+        totals = [None] * len(every)
+        for members in comm_groups(attrs.get("commGroup"), len(every)):
+            total = _reduce(op, [every[i] for i in members])
+            if len(members) == 1:       # a group of one: its own value (not an alias of it)
+                total = total.clone()
+            for i in members:
+                totals[i] = total
+        for r, (env, x) in enumerate(zip(envs, xs)):
+            total = totals[offset + r]
             if op_type == "ReplicatedAllReduceInplace":
                 env[out] = x.copy_(total)
             else:

@@ -299,6 +299,12 @@ class Ir:
         self.sharded_state: dict[str, tuple] = {}
         self.running_mean_counters: dict = {}     # Counter___ id -> the forward op it is placed like
         self.auto_loss_scale: dict | None = None     # automatic loss scaling: factor, final scale, tracked
+        # replica-grouped variables (popart.VariableSettings): id -> settings (weights and their
+        # optimizer state), and each grouped weight's host value [groups, *shape]; the IR holds
+        # one replica's shape
+        self.variable_settings: dict = {}
+        self.grouped_values: dict[str, np.ndarray] = {}
+        self._group_variables(owned=self.model is not model)
         self._check_model()
         self._fix_inputs(input_shape_info)
         inferred = self._infer()
@@ -320,6 +326,55 @@ class Ir:
                                        f"{op.op_type} only for some element types (not {types}) and has no host "
                                        "kernel for it")
         self._check_kernel_shapes()
+
+    def _group_variables(self, owned: bool) -> None:
+        """Read the weights' :class:`VariableSettings` from the model's ``metadata_props``; a
+        weight of several groups over the (global) replication factor keeps its ``[groups,
+        *shape]`` value in :attr:`grouped_values` and enters the IR with one replica's shape
+        (group 0's value). The builder's ``value_info`` (shapes with the group dimension) is
+        dropped so that shape inference starts from the replica's shapes. Raises
+        ``popart_exception`` for group sizes that do not divide the replication factor and for a
+        leading dimension that is not the group count (PopART's "Incorrect size of tensor")."""
+        from openipu.popart import variable_settings as vsm
+        settings = vsm.from_metadata(self.model)
+        if not settings:
+            return
+        if not owned:           # the caller's proto stays as it was
+            m = onnx.ModelProto()
+            m.CopyFrom(self.model)
+            self.model = m
+        reps = int(self.options.getGlobalReplicationFactor())
+        inits = {i.name: i for i in self.model.graph.initializer}
+        inputs = {vi.name: vi for vi in self.model.graph.input}
+        regrouped = False
+        for tid, vs in settings.items():
+            init = inits.get(tid)
+            if init is None:
+                continue
+            vsm.check_grouping(vs, reps, tid)
+            self.variable_settings[tid] = vs
+            if vs.getGroupCount(reps) == 1:
+                continue
+            full = self.weights[tid] if tid in self.weights else initializer_array(init)
+            vs.shapeOnReplica(list(full.shape), reps, tid)       # raises on a wrong leading dimension
+            self.grouped_values[tid] = np.ascontiguousarray(full)
+            one = np.ascontiguousarray(full[0])
+            if tid in self.weights:
+                self.weights[tid] = one
+                tensor_proto.clear_values(init)
+                del init.dims[:]
+                init.dims.extend(one.shape)
+            else:
+                init.CopyFrom(tensor_proto.typed_tensor(one, tid))
+            vi = inputs.get(tid)
+            if vi is not None:
+                dims = vi.type.tensor_type.shape.dim
+                del dims[:]
+                for d in one.shape:
+                    dims.add().dim_value = int(d)
+            regrouped = True
+        if regrouped:       # (an output's declared shape gives way to the inferred one: _strict_inference)
+            del self.model.graph.value_info[:]
 
     # -- 1-3 ------------------------------------------------------------------------------
     def _check_model(self):
@@ -507,6 +562,14 @@ class Ir:
             # constants so that shapes and indices still fold, unless a CopyVarUpdate writes them
             variable = not const_weights and (self.training is None or dtype in ("FLOAT", "FLOAT16") or
                                               init.name in updated)
+            vs = self.variable_settings.get(init.name)
+            if vs is not None and vs.numReplicasReturningVariable(self.options.getGlobalReplicationFactor()) > 1:
+                # PopART declines constantWeights for a weight the replicas hold apart
+                if const_weights:
+                    log("ir").warning('Tensor %s was declined as a target of optimization "constantWeights" on the '
+                                      "grounds that the tensor's %s do not allow for the TensorType::Variable to be "
+                                      "initialized as a TensorType::Const", init.name, vs)
+                variable = self.training is None or dtype in ("FLOAT", "FLOAT16") or variable
             self._add_tensor(init.name, dtype, arr.shape, "Variable" if variable else "Const", arr)
         for vi in g.input:
             self.onnx_tensor_ids.add(vi.name)

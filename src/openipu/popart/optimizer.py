@@ -62,6 +62,15 @@ class Reduction:
     replicas: int = 1
     mean: bool = False
     strategy: str = "Post"
+    #: the replicas the gradient reduction sums over (0: all of them); fewer for a replica-grouped
+    #: weight (``popart.VariableSettings``), reduced within its group. The Mean divisors stay
+    #: ``replicas``: a grouped weight's update is the gradient of the mean over every replica's loss.
+    group: int = 0
+
+    @property
+    def reduced(self) -> int:
+        """Replicas the gradient all-reduce sums over."""
+        return self.group or self.replicas
 
     @property
     def accumulating(self) -> bool:
@@ -381,10 +390,12 @@ def sgd_scalars(opt: SGD, weight: str, red: Reduction = Reduction()) -> dict[str
     else:
         # SGD1: with accumulation the replicas all-reduce (sum) the velocity, so it carries a
         # factor R the learning rate and momentum take out; without, they all-reduce the gradient
-        r_velocity = float(red.replicas) if red.accumulating else 1.0
+        # (the velocity's all-reduce sums ``red.reduced`` replicas: all, or a grouped weight's group)
+        r_velocity = float(red.reduced) if red.accumulating else 1.0
         af = float(red.accumulation) if red.mean else 1.0
         if red.accumulating:
-            rf = float(red.replicas) if not red.mean or red.strategy == "PostAndLoss" else 1.0
+            rf = float(red.reduced) if not red.mean or red.strategy == "PostAndLoss" else \
+                red.reduced / red.replicas
         else:
             rf = 1.0 / red.replicas if red.mean and red.strategy != "PostAndLoss" else 1.0
         dpsf = (1.0 - dm) * vs * rf / (ls * af)

@@ -101,8 +101,9 @@ ScatterReduction = _enum("ScatterReduction", ["Sum", "Max", "Min", "Mul", "NoRed
 CollectiveOperator = _enum("CollectiveOperator", ["Add", "Mean", "Mul", "Min", "Max", "LogicalAnd", "LogicalOr",
                                                   "SquareAdd", "Local"])
 TensorRemapType = _enum("TensorRemapType", ["FwdBwdReverse", "FwdBwd", "Fwd"])
-VariableRetrievalMode = _enum("VariableRetrievalMode", ["OnePerGroup", "AllReduceReplicas", "AllReplicas"])
-CommGroupType = _enum("CommGroupType", ["All", "Consecutive", "Orthogonal", "Ungrouped"])
+VariableRetrievalMode = _enum("VariableRetrievalMode", ["OnePerGroup", "AllReduceReplicas", "AllReplicas"], [0, 1, 2])
+#: C++ ``popart::CommGroupType``: All = 0, Consecutive, Orthogonal, None (Python ``Ungrouped``)
+CommGroupType = _enum("CommGroupType", ["All", "Consecutive", "Orthogonal", "Ungrouped"], [0, 1, 2, 3])
 GradientTensorTrackingMethod = _enum("GradientTensorTrackingMethod",
                                      ["AllNonViewChangingGradientTensors", "ConvAndMatmulGradients",
                                       "GradientsOfUserSpecifiedTensors"])

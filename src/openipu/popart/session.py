@@ -28,6 +28,7 @@ from openipu.popart.dataflow import AnchorReturnTypeId, DataFlow, anchor_element
 from openipu.popart.devices import DeviceInfo, DeviceType
 from openipu.popart.errors import (OutOfMemoryException, popart_exception, popart_runtime_error, poplar_exception,
                                    poplar_application_runtime_error)
+from openipu.popart.grouped_weights import GroupedWeightsMixin
 from openipu.popart import ir_json, rng_state, tensor_proto
 from openipu.popart.ir import Ir, shard_rows
 from openipu.popart.log import log
@@ -66,7 +67,7 @@ def _validate_distributed(o) -> None:
             f"Invalid distributed replication: globalReplicationFactor ({g}) must be a multiple of the local "
             f"replication factor ({repl}) and globalReplicaOffset ({off}) a multiple of it below {g - repl + 1}")
 
-class _SessionBase(rng_state.RngStateApi):
+class _SessionBase(rng_state.RngStateApi, GroupedWeightsMixin):
     _KIND = "InferenceSession"
 
     def __init__(self, fnModel, dataFlow, deviceInfo, inputShapeInfo, patterns, userOptions, name,  # noqa: N803
@@ -106,6 +107,7 @@ class _SessionBase(rng_state.RngStateApi):
         self._engine = None
         self._lowered = None
         self._host_weights = {tid: np.require(self._ir.tensors[tid].value, requirements=["C", "W"]) for tid in self._ir.variables()}
+        self._group_host_weights()
         self._warned_int64 = False
         self._last_run = False
 
@@ -370,7 +372,7 @@ class _SessionBase(rng_state.RngStateApi):
                                                 self.accumulationFactor if self._ir.training is not None else 1,
                                                 out=getattr(self._engine, "_out", None),
                                                 distributed=self.options.getGlobalReplicationFactor()
-                                                > self.replicationFactor)
+                                                > self.replicationFactor, groups=self._replica_group)
                 if self._ir.training is not None and self._engine is not None:
                     self._fast.set_weights({k: np.asarray(v) for k, v in self._scalars(self._optimizer).items()
                                             if k in self._ir.optimizer_tensors})
@@ -617,6 +619,8 @@ class _SessionBase(rng_state.RngStateApi):
         for tid, h in self._lowered.weights_in.items():
             host = self._host_weights[tid]
             # a sharded optimizer state: each replica receives its piece
+            if tid in self._replica_group:      # a grouped variable: each replica its group's value
+                host = np.ascontiguousarray(self._replica_view(tid))
             self._engine.connectStream(h, shard_rows(host, self.replicationFactor).reshape(-1)
                                        if tid in sharded else host.reshape(-1))
         self._engine.run(1, "weightsFromHost")
@@ -630,7 +634,10 @@ class _SessionBase(rng_state.RngStateApi):
             return
         if getattr(self, "_fast", None):
             for tid in self._lowered.weights_out:
-                self._host_weights[tid].reshape(-1)[:] = self._fast.get_weight(tid).reshape(-1)
+                if tid in self._replica_group or self._returns_all(tid):
+                    self._store_replicas(tid, self._fast.get_replica_weights(tid))
+                else:
+                    self._host_weights[tid].reshape(-1)[:] = self._fast.get_weight(tid).reshape(-1)
             return
         repl = self.replicationFactor
         sharded = self._ir.sharded_state
@@ -638,7 +645,7 @@ class _SessionBase(rng_state.RngStateApi):
         # a connected buffer, so a staging buffer per weight would stay alive: one more host copy
         # of every weight and optimizer state)
         bufs = {tid: (shard_rows(self._host_weights[tid], repl) if tid in sharded else
-                      np.zeros((repl,) + self._host_weights[tid].shape, self._host_weights[tid].dtype))
+                      np.zeros((repl, *self._ir.tensors[tid].info.shape()), self._host_weights[tid].dtype))
                 for tid in self._lowered.weights_out if repl > 1 or tid in sharded}
         for tid, h in self._lowered.weights_out.items():
             self._engine.connectStream(h, (bufs[tid] if tid in bufs else self._host_weights[tid]).reshape(-1))
@@ -646,7 +653,10 @@ class _SessionBase(rng_state.RngStateApi):
         for tid, b in bufs.items():
             host = self._host_weights[tid]
             # a sharded optimizer state: the replicas' pieces, in order, trimmed
-            host[...] = b.reshape(-1)[:host.size].reshape(host.shape) if tid in sharded else b[0]
+            if tid in sharded:
+                host[...] = b.reshape(-1)[:host.size].reshape(host.shape)
+            else:
+                self._store_replicas(tid, b)
 
     def _check_writable_weights(self, what: str):
         if self.options.constantWeights:
@@ -655,17 +665,25 @@ class _SessionBase(rng_state.RngStateApi):
 
     def writeWeights(self, weightsIo) -> None:  # noqa: N802,N803
         """Set weights from ``PyWeightsIO``: the host copies, and the device too once prepared."""
-        self._check_writable_weights("writeWeights")
+        if not all(tid in self._host_weights for tid in weightsIo.weights):    # (grouped weights stay
+            self._check_writable_weights("writeWeights")                         # variables)
         for tid, arr in weightsIo.weights.items():
             if tid not in self._host_weights:
                 raise popart_exception(f"Tensor {tid} is not a weight of this session: weights are "
                                        f"{', '.join(sorted(self._host_weights)) or 'none'}")
             dst = self._host_weights[tid]
             arr = np.asarray(arr)
+            per = self._ir.tensors[tid].info.nelms()
+            if arr.size == self.replicationFactor * per != dst.size and self._returns_all(tid):
+                # AllReplicas: one value per replica; each group takes its first replica's
+                self._store_replicas(tid, arr.reshape(self.replicationFactor, -1))
+                self._replica_values.pop(tid, None)
+                continue
             if arr.size != dst.size:
                 raise popart_exception(f"writeWeights: tensor {tid} has {dst.size} elements but the buffer has "
                                        f"{arr.size}")
             dst.reshape(-1)[:] = arr.reshape(-1).astype(dst.dtype)
+            self._replica_values.pop(tid, None)
         if self._engine is not None and self._engine._storage is not None:
             self.weightsFromHost()
 
@@ -673,7 +691,7 @@ class _SessionBase(rng_state.RngStateApi):
         """Fill ``PyWeightsIO`` arrays from the host copies (call ``weightsToHost`` first)."""
         for tid, arr in weightsIo.weights.items():
             if tid in self._host_weights:
-                src = self._host_weights[tid]
+                src = self._returned_values(tid)
             elif tid in self._ir.tensors and self._ir.tensors[tid].kind == "Const" and tid in self._initializers():
                 src = self._ir.tensors[tid].value
             else:
@@ -701,6 +719,15 @@ class _SessionBase(rng_state.RngStateApi):
             names.add(init.name)
             if init.name in self._host_weights:
                 tensor_proto.write_into(init, self._host_weights[init.name])
+                if init.name in self._replica_group:     # grouped: the [groups, *shape] value
+                    del init.dims[:]
+                    init.dims.extend(self._host_weights[init.name].shape)
+                    for vi in m.graph.input:
+                        if vi.name == init.name:
+                            dims = vi.type.tensor_type.shape.dim
+                            del dims[:]
+                            for d in self._host_weights[init.name].shape:
+                                dims.add().dim_value = int(d)
             elif init.name in self._ir.weights:     # a weight the IR took out of its proto
                 tensor_proto.write_into(init, np.asarray(self._ir.weights[init.name]))
         for tid, arr in self._host_weights.items():
@@ -807,7 +834,7 @@ class TrainingSession(_SessionBase):
 
     def _scalars(self, opt) -> dict:
         from openipu.popart.transforms.optimizer import LOSS_SCALING_PREFIX, loss_seed, scalar_values
-        vals = scalar_values(opt, list(self._ir.weight_grads), self.options)
+        vals = scalar_values(opt, list(self._ir.weight_grads), self.options, self._ir.variable_settings)
         loss = self._ir.training["loss"]
         ls = f"{LOSS_SCALING_PREFIX}{self._ir.tensors[loss].info.data_type()}"
         if ls in self._ir.optimizer_tensors:

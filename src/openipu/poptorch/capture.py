@@ -199,7 +199,7 @@ BUFFER_BROADCAST_ERROR = ("PopTorch does not support broadcasting buffers. If yo
 
 
 def build(ep: ExportedProgram, input_names: list[str], training: bool, strategy=None,
-          broadcast_buffers: bool = False, constants: dict | None = None) -> Built:
+          broadcast_buffers: bool = False, constants: dict | None = None, grouped: dict | None = None) -> Built:
     """Lower ``ep`` (``input_names``: one per user input, in order). With ``training`` the loss
     is the output of the one final loss op (PopTorch's ``RemoveSurplusIdentityLosses``).
 
@@ -217,7 +217,11 @@ def build(ep: ExportedProgram, input_names: list[str], training: bool, strategy=
       optimizer never updates them;
     - ``constants`` (module path -> value) are plain tensor attributes captured as buffers: they
       are constants of the graph with these values, and changes to them are dropped (PopTorch
-      freezes such a tensor's value when it traces the model)."""
+      freezes such a tensor's value when it traces the model).
+
+    ``grouped``: module path -> (``popart.VariableSettings``, host value ``[groups, *shape]``) of
+    the replica-grouped parameters (``replicaGrouping``); the model was captured with one
+    replica's value of each."""
     gm = ep.graph_module
     num_ipus, pipelined = blocks.resolve(gm, strategy)
     b = popart.Builder()
@@ -253,7 +257,11 @@ def build(ep: ExportedProgram, input_names: list[str], training: bool, strategy=
                 continue        # e.g. num_batches_tracked, read by nothing
             arr = value.detach().cpu().numpy()
             arr = arr.astype(NUMPY_TYPE[POPART_TYPE[value.dtype]], copy=False)     # the builder only reads it
-            ids[n] = b.addInitializedInputTensor(arr, spec.target)
+            if grouped and spec.target in grouped:
+                vs, full = grouped[spec.target]
+                ids[n] = b.addInitializedInputTensor(full.astype(arr.dtype, copy=False), vs, spec.target)
+            else:
+                ids[n] = b.addInitializedInputTensor(arr, spec.target)
             if value.is_floating_point() or changed:    # unchanged integer buffers stay constants
                 weights[ids[n]] = spec.target
             if training and spec.kind == InputKind.PARAMETER and not value.requires_grad:

@@ -94,4 +94,4 @@ class CommGroupType(enum.IntEnum):
 
 class VariableRetrievalMode(enum.IntEnum):
     OnePerGroup = 0
-    AllReplicas = 1
+    AllReplicas = 2     # PopTorch's value (PopART's AllReplicas)

@@ -123,6 +123,8 @@ class PoplarExecutor:
         self._compile_seconds = None
         self._perf = None
         self._rng_state = None
+        #: replica-grouped parameters: path -> (CommGroupType, shards, VariableRetrievalMode)
+        self._per_replica_params = {}
         if training:
             _TRAINING_WRAPPERS[model] = weakref.ref(self)
             parent = weakref.ref(self)
@@ -147,7 +149,10 @@ class PoplarExecutor:
         # as torchinfo read: PopTorch's wrapper is a subclass of the model's class
         if name.startswith("_") and name not in _MODULE_STATE:
             raise AttributeError(name)
-        return getattr(self._user_model, name)
+        attr = getattr(self._user_model, name)
+        if isinstance(attr, torch.nn.Parameter):
+            return _ReplicaGroupingParameter(self, name, attr)
+        return attr
 
     def train(self, mode: bool = True):
         """``torch.nn.Module.train`` on the wrapped model, as on PopTorch's shallow copy: the
@@ -207,6 +212,7 @@ class PoplarExecutor:
 
     def _micro(self, tensors):
         di, af, rf = self._factor()
+        rf //= self._options.input_group_size      # the replicas of an input group share their data
         f = di * af * rf
         out = []
         for name, t in tensors:
@@ -241,6 +247,7 @@ class PoplarExecutor:
                 hook()
             modes = [(m, m.training) for m in model.modules()]
             model.training = self._wrapped_training
+            grouped, restore = self._replica_grouped()
             attrs = _tensor_attributes(model)
             from openipu.poptorch import ops as _ops
             _ops._overlaps.clear()
@@ -253,17 +260,53 @@ class PoplarExecutor:
                 for m, mode in modes:
                     m.training = mode
                 _ops._capturing_training[0] = False
+                restore()
         strategy = getattr(self._options, "_execution_strategy", None)
         if _ops._overlaps:
             self._check_overlapped_io(strategy)
         built = cap.build(ep, [n for n, _ in tensors], self._training, strategy, constants=attrs,
-                          broadcast_buffers=self._options.broadcast_buffers and self._options.replication_factor > 1)
+                          broadcast_buffers=self._options.broadcast_buffers and self._options.replication_factor > 1,
+                          grouped=grouped)
         self._built = built
         self._signature = ([(n, tuple(t.shape), t.dtype) for n, t in tensors], others)
         self._make_session(built)
         self._compile_seconds = time.perf_counter() - start
         for hook in list(_POSTCOMPILE_HOOKS.values()):
             hook()
+
+    def _replica_grouped(self):
+        """The replica-grouped parameters (``replicaGrouping``) for the capture: each is swapped
+        for one replica's value (its first row) while the model is captured. Returns (path ->
+        (``popart.VariableSettings``, host value ``[groups, *shape]``), a function putting the
+        module's own parameters back). Raises :class:`Error` for a scalar parameter (PopTorch's
+        "Scalars cannot be passed as per-replica weight tensor values")."""
+        grouped, saved = {}, []
+        model = self._user_model
+        for path, (cgt, shards, mode) in self._per_replica_params.items():
+            param = model.get_parameter(path)
+            if param.dim() == 0:
+                raise Error("Scalars cannot be passed as per-replica weight tensor values")
+            name = {0: "All", 1: "Consecutive", 2: "Orthogonal", 3: "Ungrouped"}[int(cgt)]
+            vs = popart.VariableSettings(popart.CommGroup(getattr(popart.CommGroupType, name), int(shards)),
+                                         popart.VariableRetrievalMode.AllReplicas if int(mode) == 2 else
+                                         popart.VariableRetrievalMode.OnePerGroup)
+            n = vs.getGroupCount(self._options.replication_factor)
+            full = param.detach().cpu().numpy()
+            if n > 1 and (full.shape[0] != n):
+                raise Error(f"Parameter '{path}': replicaGrouping({name}, {shards}) over "
+                            f"{self._options.replication_factor} replicas makes {n} groups, so its first dimension "
+                            f"must be {n} (one value per group), not {full.shape[0]}")
+            grouped[path] = (vs, full)
+            if n > 1:
+                owner, attr = _owner(model, path)
+                saved.append((owner, attr, param))
+                owner._parameters[attr] = torch.nn.Parameter(param.detach()[0].clone(),
+                                                             requires_grad=param.requires_grad)
+
+        def restore():
+            for owner, attr, param in saved:
+                owner._parameters[attr] = param
+        return grouped, restore
 
     def _check_overlapped_io(self, strategy) -> None:
         """PopTorch's checks of a model with overlapped host I/O (``verifySettingsForOverlappedIO``)."""
@@ -406,10 +449,13 @@ class PoplarExecutor:
         # most one weight's extra host copy, not one of every weight
         with torch.no_grad():
             for tid, path in self._built.weights.items():
-                host = self._session._host_weights[tid]
+                host = self._session._returned_values(tid)
                 buf = np.empty(host.shape, host.dtype)
                 self._session.readWeights(popart.PyWeightsIO({tid: buf}))
                 t = self._module_tensor(path)
+                if t.numel() != buf.size:       # AllReplicas: one value per replica from now on
+                    t.data = torch.from_numpy(buf).to(t.dtype)
+                    continue
                 t.copy_(torch.from_numpy(buf).reshape(t.shape).to(t.dtype))
         self._uploaded_versions = self._versions()
 
@@ -488,9 +534,13 @@ class PoplarExecutor:
             self._upload_weights()
         di, af, rf = self._factor()
         lead = [d for d in (di, af, rf) if d > 1]
+        gs = self._options.input_group_size
         feeds = {}
         for tid, info, (name, t) in zip(self._built.inputs, self._built.input_info, tensors):
             arr = _to_numpy(t, info.data_type())
+            if gs > 1 and t.dim():      # inputReplicaGrouping: each replica its input group's data
+                arr = arr.reshape([di, af, rf // gs] + list(info.shape()))[:, :, self._options.input_group_of()]
+                arr = np.ascontiguousarray(arr)
             feeds[tid] = arr.reshape(lead + list(info.shape())) if t.dim() else \
                 np.broadcast_to(arr, lead + list(info.shape())).copy()
         anchors = self._session.initAnchorArrays()
@@ -1007,3 +1057,31 @@ def _is_param(model: torch.nn.Module, path: str) -> bool:
         return True
     except AttributeError:
         return False
+
+
+def _owner(model: torch.nn.Module, path: str):
+    """(the module holding parameter ``path``, its attribute name)."""
+    *mods, attr = path.split(".")
+    owner = model
+    for m in mods:
+        owner = getattr(owner, m)
+    return owner, attr
+
+
+class _ReplicaGroupingParameter:
+    """A parameter as ``model.<name>`` on a PopTorch wrapper gives it: the parameter, plus
+    ``replicaGrouping(comm_group_type, shards, variable_retrieval_mode)`` making it a
+    replica-grouped weight of that wrapper (``shards``: replicas per group; the parameter holds
+    one value per group, ``[groups, *shape]``). Set before the model is compiled."""
+
+    def __init__(self, wrapper, name, param):
+        object.__setattr__(self, "_wrapper", wrapper)
+        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_param", param)
+
+    def replicaGrouping(self, comm_group_type, shards: int, variable_retrieval_mode):  # noqa: N802
+        self._wrapper._per_replica_params[self._name] = (int(comm_group_type), int(shards),
+                                                         int(variable_retrieval_mode))
+
+    def __getattr__(self, attr):
+        return getattr(self._param, attr)

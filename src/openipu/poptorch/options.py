@@ -393,7 +393,8 @@ class Options(_OptionsDict):
     ``POPTORCH_CACHE_DIR`` (``enableExecutableCaching``)."""
 
     def __init__(self):
-        super().__init__(device_iterations=1, replication_factor=1, input_group_size=1, output_mode=OutputMode.Default,
+        super().__init__(device_iterations=1, replication_factor=1, input_group_size=1, input_cgt=1,
+                         output_mode=OutputMode.Default,
                          output_return_period=1, random_seed=None, use_ipu_model=None, ipu_id=-1,
                          offline_ipu_version=None, connection_type=ConnectionType.Always, sync_pattern=SyncPattern.Full,
                          auto_round_num_ipus=False, log_cycle_count=False, log_dir=".", max_repeat_logs=4,
@@ -436,6 +437,34 @@ class Options(_OptionsDict):
         if int(replication_factor) < 1:
             raise ValueError("replicationFactor must be at least 1")
         return self.set(replication_factor=int(replication_factor))
+
+    def inputReplicaGrouping(self, input_group_size: int, input_group_type=1):  # noqa: N802
+        """Split each input batch between groups of ``input_group_size`` replicas
+        (``poptorch.CommGroupType`` ``Consecutive`` or ``Orthogonal``; ``NoGrouping``: groups of
+        one): the replicas of a group read the same data, so a call's batch dimension is
+        ``deviceIterations * replicationFactor / input_group_size * gradientAccumulation``
+        micro-batches. Raises ``ValueError`` as PopTorch does for ``All``, a size larger than the
+        replication factor or one that does not divide it."""
+        from openipu.poptorch.enums import CommGroupType
+        input_group_type = CommGroupType(int(input_group_type))
+        if input_group_type == CommGroupType.NoGrouping:
+            input_group_size = 1
+            input_group_type = CommGroupType.Consecutive
+        if input_group_type == CommGroupType.All:
+            raise ValueError("input_group_type cannot be All")
+        if self.replication_factor < input_group_size:
+            raise ValueError("input_group_size cannot be larger than replication_factor")
+        if self.replication_factor % input_group_size:
+            raise ValueError("input_group_size must be a factor of replication_factor")
+        self.set(input_group_size=int(input_group_size))
+        return self.set(input_cgt=int(input_group_type))
+
+    def input_group_of(self) -> list[int]:
+        """The input group of each replica (openipu helper): ``Consecutive`` groups of
+        ``input_group_size`` neighbours, ``Orthogonal`` groups ``replicas / size`` apart."""
+        r, k = self.replication_factor, self.input_group_size
+        n = r // k
+        return [i // k if int(self.input_cgt) == 1 else i % n for i in range(r)]
 
     def outputMode(self, mode: OutputMode, output_return_period: int | None = None):  # noqa: N802
         """What each call returns (module docstring). ``EveryN`` needs a positive

@@ -61,3 +61,19 @@ def poplibs_options(op, session_options, default_partials=None) -> dict:
     if AMP_ATTR in op.annotations:
         opts["availableMemoryProportion"] = float(op.annotations[AMP_ATTR])
     return opts
+
+
+def comm_group(op):
+    """The ``gcl.CommGroup`` of a collective's ``commGroup`` attribute ``[type, size]`` (PopART's
+    CommGroupType values: All 0, Consecutive 1, Orthogonal 2, None 3 = groups of one), or None
+    (all replicas)."""
+    from openipu.poplibs import gcl as _gcl
+    attr = op.attrs.get("commGroup")
+    if not attr:
+        return None
+    t, size = int(attr[0]), int(attr[1])
+    if t == 0 or (t in (1, 2) and size == 0):
+        return None
+    if t == 3:
+        return _gcl.CommGroup(_gcl.CommGroupType.CONSECUTIVE, 1)
+    return _gcl.CommGroup(_gcl.CommGroupType.CONSECUTIVE if t == 1 else _gcl.CommGroupType.ORTHOGONAL, size)

@@ -43,7 +43,7 @@ from openipu.poplar import program as P
 from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplibs import gcl, popnn, popops, poprand
 from openipu.popart.lowering import lowering, unary
-from openipu.popart.lowering._util import FLOATS, dtype, graph, live_outputs, name, shape
+from openipu.popart.lowering._util import FLOATS, comm_group, dtype, graph, live_outputs, name, shape
 
 GC = "ai.graphcore"
 #: Tile cycles of the GetRandomSeed vertex. [A] a load, an add and a store of one word, plus a
@@ -80,7 +80,8 @@ def replicated_all_reduce(ctx, op):
     if ctx.options.getGlobalReplicationFactor() <= 1:
         return [x]
     return [gcl.allReduceCrossReplica(graph(ctx, op), x, _COLLECTIVE.get(str(op.attrs.get("op", "Add")), "ADD"),
-                                      ctx.prog, debug_name=name(op))]
+                                      ctx.prog, comm_group(op), debug_name=name(op))]
+
 
 
 @lowering("ReplicatedReduceScatter", domain=GC)

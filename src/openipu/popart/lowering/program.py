@@ -382,7 +382,10 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
                     poputil.mapTensorLinearly(g, dev)
                 g.setInitialValue(dev, value)
             hi, ho = f"h2d:{tid}", f"d2h:weight/{tid}"     # an anchored weight keeps d2h:<id>
-            graph.addHostToDeviceFIFO(hi, ptype, t.info.nelms(), "REPLICATE" if sharded else "BROADCAST")
+            # sharded, or replica-grouped (popart.VariableSettings): each replica its own value
+            grouped = tid in ir.variable_settings and \
+                ir.variable_settings[tid].getGroupCount(options.getGlobalReplicationFactor()) > 1
+            graph.addHostToDeviceFIFO(hi, ptype, t.info.nelms(), "REPLICATE" if sharded or grouped else "BROADCAST")
             if tid in ir.optimizer_tensors:     # a non-const optimizer scalar: optimizerFromHost only
                 out.optimizer_in[tid] = hi
             elif tid == ir.random_seed:         # the random seed: randomSeedFromHost only

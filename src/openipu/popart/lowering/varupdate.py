@@ -20,7 +20,7 @@ from openipu.poplibs import gcl, popops
 from openipu.poplibs.popops import expr as pe
 from openipu.poplibs.popops.reduce import Operation
 from openipu.popart.lowering import lowering
-from openipu.popart.lowering._util import graph, name
+from openipu.popart.lowering._util import comm_group, graph, name
 
 GC = "ai.graphcore"
 
@@ -168,7 +168,7 @@ def replicated_all_reduce_inplace(ctx, op):
     (``gcl::allReduceInPlaceCrossReplica``)."""
     t = ctx.input(op, 0)
     operator = gcl.CollectiveOperator.MEAN if op.attrs.get("op") == "Mean" else gcl.CollectiveOperator.ADD
-    gcl.allReduceInPlaceCrossReplica(graph(ctx, op), t, operator, ctx.prog, debug_name=name(op))
+    gcl.allReduceInPlaceCrossReplica(graph(ctx, op), t, operator, ctx.prog, comm_group(op), debug_name=name(op))
     return [t]
 
 

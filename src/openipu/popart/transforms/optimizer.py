@@ -84,6 +84,7 @@ from openipu.popart.ir import OUTER_FRAGMENT
 from openipu.popart.optimizer import (SGD, Adam, AdamMode, Adaptive, AdaptiveMode, Reduction,
                                       SGDAccumulatorAndMomentum, WeightDecayMode, initial_velocity)
 from openipu.popart.tensorinfo import NUMPY_OF, TensorInfo
+from openipu.popart.variable_settings import collective_attrs
 from openipu.popart.transforms.autodiff import forward_op
 
 ACCL_PREFIX = "Accl___"
@@ -92,19 +93,29 @@ UPDATED_PREFIX = "UpdatedVar___"
 LOSS_SCALING_PREFIX = "lossScaling_"
 
 
-def _scalar_id(opt, name: str, weight: str) -> str:
+def _scalar_id(opt, name: str, weight: str, grouped: bool = False) -> str:
+    """A non-const compound scalar's tensor: the weight's own with specific values or a replica
+    grouping (its scalars count the replicas of its groups), else the shared default."""
     cap = name[0].upper() + name[1:]
-    return f"Specific{cap}___{weight}" if opt.hasSpecific(weight) else f"Default{cap}___FLOAT"
+    return f"Specific{cap}___{weight}" if opt.hasSpecific(weight) or grouped else f"Default{cap}___FLOAT"
 
 
-def reduction(options) -> Reduction:
+def _grouped(settings) -> bool:
+    return settings is not None and not settings.single_group()
+
+
+def reduction(options, settings=None) -> Reduction:
     """The :class:`Reduction` of a session's options (``accumulationFactor``,
     the global replication factor (``replicatedGraphCount``, or ``globalReplicationFactor`` with
     ``enableDistributedReplicatedGraphs``), ``accumulationAndReplicationReductionType``,
-    ``meanAccumulationAndReplicationReductionStrategy``)."""
-    return Reduction(options.accumulation_factor(), options.getGlobalReplicationFactor(),
+    ``meanAccumulationAndReplicationReductionStrategy``). For a replica-grouped weight
+    (``settings``, a :class:`popart.VariableSettings`) the gradient is reduced over the replicas
+    of its group (``Reduction.group``)."""
+    replicas = options.getGlobalReplicationFactor()
+    group = settings.getRealGroupSize(replicas) if _grouped(settings) else 0
+    return Reduction(options.accumulation_factor(), replicas,
                      str(options.accumulationAndReplicationReductionType).endswith("Mean"),
-                     str(options.meanAccumulationAndReplicationReductionStrategy).split(".")[-1])
+                     str(options.meanAccumulationAndReplicationReductionStrategy).split(".")[-1], group)
 
 
 def loss_seed(opt, options) -> float:
@@ -113,14 +124,16 @@ def loss_seed(opt, options) -> float:
     return opt.lossScaling().val() / reduction(options).loss_rf
 
 
-def scalar_values(opt, weights: list[str], options) -> dict[str, float]:
-    """Values of the non-const optimizer tensors: id -> value (for ``optimizerFromHost``)."""
-    red = reduction(options)
+def scalar_values(opt, weights: list[str], options, settings: dict | None = None) -> dict[str, float]:
+    """Values of the non-const optimizer tensors: id -> value (for ``optimizerFromHost``).
+    ``settings``: weight id -> its :class:`popart.VariableSettings` (replica-grouped weights)."""
+    settings = settings or {}
     out = {}
     for w in weights:
-        for name, (val, const) in opt.compound_scalars(w, red).items():
+        vs = settings.get(w)
+        for name, (val, const) in opt.compound_scalars(w, reduction(options, vs)).items():
             if not const:
-                out[_scalar_id(opt, name, w)] = val
+                out[_scalar_id(opt, name, w, _grouped(vs))] = val
     return out
 
 
@@ -153,6 +166,13 @@ class _Updates:
         self.shards = shards
         self.shard_len = -(-self.wt.info.nelms() // shards)
         self.var = w        # what the update reads and writes: the weight, or its shard
+        #: the weight's replica grouping (popart.VariableSettings): its gradient is reduced within
+        #: its groups, its state is grouped like it
+        self.settings = ir.variable_settings.get(w)
+        if shards > 1 and self.settings is not None and not self.settings.single_group():
+            raise popart_exception(f"Weight '{w}': openipu does not shard the optimizer state of a replica-grouped "
+                                   "variable (VariableSettings with several groups): turn replicatedTensorSharding "
+                                   "off for the optimizer state")
 
     def shape(self) -> list:
         """The shape of the weight's state: the weight's, or ``[ceil(n / replicas)]`` sharded."""
@@ -163,7 +183,7 @@ class _Updates:
         shard (``ReplicatedReduceScatter``, ``[ceil(n / replicas)]``) when the state is sharded."""
         if self.shards > 1:
             return self.op("ReplicatedReduceScatter", [t], out=f"{t}__scattered", out_shape=[self.shard_len],
-                           modifies=(), **self._collective())
+                           modifies=(), **self._collective(), **collective_attrs(self.settings))
         return self.all_reduce(t, in_place)
 
     def _collective(self) -> dict:
@@ -190,7 +210,7 @@ class _Updates:
         val, const = self.scal[name]
         if const:
             return float(val), ""
-        tid = _scalar_id(self.opt, name, self.w)
+        tid = _scalar_id(self.opt, name, self.w, _grouped(self.settings))
         if tid not in self.ir.tensors:
             self.ir._add_tensor(tid, "FLOAT", [], "Variable", np.asarray(val, np.float32))
             self.ir.optimizer_tensors.add(tid)
@@ -220,6 +240,8 @@ class _Updates:
                 t.info = TensorInfo(dtype, [self.shard_len])
             self.ir.sharded_state[tid] = (shape, self.shards)
             return tid
+        if self.settings is not None:       # one value per group, like the weight's
+            self.ir.variable_settings[tid] = self.settings
         if t is not None:
             if t.kind != "Variable" or list(t.info.shape()) != shape or t.info.data_type() != dtype:
                 raise popart_exception(f"The model's initializer {tid} is not the {dtype} {shape} optimizer state "
@@ -267,7 +289,7 @@ class _Updates:
         """``t`` all-reduced over the replicas (in place: ``ReplicatedAllReduceInplace``); a
         mean with the Running strategy unless ``mean_if_running`` is False (SGD1's own
         reductions always sum)."""
-        attrs = self._collective() if mean_if_running else {}
+        attrs = {**(self._collective() if mean_if_running else {}), **collective_attrs(self.settings)}
         if in_place:
             return self.op("ReplicatedAllReduceInplace", [t], out=f"{t}__reduced", **attrs)
         return self.op("ReplicatedAllReduce", [t], out=f"{t}__reduced", modifies=(), **attrs)
@@ -330,8 +352,10 @@ def apply(ir, opt, grads: dict[str, str]) -> None:
         if ir.tensors[g].info.data_type() != ir.tensors[w].info.data_type():
             raise popart_exception(f"The gradient of weight {w} is {ir.tensors[g].info.data_type()} but the weight is "
                                    f"{ir.tensors[w].info.data_type()}")
-        u = _Updates(ir, opt, w, g, red, red.replicas if w in sharded else 1)
-        pending[w] = (_sgd_reduce if isinstance(opt, SGD) else _reduce)(u, g, acc, repl)
+        # a replica-grouped weight reduces over its group's replicas (none for groups of one)
+        red_w = reduction(ir.options, ir.variable_settings.get(w))
+        u = _Updates(ir, opt, w, g, red_w, red.replicas if w in sharded else 1)
+        pending[w] = (_sgd_reduce if isinstance(opt, SGD) else _reduce)(u, g, acc, repl and red_w.reduced > 1)
     count_micro_batches(ir)
     updaters = clip_by_norm(ir, opt, {w: p[0] for w, p in pending.items()}, acc)
     for w, (_, finish) in pending.items():
@@ -403,6 +427,8 @@ def _sgd_reduce(u: _Updates, g: str, acc: bool, repl: bool):
     if repl and not acc:
         g = u.all_reduce(g, False, mean_if_running=False)
     v = u.state(ACCL_PREFIX, None, initial_velocity(opt, w, u.wt.value))
+    if w in u.ir.grouped_values:        # a replica-grouped weight: each group's initial velocity
+        u.ir.grouped_values[v] = np.stack([initial_velocity(opt, w, gv) for gv in u.ir.grouped_values[w]])
     u.op("SGD1Accumulate", [v, g], ["dampeningScaleFactor1"], out=f"AcclUpdated___{w}")
     a = None
     if nesterov:        # the gradients' sum, for the nesterov step
