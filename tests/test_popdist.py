@@ -145,6 +145,43 @@ def test_cross_instance_all_reduce_and_hung_instance(tmp_path):
     assert "done" not in r.stdout
 
 
+_CHAIN = textwrap.dedent("""
+    import torch
+    from openipu.poplibs import gcl_instances
+    from openipu.poplibs.gcl import _combine, _reduce
+    i, n, L = gcl_instances.instance_index(), gcl_instances.num_instances(), 2
+    every = torch.randn(n * L, 7, 3, generator=torch.Generator().manual_seed(5))
+    every = every * torch.logspace(-4, 4, 7)[None, :, None]          # magnitudes where the order shows
+    ok = []
+    for groups in ([list(range(n * L))], [[0, 2, 4], [1, 3, 5]], [[0, 1], [2, 3], [4, 5]], [[4, 0, 2], [5, 1, 3]]):
+        for op in ("ADD", "MUL", "MAX", "SQUARE_ADD"):
+            prep = (lambda x: x * x) if op == "SQUARE_ADD" else None
+            for v in (every, every.half()):
+                got = gcl_instances.reduce_groups(v[i * L:(i + 1) * L], groups, i * L,
+                                                  lambda a, b: _combine(op, a, b), prep, "t")
+                ok.append(torch.equal(got, _reduce(v[torch.tensor(groups)], op, 1)))
+    local = every[i * L:(i + 1) * L]
+    for op in ("ADD", "MEAN"):
+        ok.append(torch.equal(gcl_instances.all_reduce_replicas(local, op), _reduce(every, op, 0).expand_as(local)))
+    pairwise = (every[0] + every[1] + every[2]) + (every[3] + every[4] + every[5])
+    print("chain", i, all(ok), len(ok), torch.equal(pairwise, _reduce(every, "ADD", 0)), flush=True)
+""")
+
+
+@pytest.mark.slow     # three processes (~15 s)
+def test_chain_reduce_is_bit_identical_to_one_process(tmp_path):
+    """``gcl_instances.reduce_groups`` over 3 instances x 2 replicas (a chain through the
+    instances, not an all-gather) equals the one-process ring-order fold bit for bit: float32 and
+    float16, ADD / MUL / MAX / SQUARE_ADD, over all replicas, over orthogonal and consecutive
+    groups and over a group whose ring returns to an earlier instance (the all-gather fall-back);
+    the data are such that a per-instance pairwise sum would differ."""
+    script = tmp_path / "chain.py"
+    script.write_text(_CHAIN)
+    r = _poprun(["--num-instances", "3", "--num-replicas", "6", sys.executable, str(script)], tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.split("\n")[:3]) == [f"chain {i} True 34 False" for i in range(3)]
+
+
 def _train(tmp_path, mode, model, out, instances=0, execution="ir"):
     cmd = [sys.executable, str(HERE / "popdist_train.py"), mode, model, str(tmp_path / out)]
     if instances:

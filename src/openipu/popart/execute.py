@@ -177,7 +177,7 @@ class IrExecutor:
                  distributed: bool = False):
         self.ir = ir
         #: the replicas are a block of a distributed replicated graph (PopDist instances): the
-        #: all-reduces gather every instance's replicas (gcl_instances.gather_replicas)
+        #: all-reduces fold over every instance's replicas (gcl_instances.reduce_groups)
         self.distributed = bool(distributed)
         self.out = out          # PrintTensor's stream (None: sys.stdout when printing)
         self.replicas, self.accumulation = int(replicas), int(accumulation)
@@ -339,10 +339,14 @@ class IrExecutor:
                 flat = torch.cat([src.reshape(-1), src.new_zeros(rf * k - n)])
                 env[out] = flat[r * k:(r + 1) * k].to(self.dtype[out]).clone()
             return
-        every = xs
-        if self.distributed:        # every instance's replicas, in global order (the hook of gcl's kernels)
-            every = list(gcl_instances.gather_replicas(torch.stack(xs), f"{op_type} {out}").unbind(0))
-        total = _reduce(str(attrs.get("op", "Add")), every)
+        rop = str(attrs.get("op", "Add"))
+        if self.distributed:        # a chain reduce over the instances, in the one-process ring order
+            n = max(1, gcl_instances.num_instances())
+            offset = gcl_instances.instance_index() * rf if n > 1 else 0
+            total = gcl._reduce_groups(torch.stack(xs), np.arange(rf * n).reshape(1, -1), _COLLECTIVE_OP[rop],
+                                       (offset, rf), f"{op_type} {out}")[0]
+        else:
+            total = _reduce(rop, xs)
         for env, x in zip(envs, xs):
             if op_type == "ReplicatedAllReduceInplace":
                 env[out] = x.copy_(total)
