@@ -1,6 +1,7 @@
 """Three SGD (momentum, Mean reduction) steps of a PopART MLP with 4 replicas, for
 ``test_popdist.py``: under ``poprun`` with ``popdist.popart`` (this instance's replicas and rows),
-else one process with ``replicatedGraphCount`` 4. ``python popdist_popart.py OUT`` writes the
+else one process with ``replicatedGraphCount`` 4. Every instance draws different initial weights
+and ``TrainingSession.broadcastWeights()`` makes them instance 0's. ``python popdist_popart.py OUT`` writes the
 weights (``np.savez``; instance ``i`` writes ``OUT.i.npz``)."""
 
 import sys
@@ -13,7 +14,7 @@ import popdist
 REPLICAS, MICRO, STEPS = 4, 2, 3
 
 b = popart.Builder()
-rng = np.random.default_rng(0)
+rng = np.random.default_rng(popdist.getInstanceIndex())     # each instance its own initial weights: ...
 x = b.addInputTensor(popart.TensorInfo("FLOAT", [MICRO, 8]), "x")
 w1 = b.addInitializedInputTensor(rng.standard_normal((8, 16)).astype(np.float32) * 0.3, "w1")
 w2 = b.addInitializedInputTensor(rng.standard_normal((16, 4)).astype(np.float32) * 0.3, "w2")
@@ -35,6 +36,7 @@ s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: popart.A
                            popart.SGD({"defaultLearningRate": (0.1, False), "defaultMomentum": (0.9, False)}), device,
                            userOptions=o)
 s.prepareDevice()
+s.broadcastWeights()                                         # ... instance 0's win (a no-op in one process)
 s.weightsFromHost()
 data = np.random.default_rng(1).standard_normal((STEPS, REPLICAS, MICRO, 8)).astype(np.float32)
 anchors = s.initAnchorArrays()

@@ -196,7 +196,9 @@ def _train(tmp_path, mode, model, out, instances=0, execution="ir"):
 @pytest.mark.slow
 @pytest.mark.parametrize("model,execution", [("mlp", "ir"), ("bert", "ir"), ("mlp", "device"), ("bert", "device")])
 def test_training_under_poprun_matches_one_process_and_ddp(tmp_path, model, execution):
-    """4 replicas, 3 SGD steps: ``poprun --num-instances 2`` (2 replicas each) gives bit-identical
+    """4 replicas, 3 SGD steps, every instance / DDP rank initialising the model with its own seed
+    (the weight broadcast from instance 0 at the compile makes them agree): ``poprun
+    --num-instances 2`` (2 replicas each) gives bit-identical
     weights to one process with 4 replicas, the same per-replica losses and predicted cycles, and
     PyTorch DDP's weights (gloo, 4 CPU processes) within fp32 rounding; on the IR executor (the
     default) and on the device emulation."""
@@ -253,7 +255,9 @@ def test_collective_cost_follows_the_global_ring(monkeypatch):
 @pytest.mark.slow
 def test_popart_training_under_poprun_matches_one_process(tmp_path):
     """PopART with ``popdist.popart.configureSessionOptions`` / ``getDevice``: SGD with momentum,
-    Mean reduction, 4 replicas as 2 instances x 2: bit-identical weights to one process."""
+    Mean reduction, 4 replicas as 2 instances x 2, each instance drawing its own initial weights
+    and ``TrainingSession.broadcastWeights()`` giving every instance instance 0's: bit-identical
+    weights to one process."""
     import numpy as np
     cmd = [sys.executable, str(HERE / "popdist_popart.py")]
     r = subprocess.run([*cmd, str(tmp_path / "one")], cwd=tmp_path, env=_env(), capture_output=True, text=True,
@@ -333,3 +337,27 @@ def test_distributed_options_without_instances_raise(monkeypatch):
     with pytest.raises(Exception, match="start the program with poprun --num-instances 2 --num-replicas 4"):
         tm(torch.ones(2, 2))
 
+
+
+def test_broadcast_weights_alone_and_bad_root(monkeypatch):
+    """``TrainingSession.broadcastWeights()`` in a single instance leaves the weights as they are;
+    a root that is not an instance raises ``popart_exception``."""
+    import numpy as np
+    import popart
+    for k in poprun.instance_env(0, 1, 1, 1, "x", 1):
+        monkeypatch.delenv(k, raising=False)
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 3]), "x")
+    w0 = np.arange(6, dtype=np.float32).reshape(3, 2)
+    w = b.addInitializedInputTensor(w0, "w")
+    loss = b.aiGraphcore.l1loss([b.aiOnnx.matmul([x, w])], 0.1)
+    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}), loss,
+                               popart.ConstSGD(0.1), popart.DeviceManager().createCpuDevice())
+    s.prepareDevice()
+    s.broadcastWeights()
+    s.weightsFromHost()
+    out = {"w": np.zeros((3, 2), np.float32)}
+    s.readWeights(popart.PyWeightsIO(out))
+    np.testing.assert_array_equal(out["w"], w0)
+    with pytest.raises(popart.popart_exception, match="root instance 1 is not one of the 1 instances"):
+        s.broadcastWeights(1)

@@ -796,6 +796,25 @@ class TrainingSession(_SessionBase):
         self._send_optimizer()
         self._weights_sent = True
 
+    def broadcastWeights(self, rootRank: int = 0) -> None:  # noqa: N802,N803
+        """PopART ``Session::broadcastWeights(rootRank=0)``: overwrite this instance's host copies
+        of the weights (every variable: weights and optimizer state) with those of the PopRun
+        instance ``rootRank``, over ``torch.distributed`` (:mod:`openipu.poplibs.gcl_instances`).
+        Call ``weightsFromHost()`` afterwards to send them to the device. A no-op in a single
+        instance. Raises ``popart_exception`` for a ``rootRank`` outside the instances, or when
+        an instance is lost or the broadcast times out."""
+        import torch
+
+        from openipu.poplar.errors import poplar_error
+        from openipu.poplibs import gcl_instances
+        self._check_runnable()
+        ids = sorted(self._host_weights)
+        try:
+            gcl_instances.broadcast_tensors_from([torch.from_numpy(self._host_weights[t]) for t in ids],
+                                                 int(rootRank), "broadcastWeights")
+        except poplar_error as e:
+            raise popart_exception(str(e)) from None
+
     def run(self, stepio, debugName: str = "") -> None:  # noqa: N803
         """One step: ``batchesPerStep`` forward, backward and weight-update passes. Raises
         "Must call weightsFromHost before run ..." when the weights were never sent."""

@@ -24,7 +24,9 @@ This module is the one place where a collective leaves the process. It runs on
   ``[local, ...]`` values of every instance concatenated into the global ``[global, ...]`` stack,
   the instance keeps its own rows;
 - :func:`all_reduce_replicas` is the whole all-reduce on host tensors for executors that do not
-  run Poplar kernels (the PopART IR executor): ``[local, ...]`` in, ``[local, ...]`` out.
+  run Poplar kernels: ``[local, ...]`` in, ``[local, ...]`` out;
+- :func:`broadcast_tensors_from` overwrites tensors with one instance's values (the weights at
+  the start of a distributed run: PopTorch's compile, PopART's ``broadcastWeights``).
 
 The process group is created on first use from PopDist's environment (``poprun`` sets it):
 ``POPDIST_NUM_INSTANCES``, ``POPDIST_INSTANCE_INDEX``, ``MASTER_ADDR``, ``MASTER_PORT``. A
@@ -45,7 +47,7 @@ import torch
 
 __all__ = ["Scope", "scope", "current_scope", "num_instances", "instance_index", "timeout_seconds",
            "init_process_group", "gather_replicas", "reduce_groups", "all_reduce_replicas", "broadcast_from_instance0",
-           "broadcast_tensors_from_instance0"]
+           "broadcast_tensors_from"]
 
 #: Default seconds a collective waits for the other instances.
 DEFAULT_TIMEOUT_S = 300.0
@@ -274,3 +276,30 @@ def broadcast_from_instance0(t: torch.Tensor, what: str = "broadcast") -> torch.
     except Exception as e:  # noqa: BLE001
         raise _failed(what, e) from None
     return x
+
+
+def broadcast_tensors_from(tensors: list, root: int = 0, what: str = "broadcastWeights") -> None:
+    """Overwrite ``tensors`` (torch tensors, any dtypes and shapes, written in place) with
+    instance ``root``'s values, in one ``torch.distributed.broadcast`` of their bytes (PopDist's
+    weight broadcast at the start of a run, PopART's ``Session.broadcastWeights(rootRank)``). A
+    no-op when running alone. Raises ``poplar_error`` for a ``root`` outside the instances, on a
+    timeout or a lost instance."""
+    import torch.distributed as dist
+    from openipu.poplar import errors
+    n = num_instances()
+    if not 0 <= int(root) < n:
+        raise errors.poplar_error(f"The broadcast root instance {root} is not one of the {n} instances")
+    if n < 2 or not tensors:
+        return
+    init_process_group()
+    with torch.no_grad():
+        parts = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
+        buf = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+        try:
+            dist.broadcast(buf, int(root))
+        except Exception as e:  # noqa: BLE001 - gloo raises RuntimeError / DistBackendError
+            raise _failed(what, e) from None
+        at = 0
+        for t, p in zip(tensors, parts):
+            t.copy_(buf[at: at + p.numel()].view(t.dtype).reshape(t.shape))
+            at += p.numel()
