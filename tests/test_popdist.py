@@ -253,17 +253,22 @@ def test_collective_cost_follows_the_global_ring(monkeypatch):
 
 
 @pytest.mark.slow
-def test_popart_training_under_poprun_matches_one_process(tmp_path):
+@pytest.mark.parametrize("rts", [False, True])
+def test_popart_training_under_poprun_matches_one_process(tmp_path, rts):
     """PopART with ``popdist.popart.configureSessionOptions`` / ``getDevice``: SGD with momentum,
     Mean reduction, 4 replicas as 2 instances x 2, each instance drawing its own initial weights
     and ``TrainingSession.broadcastWeights()`` giving every instance instance 0's: bit-identical
-    weights to one process."""
+    weights to one process. ``rts``: the momentum sharded over the 4 replicas of both instances
+    (replicated tensor sharding: reduce-scatter, update of the piece, all-gather across the
+    instances; ``weightsToHost`` gathers the pieces), the momentum bit-identical too."""
     import numpy as np
     cmd = [sys.executable, str(HERE / "popdist_popart.py")]
-    r = subprocess.run([*cmd, str(tmp_path / "one")], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                       timeout=1200)
+    extra = ["rts"] if rts else []
+    r = subprocess.run([*cmd, str(tmp_path / "one"), *extra], cwd=tmp_path, env=_env(), capture_output=True,
+                       text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
-    r = _poprun(["--num-instances", "2", "--num-replicas", "4", *cmd, str(tmp_path / "two")], tmp_path, timeout=1200)
+    r = _poprun(["--num-instances", "2", "--num-replicas", "4", *cmd, str(tmp_path / "two"), *extra], tmp_path,
+                timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     one = np.load(tmp_path / "one.npz")
     for i in range(2):
@@ -272,6 +277,8 @@ def test_popart_training_under_poprun_matches_one_process(tmp_path):
             np.testing.assert_array_equal(two[k], one[k])
     rng = np.random.default_rng(0)
     assert not np.allclose(one["w1"], rng.standard_normal((8, 16)).astype(np.float32) * 0.3)   # it trained
+    assert sorted(one) == (["Accl1___w1", "Accl1___w2", "w1", "w2"] if rts else ["w1", "w2"])
+    assert not rts or np.abs(one["Accl1___w1"]).max() > 0
 
 
 def _ip(*args):
