@@ -124,8 +124,9 @@ def host_part(steps: int) -> dict:
 
 
 def report_host(res: dict, steps: int) -> None:
+    up = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"\n## Host time per training step, 1 vs 2 instances (host figures; {os.uname().nodename}, "
-          f"{os.cpu_count()} cores; uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()})")
+          f"{os.cpu_count()} cores; uptime: {up})")
     print(f"BERT (hidden 128, 2 layers, seq {SEQ}), {REPLICAS} replicas x micro-batch {MICRO}, {steps} SGD steps; "
           "steps 2.. (step 1 compiles)\n")
     print("| run | process | replicas held | host wall s / step | host CPU s / step | step 1 wall s | peak RSS MB | "
@@ -147,7 +148,8 @@ def pod16_part(cache: Path, batch: int, check_full: bool) -> dict:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import training
     model = training.bert_model(cache, batch)
-    model = training.TrainModel(model.name, model.label.replace("one C600 (ipu21)", "one GC200 (ipu2) per replica"), model.proto, model.loss, batch, "ipu2")
+    label = model.label.replace("one C600 (ipu21)", "one GC200 (ipu2) per replica")
+    model = training.TrainModel(model.name, label, model.proto, model.loss, batch, "ipu2")
     out = {"label": model.label, "one": training.predict(model, training._options())}
     _progress("one", out["one"])
     os.environ["POPDIST_NUM_INSTANCES"] = "16"        # what poprun sets in each instance (no rendezvous offline)
@@ -182,7 +184,8 @@ def report_pod16(r: dict) -> None:
         rows.append(("IPU-POD16: 16 replicas in one process", 16, r["full"]))
     for label, ipus, p in rows:
         print(f"| {label} | {ipus} | {p['samples']} | {p['cycles']:,.0f} | {p['seconds'] * 1e3:.2f} | "
-              f"{p['samples_per_s']:,.0f} | {p['all_reduce_cycles'] / p['cycles']:.1%} | {'yes' if p['fits'] else 'no'} | "
+              f"{p['samples_per_s']:,.0f} | {p['all_reduce_cycles'] / p['cycles']:.1%} | "
+              f"{'yes' if p['fits'] else 'no'} | "
               f"{p['host_compile_s']:.0f} |")
     one, pod = r["one"], r["pod16"]
     print(f"\nscaling 1 -> 16 IPUs: x{pod['samples_per_s'] / one['samples_per_s']:.2f} samples/s (16 would be linear); "
