@@ -7,7 +7,9 @@
   process with ``replicationFactor(4)``;
 - ``MODE=ddp``: PyTorch ``DistributedDataParallel`` on the CPU (gloo), one process per replica,
   started by this script with ``torch.multiprocessing``;
-- ``MODEL``: ``bert`` (BERT-tiny config from ``transformers``, random init, seed 0) or ``mlp``.
+- ``MODEL``: ``bert`` (BERT-tiny config from ``transformers``) or ``mlp``; random init with the
+  seed of the instance / DDP rank, so the runs agree only if instance / rank 0's initial weights
+  reach the others (PopDist's and DDP's broadcast at the start).
 
 Writes the weights after the 3 steps (``torch.save`` of the state dict; instance ``i`` of a
 ``poprun`` run writes ``OUT.i``) the step losses, the last step's predicted IPU cycles and the host seconds of each step.
@@ -45,8 +47,10 @@ class Mlp(torch.nn.Module):
         return F.cross_entropy(self.b(torch.relu(self.a(x))), y)
 
 
-def model(name):
-    torch.manual_seed(0)
+def model(name, seed=0):
+    """The model with the initial weights of ``seed``: each instance / DDP rank its own (PopDist and
+    DDP broadcast instance / rank 0's at the start)."""
+    torch.manual_seed(seed)
     return (Bert if name == "bert" else Mlp)().train()
 
 
@@ -83,7 +87,7 @@ def run_poptorch(name, out):
         opts = poptorch.Options().replicationFactor(REPLICAS)
         lo, n = 0, REPLICAS
     opts.logCycleCount(True)
-    m = model(name)
+    m = model(name, int(os.environ.get("POPDIST_INSTANCE_INDEX", 0)))
     net = WithLoss(m)
     tm = poptorch.trainingModel(net, opts, optimizer=poptorch.optim.SGD(m.parameters(), lr=LR))
     losses, host_s = [], []
@@ -101,7 +105,7 @@ def _ddp_worker(rank, name, out, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=REPLICAS)
     torch.set_num_threads(1)
-    m = model(name)
+    m = model(name, rank)
     ddp = torch.nn.parallel.DistributedDataParallel(m)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
     for x, y in batches(name):

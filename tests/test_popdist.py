@@ -145,6 +145,43 @@ def test_cross_instance_all_reduce_and_hung_instance(tmp_path):
     assert "done" not in r.stdout
 
 
+_CHAIN = textwrap.dedent("""
+    import torch
+    from openipu.poplibs import gcl_instances
+    from openipu.poplibs.gcl import _combine, _reduce
+    i, n, L = gcl_instances.instance_index(), gcl_instances.num_instances(), 2
+    every = torch.randn(n * L, 7, 3, generator=torch.Generator().manual_seed(5))
+    every = every * torch.logspace(-4, 4, 7)[None, :, None]          # magnitudes where the order shows
+    ok = []
+    for groups in ([list(range(n * L))], [[0, 2, 4], [1, 3, 5]], [[0, 1], [2, 3], [4, 5]], [[4, 0, 2], [5, 1, 3]]):
+        for op in ("ADD", "MUL", "MAX", "SQUARE_ADD"):
+            prep = (lambda x: x * x) if op == "SQUARE_ADD" else None
+            for v in (every, every.half()):
+                got = gcl_instances.reduce_groups(v[i * L:(i + 1) * L], groups, i * L,
+                                                  lambda a, b: _combine(op, a, b), prep, "t")
+                ok.append(torch.equal(got, _reduce(v[torch.tensor(groups)], op, 1)))
+    local = every[i * L:(i + 1) * L]
+    for op in ("ADD", "MEAN"):
+        ok.append(torch.equal(gcl_instances.all_reduce_replicas(local, op), _reduce(every, op, 0).expand_as(local)))
+    pairwise = (every[0] + every[1] + every[2]) + (every[3] + every[4] + every[5])
+    print("chain", i, all(ok), len(ok), torch.equal(pairwise, _reduce(every, "ADD", 0)), flush=True)
+""")
+
+
+@pytest.mark.slow     # three processes (~15 s)
+def test_chain_reduce_is_bit_identical_to_one_process(tmp_path):
+    """``gcl_instances.reduce_groups`` over 3 instances x 2 replicas (a chain through the
+    instances, not an all-gather) equals the one-process ring-order fold bit for bit: float32 and
+    float16, ADD / MUL / MAX / SQUARE_ADD, over all replicas, over orthogonal and consecutive
+    groups and over a group whose ring returns to an earlier instance (the all-gather fall-back);
+    the data are such that a per-instance pairwise sum would differ."""
+    script = tmp_path / "chain.py"
+    script.write_text(_CHAIN)
+    r = _poprun(["--num-instances", "3", "--num-replicas", "6", sys.executable, str(script)], tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.split("\n")[:3]) == [f"chain {i} True 34 False" for i in range(3)]
+
+
 def _train(tmp_path, mode, model, out, instances=0, execution="ir"):
     cmd = [sys.executable, str(HERE / "popdist_train.py"), mode, model, str(tmp_path / out)]
     if instances:
@@ -159,7 +196,9 @@ def _train(tmp_path, mode, model, out, instances=0, execution="ir"):
 @pytest.mark.slow
 @pytest.mark.parametrize("model,execution", [("mlp", "ir"), ("bert", "ir"), ("mlp", "device"), ("bert", "device")])
 def test_training_under_poprun_matches_one_process_and_ddp(tmp_path, model, execution):
-    """4 replicas, 3 SGD steps: ``poprun --num-instances 2`` (2 replicas each) gives bit-identical
+    """4 replicas, 3 SGD steps, every instance / DDP rank initialising the model with its own seed
+    (the weight broadcast from instance 0 at the compile makes them agree): ``poprun
+    --num-instances 2`` (2 replicas each) gives bit-identical
     weights to one process with 4 replicas, the same per-replica losses and predicted cycles, and
     PyTorch DDP's weights (gloo, 4 CPU processes) within fp32 rounding; on the IR executor (the
     default) and on the device emulation."""
@@ -214,15 +253,22 @@ def test_collective_cost_follows_the_global_ring(monkeypatch):
 
 
 @pytest.mark.slow
-def test_popart_training_under_poprun_matches_one_process(tmp_path):
+@pytest.mark.parametrize("rts", [False, True])
+def test_popart_training_under_poprun_matches_one_process(tmp_path, rts):
     """PopART with ``popdist.popart.configureSessionOptions`` / ``getDevice``: SGD with momentum,
-    Mean reduction, 4 replicas as 2 instances x 2: bit-identical weights to one process."""
+    Mean reduction, 4 replicas as 2 instances x 2, each instance drawing its own initial weights
+    and ``TrainingSession.broadcastWeights()`` giving every instance instance 0's: bit-identical
+    weights to one process. ``rts``: the momentum sharded over the 4 replicas of both instances
+    (replicated tensor sharding: reduce-scatter, update of the piece, all-gather across the
+    instances; ``weightsToHost`` gathers the pieces), the momentum bit-identical too."""
     import numpy as np
     cmd = [sys.executable, str(HERE / "popdist_popart.py")]
-    r = subprocess.run([*cmd, str(tmp_path / "one")], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                       timeout=1200)
+    extra = ["rts"] if rts else []
+    r = subprocess.run([*cmd, str(tmp_path / "one"), *extra], cwd=tmp_path, env=_env(), capture_output=True,
+                       text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
-    r = _poprun(["--num-instances", "2", "--num-replicas", "4", *cmd, str(tmp_path / "two")], tmp_path, timeout=1200)
+    r = _poprun(["--num-instances", "2", "--num-replicas", "4", *cmd, str(tmp_path / "two"), *extra], tmp_path,
+                timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     one = np.load(tmp_path / "one.npz")
     for i in range(2):
@@ -231,6 +277,8 @@ def test_popart_training_under_poprun_matches_one_process(tmp_path):
             np.testing.assert_array_equal(two[k], one[k])
     rng = np.random.default_rng(0)
     assert not np.allclose(one["w1"], rng.standard_normal((8, 16)).astype(np.float32) * 0.3)   # it trained
+    assert sorted(one) == (["Accl1___w1", "Accl1___w2", "w1", "w2"] if rts else ["w1", "w2"])
+    assert not rts or np.abs(one["Accl1___w1"]).max() > 0
 
 
 def _ip(*args):
@@ -296,3 +344,66 @@ def test_distributed_options_without_instances_raise(monkeypatch):
     with pytest.raises(Exception, match="start the program with poprun --num-instances 2 --num-replicas 4"):
         tm(torch.ones(2, 2))
 
+
+
+def test_broadcast_weights_alone_and_bad_root(monkeypatch):
+    """``TrainingSession.broadcastWeights()`` in a single instance leaves the weights as they are;
+    a root that is not an instance raises ``popart_exception``."""
+    import numpy as np
+    import popart
+    for k in poprun.instance_env(0, 1, 1, 1, "x", 1):
+        monkeypatch.delenv(k, raising=False)
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 3]), "x")
+    w0 = np.arange(6, dtype=np.float32).reshape(3, 2)
+    w = b.addInitializedInputTensor(w0, "w")
+    loss = b.aiGraphcore.l1loss([b.aiOnnx.matmul([x, w])], 0.1)
+    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}), loss,
+                               popart.ConstSGD(0.1), popart.DeviceManager().createCpuDevice())
+    s.prepareDevice()
+    s.broadcastWeights()
+    s.weightsFromHost()
+    out = {"w": np.zeros((3, 2), np.float32)}
+    s.readWeights(popart.PyWeightsIO(out))
+    np.testing.assert_array_equal(out["w"], w0)
+    with pytest.raises(popart.popart_exception, match="root instance 1 is not one of the 1 instances"):
+        s.broadcastWeights(1)
+
+
+def _graphcore_example(path: str) -> str | None:
+    """A file of graphcore/examples: from ``$GRAPHCORE_EXAMPLES`` (a checkout) or this host's
+    mirror (a bare repository); None when neither exists."""
+    root = os.environ.get("GRAPHCORE_EXAMPLES")
+    if root and (Path(root) / path).exists():
+        return (Path(root) / path).read_text()
+    mirror = Path("/work/.mirror/graphcore+examples/repo")
+    if mirror.exists():
+        r = subprocess.run(["git", "-C", str(mirror), "show", f"HEAD:{path}"], capture_output=True, text=True)
+        if r.returncode == 0:
+            return r.stdout
+    return None
+
+
+@pytest.mark.slow     # two instances train and validate a ResNet-18 (~5 min on the loaded 2-core host)
+def test_graphcore_popdist_poptorch_example(tmp_path):
+    """Graphcore's ``tutorials/feature_examples/pytorch/popdist/popdist_training.py``, unmodified,
+    under ``poprun --num-instances 2 --num-replicas 2`` (1 epoch, batch 4, no loader workers), with
+    ``tests/torchvision_stand_in`` for torchvision (ResNet-18, synthetic CIFAR-10: the real
+    torchvision does not load here). The instances initialise ResNet-18 from different host RNG
+    states; as in Graphcore's own test of the example, every weight and bias of the two
+    instances' checkpoints must agree (the BatchNorm running statistics are each replica's own)."""
+    src = _graphcore_example("tutorials/feature_examples/pytorch/popdist/popdist_training.py")
+    if src is None:
+        pytest.skip("graphcore/examples is not available (set GRAPHCORE_EXAMPLES to a checkout)")
+    (tmp_path / "popdist_training.py").write_text(src)
+    stand_in = str(HERE / "torchvision_stand_in")
+    r = _poprun(["--num-instances", "2", "--num-replicas", "2", sys.executable, "popdist_training.py", "--epochs", "1",
+                 "--batch-size", "4", "--dataloader-workers", "0"], tmp_path, timeout=1800,
+                PYTHONPATH=stand_in + os.pathsep + SRC, HOME=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr.count("Validation accuracy") == 2 and "Loss:" in r.stderr
+    ck = [torch.load(tmp_path / f"checkpoint-instance-{i}.pt") for i in range(2)]
+    keys = [k for k in ck[0] if k.endswith(("weight", "bias"))]
+    assert len(keys) > 40
+    for k in keys:
+        assert torch.equal(ck[0][k], ck[1][k]), k

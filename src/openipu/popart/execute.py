@@ -181,7 +181,7 @@ class IrExecutor:
         #: ``[groups, *shape]``, replica ``r`` holds row ``groups[id][r]``)
         self.groups = dict(groups or {})
         #: the replicas are a block of a distributed replicated graph (PopDist instances): the
-        #: all-reduces gather every instance's replicas (gcl_instances.gather_replicas)
+        #: all-reduces fold over every instance's replicas (gcl_instances.reduce_groups)
         self.distributed = bool(distributed)
         self.out = out          # PrintTensor's stream (None: sys.stdout when printing)
         self.replicas, self.accumulation = int(replicas), int(accumulation)
@@ -352,22 +352,19 @@ class IrExecutor:
                 flat = torch.cat([src.reshape(-1), src.new_zeros(rf * k - n)])
                 env[out] = flat[r * k:(r + 1) * k].to(self.dtype[out]).clone()
             return
-        every = xs
-        if self.distributed:        # every instance's replicas, in global order (the hook of gcl's kernels)
-            every = list(gcl_instances.gather_replicas(torch.stack(xs), f"{op_type} {out}").unbind(0))
-        op = str(attrs.get("op", "Add"))
-        scope = gcl_instances.current_scope() if self.distributed else None
-        offset = scope.offset if scope is not None else 0
-        # the replica groups (attribute commGroup: a grouped weight's gradient reduces in its groups)
-        totals = [None] * len(every)
-        for members in comm_groups(attrs.get("commGroup"), len(every)):
-            total = _reduce(op, [every[i] for i in members])
-            if len(members) == 1:       # a group of one: its own value (not an alias of it)
-                total = total.clone()
-            for i in members:
-                totals[i] = total
+        rop = str(attrs.get("op", "Add"))
+        n = max(1, gcl_instances.num_instances()) if self.distributed else 1
+        offset = gcl_instances.instance_index() * rf if n > 1 else 0
+        # the replica groups (attribute commGroup: a grouped weight's gradient reduces in its
+        # groups), over every instance's replicas: gcl's fold, a chain over the instances
+        groups = np.asarray(comm_groups(attrs.get("commGroup"), rf * n), np.int64)
+        group_of = np.empty(rf * n, np.int64)
+        for g, members in enumerate(groups):
+            group_of[members] = g
+        red = gcl._reduce_groups(torch.stack(xs), groups, _COLLECTIVE_OP[rop], (offset, rf) if n > 1 else None,
+                                 f"{op_type} {out}")
         for r, (env, x) in enumerate(zip(envs, xs)):
-            total = totals[offset + r]
+            total = red[int(group_of[offset + r])]
             if op_type == "ReplicatedAllReduceInplace":
                 env[out] = x.copy_(total)
             else:

@@ -621,8 +621,7 @@ class _SessionBase(rng_state.RngStateApi, GroupedWeightsMixin):
             # a sharded optimizer state: each replica receives its piece
             if tid in self._replica_group:      # a grouped variable: each replica its group's value
                 host = np.ascontiguousarray(self._replica_view(tid))
-            self._engine.connectStream(h, shard_rows(host, self.replicationFactor).reshape(-1)
-                                       if tid in sharded else host.reshape(-1))
+            self._engine.connectStream(h, self._local_pieces(tid).reshape(-1) if tid in sharded else host.reshape(-1))
         self._engine.run(1, "weightsFromHost")
         if getattr(self, "_fast", None):
             self._fast.set_weights(self._host_weights)
@@ -644,7 +643,7 @@ class _SessionBase(rng_state.RngStateApi, GroupedWeightsMixin):
         # one replica, not sharded: the device writes straight into the host copy (the engine keeps
         # a connected buffer, so a staging buffer per weight would stay alive: one more host copy
         # of every weight and optimizer state)
-        bufs = {tid: (shard_rows(self._host_weights[tid], repl) if tid in sharded else
+        bufs = {tid: (self._local_pieces(tid) if tid in sharded else
                       np.zeros((repl, *self._ir.tensors[tid].info.shape()), self._host_weights[tid].dtype))
                 for tid in self._lowered.weights_out if repl > 1 or tid in sharded}
         for tid, h in self._lowered.weights_out.items():
@@ -652,11 +651,35 @@ class _SessionBase(rng_state.RngStateApi, GroupedWeightsMixin):
         self._engine.run(2, "weightsToHost")
         for tid, b in bufs.items():
             host = self._host_weights[tid]
+            if tid in sharded and sharded[tid][1] > repl:       # the other instances' pieces too
+                b = self._gather_pieces(tid, b)
             # a sharded optimizer state: the replicas' pieces, in order, trimmed
             if tid in sharded:
                 host[...] = b.reshape(-1)[:host.size].reshape(host.shape)
             else:
                 self._store_replicas(tid, b)
+
+    def _local_pieces(self, tid: str) -> np.ndarray:
+        """This instance's replicas' pieces of the sharded state ``tid``: ``[local replicas,
+        ceil(n / shards)]``, the rows ``[globalReplicaOffset, + local)`` of its ``shard_rows`` over
+        all (global) replicas."""
+        shards = self._ir.sharded_state[tid][1]
+        off = int(self.options.globalReplicaOffset) if shards > self.replicationFactor else 0
+        return np.ascontiguousarray(shard_rows(self._host_weights[tid], shards)[off:off + self.replicationFactor])
+
+    def _gather_pieces(self, tid: str, local: np.ndarray) -> np.ndarray:
+        """Every instance's pieces of the sharded state ``tid`` (a distributed replicated graph):
+        ``[global replicas, k]`` from this instance's ``[local, k]``, over ``torch.distributed``
+        (every instance must call ``weightsToHost``). Raises ``popart_exception`` when an
+        instance is lost or the gather times out."""
+        import torch
+
+        from openipu.poplar.errors import poplar_error
+        from openipu.poplibs import gcl_instances
+        try:
+            return gcl_instances.gather_replicas(torch.from_numpy(local), f"weightsToHost {tid}").numpy()
+        except poplar_error as e:
+            raise popart_exception(str(e)) from None
 
     def _check_writable_weights(self, what: str):
         if self.options.constantWeights:
@@ -822,6 +845,25 @@ class TrainingSession(_SessionBase):
         super().weightsFromHost()
         self._send_optimizer()
         self._weights_sent = True
+
+    def broadcastWeights(self, rootRank: int = 0) -> None:  # noqa: N802,N803
+        """PopART ``Session::broadcastWeights(rootRank=0)``: overwrite this instance's host copies
+        of the weights (every variable: weights and optimizer state) with those of the PopRun
+        instance ``rootRank``, over ``torch.distributed`` (:mod:`openipu.poplibs.gcl_instances`).
+        Call ``weightsFromHost()`` afterwards to send them to the device. A no-op in a single
+        instance. Raises ``popart_exception`` for a ``rootRank`` outside the instances, or when
+        an instance is lost or the broadcast times out."""
+        import torch
+
+        from openipu.poplar.errors import poplar_error
+        from openipu.poplibs import gcl_instances
+        self._check_runnable()
+        ids = sorted(self._host_weights)
+        try:
+            gcl_instances.broadcast_tensors_from([torch.from_numpy(self._host_weights[t]) for t in ids],
+                                                 int(rootRank), "broadcastWeights")
+        except poplar_error as e:
+            raise popart_exception(str(e)) from None
 
     def run(self, stepio, debugName: str = "") -> None:  # noqa: N803
         """One step: ``batchesPerStep`` forward, backward and weight-update passes. Raises

@@ -173,6 +173,21 @@ def _global(v: torch.Tensor, span, what: str) -> torch.Tensor:
     return v if span is None else gcl_instances.gather_replicas(v, what)
 
 
+def _reduce_groups(v: torch.Tensor, groups: np.ndarray, op: str, span, what: str) -> torch.Tensor:
+    """``[G, *shape]``: the reduction of each replica group (``groups [G, p]``, ring order) of
+    ``v`` (``[replicas, *shape]``). In a distributed replicated graph (``span``) ``v`` holds
+    this instance's replicas and the fold runs as a chain over the instances
+    (:func:`gcl_instances.reduce_groups`), bit-identical to the one-process fold."""
+    if span is None:
+        return _reduce(v[torch.from_numpy(groups)], op, 1)
+    red = gcl_instances.reduce_groups(v, groups, span[0], functools.partial(_combine, op),
+                                      (lambda x: x * x) if op == "SQUARE_ADD" else None, what)
+    if op == "MEAN":
+        p = groups.shape[1]
+        red = red / p if red.is_floating_point() else torch.div(red, p, rounding_mode="trunc")
+    return red
+
+
 def _mine(x: torch.Tensor, span) -> torch.Tensor:
     """This instance's rows of a ``[global replicas, ...]`` result."""
     return x if span is None else x[span[0]: span[0] + span[1]]
@@ -184,8 +199,7 @@ def _cross_allreduce_kernel(data, out, groups, group_of, op, span, ctx):
     if op == "LOCAL":
         ctx.write(out, v.clone())
         return
-    x = _global(v, span, "allReduceCrossReplica")[torch.from_numpy(groups)]   # [G, p, *shape]
-    red = _reduce(x, op, 1)                               # [G, *shape]
+    red = _reduce_groups(v, groups, op, span, "allReduceCrossReplica")   # [G, *shape]
     ctx.write(out, _mine(red[torch.from_numpy(group_of)], span))
 
 
@@ -213,13 +227,14 @@ def _scatter_index(layout, p: int) -> np.ndarray:
 
 @kernel
 def _cross_reducescatter_kernel(data, out, groups, group_of, pos_of, layout, op, span, ctx):
-    v = _global(ctx.read(data), span, "reduceScatterCrossReplica")
-    R = v.shape[0]
-    flat = v.reshape(R, -1)
+    v = ctx.read(data)
     if op == "LOCAL":
-        red = flat
+        red = _global(v, span, "reduceScatterCrossReplica")
+        red = red.reshape(red.shape[0], -1)
     else:
-        red = _reduce(flat[torch.from_numpy(groups)], op, 1)[torch.from_numpy(group_of)]   # [R, n]
+        red = _reduce_groups(v.reshape(v.shape[0], -1), groups, op, span,
+                             "reduceScatterCrossReplica")[torch.from_numpy(group_of)]   # [R, n] (R global)
+    R = red.shape[0]
     padded = torch.cat([red, torch.zeros(R, 1, dtype=red.dtype)], 1)
     index = _scatter_index(layout, groups.shape[1])
     idx = torch.from_numpy(index)[torch.from_numpy(pos_of)]                                # [R, out_n]

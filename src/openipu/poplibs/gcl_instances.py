@@ -11,12 +11,22 @@ This module is the one place where a collective leaves the process. It runs on
 - :func:`scope` marks a graph construction as part of a distributed replicated graph (the
   PopART session enters it while lowering); :func:`current_scope` is what ``gcl`` reads to build
   its replica groups over the global replicas;
-- :func:`gather_replicas` is the hook every cross-replica collective kernel calls: the local
+- :func:`reduce_groups` is the hook of the cross-replica *reductions* (all-reduce,
+  reduce-scatter): a chain reduce over the instances followed by a broadcast. Instance 0 folds
+  its replicas of every group into a partial result and sends it on; instance ``k`` receives the
+  partial result of instances ``0..k-1``, folds in its own replicas in ring order and sends it on;
+  the last instance broadcasts the finished ``[groups, ...]`` result. Each instance sends and
+  receives one tensor of the groups' size (two with the broadcast) however many replicas it holds,
+  and the arithmetic is the one-process ring order element for element, so the result is
+  bit-identical to one process holding every replica. Groups whose ring order goes back to an
+  earlier instance (possible with hand-made replica orders only) use :func:`gather_replicas`;
+- :func:`gather_replicas` is the hook of the all-gathers (and the fall-back above): the local
   ``[local, ...]`` values of every instance concatenated into the global ``[global, ...]`` stack,
-  so that the reduction itself runs exactly as in a one-process run of all replicas (the same ring
-  order, the same rounding) and the instance keeps its own rows;
+  the instance keeps its own rows;
 - :func:`all_reduce_replicas` is the whole all-reduce on host tensors for executors that do not
-  run Poplar kernels (the PopART IR executor): ``[local, ...]`` in, ``[local, ...]`` out.
+  run Poplar kernels: ``[local, ...]`` in, ``[local, ...]`` out;
+- :func:`broadcast_tensors_from` overwrites tensors with one instance's values (the weights at
+  the start of a distributed run: PopTorch's compile, PopART's ``broadcastWeights``).
 
 The process group is created on first use from PopDist's environment (``poprun`` sets it):
 ``POPDIST_NUM_INSTANCES``, ``POPDIST_INSTANCE_INDEX``, ``MASTER_ADDR``, ``MASTER_PORT``. A
@@ -36,7 +46,8 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["Scope", "scope", "current_scope", "num_instances", "instance_index", "timeout_seconds",
-           "init_process_group", "gather_replicas", "all_reduce_replicas", "broadcast_from_instance0"]
+           "init_process_group", "gather_replicas", "reduce_groups", "all_reduce_replicas", "broadcast_from_instance0",
+           "broadcast_tensors_from"]
 
 #: Default seconds a collective waits for the other instances.
 DEFAULT_TIMEOUT_S = 300.0
@@ -150,6 +161,81 @@ def gather_replicas(local: torch.Tensor, what: str = "collective") -> torch.Tens
     return out.view(torch.bool) if x.dtype == torch.bool else out
 
 
+def _wire(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (contiguous) as bytes for gloo's point-to-point calls, which know no bool or half."""
+    return x.contiguous().view(torch.uint8) if x.dim() else x.reshape(1).view(torch.uint8)
+
+
+def reduce_groups(local: torch.Tensor, groups, offset: int, combine, prep=None,
+                  what: str = "collective") -> torch.Tensor:
+    """The reduction of every replica group over all instances, as ``[G, *shape]``.
+
+    ``local``: ``[local_replicas, *shape]``, this instance's replicas (global ids ``offset ...``).
+    ``groups``: ``[G, p]`` global replica ids (numpy or nested lists), each row in ring order.
+    ``combine(acc, x)``: one step of the fold (``acc`` from earlier replicas of the group).
+    ``prep(x)``: applied to each replica's value before it enters the fold (a cast, or the
+    square of ``SQUARE_ADD``; default: none). The fold of group ``g`` is
+    ``combine(...combine(prep(v[g0]), prep(v[g1]))..., prep(v[g(p-1)]))`` exactly as a
+    one-process fold in ring order computes it; a mean's division is the caller's.
+
+    Runs as a chain over the instances (see the module docstring); when a group's ring order
+    returns to an earlier instance the values are all-gathered instead (same result, more
+    traffic). Alone (one instance) the fold runs locally. Raises ``poplar_error`` on a timeout
+    or a lost instance."""
+    import numpy as np
+    import torch.distributed as dist
+    prep = prep or (lambda x: x)
+    g = np.asarray(groups, dtype=np.int64).reshape(len(groups), -1)
+    n_local = local.shape[0]
+    n = num_instances()
+    owner = g // n_local if n > 1 else np.zeros_like(g)
+    if n > 1 and (np.diff(owner, axis=1) < 0).any():
+        return _fold_rows(gather_replicas(local, what), g, 0, combine, prep)
+    if n < 2:
+        return _fold_rows(local, g, offset, combine, prep)
+    init_process_group()
+    k = instance_index()
+    first = prep(local[0])
+    acc = first.new_zeros((g.shape[0], *first.shape))
+    started = torch.zeros(g.shape[0], dtype=torch.bool)
+    try:
+        if k > 0:
+            dist.recv(_wire(acc), k - 1)
+            dist.recv(_wire(started), k - 1)
+        for j in range(g.shape[1]):
+            rows = np.nonzero(owner[:, j] == k)[0]
+            if rows.size == 0:
+                continue
+            x = prep(local[torch.from_numpy(g[rows, j] - offset)])
+            r = torch.from_numpy(rows)
+            was = started[r]
+            if bool(was.all()):
+                acc[r] = combine(acc[r], x)
+            elif not bool(was.any()):
+                acc[r] = x
+            else:
+                for q, row in enumerate(rows.tolist()):
+                    acc[row] = combine(acc[row], x[q]) if bool(started[row]) else x[q]
+            started[r] = True
+        if k < n - 1:
+            dist.send(_wire(acc), k + 1)
+            dist.send(_wire(started), k + 1)
+        dist.broadcast(_wire(acc), n - 1)
+    except Exception as e:  # noqa: BLE001 - gloo raises RuntimeError / DistBackendError
+        raise _failed(what, e) from None
+    return acc
+
+
+def _fold_rows(every: torch.Tensor, g, offset: int, combine, prep) -> torch.Tensor:
+    """The one-process fold of ``reduce_groups`` over ``every`` (rows: replicas from ``offset``)."""
+    import numpy as np
+    x = prep(every[torch.from_numpy(np.asarray(g) - offset)])          # [G, p, *shape]
+    acc = x[:, 0]
+    for j in range(1, x.shape[1]):
+        acc = combine(acc, x[:, j])
+    return acc
+
+
 def all_reduce_replicas(local: torch.Tensor, op: str = "ADD", what: str = "allReduce",
                         across_instances: bool = True) -> torch.Tensor:
     """All-reduce over all global replicas, for executors that keep replica values as host
@@ -160,11 +246,20 @@ def all_reduce_replicas(local: torch.Tensor, op: str = "ADD", what: str = "allRe
     ``gcl.CollectiveOperator`` name. ``across_instances``: the session is a distributed replicated
     graph (PopART ``enableDistributedReplicatedGraphs``); False reduces the local replicas only.
     Raises ``poplar_error`` on a timeout or a lost instance."""
-    from openipu.poplibs.gcl import _reduce
+    from openipu.poplibs.gcl import _combine
     op = str(getattr(op, "name", op)).upper()
     if op == "LOCAL":
         return local.clone()
-    red = _reduce(gather_replicas(local, what) if across_instances else local, op, 0)
+    if not across_instances:
+        from openipu.poplibs.gcl import _reduce
+        return _reduce(local, op, 0).unsqueeze(0).expand_as(local).contiguous()
+    n_local = local.shape[0]
+    offset = instance_index() * n_local if num_instances() > 1 else 0
+    total = n_local * max(1, num_instances())
+    red = reduce_groups(local, [list(range(total))], offset, lambda a, b: _combine(op, a, b),
+                        (lambda x: x * x) if op == "SQUARE_ADD" else None, what)[0]
+    if op == "MEAN":
+        red = red / total if red.is_floating_point() else torch.div(red, total, rounding_mode="trunc")
     return red.unsqueeze(0).expand_as(local).contiguous()
 
 
@@ -181,3 +276,30 @@ def broadcast_from_instance0(t: torch.Tensor, what: str = "broadcast") -> torch.
     except Exception as e:  # noqa: BLE001
         raise _failed(what, e) from None
     return x
+
+
+def broadcast_tensors_from(tensors: list, root: int = 0, what: str = "broadcastWeights") -> None:
+    """Overwrite ``tensors`` (torch tensors, any dtypes and shapes, written in place) with
+    instance ``root``'s values, in one ``torch.distributed.broadcast`` of their bytes (PopDist's
+    weight broadcast at the start of a run, PopART's ``Session.broadcastWeights(rootRank)``). A
+    no-op when running alone. Raises ``poplar_error`` for a ``root`` outside the instances, on a
+    timeout or a lost instance."""
+    import torch.distributed as dist
+    from openipu.poplar import errors
+    n = num_instances()
+    if not 0 <= int(root) < n:
+        raise errors.poplar_error(f"The broadcast root instance {root} is not one of the {n} instances")
+    if n < 2 or not tensors:
+        return
+    init_process_group()
+    with torch.no_grad():
+        parts = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
+        buf = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+        try:
+            dist.broadcast(buf, int(root))
+        except Exception as e:  # noqa: BLE001 - gloo raises RuntimeError / DistBackendError
+            raise _failed(what, e) from None
+        at = 0
+        for t, p in zip(tensors, parts):
+            t.copy_(buf[at: at + p.numel()].view(t.dtype).reshape(t.shape))
+            at += p.numel()

@@ -408,8 +408,25 @@ class PoplarExecutor:
         self._attached = o.connection_type == ConnectionType.Always
         if o.random_seed is not None:
             s.setRandomSeed(o.random_seed)
+        if self._training and o.Distributed.numProcesses > 1:
+            self._broadcast_weights()
         if self._attached:
             self._upload_weights(force=True)
+
+    def _broadcast_weights(self) -> None:
+        """PopDist's start of a distributed training run: the model's weights and buffers of the
+        PopRun instance 0 overwrite this instance's (in the user model, in place), so that the
+        instances need not build identical initial weights. Every instance compiles its training
+        model, so every instance takes part (inference models are not broadcast: one evaluated on
+        some instances only must not wait for the others). Raises :class:`Error` when an instance
+        is lost or the broadcast times out."""
+        from openipu.poplar.errors import poplar_error
+        from openipu.poplibs import gcl_instances
+        try:
+            gcl_instances.broadcast_tensors_from([self._module_tensor(p) for p in self._built.weights.values()], 0,
+                                                 "weights broadcast from instance 0")
+        except poplar_error as e:
+            raise from_popart(e) from None
 
     # -- weights ---------------------------------------------------------------------------
     def _module_tensor(self, path: str) -> torch.Tensor:

@@ -98,10 +98,11 @@ def replicated_reduce_scatter(ctx, op):
 def replica_slice(ctx, op):
     """This replica's piece of the flattened input, ``[ceil(n / replicas)]`` (zero-padded): a
     ``popops.dynamicSlice`` at the replication index (the weight slice a sharded optimizer
-    state updates)."""
+    state updates). In a distributed replicated graph ``replicas`` is the global replication
+    factor and the index the global one (``globalReplicaOffset`` plus the local index)."""
     g = graph(ctx, op)
     x = ctx.input(op, 0).flatten()
-    rf = ctx.options.replication_factor()
+    rf = ctx.options.getGlobalReplicationFactor()     # the pieces of all instances' replicas
     k = -(-x.numElements() // rf)
     if rf * k > x.numElements():
         pad = g.addConstant(x.elementType(), [rf * k - x.numElements()], 0, f"{name(op)}/padding")
@@ -109,6 +110,11 @@ def replica_slice(ctx, op):
         x = poplar.concat([x, pad], 0)
     index = g.addReplicationIndexConstant(f"{name(op)}/replica")
     g.setTileMapping(index, 0)
+    offset = int(ctx.options.globalReplicaOffset) if rf > ctx.options.replication_factor() else 0
+    if offset:      # a distributed replicated graph: this instance's replicas start at globalReplicaOffset
+        off = g.addConstant(index.elementType(), [], offset, f"{name(op)}/replicaOffset")
+        g.setTileMapping(off, 0)
+        index = popops.add(g, index, off, ctx.prog, f"{name(op)}/globalReplica")
     out = g.addVariable(x.elementType(), [1, k], name(op))
     ctx.prog.add(P.WriteUndef(out))     # written whole by the slice: live from here only
     popops.dynamicSliceWithOutput(g, out, x.reshape([rf, k]), index.reshape([1]), [0], [1], ctx.prog, name(op))

@@ -367,7 +367,7 @@ def build(ir, target, options, progress=None, patterns=None) -> Lowered:
                 poputil.mapTensorLinearly(g, dev)
         else:  # Variable
             sharded = tid in ir.sharded_state     # one piece per replica (replicated tensor sharding)
-            value = shard_rows(t.value, repl)[0] if sharded else np.asarray(t.value)
+            value = shard_rows(t.value, ir.sharded_state[tid][1])[0] if sharded else np.asarray(t.value)
             later = None if sharded else updater_clone(ctx, tid, vg)
             if later is not None:                 # an accumulator: made from its gradient, when lowered
                 ctx.defer(tid, vg, functools.partial(_make_later, g, ptype, later, value))

@@ -366,21 +366,16 @@ def sharded_weights(ir, opt, weights) -> set:
     """The weights whose optimizer state is sharded over the replicas (PopART's replicated tensor
     sharding: ``optimizerStateTensorLocationSettings.location.replicatedTensorSharding`` On, more
     than one replica, at least ``minElementsForReplicatedTensorSharding`` elements, and some
-    state to shard). Raises ``popart_exception`` for SGD with a combined velocity and accumulator
-    (use ``SGDAccumulatorAndMomentum.Separate``) and for sharding across the instances of a
-    distributed replicated graph (not implemented)."""
+    state to shard; in a distributed replicated graph the state is sharded over the replicas of
+    all instances). Raises ``popart_exception`` for SGD with a combined velocity and accumulator
+    (use ``SGDAccumulatorAndMomentum.Separate``)."""
     o = ir.options
     settings = o.optimizerStateTensorLocationSettings
-    if o.replication_factor() < 2 or not str(settings.location.replicatedTensorSharding).endswith("On"):
+    if o.getGlobalReplicationFactor() < 2 or not str(settings.location.replicatedTensorSharding).endswith("On"):
         return set()
     acc = o.accumulation_factor() > 1
     out = {w for w in weights if ir.tensors[w].info.nelms() >= int(settings.minElementsForReplicatedTensorSharding)
            and (not isinstance(opt, SGD) or opt.uses_velocity(w, acc))}
-    if out and o.getGlobalReplicationFactor() != o.replication_factor():
-        raise popart_exception("openipu does not yet shard the optimizer state over the replicas of several instances "
-                               "(enableDistributedReplicatedGraphs with replicated tensor sharding): turn "
-                               "replicatedTensorSharding off for the optimizer state, or run the replicas in one "
-                               "instance")
     if out and isinstance(opt, SGD) and opt.accumulator_and_momentum != SGDAccumulatorAndMomentum.Separate:
         raise popart_exception("openipu shards the SGD optimizer state over replicas with "
                                "SGDAccumulatorAndMomentum.Separate only: pass accumulatorAndMomentum="
