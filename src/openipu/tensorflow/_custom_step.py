@@ -363,6 +363,7 @@ class CustomStep:
             self.session.setRandomSeed(int(seed))
         self.clock_hz = float(device.device.getTarget().spec.clock_hz)
         self.cycles = None
+        self.reported = False
         self.in_dtypes = [sp.dtype.as_numpy_dtype for sp in specs]
 
     # ------------------------------------------------------------------------------------------

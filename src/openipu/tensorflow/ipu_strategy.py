@@ -54,6 +54,13 @@ class IPUStrategyV1(tf.distribute.OneDeviceStrategy):
                 out = step.run(list(args), kwargs)
                 self.ipu_predicted_seconds = {"execution": step.seconds, "step": step.seconds / step.iterations,
                                               "cycles": step.cycles}
+                if not step.reported:
+                    step.reported = True
+                    logger.info("IPUStrategy.run: %s ran on the simulated IPU, %d step%s per execution; predicted IPU "
+                                "time %.4f ms per execution, %.4f ms per step (%d cycles; not host time).",
+                                getattr(fn, "__name__", "the function"), step.iterations,
+                                "s" if step.iterations != 1 else "", step.seconds * 1e3,
+                                step.seconds * 1e3 / step.iterations, step.cycles)
                 return out
         return super().run(fn, args=args, kwargs=kwargs, options=options)
 
