@@ -232,37 +232,27 @@ def _source_specs(source):
     return [tf.TensorSpec(t.shape, t.dtype)]
 
 
-def _keras_variables(cf, pyfn, args, kwargs, optimized):
-    """The Keras variables behind the ``tf.Variable`` objects the traced function ``cf`` reads
-    (floating point only), found on the Keras layers / models among the arguments and the
-    function's globals and closure, and among the ``optimized`` variables. Raises
-    :class:`Unsupported` when one cannot be found."""
-    import inspect
+class _TFVariable:
+    """A ``tf.Variable`` the step reads, as :mod:`._capture` handles variables (``path``, string
+    ``dtype``, ``numpy``, ``assign``); ``trainable`` is whether the step's optimizer updates it."""
 
-    import keras
-    cands = list(optimized)
-    refs = list(args) + list(kwargs.values())
-    try:
-        cv = inspect.getclosurevars(pyfn)
-        refs += list(cv.nonlocals.values()) + list(cv.globals.values())
-    except (TypeError, ValueError):
-        pass
-    for r in refs:
-        if isinstance(r, keras.layers.Layer):
-            cands += list(r.variables)
-    by_tf = {}
-    for kv in cands:
-        by_tf.setdefault(id(getattr(kv, "_value", kv)), kv)
-    out = []
-    for v in cf.variables:
-        if not v.dtype.is_floating:
-            continue
-        kv = by_tf.get(id(v))
-        if kv is None:
-            raise Unsupported(f"the variable {v.name} is not a Keras variable of a model the step can see")
-        if all(kv is not o for o in out):
-            out.append(kv)
-    return out
+    def __init__(self, variable, trainable):
+        self.tf_variable, self.trainable = variable, trainable
+        self.path, self.shape = variable.name, tuple(variable.shape)
+        self.dtype = variable.dtype.name
+
+    def numpy(self):
+        return self.tf_variable.numpy()
+
+    def assign(self, value):
+        self.tf_variable.assign(np.asarray(value).astype(self.tf_variable.dtype.as_numpy_dtype))
+
+
+def _step_variables(cf, optimized):
+    """The floating-point variables the traced function ``cf`` reads (``_TFVariable``), marked
+    trainable when among the optimizer's ``optimized`` (Keras) variables."""
+    updated = {id(getattr(kv, "_value", kv)) for kv in optimized}
+    return [_TFVariable(v, id(v) in updated) for v in cf.variables if v.dtype.is_floating]
 
 
 # -- the compiled step -------------------------------------------------------------------------
@@ -299,10 +289,9 @@ class CustomStep:
             raise Unsupported("a gradient without an optimizer update")
         if disc.optimizer is not None and disc.loss is None:
             raise Unsupported("an optimizer update without a GradientTape gradient")
-        variables = _keras_variables(cf, pyfn, args, kwargs, disc.optimized)
+        variables = _step_variables(cf, disc.optimized)
         if self.training:
-            updated = {id(v) for v in disc.optimized}
-            frozen = [v.path for v in variables if id(v) not in updated]
+            frozen = [v.path for v in variables if not v.trainable]
             if frozen:
                 raise Unsupported(f"variables the optimizer does not update ({frozen})")
         self.optimizer = disc.optimizer

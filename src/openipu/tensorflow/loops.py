@@ -62,6 +62,9 @@ def while_loop(condition, body, inputs=None, infeed_queue=None, maximum_iteratio
     if active() is not None:
         raise Unsupported("ipu.loops.while_loop (a data-dependent trip count)")
     vals = _as_list(inputs)
+    if not tf.executing_eagerly():      # in a tf.function on the CPU: TensorFlow's while loop
+        return list(tf.while_loop(lambda *v: condition(*v), lambda *v: _as_list(_call(body, list(v), infeed_queue)),
+                                  vals, maximum_iterations=maximum_iterations))
     i = 0
     while bool(tf.convert_to_tensor(condition(*vals))) and (maximum_iterations is None or i < maximum_iterations):
         vals = _as_list(_call(body, vals, infeed_queue))
