@@ -132,5 +132,16 @@ def test_unsupported_step_runs_on_cpu_with_a_warning(caplog):
 
     with strategy.scope():
         out = strategy.run(count, args=[tf.constant(1.5)])
+        counter = tf.Variable(0.0)
+
+        @tf.function
+        def bump(x):
+            counter.assign_add(x)
+            return counter.read_value()
+
+        strategy.run(bump, args=[tf.constant(2.0)])
+        strategy.run(bump, args=[tf.constant(3.0)])
     assert float(out[0]) == 12.0
     assert "runs with TensorFlow on the host CPU, not on the simulated IPU: ipu.loops.while_loop" in caplog.text
+    assert float(counter.numpy()) == 5.0        # the assignments are not lost
+    assert "changes variables other than through the optimizer (AssignAddVariableOp)" in caplog.text

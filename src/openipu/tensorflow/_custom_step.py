@@ -24,7 +24,8 @@ On the IPU the whole function is one Poplar program; here it becomes one PopART 
    run is in ``strategy.ipu_predicted_seconds``.
 
 A step this cannot express (two gradient calls, an optimizer per variable subset, variables the
-optimizer does not update, replication over more than one IPU, ops tf2onnx cannot convert...)
+optimizer does not update, variables assigned in the step (metrics, batch-norm statistics),
+replication over more than one IPU, ops tf2onnx cannot convert...)
 raises :class:`Unsupported`; ``IPUStrategy.run`` then runs it with TensorFlow on the host CPU and
 logs a warning naming the reason.
 """
@@ -232,6 +233,10 @@ def _source_specs(source):
     return [tf.TensorSpec(t.shape, t.dtype)]
 
 
+_STATEFUL_OPS = {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "ResourceScatterUpdate",
+                 "ResourceScatterAdd", "ResourceScatterSub", "StatefulPartitionedCall", "PyFunc", "EagerPyFunc"}
+
+
 class _TFVariable:
     """A ``tf.Variable`` the step reads, as :mod:`._capture` handles variables (``path``, string
     ``dtype``, ``numpy``, ``assign``); ``trainable`` is whether the step's optimizer updates it."""
@@ -289,6 +294,9 @@ class CustomStep:
             raise Unsupported("a gradient without an optimizer update")
         if disc.optimizer is not None and disc.loss is None:
             raise Unsupported("an optimizer update without a GradientTape gradient")
+        assigns = sorted({op.type for op in cf.graph.get_operations() if op.type in _STATEFUL_OPS})
+        if assigns:     # tf2onnx would drop them: metric updates, batch-norm statistics, counters
+            raise Unsupported(f"a step that changes variables other than through the optimizer ({', '.join(assigns)})")
         variables = _step_variables(cf, disc.optimized)
         if self.training:
             frozen = [v.path for v in variables if not v.trainable]
