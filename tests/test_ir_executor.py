@@ -138,6 +138,7 @@ def _train(monkeypatch, mode, opt_name, bps=2, steps=3, fp16=False, rf=1, af=1, 
                                        "defaultWeightDecay": (0.01, False)}),
            "adam": lambda: popart.Adam({"defaultLearningRate": (0.01, False), "defaultWeightDecay": (0.01, True)}),
            "lamb": lambda: popart.Adam({"defaultLearningRate": (0.01, False)}, popart.AdamMode.Lamb),
+           "adam_keras": lambda: _keras_adam(),
            "rmsprop": lambda: popart.Adaptive({"defaultLearningRate": (0.01, False), "defaultMomentum": (0.5, False)},
                                               popart.AdaptiveMode.CenteredRMSProp)}[opt_name]()
     opts = popart.SessionOptions()
@@ -174,7 +175,15 @@ def _train(monkeypatch, mode, opt_name, bps=2, steps=3, fp16=False, rf=1, af=1, 
     return s, losses, weights, s.getCycleCount()
 
 
-@pytest.mark.parametrize("opt", ["sgd0", "sgd1", "adam", "lamb", "rmsprop"])
+def _keras_adam():
+    """Adam with Keras's epsilon placement (the TensorFlow route's ``eps_before_correction``);
+    a large eps so that the placement matters."""
+    opt = popart.Adam({"defaultLearningRate": (0.01, False), "defaultEps": (0.1, True)})
+    opt.eps_before_correction = True
+    return opt
+
+
+@pytest.mark.parametrize("opt", ["sgd0", "sgd1", "adam", "lamb", "adam_keras", "rmsprop"])
 def test_training_agrees_with_the_device_emulation(monkeypatch, opt):
     _, l_dev, w_dev, c_dev = _train(monkeypatch, "device", opt)
     s, l_ir, w_ir, c_ir = _train(monkeypatch, "ir", opt)

@@ -525,6 +525,9 @@ class Adam(_StateOptimizer):
                                                                                         accl2_type))
         self.clip_norm_settings = list(clip_norm_settings)
         self.scaled_optimizer_state = bool(scaled_optimizer_state)
+        # not PopART's: the TensorFlow route sets it for Keras's Adam, which adds eps to sqrt(v)
+        # before the bias correction: x = m / (sqrt(v) + eps) * sqrt(1 - b2^t) / (1 - b1^t)
+        self.eps_before_correction = False
 
     def learningRates(self):  # noqa: N802
         return _ValueMap(self, "defaultLearningRate")

@@ -38,12 +38,14 @@ class VariableMap:
 
 class Captured:
     """The captured forward: ``model`` (ONNX, weights as float initializers named after the
-    Keras variables, other constants as Constant nodes), ``input`` / ``output`` ids, the
-    ``variables`` (:class:`VariableMap` list) and ``dropouts`` (count)."""
+    Keras variables, other constants as Constant nodes), ``inputs`` / ``outputs`` ids
+    (``input`` / ``output``: the first), the ``variables`` (:class:`VariableMap` list) and
+    ``dropouts`` (count)."""
 
-    def __init__(self, model, input_name, output_name, variables, dropouts):
-        self.model, self.input, self.output, self.variables, self.dropouts = \
-            model, input_name, output_name, variables, dropouts
+    def __init__(self, model, inputs, outputs, variables, dropouts):
+        self.model, self.inputs, self.outputs, self.variables, self.dropouts = \
+            model, list(inputs), list(outputs), variables, dropouts
+        self.input, self.output = self.inputs[0] if self.inputs else None, self.outputs[0]
 
 
 def _find_perm(sentinel: np.ndarray, arr: np.ndarray):
@@ -59,11 +61,23 @@ def capture(model, input_shape, input_dtype="float32", opset: int = 17) -> Captu
     ``training=False`` on a ``input_shape`` batch. Raises ``NotImplementedError`` when a
     variable cannot be found in the converted graph (tf2onnx folded it into arithmetic, e.g. a
     fused batch norm), or the model has more than 16.7 million weights."""
+    import tensorflow as tf
+
+    spec = [tf.TensorSpec(tuple(input_shape), tf.as_dtype(input_dtype), name="x")]
+    return capture_function(lambda x: model(x, training=False), spec, list(model.variables), opset)
+
+
+def capture_function(fn, input_signature, variables, opset: int = 17) -> Captured:
+    """Convert the TensorFlow function ``fn(*inputs)`` (traced with ``input_signature``, a list
+    of ``tf.TensorSpec``) to ONNX with the ``variables`` it reads identified (sentinel values,
+    see the module docstring). ``fn`` may return one tensor or a flat list of tensors; the
+    :class:`Captured` lists every graph input / output in ``inputs`` / ``outputs`` (``input`` /
+    ``output``: the first). Keras ``Dropout`` layers become ONNX ``Dropout`` nodes, layers in a
+    pipeline stage get the stage's name scope. Raises ``NotImplementedError`` as :func:`capture`."""
     import keras
     import tensorflow as tf
     import tf2onnx
 
-    variables = list(model.variables)
     saved = [v.numpy() for v in variables]
     total = sum(int(np.prod(v.shape)) for v in variables)
     if total + 1 >= _MAX_SENTINEL:
@@ -93,15 +107,18 @@ def capture(model, input_shape, input_dtype="float32", opset: int = 17) -> Captu
         with tf.name_scope(f"{STAGE_SCOPE}{stage}"):
             return orig_layer_call(layer, *args, **kwargs)
 
-    spec = [tf.TensorSpec(tuple(input_shape), tf.as_dtype(input_dtype), name="x")]
-    fn = tf.function(lambda x: model(x, training=False))
+    def traced(*args):
+        drop_rates.clear()          # tf2onnx may trace more than once
+        return fn(*args)
+
     try:
         keras.layers.Layer.__call__ = staged_call
         for v, (_, _, s) in zip(variables, sentinels):
             if v.dtype in ("float32", "float16", "bfloat16", "float64"):
                 v.assign(s.astype(v.dtype))
         keras.layers.Dropout.call = marked_call
-        proto, _ = tf2onnx.convert.from_function(fn, input_signature=spec, opset=opset)
+        proto, _ = tf2onnx.convert.from_function(tf.function(traced, autograph=False),
+                                                 input_signature=list(input_signature), opset=opset)
     finally:
         keras.layers.Layer.__call__ = orig_layer_call
         keras.layers.Dropout.call = orig_call
@@ -156,7 +173,7 @@ def _rewrite(proto, variables, saved, sentinels, drop_rates) -> Captured:
     del g.node[:]
     g.node.extend(nodes)
     onnx.checker.check_model(proto)
-    return Captured(proto, g.input[0].name, g.output[0].name, maps, len(drop_rates))
+    return Captured(proto, [i.name for i in g.input], [o.name for o in g.output], maps, len(drop_rates))
 
 
 DROPOUT_TRAINING = "openipu_dropout_training_mode"

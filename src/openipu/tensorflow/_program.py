@@ -20,8 +20,11 @@ LABEL = "openipu_label"
 # -- losses --------------------------------------------------------------------------------------
 def loss_kind(loss):
     """``(kind, from_logits)`` of a Keras loss: kind ``"sparse_ce"`` (sparse categorical
-    cross-entropy), ``"ce"`` (categorical cross-entropy on one-hot labels) or ``"mse"``.
-    Raises ``NotImplementedError`` for other losses."""
+    cross-entropy without label smoothing: PopART's ``nllloss``), ``"mse"`` (mean squared error:
+    an ``identityloss`` of the squared error) or ``"keras"``: any other Keras loss (categorical
+    and binary cross-entropy, MAE, Huber, label smoothing...), whose own TensorFlow code is
+    captured as ONNX by :func:`capture_loss` and joined to the forward graph, so it is Keras's
+    exact formula (clipping epsilons included)."""
     import keras
     name, logits = None, False
     if isinstance(loss, str):
@@ -29,33 +32,50 @@ def loss_kind(loss):
     elif isinstance(loss, keras.losses.Loss):
         cfg = loss.get_config()
         logits = bool(cfg.get("from_logits", False))
-        if cfg.get("label_smoothing"):
-            raise NotImplementedError("label_smoothing in a loss on the IPU")
+        if cfg.get("label_smoothing") or cfg.get("reduction") not in (None, "sum_over_batch_size"):
+            return "keras", logits
         name = type(loss).__name__
     elif callable(loss):
         name = getattr(loss, "__name__", "")
     key = name.lower().replace("_", "") if name else ""
-    table = {"sparsecategoricalcrossentropy": "sparse_ce", "categoricalcrossentropy": "ce",
-             "meansquarederror": "mse", "mse": "mse"}
-    if key not in table:
-        raise NotImplementedError(f"the loss {loss!r} on the IPU (supported: sparse_categorical_crossentropy, "
-                                  "categorical_crossentropy, mean_squared_error)")
-    return table[key], logits
+    table = {"sparsecategoricalcrossentropy": "sparse_ce", "meansquarederror": "mse", "mse": "mse"}
+    return table.get(key, "keras"), logits
 
 
 def labels_for(kind: str, y: np.ndarray) -> np.ndarray:
-    """Host-side labels as the IPU program takes them: class indices (int32) for the
-    cross-entropies (one-hot ``y`` for ``ce``: rows that are not one-hot raise
-    ``NotImplementedError``), float32 targets for ``mse``."""
+    """Host-side labels as the IPU program takes them: class indices (int32) for ``sparse_ce``,
+    float32 targets for ``mse``, ``y`` as Keras gives it (float64 as float32) for ``keras``."""
     y = np.asarray(y)
     if kind == "sparse_ce":
         return y.reshape(y.shape[:1] + tuple(d for d in y.shape[1:] if d != 1)).astype(np.int32)
-    if kind == "ce":
-        idx = y.argmax(-1)
-        if not np.array_equal(np.eye(y.shape[-1], dtype=y.dtype)[idx], y):
-            raise NotImplementedError("categorical_crossentropy with labels that are not one-hot on the IPU")
-        return idx.astype(np.int32)
+    if kind == "keras" and y.dtype.kind in "iub":
+        return y.astype(np.int32)
     return y.astype(np.float32)
+
+
+def capture_loss(model, batch_shape_pred, label: np.ndarray):
+    """The model's compiled Keras loss (``model._compile_loss(y_true, y_pred)``: the reduced
+    scalar with Keras's ``sum_over_batch_size``) as an ONNX model with inputs ``y_true`` (the
+    labels' dtype, ``[batch, ...]``) and ``y_pred`` (``batch_shape_pred``, float32) and one
+    scalar output (a :class:`._capture.Captured` without variables)."""
+    import tensorflow as tf
+
+    from ._capture import capture_function
+    specs = [tf.TensorSpec(tuple(label.shape), tf.as_dtype(label.dtype), name="y_true"),
+             tf.TensorSpec(tuple(batch_shape_pred), tf.float32, name="y_pred")]
+    compile_loss = model._compile_loss
+    if not compile_loss.built:
+        compile_loss.build(tf.zeros(specs[0].shape, specs[0].dtype), tf.zeros(specs[1].shape, specs[1].dtype))
+    return capture_function(lambda yt, yp: compile_loss(yt, yp), specs, [])
+
+
+def join_loss(forward, loss):
+    """One ONNX model: the captured forward with the captured loss fed by its output (the loss
+    graph's names prefixed ``loss/``); its inputs are the forward's then ``loss/y_true``; its
+    outputs the forward's output then the loss."""
+    from onnx import compose
+    return compose.merge_models(forward.model, loss.model, io_map=[(forward.output, loss.inputs[1])],
+                                prefix2="loss/", outputs=[forward.output, "loss/" + loss.output])
 
 
 # -- optimizers ----------------------------------------------------------------------------------
@@ -68,37 +88,51 @@ def _lr(opt) -> float:
 
 
 def popart_optimizer(opt):
-    """PopART's optimizer for a Keras optimizer: ``SGD`` (momentum, nesterov) → ``popart.SGD``;
-    ``Adam`` → ``popart.Adam``; ``RMSprop`` → ``popart.Adaptive`` (RMSProp, TF variant: epsilon
-    inside the root). The learning rate is non-const (updated from the host each execution:
-    learning-rate schedules work). Raises
-    ``NotImplementedError`` for other optimizers and for ``weight_decay``, ``clipnorm``,
-    ``clipvalue``, ``global_clipnorm``, ``amsgrad``, ``use_ema``."""
+    """PopART's optimizer for a Keras optimizer, with Keras's update formulas:
+
+    - ``SGD(momentum, nesterov)`` → ``popart.SGD`` (PopART's velocity ``v = m v + g``,
+      ``w -= lr v``, nesterov ``w -= lr (g + m v)``: Keras's for a constant learning rate);
+    - ``Adam`` / ``AdamW`` → ``popart.Adam`` with Keras's epsilon placement
+      (``w -= lr m / (sqrt(v) + eps) sqrt(1 - b2^t) / (1 - b1^t)``) and, for ``weight_decay``,
+      decoupled decay (``WeightDecayMode.Decay``: ``w -= lr wd w``, Keras's);
+    - ``RMSprop`` → ``popart.Adaptive`` (RMSProp, TF variant: epsilon inside the root).
+
+    The learning rate is non-const (updated from the host each execution: learning-rate
+    schedules work). Raises ``NotImplementedError`` for other optimizers and for ``clipnorm``,
+    ``clipvalue``, ``global_clipnorm``, ``amsgrad``, ``use_ema``, ``centered``, and
+    ``weight_decay`` on SGD / RMSprop."""
     import keras
     cfg = opt.get_config()
-    for k in ("weight_decay", "clipnorm", "clipvalue", "global_clipnorm", "amsgrad", "use_ema", "centered"):
+    for k in ("clipnorm", "clipvalue", "global_clipnorm", "amsgrad", "use_ema", "centered"):
         if cfg.get(k):
             raise NotImplementedError(f"the Keras optimizer option {k}={cfg[k]!r} on the IPU")
     if (cfg.get("gradient_accumulation_steps") or 0) > 1:
         raise NotImplementedError("Keras's own gradient_accumulation_steps on the IPU: use "
                                   "model.set_gradient_accumulation_options(gradient_accumulation_steps_per_replica=n)")
+    wd = float(cfg.get("weight_decay") or 0.0)
+    if wd and not isinstance(opt, keras.optimizers.Adam | keras.optimizers.AdamW):
+        raise NotImplementedError(f"weight_decay on the Keras optimizer {type(opt).__name__} on the IPU (supported "
+                                  "with Adam and AdamW)")
     lr = _lr(opt)
     if isinstance(opt, keras.optimizers.SGD):
         m = float(cfg.get("momentum", 0.0))
-        if cfg.get("nesterov") and m:
-            raise NotImplementedError("SGD(nesterov=True) on the IPU")
         return popart.SGD({"defaultLearningRate": (lr, False), "defaultMomentum": (m, True),
-                           "defaultDampening": (0.0, True)})
-    if isinstance(opt, keras.optimizers.Adam):
-        return popart.Adam({"defaultLearningRate": (lr, False), "defaultBeta1": (float(cfg["beta_1"]), True),
-                            "defaultBeta2": (float(cfg["beta_2"]), True), "defaultEps": (float(cfg["epsilon"]), True)},
-                           mode=popart.AdamMode.Adam)
+                           "defaultDampening": (0.0, True), "nesterov": (1.0 if cfg.get("nesterov") and m else 0.0,
+                                                                         True)})
+    if isinstance(opt, keras.optimizers.Adam | keras.optimizers.AdamW):
+        adam = popart.Adam({"defaultLearningRate": (lr, False), "defaultBeta1": (float(cfg["beta_1"]), True),
+                            "defaultBeta2": (float(cfg["beta_2"]), True), "defaultEps": (float(cfg["epsilon"]), True),
+                            "defaultWeightDecay": (wd, True)},
+                           mode=popart.AdamMode.Adam, weight_decay_mode=popart.WeightDecayMode.Decay)
+        adam.eps_before_correction = True
+        return adam
     if isinstance(opt, keras.optimizers.RMSprop):
         return popart.Adaptive({"defaultLearningRate": (lr, False), "defaultAlpha": (float(cfg["rho"]), True),
                                 "defaultEps": (float(cfg["epsilon"]), True),
                                 "defaultMomentum": (float(cfg.get("momentum", 0.0)), True)},
                                mode=popart.AdaptiveMode.RMSProp, rmsprop_tf_variant=True)
-    raise NotImplementedError(f"the Keras optimizer {type(opt).__name__} on the IPU (supported: SGD, Adam, RMSprop)")
+    raise NotImplementedError(f"the Keras optimizer {type(opt).__name__} on the IPU (supported: SGD, Adam, AdamW, "
+                              "RMSprop)")
 
 
 # -- the program ---------------------------------------------------------------------------------
@@ -116,13 +150,16 @@ class IpuProgram:
 
     def __init__(self, captured, mode, batch, steps, loss=None, optimizer=None, accumulation=1, replicas=1,
                  num_ipus=1, label_shape=None, mean_accumulation=False, device_mapping=None,
-                 sequential=False):
+                 sequential=False, keras_loss=None):
         from ._capture import node_stages, set_training
         self.captured, self.mode, self.batch, self.steps = captured, mode, batch, steps
         self.accumulation, self.replicas = accumulation, replicas
         self.loss_kind = loss
         train = mode == "train"
         proto = set_training(captured.model, train)
+        if mode in ("train", "eval") and loss[0] == "keras":     # the Keras loss's own graph, joined
+            from ._capture import Captured
+            proto = join_loss(Captured(proto, captured.inputs, captured.outputs, [], 0), keras_loss)
         stages = node_stages(proto)
         pipelined = stages[0] is not None if stages else False
         last_ipu = last_stage = 0
@@ -149,7 +186,11 @@ class IpuProgram:
         self.loss_id = None
         if mode in ("train", "eval"):
             kind, logits = loss
-            if kind in ("sparse_ce", "ce"):
+            if kind == "keras":
+                label = "loss/" + keras_loss.inputs[0]
+                self.loss_id = builder.aiGraphcore.identityloss(["loss/" + keras_loss.output],
+                                                                reduction=popart.ReductionType.Sum)
+            elif kind == "sparse_ce":
                 label = builder.addInputTensor(popart.TensorInfo("INT32", [batch]), LABEL)
                 probs = builder.aiOnnx.softmax([out], axis=-1) if logits else out
                 self.loss_id = builder.aiGraphcore.nllloss([probs, label], reduction=popart.ReductionType.Mean)

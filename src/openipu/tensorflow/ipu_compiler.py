@@ -1,4 +1,7 @@
-"""``ipu.ipu_compiler.compile``: run ``computation(*inputs)`` (TensorFlow on the host CPU for now)."""
+"""``ipu.ipu_compiler.compile``: run ``computation(*inputs)``.
+
+Inside a step ``IPUStrategy.run`` runs on the simulated IPU it is traced as part of that step
+(:mod:`._custom_step`); elsewhere TensorFlow runs it on the host CPU."""
 
 
 def compile(computation, inputs=None):  # noqa: A001 - Graphcore's name

@@ -13,7 +13,8 @@ class IPUOutfeedMode(enum.Enum):
 
 class IPUOutfeedQueue:
     """``IPUOutfeedQueue(outfeed_mode=None, device_ordinal=None, buffer_depth=3,
-    optimise_latency=False)``. ``enqueue`` (eagerly, or in a ``tf.function`` through
+    optimise_latency=False)``. ``enqueue`` (in a step ``IPUStrategy.run`` runs on the simulated
+    IPU: one item per step; eagerly, or in a ``tf.function`` on the CPU through
     ``tf.py_function``) stores a tensor, tuple or dict; ``dequeue()`` stacks them (``ALL``:
     ``[n_enqueues, ...]``) or gives the last (``LAST``)."""
 
@@ -27,8 +28,13 @@ class IPUOutfeedQueue:
         self._enqueued = False
 
     def enqueue(self, tensors):
-        self._enqueued = True
+        from ._custom_step import active
         flat = tf.nest.flatten(tensors)
+        trace = active()
+        if trace is not None:           # IPUStrategy.run is tracing the step for the simulated IPU
+            trace.outfeeds.append((self, tensors, list(flat)))
+            return None
+        self._enqueued = True
         self._structure = tensors
 
         def store(*vals):

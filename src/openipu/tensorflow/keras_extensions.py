@@ -307,7 +307,7 @@ def _pipeline_ga(model, training: bool):
 
 def _program(model, mode, data, spe, replicas, ga):
     from ._capture import capture
-    from ._program import IpuProgram, loss_kind, popart_optimizer
+    from ._program import IpuProgram, capture_loss, labels_for, loss_kind, popart_optimizer
     st = _state(model)
     bs = data.batch_size
     x0, y0 = data.take_sample()
@@ -328,10 +328,17 @@ def _program(model, mode, data, spe, replicas, ga):
     if mean and replicas > 1:
         raise NotImplementedError("gradient_accumulation_reduction_method MEAN / RUNNING_MEAN with replication on the "
                                   "IPU (PopART's mean reduction would also average over the replicas)")
+    keras_loss = None
+    if loss is not None and loss[0] == "keras":
+        lkey = ("loss", ckey, None if y0 is None else (y0.shape, labels_for("keras", y0).dtype.str))
+        if lkey not in st["captured"]:
+            pred_shape = [d.dim_value for d in cap.model.graph.output[0].type.tensor_type.shape.dim]
+            st["captured"][lkey] = capture_loss(model, pred_shape, labels_for("keras", y0))
+        keras_loss = st["captured"][lkey]
     prog = IpuProgram(cap, mode, bs, spe, loss=loss, optimizer=opt, accumulation=ga, replicas=replicas,
                       num_ipus=max(n_ipus, replicas * _shards(model)), label_shape=None if y0 is None else y0.shape,
                       mean_accumulation=mean, device_mapping=(st["pipelining"] or {}).get("device_mapping"),
-                      sequential=_schedule(model) == PipelineSchedule.Sequential)
+                      sequential=_schedule(model) == PipelineSchedule.Sequential, keras_loss=keras_loss)
     st["programs"][key] = prog
     return prog
 
@@ -448,23 +455,32 @@ def ipu_fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", ca
     return model.history
 
 
-def ipu_evaluate(model, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None, steps=None,
-                 callbacks=None, return_dict=False, **kwargs):
-    """``Model.evaluate`` on the simulated IPU: forward and loss as a PopART inference program."""
+def _inference_setup(model, what, x, y, batch_size, steps, verbose, callbacks):
+    """The common start of ``evaluate`` / ``predict`` (``what``): the replicas, the data, the
+    steps per replica and per execution, the compiled program (weights sent) and the callbacks.
+    Returns ``(replicas, data, per, spe, prog, callbacks)``."""
     from keras import callbacks as callbacks_module
-    model._assert_compile_called("evaluate")
-    _check_model(model)
-    if sample_weight is not None:
-        raise NotImplementedError("sample_weight in evaluate on the IPU")
     replicas = _replicas(model)
-    data = _Data(x, y, batch_size, steps, False, "evaluate")
-    per, spe = _plan(model, data, steps, int(model.steps_per_execution), replicas, "evaluate")
-    prog = _program(model, "eval", data, spe, replicas, 1)
+    data = _Data(x, y, batch_size, steps, False, what)
+    per, spe = _plan(model, data, steps, int(model.steps_per_execution), replicas, what)
+    prog = _program(model, "eval" if what == "evaluate" else "predict", data, spe, replicas, 1)
     prog.weights_from_keras()
     verbose = _verbose(verbose)
     if not isinstance(callbacks, callbacks_module.CallbackList):
         callbacks = callbacks_module.CallbackList(callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1,
                                                   steps=per, model=model)
+    return replicas, data, per, spe, prog, callbacks
+
+
+def ipu_evaluate(model, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None, steps=None,
+                 callbacks=None, return_dict=False, **kwargs):
+    """``Model.evaluate`` on the simulated IPU: forward and loss as a PopART inference program."""
+    model._assert_compile_called("evaluate")
+    _check_model(model)
+    if sample_weight is not None:
+        raise NotImplementedError("sample_weight in evaluate on the IPU")
+    replicas, data, per, spe, prog, callbacks = _inference_setup(model, "evaluate", x, y, batch_size, steps, verbose,
+                                                                 callbacks)
     callbacks.on_test_begin()
     model.reset_metrics()
     data.start_epoch()
@@ -485,16 +501,8 @@ def ipu_evaluate(model, x=None, y=None, batch_size=None, verbose="auto", sample_
 
 def ipu_predict(model, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
     """``Model.predict`` on the simulated IPU: all outputs, in input order (``[n, ...]``)."""
-    from keras import callbacks as callbacks_module
-    replicas = _replicas(model)
-    data = _Data(x, None, batch_size, steps, False, "predict")
-    per, spe = _plan(model, data, steps, int(model.steps_per_execution), replicas, "predict")
-    prog = _program(model, "predict", data, spe, replicas, 1)
-    prog.weights_from_keras()
-    verbose = _verbose(verbose)
-    if not isinstance(callbacks, callbacks_module.CallbackList):
-        callbacks = callbacks_module.CallbackList(callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1,
-                                                  steps=per, model=model)
+    replicas, data, per, spe, prog, callbacks = _inference_setup(model, "predict", x, None, batch_size, steps,
+                                                                 verbose, callbacks)
     callbacks.on_predict_begin()
     data.start_epoch()
     outs = []

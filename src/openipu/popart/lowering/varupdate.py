@@ -184,11 +184,15 @@ def adam_updater(ctx, op):
     popops.mapInPlace(g_, pe.Add(pe._1, pe.Const(1.0)), [t], ctx.prog, f"{name(op)}/step")
     e = _Expr()
     mh, vh, step = e.t(m), e.t(v), e.t(t)
-    if mode in ("Adam", "Lamb", "AdaMax"):
-        mh = mh / (1.0 - pe.Pow(e.s(sc["beta1"]), step))
-    if mode in ("Adam", "Lamb"):
-        vh = vh / (1.0 - pe.Pow(e.s(sc["beta2"]), step))
-    x = mh / ((vh if mode == "AdaMax" else pe.Sqrt(vh)) + e.s(sc["eps"]))
+    if op.attrs.get("eps_before_correction") and mode == "Adam":     # Keras's Adam: eps added to sqrt(v)
+        x = mh / (pe.Sqrt(vh) + e.s(sc["eps"])) * (pe.Sqrt(1.0 - pe.Pow(e.s(sc["beta2"]), step)) /
+                                                   (1.0 - pe.Pow(e.s(sc["beta1"]), step)))
+    else:
+        if mode in ("Adam", "Lamb", "AdaMax"):
+            mh = mh / (1.0 - pe.Pow(e.s(sc["beta1"]), step))
+        if mode in ("Adam", "Lamb"):
+            vh = vh / (1.0 - pe.Pow(e.s(sc["beta2"]), step))
+        x = mh / ((vh if mode == "AdaMax" else pe.Sqrt(vh)) + e.s(sc["eps"]))
     if "weightDecay" in sc:
         x = x + e.s(sc["weightDecay"]) * e.t(ctx.input(op, 3))
     wtype = ctx.input(op, 3).elementType() if "weightDecay" in sc else ctx.ptype(op.outputs[0])

@@ -151,6 +151,12 @@ def adam_updater(inputs, attrs, opset):
     mode = attrs["mode"]
     t.add_(1)
     mh, vh, step = _f(m), _f(v), _f(t)
+    if attrs.get("eps_before_correction") and mode == "Adam":    # Keras's Adam: eps added to sqrt(v)
+        b1, b2 = (torch.as_tensor(sc[k], dtype=torch.float32) for k in ("beta1", "beta2"))
+        x = mh / (torch.sqrt(vh) + sc["eps"]) * (torch.sqrt(1.0 - torch.pow(b2, step)) / (1.0 - torch.pow(b1, step)))
+        if "weightDecay" in sc:
+            x = x + sc["weightDecay"] * _f(inputs[3])
+        return [x]
     if mode in ("Adam", "Lamb", "AdaMax"):
         mh = mh / (1.0 - torch.pow(torch.as_tensor(sc["beta1"], dtype=torch.float32), step))
     if mode in ("Adam", "Lamb"):

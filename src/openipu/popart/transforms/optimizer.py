@@ -563,7 +563,8 @@ def _adam(u: _Updates, g: str) -> str:
     _accumulate(u, v, g, "Infinity" if mode == AdamMode.AdaMax else "MovingAverageSquare", "beta2", l2, ratio=ratio)
     x = u.op("AdamUpdater", [m, v, t] + ([w] if decay else []), ["beta1", "beta2", "eps"] +
              (["weightDecay"] if decay else []), out=f"AdamUpdater___{u.w}", out_dtype=u.wt.info.data_type(),
-             out_shape=u.shape(), modifies=(2,), mode=mode.name)
+             out_shape=u.shape(), modifies=(2,), mode=mode.name,
+             **({"eps_before_correction": 1} if getattr(opt, "eps_before_correction", False) else {}))
     if mode in (AdamMode.Lamb, AdamMode.LambNoBias):
         r1 = u.op("LambSquare", [w], out=f"LambR1Sq___{u.w}", out_dtype="FLOAT", out_shape=[], modifies=())
         r2 = u.op("LambSquare", [x], out=f"LambR2Sq___{u.w}", out_dtype="FLOAT", out_shape=[], modifies=())

@@ -1,0 +1,429 @@
+"""``IPUStrategy.run`` of a custom ``tf.function`` step as a PopART program on the simulated IPU.
+
+Graphcore's TF2 low-level route: ``strategy.run(loop, args=[iterator, outfeed_queue, model,
+optimizer, n])`` where ``loop`` is a ``tf.function`` running ``for _ in tf.range(n)`` (or
+``ipu.loops.repeat(n, body, infeed_queue=...)``) over steps that take ``next(iterator)``, run the
+model under a ``tf.GradientTape``, call ``optimizer.apply_gradients`` and ``outfeed_queue.enqueue``.
+On the IPU the whole function is one Poplar program; here it becomes one PopART session:
+
+1. *Trace.* The step's Python function is traced by TensorFlow once with the iterators, infeed
+   queues and tensor arguments replaced by placeholders, with ``tf.range(n)`` in the function's
+   own loop header and ``ipu.loops.repeat`` running the body once (``n`` is recorded: the
+   ``batchesPerStep``), ``GradientTape.gradient`` recording its target (the loss) and returning
+   zeros, ``Optimizer.apply_gradients`` recording the optimizer and its variables, and
+   ``IPUOutfeedQueue.enqueue`` recording what is enqueued. tf2onnx converts the traced forward
+   (inputs → loss, outfeed values, returned values) with the variables identified
+   (:mod:`._capture`).
+2. *Program.* The loss becomes PopART's ``identityloss``, the Keras optimizer PopART's optimizer
+   (:func:`._program.popart_optimizer`); ``TrainingSession`` grows the backward pass and the
+   updates (``InferenceSession`` when the step takes no gradient).
+3. *Run.* Each ``strategy.run`` takes ``n`` elements from every iterator / infeed (tensor
+   arguments are repeated ``n`` times), runs the session once, writes the weights back into the
+   Keras variables, advances ``optimizer.iterations`` by ``n``, fills the outfeed queues (one
+   item per step) and returns the last step's returned values. The **predicted** IPU time of the
+   run is in ``strategy.ipu_predicted_seconds``.
+
+A step this cannot express (two gradient calls, an optimizer per variable subset, variables the
+optimizer does not update, variables assigned in the step (metrics, batch-norm statistics),
+replication over more than one IPU, ops tf2onnx cannot convert...)
+raises :class:`Unsupported`; ``IPUStrategy.run`` then runs it with TensorFlow on the host CPU and
+logs a warning naming the reason.
+"""
+
+import contextlib
+import logging
+import sys
+
+import numpy as np
+
+logger = logging.getLogger("tensorflow.python.ipu")
+
+
+class Unsupported(NotImplementedError):
+    """The step cannot run as a PopART program (the message says why)."""
+
+
+class _Trace:
+    """What one trace of the step saw."""
+
+    def __init__(self, sources=None):
+        self.sources = sources            # None: discovery pass; else {id(source): [placeholder tensors]}
+        self.found = []                   # discovery: the iterators / queues / tensor args read, in order
+        self.loss = None
+        self.gradient_calls = 0
+        self.optimizer = None
+        self.optimized = []               # the variables apply_gradients updates
+        self.outfeeds = []                # (queue, structure, [tensors])
+        self.iterations = None            # the loop count (tf.range in the function, loops.repeat)
+        self.code = None
+
+
+_ACTIVE = None
+
+
+def active():
+    """The trace in progress (``None`` outside :func:`_tracing`)."""
+    return _ACTIVE
+
+
+class _FakeIterator:
+    """Stands for an iterator / infeed queue during a trace: ``next`` gives the placeholders."""
+
+    def __init__(self, source, spec):
+        self.source, self.spec, self.calls = source, spec, 0
+
+    def element(self):
+        tr = active()
+        self.calls += 1
+        if self.calls > 1:
+            raise Unsupported("an iterator read more than once per step")
+        if tr.sources is None:
+            if not any(s is self.source for s in tr.found):
+                tr.found.append(self.source)
+            import tensorflow as tf
+            return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), self.spec)
+        return tr.sources[id(self.source)]
+
+    def __next__(self):
+        return self.element()
+
+    def get_next(self):
+        return self.element()
+
+    def __iter__(self):
+        return self
+
+
+def element_spec(source):
+    """The ``tf.TypeSpec`` structure of one element of an iterator or infeed queue."""
+    from .ipu_infeed_queue import IPUInfeedQueue
+    if isinstance(source, IPUInfeedQueue):
+        return source._dataset.element_spec
+    return source.element_spec
+
+
+def fake_for(source):
+    """The placeholder iterator for ``source`` in the trace in progress (one per source)."""
+    tr = active()
+    fakes = tr.__dict__.setdefault("fakes", {})
+    if id(source) not in fakes:
+        fakes[id(source)] = _FakeIterator(source, element_spec(source))
+    return fakes[id(source)]
+
+
+def _is_iterator(a) -> bool:
+    import tensorflow as tf
+    from .ipu_infeed_queue import IPUInfeedQueue
+    return isinstance(a, (tf.data.Iterator, IPUInfeedQueue))
+
+
+def _is_tensor(a) -> bool:
+    import tensorflow as tf
+    return isinstance(a, (tf.Tensor, np.ndarray, tf.Variable)) and not isinstance(a, tf.Variable)
+
+
+@contextlib.contextmanager
+def _tracing(trace, code):
+    """Patch TensorFlow / Keras for the duration of a trace (see the module docstring)."""
+    global _ACTIVE
+    import keras
+    import tensorflow as tf
+    orig_range, orig_grad = tf.range, tf.GradientTape.gradient
+    orig_apply_grads = keras.optimizers.Optimizer.apply_gradients
+    orig_apply = keras.optimizers.Optimizer.apply
+
+    def loop_range(*args, **kwargs):
+        if sys._getframe(1).f_code is code and len(args) == 1 and not kwargs:
+            trace.iterations = _static_int(args[0])
+            return range(1)
+        return orig_range(*args, **kwargs)
+
+    def gradient(tape, target, sources, output_gradients=None, unconnected_gradients=None):
+        trace.gradient_calls += 1
+        if trace.gradient_calls > 1:
+            raise Unsupported("more than one GradientTape.gradient call per step")
+        if output_gradients is not None:
+            raise Unsupported("GradientTape.gradient with output_gradients")
+        trace.loss = target
+        return tf.nest.map_structure(tf.zeros_like, sources)
+
+    def apply(opt, grads, trainable_variables=None):
+        if trace.optimizer is not None:
+            raise Unsupported("more than one optimizer update per step")
+        if trainable_variables is None:
+            raise Unsupported("Optimizer.apply without its variables")
+        trace.optimizer = opt
+        trace.optimized = list(trainable_variables)
+
+    def apply_gradients(opt, grads_and_vars):
+        grads, variables = zip(*list(grads_and_vars))
+        return apply(opt, grads, variables)
+
+    _ACTIVE = trace
+    tf.range = loop_range
+    tf.GradientTape.gradient = gradient
+    keras.optimizers.Optimizer.apply_gradients = apply_gradients
+    keras.optimizers.Optimizer.apply = apply
+    try:
+        yield trace
+    finally:
+        _ACTIVE = None
+        tf.range = orig_range
+        tf.GradientTape.gradient = orig_grad
+        keras.optimizers.Optimizer.apply_gradients = orig_apply_grads
+        keras.optimizers.Optimizer.apply = orig_apply
+
+
+def _static_int(n) -> int:
+    try:
+        return int(np.asarray(n))
+    except Exception as e:          # a symbolic count: not known when the program is built
+        raise Unsupported(f"a loop count that is not known when the program is built ({n!r})") from e
+
+
+def _python_function(fn):
+    f = getattr(fn, "python_function", None)
+    if f is None:
+        raise Unsupported("a ConcreteFunction (no Python function to trace)")
+    return f
+
+
+# -- one trace ---------------------------------------------------------------------------------
+def _substitute(args, kwargs, make):
+    """``args`` / ``kwargs`` with iterators, infeed queues and tensors replaced by ``make(a)``."""
+    def sub(a):
+        if _is_iterator(a) or _is_tensor(a):
+            return make(a)
+        return a
+    return [sub(a) for a in args], {k: sub(v) for k, v in kwargs.items()}
+
+
+def _run_traced(pyfn, args, kwargs, trace):
+    """Call ``pyfn`` under ``trace`` (iterator arguments → placeholder iterators, tensor
+    arguments → their placeholders) and return the flat list of tensors the program computes:
+    ``[loss?] + outfeed values + returned values``."""
+    import tensorflow as tf
+
+    def make(a):
+        if _is_iterator(a):
+            return fake_for(a)
+        if trace.sources is None:
+            if not any(s is a for s in trace.found):
+                trace.found.append(a)
+            return tf.convert_to_tensor(a)
+        return trace.sources[id(a)]
+    a2, k2 = _substitute(args, kwargs, make)
+    trace.outfeeds.clear()
+    trace.loss, trace.gradient_calls, trace.optimizer, trace.optimized = None, 0, None, []
+    trace.__dict__.pop("fakes", None)
+    ret = pyfn(*a2, **k2)
+    trace.returned = ret
+    flat = [] if trace.loss is None else [trace.loss]
+    for _, _, ts in trace.outfeeds:
+        flat += ts
+    flat += [t for t in tf.nest.flatten(ret) if isinstance(t, tf.Tensor)]
+    return [tf.identity(t) for t in flat]
+
+
+def _source_specs(source):
+    import tensorflow as tf
+    if _is_iterator(source):
+        return tf.nest.flatten(element_spec(source))
+    t = tf.convert_to_tensor(source)
+    return [tf.TensorSpec(t.shape, t.dtype)]
+
+
+_STATEFUL_OPS = {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "ResourceScatterUpdate",
+                 "ResourceScatterAdd", "ResourceScatterSub", "StatefulPartitionedCall", "PyFunc", "EagerPyFunc"}
+
+
+class _TFVariable:
+    """A ``tf.Variable`` the step reads, as :mod:`._capture` handles variables (``path``, string
+    ``dtype``, ``numpy``, ``assign``); ``trainable`` is whether the step's optimizer updates it."""
+
+    def __init__(self, variable, trainable):
+        self.tf_variable, self.trainable = variable, trainable
+        self.path, self.shape = variable.name, tuple(variable.shape)
+        self.dtype = variable.dtype.name
+
+    def numpy(self):
+        return self.tf_variable.numpy()
+
+    def assign(self, value):
+        self.tf_variable.assign(np.asarray(value).astype(self.tf_variable.dtype.as_numpy_dtype))
+
+
+def _step_variables(cf, optimized):
+    """The floating-point variables the traced function ``cf`` reads (``_TFVariable``), marked
+    trainable when among the optimizer's ``optimized`` (Keras) variables."""
+    updated = {id(getattr(kv, "_value", kv)) for kv in optimized}
+    return [_TFVariable(v, id(v) in updated) for v in cf.variables if v.dtype.is_floating]
+
+
+# -- the compiled step -------------------------------------------------------------------------
+class CustomStep:
+    """One step function compiled for the simulated IPU (see the module docstring).
+
+    ``fn``: the ``tf.function``; ``args`` / ``kwargs``: the ``strategy.run`` arguments of the
+    first call (Python objects in them are fixed into the program; iterators, infeed queues and
+    tensors are its inputs). Raises :class:`Unsupported`."""
+
+    def __init__(self, fn, args, kwargs, num_ipus=1):
+        import tensorflow as tf
+        from openipu import popart
+
+        from . import config as _config
+        from ._capture import capture_function
+        from ._program import popart_optimizer
+        if num_ipus != 1:
+            raise Unsupported(f"replication over {num_ipus} IPUs")
+        pyfn = _python_function(fn)
+        code = pyfn.__code__
+        # 1. discovery: which iterators / tensors the step reads, the loop count, the variables
+        disc = _Trace()
+        with _tracing(disc, code):
+            cf = tf.function(lambda: _run_traced(pyfn, args, kwargs, disc), autograph=False).get_concrete_function()
+        self.sources = list(disc.found)
+        flat_args = list(args) + list(kwargs.values())
+        # tensor arguments are fed from the same position on later calls
+        self.positions = [None if _is_iterator(s) else next(i for i, a in enumerate(flat_args) if a is s)
+                          for s in self.sources]
+        self.iterations = disc.iterations or 1
+        self.training = disc.loss is not None
+        if self.training and disc.optimizer is None:
+            raise Unsupported("a gradient without an optimizer update")
+        if disc.optimizer is not None and disc.loss is None:
+            raise Unsupported("an optimizer update without a GradientTape gradient")
+        assigns = sorted({op.type for op in cf.graph.get_operations() if op.type in _STATEFUL_OPS})
+        if assigns:     # tf2onnx would drop them: metric updates, batch-norm statistics, counters
+            raise Unsupported(f"a step that changes variables other than through the optimizer ({', '.join(assigns)})")
+        variables = _step_variables(cf, disc.optimized)
+        if self.training:
+            frozen = [v.path for v in variables if not v.trainable]
+            if frozen:
+                raise Unsupported(f"variables the optimizer does not update ({frozen})")
+        self.optimizer = disc.optimizer
+        self.outfeeds = [(q, s, len(ts)) for q, s, ts in disc.outfeeds]
+        self.returned = disc.returned
+        specs, self.source_slices = [], []
+        for s in self.sources:
+            sp = _source_specs(s)
+            self.source_slices.append((len(specs), len(specs) + len(sp)))
+            specs += sp
+        if any(sp.dtype == tf.float64 for sp in specs):
+            raise TypeError("Unsupported data type for input: float64")
+        # 2. the conversion trace: the sources are the function's inputs
+        conv = _Trace()
+
+        def traced(*inputs):
+            conv.sources = {}
+            for s, (a, b) in zip(self.sources, self.source_slices):
+                part = list(inputs[a:b])
+                if _is_iterator(s):
+                    conv.sources[id(s)] = tf.nest.pack_sequence_as(element_spec(s), part)
+                else:
+                    conv.sources[id(s)] = part[0]
+            return _run_traced(pyfn, args, kwargs, conv)
+        specs = [tf.TensorSpec(sp.shape, sp.dtype, name=f"in{i}") for i, sp in enumerate(specs)]
+        with _tracing(conv, code):
+            try:
+                self.captured = capture_function(traced, specs, variables)
+            except Unsupported:
+                raise
+            except Exception as e:      # tf2onnx could not convert an op
+                raise Unsupported(f"the step could not be converted to ONNX ({type(e).__name__}: {e})") from e
+        cap = self.captured
+        builder = popart.Builder(cap.model.SerializeToString())
+        outs = list(cap.outputs)
+        anchors = {o: popart.AnchorReturnType("ALL") for o in outs}
+        self.loss_id = None
+        if self.training:
+            self.loss_id = builder.aiGraphcore.identityloss([outs[0]], reduction=popart.ReductionType.Sum)
+        self.outputs = outs[1:] if self.training else outs
+        if self.training:
+            self.outputs = [outs[0]] + self.outputs     # the loss value is an output too (anchored)
+        opts = popart.SessionOptions()
+        flow = popart.DataFlow(self.iterations, anchors)
+        device = popart.DeviceManager().acquireAvailableDevice(1)
+        proto = builder.getModelProto()
+        if self.training:
+            self.session = popart.TrainingSession(fnModel=proto, dataFlow=flow, loss=self.loss_id,
+                                                  optimizer=popart_optimizer(self.optimizer), deviceInfo=device,
+                                                  userOptions=opts, name="tf_custom_step")
+        else:
+            opts.constantWeights = False
+            self.session = popart.InferenceSession(fnModel=proto, dataFlow=flow, deviceInfo=device,
+                                                   userOptions=opts, name="tf_custom_step")
+        self.session.prepareDevice()
+        seed = getattr(_config, "_SEED", None)
+        if seed is not None:
+            self.session.setRandomSeed(int(seed))
+        self.clock_hz = float(device.device.getTarget().spec.clock_hz)
+        self.cycles = None
+        self.reported = False
+        self.in_dtypes = [sp.dtype.as_numpy_dtype for sp in specs]
+
+    # ------------------------------------------------------------------------------------------
+    def _feeds(self, args, kwargs):
+        import tensorflow as tf
+        n = self.iterations
+        flat_args = list(args) + list(kwargs.values())
+        feeds = {}
+        for s, pos, (a, b) in zip(self.sources, self.positions, self.source_slices):
+            if pos is None:             # an iterator or infeed queue: n elements
+                from .ipu_infeed_queue import IPUInfeedQueue
+                it = s._iterator if isinstance(s, IPUInfeedQueue) else s
+                steps = [[np.asarray(t) for t in tf.nest.flatten(next(it))] for _ in range(n)]
+                cols = [np.stack(c) for c in zip(*steps)]
+            else:                       # a tensor argument: the same value every step
+                v = np.asarray(flat_args[pos])
+                cols = [np.broadcast_to(v, (n,) + v.shape)]
+            for i, c in zip(range(a, b), cols):
+                c = c.astype(self.in_dtypes[i], copy=False)
+                feeds[self.captured.inputs[i]] = np.ascontiguousarray(c if n > 1 else c[0])
+        return feeds
+
+    def run(self, args, kwargs):
+        """One execution: ``n`` steps. Returns the last step's returned values (the structure
+        the function returns, as ``tf.Tensor``)."""
+        import tensorflow as tf
+        from openipu import popart
+
+        from ._program import popart_optimizer
+        feeds = self._feeds(args, kwargs)
+        w = {m.name: m.to_onnx(m.variable.numpy()).astype(np.float32) for m in self.captured.variables}
+        self.session.writeWeights(popart.PyWeightsIO(w))
+        self.session.weightsFromHost()
+        if self.training:               # the learning rate (schedules are evaluated on the host)
+            self.session.updateOptimizerFromHost(popart_optimizer(self.optimizer))
+        anchors = self.session.initAnchorArrays()
+        self.session.run(popart.PyStepIO(feeds, anchors))
+        self.cycles = int(self.session.getCycleCount())
+        if self.training:
+            self.session.weightsToHost()
+            bufs = {m.name: np.zeros(m.shape, np.float32) for m in self.captured.variables}
+            self.session.readWeights(popart.PyWeightsIO(bufs))
+            for m in self.captured.variables:
+                m.variable.assign(m.to_keras(bufs[m.name]).astype(m.variable.dtype))
+            self.optimizer.iterations.assign_add(self.iterations)
+        n = self.iterations
+        vals = [anchors[o] if n > 1 else anchors[o][None] for o in self.captured.outputs]
+        k = 1 if self.training else 0
+        for q, structure, count in self.outfeeds:
+            part = vals[k:k + count]
+            k += count
+            q._structure = structure
+            q._enqueued = True
+            for i in range(n):
+                q._items.append([np.asarray(p[i]) for p in part])
+        ret_flat = vals[k:]
+        if self.returned is None:
+            return None
+        it = iter(ret_flat)
+        return tf.nest.map_structure(lambda t: tf.convert_to_tensor(next(it)[-1]) if isinstance(t, tf.Tensor) else t,
+                                     self.returned)
+
+    @property
+    def seconds(self) -> float:
+        """Predicted IPU seconds of the last run (cycles at the tile clock)."""
+        return (self.cycles or 0) / self.clock_hz
