@@ -236,7 +236,7 @@ class Runner:
         """Queue one compiled batch; the future's result is ``{output name: array}``."""
         if self._device is not None:
             self._n_exec += 1
-            return self._device.submit(self._predicted_outputs)[0]
+            return self._device.submit(self._predicted_outputs, self._device.arrival())[0]
         if self._stepper is not None:
             return self._stepper.submit(feeds)
         return self._pool.submit(self._run_step, feeds)
@@ -332,7 +332,10 @@ class Runner:
         batches share steps). Source: PopRT 1.4 user guide, "Python API" (``Runner.execute``).
         """
         futs, ctx = self._start(inputs, outputs)
-        return self._finish(futs, ctx)
+        out = self._finish(futs, ctx)
+        if self._device is not None:        # predicted time: this thread's clock (see _timing)
+            self._device.returned(max(f.completes for f in futs))
+        return out
 
     def execute_async(self, inputs: dict, outputs: dict | None = None) -> Future:
         """Queue :meth:`execute` and return at once; the :class:`Future`'s ``wait()`` blocks until
