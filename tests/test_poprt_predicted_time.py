@@ -204,3 +204,25 @@ def test_pack_runner_in_predicted_time_mode(exe):
         assert pr.runner.host_stats()["executes"] == st["batches"]
     finally:
         pr.close()
+
+
+def test_pack_runner_flush_counts_on_the_modelled_clock(exe):
+    """A lone caller of a predicted-time PackRunner waits for the flush (the oldest sample's
+    timeout) and then the batch's latency: on the modelled clock its sample arrives when it calls,
+    the batch is formed one timeout later; the next call of the thread continues its clock."""
+    p = exe.prediction
+    scale = 0.05 / p.latency_seconds                 # slow motion: a batch takes 50 ms of wall time
+    cfg = runtime.PackRunnerConfig(timeout_microseconds=20000)
+    pr = runtime.PackRunner(exe, cfg, runtime_config=runtime.RuntimeConfig(timing="predicted", time_scale=scale))
+    try:
+        lat = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            out = pr.execute({"x": np.ones(D_IN, np.float32)})
+            lat.append(time.perf_counter() - t0)
+            assert out["probs"].shape == (1, D_OUT)
+        assert lat[0] >= 0.02 + 0.05 * 0.999         # the flush, then the batch
+        assert sum(lat) >= 3 * 0.07 * 0.9
+        assert pr.pack_stats()["batches"] == 3
+    finally:
+        pr.close()
