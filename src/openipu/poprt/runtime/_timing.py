@@ -47,6 +47,8 @@ from concurrent.futures import Future as _CFuture
 
 #: the values of ``RuntimeConfig.timing`` / ``OPENIPU_TIMING``
 TIMINGS = ("host", "predicted")
+#: idle gaps of the modelled device kept for batches submitted late (the most recent ones)
+MAX_GAPS = 64
 
 
 def default_timing() -> str:
@@ -116,7 +118,7 @@ class PredictedDevice:
             raise ValueError(f"latency {latency_s}, period {period_s} and time_scale {time_scale} must be >= 0 (> 0)")
         self.latency_s, self.period_s, self.time_scale = float(latency_s), float(period_s), float(time_scale)
         self._free_at = 0.0           # perf_counter instant the device takes its next batch
-        self._gaps: list[tuple[float, float]] = []    # idle intervals before _free_at (recent ones)
+        self._gaps: list[tuple[float, float]] = []    # idle intervals before _free_at (the last MAX_GAPS)
         self._lock = threading.Lock()
         self._completer = _Completer()
         self._clients = threading.local()     # per calling thread: (modelled instant, CPU time) at its last return
@@ -138,6 +140,7 @@ class PredictedDevice:
         start = max(arrival, self._free_at)
         if start > self._free_at:
             self._gaps.append((self._free_at, start))
+            del self._gaps[:-MAX_GAPS]
         self._free_at = start + period
         return start
 
