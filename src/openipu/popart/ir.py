@@ -132,6 +132,22 @@ def _kernel_output_shapes(kernel, op, ins, device_value) -> list | None:
     return None
 
 
+def _meta_probe(kernel, ins, in_infos, attrs, opset, const_values) -> list | None:
+    """:func:`openipu.popart.shapes.probe` on shape-only (``meta``) tensors when the non-constant
+    inputs hold more than :data:`PROBE_ELEMENTS_LIMIT` elements (constants as values, then as meta
+    tensors too), so that no kernel computes on real-size zeros to learn a shape; ``None`` for
+    small inputs or when the kernel cannot run shape-only (it reads values: the caller probes on
+    values)."""
+    if sum(t.info.nelms() for t, c in zip(ins, const_values) if t is not None and c is None) <= PROBE_ELEMENTS_LIMIT:
+        return None
+    for consts in (const_values, None):
+        try:
+            return probe(kernel, in_infos, attrs, opset, consts, fill="meta")
+        except Exception:  # noqa: BLE001 - kernels that read values cannot run shape-only
+            pass
+    return None
+
+
 @dataclass(eq=False)
 class IrTensor:
     """One tensor of the IR: PopART id, :class:`TensorInfo`, kind, and value (Const/Variable)."""
@@ -666,8 +682,11 @@ class Ir:
                 raise popart_exception(f"Could not infer the output shapes of {node.op_type} node '{node.name}'")
             in_infos = [None if t is None else (t.info.data_type(), t.info.shape()) for t in ins]
             cvs = [None if t is None or t.kind != "Const" else to_torch(t.value) for t in ins]
+            # large inputs (ops after a custom op ONNX inference cannot see through) are probed
+            # shape-only first: a kernel that runs on meta tensors reads no values of them
+            shape_only = None if value_shaped else _meta_probe(kernel, ins, in_infos, attrs, opset, cvs)
             try:
-                probed = probe(kernel, in_infos, attrs, opset, cvs)
+                probed = shape_only or probe(kernel, in_infos, attrs, opset, cvs)
             except Exception as e:
                 raise popart_exception(f"Could not infer the output shapes of {node.op_type} node '{node.name}': "
                                        f"{e}") from None
@@ -675,7 +694,7 @@ class Ir:
             # non-constant inputs cannot be compiled (the IPU runs static graphs). Values the op
             # rejects (e.g. as shapes) say nothing, so a failing second probe is ignored.
             again = probed
-            if any(t is not None and c is None for t, c in zip(ins, cvs)):
+            if shape_only is None and any(t is not None and c is None for t, c in zip(ins, cvs)):
                 try:
                     again = probe(kernel, in_infos, attrs, opset, cvs, fill="arange")
                 except Exception:  # noqa: BLE001

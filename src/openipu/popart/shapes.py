@@ -36,10 +36,13 @@ def annotations(node: onnx.NodeProto) -> dict:
 
 
 def zeros(dtype: str, shape, fill: str = "zeros") -> torch.Tensor:
-    """Zeros (``fill="zeros"``) or the distinct values 1, 2, 3, ... (``"arange"``, wrapping in
-    narrow types) of a PopART type and shape, for probing kernels."""
+    """Zeros (``fill="zeros"``), the distinct values 1, 2, 3, ... (``"arange"``, wrapping in
+    narrow types) or a shape-only tensor without values (``"meta"``, torch's meta device) of a
+    PopART type and shape, for probing kernels."""
     dt = KERNEL_TORCH_OF.get(dtype, torch.float32)
     shape = [int(s) for s in shape]
+    if fill == "meta":
+        return torch.empty(shape, dtype=dt, device="meta")
     if fill == "arange":
         if dt == torch.bool:
             return torch.ones(shape, dtype=dt)
@@ -108,14 +111,16 @@ def call_kernel(kernel, inputs: list, attrs: dict, opset: int) -> list:
 
 
 def probe(kernel, in_infos, attrs: dict, opset: int, const_values=None, fill: str = "zeros"):
-    """Run ``kernel`` on zeros (``fill``, see :func:`zeros`) or the known constant values of
+    """Run ``kernel`` on zeros (``fill``, see :func:`zeros`; ``"meta"``: shape-only tensors, no
+    host memory, raising where the kernel reads values) or the known constant values of
     ``in_infos`` (list of ``(dtype name, shape)`` or ``None``). Returns ``[(dtype name, shape)]``
     per output."""
     const_values = const_values or [None] * len(in_infos)
     from openipu.popart.model_check import check_host_bytes
-    check_host_bytes(f"probing {kernel.op_type} for its output shapes",
-                     sum(8 * int(np.prod(i[1], dtype=np.float64)) for i, cv in zip(in_infos, const_values)
-                         if i is not None and cv is None and i[1] is not None))
+    if fill != "meta":
+        check_host_bytes(f"probing {kernel.op_type} for its output shapes",
+                         sum(8 * int(np.prod(i[1], dtype=np.float64)) for i, cv in zip(in_infos, const_values)
+                             if i is not None and cv is None and i[1] is not None))
     ins = []
     for info, cv in zip(in_infos, const_values):
         ins.append(cv if cv is not None else (None if info is None else zeros(info[0], info[1], fill)))

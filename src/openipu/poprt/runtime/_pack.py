@@ -182,17 +182,26 @@ class PackRunner:
                 raise PopRTRuntimeError(f"Outputs {bad} cannot be returned per sample: in packed mode only outputs "
                                     f"[batch, seq, ...] are unpacked ({self._seq_outputs})")
         fut = _CFuture()
+        now = time.perf_counter()
+        dev = self.runner._device
+        # predicted time: the sample's arrival on the calling thread's modelled clock (_timing)
+        modelled = dev.arrival() if dev is not None else now
         with self._cv:
             if self._stop:
                 raise PopRTRuntimeError("The pack runner is closed")
-            self._queue.append((arrs, length, outputs, fut, time.perf_counter()))
+            self._queue.append((arrs, length, outputs, fut, now, modelled))
             self._cv.notify()
         return Future(fut)
 
     execute_async = executeAsync
 
     def execute(self, inputs: dict, outputs: dict | None = None) -> dict:
-        return self.executeAsync(inputs, outputs).get()
+        """Run one sample and wait for it (:meth:`executeAsync`); returns its outputs."""
+        fut = self.executeAsync(inputs, outputs)
+        out = fut.get()
+        if self.runner._device is not None:       # predicted time: this thread's modelled clock
+            self.runner._device.returned(fut._f.completes)
+        return out
 
     # -- packing --------------------------------------------------------------------------
     def _plan(self, queue: list) -> tuple[list, list]:
@@ -245,13 +254,17 @@ class PackRunner:
                     if left <= 0:
                         break
                     self._cv.wait(left)
+                ready = self._ready()
                 taken, fill = self._plan(self._queue)
                 reqs = [(self._queue[i], row, off) for i, row, off in taken]
                 gone = {i for i, _r, _o in taken}
                 self._queue = [x for i, x in enumerate(self._queue) if i not in gone]
-            self._run_batch(reqs, fill)
+            # predicted time: the batch is formed, on the modelled clock, when its last sample
+            # arrived (a full batch) or when the oldest one's timeout ran out (the flush)
+            formed = (max(x[0][5] for x in reqs) if ready else min(x[0][5] for x in reqs) + timeout) if reqs else 0.0
+            self._run_batch(reqs, fill, formed)
 
-    def _run_batch(self, reqs, fill):
+    def _run_batch(self, reqs, fill, formed: float = 0.0):
         ins = self.runner._inputs
         try:
             feeds = {n: np.zeros(d.shape, d.dtype) for n, d in ins.items()}
@@ -269,10 +282,13 @@ class PackRunner:
                 res = self.runner._run_one(feeds)
             else:       # predicted time: the device takes the batch at `start`, delivers it later
                 self.runner._n_exec += 1
-                fut, start = dev.submit(self.runner._predicted_outputs)
+                # the batch arrives when it was formed or when this thread (its modelled clock:
+                # the last batch's start plus the CPU time since) could hand it over, if later
+                fut, start = dev.submit(self.runner._predicted_outputs, max(dev.arrival(), formed))
                 fut.add_done_callback(lambda f: self._fail(reqs, f.exception()) if f.exception() is not None
-                                      else self._deliver(reqs, fill, f.result()))
+                                      else self._deliver(reqs, fill, f.result(), f.completes))
                 time.sleep(max(start - time.perf_counter(), 0.0))
+                dev.returned(start)
                 return
         except Exception as e:  # noqa: BLE001 - handed to every waiting future
             self._fail(reqs, e)
@@ -281,12 +297,13 @@ class PackRunner:
 
     @staticmethod
     def _fail(reqs, err: BaseException) -> None:
-        for (_a, _l, _o, fut, _t), _r, _f in reqs:
+        for (_a, _l, _o, fut, *_t), _r, _f in reqs:
             if not fut.done():
                 fut.set_exception(err)
 
-    def _deliver(self, reqs, fill, res: dict) -> None:
-        """Count the batch and hand each request its sample's outputs (``res``: the batch's)."""
+    def _deliver(self, reqs, fill, res: dict, completes: float | None = None) -> None:
+        """Count the batch and hand each request its sample's outputs (``res``: the batch's;
+        ``completes``: its modelled completion in predicted time, kept on each future)."""
         now = time.perf_counter()
         with self._cv:
             self.batches_run += 1
@@ -295,7 +312,8 @@ class PackRunner:
             self._stats["tokens"] += sum(x[0][1] for x in reqs)
             self._t_first = min(self._t_first or reqs[0][0][4], min(x[0][4] for x in reqs))
             self._t_last = now
-        for (arrs, length, outs, fut, _t), row, off in reqs:
+        for (arrs, length, outs, fut, *_t), row, off in reqs:
+            fut.completes = completes if completes is not None else now
             try:
                 sample = {}
                 for n in self._seq_outputs:

@@ -68,7 +68,8 @@ class Runner:
             self._device = PredictedDevice(p.latency_seconds, p.batch_period_cycles / p.clock_hz,
                                            float(getattr(self.config, "time_scale", 1.0)))
             _log.warning("predicted-time mode: outputs are not computed (zeros); each execute completes when the "
-                         "simulated IPU would: %s", self._predicted_summary())
+                         "simulated IPU would: %s with enough concurrent callers",
+                         p.summary(exe.target["ipu_version"]))
         else:
             self._load_engine(exe)
         self.batches_per_step = bps = max(1, int(exe.options.get("batches_per_step", 1) or 1))
@@ -205,37 +206,37 @@ class Runner:
         return ks.pop() if ks else 1
 
     def _run_step(self, feeds: dict) -> dict:
-        """One compiled batch, ``batches_per_step == 1``: copy in, run, copy out (the device lock held)."""
-        if self._fast is not None:
-            return self._run_ir(feeds)
+        """One compiled batch of a call that is its own step (the IR executor, or the Poplar
+        engine with ``batches_per_step == 1``): run under the device lock, its host time and the
+        execute counted. Returns ``{output name: new array}`` of the descriptor shapes."""
         with self._lock:
             t0 = time.perf_counter()
-            for n, a in feeds.items():
-                buf = self._in_bufs[n]
-                np.copyto(buf, np.asarray(a).reshape(buf.shape), casting="unsafe")
-            self._engine.run(0, "step")
-            out = {n: b.copy() for n, b in self._out_bufs.items()}
+            out = self._run_ir(feeds) if self._fast is not None else self._run_engine(feeds)
             self._host_exec_s += time.perf_counter() - t0
             self._n_exec += 1
         return out
 
+    def _run_engine(self, feeds: dict) -> dict:
+        """The Poplar engine's step: copy in, run, copy out (the caller holds the device lock)."""
+        for n, a in feeds.items():
+            buf = self._in_bufs[n]
+            np.copyto(buf, np.asarray(a).reshape(buf.shape), casting="unsafe")
+        self._engine.run(0, "step")
+        return {n: b.copy() for n, b in self._out_bufs.items()}
+
     def _run_ir(self, feeds: dict) -> dict:
-        """One compiled batch on the IR executor (whole-tensor kernels; the same outputs as the
-        Poplar program within the plan's precision)."""
-        with self._lock:
-            t0 = time.perf_counter()
-            ins = {n: np.asarray(a).astype(self._inputs[n].dtype, copy=False).reshape(1, -1) for n, a in feeds.items()}
-            out = {n: np.zeros(d.shape, d.dtype) for n, d in self._outputs.items()}
-            self._fast.run(ins, out, 1)
-            self._host_exec_s += time.perf_counter() - t0
-            self._n_exec += 1
+        """The batch on the IR executor (whole-tensor kernels; the same outputs as the Poplar
+        program within the plan's precision; the caller holds the device lock)."""
+        ins = {n: np.asarray(a).astype(self._inputs[n].dtype, copy=False).reshape(1, -1) for n, a in feeds.items()}
+        out = {n: np.zeros(d.shape, d.dtype) for n, d in self._outputs.items()}
+        self._fast.run(ins, out, 1)
         return out
 
     def _submit(self, feeds: dict) -> _CFuture:
         """Queue one compiled batch; the future's result is ``{output name: array}``."""
         if self._device is not None:
             self._n_exec += 1
-            return self._device.submit(self._predicted_outputs)[0]
+            return self._device.submit(self._predicted_outputs, self._device.arrival())[0]
         if self._stepper is not None:
             return self._stepper.submit(feeds)
         return self._pool.submit(self._run_step, feeds)
@@ -331,7 +332,10 @@ class Runner:
         batches share steps). Source: PopRT 1.4 user guide, "Python API" (``Runner.execute``).
         """
         futs, ctx = self._start(inputs, outputs)
-        return self._finish(futs, ctx)
+        out = self._finish(futs, ctx)
+        if self._device is not None:        # predicted time: this thread's clock (see _timing)
+            self._device.returned(max(f.completes for f in futs))
+        return out
 
     def execute_async(self, inputs: dict, outputs: dict | None = None) -> Future:
         """Queue :meth:`execute` and return at once; the :class:`Future`'s ``wait()`` blocks until
@@ -362,9 +366,6 @@ class Runner:
         """The outputs of a batch in predicted-time mode: zeros of the descriptor shapes."""
         return {n: np.zeros(d.shape, d.dtype) for n, d in self._outputs.items()}
 
-    def _predicted_summary(self) -> str:
-        return self.predicted.summary(self.executable.target["ipu_version"]) + " with enough concurrent callers"
-
     # -- figures --------------------------------------------------------------------------
     def host_stats(self) -> dict:
         """Host figures (this machine simulating the IPU): executes so far (compiled batches), host
@@ -383,7 +384,8 @@ class Runner:
         p, h = self.predicted, self.host_stats()
         if self._device is not None:
             return (f"predicted-time mode (calls take predicted IPU time; outputs not computed): "
-                    f"{self._predicted_summary()}; {h['executes']} executes")
+                    f"{p.summary(self.executable.target['ipu_version'])} with enough concurrent callers; "
+                    f"{h['executes']} executes")
         return (f"predicted IPU ({self.executable.target['ipu_version']}, batch {p.batch_size}): latency "
                 f"{p.latency_seconds * 1e3:.3f} ms, {p.qps:,.0f} samples/s"
                 f"{f' (overlapped I/O, {p.num_io_tiles} I/O tiles)' if p.num_io_tiles else ''}; "
