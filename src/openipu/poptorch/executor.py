@@ -79,7 +79,8 @@ def registerPostCompileHook(hook) -> "torch.utils.hooks.RemovableHandle":  # noq
 def _to_numpy(t: torch.Tensor, dtype: str) -> np.ndarray:
     """``t`` as a C-contiguous array of the IPU-side ``dtype`` (a transposed or sliced input is
     copied, as PopTorch copies inputs into its host buffers; no copy when already laid out)."""
-    return np.ascontiguousarray(t.detach().cpu().numpy().astype(NUMPY_TYPE[dtype], copy=False))
+    a = t.detach().cpu().numpy().astype(NUMPY_TYPE[dtype], copy=False)
+    return a if a.flags.c_contiguous else a.copy(order="C")     # (ascontiguousarray makes 0-d 1-d)
 
 
 class PoplarExecutor:
