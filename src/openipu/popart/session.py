@@ -19,22 +19,22 @@ import time
 import weakref
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
 from openipu import poplar
 from openipu.poplar import exefile
-from openipu.popart.dataflow import AnchorReturnTypeId, DataFlow, anchor_elements, anchor_shape
+from openipu.popart.dataflow import DataFlow
 from openipu.popart.devices import DeviceInfo, DeviceType
-from openipu.popart.errors import (OutOfMemoryException, popart_exception, popart_runtime_error, poplar_exception,
+from openipu.popart.errors import (OutOfMemoryException, popart_exception, poplar_exception,
                                    poplar_application_runtime_error)
 from openipu.popart.grouped_weights import GroupedWeightsMixin
-from openipu.popart import ir_json, rng_state, tensor_proto
-from openipu.popart.ir import Ir, shard_rows
+from openipu.popart.host_weights import HostWeightsMixin
+from openipu.popart.step_io_checks import StepIoMixin
+from openipu.popart import ir_json, rng_state
+from openipu.popart.ir import Ir
 from openipu.popart.log import log
 from openipu.popart.options import SessionOptions
 from openipu.popart.stepio import PyStepIO, PyStepIOCallback
-from openipu.popart.tensorinfo import TensorInfo, dtype_name
+from openipu.popart.tensorinfo import TensorInfo
 
 
 def _progress_bar(total: int):
@@ -67,7 +67,7 @@ def _validate_distributed(o) -> None:
             f"Invalid distributed replication: globalReplicationFactor ({g}) must be a multiple of the local "
             f"replication factor ({repl}) and globalReplicaOffset ({off}) a multiple of it below {g - repl + 1}")
 
-class _SessionBase(rng_state.RngStateApi, GroupedWeightsMixin):
+class _SessionBase(rng_state.RngStateApi, GroupedWeightsMixin, HostWeightsMixin, StepIoMixin):
     _KIND = "InferenceSession"
 
     def __init__(self, fnModel, dataFlow, deviceInfo, inputShapeInfo, patterns, userOptions, name,  # noqa: N803
@@ -381,142 +381,6 @@ class _SessionBase(rng_state.RngStateApi, GroupedWeightsMixin):
                 self._fast = False
         return getattr(self, "_fast", None) or None
 
-    def _expected_in(self, tid):
-        o = self.options
-        return self._ir.tensors[tid].info.nelms() * int(o.accumulationFactor) * self._dataflow.batchesPerStep() * \
-            int(o.replicatedGraphCount)
-
-    def _size_message(self, tid, what, expected, got, art=None):
-        o = self.options
-        msg = (f"Unexpected number of {what} elements for Tensor {tid}. Expected {expected}, but received {got}.\n"
-               "To disable this check at your own risk, use IStepIO::enableRuntimeAsserts.\nThis with, "
-               f"\n   replication  factor = {int(o.replicatedGraphCount)}"
-               f"\n   accumulation factor = {int(o.accumulationFactor)}"
-               f"\n   batches per step    = {self._dataflow.batchesPerStep()}"
-               f"\n   Tensor nelms        = {self._ir.tensors[tid].info.nelms()}")
-        if art is not None:
-            msg += f"\nThe anchor return type is  {art.str()}"
-            if art.id() == AnchorReturnTypeId.EveryN:
-                msg += f"\nThe return period is {art.rp()}"
-        return msg
-
-    def _check_array(self, tid, arr, what):
-        info = self._ir.tensors[tid].info
-        if not isinstance(arr, np.ndarray):
-            raise popart_exception(f"PyStepIO {what} for tensor '{tid}' must be a numpy array, got "
-                                   f"{type(arr).__name__}")
-        if not arr.flags["C_CONTIGUOUS"]:
-            raise popart_exception(
-                f"PyStepIO is unable to use the numpy {what} array for tensor '{tid}' as it is not c-contiguous (a "
-                "data conversion here could have a significant impact on performance and hence is not allowed)")
-        try:
-            user = dtype_name(arr.dtype)
-        except popart_exception:
-            user = str(arr.dtype).upper()
-        if user != info.data_type():
-            raise popart_exception(f"Type discrepancy for tensor {tid}. User provided : {user} and expected : "
-                                   f"{info.data_type()}. Consider a custom copy here (as memcpy cannot be used)")
-        if user in ("INT64", "UINT64") and self.options.enableSupportedDataTypeCasting and not self._warned_int64:
-            log("devicex").warning("Tensor %s: %s host data is narrowed to %s32 on the device "
-                                   "(enableSupportedDataTypeCasting)", tid, user, user[:-2])
-            self._warned_int64 = True
-
-    def _connect_buffers(self, stepio: PyStepIO):
-        ir, low, eng = self._ir, self._lowered, self._engine
-        for tid in stepio.inputs:
-            if tid not in ir.tensors and tid not in ir.onnx_tensor_ids:
-                raise popart_runtime_error(
-                    f"Testing that the buffer provided by user for input Tensor {tid} has the correct number of "
-                    f"elements, But there is no Tensor named {tid} in the Ir's main Graph, and it does not exist in "
-                    "the original ONNX Model.")
-            if tid not in ir.model_input_ids:
-                raise popart_exception(
-                    f"The tensor '{tid}' has been provided as one of the inputs to the stepIO, but it is not "
-                    "registered as one of the inputs to the model. Please check this tensor and your stepIO.")
-        plan = []
-        for tid in ir.stream_inputs:
-            if tid not in low.inputs:
-                if tid in stepio.inputs:
-                    log("session").warning(
-                        "The input Tensor %s to the ONNX Model does not appear in the optimized PopART Ir, possibly "
-                        "due to constant folding. Therefore, the input buffer provided will not be used. ", tid)
-                continue
-            if tid not in stepio.inputs:
-                raise popart_runtime_error(f"No tensor {tid} provided in PyStepIO's inputs")
-            arr = stepio.inputs[tid]
-            if low.inputs[tid] is not None or not isinstance(arr, np.ndarray):
-                # with syntheticDataMode (no host stream) PopART never reads the buffer, so
-                # only its element count is checked, not its type or layout
-                self._check_array(tid, arr, "input")
-            exp = self._expected_in(tid)
-            if stepio._runtime_asserts and arr.size != exp:
-                raise popart_runtime_error(self._size_message(tid, "input", exp, arr.size))
-            if arr.size % max(ir.tensors[tid].info.nelms(), 1) or arr.size == 0 and exp:
-                raise popart_runtime_error(self._size_message(tid, "input", exp, arr.size))
-            if low.inputs[tid] is not None:
-                plan.append((low.inputs[tid], arr))
-        bps, repl, accl = self._dataflow.batchesPerStep(), int(self.options.replicatedGraphCount), \
-            int(self.options.accumulationFactor)
-        for tid in stepio.outputs:
-            if tid not in ir.tensors:
-                raise popart_runtime_error(
-                    f"Testing that the buffer provided by user for output Tensor {tid} has the correct number of "
-                    f"elements, But there is no Tensor named {tid} in the Ir's tensors. ")
-        for tid, h in low.anchors.items():
-            if tid not in stepio.outputs:
-                raise popart_runtime_error(f"No tensor {tid} provided in PyStepIO's outputs")
-            arr = stepio.outputs[tid]
-            self._check_array(tid, arr, "output")
-            art = self._dataflow.art(tid)
-            exp = anchor_elements(art, ir.tensors[tid].info.nelms(), bps, accl, repl)
-            if arr.size != exp:
-                raise popart_runtime_error(self._size_message(tid, "output", exp, arr.size, art))
-            if not arr.flags["WRITEABLE"]:
-                raise popart_exception(f"The output array for anchor '{tid}' is read-only")
-            if h is not None:
-                plan.append((h, arr))
-        for h, arr in plan:
-            eng.connectStream(h, arr.reshape(-1))
-
-    def _connect_callbacks(self, cb: PyStepIOCallback):
-        eng, low = self._engine, self._lowered
-
-        def make_in(tid):
-            def fill(arr):
-                data = cb.input_callback(tid, False)
-                if data is None:
-                    raise popart_runtime_error(f"The input callback for tensor {tid} returned no data")
-                arr.reshape(-1)[:] = np.asarray(data).reshape(-1)[:arr.size]
-                cb.input_complete_callback(tid)
-            return fill
-
-        def make_out(tid):
-            def take(arr):
-                dst = cb.output_callback(tid)
-                np.asarray(dst).reshape(-1)[:arr.size] = arr.reshape(-1)
-                cb.output_complete_callback(tid)
-            return take
-
-        for tid, h in low.inputs.items():
-            if h is not None:
-                eng.connectStreamToCallback(h, make_in(tid))
-        for tid, h in low.anchors.items():
-            if h is not None:
-                eng.connectStreamToCallback(h, make_out(tid))
-
-    # -- anchors and info -----------------------------------------------------------------
-    def initAnchorArrays(self) -> dict:  # noqa: N802
-        """Zeroed numpy arrays for every anchor, shaped by PopART's rule
-        (:func:`openipu.popart.dataflow.anchor_shape`)."""
-        out = {}
-        bps = self._dataflow.batchesPerStep()
-        for a in self._dataflow.anchors():
-            info = self.getInfo(a)
-            shape = anchor_shape(self._dataflow.art(a), info.shape(), bps, self.accumulationFactor,
-                                 self.replicationFactor)
-            out[a] = np.zeros(shape, dtype=info.numpy_dtype())
-        return out
-
     def getInfo(self, tid: str) -> TensorInfo:  # noqa: N802
         return self._ir.info(tid)
 
@@ -610,165 +474,6 @@ class _SessionBase(rng_state.RngStateApi, GroupedWeightsMixin):
             self._fast.set_weights({tid: buf.reshape(2)})
 
     # -- weights --------------------------------------------------------------------------
-    def weightsFromHost(self) -> None:  # noqa: N802
-        """Copy the host copies of the weights (``constantWeights=False``) to the device."""
-        self._check_runnable()
-        if not self._lowered.weights_in:
-            return
-        sharded = self._ir.sharded_state
-        for tid, h in self._lowered.weights_in.items():
-            host = self._host_weights[tid]
-            # a sharded optimizer state: each replica receives its piece
-            if tid in self._replica_group:      # a grouped variable: each replica its group's value
-                host = np.ascontiguousarray(self._replica_view(tid))
-            self._engine.connectStream(h, self._local_pieces(tid).reshape(-1) if tid in sharded else host.reshape(-1))
-        self._engine.run(1, "weightsFromHost")
-        if getattr(self, "_fast", None):
-            self._fast.set_weights(self._host_weights)
-
-    def weightsToHost(self) -> None:  # noqa: N802
-        """Copy the device weights back to their host copies."""
-        self._check_runnable()
-        if not self._lowered.weights_out:
-            return
-        if getattr(self, "_fast", None):
-            for tid in self._lowered.weights_out:
-                if tid in self._replica_group or self._returns_all(tid):
-                    self._store_replicas(tid, self._fast.get_replica_weights(tid))
-                else:
-                    self._host_weights[tid].reshape(-1)[:] = self._fast.get_weight(tid).reshape(-1)
-            return
-        repl = self.replicationFactor
-        sharded = self._ir.sharded_state
-        # one replica, not sharded: the device writes straight into the host copy (the engine keeps
-        # a connected buffer, so a staging buffer per weight would stay alive: one more host copy
-        # of every weight and optimizer state)
-        bufs = {tid: (self._local_pieces(tid) if tid in sharded else
-                      np.zeros((repl, *self._ir.tensors[tid].info.shape()), self._host_weights[tid].dtype))
-                for tid in self._lowered.weights_out if repl > 1 or tid in sharded}
-        for tid, h in self._lowered.weights_out.items():
-            self._engine.connectStream(h, (bufs[tid] if tid in bufs else self._host_weights[tid]).reshape(-1))
-        self._engine.run(2, "weightsToHost")
-        for tid, b in bufs.items():
-            host = self._host_weights[tid]
-            if tid in sharded and sharded[tid][1] > repl:       # the other instances' pieces too
-                b = self._gather_pieces(tid, b)
-            # a sharded optimizer state: the replicas' pieces, in order, trimmed
-            if tid in sharded:
-                host[...] = b.reshape(-1)[:host.size].reshape(host.shape)
-            else:
-                self._store_replicas(tid, b)
-
-    def _local_pieces(self, tid: str) -> np.ndarray:
-        """This instance's replicas' pieces of the sharded state ``tid``: ``[local replicas,
-        ceil(n / shards)]``, the rows ``[globalReplicaOffset, + local)`` of its ``shard_rows`` over
-        all (global) replicas."""
-        shards = self._ir.sharded_state[tid][1]
-        off = int(self.options.globalReplicaOffset) if shards > self.replicationFactor else 0
-        return np.ascontiguousarray(shard_rows(self._host_weights[tid], shards)[off:off + self.replicationFactor])
-
-    def _gather_pieces(self, tid: str, local: np.ndarray) -> np.ndarray:
-        """Every instance's pieces of the sharded state ``tid`` (a distributed replicated graph):
-        ``[global replicas, k]`` from this instance's ``[local, k]``, over ``torch.distributed``
-        (every instance must call ``weightsToHost``). Raises ``popart_exception`` when an
-        instance is lost or the gather times out."""
-        import torch
-
-        from openipu.poplar.errors import poplar_error
-        from openipu.poplibs import gcl_instances
-        try:
-            return gcl_instances.gather_replicas(torch.from_numpy(local), f"weightsToHost {tid}").numpy()
-        except poplar_error as e:
-            raise popart_exception(str(e)) from None
-
-    def _check_writable_weights(self, what: str):
-        if self.options.constantWeights:
-            raise popart_exception(f"Cannot call {what} when constantWeights is set. Set "
-                                   "SessionOptions.constantWeights = False so that weights are device variables")
-
-    def writeWeights(self, weightsIo) -> None:  # noqa: N802,N803
-        """Set weights from ``PyWeightsIO``: the host copies, and the device too once prepared."""
-        if not all(tid in self._host_weights for tid in weightsIo.weights):    # (grouped weights stay
-            self._check_writable_weights("writeWeights")                         # variables)
-        for tid, arr in weightsIo.weights.items():
-            if tid not in self._host_weights:
-                raise popart_exception(f"Tensor {tid} is not a weight of this session: weights are "
-                                       f"{', '.join(sorted(self._host_weights)) or 'none'}")
-            dst = self._host_weights[tid]
-            arr = np.asarray(arr)
-            per = self._ir.tensors[tid].info.nelms()
-            if arr.size == self.replicationFactor * per != dst.size and self._returns_all(tid):
-                # AllReplicas: one value per replica; each group takes its first replica's
-                self._store_replicas(tid, arr.reshape(self.replicationFactor, -1))
-                self._replica_values.pop(tid, None)
-                continue
-            if arr.size != dst.size:
-                raise popart_exception(f"writeWeights: tensor {tid} has {dst.size} elements but the buffer has "
-                                       f"{arr.size}")
-            dst.reshape(-1)[:] = arr.reshape(-1).astype(dst.dtype)
-            self._replica_values.pop(tid, None)
-        if self._engine is not None and self._engine._storage is not None:
-            self.weightsFromHost()
-
-    def readWeights(self, weightsIo) -> None:  # noqa: N802,N803
-        """Fill ``PyWeightsIO`` arrays from the host copies (call ``weightsToHost`` first)."""
-        for tid, arr in weightsIo.weights.items():
-            if tid in self._host_weights:
-                src = self._returned_values(tid)
-            elif tid in self._ir.tensors and self._ir.tensors[tid].kind == "Const" and tid in self._initializers():
-                src = self._ir.tensors[tid].value
-            else:
-                raise popart_exception(f"Tensor {tid} is not a weight of this session")
-            if arr.size != src.size:
-                raise popart_exception(f"readWeights: tensor {tid} has {src.size} elements but the buffer has "
-                                       f"{arr.size}")
-            arr.reshape(-1)[:] = src.reshape(-1)
-
-    def _initializers(self) -> set:
-        return {i.name for i in self._ir.model.graph.initializer}
-
-    def modelToHost(self, fn: str) -> None:  # noqa: N802
-        """Write the ONNX model with the current weights (fetched from the device) to ``fn``. A
-        training session also writes its optimizer state (``Accl1___<w>``, ``Step___<w>``, ...)
-        as initializers, as PopART does: a session made from that file resumes from it."""
-        if self._engine is not None and self._engine._storage is not None and self._host_weights:
-            self.weightsToHost()
-        m = onnx.ModelProto()
-        m.CopyFrom(self._ir.model)
-        names = set()
-        # PopART's storage (openipu.popart.tensor_proto): each initializer keeps its field
-        # (raw_data, or float_data ...), the optimizer state is added in the typed fields
-        for init in m.graph.initializer:
-            names.add(init.name)
-            if init.name in self._host_weights:
-                tensor_proto.write_into(init, self._host_weights[init.name])
-                if init.name in self._replica_group:     # grouped: the [groups, *shape] value
-                    del init.dims[:]
-                    init.dims.extend(self._host_weights[init.name].shape)
-                    for vi in m.graph.input:
-                        if vi.name == init.name:
-                            dims = vi.type.tensor_type.shape.dim
-                            del dims[:]
-                            for d in self._host_weights[init.name].shape:
-                                dims.add().dim_value = int(d)
-            elif init.name in self._ir.weights:     # a weight the IR took out of its proto
-                tensor_proto.write_into(init, np.asarray(self._ir.weights[init.name]))
-        for tid, arr in self._host_weights.items():
-            if tid not in names:                   # optimizer state
-                m.graph.initializer.append(tensor_proto.typed_tensor(arr, tid))
-        onnx.save(m, fn)
-
-    def resetHostWeights(self, modelProtoOrFilename, ignoreWeightsInModelWithoutCorrespondingHostWeight=False):  # noqa: N802,N803
-        self._check_writable_weights("resetHostWeights")
-        from openipu.popart.builder import _load_model
-        m = _load_model(modelProtoOrFilename)
-        for init in m.graph.initializer:
-            if init.name in self._host_weights:
-                self._host_weights[init.name][...] = numpy_helper.to_array(init)
-            elif not ignoreWeightsInModelWithoutCorrespondingHostWeight:
-                raise popart_exception(f"resetWeights, no tensor '{init.name}' in tensors")
-
-
 class InferenceSession(_SessionBase):
     """``popart.InferenceSession(fnModel, dataFlow, deviceInfo, inputShapeInfo=InputShapeInfo(),
     patterns=None, userOptions=SessionOptions(), name="inference")``.
