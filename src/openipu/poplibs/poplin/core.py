@@ -926,9 +926,8 @@ def _build_step(graph, x, w, out, own_out: bool, params: ConvParams, plan, lay: 
                                          np.concatenate([np.ones((slab.size, 1), np.int64),
                                                          np.tile(ob.sz, (ics, 1))], axis=1),
                                          np.tile(rt, ics)))
-    vw = target.getVectorWidth(ptype)
-    rcyc = W_ctx * (planmod.REDUCE_WORKER_OVERHEAD + 2 * int(math.log2(vw))
-                    + planmod.REDUCE_CYCLES_PER_VECTOR * ics * _ceil(counts, vw * W_ctx))
+    rcyc = planmod.conv_reduce_cycles(counts, ics, out_type == poplar.FLOAT, ptype == poplar.FLOAT, W_ctx,
+                                      target.getDataPathWidth(), target.getBytesPerTile())
     rcs = graph.addComputeSet(f"{name}/Reduce")
     graph.add_vertex_group(rcs, VertexGroup(
         f"poplin::ReduceAdd<{out_type},{ptype}>", used, rcyc,
