@@ -45,14 +45,13 @@ The AMP's conv units come from the target table: ``units = Target.getAmpMacsPerC
 partials) x core cycles / weights per conv unit`` (ipu2: 16 for half with half partials, 8 for
 half with float partials, 16 for float), so a tile never exceeds the table's MACs per cycle.
 
-Transforms: the weight-update pass (``calculateWeightDeltas``) tries PopLibs' ``expandDims``
-on its convolution (:mod:`openipu.poplibs.poplin.transforms`: the forward output field folded
-into the input channels, so that the ``N x H x W`` reduction is split over tiles) and keeps the
-cheapest of the plans with and without it. Not modelled: ``expandDims`` in the forward and
-input-gradient passes, ``swapOperands``, ``outChanFlattenDims``, ``combineConvGroups``, so
-forward layers with few input channels (ResNet's first 7x7) use the AMP poorly, as they would
-without those transforms; SLIC, VMAC and OuterProduct vertices;
-multi-stage reductions; the multi-IPU (system) level of the plan. Positions that meet the zeros
+Transforms: the forward and weight-update passes try PopLibs' ``expandDims`` on every subset of
+the candidate field dimensions (:mod:`openipu.poplibs.poplin.transforms`; in the weight update the
+forward output field folded into the input channels, so that the ``N x H x W`` reduction is split
+over tiles; in the forward pass kernel dimensions folded into the input channels, so that ResNet's
+3-channel 7x7 stem fills the AMP) and keep the cheapest plan, transform cost included. Not
+modelled: ``expandDims`` in the input-gradient pass, ``swapOperands``, ``outChanFlattenDims``,
+``combineConvGroups``; SLIC, VMAC and OuterProduct vertices; multi-stage reductions; the multi-IPU (system) level of the plan. Positions that meet the zeros
 of a dilated input are skipped at a rate of ``1 / inputDilation`` [A].
 
 Plans are cached per (problem, types, options, target) in a :class:`PlanningCache` (one
