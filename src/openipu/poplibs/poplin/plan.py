@@ -537,6 +537,9 @@ def _evaluate(pb: Problem, c: dict, method, units, fp, in_type, out_type, target
     in_blk = gB * nS * ciB * rows_in * pb.in_rest
     w_blk = gB * coS * ciB * pb.taps
     in_recv = in_blk * (1.0 - 1.0 / c["ocs"]) * isz
+    # PopLibs ExchangeEstimator: with an even output-channel split the two tiles of a supertile
+    # read the same input block and receive it in the same cycles: twice the bytes per cycle
+    in_recv = in_recv * np.where(c["ocs"] % target.getTilesPerSharedExchangeBus() == 0, 0.5, 1.0)
     w_recv = w_blk * (1.0 - 1.0 / (c["bs"] * c["fs"])) * isz
     recv = in_recv + w_recv
     exch = np.where(recv > 0, np.ceil(recv / epc) + cal.EXCHANGE_PHASE_OVERHEAD_CYCLES + sync, 0.0) + sync
