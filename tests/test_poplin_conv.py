@@ -357,7 +357,7 @@ def test_conv_serial_and_input_channel_splits():
 
 
 @pytest.mark.parametrize("tiles,N,Ci,Co,budget,serial", [
-    (8, 8, 16, 32, 0.006, (4, 8)),       # batch and out-channel serial splits (nested loops), reduce
+    (8, 8, 16, 32, 0.006, (8, 4)),       # batch and out-channel serial splits (nested loops), reduce
     (4, 8, 8, 16, 0.008, (1, 4)),        # out-channel serial split, weights shared by 4 batch tiles
     (4, 8, 8, 16, 0.01, (4, 1)),         # batch serial split, input shared by 2 out-channel tiles
 ])
