@@ -49,8 +49,8 @@ ESTIMATORS = {
     "poplin::ConvPartial1x1Out": "poplin getConvPartial1x1SupervisorCycleEstimate (PerformanceEstimation.hpp)",
     "poplin::ConvPartialnx1": "poplin getConvPartialnx1SupervisorCycleEstimate + getZeroSupervisorVertexCycleEstimate",
     "poplin::ConvPartialHorizontalMac": "poplin getConvPartialHorizontalMacSupervisorCycleEstimate",
-    "poplin::ReduceAdd": "popops reduction CycleEstimationFunctions.cpp (getCyclesEstimateForReduce: "
-                         "entry 7 + state 26 + region 16 + 6 + 2 log2(vw), per vector per partial)",
+    "poplin::ReduceAdd": "poplin getReduceCycleEstimate (PerformanceEstimation.hpp; single-input variant "
+                         "as ConvReduce.cpp picks it)",
     "poplin::AddToChannel": "[A] shape of popops' broadcast add (supervisor 20, worker 26 + 1 per vector)",
     "popops::ScaledAddToChannel": "popops getScaledAddToChannelCycleEstimate",
     "popops::ChannelMul": "popops getChannelMulCycleEstimate",

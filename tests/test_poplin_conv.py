@@ -357,7 +357,7 @@ def test_conv_serial_and_input_channel_splits():
 
 
 @pytest.mark.parametrize("tiles,N,Ci,Co,budget,serial", [
-    (8, 8, 16, 32, 0.006, (4, 8)),       # batch and out-channel serial splits (nested loops), reduce
+    (8, 8, 16, 32, 0.006, (8, 4)),       # batch and out-channel serial splits (nested loops), reduce
     (4, 8, 8, 16, 0.008, (1, 4)),        # out-channel serial split, weights shared by 4 batch tiles
     (4, 8, 8, 16, 0.01, (4, 1)),         # batch serial split, input shared by 2 out-channel tiles
 ])
@@ -508,3 +508,47 @@ def test_host_kernel_formulations_match_reference(case, form, monkeypatch):
     W = rng.standard_normal([G, Co, Ci, *ker]).astype(np.float32)
     out, _ = run_conv(p, X, W)
     np.testing.assert_allclose(out.astype(np.float64), ref_conv(X, W, p), atol=1e-4, rtol=0)
+
+
+FWD_EXPAND_CASES = [
+    # (batch, field, kernel, Ci, Co, padding lower, padding upper, stride): a stem-like 7x7 stride 2,
+    # a 3x3 with asymmetric padding, a 3x1 and a 1-D kernel
+    (2, [15, 13], [7, 7], 3, 8, [3, 3], [3, 2], [2, 2]),
+    (1, [9, 8], [3, 3], 4, 5, [1, 0], [1, 2], [1, 2]),
+    (2, [10, 6], [3, 1], 3, 4, [1, 0], [1, 0], [1, 1]),
+]
+
+
+@pytest.mark.parametrize("dims", [(0,), (1,), (0, 1)])
+@pytest.mark.parametrize("case", range(len(FWD_EXPAND_CASES)))
+def test_forward_expand_dims_subsets_match_reference(case, dims, monkeypatch):
+    """The forward convolution is exact whichever subset of its field dimensions the planner folds
+    into the input channels with a copy (PopLibs tries the power set: getExpandDimsCandidates);
+    each subset is forced here. A subset containing a 1-wide kernel dimension is no candidate,
+    and the plan without the transform is built."""
+    from openipu.poplibs.poplin import transforms
+    monkeypatch.setattr(transforms, "dim_subsets",
+                        lambda ds: [dims] if set(dims) <= set(ds) else [])
+    monkeypatch.setattr(transforms, "expand_copy_cycles", lambda *a: -1e15)
+    N, fld, ker, Ci, Co, pl, pu, stride = FWD_EXPAND_CASES[case]
+    p = poplin.ConvParams(poplar.FLOAT, N, fld, ker, Ci, Co, 1, inputTransform=IT(paddingLower=pl, paddingUpper=pu),
+                          outputTransform=OT(stride=stride))
+    rng = np.random.default_rng(case)
+    X = rng.standard_normal(p.getInputShape()).astype(np.float32)
+    W = rng.standard_normal(p.getWeightsShape()).astype(np.float32)
+    out, _ = run_conv(p, X, W, tiles=16)
+    np.testing.assert_allclose(out, ref_conv(X, W, p), atol=1e-4)
+
+
+def test_expand_dims_candidates_are_the_power_set():
+    """A 7x7 stem offers expandDims on {0}, {1} and {0, 1}; a 1-wide kernel dimension none."""
+    from openipu.poplibs.poplin import transforms
+    stem = poplin.ConvParams(poplar.HALF, 1, [224, 224], [7, 7], 3, 64, 1,
+                             inputTransform=IT(paddingLower=[3, 3], paddingUpper=[3, 3]), outputTransform=OT(stride=[2, 2]))
+    assert transforms.copy_expandable_dims(stem) == [0, 1]
+    assert transforms.dim_subsets([0, 1]) == [(0,), (1,), (0, 1)]
+    e = transforms.expand_dims_params(stem, (0,))
+    assert e.inputChannelsPerConvGroup == 21 and list(e.kernelShape) == [1, 7]
+    assert list(e.getOutputFieldShape()) == [112, 112]
+    col = poplin.ConvParams(poplar.HALF, 1, [10, 6], [3, 1], 3, 4, 1)
+    assert transforms.copy_expandable_dims(col) == [0]

@@ -194,11 +194,11 @@ def _ref_read_transfers(graph, x, w, params, plan, sb, so):
         if sel.any():
             a_in = xa[:, n_idx][:, :, :, rows[sel]]
             base = core.tile_index(plan, g_t, n_t, fblk[sel][None, None, None, :, None], 0, c_t)
-            out += replicas(a_in, base, [o * plan.in_chan_split for o in range(plan.out_chan_split)])
+            out += replicas(a_in, base, [int(core.tile_index(plan, 0, 0, 0, o, 0)) for o in range(plan.out_chan_split)])
     base = core.tile_index(plan, (np.arange(lay.G) // lay.gB)[:, None, None, None], 0, 0,
                            (co_idx // lay.coB)[None, :, None, None],
                            (np.arange(lay.Ci) // lay.ciB)[None, None, :, None])
-    offs = [(b * plan.field_split + f) * plan.out_chan_split * plan.in_chan_split
+    offs = [int(core.tile_index(plan, 0, b, f, 0, 0))
             for b in range(plan.batch_split) for f in range(plan.field_split)]
     return out + replicas(wa[:, co_idx], base, offs)
 

@@ -65,13 +65,16 @@ class RegionTransfer:
     ``to_owner`` False (a read): element at index ``i`` is needed on the tile of every box that
     holds ``i``. ``to_owner`` True (a write, or a host transfer with box tile -2): it comes from
     that tile and goes to its owner. ``count_send`` False: the same values are sent by another
-    transfer (multicast), so only receives count.
+    transfer (multicast), so only receives count. ``supertile_recv_scale``: bytes a tile receives
+    from outside its supertile count at this fraction (its supertile partner receives the same
+    values in the same cycles; see :class:`openipu.poplar.graph.Access`).
     """
 
     view: object
     boxes: Boxes
     to_owner: bool = False
     count_send: bool = True
+    supertile_recv_scale: float = 1.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -602,7 +605,8 @@ def add_volume(spec, tr: RegionTransfer, recv_b, send_b, recv_m, send_m, glob, r
     # receives: union per (dst, src) of the single intervals; multi-interval overlaps counted once
     # per distinct (dst, lattice, run)
     _accumulate(src, dst, base, T, n, S, E, count, msgs, first, last, single, recv_b, recv_m, size, T_,
-                key_tile=dst, other=src, glob=glob, tpi=tpi, out_c=recv_c)
+                key_tile=dst, other=src, glob=glob, tpi=tpi, out_c=recv_c,
+                pair_scale=(float(tr.supertile_recv_scale), int(spec.tiles_per_shared_exchange_bus)))
     if tr.count_send:
         ft = src >= 0
         _accumulate(src[ft], dst[ft], base[ft], T[ft], n[ft], S[ft], E[ft], count[ft], msgs[ft], first[ft],
@@ -628,8 +632,15 @@ def _first_of_equal_rows(cols: list) -> np.ndarray:
 
 
 def _accumulate(src, dst, base, T, n, S, E, count, msgs, first, last, single, out_b, out_m, size, num_tiles,
-                key_tile, other, glob, tpi, out_c=None):
+                key_tile, other, glob, tpi, out_c=None, pair_scale=(1.0, 2)):
     grp_other = other if other is not None else np.zeros_like(key_tile)
+    scale, per_bus = pair_scale
+
+    def weight(kt, ko):
+        """Byte weights: ``scale`` for bytes from outside the receiving tile's supertile."""
+        if scale == 1.0:
+            return 1.0
+        return np.where((ko >= 0) & (ko // per_bus != kt // per_bus), scale, 1.0)
     # single intervals: union per (tile, other end) with adjacency merged into one message
     s = single
     if s.any():
@@ -638,7 +649,7 @@ def _accumulate(src, dst, base, T, n, S, E, count, msgs, first, last, single, ou
         kt, ko, a, z = kt[order], ko[order], a[order], z[order]
         group = kt * (num_tiles + 3) + (ko + 2)
         contrib, new = _union(group, a, z)
-        out_b += np.bincount(kt, weights=contrib, minlength=num_tiles) * size
+        out_b += np.bincount(kt, weights=contrib * weight(kt, ko), minlength=num_tiles) * size
         out_m += np.bincount(kt[new], minlength=num_tiles)
         if out_c is not None:
             # the merged intervals of each (tile, other end), in address order
@@ -657,7 +668,7 @@ def _accumulate(src, dst, base, T, n, S, E, count, msgs, first, last, single, ou
                [n[m][:, j] for j in range(n.shape[1])]
         idx = _first_of_equal_rows(cols)
         kt, ko, c, mm = key_tile[m][idx], grp_other[m][idx], count[m][idx], msgs[m][idx]
-        out_b += np.bincount(kt, weights=c, minlength=num_tiles) * size
+        out_b += np.bincount(kt, weights=c * weight(kt, ko), minlength=num_tiles) * size
         out_m += np.bincount(kt, weights=mm, minlength=num_tiles)
         if out_c is not None:
             # a strided lattice's regions are one loop nest: a unit per level (dimension with

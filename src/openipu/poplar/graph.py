@@ -245,11 +245,16 @@ class Access:
       tile (boxes may overlap when several tiles read the same elements).
 
     ``count_send`` is False when another Access sends the same values (multicast replicas).
+    ``supertile_recv_scale``: receives from outside the reading tile's supertile count at this
+    fraction of their bytes, for reads whose supertile partner reads the same values in the same
+    phase (the two tiles of a supertile receive them in the same cycles: PopLibs
+    ``ExchangeEstimator``, ``linearizeConvIndices``); 1 otherwise.
     """
 
     tensor: Tensor
     on: Any = None
     count_send: bool = True
+    supertile_recv_scale: float = 1.0
 
 
 @dataclass(eq=False)

@@ -473,7 +473,8 @@ class _Compiler:
                 if isinstance(r, Access):
                     boxes = _boxes_of(r, memo)
                     if boxes is not None:
-                        reads.append(X.RegionTransfer(r.tensor, boxes, count_send=r.count_send))
+                        reads.append(X.RegionTransfer(r.tensor, boxes, count_send=r.count_send,
+                                                       supertile_recv_scale=r.supertile_recv_scale))
                     uses.append((r.tensor, False))
                     continue
                 t, ct = r[0], r[1]

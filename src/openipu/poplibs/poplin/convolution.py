@@ -252,9 +252,8 @@ def _expand_transform(graph, wu: ConvParams, x, w, options, cache, op, prog, nam
         pass
     view = transforms.view_expandable_dims(wu)
     copy = transforms.copy_expandable_dims(wu)
-    for kind, dims in (("view", view), ("copy", copy)):
-        if not dims or (kind == "copy" and dims == view):
-            continue
+    for dims in transforms.dim_subsets(sorted(set(view) | set(copy))):
+        kind = "view" if set(dims) <= set(view) else "copy"
         try:
             e = transforms.expand_dims_params(wu, dims)      # raises for a kernel truncated to nothing
             pe = plan_convolution(e, target, options, cache, op=op)

@@ -86,10 +86,13 @@ class Layout:
 
 def tile_index(plan, g, b, f, o, i):
     """Local tile of block (g, b, f, o, i) (numpy arrays broadcast), as int32 (a tile number, and
-    every partial sum of one, is below the plan's tile count)."""
+    every partial sum of one, is below the plan's tile count). The order is PopLibs'
+    ``linearizeConvIndices``: conv group outermost, then input channels, batch, field, and the
+    output channels innermost, so that the tiles of a supertile (consecutive tile pairs) read the
+    same input block when the output-channel split is even."""
     g, b, f, o, i = (np.asarray(v).astype(np.int32, copy=False) for v in (g, b, f, o, i))
-    return (((g * int(plan.batch_split) + b) * int(plan.field_split) + f) * int(plan.out_chan_split) + o) \
-        * int(plan.in_chan_split) + i
+    return (((g * int(plan.in_chan_split) + i) * int(plan.batch_split) + b) * int(plan.field_split) + f) \
+        * int(plan.out_chan_split) + o
 
 
 def input_row_ranges(params: ConvParams, plan, lay: Layout):
@@ -629,7 +632,7 @@ def _row_ranges(params: ConvParams, plan, lay: Layout):
     return primary, halo
 
 
-def runs_access(view, boxes: Boxes, count_send: bool = True) -> Access:
+def runs_access(view, boxes: Boxes, count_send: bool = True, supertile_recv_scale: float = 1.0) -> Access:
     """A read of ``boxes`` of ``view``, given to the exchange as the runs of consecutive addresses
     the boxes cover (1-D boxes of a flat view of the variables they touch).
 
@@ -646,7 +649,8 @@ def runs_access(view, boxes: Boxes, count_send: bool = True) -> Access:
     uv = np.unique(vids)
     if uv.size == 0:
         z = np.zeros((0, view.rank()), np.int64)
-        return Access(view, Boxes(z, z, np.zeros(0, np.int64)), count_send=count_send)
+        return Access(view, Boxes(z, z, np.zeros(0, np.int64)), count_send=count_send,
+                      supertile_recv_scale=supertile_recv_scale)
     parts, off, shift = [], 0, np.zeros(uv.size, np.int64)
     for j, v in enumerate(uv.tolist()):
         var_ = variables[v]
@@ -656,19 +660,34 @@ def runs_access(view, boxes: Boxes, count_send: bool = True) -> Access:
         off += var_.numel
     flat = parts[0] if len(parts) == 1 else poplar.concat(parts, 0)
     idx = start + shift[np.searchsorted(uv, vids)]
-    return Access(flat, Boxes(idx[:, None], length[:, None], tiles), count_send=count_send)
+    return Access(flat, Boxes(idx[:, None], length[:, None], tiles), count_send=count_send,
+                  supertile_recv_scale=supertile_recv_scale)
 
 
-def _replica_accesses(view, lo, sz, tiles, first) -> list:
+def _replica_accesses(view, lo, sz, tiles, first, paired=None) -> list:
     """Reads of boxes ``lo``, ``sz`` of ``view`` by global ``tiles`` (as runs, see
     :func:`runs_access`): one Access for the first replica of each block (``first``), whose
     sends are counted, one for the others (the exchange multicasts: their values are already
-    sent, so only what each tile receives counts)."""
+    sent, so only what each tile receives counts). ``paired`` (bool per box): the reading tile's
+    supertile partner reads the same box, so both receive it in the same cycles and what comes
+    from outside the supertile counts at half its bytes (:data:`SUPERTILE_INPUT_RECV_SCALE`)."""
     out = []
+    paired = np.zeros(len(tiles), bool) if paired is None else paired
     for sel, send in ((first, True), (~first, False)):
-        if sel.any():
-            out.append(runs_access(view, Boxes(lo[sel], sz[sel], tiles[sel]), send))
+        for pr in (False, True):
+            s = sel & (paired == pr)
+            if s.any():
+                out.append(runs_access(view, Boxes(lo[s], sz[s], tiles[s]), send,
+                                       SUPERTILE_INPUT_RECV_SCALE if pr else 1.0))
     return out
+
+
+#: Fraction of its bytes a tile's receive of an input block costs when its supertile partner
+#: receives the same block in the same phase: PopLibs ``ExchangeEstimator`` counts input elements
+#: at twice the exchange bytes per cycle when the output-channel split is a multiple of the tiles
+#: per supertile ("both tiles can receive the same data in the same cycle";
+#: ``Target::getTilesPerSharedExchangeBus`` = 2), with the tile order of ``linearizeConvIndices``.
+SUPERTILE_INPUT_RECV_SCALE = 0.5
 
 
 #: Tiles that may read each block of an operand as it is before poplin rearranges the operand
@@ -866,8 +885,13 @@ def _build_step(graph, x, w, out, own_out: bool, params: ConvParams, plan, lay: 
         GB, NB, CB, RK, OO = _cross(g0.size, n0.size, c0.size, fb.size, plan.out_chan_split)
         lo = np.stack([g0[GB], n0[NB], c0[CB], rb[RK] - r_lo] + [np.zeros_like(GB)] * len(in_tail), axis=1)
         sz = np.stack([gs[GB], ns[NB], cs[CB], (re_ - rb)[RK]] + [np.full_like(GB, s_) for s_ in in_tail], axis=1)
-        tiles = gt[tile_index(plan, GB, NB, fb[RK], OO, CB)].astype(np.int64)
-        reads += _replica_accesses(xs, lo, sz, tiles, OO == 0)
+        local = tile_index(plan, GB, NB, fb[RK], OO, CB)
+        tiles = gt[local].astype(np.int64)
+        paired = None
+        if plan.out_chan_split % 2 == 0:
+            bus = target.getTilesPerSharedExchangeBus()
+            paired = tiles // bus == gt[local ^ 1].astype(np.int64) // bus
+        reads += _replica_accesses(xs, lo, sz, tiles, OO == 0, paired)
     GB, OB, CB, BB, FF = _cross(g0.size, o0.size, c0.size, plan.batch_split, plan.field_split)
     lo = np.stack([g0[GB], o0[OB], c0[CB]] + [np.zeros_like(GB)] * len(k_shape), axis=1)
     sz = np.stack([gs[GB], os_[OB], cs[CB]] + [np.full_like(GB, s_) for s_ in k_shape], axis=1)
@@ -956,9 +980,8 @@ def _build_step(graph, x, w, out, own_out: bool, params: ConvParams, plan, lay: 
                                          np.concatenate([np.ones((slab.size, 1), np.int64),
                                                          np.tile(ob.sz, (ics, 1))], axis=1),
                                          np.tile(rt, ics)))
-    vw = target.getVectorWidth(ptype)
-    rcyc = W_ctx * (planmod.REDUCE_WORKER_OVERHEAD + 2 * int(math.log2(vw))
-                    + planmod.REDUCE_CYCLES_PER_VECTOR * ics * _ceil(counts, vw * W_ctx))
+    rcyc = planmod.conv_reduce_cycles(counts, ics, out_type == poplar.FLOAT, ptype == poplar.FLOAT, W_ctx,
+                                      target.getDataPathWidth(), target.getBytesPerTile())
     rcs = graph.addComputeSet(f"{name}/Reduce")
     graph.add_vertex_group(rcs, VertexGroup(
         f"poplin::ReduceAdd<{out_type},{ptype}>", used, rcyc,

@@ -45,14 +45,13 @@ The AMP's conv units come from the target table: ``units = Target.getAmpMacsPerC
 partials) x core cycles / weights per conv unit`` (ipu2: 16 for half with half partials, 8 for
 half with float partials, 16 for float), so a tile never exceeds the table's MACs per cycle.
 
-Transforms: the weight-update pass (``calculateWeightDeltas``) tries PopLibs' ``expandDims``
-on its convolution (:mod:`openipu.poplibs.poplin.transforms`: the forward output field folded
-into the input channels, so that the ``N x H x W`` reduction is split over tiles) and keeps the
-cheapest of the plans with and without it. Not modelled: ``expandDims`` in the forward and
-input-gradient passes, ``swapOperands``, ``outChanFlattenDims``, ``combineConvGroups``, so
-forward layers with few input channels (ResNet's first 7x7) use the AMP poorly, as they would
-without those transforms; SLIC, VMAC and OuterProduct vertices;
-multi-stage reductions; the multi-IPU (system) level of the plan. Positions that meet the zeros
+Transforms: the forward and weight-update passes try PopLibs' ``expandDims`` on every subset of
+the candidate field dimensions (:mod:`openipu.poplibs.poplin.transforms`; in the weight update the
+forward output field folded into the input channels, so that the ``N x H x W`` reduction is split
+over tiles; in the forward pass kernel dimensions folded into the input channels, so that ResNet's
+3-channel 7x7 stem fills the AMP) and keep the cheapest plan, transform cost included. Not
+modelled: ``expandDims`` in the input-gradient pass, ``swapOperands``, ``outChanFlattenDims``,
+``combineConvGroups``; SLIC, VMAC and OuterProduct vertices; multi-stage reductions; the multi-IPU (system) level of the plan. Positions that meet the zeros
 of a dilated input are skipped at a rate of ``1 / inputDilation`` [A].
 
 Plans are cached per (problem, types, options, target) in a :class:`PlanningCache` (one
@@ -95,13 +94,58 @@ AMP_1X1_SUPERVISOR_OVERHEAD = 50
 AMP_NX1_OVERHEAD = 109
 #: ``convHorizontalMacOverhead(floatActivations)``: 58 float, 63 half.
 HMAC_OVERHEAD = {"float": 58, "half": 63, "quarter": 63}
-#: Reduce vertex fixed worker cycles: entry/exit 7 + state load 26 + one output region
-#: 16 + 6 (``popops/reduction/CycleEstimationFunctions.cpp``); the 2*log2(vectorWidth) set-up
-#: is added where used.
-REDUCE_WORKER_OVERHEAD = 7 + 26 + 16 + 6
-#: Worker cycles per partial vector in the reduction (load + accumulate). [A] from the shape of
-#: the Reduce estimator's per-partial loads (poplar.md 4.2).
-REDUCE_CYCLES_PER_VECTOR = 2
+#: Fraction of a tile's memory under which the partials a tile receives for its reduction may be
+#: gathered into one buffer, making the reduction a single-input ``ReduceAdd``
+#: (``ConvReducePlan.hpp checkPartialsSizeForSingleInputReduce``: "< 1/16 of the total tile
+#: memory", after rounding the bytes up to a memory element; the element size is not published
+#: and the rounding is left out [A]).
+SINGLE_INPUT_REDUCE_MEMORY_FRACTION = 1 / 16
+
+
+def conv_reduce_cycles(out_size, depth, float_out: bool, float_partials: bool, W: int, data_path_width: int,
+                       bytes_per_tile: int):
+    """Tile cycles of one ``poplin::ReduceAdd`` vertex summing ``depth`` partials of ``out_size``
+    outputs (arrays broadcast; ``out_size`` the tile's share of the output, ``depth`` the
+    input-channel split), as PopLibs' ``getReduceCycleEstimate``
+    (``lib/poplin/PerformanceEstimation.hpp``) with the vertex variant ``ConvReduce.cpp`` picks:
+
+    - *single input* when the share is a multiple of the accumulator width (8 half, 4 float
+      partials) and the ``depth - 1`` partials received fit :data:`SINGLE_INPUT_REDUCE_MEMORY_FRACTION`
+      of the tile: the tile's own partial is the initial value, ``depth - 1`` are loaded, 2 cycles
+      per accumulator vector and partial (one 64-bit load per cycle, ``enableFastReduce`` off as
+      in PopLibs' default), an outer-loop overhead per vector (half partials: 9 to half, 10 to
+      float; float partials: 7 / 8), 20 per worker and 33 supervisor cycles;
+    - otherwise the multi-input vertex: ``depth`` partials at 3 cycles per vector (2 loads + 1
+      pointer load), 32 per worker, and a shorter remainder loop.
+
+    Returns predicted tile cycles (``numWorkers x`` the busiest worker's, plus supervisor)."""
+    out_size = np.asarray(out_size, np.int64)
+    depth = np.asarray(depth, np.int64)
+    acc = 4 if float_partials else 8
+    psize = 4 if float_partials else 2
+    per_load = data_path_width // (psize * 8)
+    # single input: initialPartial local, depth - 1 exchanged
+    exch_bytes = out_size * (depth - 1) * psize
+    single = (out_size % acc == 0) & (exch_bytes < SINGLE_INPUT_REDUCE_MEMORY_FRACTION * bytes_per_tile)
+    loop1 = acc // min(acc, per_load)
+    outer1 = (8 if float_out else 7) if float_partials else (10 if float_out else 9)
+    loops = out_size // acc
+    c_single = W * (20 + (loop1 * (depth - 1) + outer1) * _ceil(loops, W)) + 33
+    # multi-input (supervisor) vertex
+    loop2 = acc // min(acc, per_load) + 1
+    loops2 = out_size // acc
+    for i in range(int(math.log2(acc))):
+        loops2 = loops2 + ((out_size >> i) & 1)
+    ldw = loops2 // W
+    rem = loops2 % W
+    odd = (out_size & (acc - 1)) != 0
+    extra = np.where((rem != 0) & odd, 2 * depth + (13 if float_partials else 11), 0)
+    ldw = ldw + ((rem != 0) & ~odd)
+    outer2 = (7 if float_partials else 9) if float_out else (6 if float_partials else 8)
+    c_multi = W * (32 + extra + (loop2 * depth + outer2) * ldw)
+    return np.where(depth <= 1, 0, np.where(single, c_single, c_multi))
+
+
 #: Serial steps tried when no parallel plan fits (powers of two). [A]
 SERIAL_SPLITS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -493,6 +537,9 @@ def _evaluate(pb: Problem, c: dict, method, units, fp, in_type, out_type, target
     in_blk = gB * nS * ciB * rows_in * pb.in_rest
     w_blk = gB * coS * ciB * pb.taps
     in_recv = in_blk * (1.0 - 1.0 / c["ocs"]) * isz
+    # PopLibs ExchangeEstimator: with an even output-channel split the two tiles of a supertile
+    # read the same input block and receive it in the same cycles: twice the bytes per cycle
+    in_recv = in_recv * np.where(c["ocs"] % target.getTilesPerSharedExchangeBus() == 0, 0.5, 1.0)
     w_recv = w_blk * (1.0 - 1.0 / (c["bs"] * c["fs"])) * isz
     recv = in_recv + w_recv
     exch = np.where(recv > 0, np.ceil(recv / epc) + cal.EXCHANGE_PHASE_OVERHEAD_CYCLES + sync, 0.0) + sync
@@ -501,8 +548,8 @@ def _evaluate(pb: Problem, c: dict, method, units, fp, in_type, out_type, target
     part_elems = gB * nS * fB * pb.out_rest * coS
     outs = _ceil(part_elems, c["ics"])
     red_recv = np.where(split, outs * (c["ics"] - 1) * psz, 0)
-    red_comp = W * (REDUCE_WORKER_OVERHEAD + 2 * int(math.log2(vwp))
-                    + REDUCE_CYCLES_PER_VECTOR * c["ics"] * _ceil(outs, vwp * W)) + cal.COMPUTE_SET_LAUNCH_CYCLES
+    red_comp = conv_reduce_cycles(outs, c["ics"], out_type.name == "float", fp, W, target.getDataPathWidth(),
+                                  target.getBytesPerTile()) + cal.COMPUTE_SET_LAUNCH_CYCLES
     red = np.where(split, np.ceil(red_recv / epc) + cal.EXCHANGE_PHASE_OVERHEAD_CYCLES + 3 * sync + red_comp, 0.0)
     partial_bytes = np.where(split, part_elems * psz, 0)
     # the vertices read the tile's whole input and weight blocks: count them as temporaries

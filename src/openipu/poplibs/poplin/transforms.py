@@ -1,8 +1,9 @@
 """Convolution transforms the planner may apply before planning (PopLibs ``ConvTransform``).
 
-Modelled: ``expandDims`` in the cases where it is a pure view of the operands (no copy), which
-covers the weight-update pass of every convolution with a 1-wide kernel dimension (ResNet's 1x1
-convolutions, strided or not).
+Modelled: ``expandDims`` as a pure view of the operands (no copy), which covers the weight-update
+pass of every convolution with a 1-wide kernel dimension (ResNet's 1x1 convolutions, strided or
+not), and with a copy of the expanded input (:func:`expand_dims_copy`) for any subset of the field
+dimensions, as the planner tries the power set of the candidate dimensions.
 
 PopLibs' ``expandDims`` (``lib/poplin/ConvUtil.cpp expandDim``; candidates in
 ``lib/poplin/ConvPlan.cpp getExpandDimsCandidates``) folds a field dimension of the kernel into the
@@ -24,8 +25,8 @@ handing each tile whole kernel rows of the output gradient.
 When the output of the convolution is 1 wide in dimension ``d`` (the forward kernel is 1 wide),
 each kernel position meets exactly one input position, so the expanded input is a strided slice of
 the input (a view): no element is copied and the host kernel computes the same sums (regrouped).
-Expansions that duplicate input elements (wider forward kernels: PopLibs copies the expanded
-input in its transform step) are not modelled here.
+Expansions that duplicate input elements (wider forward kernels) copy the expanded input, as
+PopLibs does in its transform step.
 """
 
 from __future__ import annotations
@@ -59,20 +60,30 @@ def view_expandable_dims(p: ConvParams) -> list[int]:
 
 
 def copy_expandable_dims(p: ConvParams) -> list[int]:
-    """All field dimensions of ``p`` if ``expandDims`` can fold every one of them into the input
-    channels with a copy of the input (:func:`expand_dims_copy`): no input dilation, flips or
-    output padding, and PopLibs' heuristic (input at least as wide as the kernel); else ``[]``.
-    Dimensions where the kernel is 1 wide are folded too (a no-op there)."""
+    """Field dimensions ``d`` of ``p`` that ``expandDims`` can fold into the input channels with a
+    copy of the input (:func:`expand_dims_copy`): the kernel is wider than 1 there (else expanding
+    changes nothing: PopLibs ``expandingDimChangesParams``), no input dilation, flips or output
+    padding there, and PopLibs' heuristic holds (input at least as wide as the kernel). PopLibs'
+    planner tries every subset of these (``getExpandDimsCandidates``: the power set)."""
     it, kt, ot = p.inputTransform, p.kernelTransform, p.outputTransform
-    n = p.getNumFieldDims()
-    for d in range(n):
+    dims = []
+    for d in range(p.getNumFieldDims()):
+        if p.getTruncatedKernelSize(d) <= 1:
+            continue
         if it.dilation[d] != 1 or it.flip[d] or kt.flip[d] or ot.paddingLower[d] or ot.paddingUpper[d]:
-            return []
+            continue
         if p.inputFieldShape[d] < p.kernelShape[d]:
-            return []
-    if all(p.getTruncatedKernelSize(d) == 1 for d in range(n)):
-        return []
-    return list(range(n))
+            continue
+        dims.append(d)
+    return dims
+
+
+def dim_subsets(dims) -> list[tuple[int, ...]]:
+    """The non-empty subsets of ``dims`` (PopLibs ``getPowerSet`` less the empty set), smallest
+    first."""
+    from itertools import combinations
+    dims = list(dims)
+    return [c for r in range(1, len(dims) + 1) for c in combinations(dims, r)]
 
 
 def _tap_base(p: ConvParams, d: int) -> int:
@@ -169,13 +180,14 @@ def expand_copy_cycles(p: ConvParams, dims, target) -> float:
 
 
 def expand_dims_copy(graph, x, w, p: ConvParams, dims, xe, prog, name: str):
-    """Fold ``dims`` (:func:`copy_expandable_dims`: every field dimension) of ``p`` into the input
-    channels by copying: ``xe`` (canonical ``[G, N, Ci x prod K, *O]`` input of
-    :func:`expand_dims_params`, laid out for its plan) receives, for each output position ``o``,
-    the input elements the kernel taps meet (``xe[g, n, (c, k), o] = x[g, n, c, base + o x stride +
-    k x dilation]``, zero where that is padding). Built per kernel tap ``k``: the output positions
-    whose input is real form one box per dimension, whose input is a strided slice of ``x`` (one
-    ``Copy`` of ``prod K`` boxes); the others are zeroed (one ``popops::zero``). PopLibs copies the
+    """Fold ``dims`` (a subset of :func:`copy_expandable_dims`) of ``p`` into the input channels by
+    copying: ``xe`` (canonical ``[G, N, Ci x prod K_dims, *F']`` input of
+    :func:`expand_dims_params`, laid out for its plan) receives, for each output position ``o`` of
+    an expanded dimension, the input elements the kernel taps meet (``xe[g, n, (c, k), o] = x[g, n,
+    c, base + o x stride + k x dilation]``, zero where that is padding); the other dimensions are
+    copied whole. Built per kernel tap ``k`` of the expanded dimensions: the output positions whose
+    input is real form one box per dimension, whose input is a strided slice of ``x`` (one ``Copy``
+    of ``prod K_dims`` boxes); the others are zeroed (one ``popops::zero``). PopLibs copies the
     expanded input in the convolution's transform step. Returns ``(xe, w')``, ``w'`` the weights
     folded as a view."""
     from itertools import product
@@ -185,11 +197,12 @@ def expand_dims_copy(graph, x, w, p: ConvParams, dims, xe, prog, name: str):
 
     kt, ot = p.kernelTransform, p.outputTransform
     n = p.getNumFieldDims()
+    dims = sorted(dims)
     G, N, Ci = p.numConvGroups, p.batchSize, p.inputChannelsPerConvGroup
-    K = [p.getTruncatedKernelSize(d) for d in range(n)]
-    O = [p._strided_size(d) for d in range(n)]
+    K = [p.getTruncatedKernelSize(d) if d in dims else 1 for d in range(n)]
+    O = [p._strided_size(d) if d in dims else p.inputFieldShape[d] for d in range(n)]
     lim = [(p.inputTransform.truncationLower[d], p.inputFieldShape[d] - p.inputTransform.truncationUpper[d])
-           for d in range(n)]
+           if d in dims else (0, p.inputFieldShape[d]) for d in range(n)]
     xe7 = xe.reshape([G, N, Ci, *K, *O])
     srcs, dsts, zeros = [], [], []
     for k in product(*[range(v) for v in K]):
@@ -198,8 +211,11 @@ def expand_dims_copy(graph, x, w, p: ConvParams, dims, xe, prog, name: str):
             dst = dst.slice(k[d], k[d] + 1, 3 + d)
         ranges = []             # per dim: the output positions [olo, ohi) whose input is real, first input
         for d in range(n):
-            first = _tap_base(p, d) + k[d] * kt.dilation[d]
-            st = ot.stride[d]
+            if d in dims:
+                first = _tap_base(p, d) + k[d] * kt.dilation[d]
+                st = ot.stride[d]
+            else:
+                first, st = 0, 1
             olo = max(0, -(-(lim[d][0] - first) // st))
             ohi = min(O[d], -(-(lim[d][1] - first) // st))
             ranges.append((olo, max(olo, ohi), first, st))
@@ -228,7 +244,7 @@ def expand_dims_copy(graph, x, w, p: ConvParams, dims, xe, prog, name: str):
     if zeros:
         popops.zero(graph, poplar.concat(zeros), prog, f"{name}/expandDimsPadding")
     ws = w
-    for d in range(n):
-        ws = ws.slice(kt.truncationLower[d], p.kernelShape[d] - kt.truncationUpper[d], 3 + d)
-    ws = ws.reshape([G, p.outputChannelsPerConvGroup, Ci * int(np.prod(K)), *([1] * n)])
+    for d in dims:
+        ax = 3 + d
+        ws = _fold(ws.slice(kt.truncationLower[d], p.kernelShape[d] - kt.truncationUpper[d], ax), ax, n)
     return xe, ws
