@@ -373,7 +373,8 @@ def exchange_volume(spec, transfers: list) -> ExchangeVolume:
         return _exchange_volume(spec, transfers)
     parts = [repr(spec).encode()]
     for tr in transfers:
-        parts.append(b"%d%d%d" % (tr.to_owner, tr.count_send, tr.view._type.size))
+        parts.append(b"%d%d%d%s" % (tr.to_owner, tr.count_send, tr.view._type.size,
+                                    repr(float(getattr(tr, "supertile_recv_scale", 1.0))).encode()))
         parts.append(SC.view_key(b"xv", tr.view, True, (tr.boxes.lo, tr.boxes.sz, tr.boxes.tile))[0])
     key = b"|".join(parts)
     hit = SC.MEMO.get(key)
