@@ -180,7 +180,7 @@ def _reduce_groups(v: torch.Tensor, groups: np.ndarray, op: str, span, what: str
     (:func:`gcl_instances.reduce_groups`), bit-identical to the one-process fold."""
     if span is None:
         return _reduce(v[torch.from_numpy(groups)], op, 1)
-    red = gcl_instances.reduce_groups(v, groups, span[0], functools.partial(_combine, op),
+    red = gcl_instances.reduce_groups(v, groups, span[0], lambda a, b: _combine(op, a, b),
                                       (lambda x: x * x) if op == "SQUARE_ADD" else None, what)
     if op == "MEAN":
         p = groups.shape[1]
