@@ -252,33 +252,49 @@ def test_collective_cost_follows_the_global_ring(monkeypatch):
             pass
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("rts", [False, True])
-def test_popart_training_under_poprun_matches_one_process(tmp_path, rts):
-    """PopART with ``popdist.popart.configureSessionOptions`` / ``getDevice``: SGD with momentum,
-    Mean reduction, 4 replicas as 2 instances x 2, each instance drawing its own initial weights
-    and ``TrainingSession.broadcastWeights()`` giving every instance instance 0's: bit-identical
-    weights to one process. ``rts``: the momentum sharded over the 4 replicas of both instances
-    (replicated tensor sharding: reduce-scatter, update of the piece, all-gather across the
-    instances; ``weightsToHost`` gathers the pieces), the momentum bit-identical too."""
+def _popart(tmp_path, out, variant, execution, instances=0):
+    """``tests/popdist_popart.py`` (one process, or ``poprun`` with ``instances``): its weights
+    (``{id: array}``, instance ``i``'s for each instance) and the execution path that ran it."""
     import numpy as np
-    cmd = [sys.executable, str(HERE / "popdist_popart.py")]
-    extra = ["rts"] if rts else []
-    r = subprocess.run([*cmd, str(tmp_path / "one"), *extra], cwd=tmp_path, env=_env(), capture_output=True,
-                       text=True, timeout=1200)
+    cmd = [sys.executable, str(HERE / "popdist_popart.py"), str(tmp_path / out), *variant.split()]
+    if instances:
+        r = _poprun(["--num-instances", str(instances), "--num-replicas", "4", *cmd], tmp_path, timeout=1200,
+                    OPENIPU_EXECUTION=execution)
+    else:
+        r = subprocess.run(cmd, cwd=tmp_path, env=_env(OPENIPU_EXECUTION=execution), capture_output=True, text=True,
+                           timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
-    r = _poprun(["--num-instances", "2", "--num-replicas", "4", *cmd, str(tmp_path / "two"), *extra], tmp_path,
-                timeout=1200)
-    assert r.returncode == 0, r.stderr[-3000:]
-    one = np.load(tmp_path / "one.npz")
-    for i in range(2):
-        two = np.load(tmp_path / f"two.{i}.npz")
+    assert r.stdout.count(f"executor: {execution}") == max(instances, 1), r.stdout
+    files = [tmp_path / f"{out}.{i}.npz" for i in range(instances)] if instances else [tmp_path / f"{out}.npz"]
+    return [dict(np.load(f)) for f in files]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant,execution", [("", "ir"), ("rts", "ir"), ("rts adam", "ir"), ("rts", "device")])
+def test_popart_training_under_poprun_matches_one_process(tmp_path, variant, execution):
+    """PopART with ``popdist.popart.configureSessionOptions`` / ``getDevice``: SGD with momentum
+    (or Adam), Mean reduction, 4 replicas as 2 instances x 2, each instance drawing its own
+    initial weights and ``TrainingSession.broadcastWeights()`` giving every instance instance 0's:
+    bit-identical weights to one process, on the IR executor (the default) and the device
+    emulation. ``rts``: the optimizer state sharded over the 4 replicas of both instances
+    (replicated tensor sharding: reduce-scatter, update of the piece, all-gather across the
+    instances; ``weightsToHost`` gathers the pieces; the bias's 15 elements padded to 4 pieces of
+    4): the state bit-identical too, and the weights those of the unsharded one-process run."""
+    import numpy as np
+    (one,) = _popart(tmp_path, "one", variant, execution)
+    for two in _popart(tmp_path, "two", variant, execution, instances=2):
+        assert sorted(two) == sorted(one)
         for k in one:
-            np.testing.assert_array_equal(two[k], one[k])
+            np.testing.assert_array_equal(two[k], one[k], err_msg=k)
     rng = np.random.default_rng(0)
-    assert not np.allclose(one["w1"], rng.standard_normal((8, 16)).astype(np.float32) * 0.3)   # it trained
-    assert sorted(one) == (["Accl1___w1", "Accl1___w2", "w1", "w2"] if rts else ["w1", "w2"])
-    assert not rts or np.abs(one["Accl1___w1"]).max() > 0
+    assert not np.allclose(one["w1"], rng.standard_normal((8, 15)).astype(np.float32) * 0.3)   # it trained
+    state = {"": [], "rts": ["Accl1___"], "rts adam": ["Accl1___", "Accl2___"]}[variant]
+    assert sorted(one) == sorted([p + w for p in ["", *state] for w in ("w1", "b1", "w2")])
+    if state:
+        assert all(np.abs(one[p + w]).max() > 0 for p in state for w in ("w1", "b1", "w2"))
+        (plain,) = _popart(tmp_path, "plain", variant.replace("rts", ""), execution)
+        for k in plain:
+            np.testing.assert_array_equal(plain[k], one[k], err_msg=k)
 
 
 def _ip(*args):
@@ -288,10 +304,12 @@ def _ip(*args):
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/sbin/ip").exists() and not Path("/sbin/ip").exists(),
                     reason="network namespaces need root and iproute2")
-def test_instances_in_two_network_namespaces(tmp_path):
+@pytest.mark.parametrize("model", ["mlp", "bert"])
+def test_instances_in_two_network_namespaces(tmp_path, model):
     """Each instance in its own network namespace (loopback plus one veth pair between the two,
-    set up here): the instances meet over TCP on the veth addresses and train the MLP to the
-    one-process weights bit for bit."""
+    set up here): the instances meet over TCP on the veth addresses and train the model (the MLP,
+    and BERT-tiny from ``transformers``: 4 replicas, 3 SGD steps, each instance its own initial
+    weights) to the one-process weights bit for bit, and to PyTorch DDP's within fp32 rounding."""
     tag = f"{os.getpid() % 100000}"
     ns, veth = [f"oipu{tag}n{i}" for i in range(2)], [f"oipu{tag}v{i}" for i in range(2)]
     addr = ["10.233.0.1", "10.233.0.2"]
@@ -304,21 +322,26 @@ def test_instances_in_two_network_namespaces(tmp_path):
             _ip("-n", ns[i], "addr", "add", f"{addr[i]}/24", "dev", veth[i])
             _ip("-n", ns[i], "link", "set", veth[i], "up")
             _ip("-n", ns[i], "link", "set", "lo", "up")
-        _train(tmp_path, "poptorch", "mlp", "one.pt")
+        _train(tmp_path, "poptorch", model, "one.pt")
         procs = []
         for i in range(2):
             env = _env(**poprun.instance_env(i, 2, 4, 1, addr[0], 29533, timeout=300), GLOO_SOCKET_IFNAME=veth[i])
             procs.append(subprocess.Popen(["ip", "netns", "exec", ns[i], sys.executable, str(HERE / "popdist_train.py"),
-                                           "poptorch", "mlp", str(tmp_path / "ns.pt")], env=env, cwd=tmp_path,
+                                           "poptorch", model, str(tmp_path / "ns.pt")], env=env, cwd=tmp_path,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         for p in procs:
             out, _ = p.communicate(timeout=1200)
             assert p.returncode == 0, out[-3000:]
         one = torch.load(tmp_path / "one.pt")
-        for i in range(2):
-            got = torch.load(tmp_path / f"ns.pt.{i}")
+        parts = [torch.load(tmp_path / f"ns.pt.{i}") for i in range(2)]
+        for got in parts:
             for k, v in one["state"].items():
                 assert torch.equal(got["state"][k], v), k
+        assert [a + b for a, b in zip(parts[0]["losses"], parts[1]["losses"])] == one["losses"]
+        _train(tmp_path, "ddp", model, "ddp.pt")
+        ddp = torch.load(tmp_path / "ddp.pt")
+        for k, v in one["state"].items():
+            torch.testing.assert_close(v, ddp["state"][k], rtol=1e-5, atol=1e-6)
     finally:
         for n in ns:
             subprocess.run(["ip", "netns", "del", n], capture_output=True, timeout=30)

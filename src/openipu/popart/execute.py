@@ -17,8 +17,10 @@ accumulation (functionally accumulation); random ops (the device's seed and stre
 ``GetRandomSeed`` advances the seed variable, each op draws poprand's stream); PrintTensor (replica
 0 prints Poplar's text at the op's place in the step); Abort (Poplar's error when it fires);
 control flow (If, Loop, Scan, call: their host kernels run the subgraphs, as the generic
-lowering's vertex does). Not yet: pipelined training without accumulation (stale weights),
-automatic loss scaling, replicated tensor sharding, synthetic data, GroupNormalizationGrad.
+lowering's vertex does); replicated tensor sharding of the optimizer state (each replica holds
+its piece; over the replicas of every instance in a distributed replicated graph). Not yet:
+pipelined training without accumulation (stale weights), automatic loss scaling, synthetic data,
+GroupNormalizationGrad.
 Buffers come from ``PyStepIO`` or ``PyStepIOCallback``. Numerics: each op
 computes in its IR dtype, as its host kernel does (float16 stays float16), except matmuls and
 convolutions, which compute half inputs in float32 and round once (``_FLOAT_PARTIALS``); a precise
@@ -43,6 +45,7 @@ from openipu import poplar
 from openipu.poplar import pvti
 from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.graphcore_ops import find_kernel
+from openipu.popart.ir import shard_rows
 from openipu.popart.lowering.graphcore import _COLLECTIVE as _COLLECTIVE_OP
 from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel
 from openipu.popart.variable_settings import comm_groups
@@ -84,8 +87,8 @@ def unsupported(session) -> str | None:
         return "pipelined training without gradient accumulation (each stage updates stale weights)"
     if str(o.syntheticDataMode).split(".")[-1] != "Off":
         return "synthetic data (the inputs are filled on the device)"
-    if ir.auto_loss_scale or ir.sharded_state:
-        return "automatic loss scaling and replicated tensor sharding"
+    if ir.auto_loss_scale:
+        return "automatic loss scaling"
     for op in ir.ops:
         if op.op_type in _COLLECTIVES and op.op_type not in ("ReplicatedAllGather", "ReplicaSlice") and \
                 not _reducible(str(op.attrs.get("op", "Add"))):
@@ -117,12 +120,6 @@ def host_bytes(session, batches_per_step: int = 1) -> int:
     io = sum(size[t] for t in set(ir.stream_inputs) | set(session.dataFlow.anchors()) if t in size)
     fixed = sum(size[t] for t in held)
     return int(fixed * (1 + max(1, int(session.replicationFactor))) + peak + 2 * io * batches_per_step)
-
-
-def _reduce(op: str, xs: list) -> torch.Tensor:
-    """The cross-replica reduction ``op`` (PopART's ``CollectiveOperator`` name) of the replicas'
-    tensors, as ``gcl`` reduces them on the device: in ring order, in the tensors' own type."""
-    return gcl._reduce(torch.stack(xs), _COLLECTIVE_OP[op], 0)
 
 
 def _reducible(op: str) -> bool:
@@ -167,11 +164,19 @@ class IrExecutor:
     over the replicas' tensors as ``gcl`` does; each replica reads its own slice of the input
     buffers (``[batchesPerStep, accumulationFactor, replicas, *shape]``).
 
+    A sharded optimizer state (``ir.sharded_state``: id -> (full shape, shards)) is held as each
+    replica's piece, ``[ceil(n / shards)]`` (row ``globalReplica`` of :func:`shard_rows` of the
+    host value); in a distributed replicated graph the shards are the replicas of every instance
+    and this instance's replicas hold the pieces ``[offset, offset + replicas)``.
+
     Args:
         ir: the session's :class:`openipu.popart.ir.Ir`.
         weights: variable id -> host array (the values the device holds).
         replicas: the local replication factor (1: no replication).
         accumulation: micro-batches per batch (training with gradient accumulation; else 1).
+        distributed: the replicas are a block of a distributed replicated graph: the collectives
+            run over every instance's replicas (:mod:`openipu.poplibs.gcl_instances`).
+        groups: replica-grouped variables, id -> the group of each replica.
     """
 
     def __init__(self, ir, weights: dict, replicas: int = 1, accumulation: int = 1, out=None,
@@ -185,6 +190,16 @@ class IrExecutor:
         self.distributed = bool(distributed)
         self.out = out          # PrintTensor's stream (None: sys.stdout when printing)
         self.replicas, self.accumulation = int(replicas), int(accumulation)
+        #: instances, this instance's first global replica, global replicas
+        n = max(1, gcl_instances.num_instances()) if self.distributed else 1
+        self.instances, self.offset = n, (gcl_instances.instance_index() * self.replicas if n > 1 else 0)
+        self.global_replicas = self.replicas * n
+        #: the sharded optimizer state: id -> shards (the global replicas)
+        self.sharded = {tid: int(v[1]) for tid, v in getattr(ir, "sharded_state", {}).items()}
+        bad = {tid: k for tid, k in self.sharded.items() if k != self.global_replicas}
+        if bad:
+            raise poplar.poplar_error(f"The sharded state {sorted(bad)} is sharded over {sorted(set(bad.values()))} "
+                                      f"replicas, but {self.global_replicas} replicas run")
         self.dtype = {tid: KERNEL_TORCH_OF.get(t.info.data_type(), torch.float32) for tid, t in ir.tensors.items()}
         self.consts = {tid: self._tensor(t.value, tid) for tid, t in ir.tensors.items()
                        if t.kind == "Const" and t.value is not None}
@@ -252,6 +267,11 @@ class IrExecutor:
         broadcast to every replica: copied, so that later changes to the host copies reach the
         device only through another call."""
         for tid, w in weights.items():
+            if tid in self.sharded:         # each replica its piece (its global replica's)
+                rows = shard_rows(w, self.sharded[tid])
+                for r, rep in enumerate(self.reps):
+                    rep[tid] = self._tensor(rows[self.offset + r], tid)
+                continue
             if tid in self.groups:          # each replica its group's value
                 rows = np.asarray(w)
                 for r, rep in enumerate(self.reps):
@@ -262,8 +282,19 @@ class IrExecutor:
                 rep[tid] = t if r == 0 else t.clone()
 
     def get_weight(self, tid: str) -> np.ndarray:
-        """A variable's value as the device holds it (``weightsToHost``: replica 0's copy)."""
+        """A variable's value as the device holds it (``weightsToHost``: replica 0's copy; a
+        sharded state: its pieces on every replica, gathered and trimmed to its full shape, a
+        collective in a distributed replicated graph: every instance must call it)."""
+        if tid in self.sharded:
+            shape = self.ir.sharded_state[tid][0]
+            every = gcl_instances.gather_replicas(torch.from_numpy(self.local_pieces(tid)), f"weightsToHost {tid}") \
+                if self.instances > 1 else torch.from_numpy(self.local_pieces(tid))
+            return _numpy(every.reshape(-1)[:int(np.prod(shape))].reshape(shape))
         return _numpy(self.reps[0][tid])
+
+    def local_pieces(self, tid: str) -> np.ndarray:
+        """This instance's replicas' pieces of the sharded state ``tid``: ``[replicas, k]``."""
+        return np.stack([_numpy(rep[tid]) for rep in self.reps])
 
     def get_replica_weights(self, tid: str) -> np.ndarray:
         """Every replica's value of a variable, ``[replicas, *shape]``."""
@@ -333,36 +364,43 @@ class IrExecutor:
         (``ReplicatedAllReduceInplace``) or as each replica's output; a reduce-scatter (the
         flattened inputs reduced, zero-padded to ``replicas`` pieces of ``ceil(n / replicas)``,
         piece ``r`` to replica ``r``); an all-gather (the replicas' pieces in order, trimmed and
-        shaped as the output); ``ReplicaSlice`` (replica ``r``'s piece of its own input)."""
+        shaped as the output); ``ReplicaSlice`` (replica ``r``'s piece of its own input). In a
+        distributed replicated graph ``replicas`` and ``r`` are global: the reductions fold over
+        every instance's replicas (a chain over the instances, bit-identical to one process's
+        fold) and the all-gather gathers every instance's pieces."""
         rf = len(envs)
         out = outs[0]
         xs = [env[ins[0]] for env in envs]
+        n, offset, total = self.instances, self.offset, self.global_replicas
+        span = (offset, rf) if n > 1 else None
         if op_type == "ReplicatedAllGather":
-            full = torch.cat([x.reshape(-1) for x in xs])
+            local = torch.stack([x.reshape(-1) for x in xs])
+            full = (gcl_instances.gather_replicas(local, f"{op_type} {out}") if n > 1 else local).reshape(-1)
             shape = self.ir.tensors[out].info.shape()
             value = full[:int(np.prod(shape))].reshape(shape).to(self.dtype[out])
             for env in envs:
                 env[out] = value.clone()
             return
         if op_type in ("ReplicatedReduceScatter", "ReplicaSlice"):
-            n = xs[0].numel()
-            k = -(-n // rf)
+            size = xs[0].numel()
+            k = -(-size // total)
+            red = None
+            if op_type == "ReplicatedReduceScatter":     # over all (global) replicas, in ring order
+                red = gcl._reduce_groups(torch.stack(xs), np.arange(total, dtype=np.int64)[None],
+                                         _COLLECTIVE_OP[str(attrs.get("op", "Add"))], span, f"{op_type} {out}")[0]
             for r, (env, x) in enumerate(zip(envs, xs)):
-                src = _reduce(str(attrs.get("op", "Add")), xs) if op_type == "ReplicatedReduceScatter" else x
-                flat = torch.cat([src.reshape(-1), src.new_zeros(rf * k - n)])
-                env[out] = flat[r * k:(r + 1) * k].to(self.dtype[out]).clone()
+                src = x if red is None else red
+                flat = torch.cat([src.reshape(-1), src.new_zeros(total * k - size)])
+                env[out] = flat[(offset + r) * k:(offset + r + 1) * k].to(self.dtype[out]).clone()
             return
         rop = str(attrs.get("op", "Add"))
-        n = max(1, gcl_instances.num_instances()) if self.distributed else 1
-        offset = gcl_instances.instance_index() * rf if n > 1 else 0
         # the replica groups (attribute commGroup: a grouped weight's gradient reduces in its
         # groups), over every instance's replicas: gcl's fold, a chain over the instances
-        groups = np.asarray(comm_groups(attrs.get("commGroup"), rf * n), np.int64)
+        groups = np.asarray(comm_groups(attrs.get("commGroup"), total), np.int64)
         group_of = np.empty(rf * n, np.int64)
         for g, members in enumerate(groups):
             group_of[members] = g
-        red = gcl._reduce_groups(torch.stack(xs), groups, _COLLECTIVE_OP[rop], (offset, rf) if n > 1 else None,
-                                 f"{op_type} {out}")
+        red = gcl._reduce_groups(torch.stack(xs), groups, _COLLECTIVE_OP[rop], span, f"{op_type} {out}")
         for r, (env, x) in enumerate(zip(envs, xs)):
             total = red[int(group_of[offset + r])]
             if op_type == "ReplicatedAllReduceInplace":

@@ -39,15 +39,17 @@ class HostWeightsMixin:
         self._check_runnable()
         if not self._lowered.weights_out:
             return
+        sharded = self._ir.sharded_state
         if getattr(self, "_fast", None):
             for tid in self._lowered.weights_out:
-                if tid in self._replica_group or self._returns_all(tid):
+                if tid in sharded:          # the replicas' pieces (every instance's)
+                    self._store_pieces(tid, self._fast.local_pieces(tid))
+                elif tid in self._replica_group or self._returns_all(tid):
                     self._store_replicas(tid, self._fast.get_replica_weights(tid))
                 else:
                     self._host_weights[tid].reshape(-1)[:] = self._fast.get_weight(tid).reshape(-1)
             return
         repl = self.replicationFactor
-        sharded = self._ir.sharded_state
         # one replica, not sharded: the device writes straight into the host copy (the engine keeps
         # a connected buffer, so a staging buffer per weight would stay alive: one more host copy
         # of every weight and optimizer state)
@@ -58,14 +60,19 @@ class HostWeightsMixin:
             self._engine.connectStream(h, (bufs[tid] if tid in bufs else self._host_weights[tid]).reshape(-1))
         self._engine.run(2, "weightsToHost")
         for tid, b in bufs.items():
-            host = self._host_weights[tid]
-            if tid in sharded and sharded[tid][1] > repl:       # the other instances' pieces too
-                b = self._gather_pieces(tid, b)
-            # a sharded optimizer state: the replicas' pieces, in order, trimmed
             if tid in sharded:
-                host[...] = b.reshape(-1)[:host.size].reshape(host.shape)
+                self._store_pieces(tid, b)
             else:
                 self._store_replicas(tid, b)
+
+    def _store_pieces(self, tid: str, local: np.ndarray) -> None:
+        """The host copy of the sharded state ``tid`` from this instance's replicas' pieces
+        (``[local replicas, k]``): with the other instances' pieces (a distributed replicated
+        graph, :meth:`_gather_pieces`), in replica order, trimmed to the state's shape."""
+        host = self._host_weights[tid]
+        if self._ir.sharded_state[tid][1] > self.replicationFactor:
+            local = self._gather_pieces(tid, local)
+        host[...] = local.reshape(-1)[:host.size].reshape(host.shape)
 
     def _local_pieces(self, tid: str) -> np.ndarray:
         """This instance's replicas' pieces of the sharded state ``tid``: ``[local replicas,

@@ -1,5 +1,8 @@
 """Collective ops on one replica's data: ReplicatedReduceScatter (the local shard of a flattened,
-padded tensor).
+padded tensor), ReplicaSlice (a replica's piece of it without the reduction) and
+ReplicatedAllGather (the pieces gathered). The replicated executors run them as collectives over
+the replicas (``gcl``; the IR executor's ``IrExecutor._collective``); these kernels are the view
+of one replica.
 """
 
 from __future__ import annotations
@@ -30,3 +33,27 @@ def replicated_reduce_scatter(inputs, attrs, opset):
     out = torch.zeros(r * k, dtype=red.dtype)
     out[:x.numel()] = red
     return [out[:k].to(x.dtype)]
+
+
+@_gc("ReplicaSlice")
+def replica_slice(inputs, attrs, opset):
+    """PopART's ``ReplicaSlice``: replica ``r``'s piece of its flattened input, zero-padded to
+    ``replicas`` pieces of ``ceil(n / replicas)`` elements: ``[ceil(n / replicas)]``.
+    ``attrs["__replicas__"]``: the (global) replication factor, 1 by default. The replicated
+    executors slice at each replica's (global) index; this host kernel, which sees one replica,
+    gives replica 0's piece."""
+    x = inputs[0].reshape(-1)
+    r = max(int(attrs.get("__replicas__", 1)), 1)
+    k = -(-x.numel() // r)
+    return [x[:k].clone() if x.numel() >= k else torch.cat([x, x.new_zeros(k - x.numel())])]
+
+
+@_gc("ReplicatedAllGather")
+def replicated_all_gather(inputs, attrs, opset):
+    """PopART's ``ReplicatedAllGather``: every replica's piece, in replica order, flattened
+    (``[replicas * k]``; the op's output is that trimmed and shaped as its output tensor).
+    ``attrs["__replicas__"]``: the (global) replication factor, 1 by default. The replicated
+    executors gather the replicas' own pieces; this host kernel, which sees one replica, gives
+    the gather of ``replicas`` copies of its piece."""
+    x = inputs[0].reshape(-1)
+    return [x.repeat(max(int(attrs.get("__replicas__", 1)), 1))]
