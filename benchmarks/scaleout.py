@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -46,7 +45,10 @@ REPLICAS, MICRO, SEQ, VOCAB, LR = 4, 2, 32, 1000, 0.05
 # ---------------------------------------------------------------------------------------------
 # host: one process against two instances
 # ---------------------------------------------------------------------------------------------
-def _bert():
+def _bert(seed: int):
+    """The benchmark's BERT (``transformers``' ``BertConfig``: hidden 128, 2 layers, 2 heads,
+    vocabulary ``VOCAB``, no dropout) with the initial weights of ``seed`` (each instance its own;
+    instance 0's are broadcast at the compile); ``forward(x, y)`` returns the cross-entropy loss."""
     import torch
     import torch.nn.functional as F
     from transformers import BertConfig, BertForSequenceClassification
@@ -60,41 +62,21 @@ def _bert():
             self.m = BertForSequenceClassification(cfg)
 
         def forward(self, x, y):
-            import poptorch
-            return poptorch.identity_loss(F.cross_entropy(self.m(input_ids=x).logits, y), reduction="none")
-    return Bert()
+            return F.cross_entropy(self.m(input_ids=x).logits, y)
+    torch.manual_seed(seed)
+    return Bert().train()
 
 
 def worker(out: str, steps: int) -> None:
-    """The training program (run by :func:`host_part`, alone or under ``poprun``)."""
+    """The training program (run by :func:`host_part`, alone or under ``poprun``): the training
+    loop of ``tests/popdist_train.py`` (:func:`popdist_train.train_poptorch`) on the BERT above."""
     import torch
-
-    import popdist
-    import poptorch
-    if popdist.isPopdistEnvSet():
-        import popdist.poptorch
-        opts = popdist.poptorch.Options()
-        lo, n = popdist.getReplicaIndexOffset(), popdist.getNumLocalReplicas()
-        out = f"{out}.{popdist.getInstanceIndex()}"
-    else:
-        opts = poptorch.Options().replicationFactor(REPLICAS)
-        lo, n = 0, REPLICAS
-    opts.logCycleCount(True)
-    torch.manual_seed(popdist.getInstanceIndex())        # instance 0's weights are broadcast at the compile
-    net = _bert().train()
-    tm = poptorch.trainingModel(net, opts, optimizer=poptorch.optim.SGD(net.parameters(), lr=LR))
+    sys.path.insert(0, str(ROOT / "tests"))
+    from popdist_train import train_poptorch
     g = torch.Generator().manual_seed(1)
-    wall, cpu = [], []
-    for _ in range(steps):
-        x = torch.randint(0, VOCAB, (REPLICAS * MICRO, SEQ), generator=g)
-        y = torch.randint(0, 3, (REPLICAS * MICRO,), generator=g)
-        t0, c0 = time.perf_counter(), time.process_time()
-        tm(x[lo * MICRO:(lo + n) * MICRO], y[lo * MICRO:(lo + n) * MICRO])
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    tm.copyWeightsToHost()
-    torch.save({"state": net.state_dict(), "wall": wall, "cpu": cpu, "cycles": tm.cycleCount(),
-                "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}, out)
+    batches = [(torch.randint(0, VOCAB, (REPLICAS * MICRO, SEQ), generator=g),
+                torch.randint(0, 3, (REPLICAS * MICRO,), generator=g)) for _ in range(steps)]
+    train_poptorch(_bert, batches, out, REPLICAS, MICRO, LR)
 
 
 def _env() -> dict:
@@ -136,8 +118,8 @@ def report_host(res: dict, steps: int) -> None:
         for i, p in enumerate(res[n]["procs"]):
             label = "one process" if n == 1 else "poprun --num-instances 2"
             print(f"| {label} | {'-' if n == 1 else f'instance {i}'} | {REPLICAS // n} | "
-                  f"{' / '.join(f'{w:.3f}' for w in p['wall'][1:])} | {' / '.join(f'{c:.3f}' for c in p['cpu'][1:])} | "
-                  f"{p['wall'][0]:.1f} | {p['rss_mb']:.0f} | {p['cycles']:,} | {res[n]['total_s']:.1f} |")
+                  f"{' / '.join(f'{w:.3f}' for w in p['host_s'][1:])} | {' / '.join(f'{c:.3f}' for c in p['cpu_s'][1:])} | "
+                  f"{p['host_s'][0]:.1f} | {p['rss_mb']:.0f} | {p['cycles']:,} | {res[n]['total_s']:.1f} |")
     print(f"\nweights after {steps} steps bit-identical (instances vs one process): {res['equal']}")
 
 

@@ -7,12 +7,14 @@
   process with ``replicationFactor(4)``;
 - ``MODE=ddp``: PyTorch ``DistributedDataParallel`` on the CPU (gloo), one process per replica,
   started by this script with ``torch.multiprocessing``;
-- ``MODEL``: ``bert`` (BERT-tiny config from ``transformers``) or ``mlp``; random init with the
-  seed of the instance / DDP rank, so the runs agree only if instance / rank 0's initial weights
-  reach the others (PopDist's and DDP's broadcast at the start).
+- ``MODEL``: ``bert`` (``transformers``' ``BertForSequenceClassification`` in BERT-tiny's shape)
+  or ``mlp``; random init with the seed of the instance / DDP rank, so the runs agree only if
+  instance / rank 0's initial weights reach the others (PopDist's and DDP's broadcast at the
+  start).
 
 Writes the weights after the 3 steps (``torch.save`` of the state dict; instance ``i`` of a
-``poprun`` run writes ``OUT.i``) the step losses, the last step's predicted IPU cycles and the host seconds of each step.
+``poprun`` run writes ``OUT.i``), the step losses, the last step's predicted IPU cycles and the
+host seconds of each step (:func:`train_poptorch`, which ``benchmarks/scaleout.py`` runs too).
 """
 
 import os
@@ -29,8 +31,10 @@ class Bert(torch.nn.Module):
     def __init__(self):
         super().__init__()
         from transformers import BertConfig, BertForSequenceClassification
-        cfg = BertConfig(vocab_size=256, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=64, num_labels=3,
+        # BERT-tiny's shape (google/bert_uncased_L-2_H-128_A-2: 2 layers, hidden 128, 2 heads,
+        # intermediate 512) with a vocabulary of 256 and 64 positions
+        cfg = BertConfig(vocab_size=256, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=512, max_position_embeddings=64, num_labels=3,
                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         self.m = BertForSequenceClassification(cfg)
 
@@ -66,7 +70,24 @@ def batches(name):
     return out
 
 
-def run_poptorch(name, out):
+def train_poptorch(make_model, steps, out, replicas=REPLICAS, micro=MICRO, lr=LR):
+    """PopTorch data-parallel training of ``make_model(seed)`` (a module whose ``forward(x, y)``
+    returns the loss) with SGD (``lr``) over the global batches ``steps`` (``(x, y)`` of
+    ``replicas * micro`` rows; replica ``r`` takes rows ``[r * micro, (r + 1) * micro)``).
+
+    Under ``poprun`` (PopDist's environment set): ``popdist.poptorch.Options``, this instance's
+    replicas and rows, the model built with the instance's index as seed (instance 0's weights
+    reach the others by the broadcast at the compile), the result written to ``OUT.i``. Else one
+    process with ``replicationFactor(replicas)``, seed 0, written to ``out``.
+
+    Writes and returns (``torch.save``) a dict: ``state`` (the state dict after the steps),
+    ``losses`` (per step, this process's replicas' losses), ``cycles`` (the last step's
+    predicted IPU cycles, ``cycleCount()``), ``host_s`` / ``cpu_s`` (per step, the host wall
+    seconds, ``time.perf_counter``, and the host CPU seconds of this process,
+    ``time.process_time``; the first step compiles) and ``rss_mb`` (peak RSS of the process)."""
+    import resource
+
+    import popdist
     import poptorch
 
     class WithLoss(torch.nn.Module):
@@ -77,27 +98,33 @@ def run_poptorch(name, out):
         def forward(self, x, y):
             return poptorch.identity_loss(self.m(x, y), reduction="none")
 
-    import popdist
     if popdist.isPopdistEnvSet():
         import popdist.poptorch
         opts = popdist.poptorch.Options()
         lo, n = popdist.getReplicaIndexOffset(), popdist.getNumLocalReplicas()
         out = f"{out}.{popdist.getInstanceIndex()}"
     else:
-        opts = poptorch.Options().replicationFactor(REPLICAS)
-        lo, n = 0, REPLICAS
+        opts = poptorch.Options().replicationFactor(replicas)
+        lo, n = 0, replicas
     opts.logCycleCount(True)
-    m = model(name, int(os.environ.get("POPDIST_INSTANCE_INDEX", 0)))
-    net = WithLoss(m)
-    tm = poptorch.trainingModel(net, opts, optimizer=poptorch.optim.SGD(m.parameters(), lr=LR))
-    losses, host_s = [], []
-    for x, y in batches(name):
-        t0 = time.perf_counter()
-        loss = tm(x[lo * MICRO:(lo + n) * MICRO], y[lo * MICRO:(lo + n) * MICRO])
-        host_s.append(time.perf_counter() - t0)       # host seconds per step (the first compiles)
-        losses.append(loss.reshape(-1).tolist())
+    m = make_model(popdist.getInstanceIndex())
+    tm = poptorch.trainingModel(WithLoss(m), opts, optimizer=poptorch.optim.SGD(m.parameters(), lr=lr))
+    res = {"losses": [], "host_s": [], "cpu_s": []}
+    for x, y in steps:
+        t0, c0 = time.perf_counter(), time.process_time()
+        loss = tm(x[lo * micro:(lo + n) * micro], y[lo * micro:(lo + n) * micro])
+        res["host_s"].append(time.perf_counter() - t0)
+        res["cpu_s"].append(time.process_time() - c0)
+        res["losses"].append(loss.reshape(-1).tolist())
     tm.copyWeightsToHost()
-    torch.save({"state": m.state_dict(), "losses": losses, "cycles": tm.cycleCount(), "host_s": host_s}, out)
+    res.update(state=m.state_dict(), cycles=tm.cycleCount(),
+               rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    torch.save(res, out)
+    return res
+
+
+def run_poptorch(name, out):
+    train_poptorch(lambda seed: model(name, seed), batches(name), out)
 
 
 def _ddp_worker(rank, name, out, port):
