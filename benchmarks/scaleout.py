@@ -118,7 +118,8 @@ def report_host(res: dict, steps: int) -> None:
         for i, p in enumerate(res[n]["procs"]):
             label = "one process" if n == 1 else "poprun --num-instances 2"
             print(f"| {label} | {'-' if n == 1 else f'instance {i}'} | {REPLICAS // n} | "
-                  f"{' / '.join(f'{w:.3f}' for w in p['host_s'][1:])} | {' / '.join(f'{c:.3f}' for c in p['cpu_s'][1:])} | "
+                  f"{' / '.join(f'{w:.3f}' for w in p['host_s'][1:])} | "
+                  f"{' / '.join(f'{c:.3f}' for c in p['cpu_s'][1:])} | "
                   f"{p['host_s'][0]:.1f} | {p['rss_mb']:.0f} | {p['cycles']:,} | {res[n]['total_s']:.1f} |")
     print(f"\nweights after {steps} steps bit-identical (instances vs one process): {res['equal']}")
 

@@ -47,8 +47,8 @@ if ADAM:
     opt = popart.Adam({"defaultLearningRate": (0.01, False)}, mode=popart.AdamMode.Adam)
     state = ["Accl1___", "Accl2___"]
 else:
-    opt = popart.SGD({"defaultLearningRate": (0.1, False), "defaultMomentum": (0.9, False)},
-                     accumulatorAndMomentum=getattr(popart.SGDAccumulatorAndMomentum, "Separate" if RTS else "Combined"))
+    mode = popart.SGDAccumulatorAndMomentum.Separate if RTS else popart.SGDAccumulatorAndMomentum.Combined
+    opt = popart.SGD({"defaultLearningRate": (0.1, False), "defaultMomentum": (0.9, False)}, accumulatorAndMomentum=mode)
     state = ["Accl1___"]
 s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}), loss,
                            opt, device, userOptions=o)
