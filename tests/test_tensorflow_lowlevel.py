@@ -3,6 +3,7 @@
 Keras optimizer, outfeed queues) runs as one PopART program per call and matches the same Python
 step run eagerly by TensorFlow on the CPU (same initial weights, same batches)."""
 
+import contextlib
 import logging
 
 import numpy as np
@@ -145,3 +146,31 @@ def test_unsupported_step_runs_on_cpu_with_a_warning(caplog):
     assert "runs with TensorFlow on the host CPU, not on the simulated IPU: ipu.loops.while_loop" in caplog.text
     assert float(counter.numpy()) == 5.0        # the assignments are not lost
     assert "changes variables other than through the optimizer (AssignAddVariableOp)" in caplog.text
+
+
+def test_weights_and_learning_rate_changed_between_calls_reach_the_program():
+    """The program keeps its weights between calls (only re-sent when the Keras values differ)
+    and its learning rate (only re-sent when it changes): a ``set_weights`` and a new learning
+    rate between two calls still take effect, as on the CPU."""
+    def run(on_ipu):
+        if on_ipu:
+            _configure()
+            strategy = ipu.ipu_strategy.IPUStrategy()
+            call = lambda *a: strategy.run(training_loop, args=list(a))    # noqa: E731
+        else:
+            strategy = None
+            call = training_loop.python_function
+        with strategy.scope() if strategy else contextlib.nullcontext():
+            model, opt = _model(), keras.optimizers.SGD(0.05)
+            it, q = iter(_dataset()), ipu_outfeed_queue.IPUOutfeedQueue()
+            call(it, q, model, opt, 2)
+            call(it, q, model, opt, 2)                  # unchanged: nothing re-sent
+            model.set_weights([w * 0.5 for w in model.get_weights()])
+            opt.learning_rate.assign(0.2)
+            call(it, q, model, opt, 2)
+        return np.asarray(q.dequeue()["loss"]), model.get_weights()
+    l_ipu, w_ipu = run(True)
+    l_cpu, w_cpu = run(False)
+    np.testing.assert_allclose(l_ipu, l_cpu, rtol=2e-5)
+    for a, b in zip(w_ipu, w_cpu):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

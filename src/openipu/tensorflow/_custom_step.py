@@ -274,7 +274,7 @@ class CustomStep:
 
         from . import config as _config
         from ._capture import capture_function
-        from ._program import popart_optimizer
+        from ._program import _lr, popart_optimizer
         if num_ipus != 1:
             raise Unsupported(f"replication over {num_ipus} IPUs")
         pyfn = _python_function(fn)
@@ -362,6 +362,8 @@ class CustomStep:
         self.cycles = None
         self.reported = False
         self.in_dtypes = [sp.dtype.as_numpy_dtype for sp in specs]
+        self._weights = None            # the Keras-side values the program holds (None: not sent yet)
+        self._lr = _lr(self.optimizer) if self.training else None     # the learning rate the program has
 
     # ------------------------------------------------------------------------------------------
     def _feeds(self, args, kwargs):
@@ -386,16 +388,29 @@ class CustomStep:
     def run(self, args, kwargs):
         """One execution: ``n`` steps. Returns the last step's returned values (the structure
         the function returns, as ``tf.Tensor``)."""
+        from ._program import host_threads
+        with host_threads():
+            return self._run(args, kwargs)
+
+    def _run(self, args, kwargs):
         import tensorflow as tf
         from openipu import popart
 
-        from ._program import popart_optimizer
+        from ._program import _lr, popart_optimizer
         feeds = self._feeds(args, kwargs)
-        w = {m.name: m.to_onnx(m.variable.numpy()).astype(np.float32) for m in self.captured.variables}
-        self.session.writeWeights(popart.PyWeightsIO(w))
-        self.session.weightsFromHost()
+        # the Keras weights go in only when they differ from the program's (set by the user
+        # between calls); otherwise the program's are the ones the last call read back
+        keras_w = [m.variable.numpy() for m in self.captured.variables]
+        if self._weights is None or any(not np.array_equal(a, b) for a, b in zip(keras_w, self._weights)):
+            w = {m.name: m.to_onnx(v).astype(np.float32) for m, v in zip(self.captured.variables, keras_w)}
+            self.session.writeWeights(popart.PyWeightsIO(w))
+            self.session.weightsFromHost()
+            self._weights = keras_w
         if self.training:               # the learning rate (schedules are evaluated on the host)
-            self.session.updateOptimizerFromHost(popart_optimizer(self.optimizer))
+            lr = _lr(self.optimizer)
+            if lr != self._lr:
+                self.session.updateOptimizerFromHost(popart_optimizer(self.optimizer))
+                self._lr = lr
         anchors = self.session.initAnchorArrays()
         self.session.run(popart.PyStepIO(feeds, anchors))
         self.cycles = int(self.session.getCycleCount())
@@ -403,9 +418,14 @@ class CustomStep:
             self.session.weightsToHost()
             bufs = {m.name: np.zeros(m.shape, np.float32) for m in self.captured.variables}
             self.session.readWeights(popart.PyWeightsIO(bufs))
+            self._weights = []
             for m in self.captured.variables:
-                m.variable.assign(m.to_keras(bufs[m.name]).astype(m.variable.dtype))
-            self.optimizer.iterations.assign_add(self.iterations)
+                v = m.to_keras(bufs[m.name]).astype(m.variable.dtype)
+                m.variable.assign(v)
+                self._weights.append(v)
+            it = self.optimizer.iterations
+            # the backing tf.Variable: Keras's own assign_add goes through its numpy ops (ms per call)
+            getattr(it, "_value", it).assign_add(self.iterations)
         n = self.iterations
         vals = [anchors[o] if n > 1 else anchors[o][None] for o in self.captured.outputs]
         k = 1 if self.training else 0
