@@ -156,7 +156,7 @@ def test_weights_and_learning_rate_changed_between_calls_reach_the_program():
         if on_ipu:
             _configure()
             strategy = ipu.ipu_strategy.IPUStrategy()
-            call = lambda *a: strategy.run(training_loop, args=list(a))    # noqa: E731
+            call = lambda *a: strategy.run(training_loop, args=list(a))
         else:
             strategy = None
             call = training_loop.python_function
