@@ -156,7 +156,9 @@ def test_weights_and_learning_rate_changed_between_calls_reach_the_program():
         if on_ipu:
             _configure()
             strategy = ipu.ipu_strategy.IPUStrategy()
-            call = lambda *a: strategy.run(training_loop, args=list(a))
+
+            def call(*a):
+                return strategy.run(training_loop, args=list(a))
         else:
             strategy = None
             call = training_loop.python_function

@@ -382,8 +382,8 @@ def _program(model, mode, data, spe, replicas, ga):
         if lkey not in st["captured"]:
             pred_shapes = [[d.dim_value for d in o.type.tensor_type.shape.dim] for o in cap.model.graph.output]
             if multi:
-                st["captured"][lkey] = capture_loss(model, pred_shapes, labels, data.y_structure or [None] * len(labels),
-                                                    cap.out_structure)
+                y_structure = data.y_structure or [None] * len(labels)
+                st["captured"][lkey] = capture_loss(model, pred_shapes, labels, y_structure, cap.out_structure)
             else:
                 st["captured"][lkey] = capture_loss(model, pred_shapes[0], labels[0])
         keras_loss = st["captured"][lkey]
