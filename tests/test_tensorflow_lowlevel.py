@@ -176,3 +176,31 @@ def test_weights_and_learning_rate_changed_between_calls_reach_the_program():
     np.testing.assert_allclose(l_ipu, l_cpu, rtol=2e-5)
     for a, b in zip(w_ipu, w_cpu):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_two_replicas_sum_their_gradients():
+    """``auto_select_ipus = 2``: ``strategy.run`` runs the step on 2 replicas, each taking its own
+    batches (step-major); the gradients are summed, so 2 replicas of batch 8 at learning rate
+    0.05 equal batches of 16 at 0.1 on the CPU; the outfeed has a replica dimension."""
+    cfg = ipu.config.IPUConfig()
+    cfg.auto_select_ipus = 2
+    cfg.configure_ipu_system()
+    strategy = ipu.ipu_strategy.IPUStrategy()
+    with strategy.scope():
+        model, opt = _model(), keras.optimizers.SGD(0.05, momentum=0.9)
+        it, q = iter(_dataset(batch=8)), ipu_outfeed_queue.IPUOutfeedQueue()
+        for _ in range(2):
+            strategy.run(training_loop, args=[it, q, model, opt, 3])
+        l_ipu = np.asarray(q.dequeue()["loss"])
+    m_cpu, o_cpu = _model(), keras.optimizers.SGD(0.1, momentum=0.9)
+    it, q = iter(_dataset(batch=16)), ipu_outfeed_queue.IPUOutfeedQueue()
+    for _ in range(2):
+        training_loop.python_function(it, q, m_cpu, o_cpu, 3)
+    l_cpu = np.asarray(q.dequeue()["loss"])
+    assert l_ipu.shape == (6, 2) and l_cpu.shape == (6,)
+    np.testing.assert_allclose(l_ipu.mean(axis=1), l_cpu, rtol=2e-5)
+    assert not np.allclose(l_ipu[:, 0], l_ipu[:, 1])        # each replica its own batches
+    for a, b in zip(model.get_weights(), m_cpu.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert int(opt.iterations) == 6
+    assert strategy.ipu_predicted_seconds["cycles"] > 0

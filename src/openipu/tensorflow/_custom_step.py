@@ -17,15 +17,19 @@ On the IPU the whole function is one Poplar program; here it becomes one PopART 
 2. *Program.* The loss becomes PopART's ``identityloss``, the Keras optimizer PopART's optimizer
    (:func:`._program.popart_optimizer`); ``TrainingSession`` grows the backward pass and the
    updates (``InferenceSession`` when the step takes no gradient).
-3. *Run.* Each ``strategy.run`` takes ``n`` elements from every iterator / infeed (tensor
-   arguments are repeated ``n`` times), runs the session once, writes the weights back into the
-   Keras variables, advances ``optimizer.iterations`` by ``n``, fills the outfeed queues (one
-   item per step) and returns the last step's returned values. The **predicted** IPU time of the
-   run is in ``strategy.ipu_predicted_seconds``.
+3. *Run.* Each ``strategy.run`` takes ``n`` elements per replica from every iterator / infeed
+   (step-major: step 0 of replicas 0, 1, ..., then step 1; tensor arguments are repeated),
+   runs the session once, writes the weights back into the Keras variables, advances
+   ``optimizer.iterations`` by ``n``, fills the outfeed queues (one item per step; with ``R``
+   replicas (one per configured IPU, as Graphcore's replicated program) each item has a leading
+   ``[R]`` dimension) and returns the last step's returned values (replica 0's). Replicas'
+   gradients are summed before the update (PopART's replicated reduction: the all-reduce of
+   Graphcore's Keras optimizers). The **predicted** IPU time of the run is in
+   ``strategy.ipu_predicted_seconds``.
 
 A step this cannot express (two gradient calls, an optimizer per variable subset, variables the
 optimizer does not update, variables assigned in the step (metrics, batch-norm statistics),
-replication over more than one IPU, ops tf2onnx cannot convert...)
+ops tf2onnx cannot convert...)
 raises :class:`Unsupported`; ``IPUStrategy.run`` then runs it with TensorFlow on the host CPU and
 logs a warning naming the reason.
 """
@@ -275,8 +279,7 @@ class CustomStep:
         from . import config as _config
         from ._capture import capture_function
         from ._program import _lr, popart_optimizer
-        if num_ipus != 1:
-            raise Unsupported(f"replication over {num_ipus} IPUs")
+        self.replicas = int(num_ipus)    # Graphcore: one replica per configured IPU (num_replicas_in_sync is 1)
         pyfn = _python_function(fn)
         code = pyfn.__code__
         # 1. discovery: which iterators / tensors the step reads, the loop count, the variables
@@ -344,7 +347,10 @@ class CustomStep:
             self.outputs = [outs[0]] + self.outputs     # the loss value is an output too (anchored)
         opts = popart.SessionOptions()
         flow = popart.DataFlow(self.iterations, anchors)
-        device = popart.DeviceManager().acquireAvailableDevice(1)
+        if self.replicas > 1:           # gradients summed over the replicas (the Keras optimizer's all-reduce)
+            opts.enableReplicatedGraphs = True
+            opts.replicatedGraphCount = self.replicas
+        device = popart.DeviceManager().acquireAvailableDevice(self.replicas)
         proto = builder.getModelProto()
         if self.training:
             self.session = popart.TrainingSession(fnModel=proto, dataFlow=flow, loss=self.loss_id,
@@ -368,21 +374,22 @@ class CustomStep:
     # ------------------------------------------------------------------------------------------
     def _feeds(self, args, kwargs):
         import tensorflow as tf
-        n = self.iterations
+        n, r = self.iterations, self.replicas
         flat_args = list(args) + list(kwargs.values())
         feeds = {}
         for s, pos, (a, b) in zip(self.sources, self.positions, self.source_slices):
-            if pos is None:             # an iterator or infeed queue: n elements
+            if pos is None:             # an iterator or infeed queue: n elements per replica (step-major)
                 from .ipu_infeed_queue import IPUInfeedQueue
                 it = s._iterator if isinstance(s, IPUInfeedQueue) else s
-                steps = [[np.asarray(t) for t in tf.nest.flatten(next(it))] for _ in range(n)]
-                cols = [np.stack(c) for c in zip(*steps)]
+                steps = [[np.asarray(t) for t in tf.nest.flatten(next(it))] for _ in range(n * r)]
+                cols = [np.stack(c).reshape((n, r) + c[0].shape) for c in zip(*steps)]
             else:                       # a tensor argument: the same value every step
                 v = np.asarray(flat_args[pos])
-                cols = [np.broadcast_to(v, (n,) + v.shape)]
+                cols = [np.broadcast_to(v, (n, r) + v.shape)]
             for i, c in zip(range(a, b), cols):
                 c = c.astype(self.in_dtypes[i], copy=False)
-                feeds[self.captured.inputs[i]] = np.ascontiguousarray(c if n > 1 else c[0])
+                lead = tuple(d for d in (n, r) if d > 1)
+                feeds[self.captured.inputs[i]] = np.ascontiguousarray(c.reshape(lead + c.shape[2:]))
         return feeds
 
     def run(self, args, kwargs):
@@ -427,7 +434,10 @@ class CustomStep:
             # the backing tf.Variable: Keras's own assign_add goes through its numpy ops (ms per call)
             getattr(it, "_value", it).assign_add(self.iterations)
         n = self.iterations
-        vals = [anchors[o] if n > 1 else anchors[o][None] for o in self.captured.outputs]
+        r = self.replicas               # every output as [steps, replicas, ...]
+        vals = [anchors[o].reshape((n, r) + anchors[o].shape[(n > 1) + (r > 1):]) for o in self.captured.outputs]
+        if r == 1:
+            vals = [v[:, 0] for v in vals]
         k = 1 if self.training else 0
         for q, structure, count in self.outfeeds:
             part = vals[k:k + count]
@@ -440,7 +450,8 @@ class CustomStep:
         if self.returned is None:
             return None
         it = iter(ret_flat)
-        return tf.nest.map_structure(lambda t: tf.convert_to_tensor(next(it)[-1]) if isinstance(t, tf.Tensor) else t,
+        last = (lambda v: v[-1]) if r == 1 else (lambda v: v[-1, 0])      # the last step of replica 0
+        return tf.nest.map_structure(lambda t: tf.convert_to_tensor(last(next(it))) if isinstance(t, tf.Tensor) else t,
                                      self.returned)
 
     @property
