@@ -59,6 +59,7 @@ class _Trace:
         self.optimized = []               # the variables apply_gradients updates
         self.outfeeds = []                # (queue, structure, [tensors])
         self.iterations = None            # the loop count (tf.range in the function, loops.repeat)
+        self.pipeline = None              # pipelining_ops.pipeline: {"ga", "repeat", "mapping", "sequential"}
         self.code = None
 
 
@@ -219,6 +220,7 @@ def _run_traced(pyfn, args, kwargs, trace):
     a2, k2 = _substitute(args, kwargs, make)
     trace.outfeeds.clear()
     trace.loss, trace.gradient_calls, trace.optimizer, trace.optimized = None, 0, None, []
+    trace.pipeline = None
     trace.__dict__.pop("fakes", None)
     ret = pyfn(*a2, **k2)
     trace.returned = ret
@@ -259,9 +261,37 @@ class _TFVariable:
 
 def _step_variables(cf, optimized):
     """The floating-point variables the traced function ``cf`` reads (``_TFVariable``), marked
-    trainable when among the optimizer's ``optimized`` (Keras) variables."""
+    trainable when among the optimizer's ``optimized`` (Keras) variables (``None``: every
+    trainable variable, as a pipeline's optimizer function updates)."""
+    if optimized is None:
+        return [_TFVariable(v, bool(v.trainable)) for v in cf.variables if v.dtype.is_floating]
     updated = {id(getattr(kv, "_value", kv)) for kv in optimized}
     return [_TFVariable(v, id(v) in updated) for v in cf.variables if v.dtype.is_floating]
+
+
+def _annotate_stages(model, pipe):
+    """A copy of the captured ``model`` with PopART's ``__ipu_number`` (and, unless the schedule
+    is ``Sequential``, ``__pipeline_stage``) on every node (stages from the name scopes
+    ``pipelining_ops.pipeline`` opened, :func:`._capture.node_stages`). Returns ``(model, last
+    stage, its IPU)``."""
+    import onnx
+    from onnx import helper
+
+    from ._capture import node_stages
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    stages = node_stages(m)
+    if stages and stages[0] is None:
+        raise Unsupported("a pipeline whose stages left no ops in the converted graph")
+    mapping = pipe["mapping"]
+    for node, st in zip(m.graph.node, stages):
+        if node.op_type == "Constant":      # extra attributes would break ONNX's Constant inference
+            continue
+        if not pipe["sequential"]:
+            node.attribute.append(helper.make_attribute("__pipeline_stage", int(st)))
+        node.attribute.append(helper.make_attribute("__ipu_number", int(mapping[st])))
+    last = len(mapping) - 1
+    return m, last, mapping[last]
 
 
 # -- the compiled step -------------------------------------------------------------------------
@@ -292,6 +322,17 @@ class CustomStep:
         self.positions = [None if _is_iterator(s) else next(i for i, a in enumerate(flat_args) if a is s)
                           for s in self.sources]
         self.iterations = disc.iterations or 1
+        self.pipeline = disc.pipeline
+        self.ga = self.pipeline["ga"] if self.pipeline else 1
+        if self.pipeline:               # IPUs per replica: the pipeline's; replicas as Graphcore computes them
+            shards = max(self.pipeline["mapping"]) + 1
+            p2 = 1 << (shards - 1).bit_length()
+            if num_ipus % p2 or num_ipus < shards:
+                raise ValueError(f"Current device has {num_ipus} IPUs attached, however the current model requires a "
+                                 f"multiple of {p2} IPUs.")
+            self.replicas, self.shards = num_ipus // p2, shards
+        else:
+            self.shards = 1
         self.training = disc.loss is not None
         if self.training and disc.optimizer is None:
             raise Unsupported("a gradient without an optimizer update")
@@ -336,21 +377,38 @@ class CustomStep:
             except Exception as e:      # tf2onnx could not convert an op
                 raise Unsupported(f"the step could not be converted to ONNX ({type(e).__name__}: {e})") from e
         cap = self.captured
-        builder = popart.Builder(cap.model.SerializeToString())
+        proto = cap.model
+        last = []
+        if self.pipeline:               # every node on its stage's IPU (PopART's annotations)
+            proto, last_stage, last_ipu = _annotate_stages(proto, self.pipeline)
+        builder = popart.Builder(proto.SerializeToString())
         outs = list(cap.outputs)
         anchors = {o: popart.AnchorReturnType("ALL") for o in outs}
         self.loss_id = None
+        if self.pipeline:
+            last = [builder.virtualGraph(last_ipu)] + ([] if self.pipeline["sequential"] else
+                                                       [builder.pipelineStage(last_stage)])
+        for c in last:
+            c.__enter__()
         if self.training:
             self.loss_id = builder.aiGraphcore.identityloss([outs[0]], reduction=popart.ReductionType.Sum)
+        for c in reversed(last):
+            c.__exit__(None, None, None)
         self.outputs = outs[1:] if self.training else outs
         if self.training:
             self.outputs = [outs[0]] + self.outputs     # the loss value is an output too (anchored)
         opts = popart.SessionOptions()
-        flow = popart.DataFlow(self.iterations, anchors)
+        flow = popart.DataFlow(self.iterations // self.ga, anchors)
+        if self.pipeline:
+            opts.enablePipelining = not self.pipeline["sequential"]
+            opts.virtualGraphMode = popart.VirtualGraphMode.Manual
+            if self.ga > 1:
+                opts.enableGradientAccumulation = True
+                opts.accumulationFactor = self.ga
         if self.replicas > 1:           # gradients summed over the replicas (the Keras optimizer's all-reduce)
             opts.enableReplicatedGraphs = True
             opts.replicatedGraphCount = self.replicas
-        device = popart.DeviceManager().acquireAvailableDevice(self.replicas)
+        device = popart.DeviceManager().acquireAvailableDevice(self.replicas * self.shards)
         proto = builder.getModelProto()
         if self.training:
             self.session = popart.TrainingSession(fnModel=proto, dataFlow=flow, loss=self.loss_id,
@@ -388,7 +446,7 @@ class CustomStep:
                 cols = [np.broadcast_to(v, (n, r) + v.shape)]
             for i, c in zip(range(a, b), cols):
                 c = c.astype(self.in_dtypes[i], copy=False)
-                lead = tuple(d for d in (n, r) if d > 1)
+                lead = tuple(d for d in (n // self.ga, self.ga, r) if d > 1)
                 feeds[self.captured.inputs[i]] = np.ascontiguousarray(c.reshape(lead + c.shape[2:]))
         return feeds
 
@@ -432,10 +490,11 @@ class CustomStep:
                 self._weights.append(v)
             it = self.optimizer.iterations
             # the backing tf.Variable: Keras's own assign_add goes through its numpy ops (ms per call)
-            getattr(it, "_value", it).assign_add(self.iterations)
+            getattr(it, "_value", it).assign_add(self.iterations // self.ga)
         n = self.iterations
         r = self.replicas               # every output as [steps, replicas, ...]
-        vals = [anchors[o].reshape((n, r) + anchors[o].shape[(n > 1) + (r > 1):]) for o in self.captured.outputs]
+        skip = sum(d > 1 for d in (n // self.ga, self.ga, r))
+        vals = [anchors[o].reshape((n, r) + anchors[o].shape[skip:]) for o in self.captured.outputs]
         if r == 1:
             vals = [v[:, 0] for v in vals]
         k = 1 if self.training else 0
