@@ -3,6 +3,7 @@
 Keras optimizer, outfeed queues) runs as one PopART program per call and matches the same Python
 step run eagerly by TensorFlow on the CPU (same initial weights, same batches)."""
 
+import contextlib
 import logging
 
 import numpy as np
@@ -145,3 +146,61 @@ def test_unsupported_step_runs_on_cpu_with_a_warning(caplog):
     assert "runs with TensorFlow on the host CPU, not on the simulated IPU: ipu.loops.while_loop" in caplog.text
     assert float(counter.numpy()) == 5.0        # the assignments are not lost
     assert "changes variables other than through the optimizer (AssignAddVariableOp)" in caplog.text
+
+
+def test_weights_and_learning_rate_changed_between_calls_reach_the_program():
+    """The program keeps its weights between calls (only re-sent when the Keras values differ)
+    and its learning rate (only re-sent when it changes): a ``set_weights`` and a new learning
+    rate between two calls still take effect, as on the CPU."""
+    def run(on_ipu):
+        if on_ipu:
+            _configure()
+            strategy = ipu.ipu_strategy.IPUStrategy()
+
+            def call(*a):
+                return strategy.run(training_loop, args=list(a))
+        else:
+            strategy = None
+            call = training_loop.python_function
+        with strategy.scope() if strategy else contextlib.nullcontext():
+            model, opt = _model(), keras.optimizers.SGD(0.05)
+            it, q = iter(_dataset()), ipu_outfeed_queue.IPUOutfeedQueue()
+            call(it, q, model, opt, 2)
+            call(it, q, model, opt, 2)                  # unchanged: nothing re-sent
+            model.set_weights([w * 0.5 for w in model.get_weights()])
+            opt.learning_rate.assign(0.2)
+            call(it, q, model, opt, 2)
+        return np.asarray(q.dequeue()["loss"]), model.get_weights()
+    l_ipu, w_ipu = run(True)
+    l_cpu, w_cpu = run(False)
+    np.testing.assert_allclose(l_ipu, l_cpu, rtol=2e-5)
+    for a, b in zip(w_ipu, w_cpu):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_two_replicas_sum_their_gradients():
+    """``auto_select_ipus = 2``: ``strategy.run`` runs the step on 2 replicas, each taking its own
+    batches (step-major); the gradients are summed, so 2 replicas of batch 8 at learning rate
+    0.05 equal batches of 16 at 0.1 on the CPU; the outfeed has a replica dimension."""
+    cfg = ipu.config.IPUConfig()
+    cfg.auto_select_ipus = 2
+    cfg.configure_ipu_system()
+    strategy = ipu.ipu_strategy.IPUStrategy()
+    with strategy.scope():
+        model, opt = _model(), keras.optimizers.SGD(0.05, momentum=0.9)
+        it, q = iter(_dataset(batch=8)), ipu_outfeed_queue.IPUOutfeedQueue()
+        for _ in range(2):
+            strategy.run(training_loop, args=[it, q, model, opt, 3])
+        l_ipu = np.asarray(q.dequeue()["loss"])
+    m_cpu, o_cpu = _model(), keras.optimizers.SGD(0.1, momentum=0.9)
+    it, q = iter(_dataset(batch=16)), ipu_outfeed_queue.IPUOutfeedQueue()
+    for _ in range(2):
+        training_loop.python_function(it, q, m_cpu, o_cpu, 3)
+    l_cpu = np.asarray(q.dequeue()["loss"])
+    assert l_ipu.shape == (6, 2) and l_cpu.shape == (6,)
+    np.testing.assert_allclose(l_ipu.mean(axis=1), l_cpu, rtol=2e-5)
+    assert not np.allclose(l_ipu[:, 0], l_ipu[:, 1])        # each replica its own batches
+    for a, b in zip(model.get_weights(), m_cpu.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert int(opt.iterations) == 6
+    assert strategy.ipu_predicted_seconds["cycles"] > 0

@@ -56,15 +56,36 @@ def _find_perm(sentinel: np.ndarray, arr: np.ndarray):
     return None
 
 
-def capture(model, input_shape, input_dtype="float32", opset: int = 17) -> Captured:
-    """Convert ``model`` (a built Keras 3 model with one input and one output) called with
-    ``training=False`` on a ``input_shape`` batch. Raises ``NotImplementedError`` when a
-    variable cannot be found in the converted graph (tf2onnx folded it into arithmetic, e.g. a
-    fused batch norm), or the model has more than 16.7 million weights."""
+def capture(model, input_shape, input_dtype="float32", opset: int = 17, x_structure=None) -> Captured:
+    """Convert ``model`` (a built Keras 3 model) called with ``training=False`` on a batch.
+
+    One input: ``input_shape`` is the batch shape (``[batch, ...]``), ``input_dtype`` its dtype.
+    Several inputs (a list, tuple or dict of inputs, as Keras takes them): ``input_shape`` and
+    ``input_dtype`` are lists in ``tf.nest.flatten`` order of ``x_structure`` (a sample of that
+    structure; dict keys sorted). The :class:`Captured` has one ONNX input per flat input and one
+    output per flat model output (``tf.nest.flatten`` order); ``out_structure`` is the model's
+    output structure (with ``None`` leaves). Raises ``NotImplementedError`` when a variable cannot
+    be found in the converted graph (tf2onnx folded it into arithmetic, e.g. a fused batch norm),
+    or the model has more than 16.7 million weights."""
     import tensorflow as tf
 
-    spec = [tf.TensorSpec(tuple(input_shape), tf.as_dtype(input_dtype), name="x")]
-    return capture_function(lambda x: model(x, training=False), spec, list(model.variables), opset)
+    if x_structure is None:
+        shapes, dtypes = [input_shape], [input_dtype]
+    else:
+        shapes, dtypes = list(input_shape), list(input_dtype)
+    spec = [tf.TensorSpec(tuple(sh), tf.as_dtype(dt), name=f"x{i}" if i else "x")
+            for i, (sh, dt) in enumerate(zip(shapes, dtypes))]
+    structure = {}
+
+    def forward(*xs):
+        x = xs[0] if x_structure is None else tf.nest.pack_sequence_as(x_structure, list(xs))
+        y = model(x, training=False)
+        structure["out"] = tf.nest.map_structure(lambda _: None, y)
+        flat = tf.nest.flatten(y)
+        return flat[0] if len(flat) == 1 and not tf.nest.is_nested(y) else flat
+    cap = capture_function(forward, spec, list(model.variables), opset)
+    cap.out_structure = structure.get("out")
+    return cap
 
 
 def capture_function(fn, input_signature, variables, opset: int = 17) -> Captured:

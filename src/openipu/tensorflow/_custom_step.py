@@ -17,15 +17,19 @@ On the IPU the whole function is one Poplar program; here it becomes one PopART 
 2. *Program.* The loss becomes PopART's ``identityloss``, the Keras optimizer PopART's optimizer
    (:func:`._program.popart_optimizer`); ``TrainingSession`` grows the backward pass and the
    updates (``InferenceSession`` when the step takes no gradient).
-3. *Run.* Each ``strategy.run`` takes ``n`` elements from every iterator / infeed (tensor
-   arguments are repeated ``n`` times), runs the session once, writes the weights back into the
-   Keras variables, advances ``optimizer.iterations`` by ``n``, fills the outfeed queues (one
-   item per step) and returns the last step's returned values. The **predicted** IPU time of the
-   run is in ``strategy.ipu_predicted_seconds``.
+3. *Run.* Each ``strategy.run`` takes ``n`` elements per replica from every iterator / infeed
+   (step-major: step 0 of replicas 0, 1, ..., then step 1; tensor arguments are repeated),
+   runs the session once, writes the weights back into the Keras variables, advances
+   ``optimizer.iterations`` by ``n``, fills the outfeed queues (one item per step; with ``R``
+   replicas (one per configured IPU, as Graphcore's replicated program) each item has a leading
+   ``[R]`` dimension) and returns the last step's returned values (replica 0's). Replicas'
+   gradients are summed before the update (PopART's replicated reduction: the all-reduce of
+   Graphcore's Keras optimizers). The **predicted** IPU time of the run is in
+   ``strategy.ipu_predicted_seconds``.
 
 A step this cannot express (two gradient calls, an optimizer per variable subset, variables the
 optimizer does not update, variables assigned in the step (metrics, batch-norm statistics),
-replication over more than one IPU, ops tf2onnx cannot convert...)
+ops tf2onnx cannot convert...)
 raises :class:`Unsupported`; ``IPUStrategy.run`` then runs it with TensorFlow on the host CPU and
 logs a warning naming the reason.
 """
@@ -55,6 +59,7 @@ class _Trace:
         self.optimized = []               # the variables apply_gradients updates
         self.outfeeds = []                # (queue, structure, [tensors])
         self.iterations = None            # the loop count (tf.range in the function, loops.repeat)
+        self.pipeline = None              # pipelining_ops.pipeline: {"ga", "repeat", "mapping", "sequential"}
         self.code = None
 
 
@@ -215,6 +220,7 @@ def _run_traced(pyfn, args, kwargs, trace):
     a2, k2 = _substitute(args, kwargs, make)
     trace.outfeeds.clear()
     trace.loss, trace.gradient_calls, trace.optimizer, trace.optimized = None, 0, None, []
+    trace.pipeline = None
     trace.__dict__.pop("fakes", None)
     ret = pyfn(*a2, **k2)
     trace.returned = ret
@@ -255,9 +261,37 @@ class _TFVariable:
 
 def _step_variables(cf, optimized):
     """The floating-point variables the traced function ``cf`` reads (``_TFVariable``), marked
-    trainable when among the optimizer's ``optimized`` (Keras) variables."""
+    trainable when among the optimizer's ``optimized`` (Keras) variables (``None``: every
+    trainable variable, as a pipeline's optimizer function updates)."""
+    if optimized is None:
+        return [_TFVariable(v, bool(v.trainable)) for v in cf.variables if v.dtype.is_floating]
     updated = {id(getattr(kv, "_value", kv)) for kv in optimized}
     return [_TFVariable(v, id(v) in updated) for v in cf.variables if v.dtype.is_floating]
+
+
+def _annotate_stages(model, pipe):
+    """A copy of the captured ``model`` with PopART's ``__ipu_number`` (and, unless the schedule
+    is ``Sequential``, ``__pipeline_stage``) on every node (stages from the name scopes
+    ``pipelining_ops.pipeline`` opened, :func:`._capture.node_stages`). Returns ``(model, last
+    stage, its IPU)``."""
+    import onnx
+    from onnx import helper
+
+    from ._capture import node_stages
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    stages = node_stages(m)
+    if stages and stages[0] is None:
+        raise Unsupported("a pipeline whose stages left no ops in the converted graph")
+    mapping = pipe["mapping"]
+    for node, st in zip(m.graph.node, stages):
+        if node.op_type == "Constant":      # extra attributes would break ONNX's Constant inference
+            continue
+        if not pipe["sequential"]:
+            node.attribute.append(helper.make_attribute("__pipeline_stage", int(st)))
+        node.attribute.append(helper.make_attribute("__ipu_number", int(mapping[st])))
+    last = len(mapping) - 1
+    return m, last, mapping[last]
 
 
 # -- the compiled step -------------------------------------------------------------------------
@@ -274,9 +308,8 @@ class CustomStep:
 
         from . import config as _config
         from ._capture import capture_function
-        from ._program import popart_optimizer
-        if num_ipus != 1:
-            raise Unsupported(f"replication over {num_ipus} IPUs")
+        from ._program import _lr, popart_optimizer
+        self.replicas = int(num_ipus)    # Graphcore: one replica per configured IPU (num_replicas_in_sync is 1)
         pyfn = _python_function(fn)
         code = pyfn.__code__
         # 1. discovery: which iterators / tensors the step reads, the loop count, the variables
@@ -289,6 +322,17 @@ class CustomStep:
         self.positions = [None if _is_iterator(s) else next(i for i, a in enumerate(flat_args) if a is s)
                           for s in self.sources]
         self.iterations = disc.iterations or 1
+        self.pipeline = disc.pipeline
+        self.ga = self.pipeline["ga"] if self.pipeline else 1
+        if self.pipeline:               # IPUs per replica: the pipeline's; replicas as Graphcore computes them
+            shards = max(self.pipeline["mapping"]) + 1
+            p2 = 1 << (shards - 1).bit_length()
+            if num_ipus % p2 or num_ipus < shards:
+                raise ValueError(f"Current device has {num_ipus} IPUs attached, however the current model requires a "
+                                 f"multiple of {p2} IPUs.")
+            self.replicas, self.shards = num_ipus // p2, shards
+        else:
+            self.shards = 1
         self.training = disc.loss is not None
         if self.training and disc.optimizer is None:
             raise Unsupported("a gradient without an optimizer update")
@@ -333,18 +377,38 @@ class CustomStep:
             except Exception as e:      # tf2onnx could not convert an op
                 raise Unsupported(f"the step could not be converted to ONNX ({type(e).__name__}: {e})") from e
         cap = self.captured
-        builder = popart.Builder(cap.model.SerializeToString())
+        proto = cap.model
+        last = []
+        if self.pipeline:               # every node on its stage's IPU (PopART's annotations)
+            proto, last_stage, last_ipu = _annotate_stages(proto, self.pipeline)
+        builder = popart.Builder(proto.SerializeToString())
         outs = list(cap.outputs)
         anchors = {o: popart.AnchorReturnType("ALL") for o in outs}
         self.loss_id = None
+        if self.pipeline:
+            last = [builder.virtualGraph(last_ipu)] + ([] if self.pipeline["sequential"] else
+                                                       [builder.pipelineStage(last_stage)])
+        for c in last:
+            c.__enter__()
         if self.training:
             self.loss_id = builder.aiGraphcore.identityloss([outs[0]], reduction=popart.ReductionType.Sum)
+        for c in reversed(last):
+            c.__exit__(None, None, None)
         self.outputs = outs[1:] if self.training else outs
         if self.training:
             self.outputs = [outs[0]] + self.outputs     # the loss value is an output too (anchored)
         opts = popart.SessionOptions()
-        flow = popart.DataFlow(self.iterations, anchors)
-        device = popart.DeviceManager().acquireAvailableDevice(1)
+        flow = popart.DataFlow(self.iterations // self.ga, anchors)
+        if self.pipeline:
+            opts.enablePipelining = not self.pipeline["sequential"]
+            opts.virtualGraphMode = popart.VirtualGraphMode.Manual
+            if self.ga > 1:
+                opts.enableGradientAccumulation = True
+                opts.accumulationFactor = self.ga
+        if self.replicas > 1:           # gradients summed over the replicas (the Keras optimizer's all-reduce)
+            opts.enableReplicatedGraphs = True
+            opts.replicatedGraphCount = self.replicas
+        device = popart.DeviceManager().acquireAvailableDevice(self.replicas * self.shards)
         proto = builder.getModelProto()
         if self.training:
             self.session = popart.TrainingSession(fnModel=proto, dataFlow=flow, loss=self.loss_id,
@@ -362,40 +426,56 @@ class CustomStep:
         self.cycles = None
         self.reported = False
         self.in_dtypes = [sp.dtype.as_numpy_dtype for sp in specs]
+        self._weights = None            # the Keras-side values the program holds (None: not sent yet)
+        self._lr = _lr(self.optimizer) if self.training else None     # the learning rate the program has
 
     # ------------------------------------------------------------------------------------------
     def _feeds(self, args, kwargs):
         import tensorflow as tf
-        n = self.iterations
+        n, r = self.iterations, self.replicas
         flat_args = list(args) + list(kwargs.values())
         feeds = {}
         for s, pos, (a, b) in zip(self.sources, self.positions, self.source_slices):
-            if pos is None:             # an iterator or infeed queue: n elements
+            if pos is None:             # an iterator or infeed queue: n elements per replica (step-major)
                 from .ipu_infeed_queue import IPUInfeedQueue
                 it = s._iterator if isinstance(s, IPUInfeedQueue) else s
-                steps = [[np.asarray(t) for t in tf.nest.flatten(next(it))] for _ in range(n)]
-                cols = [np.stack(c) for c in zip(*steps)]
+                steps = [[np.asarray(t) for t in tf.nest.flatten(next(it))] for _ in range(n * r)]
+                cols = [np.stack(c).reshape((n, r) + c[0].shape) for c in zip(*steps)]
             else:                       # a tensor argument: the same value every step
                 v = np.asarray(flat_args[pos])
-                cols = [np.broadcast_to(v, (n,) + v.shape)]
+                cols = [np.broadcast_to(v, (n, r) + v.shape)]
             for i, c in zip(range(a, b), cols):
                 c = c.astype(self.in_dtypes[i], copy=False)
-                feeds[self.captured.inputs[i]] = np.ascontiguousarray(c if n > 1 else c[0])
+                lead = tuple(d for d in (n // self.ga, self.ga, r) if d > 1)
+                feeds[self.captured.inputs[i]] = np.ascontiguousarray(c.reshape(lead + c.shape[2:]))
         return feeds
 
     def run(self, args, kwargs):
         """One execution: ``n`` steps. Returns the last step's returned values (the structure
         the function returns, as ``tf.Tensor``)."""
+        from ._program import host_threads
+        with host_threads():
+            return self._run(args, kwargs)
+
+    def _run(self, args, kwargs):
         import tensorflow as tf
         from openipu import popart
 
-        from ._program import popart_optimizer
+        from ._program import _lr, popart_optimizer
         feeds = self._feeds(args, kwargs)
-        w = {m.name: m.to_onnx(m.variable.numpy()).astype(np.float32) for m in self.captured.variables}
-        self.session.writeWeights(popart.PyWeightsIO(w))
-        self.session.weightsFromHost()
+        # the Keras weights go in only when they differ from the program's (set by the user
+        # between calls); otherwise the program's are the ones the last call read back
+        keras_w = [m.variable.numpy() for m in self.captured.variables]
+        if self._weights is None or any(not np.array_equal(a, b) for a, b in zip(keras_w, self._weights)):
+            w = {m.name: m.to_onnx(v).astype(np.float32) for m, v in zip(self.captured.variables, keras_w)}
+            self.session.writeWeights(popart.PyWeightsIO(w))
+            self.session.weightsFromHost()
+            self._weights = keras_w
         if self.training:               # the learning rate (schedules are evaluated on the host)
-            self.session.updateOptimizerFromHost(popart_optimizer(self.optimizer))
+            lr = _lr(self.optimizer)
+            if lr != self._lr:
+                self.session.updateOptimizerFromHost(popart_optimizer(self.optimizer))
+                self._lr = lr
         anchors = self.session.initAnchorArrays()
         self.session.run(popart.PyStepIO(feeds, anchors))
         self.cycles = int(self.session.getCycleCount())
@@ -403,11 +483,20 @@ class CustomStep:
             self.session.weightsToHost()
             bufs = {m.name: np.zeros(m.shape, np.float32) for m in self.captured.variables}
             self.session.readWeights(popart.PyWeightsIO(bufs))
+            self._weights = []
             for m in self.captured.variables:
-                m.variable.assign(m.to_keras(bufs[m.name]).astype(m.variable.dtype))
-            self.optimizer.iterations.assign_add(self.iterations)
+                v = m.to_keras(bufs[m.name]).astype(m.variable.dtype)
+                m.variable.assign(v)
+                self._weights.append(v)
+            it = self.optimizer.iterations
+            # the backing tf.Variable: Keras's own assign_add goes through its numpy ops (ms per call)
+            getattr(it, "_value", it).assign_add(self.iterations // self.ga)
         n = self.iterations
-        vals = [anchors[o] if n > 1 else anchors[o][None] for o in self.captured.outputs]
+        r = self.replicas               # every output as [steps, replicas, ...]
+        skip = sum(d > 1 for d in (n // self.ga, self.ga, r))
+        vals = [anchors[o].reshape((n, r) + anchors[o].shape[skip:]) for o in self.captured.outputs]
+        if r == 1:
+            vals = [v[:, 0] for v in vals]
         k = 1 if self.training else 0
         for q, structure, count in self.outfeeds:
             part = vals[k:k + count]
@@ -420,7 +509,8 @@ class CustomStep:
         if self.returned is None:
             return None
         it = iter(ret_flat)
-        return tf.nest.map_structure(lambda t: tf.convert_to_tensor(next(it)[-1]) if isinstance(t, tf.Tensor) else t,
+        last = (lambda v: v[-1]) if r == 1 else (lambda v: v[-1, 0])      # the last step of replica 0
+        return tf.nest.map_structure(lambda t: tf.convert_to_tensor(last(next(it))) if isinstance(t, tf.Tensor) else t,
                                      self.returned)
 
     @property

@@ -6,15 +6,39 @@ updates. One ``run`` is one Keras execution: ``steps_per_execution`` micro-batch
 (``steps_per_execution / gradient_accumulation`` weight updates).
 """
 
+import contextlib
 import logging
 
 import numpy as np
+import torch
 
 from openipu import popart
 
 logger = logging.getLogger("tensorflow.python.ipu")
 
 LABEL = "openipu_label"
+
+
+@contextlib.contextmanager
+def host_threads():
+    """Run the enclosed simulated-IPU execution with torch on one host thread.
+
+    The executor's kernels for these models are small (an MNIST MLP step: 57 ops, a
+    ``[32, 784] x [784, 128]`` matmul at most), and TensorFlow's own thread pools share the host:
+    on two threads each torch kernel waits for a scheduler slice for its second thread. Measured
+    on this 2-core host with other jobs running (2026-11-29): that matmul 0.66 ms wall on one
+    thread, 51 ms on two with TensorFlow imported; Graphcore's ``mnist_with_feeds.py`` step
+    0.415 s of CPU per ``strategy.run`` (10 steps) on two threads, 0.041 s on one. Results do not
+    change (the kernels are the same; only torch's work split)."""
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 # -- losses --------------------------------------------------------------------------------------
@@ -53,29 +77,63 @@ def labels_for(kind: str, y: np.ndarray) -> np.ndarray:
     return y.astype(np.float32)
 
 
-def capture_loss(model, batch_shape_pred, label: np.ndarray):
+def capture_loss(model, batch_shape_pred, label, y_structure=None, pred_structure=None):
     """The model's compiled Keras loss (``model._compile_loss(y_true, y_pred)``: the reduced
-    scalar with Keras's ``sum_over_batch_size``) as an ONNX model with inputs ``y_true`` (the
-    labels' dtype, ``[batch, ...]``) and ``y_pred`` (``batch_shape_pred``, float32) and one
-    scalar output (a :class:`._capture.Captured` without variables)."""
+    scalar with Keras's ``sum_over_batch_size``, per-output losses times ``loss_weights``
+    summed) as an ONNX model (a :class:`._capture.Captured` without variables).
+
+    One output: inputs ``y_true`` (the labels' dtype, ``[batch, ...]``) and ``y_pred``
+    (``batch_shape_pred``, float32); one scalar output. Several outputs (``label`` and
+    ``batch_shape_pred`` lists in ``tf.nest.flatten`` order of ``y_structure`` /
+    ``pred_structure``): the inputs are the flat labels then the flat predictions; the outputs
+    are the total then each output's unweighted loss, which Keras records in its per-output
+    ``<name>_loss`` trackers (their updates are not part of the graph: the caller applies them on
+    the host). ``n_labels`` on the result is the number of label inputs."""
     import tensorflow as tf
 
     from ._capture import capture_function
-    specs = [tf.TensorSpec(tuple(label.shape), tf.as_dtype(label.dtype), name="y_true"),
-             tf.TensorSpec(tuple(batch_shape_pred), tf.float32, name="y_pred")]
     compile_loss = model._compile_loss
+    if y_structure is None:
+        labels, preds = [label], [batch_shape_pred]
+    else:
+        labels, preds = list(label), list(batch_shape_pred)
+    specs = [tf.TensorSpec(tuple(lab.shape), tf.as_dtype(lab.dtype), name=f"y_true{i}" if i else "y_true")
+             for i, lab in enumerate(labels)]
+    specs += [tf.TensorSpec(tuple(sh), tf.float32, name=f"y_pred{i}" if i else "y_pred") for i, sh in enumerate(preds)]
+    n = len(labels)
+
+    def pack(flat, structure):
+        return flat[0] if structure is None else tf.nest.pack_sequence_as(structure, list(flat))
     if not compile_loss.built:
-        compile_loss.build(tf.zeros(specs[0].shape, specs[0].dtype), tf.zeros(specs[1].shape, specs[1].dtype))
-    return capture_function(lambda yt, yp: compile_loss(yt, yp), specs, [])
+        zeros = [tf.zeros(sp.shape, sp.dtype) for sp in specs]
+        compile_loss.build(pack(zeros[:n], y_structure), pack(zeros[n:], pred_structure))
+    trackers = list(compile_loss.metrics)
+    recorded = []
+
+    def fn(*flat):
+        recorded.clear()
+        total = compile_loss(pack(flat[:n], y_structure), pack(flat[n:], pred_structure))
+        return [total] + recorded if trackers else total
+    try:               # the trackers' updates recorded instead of assigned (tf2onnx drops assignments)
+        for t in trackers:
+            t.update_state = lambda value, sample_weight=None: recorded.append(tf.identity(value))
+        cap = capture_function(fn, specs, [])
+    finally:
+        for t in trackers:
+            del t.update_state
+    cap.n_labels = n
+    return cap
 
 
 def join_loss(forward, loss):
-    """One ONNX model: the captured forward with the captured loss fed by its output (the loss
-    graph's names prefixed ``loss/``); its inputs are the forward's then ``loss/y_true``; its
-    outputs the forward's output then the loss."""
+    """One ONNX model: the captured forward with the captured loss fed by its outputs (the loss
+    graph's names prefixed ``loss/``); its inputs are the forward's then the loss's labels; its
+    outputs the forward's outputs then the loss's (the total first)."""
     from onnx import compose
-    return compose.merge_models(forward.model, loss.model, io_map=[(forward.output, loss.inputs[1])],
-                                prefix2="loss/", outputs=[forward.output, "loss/" + loss.output])
+    n = getattr(loss, "n_labels", 1)
+    return compose.merge_models(forward.model, loss.model,
+                                io_map=[(o, loss.inputs[n + i]) for i, o in enumerate(forward.outputs)],
+                                prefix2="loss/", outputs=list(forward.outputs) + ["loss/" + o for o in loss.outputs])
 
 
 # -- optimizers ----------------------------------------------------------------------------------
@@ -183,13 +241,17 @@ class IpuProgram:
             c.__enter__()
         out = captured.output
         anchors = {}
-        self.loss_id = None
+        self.loss_id, self.labels, self.output_losses = None, [], []
         if mode in ("train", "eval"):
             kind, logits = loss
             if kind == "keras":
-                label = "loss/" + keras_loss.inputs[0]
+                n = getattr(keras_loss, "n_labels", 1)
+                self.labels = ["loss/" + i for i in keras_loss.inputs[:n]]
                 self.loss_id = builder.aiGraphcore.identityloss(["loss/" + keras_loss.output],
                                                                 reduction=popart.ReductionType.Sum)
+                self.output_losses = ["loss/" + o for o in keras_loss.outputs[1:]]
+                for o in self.output_losses:
+                    anchors[o] = popart.AnchorReturnType("ALL")
             elif kind == "sparse_ce":
                 label = builder.addInputTensor(popart.TensorInfo("INT32", [batch]), LABEL)
                 probs = builder.aiOnnx.softmax([out], axis=-1) if logits else out
@@ -199,11 +261,13 @@ class IpuProgram:
                 d = builder.aiOnnx.sub([out, label])
                 self.loss_id = builder.aiGraphcore.identityloss([builder.aiOnnx.mul([d, d])],
                                                                 reduction=popart.ReductionType.Mean)
-            self.label = label
+            if kind != "keras":
+                self.labels = [label]
             anchors[self.loss_id] = popart.AnchorReturnType("ALL")
         for c in reversed(ctx):
             c.__exit__(None, None, None)
-        anchors[out] = popart.AnchorReturnType("ALL")
+        for o in captured.outputs:
+            anchors[o] = popart.AnchorReturnType("ALL")
         opts = popart.SessionOptions()
         if accumulation > 1:
             opts.enableGradientAccumulation = True
@@ -259,22 +323,35 @@ class IpuProgram:
     def _lead(self):
         return [d for d in (self.bps, self.accumulation if self.mode == "train" else 1, self.replicas) if d > 1]
 
-    def run(self, x: np.ndarray, y: np.ndarray = None):
-        """One execution on ``x`` of shape ``[steps * replicas * batch, ...]`` (the order Keras
-        takes the batches: step-major, replicas next); returns ``(losses, outputs)`` with
-        ``losses`` ``[steps * replicas]`` (or ``None``) and ``outputs`` ``[steps * replicas *
-        batch, ...]``; the predicted IPU cycles of the run are in ``self.cycles``."""
+    def run(self, x, y=None):
+        """One execution on ``x``: a list with one array per model input (or one array), each of
+        shape ``[steps * replicas * batch, ...]`` (the order Keras takes the batches: step-major,
+        replicas next), and ``y`` a list of label arrays (or one, or ``None``). Returns
+        ``(losses, outputs, output_losses)``: ``losses`` ``[steps * replicas]`` (or ``None``),
+        ``outputs`` a list with one ``[steps * replicas * batch, ...]`` array per model output,
+        ``output_losses`` a list with one ``[steps * replicas]`` array of unweighted losses per
+        output of a multi-output model (empty otherwise); the predicted IPU cycles of the run are
+        in ``self.cycles``."""
         lead = self._lead()
-        feeds = {self.captured.input: np.ascontiguousarray(x.reshape(lead + [self.batch] + list(x.shape[1:])))}
+        xs = x if isinstance(x, (list, tuple)) else [x]
+        ys = [] if y is None else (y if isinstance(y, (list, tuple)) else [y])
+
+        def shaped(a):
+            return np.ascontiguousarray(a.reshape(lead + [self.batch] + list(a.shape[1:])))
+        feeds = {i: shaped(a) for i, a in zip(self.captured.inputs, xs)}
         if self.loss_id is not None:
-            feeds[self.label] = np.ascontiguousarray(y.reshape(lead + [self.batch] + list(y.shape[1:])))
+            feeds.update({lab: shaped(a) for lab, a in zip(self.labels, ys)})
         anchors = self.session.initAnchorArrays()
-        self.session.run(popart.PyStepIO(feeds, anchors))
+        with host_threads():
+            self.session.run(popart.PyStepIO(feeds, anchors))
         self.cycles = int(self.session.getCycleCount())
-        out = anchors[self.captured.output]
-        out = out.reshape((-1,) + out.shape[len(lead) + 1:]) if lead else out
+        outs = []
+        for o in self.captured.outputs:
+            a = anchors[o]
+            outs.append(a.reshape((-1,) + a.shape[len(lead) + 1:]) if lead else a)
         losses = anchors[self.loss_id].reshape(-1) if self.loss_id is not None else None
-        return losses, out
+        per = [anchors[o].reshape(-1) for o in self.output_losses] if self.loss_id is not None else []
+        return losses, outs, per
 
     @property
     def seconds(self) -> float:

@@ -67,10 +67,10 @@ class IPUStrategyV1(tf.distribute.OneDeviceStrategy):
     def _ipu_step(self, fn, args, kwargs):
         from . import config as _config
         from ._custom_step import CustomStep, Unsupported
-        key = (id(fn),) + tuple(_kind(a) for a in list(args) + sorted(kwargs.items()))
+        sysm = _config._system()
+        key = (id(fn), sysm.num_ipus if sysm else 1) + tuple(_kind(a) for a in list(args) + sorted(kwargs.items()))
         cache = self.__dict__.setdefault("_openipu_steps", {})
         if key not in cache:
-            sysm = _config._system()
             try:
                 cache[key] = CustomStep(fn, list(args), dict(kwargs), num_ipus=sysm.num_ipus if sysm else 1)
             except Unsupported as e:

@@ -146,11 +146,16 @@ _METHODS = {f.__name__: f for f in (set_gradient_accumulation_options, set_pipel
 
 # -- data ----------------------------------------------------------------------------------------
 class _Data:
-    """Batches of one pass: ``next_execution(k)`` gives ``k`` batches concatenated (x, y)."""
+    """Batches of one pass. ``x`` / ``y``: arrays, or lists / tuples / dicts of arrays for models
+    with several inputs / outputs (as Keras takes them), or a ``tf.data.Dataset`` of ``(x, y)``
+    elements of those structures. ``take(k)`` gives ``k`` batches concatenated as two flat lists
+    of arrays (``tf.nest.flatten`` order: dict keys sorted); ``x_structure`` / ``y_structure``
+    pack them back (``None``: a single array)."""
 
     def __init__(self, x, y, batch_size, steps, shuffle, what):
         import tensorflow as tf
         self.dataset = None
+        self.x_structure = self.y_structure = None
         if isinstance(x, tf.data.Dataset):
             spec = x.element_spec
             for s in tf.nest.flatten(spec):
@@ -164,18 +169,21 @@ class _Data:
             self.dataset = x
             self.size = card if card >= 0 else None
             self.batch_size = int(tf.nest.flatten(spec)[0].shape[0])
+            xs, ys = (spec[0], spec[1] if len(spec) > 1 else None) if isinstance(spec, tuple) else (spec, None)
+            self.x_structure = _structure(xs)
+            self.y_structure = _structure(ys)
             self.x = self.y = None
-        elif hasattr(x, "__next__") or (hasattr(x, "__iter__") and not hasattr(x, "__len__")):
+        elif hasattr(x, "__next__") or (hasattr(x, "__iter__") and not hasattr(x, "__len__") and
+                                        not isinstance(x, dict)):
             raise ValueError(f"The provided set of data is of type `{type(x)}` which is not compatible with the IPU's "
                              "requirement to know the data shape ahead of time. Please use "
                              "`tf.data.Dataset.from_generator()` to convert your generator into a dataset.")
         else:
-            self.x = np.asarray(x)
-            self.y = None if y is None else np.asarray(y)
-            if self.x.dtype == np.float64:
-                self.x = self.x.astype(np.float32)
+            self.x_structure, self.y_structure = _structure(x), _structure(y)
+            self.x = [_f32(np.asarray(a)) for a in tf.nest.flatten(x)]
+            self.y = None if y is None else [np.asarray(a) for a in tf.nest.flatten(y)]
             bs = batch_size or 32
-            n = len(self.x)
+            n = len(self.x[0])
             if n % bs:
                 raise ValueError("The provided set of data has a partial batch, which could result in data being "
                                  "dropped. Either adjust the `batch_size` of your model (currently set to "
@@ -191,28 +199,57 @@ class _Data:
             if self._it is None or self.size is not None:
                 self._it = iter(self.dataset)
         else:
-            n = len(self.x)
+            n = len(self.x[0])
             self._order = np.random.permutation(n) if self.shuffle else None
             self._pos = 0
 
+    @staticmethod
+    def _split(el):
+        import tensorflow as tf
+        if isinstance(el, tuple):
+            xs, ys = el[0], (el[1] if len(el) > 1 else None)
+        else:
+            xs, ys = el, None
+        return ([np.asarray(a) for a in tf.nest.flatten(xs)],
+                None if ys is None else [np.asarray(a) for a in tf.nest.flatten(ys)])
+
     def take(self, k: int):
         if self.dataset is not None:
-            xs, ys = [], []
-            for _ in range(k):
-                el = next(self._it)
-                if isinstance(el, (tuple, list)):
-                    xs.append(np.asarray(el[0]))
-                    ys.append(np.asarray(el[1]) if len(el) > 1 else None)
-                else:
-                    xs.append(np.asarray(el))
-                    ys.append(None)
-            x = np.concatenate(xs)
-            y = None if ys[0] is None else np.concatenate(ys)
-            return (x.astype(np.float32) if x.dtype == np.float64 else x), y
+            parts = [self._split(next(self._it)) for _ in range(k)]
+            xs = [_f32(np.concatenate(c)) for c in zip(*[p[0] for p in parts])]
+            ys = None if parts[0][1] is None else [np.concatenate(c) for c in zip(*[p[1] for p in parts])]
+            return xs, ys
         n = k * self.batch_size
         idx = slice(self._pos, self._pos + n) if self._order is None else self._order[self._pos:self._pos + n]
         self._pos += n
-        return self.x[idx], (None if self.y is None else self.y[idx])
+        return [a[idx] for a in self.x], (None if self.y is None else [a[idx] for a in self.y])
+
+    def take_sample(self):
+        """One batch (flat lists, as :meth:`take`) without consuming the pass."""
+        if self.dataset is not None:
+            return self._split(next(iter(self.dataset)))
+        bs = self.batch_size
+        return [a[:bs] for a in self.x], (None if self.y is None else [a[:bs] for a in self.y])
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float32) if a.dtype == np.float64 else a
+
+
+def _structure(v):
+    """``v``'s nesting with ``None`` leaves (``None`` for a single array or no value)."""
+    import tensorflow as tf
+    if v is None or not tf.nest.is_nested(v):
+        return None
+    return tf.nest.map_structure(lambda _: None, v)
+
+
+def _pack(structure, flat):
+    """Flat arrays back into Keras's structure (one array when ``structure`` is ``None``)."""
+    import tensorflow as tf
+    if flat is None:
+        return None
+    return flat[0] if structure is None else tf.nest.pack_sequence_as(structure, list(flat))
 
 
 def _plan(model, data, steps, spe, replicas, what):
@@ -311,16 +348,26 @@ def _program(model, mode, data, spe, replicas, ga):
     st = _state(model)
     bs = data.batch_size
     x0, y0 = data.take_sample()
-    key = (mode, bs, spe, replicas, ga, x0.shape[1:])
+    key = (mode, bs, spe, replicas, ga, tuple(a.shape[1:] for a in x0))
     if key in st["programs"]:
         return st["programs"][key]
-    ckey = (bs,) + tuple(x0.shape[1:])
+    ckey = (bs,) + tuple((a.shape[1:], str(a.dtype)) for a in x0)
     if ckey not in st["captured"]:
         if not model.built:
-            model.build((None,) + tuple(x0.shape[1:]))
-        st["captured"][ckey] = capture(model, ckey, str(x0.dtype))
+            if data.x_structure is None:
+                model.build((None,) + tuple(x0[0].shape[1:]))
+            else:
+                model.build(_pack(data.x_structure, [(None,) + tuple(a.shape[1:]) for a in x0]))
+        if data.x_structure is None:
+            st["captured"][ckey] = capture(model, (bs,) + tuple(x0[0].shape[1:]), str(x0[0].dtype))
+        else:
+            st["captured"][ckey] = capture(model, [(bs,) + tuple(a.shape[1:]) for a in x0], [str(a.dtype) for a in x0],
+                                           x_structure=data.x_structure)
     cap = st["captured"][ckey]
-    loss = loss_kind(model.loss) if mode != "predict" else None
+    multi = len(cap.outputs) > 1 or (y0 is not None and len(y0) > 1)
+    loss = None
+    if mode != "predict":       # several outputs: Keras's own loss graph (per-output losses, loss_weights)
+        loss = ("keras", False) if multi else loss_kind(model.loss)
     opt = popart_optimizer(model.optimizer) if mode == "train" else None
     sysm = _config._system()
     n_ipus = sysm.num_ipus if sysm is not None else 1
@@ -330,13 +377,18 @@ def _program(model, mode, data, spe, replicas, ga):
                                   "IPU (PopART's mean reduction would also average over the replicas)")
     keras_loss = None
     if loss is not None and loss[0] == "keras":
-        lkey = ("loss", ckey, None if y0 is None else (y0.shape, labels_for("keras", y0).dtype.str))
+        labels = [labels_for("keras", a) for a in y0]
+        lkey = ("loss", ckey, tuple((a.shape, a.dtype.str) for a in labels))
         if lkey not in st["captured"]:
-            pred_shape = [d.dim_value for d in cap.model.graph.output[0].type.tensor_type.shape.dim]
-            st["captured"][lkey] = capture_loss(model, pred_shape, labels_for("keras", y0))
+            pred_shapes = [[d.dim_value for d in o.type.tensor_type.shape.dim] for o in cap.model.graph.output]
+            if multi:
+                y_structure = data.y_structure or [None] * len(labels)
+                st["captured"][lkey] = capture_loss(model, pred_shapes, labels, y_structure, cap.out_structure)
+            else:
+                st["captured"][lkey] = capture_loss(model, pred_shapes[0], labels[0])
         keras_loss = st["captured"][lkey]
     prog = IpuProgram(cap, mode, bs, spe, loss=loss, optimizer=opt, accumulation=ga, replicas=replicas,
-                      num_ipus=max(n_ipus, replicas * _shards(model)), label_shape=None if y0 is None else y0.shape,
+                      num_ipus=max(n_ipus, replicas * _shards(model)), label_shape=None if y0 is None else y0[0].shape,
                       mean_accumulation=mean, device_mapping=(st["pipelining"] or {}).get("device_mapping"),
                       sequential=_schedule(model) == PipelineSchedule.Sequential, keras_loss=keras_loss)
     st["programs"][key] = prog
@@ -348,22 +400,20 @@ def _schedule(model):
     return PipelineSchedule(int(kw.get("pipeline_schedule", PipelineSchedule.Grouped)))
 
 
-def _take_sample(self):
-    if self.dataset is not None:
-        el = next(iter(self.dataset))
-        if isinstance(el, (tuple, list)):
-            return np.asarray(el[0]), (np.asarray(el[1]) if len(el) > 1 else None)
-        return np.asarray(el), None
-    bs = self.batch_size
-    return self.x[:bs], (None if self.y is None else self.y[:bs])
+def _labels(model, prog, y):
+    """The flat label arrays as the program takes them (see :func:`._program.labels_for`)."""
+    from ._program import labels_for
+    if y is None:
+        return None
+    return [labels_for(prog.loss_kind[0], a) for a in y]
 
 
-_Data.take_sample = _take_sample
-
-
-def _labels(model, y):
-    from ._program import labels_for, loss_kind
-    return labels_for(loss_kind(model.loss)[0], y)
+def _record_output_losses(model, per, batch):
+    """Apply the IPU's per-step, per-output unweighted losses to Keras's ``<output>_loss``
+    trackers, as Keras's ``CompileLoss`` does each step (weight: the batch size)."""
+    for tracker, values in zip(model._compile_loss.metrics if per else [], per):
+        for v in values:
+            tracker.update_state(float(v), sample_weight=batch)
 
 
 def _record_time(model, prog, spe):
@@ -430,13 +480,15 @@ def ipu_fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", ca
             if sched:
                 prog.set_learning_rate(model.optimizer)
             xb, yb = data.take(spe * replicas)
-            losses, out = prog.run(xb, _labels(model, yb))
+            losses, out, per_output = prog.run(xb, _labels(model, prog, yb))
             prog.weights_to_keras()
             model.optimizer.iterations.assign_add(spe // ga)
             _record_time(model, prog, spe)
             for lv in losses:
                 model._loss_tracker.update_state(float(lv), sample_weight=bs)
-            logs = model.compute_metrics(xb, yb, out, None)
+            _record_output_losses(model, per_output, bs)
+            logs = model.compute_metrics(_pack(data.x_structure, xb), _pack(data.y_structure, yb),
+                                         _pack(prog.captured.out_structure, out), None)
             logs = {k: float(v) for k, v in logs.items()}
             callbacks.on_train_batch_end(begin + spe - 1, logs)
             if model.stop_training:
@@ -488,11 +540,14 @@ def ipu_evaluate(model, x=None, y=None, batch_size=None, verbose="auto", sample_
     for begin in range(0, per, spe):
         callbacks.on_test_batch_begin(begin)
         xb, yb = data.take(spe * replicas)
-        losses, out = prog.run(xb, _labels(model, yb))
+        losses, out, per_output = prog.run(xb, _labels(model, prog, yb))
         _record_time(model, prog, spe)
         for lv in losses:
             model._loss_tracker.update_state(float(lv), sample_weight=data.batch_size)
-        logs = {k: float(v) for k, v in model.compute_metrics(xb, yb, out, None).items()}
+        _record_output_losses(model, per_output, data.batch_size)
+        logs = model.compute_metrics(_pack(data.x_structure, xb), _pack(data.y_structure, yb),
+                                     _pack(prog.captured.out_structure, out), None)
+        logs = {k: float(v) for k, v in logs.items()}
         callbacks.on_test_batch_end(begin + spe - 1, logs)
     logs = {k: float(v) for k, v in model.get_metrics_result().items()}
     callbacks.on_test_end(logs)
@@ -500,7 +555,8 @@ def ipu_evaluate(model, x=None, y=None, batch_size=None, verbose="auto", sample_
 
 
 def ipu_predict(model, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
-    """``Model.predict`` on the simulated IPU: all outputs, in input order (``[n, ...]``)."""
+    """``Model.predict`` on the simulated IPU: all outputs, in input order (``[n, ...]``; a
+    model with several outputs: their structure (list / dict) of such arrays, as Keras)."""
     replicas, data, per, spe, prog, callbacks = _inference_setup(model, "predict", x, None, batch_size, steps,
                                                                  verbose, callbacks)
     callbacks.on_predict_begin()
@@ -509,12 +565,12 @@ def ipu_predict(model, x, batch_size=None, verbose="auto", steps=None, callbacks
     for begin in range(0, per, spe):
         callbacks.on_predict_batch_begin(begin)
         xb, _ = data.take(spe * replicas)
-        _, out = prog.run(xb)
+        _, out, _ = prog.run(xb)
         _record_time(model, prog, spe)
         outs.append(out)
-        callbacks.on_predict_batch_end(begin + spe - 1, {"outputs": out})
+        callbacks.on_predict_batch_end(begin + spe - 1, {"outputs": _pack(prog.captured.out_structure, out)})
     callbacks.on_predict_end()
-    return np.concatenate(outs)
+    return _pack(prog.captured.out_structure, [np.concatenate(c) for c in zip(*outs)])
 
 
 # -- installation on keras.Model ---------------------------------------------------------------------
