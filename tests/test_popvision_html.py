@@ -44,6 +44,7 @@ def test_report_html_in_chromium(two_profiles, capsys):
     assert page["texts"]["liveness-peak"] == f"{peak:,} B at program step {step}"
     assert f"{c.totalMemory:,}" in printed
     assert all(os.path.getsize(p) > 1000 for p in page["screenshots"])
+    assert any(p.endswith("execution-trace-hover.png") for p in page["screenshots"])
     # the run's options, and a run on the IPU Model has a host time
     assert page["texts"]["batch-size"] == "8" and page["texts"]["precision"] == "fp32"
     assert page["texts"]["throughput"].endswith("runs/s of 8 samples)")
