@@ -173,6 +173,29 @@ def test_sweep_cli_table_csv_json_plot(mlp, tmp_path, capsys):
     assert "Predicted throughput" in page and "tile memory" in page and "plotly" in page.lower()
 
 
+def test_sweep_interrupted_writes_the_points_done(mlp, tmp_path, capsys, monkeypatch):
+    """Ctrl-C during a long sweep: exit 130, and the table, CSV and JSON of the points predicted."""
+    real = sizing.Sweeper.predict
+    calls = []
+
+    def predict(self, spec):
+        calls.append(spec)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, spec)
+    monkeypatch.setattr(sizing.Sweeper, "predict", predict)
+    out = tmp_path / "out"
+    code = cli.main(["sweep", mlp, "--batch-sizes", "8,16,32", "--tiles-per-ipu", "16", "--csv", str(out / "s.csv"),
+                     "--json", str(out / "s.json")])
+    captured = capsys.readouterr()
+    assert code == sizing.EXIT_INTERRUPTED == 130
+    assert "interrupted after 2 point(s)" in captured.err and "samples/s" in captured.out
+    assert [int(r["batch"]) for r in csv.DictReader(open(out / "s.csv"))] == [8, 16]
+    doc = json.loads((out / "s.json").read_text())
+    _validate_sweep(doc)
+    assert doc["interrupted"] is True and [p["spec"]["batch"] for p in doc["points"]] == [8, 16]
+
+
 def test_sweep_exit_3_when_nothing_fits_and_usage(tmp_path, capsys):
     model = _mlp(tmp_path / "big.onnx", hidden=4096)
     assert cli.main(["sweep", model, "--batch-sizes", "8", "--tiles-per-ipu", "4", "--precision", "fp32"]) == 3

@@ -25,7 +25,8 @@ the cost model, never host time; ``host_seconds`` of a point and of the sweep is
 wall time.
 
 Exit status of ``openipu sweep``: 0 when at least one point fits, 3 when none does, 1 error,
-2 usage (as ``openipu run``).
+2 usage (as ``openipu run``), 130 when interrupted (Ctrl-C / SIGINT): the table, CSV, JSON and
+plot are still written, of the points predicted before the interrupt.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ from itertools import product
 import onnx
 
 from openipu import runner
+
+#: exit status of a sweep stopped by Ctrl-C (SIGINT), as a shell reports it
+EXIT_INTERRUPTED = 130
 
 #: Largest batch ``--max-batch`` tries unless ``--batch-limit`` says otherwise.
 DEFAULT_BATCH_LIMIT = 4096
@@ -301,10 +305,11 @@ def write_csv(points, path: str) -> None:
     _write_text(path, buf.getvalue())
 
 
-def document(sweeper: Sweeper, points, max_batches, host_seconds: float) -> dict:
+def document(sweeper: Sweeper, points, max_batches, host_seconds: float, interrupted: bool = False) -> dict:
     """The sweep as one JSON document: every point's ``openipu run --json`` document (or its
     error), the largest batches found and the sweep's host seconds (schema
-    ``docs/sweep.schema.json``)."""
+    ``docs/sweep.schema.json``); ``interrupted``: stopped by Ctrl-C before every point was
+    predicted (the points are those done)."""
     pts = []
     for p in points:
         d = {"spec": p.spec.__dict__, "host_seconds": p.host_seconds}
@@ -317,7 +322,7 @@ def document(sweeper: Sweeper, points, max_batches, host_seconds: float) -> dict
         pts.append(d)
     return {"schema": "openipu.sweep/1", "model": sweeper.path,
             "batches_per_step": sweeper.batches_per_step, "tiles_per_ipu": sweeper.tiles_per_ipu,
-            "points": pts,
+            "points": pts, "interrupted": interrupted,
             "max_batch": [{"series": s.__dict__ | {"batch": None}, "batch": b} for s, b in max_batches],
             "host": {"label": "this machine running the simulation; not an IPU figure",
                      "sweep_seconds": host_seconds}}
@@ -516,6 +521,7 @@ def sweep_main(args) -> int:
                     + (f", {p.run.throughput:,.1f} samples/s (predicted)" if p.run else ""))
             print(f"openipu sweep: point {done[0]}: batch {p.spec.batch}, {p.spec.series_label()}: {what} "
                   f"(host {p.host_seconds:,.1f} s)", file=sys.stderr, flush=True)
+    interrupted, max_batches = False, []
     try:
         for s in (specs[0],) if specs else ():      # option ranges before any compile
             runner.check_options(ipu=s.ipu, num_ipus=s.num_ipus, batch_size=s.batch, precision=s.precision,
@@ -531,7 +537,6 @@ def sweep_main(args) -> int:
         for b in batches:
             runner.check_options(batch_size=b)
         points = sw.sweep(specs, progress)
-        max_batches = []
         if args.max_batch:
             if bar is not None:
                 bar.set_description("Largest batch")
@@ -540,10 +545,16 @@ def sweep_main(args) -> int:
                 max_batches.append((c, b))
     except runner.UsageError as e:
         return fail(f"error: {e} (see openipu sweep --help)", EXIT_USAGE)
+    except KeyboardInterrupt:       # Ctrl-C: what was predicted is still written
+        interrupted = True
+        points = [sw._done[s] for s in specs if s in sw._done]
     finally:
         if bar is not None:
             bar.close()
     host = time.perf_counter() - t_start
+    if interrupted:
+        print(f"openipu sweep: interrupted after {len(sw.points)} point(s); writing those predicted",
+              file=sys.stderr, flush=True)
     print(f"Model     {sw.path}", file=out)
     overlap = {None: "overlapped where there are I/O tiles", True: "overlapped", False: "not overlapped"}
     print(f"Options   batches per step {args.batches_per_step}; host I/O {overlap[args.overlap_io]}; prefetch; "
@@ -571,7 +582,7 @@ def sweep_main(args) -> int:
             _write_text(args.plot, plot_html(sw, sw.points))
             print(f"Plot written to {args.plot}", file=out)
         if args.json:
-            text = json.dumps(document(sw, points, max_batches, host), indent=1)
+            text = json.dumps(document(sw, points, max_batches, host, interrupted), indent=1)
             if to_stdout:
                 print(text)
             else:
@@ -579,6 +590,8 @@ def sweep_main(args) -> int:
                 print(f"JSON written to {args.json}", file=out)
     except OSError as e:
         return fail(f"cannot write {getattr(e, 'filename', '') or 'the output'}: {e.strerror or e}")
+    if interrupted:
+        return EXIT_INTERRUPTED
     if any(p.error for p in points) and not any(p.run for p in points):
         return EXIT_ERROR
     return EXIT_OK if any(p.fits for p in points) else EXIT_DOES_NOT_FIT
