@@ -438,6 +438,7 @@ _EXIT_TEXT = """exit status:
   1  error: unreadable model, every point refused, an output that cannot be written
   2  usage: an unknown flag or an option value outside its range
   3  no point fits in tile memory (the table is printed)
+  130  interrupted (Ctrl-C): the table, CSV, JSON and plot hold the points predicted before
 Errors are one line on stderr; set OPENIPU_DEBUG=1 to see the traceback of an unexpected one."""
 
 
