@@ -171,6 +171,7 @@ def test_sweep_cli_table_csv_json_plot(mlp, tmp_path, capsys):
     assert len(doc["points"]) == 6 and len(doc["max_batch"]) == 2
     page = (out / "s.html").read_text()
     assert "Predicted throughput" in page and "tile memory" in page and "plotly" in page.lower()
+    assert '"tickvals":[8,16,32,' in page.replace(" ", "")      # the batch axis labelled by the batches swept
 
 
 def test_sweep_interrupted_writes_the_points_done(mlp, tmp_path, capsys, monkeypatch):

@@ -366,8 +366,13 @@ def plot_html(sweeper: Sweeper, points, title: str | None = None) -> str:
         fig.add_hline(y=per_tile / 1024, line=dict(color="#c62828", dash="dash"), row=2, col=1,
                       annotation_text=f"tile memory {per_tile / 1024:,.0f} KiB (fits below)",
                       annotation_position="top left")
-    fig.update_xaxes(title_text="batch size", type="log", row=2, col=1)
-    fig.update_xaxes(type="log", row=1, col=1)
+    # ticks at the batch sizes swept (a log axis labels 2, 3, ... 9 between decades otherwise);
+    # at most 16 of them, spread evenly, so a long --max-batch bisection stays readable
+    batches = sorted({p.spec.batch for pts in series.values() for p in pts})
+    ticks = batches if len(batches) <= 16 else batches[::-(-len(batches) // 16)]
+    axis = dict(type="log", tickmode="array", tickvals=ticks, ticktext=[f"{b:,}" for b in ticks])
+    fig.update_xaxes(title_text="batch size", row=2, col=1, **axis)
+    fig.update_xaxes(row=1, col=1, **axis)
     fig.update_layout(height=760, template="plotly_white", margin=dict(l=70, r=20, t=50, b=50),
                       legend=dict(orientation="h", y=-0.12))
     body = fig.to_html(full_html=False, include_plotlyjs=False, div_id="sweep",
