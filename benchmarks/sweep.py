@@ -91,7 +91,8 @@ def main() -> None:
           f"{sweep_cpu:,.1f} s CPU")
     print(f"  the points one by one:           {est:,.1f} s wall, {est_cpu:,.1f} s CPU ({how})")
     print(f"  ratio (one by one / sweep)       {est / sweep_s:,.2f}x wall, {est_cpu / max(sweep_cpu, 1e-9):,.2f}x CPU")
-    print(f"  peak RSS of a child process      {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20:,.2f} GB")
+    rss_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20      # KiB on Linux
+    print(f"  peak RSS of a child process      {rss_gb:,.2f} GB")
     print(f"  load average at the end          {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
 
 
