@@ -154,6 +154,20 @@ def test_max_batch_is_the_largest_that_fits(mlp):
     assert len(tried) < 2 * np.log2(best) + 4                      # doubling, then bisection
 
 
+def test_max_batches_search_the_highest_proportion_first(mlp):
+    """--max-batch over AMPs 0.3 and 0.6: 0.6 is searched first, and 0.3's points take its plans
+    where they fit 0.3's budget; the batch found is the one a search of 0.3 alone finds."""
+    sw = sizing.Sweeper(mlp, tiles_per_ipu=4)
+    lo, hi = sizing.PointSpec(1, "ipu2", 1, "fp32", available_memory_proportion=0.3), \
+        sizing.PointSpec(1, "ipu2", 1, "fp32", available_memory_proportion=0.6)
+    found = sw.max_batches([lo, hi], start=8, limit=100_000)
+    assert [t for t, _ in found] == [lo, hi]
+    first = [p.spec.available_memory_proportion for p in sw.points]
+    assert first[0] == 0.6 and any(p.same_plans_as is not None for p in sw.points)
+    alone, _ = sizing.Sweeper(mlp, tiles_per_ipu=4).max_batch(lo, start=8, limit=100_000)
+    assert found[0][1] == alone
+
+
 def test_sweep_cli_table_csv_json_plot(mlp, tmp_path, capsys):
     out = tmp_path / "out"
     code = cli.main(["sweep", mlp, "--batch-sizes", "8-32", "--amp", "0.3,0.6", "--tiles-per-ipu", "16",

@@ -225,6 +225,16 @@ class Sweeper:
                 progress(p)
         return [self._done[s] for s in specs]
 
+    def max_batches(self, templates, start: int = 1, limit: int = DEFAULT_BATCH_LIMIT, progress=None) -> list:
+        """:meth:`max_batch` of each template, returned in the order given as ``[(template,
+        batch or None)]``, searched from the highest available memory proportion down, so that
+        a lower proportion's points can take the plans of a higher one's (the same-plans rule of
+        the module docstring) instead of compiling again."""
+        found = {}
+        for t in sorted(templates, key=lambda t: -t.available_memory_proportion):
+            found[t] = self.max_batch(t, start=start, limit=limit, progress=progress)[0]
+        return [(t, found[t]) for t in templates]
+
     def max_batch(self, template: PointSpec, start: int = 1, limit: int = DEFAULT_BATCH_LIMIT, progress=None):
         """The largest batch in [1, ``limit``] that fits with ``template``'s other settings, by
         doubling from ``start`` until a batch does not fit and then bisecting (assumes memory
@@ -546,9 +556,7 @@ def sweep_main(args) -> int:
         if args.max_batch:
             if bar is not None:
                 bar.set_description("Largest batch")
-            for c in combos:
-                b, _ = sw.max_batch(c, start=min(batches), limit=args.batch_limit, progress=progress)
-                max_batches.append((c, b))
+            max_batches = sw.max_batches(combos, start=min(batches), limit=args.batch_limit, progress=progress)
     except runner.UsageError as e:
         return fail(f"error: {e} (see openipu sweep --help)", EXIT_USAGE)
     except KeyboardInterrupt:       # Ctrl-C: what was predicted is still written
