@@ -173,8 +173,10 @@ def test_sweep_cli_table_csv_json_plot(mlp, tmp_path, capsys):
     code = cli.main(["sweep", mlp, "--batch-sizes", "8-32", "--amp", "0.3,0.6", "--tiles-per-ipu", "16",
                      "--max-batch", "--batch-limit", "64", "--csv", str(out / "s.csv"), "--json", str(out / "s.json"),
                      "--plot", str(out / "s.html")])
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert code == 0
+    assert "(predicted above)" in captured.err          # --max-batch revisiting a grid point says so
     for needle in ("not host time", "samples/s", "worst tile", "Largest batch that fits", "AMP 0.3", "Host (this "):
         assert needle in text, needle
     rows = list(csv.DictReader(open(out / "s.csv")))

@@ -525,7 +525,7 @@ def sweep_main(args) -> int:
     specs = [PointSpec(b, *c.others()) for c in combos for b in batches]
     bar = _bar(len(specs))
 
-    done = [0]
+    done, reported = [0], set()
 
     def progress(p: Point) -> None:
         done[0] += 1
@@ -535,8 +535,10 @@ def sweep_main(args) -> int:
         else:       # not a terminal: one line a point on stderr, so a long sweep shows where it is
             what = (p.error or ("fits" if p.fits else "does not fit")
                     + (f", {p.run.throughput:,.1f} samples/s (predicted)" if p.run else ""))
+            again = id(p) in reported          # --max-batch looks again at a point of the grid
+            reported.add(id(p))
             print(f"openipu sweep: point {done[0]}: batch {p.spec.batch}, {p.spec.series_label()}: {what} "
-                  f"(host {p.host_seconds:,.1f} s)", file=sys.stderr, flush=True)
+                  + ("(predicted above)" if again else f"(host {p.host_seconds:,.1f} s)"), file=sys.stderr, flush=True)
     interrupted, max_batches = False, []
     try:
         for s in (specs[0],) if specs else ():      # option ranges before any compile
