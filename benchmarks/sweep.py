@@ -8,7 +8,9 @@ and conversion, the IR of points that differ only in planner options, and the pl
 then each point runs alone as ``openipu run --offline --json`` in its own process, as a shell
 loop would. ``--single N`` runs only the first N points alone (on a loaded machine a full
 one-by-one pass can take long) and extrapolates their mean to all points; the output says so.
-Every figure printed here is host wall time of this machine, not an IPU figure; the sweep's
+Every figure printed here is host time of this machine, not an IPU figure: wall time and CPU
+time (user + system of the child processes, which the other jobs of a loaded machine do not
+inflate as they do wall time; the ratio of CPU times is the figure to read there). The sweep's
 table (predicted IPU figures) is written to DIR/sweep.txt, with CSV, JSON and the plot beside it.
 The predicted throughput of each point run alone is checked to equal the sweep's.
 
@@ -21,10 +23,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of the finished child processes so far (this machine)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def main() -> None:
@@ -42,9 +51,9 @@ def main() -> None:
     cmd = [sys.executable, "-m", "openipu.cli", "sweep", a.model, "--batch-sizes", a.batch_sizes, "--amp", a.amp,
            "--ipu", a.ipu, "--precision", a.precision, "--csv", str(out / "sweep.csv"),
            "--json", str(out / "sweep.json"), "--plot", str(out / "sweep.html")]
-    t = time.perf_counter()
+    t, c0 = time.perf_counter(), _children_cpu()
     r = subprocess.run(cmd, capture_output=True, text=True)
-    sweep_s = time.perf_counter() - t
+    sweep_s, sweep_cpu = time.perf_counter() - t, _children_cpu() - c0
     (out / "sweep.txt").write_text(r.stdout + r.stderr)
     if r.returncode not in (0, 3):
         sys.exit(f"sweep failed ({r.returncode}):\n{r.stderr}")
@@ -52,30 +61,38 @@ def main() -> None:
     points = [pt for pt in doc["points"] if "run" in pt]
     print(r.stdout)
     todo = points if a.single is None else points[:a.single]
-    single = []
+    single, single_cpu = [], []
     for pt in todo:
         s = pt["spec"]
         c = [sys.executable, "-m", "openipu.cli", "run", a.model, "--offline", "--json", "--batch-size", str(s["batch"]),
              "--ipu", s["ipu"], "--precision", s["precision"], "--partials-type", s["partials_type"],
              "--available-memory-proportion", str(s["available_memory_proportion"]), "--num-ipus",
              str(s["num_ipus"]), "--num-io-tiles", str(s["num_io_tiles"])]
-        t = time.perf_counter()
+        t, c0 = time.perf_counter(), _children_cpu()
         rr = subprocess.run(c, capture_output=True, text=True)
-        dt = time.perf_counter() - t
+        dt, dcpu = time.perf_counter() - t, _children_cpu() - c0
+        if rr.returncode not in (0, 3):
+            sys.exit(f"openipu run failed ({rr.returncode}):\n{rr.stderr}")
         one = json.loads(rr.stdout)
         same = one["prediction"]["throughput_samples_per_second"] == pt["run"]["prediction"][
             "throughput_samples_per_second"]
         single.append(dt)
-        print(f"  alone: batch {s['batch']} AMP {s['available_memory_proportion']:g}: {dt:,.1f} s host "
+        single_cpu.append(dcpu)
+        print(f"  alone: batch {s['batch']} AMP {s['available_memory_proportion']:g}: {dt:,.1f} s host wall, "
+              f"{dcpu:,.1f} s host CPU "
               f"(prediction {'equal to' if same else 'DIFFERENT from'} the sweep's)", flush=True)
     n = len(points)
     mean = sum(single) / max(len(single), 1)
     est = mean * n
+    est_cpu = sum(single_cpu) / max(len(single_cpu), 1) * n
     how = "measured" if len(single) == n else f"extrapolated from {len(single)} of them (mean {mean:,.1f} s)"
-    print(f"\nHost wall time (this machine; not IPU figures), {os.path.basename(a.model)}, {n} points:")
-    print(f"  openipu sweep, one process:      {sweep_s:,.1f} s ({sweep_s / max(n, 1):,.1f} s per point)")
-    print(f"  the points one by one:           {est:,.1f} s ({how})")
-    print(f"  ratio                            {est / sweep_s:,.2f}x")
+    print(f"\nHost time (this machine; not IPU figures), {os.path.basename(a.model)}, {n} points:")
+    print(f"  openipu sweep, one process:      {sweep_s:,.1f} s wall ({sweep_s / max(n, 1):,.1f} s per point), "
+          f"{sweep_cpu:,.1f} s CPU")
+    print(f"  the points one by one:           {est:,.1f} s wall, {est_cpu:,.1f} s CPU ({how})")
+    print(f"  ratio (one by one / sweep)       {est / sweep_s:,.2f}x wall, {est_cpu / max(sweep_cpu, 1e-9):,.2f}x CPU")
+    rss_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20      # KiB on Linux
+    print(f"  peak RSS of a child process      {rss_gb:,.2f} GB")
     print(f"  load average at the end          {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
 
 

@@ -200,6 +200,24 @@ def test_batch_pass_follows_mask_batch_indices_and_expands():
         np.testing.assert_array_equal(got, _per_sample(m, {"mask": mask[:max(batch, b0)]}, b0)["y"][:batch])
 
 
+def test_batch_pass_resizes_a_large_folded_constant():
+    """The token-type embeddings of a fixed-batch transformers export: a Gather of a [2, E] table
+    by constant zeros [B0, S] folds to a [B0, S, E] constant above the walk's value limit, added
+    to the batch-carrying word embeddings (all-MiniLM-L6-v2 exported at batch 8 x 128)."""
+    from openipu.poprt import batch as batch_pass
+    f = TensorProto.FLOAT
+    b0, s, e = 2, 64, 1024
+    assert b0 * s * e > batch_pass.VALUE_LIMIT
+    table = np.random.default_rng(2).standard_normal((2, e)).astype(np.float32)
+    m = _model([helper.make_node("Gather", ["table", "tt"], ["emb"]),
+                helper.make_node("Add", ["x", "emb"], ["y"])],
+               [helper.make_tensor_value_info("x", f, [b0, s, e])], [helper.make_tensor_value_info("y", f, [b0, s, e])],
+               [("table", table), ("tt", np.zeros((b0, s), np.int64))])
+    x = np.random.default_rng(3).standard_normal((5, s, e)).astype(np.float32)
+    got = _ort(set_batch_size(m, 5), {"x": x})["y"]
+    np.testing.assert_array_equal(got, x + table[0])
+
+
 def test_batch_pass_refuses_per_sample_constants():
     f = TensorProto.FLOAT
     m = _model([helper.make_node("Add", ["x", "w"], ["y"], name="add_bias")],

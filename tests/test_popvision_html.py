@@ -44,6 +44,7 @@ def test_report_html_in_chromium(two_profiles, capsys):
     assert page["texts"]["liveness-peak"] == f"{peak:,} B at program step {step}"
     assert f"{c.totalMemory:,}" in printed
     assert all(os.path.getsize(p) > 1000 for p in page["screenshots"])
+    assert any(p.endswith("execution-trace-hover.png") for p in page["screenshots"])
     # the run's options, and a run on the IPU Model has a host time
     assert page["texts"]["batch-size"] == "8" and page["texts"]["precision"] == "fp32"
     assert page["texts"]["throughput"].endswith("runs/s of 8 samples)")
@@ -89,3 +90,36 @@ def test_report_errors(tmp_path, capsys):
     (tmp_path / "profile.pop").write_text("nope")
     assert cli.main(["report", str(tmp_path)]) == 1
     assert "NotAReport" in capsys.readouterr().err
+
+
+def test_sweep_plot_in_chromium(two_profiles):
+    """``openipu sweep --plot``'s page: no console errors, both panels drawn, the batch axis
+    ticked at the batches swept, the fits line; screenshot in build/test-artifacts/sizing."""
+    from playwright.sync_api import sync_playwright
+
+    from openipu import sizing
+    from openipu.popvision.browser import CHROMIUM
+    d = two_profiles
+    sw = sizing.Sweeper(str(d / "mlp.onnx"), tiles_per_ipu=16)
+    sw.sweep([sizing.PointSpec(b) for b in (8, 16, 64)])
+    (d / "sweep.html").write_text(sizing.plot_html(sw, sw.points))
+    shot = os.path.join(ROOT, "build", "test-artifacts", "sizing", "sweep-plot.png")
+    os.makedirs(os.path.dirname(shot), exist_ok=True)
+    errors = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 900})
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto("file://" + str(d / "sweep.html"), wait_until="load")
+            page.wait_for_selector("#sweep .main-svg", timeout=30_000)
+            ticks = page.locator("#sweep .xaxislayer-above text").all_text_contents()
+            notes = page.locator("#sweep .annotation-text").all_text_contents()
+            page.screenshot(path=shot, full_page=True)
+        finally:
+            browser.close()
+    assert errors == []
+    assert ticks == ["8", "16", "64"] * 2 or ticks == ["8", "16", "64"], ticks     # one or both panels
+    assert any(t.startswith("tile memory") for t in notes), notes
+    assert os.path.getsize(shot) > 1000

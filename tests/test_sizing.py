@@ -154,13 +154,29 @@ def test_max_batch_is_the_largest_that_fits(mlp):
     assert len(tried) < 2 * np.log2(best) + 4                      # doubling, then bisection
 
 
+def test_max_batches_search_the_highest_proportion_first(mlp):
+    """--max-batch over AMPs 0.3 and 0.6: 0.6 is searched first, and 0.3's points take its plans
+    where they fit 0.3's budget; the batch found is the one a search of 0.3 alone finds."""
+    sw = sizing.Sweeper(mlp, tiles_per_ipu=4)
+    lo, hi = sizing.PointSpec(1, "ipu2", 1, "fp32", available_memory_proportion=0.3), \
+        sizing.PointSpec(1, "ipu2", 1, "fp32", available_memory_proportion=0.6)
+    found = sw.max_batches([lo, hi], start=8, limit=100_000)
+    assert [t for t, _ in found] == [lo, hi]
+    first = [p.spec.available_memory_proportion for p in sw.points]
+    assert first[0] == 0.6 and any(p.same_plans_as is not None for p in sw.points)
+    alone, _ = sizing.Sweeper(mlp, tiles_per_ipu=4).max_batch(lo, start=8, limit=100_000)
+    assert found[0][1] == alone
+
+
 def test_sweep_cli_table_csv_json_plot(mlp, tmp_path, capsys):
     out = tmp_path / "out"
     code = cli.main(["sweep", mlp, "--batch-sizes", "8-32", "--amp", "0.3,0.6", "--tiles-per-ipu", "16",
                      "--max-batch", "--batch-limit", "64", "--csv", str(out / "s.csv"), "--json", str(out / "s.json"),
                      "--plot", str(out / "s.html")])
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert code == 0
+    assert "(predicted above)" in captured.err          # --max-batch revisiting a grid point says so
     for needle in ("not host time", "samples/s", "worst tile", "Largest batch that fits", "AMP 0.3", "Host (this "):
         assert needle in text, needle
     rows = list(csv.DictReader(open(out / "s.csv")))
@@ -171,6 +187,30 @@ def test_sweep_cli_table_csv_json_plot(mlp, tmp_path, capsys):
     assert len(doc["points"]) == 6 and len(doc["max_batch"]) == 2
     page = (out / "s.html").read_text()
     assert "Predicted throughput" in page and "tile memory" in page and "plotly" in page.lower()
+    assert '"tickvals":[8,16,32,' in page.replace(" ", "")      # the batch axis labelled by the batches swept
+
+
+def test_sweep_interrupted_writes_the_points_done(mlp, tmp_path, capsys, monkeypatch):
+    """Ctrl-C during a long sweep: exit 130, and the table, CSV and JSON of the points predicted."""
+    real = sizing.Sweeper.predict
+    calls = []
+
+    def predict(self, spec):
+        calls.append(spec)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, spec)
+    monkeypatch.setattr(sizing.Sweeper, "predict", predict)
+    out = tmp_path / "out"
+    code = cli.main(["sweep", mlp, "--batch-sizes", "8,16,32", "--tiles-per-ipu", "16", "--csv", str(out / "s.csv"),
+                     "--json", str(out / "s.json")])
+    captured = capsys.readouterr()
+    assert code == sizing.EXIT_INTERRUPTED == 130
+    assert "interrupted after 2 point(s)" in captured.err and "samples/s" in captured.out
+    assert [int(r["batch"]) for r in csv.DictReader(open(out / "s.csv"))] == [8, 16]
+    doc = json.loads((out / "s.json").read_text())
+    _validate_sweep(doc)
+    assert doc["interrupted"] is True and [p["spec"]["batch"] for p in doc["points"]] == [8, 16]
 
 
 def test_sweep_exit_3_when_nothing_fits_and_usage(tmp_path, capsys):

@@ -25,7 +25,8 @@ the cost model, never host time; ``host_seconds`` of a point and of the sweep is
 wall time.
 
 Exit status of ``openipu sweep``: 0 when at least one point fits, 3 when none does, 1 error,
-2 usage (as ``openipu run``).
+2 usage (as ``openipu run``), 130 when interrupted (Ctrl-C / SIGINT): the table, CSV, JSON and
+plot are still written, of the points predicted before the interrupt.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ from itertools import product
 import onnx
 
 from openipu import runner
+
+#: exit status of a sweep stopped by Ctrl-C (SIGINT), as a shell reports it
+EXIT_INTERRUPTED = 130
 
 #: Largest batch ``--max-batch`` tries unless ``--batch-limit`` says otherwise.
 DEFAULT_BATCH_LIMIT = 4096
@@ -221,6 +225,16 @@ class Sweeper:
                 progress(p)
         return [self._done[s] for s in specs]
 
+    def max_batches(self, templates, start: int = 1, limit: int = DEFAULT_BATCH_LIMIT, progress=None) -> list:
+        """:meth:`max_batch` of each template, returned in the order given as ``[(template,
+        batch or None)]``, searched from the highest available memory proportion down, so that
+        a lower proportion's points can take the plans of a higher one's (the same-plans rule of
+        the module docstring) instead of compiling again."""
+        found = {}
+        for t in sorted(templates, key=lambda t: -t.available_memory_proportion):
+            found[t] = self.max_batch(t, start=start, limit=limit, progress=progress)[0]
+        return [(t, found[t]) for t in templates]
+
     def max_batch(self, template: PointSpec, start: int = 1, limit: int = DEFAULT_BATCH_LIMIT, progress=None):
         """The largest batch in [1, ``limit``] that fits with ``template``'s other settings, by
         doubling from ``start`` until a batch does not fit and then bisecting (assumes memory
@@ -301,10 +315,11 @@ def write_csv(points, path: str) -> None:
     _write_text(path, buf.getvalue())
 
 
-def document(sweeper: Sweeper, points, max_batches, host_seconds: float) -> dict:
+def document(sweeper: Sweeper, points, max_batches, host_seconds: float, interrupted: bool = False) -> dict:
     """The sweep as one JSON document: every point's ``openipu run --json`` document (or its
     error), the largest batches found and the sweep's host seconds (schema
-    ``docs/sweep.schema.json``)."""
+    ``docs/sweep.schema.json``); ``interrupted``: stopped by Ctrl-C before every point was
+    predicted (the points are those done)."""
     pts = []
     for p in points:
         d = {"spec": p.spec.__dict__, "host_seconds": p.host_seconds}
@@ -317,7 +332,7 @@ def document(sweeper: Sweeper, points, max_batches, host_seconds: float) -> dict
         pts.append(d)
     return {"schema": "openipu.sweep/1", "model": sweeper.path,
             "batches_per_step": sweeper.batches_per_step, "tiles_per_ipu": sweeper.tiles_per_ipu,
-            "points": pts,
+            "points": pts, "interrupted": interrupted,
             "max_batch": [{"series": s.__dict__ | {"batch": None}, "batch": b} for s, b in max_batches],
             "host": {"label": "this machine running the simulation; not an IPU figure",
                      "sweep_seconds": host_seconds}}
@@ -361,8 +376,13 @@ def plot_html(sweeper: Sweeper, points, title: str | None = None) -> str:
         fig.add_hline(y=per_tile / 1024, line=dict(color="#c62828", dash="dash"), row=2, col=1,
                       annotation_text=f"tile memory {per_tile / 1024:,.0f} KiB (fits below)",
                       annotation_position="top left")
-    fig.update_xaxes(title_text="batch size", type="log", row=2, col=1)
-    fig.update_xaxes(type="log", row=1, col=1)
+    # ticks at the batch sizes swept (a log axis labels 2, 3, ... 9 between decades otherwise);
+    # at most 16 of them, spread evenly, so a long --max-batch bisection stays readable
+    batches = sorted({p.spec.batch for pts in series.values() for p in pts})
+    ticks = batches if len(batches) <= 16 else batches[::-(-len(batches) // 16)]
+    axis = dict(type="log", tickmode="array", tickvals=ticks, ticktext=[f"{b:,}" for b in ticks])
+    fig.update_xaxes(title_text="batch size", row=2, col=1, **axis)
+    fig.update_xaxes(row=1, col=1, **axis)
     fig.update_layout(height=760, template="plotly_white", margin=dict(l=70, r=20, t=50, b=50),
                       legend=dict(orientation="h", y=-0.12))
     body = fig.to_html(full_html=False, include_plotlyjs=False, div_id="sweep",
@@ -433,6 +453,7 @@ _EXIT_TEXT = """exit status:
   1  error: unreadable model, every point refused, an output that cannot be written
   2  usage: an unknown flag or an option value outside its range
   3  no point fits in tile memory (the table is printed)
+  130  interrupted (Ctrl-C): the table, CSV, JSON and plot hold the points predicted before
 Errors are one line on stderr; set OPENIPU_DEBUG=1 to see the traceback of an unexpected one."""
 
 
@@ -504,7 +525,7 @@ def sweep_main(args) -> int:
     specs = [PointSpec(b, *c.others()) for c in combos for b in batches]
     bar = _bar(len(specs))
 
-    done = [0]
+    done, reported = [0], set()
 
     def progress(p: Point) -> None:
         done[0] += 1
@@ -514,8 +535,11 @@ def sweep_main(args) -> int:
         else:       # not a terminal: one line a point on stderr, so a long sweep shows where it is
             what = (p.error or ("fits" if p.fits else "does not fit")
                     + (f", {p.run.throughput:,.1f} samples/s (predicted)" if p.run else ""))
+            again = id(p) in reported          # --max-batch looks again at a point of the grid
+            reported.add(id(p))
             print(f"openipu sweep: point {done[0]}: batch {p.spec.batch}, {p.spec.series_label()}: {what} "
-                  f"(host {p.host_seconds:,.1f} s)", file=sys.stderr, flush=True)
+                  + ("(predicted above)" if again else f"(host {p.host_seconds:,.1f} s)"), file=sys.stderr, flush=True)
+    interrupted, max_batches = False, []
     try:
         for s in (specs[0],) if specs else ():      # option ranges before any compile
             runner.check_options(ipu=s.ipu, num_ipus=s.num_ipus, batch_size=s.batch, precision=s.precision,
@@ -531,19 +555,22 @@ def sweep_main(args) -> int:
         for b in batches:
             runner.check_options(batch_size=b)
         points = sw.sweep(specs, progress)
-        max_batches = []
         if args.max_batch:
             if bar is not None:
                 bar.set_description("Largest batch")
-            for c in combos:
-                b, _ = sw.max_batch(c, start=min(batches), limit=args.batch_limit, progress=progress)
-                max_batches.append((c, b))
+            max_batches = sw.max_batches(combos, start=min(batches), limit=args.batch_limit, progress=progress)
     except runner.UsageError as e:
         return fail(f"error: {e} (see openipu sweep --help)", EXIT_USAGE)
+    except KeyboardInterrupt:       # Ctrl-C: what was predicted is still written
+        interrupted = True
+        points = [sw._done[s] for s in specs if s in sw._done]
     finally:
         if bar is not None:
             bar.close()
     host = time.perf_counter() - t_start
+    if interrupted:
+        print(f"openipu sweep: interrupted after {len(sw.points)} point(s); writing those predicted",
+              file=sys.stderr, flush=True)
     print(f"Model     {sw.path}", file=out)
     overlap = {None: "overlapped where there are I/O tiles", True: "overlapped", False: "not overlapped"}
     print(f"Options   batches per step {args.batches_per_step}; host I/O {overlap[args.overlap_io]}; prefetch; "
@@ -571,7 +598,7 @@ def sweep_main(args) -> int:
             _write_text(args.plot, plot_html(sw, sw.points))
             print(f"Plot written to {args.plot}", file=out)
         if args.json:
-            text = json.dumps(document(sw, points, max_batches, host), indent=1)
+            text = json.dumps(document(sw, points, max_batches, host, interrupted), indent=1)
             if to_stdout:
                 print(text)
             else:
@@ -579,6 +606,8 @@ def sweep_main(args) -> int:
                 print(f"JSON written to {args.json}", file=out)
     except OSError as e:
         return fail(f"cannot write {getattr(e, 'filename', '') or 'the output'}: {e.strerror or e}")
+    if interrupted:
+        return EXIT_INTERRUPTED
     if any(p.error for p in points) and not any(p.run for p in points):
         return EXIT_ERROR
     return EXIT_OK if any(p.fits for p in points) else EXIT_DOES_NOT_FIT

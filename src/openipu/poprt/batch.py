@@ -42,6 +42,7 @@ candidate is taken.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import onnx
@@ -62,16 +63,25 @@ _NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformL
 
 class _T:
     """What the walk knows of a tensor: ONNX element type, static shape (or None), whether it is
-    a constant (folded by the importer), and its value (constants and shape arithmetic, if small)."""
+    a constant (folded by the importer), and its value (constants and shape arithmetic, if small).
 
-    __slots__ = ("dtype", "shape", "const", "_value", "_proto")
+    A constant computed by the walk that is larger than :data:`VALUE_LIMIT` (a ``Gather`` of an
+    embedding table by constant indices, expanded to the batch) keeps how to compute it
+    (``make(limit)``) instead of its value: :meth:`value` with a larger limit computes it again
+    from its inputs' values, uncached, so a resize can see it without the walk holding it."""
 
-    def __init__(self, dtype, shape, const=False, value=None, proto=None):
+    __slots__ = ("dtype", "shape", "const", "_value", "_proto", "_make")
+
+    def __init__(self, dtype, shape, const=False, value=None, proto=None, make=None):
         self.dtype, self.shape, self.const, self._value, self._proto = dtype, shape, const, value, proto
+        self._make = make
 
     def value(self, limit=VALUE_LIMIT):
-        if self._value is None and self._proto is not None and math.prod(self.shape) <= limit:
-            self._value = numpy_helper.to_array(self._proto)
+        if self._value is None and self.shape is not None and math.prod(self.shape) <= limit:
+            if self._proto is not None:
+                self._value = numpy_helper.to_array(self._proto)
+            elif self._make is not None and limit > VALUE_LIMIT:
+                return self._make(limit)
         return self._value
 
 
@@ -130,25 +140,33 @@ class _Walker:
         if any(t is not None and t.shape is None for t in ins):
             return None
         const = node.op_type not in _NO_FOLD and all(t is None or t.const for t in ins)
+        make = None
         if kernel is not None and (const or node.op_type == "Constant"):
-            vals = [None if t is None else t.value() for t in ins]
-            if all(v is not None or t is None for v, t in zip(vals, ins)):
+            def make(limit, k=None):
+                """The outputs' values with inputs up to ``limit`` elements (output ``k``
+                only if given); None if an input's value is not known."""
+                vals = [None if t is None else t.value(limit) for t in ins]
+                if not all(v is not None or t is None for v, t in zip(vals, ins)):
+                    return None
                 attrs = decode_attrs(node)
                 attrs["__num_outputs__"] = len(node.output)
                 with torch.no_grad():
                     outs = call_kernel(kernel, [None if v is None else to_torch(v) for v in vals], attrs, opset)
-                res = []
-                for o in outs:
-                    a = to_numpy(o)
-                    res.append(_T(onnx.helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape), True,
-                                  a if a.size <= VALUE_LIMIT else None))
-                return res
+                outs = [to_numpy(o) for o in outs]
+                return outs if k is None else outs[k]
+
+            outs = make(VALUE_LIMIT)
+            if outs is not None:
+                return [_T(onnx.helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape), True,
+                           a if a.size <= VALUE_LIMIT else None, make=partial(make, k=k))
+                        for k, a in enumerate(outs)]
         shapes = self._infer(node, domain, opset, ins)
         if shapes is None and kernel is not None:
             shapes = self._probe(node, kernel, opset, ins)
         if shapes is None:
             return None
-        return [None if s is None else _T(dt, s, const) for dt, s in shapes]
+        return [None if s is None else _T(dt, s, const, make=None if make is None else partial(make, k=k))
+                for k, (dt, s) in enumerate(shapes)]
 
     def _infer(self, node, domain, opset, ins):
         try:

@@ -26,7 +26,8 @@ def check_page(html_path: str, screenshot_dir: str | None = None, compare: bool 
     "trace_hovers": [hover text of the execution trace's first bars, as the mouse shows it],
     "tree_labels": [the program tree's labels, containers and leaves], "ops": [rows of the Operations table],
     "peak_variables": [rows of the table of variables live at the liveness peak]}``.
-    Screenshots (PNG, one per view) go to ``screenshot_dir`` if given. Raises playwright's
+    Screenshots (PNG, one per view, and ``execution-trace-hover.png``: the trace with the first
+    compute bar's hover shown) go to ``screenshot_dir`` if given. Raises playwright's
     errors if chromium cannot start."""
     from playwright.sync_api import sync_playwright
     views = dict(VIEWS, **(COMPARE_VIEW if compare else {}))
@@ -50,7 +51,12 @@ def check_page(html_path: str, screenshot_dir: str | None = None, compare: bool 
                 loc = page.locator(f"#{i}")
                 if loc.count():
                     out["texts"][i] = loc.inner_text()
-            out["trace_hovers"] = _trace_hovers(page) if "execution-trace" in views else []
+            hover_shot = os.path.join(screenshot_dir, "execution-trace-hover.png") if screenshot_dir else None
+            if hover_shot:
+                os.makedirs(screenshot_dir, exist_ok=True)
+            out["trace_hovers"] = _trace_hovers(page, shot=hover_shot) if "execution-trace" in views else []
+            if hover_shot and any(out["trace_hovers"]) and os.path.exists(hover_shot):
+                out["screenshots"].append(hover_shot)
             out["ops"] = _rows(page, "#table-operations tbody tr")
             out["peak_variables"] = _rows(page, "#table-peak-variables tbody tr")
             out["tree_labels"] = page.locator("ul.tree summary, ul.tree li.leaf").all_text_contents()[:200]
@@ -68,10 +74,11 @@ def check_page(html_path: str, screenshot_dir: str | None = None, compare: bool 
     return out
 
 
-def _trace_hovers(page, n: int = 3) -> list:
+def _trace_hovers(page, n: int = 3, shot: str | None = None) -> list:
     """Move the mouse over the first ``n`` compute bars of the execution trace (the view is
-    scrolled into sight) and return plotly's hover text for each."""
-    out = []
+    scrolled into sight) and return plotly's hover text for each; ``shot``: a PNG path for a
+    screenshot of the view while the first bar's hover shows."""
+    out, shot_taken = [], False
     page.locator("section#execution-trace").scroll_into_view_if_needed()
     bars = page.locator("#plot-execution-trace .cartesianlayer .subplot.xy .barlayer .trace").last.locator("path")
     for k in range(min(n, bars.count())):
@@ -83,6 +90,9 @@ def _trace_hovers(page, n: int = 3) -> list:
         try:
             page.wait_for_selector("#plot-execution-trace .hoverlayer .hovertext", timeout=5_000)
             out.append(page.locator("#plot-execution-trace .hoverlayer .hovertext").first.text_content() or "")
+            if shot and not shot_taken:
+                page.locator("section#execution-trace").screenshot(path=shot)
+                shot_taken = True
         except Exception:  # noqa: BLE001 - no hover: reported as missing
             out.append("")
         page.mouse.move(0, 0)
