@@ -76,31 +76,26 @@ def _patch() -> None:
     except Exception:                      # a broken or partial PyG: leave it alone
         return
 
-    def _install():
+    _on_first_use(ClusterData, "_metis")
+    _on_first_use(NeighborSampler, "_sample")
+
+
+def _on_first_use(cls, attr: str) -> None:
+    """Put on ``cls.attr`` a stand-in that installs :mod:`openipu.poptorch_geometric.sampling`
+    on its first call, then calls the method installed in its place, or PyG's own
+    (``_openipu_native``) when ``sampling.install`` declined. No-op if openipu's method is there."""
+    native = getattr(cls, attr)
+    if getattr(native, "_openipu", False):
+        return
+
+    def stand_in(self, *args, **kwargs):
         from openipu.poptorch_geometric import sampling
         sampling.install()
-
-    if not getattr(ClusterData._metis, "_openipu", False):
-        native_metis = ClusterData._metis
-
-        def _metis(self, *args, **kwargs):
-            _install()
-            if ClusterData._metis is _metis:          # sampling.install declined: PyG's own path
-                return native_metis(self, *args, **kwargs)
-            return ClusterData._metis(self, *args, **kwargs)
-        _metis._openipu_pending = True
-        ClusterData._metis = _metis
-    if not getattr(NeighborSampler._sample, "_openipu", False):
-        native = NeighborSampler._sample
-
-        def _sample(self, *args, **kwargs):
-            _install()
-            if NeighborSampler._sample is _sample:    # sampling.install declined: PyG's own path
-                return native(self, *args, **kwargs)
-            return NeighborSampler._sample(self, *args, **kwargs)
-        _sample._openipu_pending = True
-        _sample._openipu_native = native
-        NeighborSampler._sample = _sample
+        method = getattr(cls, attr)
+        return (native if method is stand_in else method)(self, *args, **kwargs)
+    stand_in._openipu_pending = True
+    stand_in._openipu_native = native
+    setattr(cls, attr, stand_in)
 
 
 def install() -> None:
@@ -114,19 +109,13 @@ def install() -> None:
 
 def write_pth(site_dir=None) -> str:
     """Write ``openipu-pyg.pth`` into ``site_dir`` (default: this environment's site-packages)
-    and return its path. Wheels ship the file; an editable install does not."""
-    import sysconfig
-    path = os.path.join(site_dir or sysconfig.get_paths()["purelib"], "openipu-pyg.pth")
-    with open(path, "w") as f:
-        f.write("import openipu_pyg_hook\n")
-    return path
+    and return its path (:func:`openipu_pth.write_pth`)."""
+    import openipu_pth
+    return openipu_pth.write_pth("openipu-pyg.pth", "openipu_pyg_hook", site_dir)
 
 
 install()
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["install"]:
-        print(write_pth())
-    else:
-        print("usage: python -m openipu_pyg_hook install   (writes openipu-pyg.pth into site-packages)")
-        sys.exit(2)
+    import openipu_pth
+    openipu_pth.main("openipu-pyg.pth", "openipu_pyg_hook")

@@ -45,20 +45,14 @@ def install() -> None:
 
 def write_pth(site_dir=None) -> str:
     """Write ``openipu-tensorflow.pth`` into ``site_dir`` (default: this environment's
-    site-packages) and return its path. Wheels ship the file; an editable install (``pip
-    install -e``) does not, so ``make test-tensorflow`` runs ``python -m openipu_tf_hook install``."""
-    import sysconfig
-    path = os.path.join(site_dir or sysconfig.get_paths()["purelib"], "openipu-tensorflow.pth")
-    with open(path, "w") as f:
-        f.write("import openipu_tf_hook\n")
-    return path
+    site-packages) and return its path (:func:`openipu_pth.write_pth`; ``make test-tensorflow``
+    runs ``python -m openipu_tf_hook install`` for the editable install)."""
+    import openipu_pth
+    return openipu_pth.write_pth("openipu-tensorflow.pth", "openipu_tf_hook", site_dir)
 
 
 install()
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["install"]:
-        print(write_pth())
-    else:
-        print("usage: python -m openipu_tf_hook install   (writes openipu-tensorflow.pth into site-packages)")
-        sys.exit(2)
+    import openipu_pth
+    openipu_pth.main("openipu-tensorflow.pth", "openipu_tf_hook")
