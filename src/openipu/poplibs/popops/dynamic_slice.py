@@ -48,7 +48,7 @@ import torch
 from openipu import poplar
 from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplar.graph_codec import kernel
-from openipu.poplibs.popops._slice_layout import (WORKERS, _bcast, _by_columns, _check_dims, _check_offset,  # noqa: F401
+from openipu.poplibs.popops._slice_layout import (WORKERS, _bcast, _Cols, _by_columns, _check_dims, _check_offset,  # noqa: F401
                                                   _check_options, _column_runs, _columns_view, _flag,
                                                   _map_by_columns)
 # the other slicing families, re-exported here (``popops.dynamic_slice`` kept its names)
@@ -83,7 +83,7 @@ def dynamic_slice_worker_cycles(regions, region_elems, num_sub, type_, target):
     return 23 + regions * ((base + nvec * c) * num_sub + 13)
 
 
-def _slice_tile_cycles(runs: "_Cols", num_sub, type_, target, T):
+def _slice_tile_cycles(runs: _Cols, num_sub, type_, target, T):
     """Tile cycles of the DynamicSlice2D vertices on each tile (regions = runs of columns, split
     over workers)."""
     used, ncols, regions = runs.per_tile(T)

@@ -16,7 +16,7 @@ from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popops._slice_layout import (WORKERS, _bcast, _by_columns, _check_dims, _check_offset,
                                                   _check_options, _column_runs, _columns_view, _flag)
-from openipu.poplibs.popops.slice_plan import MAX_ROW_PARTITIONS
+from openipu.poplibs.popops.slice_plan import MAX_ROW_PARTITIONS, plan_lookup_split
 
 __all__ = ["multiSlice", "multiUpdate", "multiUpdateAdd", "multiUpdateMax"]
 
@@ -148,6 +148,11 @@ def multiSlice(graph, t, offsets, dims, sizes, prog, plan=None, options=None, de
         graph, t, offsets, dims, sizes, name, options)
     N = offsets.dim(0)
     parts = _row_partitions(graph, view, name) if N and len(dims) == 1 else None
+    lookup_plan = _lookup_plan(graph, view, runs, parts, N) if N and len(dims) == 1 else None
+    if lookup_plan is not None:
+        oview = _multi_slice_planned(graph, view, offsets, [t.dim(d) for d in dims], lookup_plan, remap, padding,
+                                     prog, name)
+        return _as_slice_shape(oview, t, dims, rest, N)
     if parts is not None:
         return _multi_slice_two_stage(graph, t, view, offsets, dims, rest, cols, parts, remap, padding, prog, name)
     out = _by_columns(graph, t.elementType(), _slice_shape(t, dims, N), [0] + [1 + d for d in dims], name, runs)
@@ -166,7 +171,127 @@ def multiSlice(graph, t, offsets, dims, sizes, prog, plan=None, options=None, de
     return out
 
 
-#: Most row partitions a two-stage multiSlice handles (PopLibs' plans split the sliced dimension
+def _layout_elements(runs, parts, rows, N, num_tiles) -> int:
+    """Most elements one tile holds for a multiSlice that follows the table's layout: the
+    table's rows of its columns and the ``N`` slices of them (the output, or with row
+    partitions the first stage's buffer and a partition's share of the output)."""
+    worst = 0
+    for r0, r1, r in parts or [(0, rows, runs)]:
+        _, ncols, _ = r.per_tile(num_tiles)
+        share = -(-N // len(parts)) if parts else 0
+        worst = max(worst, int(ncols.max(initial=0)) * ((r1 - r0) + N + share))
+    return worst
+
+
+def _lookup_plan(graph, view, runs, parts, N):
+    """The lookup-split plan (:func:`plan_lookup_split`) for a multiSlice of ``view`` ``[rows,
+    cols]`` at ``N`` offsets, or None to follow the table's layout: planned when the table has
+    fewer columns than the graph has tiles and the plan needs under half the elements on its
+    busiest tile that following the layout does (an activation with few columns, whose slices
+    would all land on the few tiles of its columns)."""
+    rows, cols = view.shape()
+    T = graph.getTarget().getNumTiles()
+    if cols >= T or view.numElements() == 0:
+        return None
+    plan = plan_lookup_split(rows, cols, N, view.elementType(), T)
+    if plan is None:
+        return None
+    ls, ss, _, grain = plan
+    per = -(-N // ls)
+    planned = (-(-rows // ss) + per + (per + -(-per // ss) if ss > 1 else 0)) * grain
+    current = _layout_elements(runs, parts, rows, N, graph._top._target.getNumTiles())
+    return plan if 2 * planned < current else None
+
+
+def _multi_slice_planned(graph, view, offsets, Ds, plan, remap, padding, prog, name):
+    """``multiSlice`` of ``view`` ``[rows, cols]`` by a lookup-split plan, as PopLibs'
+    ``multiSlicePlanned`` runs it whatever the table's layout: tile ``(i, s, h)`` (local tile
+    ``(i x S + s) x H + h``) receives rows range ``s`` of column group ``h`` and looks up the
+    offsets of lookup chunk ``i``; with the rows split (``S > 1``) each writes its partials
+    (zeros for rows outside its range) to a buffer ``[S, N, cols]`` and a second compute set
+    picks each slice from its row's partial, chunk ``i``'s lookups split again over the ``S``
+    tiles of the column group, where the output lies. Returns the output ``[N, cols]``."""
+    L_split, S, H, grain = plan
+    rows, cols = view.shape()
+    N = offsets.dim(0)
+    k = offsets.dim(1)
+    type_, target = view.elementType(), graph.getTarget()
+    T = graph._top._target.getNumTiles()
+    per_l, per_s = -(-N // L_split), -(-rows // S)
+    # the (i, s, h) grid: lookup chunk [q0, q1), row range [r0, r1), column group [c0, c1)
+    i, s, h = (a.reshape(-1) for a in np.meshgrid(np.arange(L_split), np.arange(S), np.arange(H), indexing="ij"))
+    q0, q1 = np.minimum(N, i * per_l), np.minimum(N, (i + 1) * per_l)
+    r0, r1 = np.minimum(rows, s * per_s), np.minimum(rows, (s + 1) * per_s)
+    c0, c1 = np.minimum(cols, h * grain), np.minimum(cols, (h + 1) * grain)
+    keep = (q1 > q0) & (r1 > r0) & (c1 > c0)
+    i, s, h, q0, q1, r0, r1, c0, c1 = (a[keep] for a in (i, s, h, q0, q1, r0, r1, c0, c1))
+    tiles = graph._global_tiles((i * S + s) * H + h).astype(np.int64)
+    table_boxes = Boxes(np.c_[r0, c0], np.c_[r1 - r0, c1 - c0], tiles)
+    offs_boxes = Boxes(np.c_[q0, np.zeros_like(q0)], np.c_[q1 - q0, np.full_like(q0, k)], tiles)
+    out = graph.addVariable(type_, [cols, N], name)              # column by column, as _by_columns
+    oview = out.dimShuffle([1, 0])
+    vname = f"popops::MultiSlice<{type_}>"
+
+    def map_out(b0, b1, cc0, cc1, tl):
+        # rows [b0, b1) of columns [cc0, cc1) of the column-by-column output on tile tl
+        w = cc1 - cc0
+        c = np.repeat(cc0, w) + (np.arange(int(w.sum())) - np.repeat(np.cumsum(w) - w, w))
+        graph.set_tile_runs(out.reshape([cols * N]), c * N + np.repeat(b0, w), c * N + np.repeat(b1, w),
+                            np.repeat(tl, w))
+
+    cyc0 = np.zeros(T)
+    np.add.at(cyc0, tiles, multi_slice_tile_cycles(c1 - c0, q1 - q0, type_, target, partitions=S))
+    used0 = np.unique(tiles)
+    cs0 = graph.addComputeSet(f"{name}/stage0")
+    if S == 1:
+        map_out(q0, q1, c0, c1, tiles)
+        out_boxes = Boxes(np.c_[q0, c0], np.c_[q1 - q0, c1 - c0], tiles)
+        graph.add_vertex_group(cs0, VertexGroup(
+            vname, used0, cyc0[used0],
+            functools.partial(_multi_slice_kernel, view, oview, offsets, Ds, remap, padding),
+            reads=[Access(view, table_boxes), Access(offsets, offs_boxes)],
+            writes=[Access(oview, out_boxes)], multi=True, flops=0.0, state_bytes=32))
+        prog.add(poplar.program.Execute(cs0))
+        return oview
+    # stage 0: partials of row range s in buffer s, on the tile of (i, s, h)
+    buf = graph.addVariable(type_, [S, N, cols], f"{name}/stage0")
+    bounds = [(min(rows, p * per_s), min(rows, (p + 1) * per_s)) for p in range(S)]
+    bufs = [buf[p] for p in range(S)]
+    flat = buf.reshape([S * N * cols])
+    w = c1 - c0
+    # each (tile, lookup row) holds a run of w columns of buffer s
+    nq = q1 - q0
+    rep = np.repeat(np.arange(nq.size), nq)
+    qq = np.repeat(q0, nq) + (np.arange(int(nq.sum())) - np.repeat(np.cumsum(nq) - nq, nq))
+    start = (s[rep] * N + qq) * cols + c0[rep]
+    graph.set_tile_runs(flat, start, start + w[rep], tiles[rep])
+    buf_boxes = Boxes(np.c_[s, q0, c0], np.c_[np.ones_like(s), q1 - q0, c1 - c0], tiles)
+    graph.add_vertex_group(cs0, VertexGroup(
+        vname, used0, cyc0[used0],
+        functools.partial(_stage0_kernel, view, bufs, bounds, offsets, Ds, remap, padding),
+        reads=[Access(view, table_boxes), Access(offsets, offs_boxes)],
+        writes=[Access(buf, buf_boxes)], multi=True, flops=0.0, state_bytes=32))
+    prog.add(poplar.program.Execute(cs0))
+    # stage 1: lookup chunk i of column group h split S ways, part s on the tile of (i, s, h)
+    per_2 = -(-per_l // S)
+    b0, b1 = np.minimum(q1, q0 + s * per_2), np.minimum(q1, q0 + (s + 1) * per_2)
+    k1 = b1 > b0
+    b0, b1, t1, cc0, cc1 = b0[k1], b1[k1], tiles[k1], c0[k1], c1[k1]
+    map_out(b0, b1, cc0, cc1, t1)
+    used1 = np.unique(t1)
+    cyc1 = np.zeros(T)
+    np.add.at(cyc1, t1, multi_slice_tile_cycles(cc1 - cc0, b1 - b0, type_, target))
+    cs1 = graph.addComputeSet(f"{name}/stage1")
+    graph.add_vertex_group(cs1, VertexGroup(
+        vname, used1, cyc1[used1],
+        functools.partial(_stage1_kernel, bufs, oview, [r for _, r in bounds], offsets, Ds, remap, padding),
+        reads=[Access(buf, Boxes(np.c_[np.zeros_like(b0), b0, cc0], np.c_[np.full_like(b0, S), b1 - b0, cc1 - cc0], t1)),
+               Access(offsets, Boxes(np.c_[b0, np.zeros_like(b0)], np.c_[b1 - b0, np.full_like(b0, k)], t1))],
+        writes=[Access(oview, Boxes(np.c_[b0, cc0], np.c_[b1 - b0, cc1 - cc0], t1))], multi=True, flops=0.0,
+        state_bytes=32))
+    prog.add(poplar.program.Execute(cs1))
+    return oview
+
 
 def _row_partitions(graph, view, name):
     """The row partitions of a table ``view`` ``[rows, cols]`` whose sliced dimension is split
@@ -249,6 +374,11 @@ def _multi_slice_two_stage(graph, t, view, offsets, dims, rest, cols, parts, rem
         reads=[Access(b, boxes) for b in bufs] + [_bcast(offsets, used1)],
         writes=[Access(oview, boxes)], multi=True, flops=0.0, state_bytes=32))
     prog.add(poplar.program.Execute(cs1))
+    return _as_slice_shape(oview, t, dims, rest, N)
+
+
+def _as_slice_shape(oview, t, dims, rest, N):
+    """``oview`` ``[N, cols]`` as the output shape ``[N, *t.shape with dims -> 1]`` (a view)."""
     shape = _slice_shape(t, dims, N)
     # oview is [N, cols]; the output's shape puts the sliced dim (size 1) back among the rest
     res = oview.reshape([N] + [1] + [t.dim(d) for d in rest])
