@@ -185,13 +185,14 @@ def _layout_elements(runs, parts, rows, N, num_tiles) -> int:
 
 def _lookup_plan(graph, view, runs, parts, N):
     """The lookup-split plan (:func:`plan_lookup_split`) for a multiSlice of ``view`` ``[rows,
-    cols]`` at ``N`` offsets, or None to follow the table's layout: planned when the table has
-    fewer columns than the graph has tiles and the plan needs under half the elements on its
-    busiest tile that following the layout does (an activation with few columns, whose slices
-    would all land on the few tiles of its columns)."""
+    cols]`` at ``N`` offsets, or None to follow the table's layout: planned when the plan needs
+    under half the elements on its busiest tile that following the layout does. That is an
+    activation whose columns sit on a few tiles (few columns, or a row-major table whose first
+    rows fill a tile or two), whose slices would all land there; a table laid out for slicing
+    (:func:`createSliceableTensor`) keeps its layout."""
     rows, cols = view.shape()
     T = graph.getTarget().getNumTiles()
-    if cols >= T or view.numElements() == 0:
+    if view.numElements() == 0:
         return None
     plan = plan_lookup_split(rows, cols, N, view.elementType(), T)
     if plan is None:
@@ -218,6 +219,8 @@ def _multi_slice_planned(graph, view, offsets, Ds, plan, remap, padding, prog, n
     type_, target = view.elementType(), graph.getTarget()
     T = graph._top._target.getNumTiles()
     per_l, per_s = -(-N // L_split), -(-rows // S)
+    # no empty lookup chunk, row range or column group
+    L_split, S, H = -(-N // per_l), -(-rows // per_s), -(-cols // grain)
     # the (i, s, h) grid: lookup chunk [q0, q1), row range [r0, r1), column group [c0, c1)
     i, s, h = (a.reshape(-1) for a in np.meshgrid(np.arange(L_split), np.arange(S), np.arange(H), indexing="ij"))
     q0, q1 = np.minimum(N, i * per_l), np.minimum(N, (i + 1) * per_l)
