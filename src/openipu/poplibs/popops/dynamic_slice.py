@@ -11,7 +11,12 @@ tile (PopLibs' ``slicedDimSplit``: ``createSliceableTensor`` with an embedding p
 lays out an embedding with fewer columns than tiles; :func:`plan_row_split`), is sliced by
 ``multiSlice`` in two stages as PopLibs' planned multiSlice does: every range slices on its own
 tiles, then each slice is picked from its row's range; the ``multiUpdate*`` functions update
-every range on its own tiles.
+every range on its own tiles. A ``multiSlice`` of a table whose columns sit on a few tiles (an
+activation with few columns, or a row-major one whose first row fills a tile or two: a graph
+network's node features gathered at its edges) would put every slice on those tiles; it is
+planned instead as PopLibs' ``multiSlicePlanned`` runs an embedding plan, whatever the table's
+layout: the lookups, the rows and the columns split over the tiles, each tile receiving its
+piece of the table (:func:`~.slice_plan.plan_lookup_split`, :mod:`.multi_slice`).
 
 Layout: the tensors openipu creates here (:func:`createSliceableTensor`, :func:`createSliceTensor`,
 the outputs of :func:`dynamicSlice` and :func:`multiSlice`) are variables laid out column by
