@@ -302,6 +302,21 @@ def test_static_knn_graph_and_radius_graph():
     assert _pairs(knn_graph(x, 3, batch)) == want
 
 
+def test_radius_graph_of_more_than_255_points_captures():
+    """PyTorch decomposes a bool ``torch.eye(n)`` into a uint16 ``arange`` past 255 points, which
+    the capture cannot fold into a constant; the static radius graph builds its diagonal from an
+    int64 ``arange`` (SchNet's 16-molecule batches have 436 atoms)."""
+    from openipu.poptorch_geometric import ops
+
+    class M(torch.nn.Module):
+        def forward(self, pos):
+            return (ops.radius_graph(pos, r=0.5, max_num_neighbors=2) >= 0).sum()
+
+    pos = torch.randn(300, 3, generator=torch.Generator().manual_seed(0))
+    n = int(poptorch.inferenceModel(M())(pos))
+    assert n == int(M()(pos)) > 0
+
+
 def test_fps_and_nearest():
     torch.manual_seed(0)
     x = torch.randn(10, 2)

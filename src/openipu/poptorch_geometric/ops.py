@@ -19,6 +19,14 @@ from openipu.poptorch._geometric_ops import sqdist
 _INF = float("inf")
 
 
+def _diagonal(n: int, device=None):
+    """Bool [n, n], True on the diagonal. Built from int64 ``arange`` rather than ``torch.eye``:
+    PyTorch decomposes a bool ``eye`` into an ``arange`` of the narrowest unsigned type that
+    holds ``n`` (uint16 past 255 points), which has no CPU kernel to fold the constant with."""
+    i = torch.arange(n, device=device)
+    return i.view(-1, 1) == i.view(1, -1)
+
+
 def _distances(x, y, batch_x, batch_y, cosine=False):
     x = x.view(-1, 1) if x.dim() == 1 else x
     y = y.view(-1, 1) if y.dim() == 1 else y
@@ -66,7 +74,7 @@ def knn_graph(x, k: int, batch=None, loop: bool = False, flow: str = "source_to_
         raise ValueError(f"Invalid flow '{flow}'")
     d = _distances(x, x, batch, batch, cosine)
     if not loop:
-        d = d.masked_fill(torch.eye(d.shape[0], dtype=torch.bool, device=d.device), _INF)
+        d = d.masked_fill(_diagonal(d.shape[0], d.device), _INF)
     row, col = _pairs(d, k)
     return torch.stack([col, row]) if flow == "source_to_target" else torch.stack([row, col])
 
@@ -88,7 +96,7 @@ def radius_graph(x, r: float, batch=None, loop: bool = False, max_num_neighbors:
         raise ValueError(f"Invalid flow '{flow}'")
     d = _distances(x, x, batch, batch)
     if not loop:
-        d = d.masked_fill(torch.eye(d.shape[0], dtype=torch.bool, device=d.device), _INF)
+        d = d.masked_fill(_diagonal(d.shape[0], d.device), _INF)
     row, col = _pairs(d, max_num_neighbors, limit=float(r) ** 2 + 1e-8)
     return torch.stack([col, row]) if flow == "source_to_target" else torch.stack([row, col])
 

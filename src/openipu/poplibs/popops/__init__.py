@@ -3,7 +3,9 @@
 - ``elementwise``: binary and unary elementwise ops (``ElementWise.hpp``).
 - ``expr``: the expression API of ``map`` (``Expr.hpp``); ``cast``: cast, fill, zero, iota, pad, encodeOneHot.
 - ``reduce``: reductions (``Reduce.hpp``).
-- ``dynamic_slice``: slicing at run-time offsets (``DynamicSlice.hpp``).
+- ``dynamic_slice``: slicing at run-time offsets (``DynamicSlice.hpp``): ``dynamicSlice`` /
+  ``dynamicUpdate``; ``multi_slice``: ``multiSlice`` / ``multiUpdate*``; ``slice_plan``: slice plans
+  and sliceable layouts (``embedding::plan``, ``createSliceableTensor``).
 - ``gather``: XLA gather and scatter (``Gather.hpp``, ``Scatter.hpp``).
 - ``sort``: sort and top-k (``Sort.hpp``, ``TopK.hpp``).
 - ``loop``: counted loops (``Loop.hpp``).
