@@ -331,26 +331,21 @@ class IrExecutor:
     def _collective(self, op_type, attrs, ins, outs, envs) -> None:
         """A cross-replica op (``gcl``): an all-reduce in place into every replica's input
         (``ReplicatedAllReduceInplace``) or as each replica's output; a reduce-scatter (the
-        flattened inputs reduced, zero-padded to ``replicas`` pieces of ``ceil(n / replicas)``,
-        piece ``r`` to replica ``r``); an all-gather (the replicas' pieces in order, trimmed and
-        shaped as the output); ``ReplicaSlice`` (replica ``r``'s piece of its own input)."""
+        flattened inputs of a group of ``p`` replicas reduced, zero-padded to ``p`` pieces of
+        ``ceil(n / p)``, piece ``q`` to the group's ``q``-th replica); an all-gather (the group's
+        pieces in order, trimmed and shaped as the output); ``ReplicaSlice`` (the replica's piece
+        of its own input, by its place in its group). The groups are those of the op's
+        ``commGroup`` attribute (all replicas when absent)."""
         rf = len(envs)
         out = outs[0]
         xs = [env[ins[0]] for env in envs]
-        if op_type == "ReplicatedAllGather":
-            full = torch.cat([x.reshape(-1) for x in xs])
-            shape = self.ir.tensors[out].info.shape()
-            value = full[:int(np.prod(shape))].reshape(shape).to(self.dtype[out])
-            for env in envs:
-                env[out] = value.clone()
-            return
-        if op_type in ("ReplicatedReduceScatter", "ReplicaSlice"):
-            n = xs[0].numel()
-            k = -(-n // rf)
-            for r, (env, x) in enumerate(zip(envs, xs)):
-                src = _reduce(str(attrs.get("op", "Add")), xs) if op_type == "ReplicatedReduceScatter" else x
-                flat = torch.cat([src.reshape(-1), src.new_zeros(rf * k - n)])
-                env[out] = flat[r * k:(r + 1) * k].to(self.dtype[out]).clone()
+        if op_type in ("ReplicatedAllGather", "ReplicatedReduceScatter", "ReplicaSlice"):
+            # within the groups of the op's commGroup (all replicas by default); the replica at
+            # position q of its group of p takes (scatter) or gives (gather) piece q
+            groups = comm_groups(attrs.get("commGroup"), rf)
+            p = len(groups[0])
+            for members in groups:
+                self._group_collective(op_type, attrs, out, [envs[r] for r in members], [xs[r] for r in members], p)
             return
         rop = str(attrs.get("op", "Add"))
         n = max(1, gcl_instances.num_instances()) if self.distributed else 1
@@ -369,6 +364,24 @@ class IrExecutor:
                 env[out] = x.copy_(total)
             else:
                 env[out] = total.to(self.dtype[out])
+
+    def _group_collective(self, op_type, attrs, out, envs, xs, p) -> None:
+        """A reduce-scatter, all-gather or ``ReplicaSlice`` among one group's ``p`` replicas
+        (``envs`` and their inputs ``xs`` in group order)."""
+        if op_type == "ReplicatedAllGather":
+            full = torch.cat([x.reshape(-1) for x in xs])
+            shape = self.ir.tensors[out].info.shape()
+            value = full[:int(np.prod(shape))].reshape(shape).to(self.dtype[out])
+            for env in envs:
+                env[out] = value.clone()
+            return
+        n = xs[0].numel()
+        k = -(-n // p)
+        red = _reduce(str(attrs.get("op", "Add")), xs) if op_type == "ReplicatedReduceScatter" else None
+        for q, (env, x) in enumerate(zip(envs, xs)):
+            src = red if red is not None else x
+            flat = torch.cat([src.reshape(-1), src.new_zeros(p * k - n)])
+            env[out] = flat[q * k:(q + 1) * k].to(self.dtype[out]).clone()
 
     def _step(self, take, put, anchors: list, bps: int) -> None:
         if pvti.enabled():      # the host copies as the System Analyser shows Poplar's stream copies
