@@ -123,3 +123,141 @@ def test_deprecated_all_reduce_with_a_comm_group_list(path):
     s.run(popart.PyStepIO({x: np.array([[1], [10], [100], [1000]], np.float32)}, a))
     assert a[y][:, 0].tolist() == [11, 11, 1100, 1100]
     assert a[z][:, 0].tolist() == [101, 1010, 101, 1010]
+
+
+# -- replicated tensor sharding of a replica-grouped weight's optimizer state -------------------
+def _grouped_training(vs, optimizer, rts, domain=None, accumulation=1, steps=2, model=None, model_file=None,
+                      replicas=R):
+    """Train ``w`` (grouped by ``vs``) with ``optimizer``; returns (session, initializers of its
+    ``modelToHost`` file, the initial grouped value)."""
+    n = vs.getGroupCount(replicas)
+    rng = np.random.default_rng(3)
+    w0 = rng.standard_normal([n, 4, 3] if n > 1 else [4, 3]).astype(np.float32)
+    if model is None:
+        b = popart.Builder()
+        x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 4]), "x")
+        w = b.addInitializedInputTensor(w0, vs, "w")
+        y = b.aiOnnx.matmul([x, w])
+        loss = b.aiGraphcore.l1loss([y], 1.0, reduction=popart.ReductionType.Sum)
+        model = b.getModelProto()
+    else:
+        x, loss = "x", "L1:0"
+    o = _opts(replicas)
+    if accumulation > 1:
+        o.enableGradientAccumulation, o.accumulationFactor = True, accumulation
+    if rts:
+        loc = o.optimizerStateTensorLocationSettings
+        loc.location = popart.TensorLocation(popart.TensorStorage.OnChip, popart.ReplicatedTensorSharding.On,
+                                             domain) if domain is not None else \
+            popart.TensorLocation(popart.TensorStorage.OnChip, popart.ReplicatedTensorSharding.On)
+        loc.minElementsForReplicatedTensorSharding = 4
+    s = popart.TrainingSession(model, popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}), loss,
+                               optimizer, _dev(replicas), userOptions=o)
+    s.prepareDevice()
+    s.weightsFromHost()
+    xs = np.random.default_rng(4).standard_normal([steps, accumulation, replicas, 2, 4]).astype(np.float32)
+    for i in range(steps):
+        s.run(popart.PyStepIO({x: xs[i] if accumulation > 1 else xs[i, 0]}, s.initAnchorArrays()))
+    import onnx
+    from onnx import numpy_helper
+    s.modelToHost(str(model_file))
+    m = onnx.load(str(model_file))
+    return s, {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}, m
+
+
+GROUPED = [(CommGroupType.Consecutive, 2, "adam", 1), (CommGroupType.Orthogonal, 2, "adam", 2),
+           (CommGroupType.Orthogonal, 2, "sgd2", 2), (CommGroupType.Consecutive, 2, "lamb", 1)]
+
+
+def _optimizer(kind):
+    return {"adam": lambda: popart.Adam({"defaultLearningRate": (0.01, False)}),
+            "lamb": lambda: popart.Adam({"defaultLearningRate": (0.01, True)}, mode=popart.AdamMode.Lamb),
+            "sgd2": lambda: popart.SGD({"defaultLearningRate": (0.05, True), "defaultMomentum": (0.9, True)},
+                                       accumulatorAndMomentum=popart.SGDAccumulatorAndMomentum.Separate)}[kind]()
+
+
+@pytest.mark.parametrize("gtype,size,kind,af", GROUPED, ids=[f"{g}-{k}-af{a}" for g, _, k, a in GROUPED])
+def test_grouped_weight_state_sharded_within_its_groups(gtype, size, kind, af, tmp_path):
+    """``shardingDomain`` equal to the weight's ``sharedVariableDomain``: each group's state is
+    sharded over the group's replicas (reduce-scatter, slice, all-gather within the group; state
+    ``[ceil(12 / 2)]`` per replica); weights and state (``modelToHost``, ``[groups, 4, 3]``)
+    equal the unsharded run's."""
+    cg = CommGroup(gtype, size)
+    vs = popart.VariableSettings(cg, popart.VariableRetrievalMode.OnePerGroup)
+    got = {}
+    for rts in (False, True):
+        s, got[rts], _ = _grouped_training(vs, _optimizer(kind), rts, cg if rts else None, af,
+                                           model_file=tmp_path / f"{rts}.onnx")
+        if rts:
+            sharded = s.getIr().sharded_state
+            assert sharded and all(s.getIr().tensors[t].info.shape() == [6] for t in sharded)
+            ops = [op for op in s.ops() if op.op_type in ("ReplicatedReduceScatter", "ReplicatedAllGather",
+                                                          "ReplicaSlice")]
+            assert len(ops) == 3 and all(op.attrs.get("commGroup") for op in ops)
+    assert set(got[True]) == set(got[False]) and got[True]["w"].shape == (2, 4, 3)
+    for k, v in got[False].items():
+        np.testing.assert_allclose(got[True][k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+    assert not np.allclose(got[True]["w"][0], got[True]["w"][1])
+
+
+def test_grouped_sharded_state_resumes_from_model_to_host(tmp_path):
+    """Train 1 step, ``modelToHost``, a new TrainingSession from the file trains 1 more: the same
+    weights and Adam moments as 2 steps in one session (state grouped and sharded)."""
+    cg = CommGroup(CommGroupType.Orthogonal, 2)
+    vs = popart.VariableSettings(cg, popart.VariableRetrievalMode.OnePerGroup)
+    _, two, _ = _grouped_training(vs, _optimizer("adam"), True, cg, steps=2, model_file=tmp_path / "two.onnx")
+    _, _, m = _grouped_training(vs, _optimizer("adam"), True, cg, steps=1, model_file=tmp_path / "one.onnx")
+    # the second session's step sees the second batch: rerun with a model whose xs start there
+    _, resumed, _ = _resume(vs, m, tmp_path)
+    for k, v in two.items():
+        np.testing.assert_allclose(resumed[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def _resume(vs, m, tmp_path):
+    """One step from model ``m`` on the second batch of :func:`_grouped_training`'s data."""
+    cg = vs.getSharedVariableDomain()
+    o = _opts()
+    loc = o.optimizerStateTensorLocationSettings
+    loc.location = popart.TensorLocation(popart.TensorStorage.OnChip, popart.ReplicatedTensorSharding.On, cg)
+    loc.minElementsForReplicatedTensorSharding = 4
+    loss = [n.output[0] for n in m.graph.node][-1]
+    s = popart.TrainingSession(m.SerializeToString(), popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}),
+                               loss, _optimizer("adam"), _dev(), userOptions=o)
+    s.prepareDevice()
+    s.weightsFromHost()
+    xs = np.random.default_rng(4).standard_normal([2, 1, R, 2, 4]).astype(np.float32)
+    s.run(popart.PyStepIO({"x": xs[1, 0]}, s.initAnchorArrays()))
+    import onnx
+    from onnx import numpy_helper
+    s.modelToHost(str(tmp_path / "resumed.onnx"))
+    return s, {i.name: numpy_helper.to_array(i) for i in onnx.load(str(tmp_path / "resumed.onnx")).graph.initializer}, m
+
+
+def test_grouped_weight_with_the_default_sharding_domain_is_popart_error(tmp_path):
+    """PopART cannot shard a grouped weight's state over all replicas (its groups hold different
+    values): ``popart_internal_exception`` naming both groupings, when the session is made."""
+    vs = popart.VariableSettings(CommGroup(CommGroupType.Consecutive, 2), popart.VariableRetrievalMode.OnePerGroup)
+    with pytest.raises(popart.popart_internal_exception,
+                       match=r"Could not return a supported ReplicaGrouping transpose of ReplicaGrouping\(numReplicas=4, "
+                             r"stride=1, groupSize=4\) within the super-set: ReplicaGrouping\(numReplicas=4, stride=1, "
+                             r"groupSize=2\)"):
+        _grouped_training(vs, _optimizer("adam"), True, model_file=tmp_path / "x.onnx")
+
+
+def test_ungrouped_weight_state_is_not_sharded(tmp_path):
+    """``CommGroupType.None`` (each replica its own value): PopART turns sharding off for it."""
+    vs = popart.VariableSettings(CommGroup(CommGroupType.Ungrouped, 0), popart.VariableRetrievalMode.OnePerGroup)
+    s, rts, _ = _grouped_training(vs, _optimizer("adam"), True, model_file=tmp_path / "a.onnx")
+    assert not s.getIr().sharded_state
+    _, plain, _ = _grouped_training(vs, _optimizer("adam"), False, model_file=tmp_path / "b.onnx")
+    for k, v in plain.items():
+        np.testing.assert_allclose(rts[k], v, rtol=1e-6, err_msg=k)
+
+
+def test_tensor_location_constructors():
+    cg = CommGroup(CommGroupType.Consecutive, 2)
+    loc = popart.TensorLocation(popart.TensorStorage.OffChip, popart.ReplicatedTensorSharding.On, cg)
+    assert loc.storage == popart.TensorStorage.OffChip and loc.shardingDomain == cg
+    assert str(loc.replicatedTensorSharding).endswith("On")
+    loc = popart.TensorLocation(popart.TensorStorage.OnChip, popart.ReplicatedTensorSharding.On)
+    assert str(loc.replicatedTensorSharding).endswith("On") and loc.shardingDomain is None

@@ -314,3 +314,15 @@ def group_position(attr, replicas: int) -> tuple[list[int], list[int]]:
         for q, r in enumerate(members):
             group[r], pos[r] = g, q
     return group, pos
+
+
+def replica_grouping(group, replicas: int) -> tuple[int, int, int]:
+    """``(numReplicas, stride, groupSize)`` of a :class:`CommGroup` (None: All) over ``replicas``
+    (PopART's ``CommGroup::toReplicaGrouping``; a group of one has stride 1)."""
+    kind = "All" if group is None else _type_name(group.type)
+    size = 0 if group is None else int(group.replicaGroupSize)
+    if kind == "All" or (kind in ("Consecutive", "Orthogonal") and size == 0):
+        return (replicas, 1, replicas)
+    if kind == "Ungrouped" or size == 1:
+        return (replicas, 1, 1)
+    return (replicas, 1 if kind == "Consecutive" else replicas // size, size)
