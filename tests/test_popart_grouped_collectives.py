@@ -261,3 +261,45 @@ def test_tensor_location_constructors():
     assert str(loc.replicatedTensorSharding).endswith("On")
     loc = popart.TensorLocation(popart.TensorStorage.OnChip, popart.ReplicatedTensorSharding.On)
     assert str(loc.replicatedTensorSharding).endswith("On") and loc.shardingDomain is None
+
+
+def test_embed_replication_factor_and_reset_grouped_host_weights(path):
+    """``embedReplicationFactor`` writes PopART's ``__replicationFactor`` metadata;
+    ``resetHostWeights`` takes a grouped weight's ``[groups, *shape]`` initializer (each group
+    its value after ``weightsFromHost``) and refuses other shapes and types with PopART's
+    ``runtime_error``."""
+    import onnx
+    from onnx import numpy_helper
+    vs = popart.VariableSettings(CommGroup(CommGroupType.Consecutive, 2), popart.VariableRetrievalMode.OnePerGroup)
+    w0 = np.arange(24, dtype=np.float32).reshape(2, 4, 3)
+    b = popart.Builder()
+    b.embedReplicationFactor(R)
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [1, 4]), "x")
+    w = b.addInitializedInputTensor(w0, vs, "w")
+    y = b.aiOnnx.matmul([x, w])
+    proto = b.getModelProto()
+    meta = {p.key: p.value for p in onnx.load_from_string(proto).metadata_props}
+    assert meta["__replicationFactor"] == "4"
+    o = _opts()
+    o.constantWeights = False
+    s = popart.InferenceSession(proto, popart.DataFlow(1, {y: popart.AnchorReturnType("All")}), _dev(),
+                                userOptions=o)
+    s.prepareDevice()
+    m = onnx.load_from_string(proto)
+    new = -w0
+    for init in m.graph.initializer:
+        if init.name == w:
+            init.CopyFrom(numpy_helper.from_array(new, w))
+    s.resetHostWeights(m.SerializeToString())
+    s.weightsFromHost()
+    a = s.initAnchorArrays()
+    xs = np.ones((R, 1, 4), np.float32)
+    s.run(popart.PyStepIO({x: xs}, a))
+    want = np.stack([xs[r] @ new[r // 2] for r in range(R)])
+    np.testing.assert_allclose(a[y], want, rtol=1e-6)
+    for bad in (new[0], new.astype(np.float16)):
+        for init in m.graph.initializer:
+            if init.name == w:
+                init.CopyFrom(numpy_helper.from_array(bad, w))
+        with pytest.raises(popart.popart_runtime_error, match="non matching tensor info. Tensor ID: " + w):
+            s.resetHostWeights(m.SerializeToString())

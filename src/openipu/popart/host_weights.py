@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from openipu.popart.errors import popart_exception
+from openipu.popart.errors import popart_exception, popart_runtime_error
 from openipu.popart import tensor_proto
 from openipu.popart.ir import shard_rows
 
@@ -217,6 +217,14 @@ class HostWeightsMixin:
         m = _load_model(modelProtoOrFilename)
         for init in m.graph.initializer:
             if init.name in self._host_weights:
-                self._host_weights[init.name][...] = numpy_helper.to_array(init)
+                host = self._host_weights[init.name]
+                value = numpy_helper.to_array(init)
+                # a replica-grouped weight's initializer is [groups, *shape] (with the replication
+                # factor embedded PopART requires it so; openipu takes it either way)
+                if value.shape != host.shape or value.dtype != host.dtype:
+                    raise popart_runtime_error("Trying to reset weights using tensor with non matching tensor info. "
+                                               f"Tensor ID: {init.name}")
+                host[...] = value
+                self._replica_values.pop(init.name, None)
             elif not ignoreWeightsInModelWithoutCorrespondingHostWeight:
-                raise popart_exception(f"resetWeights, no tensor '{init.name}' in tensors")
+                raise popart_runtime_error(f"resetWeights, no tensor '{init.name}' in tensors")
