@@ -233,6 +233,12 @@ SESSION_OPTION_DEFAULTS = {
     "scheduleNonWeightUpdateGradientConsumersEarly": False, "groupNormStridedChannelGrouping": False,
     "compilationProgressLogger": None, "compilationProgressTotal": 100,
     "prefetchBufferingDepthMap": {}, "defaultPrefetchBufferingDepth": 1,
+    # accepted, with PopART's defaults; they steer PopART's dot output, scheduler, constant
+    # folding, outlining and inference-pipeline stashing, none of which changes a result here
+    "separateCallOpPdfs": True, "_enableRngStateManagement": False, "transitiveClosureOptimizationThreshold": 100000,
+    "serializedPoprithmsAnnealGraphsDir": "", "enableEfficientOverlapIOTopoCons": False,
+    "enableConstantFoldingOfMultipleConsumers": True, "useLoopCandidateCreator": False,
+    "stashAllTensorsInferencePipeline": False,
 }
 
 

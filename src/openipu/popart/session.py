@@ -22,6 +22,7 @@ import numpy as np
 
 from openipu import poplar
 from openipu.poplar import exefile
+from openipu.popart import debug_info
 from openipu.popart.dataflow import DataFlow
 from openipu.popart.devices import DeviceInfo, DeviceType
 from openipu.popart.errors import (OutOfMemoryException, popart_exception, poplar_exception,
@@ -104,6 +105,7 @@ class _SessionBase(rng_state.RngStateApi, GroupedWeightsMixin, HostWeightsMixin,
                                    f"equal to the number of IPUs ({n_ipus})")
         self._num_vgraphs = n_ipus // repl if o.virtualGraphMode in (VirtualGraphMode.Manual, VirtualGraphMode.Auto) else 1
         self._ir = Ir(fnModel, dataFlow, inputShapeInfo, o, self._num_vgraphs, training=training)
+        debug_info.record_ir(self._ir, type(self).__name__)      # popart.initializePoplarDebugInfo
         self._engine = None
         self._lowered = None
         self._host_weights = {tid: np.require(self._ir.tensors[tid].value, requirements=["C", "W"]) for tid in self._ir.variables()}
@@ -410,6 +412,31 @@ class _SessionBase(rng_state.RngStateApi, GroupedWeightsMixin, HostWeightsMixin,
         if resetProfile:
             self._engine.resetExecutionProfiling()
         return buf.getvalue()
+
+    def getSerializedGraph(self) -> bytes:  # noqa: N802
+        """The compiled Poplar graph as bytes (PopART's ``getSerializedGraph``, whose bytes are
+        Poplar's own graph serialisation; this one is openipu's): UTF-8 JSON ``{"format":
+        "openipu-graph", "target": {numIPUs, tilesPerIPU, replicationFactor}, "variables":
+        [{name, type, shape, constant, tiles}], "computeSets": [{name, vertices, vertexTypes}]}``
+        (``tiles``: how many tiles hold the variable; ``vertices``: the vertex count of each
+        compute set). Raises ``popart_exception`` before ``prepareDevice``."""
+        if self._engine is None:
+            raise popart_exception("Session must have been prepared before a report can be fetched")
+        import json
+        graph = self._engine._exe.graph
+        state, tgt = graph._state, graph.getTarget()
+        variables = [{"name": v.name, "type": str(v.type), "shape": [int(d) for d in v.shape],
+                      "constant": bool(v.constant), "tiles": int(np.unique(v.tile_runs()[2]).size)}
+                     for sp in state.spaces.values() for v in sp.vars]
+        sets = []
+        for cs in state.compute_sets:
+            kinds = sorted({g.type_name for g in cs.groups})
+            sets.append({"name": cs.name, "vertices": int(sum(len(g.tiles) for g in cs.groups)) + len(cs.user_vertices),
+                         "vertexTypes": kinds})
+        doc = {"format": "openipu-graph", "target": {"numIPUs": tgt.getNumIPUs(), "tilesPerIPU": tgt.getTilesPerIPU(),
+                                                     "replicationFactor": self.replicationFactor},
+               "variables": variables, "computeSets": sets}
+        return json.dumps(doc).encode()
 
     def getReport(self):  # noqa: N802
         """The profile as a ``pva.Report`` (libpva's API: ``report.compilation.tiles[i].memory``,
