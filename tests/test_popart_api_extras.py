@@ -322,3 +322,41 @@ def test_session_options_of_popart_accepted():
     o.stashAllTensorsInferencePipeline = True
     o.useLoopCandidateCreator = True
     assert o.stashAllTensorsInferencePipeline and o.useLoopCandidateCreator
+
+
+def test_cycle_counters_on_every_ipu():
+    """``getCycleCount("inner_ipu_<i>")`` with ``Instrumentation.Inner``: each IPU of a 2-IPU
+    sharded model has its own count of one batch (the heavier IPU more); the outer count (the
+    whole run) is at least the largest over ``batchesPerStep`` batches. Another id, or Inner
+    not asked for, is PopART's runtime_error."""
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [64, 64]), "x")
+    with b.virtualGraph(0):
+        y = b.aiOnnx.relu([x])
+    with b.virtualGraph(1):
+        w = b.addInitializedInputTensor(np.ones((64, 64), np.float32), "w")
+        z = b.aiOnnx.matmul([y, w])
+        for _ in range(3):
+            z = b.aiOnnx.matmul([z, w])
+    o = popart.SessionOptions()
+    o.virtualGraphMode = popart.VirtualGraphMode.Manual
+    o.instrumentWithHardwareCycleCounter = True
+    o.hardwareInstrumentations = {popart.Instrumentation.Outer, popart.Instrumentation.Inner}
+    s = popart.InferenceSession(b.getModelProto(), popart.DataFlow(2, {z: ALL}),
+                                popart.DeviceManager().createIpuModelDevice({"numIPUs": 2}), userOptions=o)
+    s.prepareDevice()
+    with pytest.raises(popart.popart_runtime_error, match="Must call run before getCycleCount"):
+        s.getCycleCount("inner_ipu_0")
+    s.run(popart.PyStepIO({x: np.ones((2, 64, 64), np.float32)}, s.initAnchorArrays()))
+    c0, c1 = s.getCycleCount("inner_ipu_0"), s.getCycleCount("inner_ipu_1")
+    assert 0 < c0 < c1
+    assert s.getCycleCount() >= c1 * 2 * 0.99
+    with pytest.raises(popart.popart_runtime_error, match="Invalid id for cycle counter, 'inner_ipu_2'"):
+        s.getCycleCount("inner_ipu_2")
+    o.hardwareInstrumentations = {popart.Instrumentation.Outer}
+    s2 = popart.InferenceSession(b.getModelProto(), popart.DataFlow(2, {z: ALL}),
+                                 popart.DeviceManager().createIpuModelDevice({"numIPUs": 2}), userOptions=o)
+    s2.prepareDevice()
+    s2.run(popart.PyStepIO({x: np.ones((2, 64, 64), np.float32)}, s2.initAnchorArrays()))
+    with pytest.raises(popart.popart_runtime_error, match="hardwareInstrumentations"):
+        s2.getCycleCount("inner_ipu_0")
