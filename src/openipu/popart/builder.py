@@ -438,7 +438,9 @@ class Builder:
                 try:
                     ins = [None if x == "" else self._infos[x] for x in node.input]
                     cvs = [None if x not in self._consts else to_torch(self._consts[x]) for x in node.input]
-                    probed = probe(kernel, ins, decode_attrs(node), version, cvs)
+                    attrs = decode_attrs(node)
+                    attrs["__num_outputs__"] = len(node.output)     # the kernels' contract (as the IR's)
+                    probed = probe(kernel, ins, attrs, version, cvs)
                     outs = [o if o is not None else p for o, p in zip(outs or [None] * len(probed), probed)]
                 except Exception as e:
                     log("builder").warning("Shape inference failed for output '%s' of node '%s' (%s)",
