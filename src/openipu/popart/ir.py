@@ -313,6 +313,8 @@ class Ir:
         # replicated tensor sharding: the weights whose optimizer state is sharded, and each
         # sharded state tensor's (full shape, replicas); its IR shape is one replica's shard
         self.sharded_weights: set[str] = set()
+        #: sharded weight -> the commGroup attribute of the replicas its state is sharded over
+        self.shard_attrs: dict[str, dict] = {}
         self.sharded_state: dict[str, tuple] = {}
         self.running_mean_counters: dict = {}     # Counter___ id -> the forward op it is placed like
         self.auto_loss_scale: dict | None = None     # automatic loss scaling: factor, final scale, tracked

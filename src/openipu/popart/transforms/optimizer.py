@@ -157,7 +157,7 @@ class _Updates:
     """Adds one weight's update ops: compound scalars as attributes or optimizer tensors,
     placement of the weight's forward consumer, the execution context."""
 
-    def __init__(self, ir, opt, w: str, g: str, red: Reduction, shards: int = 1):
+    def __init__(self, ir, opt, w: str, g: str, red: Reduction, shards: int = 1, shard_attrs: dict | None = None):
         self.ir, self.opt, self.w, self.red = ir, opt, w, red
         self.wt = ir.tensors[w]
         self.fwd = forward_op(ir, g)
@@ -170,8 +170,10 @@ class _Updates:
         #: the weight's replica grouping (popart.VariableSettings): its gradient is reduced within
         #: its groups, its state is grouped like it
         self.settings = ir.variable_settings.get(w)
-        #: a grouped weight's state is sharded within its groups (the collectives' commGroup)
-        self.shard_attrs = collective_attrs(self.settings) if shards > 1 else {}
+        #: the replicas the state is sharded over (the collectives' commGroup attribute): a grouped
+        #: weight's groups, else the location's shardingDomain (all replicas by default)
+        self.shard_attrs = (collective_attrs(self.settings) if shard_attrs is None else shard_attrs) \
+            if shards > 1 else {}
 
     def shape(self) -> list:
         """The shape of the weight's state: the weight's, or ``[ceil(n / replicas)]`` sharded."""
@@ -181,8 +183,15 @@ class _Updates:
         """``t`` summed over the replicas: all-reduced, or reduce-scattered to this replica's
         shard (``ReplicatedReduceScatter``, ``[ceil(n / replicas)]``) when the state is sharded."""
         if self.shards > 1:
-            return self.op("ReplicatedReduceScatter", [t], out=f"{t}__scattered", out_shape=[self.shard_len],
-                           modifies=(), **self._collective(), **collective_attrs(self.settings))
+            piece = self.op("ReplicatedReduceScatter", [t], out=f"{t}__scattered", out_shape=[self.shard_len],
+                            modifies=(), **self._collective(), **self.shard_attrs)
+            complement = _complement(self.shard_attrs.get("commGroup"), self.ir.options.getGlobalReplicationFactor())
+            if complement and not _grouped(self.settings):
+                # sharded within a domain smaller than the weight's replicas: the pieces of the
+                # domains summed across them (PopART's AllReduceToScatter with a complementary group)
+                piece = self.op("ReplicatedAllReduce", [piece], out=f"{piece}__reduced", modifies=(),
+                                **self._collective(), commGroup=complement)
+            return piece
         return self.all_reduce(t, in_place)
 
     def _collective(self) -> dict:
@@ -300,11 +309,12 @@ class _Updates:
         op.execution_context = self.context
         return op.outputs[0]
 
-    def all_reduce(self, t: str, in_place: bool, mean_if_running: bool = True) -> str:
+    def all_reduce(self, t: str, in_place: bool, mean_if_running: bool = True, groups: dict | None = None) -> str:
         """``t`` all-reduced over the replicas (in place: ``ReplicatedAllReduceInplace``); a
         mean with the Running strategy unless ``mean_if_running`` is False (SGD1's own
-        reductions always sum)."""
-        attrs = {**(self._collective() if mean_if_running else {}), **collective_attrs(self.settings)}
+        reductions always sum). ``groups``: the commGroup attribute (default the weight's)."""
+        attrs = {**(self._collective() if mean_if_running else {}),
+                 **(collective_attrs(self.settings) if groups is None else groups)}
         if in_place:
             return self.op("ReplicatedAllReduceInplace", [t], out=f"{t}__reduced", **attrs)
         return self.op("ReplicatedAllReduce", [t], out=f"{t}__reduced", modifies=(), **attrs)
@@ -369,7 +379,9 @@ def apply(ir, opt, grads: dict[str, str]) -> None:
                                    f"{ir.tensors[w].info.data_type()}")
         # a replica-grouped weight reduces over its group's replicas (none for groups of one)
         red_w = reduction(ir.options, ir.variable_settings.get(w))
-        u = _Updates(ir, opt, w, g, red_w, (red_w.group or red.replicas) if w in sharded else 1)
+        shards, shard_attrs = _sharding(ir, w, red_w) if w in sharded else (1, {})
+        u = _Updates(ir, opt, w, g, red_w, shards, shard_attrs)
+        ir.shard_attrs[w] = u.shard_attrs
         pending[w] = (_sgd_reduce if isinstance(opt, SGD) else _reduce)(u, g, acc, repl and red_w.reduced > 1)
     count_micro_batches(ir)
     updaters = clip_by_norm(ir, opt, {w: p[0] for w, p in pending.items()}, acc)
@@ -396,6 +408,32 @@ def sharded_weights(ir, opt, weights) -> set:
                                "SGDAccumulatorAndMomentum.Separate only: pass accumulatorAndMomentum="
                                "popart.SGDAccumulatorAndMomentum.Separate to popart.SGD")
     return out
+
+
+def _sharding(ir, w: str, red_w: Reduction) -> tuple[int, dict]:
+    """``(replicas the state of w is sharded over, the collectives' commGroup attribute)``: a
+    grouped weight's group; else the location's ``shardingDomain`` (all replicas when None or
+    All)."""
+    if _grouped(ir.variable_settings.get(w)):
+        return red_w.group, collective_attrs(ir.variable_settings.get(w))
+    replicas = ir.options.getGlobalReplicationFactor()
+    _, _, size = replica_grouping(ir.options.optimizerStateTensorLocationSettings.location.shardingDomain, replicas)
+    if size >= replicas:
+        return replicas, {}
+    cg = ir.options.optimizerStateTensorLocationSettings.location.shardingDomain
+    return size, {"commGroup": [1 if str(cg.type).endswith("Consecutive") else 2, size]}
+
+
+def _complement(attr, replicas: int):
+    """The commGroup attribute of the groups complementary to ``attr``'s (PopART's
+    ``ReplicaGrouping::getTranspose``: Consecutive k <-> Orthogonal R / k), or None when
+    ``attr`` spans all replicas."""
+    if not attr:
+        return None
+    t, k = int(attr[0]), int(attr[1])
+    if k >= replicas or t not in (1, 2):
+        return None
+    return [2 if t == 1 else 1, replicas // k]
 
 
 def _shardable(ir, w: str, location) -> bool:
@@ -531,7 +569,7 @@ def clip_by_norm(ir, opt, updaters: dict[str, str], acc: bool) -> dict[str, str]
         squares = [add("ReduceSumSquare", [updaters[w]], f"{w}_clipping", [], keepdims=0) for w in ids]
         # a sharded weight's updater is this replica's slice: its squares summed over the replicas
         squares = [add("ReplicatedAllReduce", [sq], f"{sq}__reduced", [], domain=GRAPHCORE,
-                       **collective_attrs(ir.variable_settings.get(w))) if w in ir.sharded_weights
+                       **ir.shard_attrs.get(w, {})) if w in ir.sharded_weights
                    else sq for w, sq in zip(ids, squares)]
         total = add("Sum", squares, "normsSum", []) if len(squares) > 1 else squares[0]
         norm = add("Sqrt", [total], f"GlobalNorm_{k}", [])
@@ -610,7 +648,7 @@ def _adam(u: _Updates, g: str) -> str:
         r1 = u.op("LambSquare", [w], out=f"LambR1Sq___{u.w}", out_dtype="FLOAT", out_shape=[], modifies=())
         r2 = u.op("LambSquare", [x], out=f"LambR2Sq___{u.w}", out_dtype="FLOAT", out_shape=[], modifies=())
         if u.shards > 1:        # the squared norms of the whole weight: summed over the shards
-            r1, r2 = (u.all_reduce(r, False, mean_if_running=False) for r in (r1, r2))
+            r1, r2 = (u.all_reduce(r, False, mean_if_running=False, groups=u.shard_attrs) for r in (r1, r2))
         return u.op("AdamVarUpdate", [w, x, r1, r2], ["learningRate", "maxWeightNorm"], out=f"{UPDATED_PREFIX}{u.w}")
     return u.op("AdamVarUpdate", [w, x], ["learningRate"], out=f"{UPDATED_PREFIX}{u.w}")
 
