@@ -238,9 +238,9 @@ def test_grouped_weight_with_the_default_sharding_domain_is_popart_error(tmp_pat
     values): ``popart_internal_exception`` naming both groupings, when the session is made."""
     vs = popart.VariableSettings(CommGroup(CommGroupType.Consecutive, 2), popart.VariableRetrievalMode.OnePerGroup)
     with pytest.raises(popart.popart_internal_exception,
-                       match=r"Could not return a supported ReplicaGrouping transpose of ReplicaGrouping\(numReplicas=4, "
-                             r"stride=1, groupSize=4\) within the super-set: ReplicaGrouping\(numReplicas=4, stride=1, "
-                             r"groupSize=2\)"):
+                       match=r"Could not return a supported ReplicaGrouping transpose of "
+                             r"ReplicaGrouping\(numReplicas=4, stride=1, groupSize=4\) within the super-set: "
+                             r"ReplicaGrouping\(numReplicas=4, stride=1, groupSize=2\)"):
         _grouped_training(vs, _optimizer("adam"), True, model_file=tmp_path / "x.onnx")
 
 

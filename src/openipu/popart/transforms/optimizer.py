@@ -456,8 +456,8 @@ def _shardable(ir, w: str, location) -> bool:
     var = replica_grouping(vs.getSharedVariableDomain(), replicas)
     if domain != var:
         fmt = "ReplicaGrouping(numReplicas={}, stride={}, groupSize={})"
-        raise popart_internal_exception(f"Could not return a supported ReplicaGrouping transpose of {fmt.format(*domain)}"
-                                        f" within the super-set: {fmt.format(*var)}")
+        raise popart_internal_exception("Could not return a supported ReplicaGrouping transpose of "
+                                        f"{fmt.format(*domain)} within the super-set: {fmt.format(*var)}")
     return True
 
 
