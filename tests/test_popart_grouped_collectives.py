@@ -200,26 +200,30 @@ def test_grouped_weight_state_sharded_within_its_groups(gtype, size, kind, af, t
     assert not np.allclose(got[True]["w"][0], got[True]["w"][1])
 
 
-def test_grouped_sharded_state_resumes_from_model_to_host(tmp_path):
+@pytest.mark.parametrize("rts", [False, True])
+def test_grouped_state_resumes_from_model_to_host(tmp_path, rts):
     """Train 1 step, ``modelToHost``, a new TrainingSession from the file trains 1 more: the same
-    weights and Adam moments as 2 steps in one session (state grouped and sharded)."""
+    weights and Adam moments (``[groups, 4, 3]`` in the file) as 2 steps in one session (state
+    grouped, and sharded within the groups with ``rts``)."""
     cg = CommGroup(CommGroupType.Orthogonal, 2)
     vs = popart.VariableSettings(cg, popart.VariableRetrievalMode.OnePerGroup)
-    _, two, _ = _grouped_training(vs, _optimizer("adam"), True, cg, steps=2, model_file=tmp_path / "two.onnx")
-    _, _, m = _grouped_training(vs, _optimizer("adam"), True, cg, steps=1, model_file=tmp_path / "one.onnx")
-    # the second session's step sees the second batch: rerun with a model whose xs start there
-    _, resumed, _ = _resume(vs, m, tmp_path)
+    _, two, _ = _grouped_training(vs, _optimizer("adam"), rts, cg, steps=2, model_file=tmp_path / "two.onnx")
+    _, _, m = _grouped_training(vs, _optimizer("adam"), rts, cg, steps=1, model_file=tmp_path / "one.onnx")
+    assert two["Accl1___w"].shape == (2, 4, 3)
+    # the second session's step sees the second batch
+    _, resumed, _ = _resume(vs, m, tmp_path, rts)
     for k, v in two.items():
         np.testing.assert_allclose(resumed[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
 
 
-def _resume(vs, m, tmp_path):
+def _resume(vs, m, tmp_path, rts=True):
     """One step from model ``m`` on the second batch of :func:`_grouped_training`'s data."""
     cg = vs.getSharedVariableDomain()
     o = _opts()
-    loc = o.optimizerStateTensorLocationSettings
-    loc.location = popart.TensorLocation(popart.TensorStorage.OnChip, popart.ReplicatedTensorSharding.On, cg)
-    loc.minElementsForReplicatedTensorSharding = 4
+    if rts:
+        loc = o.optimizerStateTensorLocationSettings
+        loc.location = popart.TensorLocation(popart.TensorStorage.OnChip, popart.ReplicatedTensorSharding.On, cg)
+        loc.minElementsForReplicatedTensorSharding = 4
     loss = [n.output[0] for n in m.graph.node][-1]
     s = popart.TrainingSession(m.SerializeToString(), popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}),
                                loss, _optimizer("adam"), _dev(), userOptions=o)
