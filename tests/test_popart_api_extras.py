@@ -262,3 +262,101 @@ def test_logger_set_level_persists(capfd):
     err = capfd.readouterr().err
     assert "popart:session" in err and " I: first message" in err and " W: second message" in err
     assert "hidden" not in err
+
+
+# -- Poplar debug info, the serialized graph, options accepted -------------------------------
+def _small_training(tmp_path):
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 3]), "x")
+    w = b.addInitializedInputTensor(np.ones((3, 2), np.float32), "w")
+    y = b.aiOnnx.matmul([x, w], "mm")
+    loss = b.aiGraphcore.l1loss([y], 0.1)
+    return popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {loss: ALL}), loss,
+                                  popart.ConstSGD(0.1), _dev())
+
+
+@pytest.mark.parametrize("fmt", ["json", "cbor"])
+def test_poplar_debug_info_streamer(tmp_path, fmt):
+    """``initializePoplarDebugInfo`` / ``closePoplarDebugInfo``: the sessions made in between
+    write one ``popart`` op context per IR op (forward and backward) to the file."""
+    fn = tmp_path / f"debug.{fmt}"
+    popart.initializePoplarDebugInfo(str(fn), fmt)
+    s = _small_training(tmp_path)
+    popart.closePoplarDebugInfo()
+    popart.closePoplarDebugInfo()          # nothing open: nothing happens
+    data = fn.read_bytes()
+    if fmt == "cbor":
+        assert data[:10] == b"\xa1\x68contexts"    # a map of one key, "contexts" (RFC 8949)
+        assert b"ai.onnx.MatMul:" in data
+        return
+    contexts = json.loads(data)["contexts"]
+    ops = [c for c in contexts if c["category"] == "op"]
+    assert len(ops) == len(s.ops())
+    assert any(c["opid"].startswith("ai.onnx.MatMul") and c["pass"] == "forward" for c in ops)
+    assert any(c["pass"] == "backward" for c in ops)
+    assert not os.path.exists(tmp_path / "other.json")
+    _small_training(tmp_path)       # no streamer open: nothing recorded, no file
+    assert not any(p.name == "other.json" for p in tmp_path.iterdir())
+
+
+def test_serialized_graph(tmp_path):
+    """``getSerializedGraph``: after ``prepareDevice``, the graph's variables (the weight among
+    them, on some tiles) and compute sets (the matmul's vertices) as JSON bytes."""
+    s = _small_training(tmp_path)
+    with pytest.raises(popart.popart_exception, match="prepared"):
+        s.getSerializedGraph()
+    s.prepareDevice()
+    data = s.getSerializedGraph()
+    assert isinstance(data, bytes)
+    doc = json.loads(data)
+    assert doc["target"]["numIPUs"] == 1
+    w = [v for v in doc["variables"] if v["name"] == "w"]
+    assert w and int(np.prod(w[0]["shape"])) == 6 and w[0]["tiles"] >= 1 and not w[0]["constant"]
+    assert sum(c["vertices"] for c in doc["computeSets"]) > 0
+    assert any("poplin" in t or "Conv" in t or "MatMul" in t for c in doc["computeSets"] for t in c["vertexTypes"])
+
+
+def test_session_options_of_popart_accepted():
+    o = popart.SessionOptions()
+    assert o.stashAllTensorsInferencePipeline is False and o.enableConstantFoldingOfMultipleConsumers is True
+    o.stashAllTensorsInferencePipeline = True
+    o.useLoopCandidateCreator = True
+    assert o.stashAllTensorsInferencePipeline and o.useLoopCandidateCreator
+
+
+def test_cycle_counters_on_every_ipu():
+    """``getCycleCount("inner_ipu_<i>")`` with ``Instrumentation.Inner``: each IPU of a 2-IPU
+    sharded model has its own count of one batch (the heavier IPU more); the outer count (the
+    whole run) is at least the largest over ``batchesPerStep`` batches. Another id, or Inner
+    not asked for, is PopART's runtime_error."""
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [64, 64]), "x")
+    with b.virtualGraph(0):
+        y = b.aiOnnx.relu([x])
+    with b.virtualGraph(1):
+        w = b.addInitializedInputTensor(np.ones((64, 64), np.float32), "w")
+        z = b.aiOnnx.matmul([y, w])
+        for _ in range(3):
+            z = b.aiOnnx.matmul([z, w])
+    o = popart.SessionOptions()
+    o.virtualGraphMode = popart.VirtualGraphMode.Manual
+    o.instrumentWithHardwareCycleCounter = True
+    o.hardwareInstrumentations = {popart.Instrumentation.Outer, popart.Instrumentation.Inner}
+    s = popart.InferenceSession(b.getModelProto(), popart.DataFlow(2, {z: ALL}),
+                                popart.DeviceManager().createIpuModelDevice({"numIPUs": 2}), userOptions=o)
+    s.prepareDevice()
+    with pytest.raises(popart.popart_runtime_error, match="Must call run before getCycleCount"):
+        s.getCycleCount("inner_ipu_0")
+    s.run(popart.PyStepIO({x: np.ones((2, 64, 64), np.float32)}, s.initAnchorArrays()))
+    c0, c1 = s.getCycleCount("inner_ipu_0"), s.getCycleCount("inner_ipu_1")
+    assert 0 < c0 < c1
+    assert s.getCycleCount() >= c1 * 2 * 0.99
+    with pytest.raises(popart.popart_runtime_error, match="Invalid id for cycle counter, 'inner_ipu_2'"):
+        s.getCycleCount("inner_ipu_2")
+    o.hardwareInstrumentations = {popart.Instrumentation.Outer}
+    s2 = popart.InferenceSession(b.getModelProto(), popart.DataFlow(2, {z: ALL}),
+                                 popart.DeviceManager().createIpuModelDevice({"numIPUs": 2}), userOptions=o)
+    s2.prepareDevice()
+    s2.run(popart.PyStepIO({x: np.ones((2, 64, 64), np.float32)}, s2.initAnchorArrays()))
+    with pytest.raises(popart.popart_runtime_error, match="hardwareInstrumentations"):
+        s2.getCycleCount("inner_ipu_0")

@@ -131,3 +131,48 @@ def test_write_and_read_weights_round_trip():
     out = {"w": np.zeros(3, np.float32)}
     s.readWeights(popart.PyWeightsIO(out))
     assert out["w"].tolist() == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("mean", [False, True])
+def test_optimizer_state_round_trip_with_accumulation_and_replication(tmp_path, name, mean):
+    """2 replicas x 2 micro-batches (``global batch size`` 4 per step, Sum or Mean reduction):
+    one step, ``modelToHost``, a new session from the file, one more step, equals two steps in
+    one session (weights and optimizer state)."""
+    make, prefixes = OPTIMIZERS[name]
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 3]), "x")
+    w = b.addInitializedInputTensor(np.array([0.5, -1.0, 2.0], np.float32), "w")
+    loss = b.aiGraphcore.l1loss([b.aiOnnx.mul([b.aiOnnx.mul([x, w]), w])], 0.1)
+    proto = b.getModelProto()
+    xs = np.random.default_rng(5).uniform(-1, 1, (2, 2, 2, 2, 3)).astype(np.float32)   # step, af, rf
+
+    def session(model):
+        o = popart.SessionOptions()
+        o.enableReplicatedGraphs, o.replicatedGraphCount = True, 2
+        o.enableGradientAccumulation, o.accumulationFactor = True, 2
+        if mean:
+            o.accumulationAndReplicationReductionType = popart.ReductionType.Mean
+        s = popart.TrainingSession(model, popart.DataFlow(1, {loss: ALL}), loss, make(),
+                                   popart.DeviceManager().createIpuModelDevice({"numIPUs": 2}), userOptions=o)
+        s.prepareDevice()
+        s.weightsFromHost()
+        return s
+
+    def inits(fn):
+        return {i.name: numpy_helper.to_array(i) for i in onnx.load(fn).graph.initializer}
+    s = session(proto)
+    for i in range(2):
+        s.run(popart.PyStepIO({x: xs[i]}, s.initAnchorArrays()))
+    s.modelToHost(str(tmp_path / "two.onnx"))
+    s = session(proto)
+    s.run(popart.PyStepIO({x: xs[0]}, s.initAnchorArrays()))
+    s.modelToHost(str(tmp_path / "one.onnx"))
+    s2 = session(str(tmp_path / "one.onnx"))
+    s2.run(popart.PyStepIO({x: xs[1]}, s2.initAnchorArrays()))
+    s2.modelToHost(str(tmp_path / "resumed.onnx"))
+    two, resumed = inits(str(tmp_path / "two.onnx")), inits(str(tmp_path / "resumed.onnx"))
+    assert set(two) == set(resumed) and all(p + "w" in two for p in prefixes)
+    assert not np.allclose(two["w"], inits(str(tmp_path / "one.onnx"))["w"])
+    for k, v in two.items():
+        np.testing.assert_allclose(resumed[k], v, rtol=1e-6, atol=1e-7, err_msg=k)

@@ -29,6 +29,10 @@ s.prepareDevice()
 a = s.initAnchorArrays()
 for _ in range(2):
     s.run(popart.PyStepIO({x: np.ones((16, 32), np.float32)}, a))
+loss = pvti.Graph("Loss", "")
+train = loss.addSeries("Training Loss")
+for v in (0.5, 0.25):
+    train.add(v)
 print(s.getCycleCount())
 """
 
@@ -84,3 +88,14 @@ def test_not_a_trace(tmp_path):
     p.write_text(json.dumps({"traceEvents": [{"ph": "X", "pid": 1, "tid": 1}]}))
     with pytest.raises(pva.NotATrace):
         pva.openTrace(str(p))
+
+
+def test_libpvti_graph_series_are_counter_events(traced):
+    """``libpvti.Graph(name, unit).addSeries(name).add(value)``: one counter event (``ph: "C"``)
+    per value, named by the graph, the value under the series' name."""
+    d, _ = traced
+    [f] = [x for x in os.listdir(d) if x.endswith(".pvti.json")]
+    counters = [e for e in json.load(open(d / f))["traceEvents"] if e.get("ph") == "C"]
+    assert [(e["name"], e["args"]) for e in counters] == [("Loss", {"Training Loss": 0.5}),
+                                                           ("Loss", {"Training Loss": 0.25})]
+    assert counters[0]["ts"] <= counters[1]["ts"]

@@ -41,6 +41,33 @@ class Tracepoint:
         _pvti.instant(label, channel.name)
 
 
+class Series:
+    """One line of a :class:`Graph`: ``add(value)`` records the value at the current host time."""
+
+    def __init__(self, graph: "Graph", name: str):
+        self.graph, self.name = graph, name
+
+    def add(self, value) -> None:
+        _pvti.counter(self.graph.name, self.name, float(value), self.graph.unit)
+
+    def __repr__(self):
+        return f"Series({self.graph.name!r}, {self.name!r})"
+
+
+class Graph:
+    """``libpvti.Graph(name, unit)``: values plotted against time in the System Analyser;
+    ``addSeries(name)`` gives a :class:`Series` (counter events in the trace)."""
+
+    def __init__(self, name: str, unit: str = ""):
+        self.name, self.unit = name, unit
+
+    def addSeries(self, name: str) -> Series:  # noqa: N802
+        return Series(self, name)
+
+    def __repr__(self):
+        return f"Graph({self.name!r}, {self.unit!r})"
+
+
 def instrument_fn(channel: TraceChannel):
     """Decorator: record each call of the function (label = its qualified name)."""
     def deco(fn):

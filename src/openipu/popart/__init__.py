@@ -72,6 +72,7 @@ from openipu.popart.options import *  # noqa: F401,F403 - enums and settings str
 from openipu.popart.options import InputShapeInfo, SessionOptions
 from openipu.popart.patterns import Patterns
 from openipu.popart.graph_transformer import GraphTransformer
+from openipu.popart.debug_info import closePoplarDebugInfo, initializePoplarDebugInfo  # noqa: F401
 from openipu.popart.variable_settings import CommGroup, VariableSettings
 from openipu.popart.optimizer import (Adam, AdamMode, Adaptive, AdaptiveMode, ClipNormSettings, ConstSGD, Optimizer,
                                      OptimizerValue, SGD, SGDAccumulatorAndMomentum, WeightDecayMode)

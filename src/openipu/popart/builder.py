@@ -121,6 +121,10 @@ def _format_proto_string(data: bytes, max_len: int) -> str:
 # ----------------------------------------------------------------------------------------------
 # context managers
 # ----------------------------------------------------------------------------------------------
+#: PopART's ``sReplicationFactor``: the model metadata key ``embedReplicationFactor`` writes
+REPLICATION_FACTOR_KEY = "__replicationFactor"
+
+
 class _AttributeContext:
     """``with builder.virtualGraph(i):`` and friends: annotate every node created inside."""
 
@@ -434,7 +438,9 @@ class Builder:
                 try:
                     ins = [None if x == "" else self._infos[x] for x in node.input]
                     cvs = [None if x not in self._consts else to_torch(self._consts[x]) for x in node.input]
-                    probed = probe(kernel, ins, decode_attrs(node), version, cvs)
+                    attrs = decode_attrs(node)
+                    attrs["__num_outputs__"] = len(node.output)     # the kernels' contract (as the IR's)
+                    probed = probe(kernel, ins, attrs, version, cvs)
                     outs = [o if o is not None else p for o, p in zip(outs or [None] * len(probed), probed)]
                 except Exception as e:
                     log("builder").warning("Shape inference failed for output '%s' of node '%s' (%s)",
@@ -509,7 +515,10 @@ class Builder:
         return TensorInfo(self._info(tid)[0], []).dataType()
 
     def embedReplicationFactor(self, n: int) -> None:  # noqa: N802
-        self._model.metadata_props.append(onnx.StringStringEntryProto(key="replicationFactor", value=str(n)))
+        """Record the replication factor ``n`` in the model's ``metadata_props`` under PopART's
+        key ``__replicationFactor``: ``resetHostWeights`` then reads a replica-grouped weight's
+        initializer as ``[groups, *shape]`` (PopART's ``Builder::embedReplicationFactor``)."""
+        self._model.metadata_props.append(onnx.StringStringEntryProto(key=REPLICATION_FACTOR_KEY, value=str(int(n))))
 
     # -- annotations ----------------------------------------------------------------------
     def _find_node(self, ids) -> onnx.NodeProto:

@@ -105,16 +105,14 @@ class AiGraphcoreOpset1:
         group of replicas only (``Consecutive`` / ``Orthogonal`` groups of ``replicaGroupSize``;
         ``Ungrouped``: each replica its own value), kept as the op's ``commGroup`` attribute
         ``[type, size]``; a size that does not divide the replication factor raises
-        ``popart_exception`` when the session runs it."""
+        ``popart_exception`` when the session is made. PopART's deprecated form
+        ``replicatedallreduce(args, [type, size])`` (a list in the operator's place) is taken as
+        the ``commGroup``, with PopART's deprecation warning."""
+        if isinstance(collectiveOperator, (list, tuple)):      # the deprecated (args, commGroup) form
+            log("builder").warning("[AiGraphcoreOpset1::replicatedallreduce] Deprecated builder function.")
+            collectiveOperator, commGroup = None, _comm_group_of_list(collectiveOperator)
         op, debugContext = _collective(collectiveOperator, debugContext, "replicatedallreduce")
-        attrs = {"op": op}
-        if commGroup is not None:
-            from openipu.popart.variable_settings import CommGroup, _TYPES
-            if not isinstance(commGroup, CommGroup):
-                raise popart_exception(f"replicatedallreduce: commGroup must be a popart.CommGroup, got "
-                                       f"{type(commGroup).__name__}")
-            if str(commGroup.type) != "All":
-                attrs["commGroup"] = [_TYPES.index(str(commGroup.type)), int(commGroup.replicaGroupSize)]
+        attrs = {"op": op, **_comm_group_attr(commGroup, "replicatedallreduce")}
         return self._op("ReplicatedAllReduce", args, attrs, debugContext)[0]
 
     def incrementmod(self, args, increment, modulus, debugContext=""):  # noqa: N803
@@ -509,14 +507,19 @@ class AiGraphcoreOpset1:
         return self._op("ScatterReduce", args, attrs, debugContext)[0]
 
     def replicatedreducescatter(self, args, collectiveOperator=None, commGroup=None, debugContext=""):  # noqa: N803
-        """The input flattened, reduced over the replicas (``collectiveOperator``, default Add) and
-        scattered: replica ``r`` gets elements ``[r k, (r + 1) k)`` of the result, ``k =
-        ceil(n / replicas)`` (zero-padded), as a ``[k]`` tensor. Its shape depends on the
-        session's replication factor, so the builder records none (the session infers it);
-        with one replica it is the flattened input. ``commGroup`` is accepted and ignored (all
-        replicas form the group)."""
+        """The input flattened, reduced over the replicas of its group (``collectiveOperator``,
+        default Add) and scattered: the replica at position ``q`` of its group gets elements
+        ``[q k, (q + 1) k)`` of the group's result, ``k = ceil(n / p)`` for ``p`` replicas in the
+        group (zero-padded), as a ``[k]`` tensor (PopART's ``ReplicatedReduceScatterOp``: its
+        size is the comm group's). ``commGroup`` (:class:`popart.CommGroup`, default all
+        replicas): ``Consecutive`` / ``Orthogonal`` groups of ``replicaGroupSize``,
+        ``Ungrouped`` groups of one (the flattened input); kept as the op's ``commGroup``
+        attribute ``[type, size]``. The output's shape depends on the session's replication
+        factor, so the builder records none (the session infers it); with one replica it is
+        the flattened input."""
         op, debugContext = _collective(collectiveOperator, debugContext, "replicatedreducescatter")
-        return self._op("ReplicatedReduceScatter", args, {"op": op}, debugContext, out_infos=[None])[0]
+        attrs = {"op": op, **_comm_group_attr(commGroup, "replicatedreducescatter")}
+        return self._op("ReplicatedReduceScatter", args, attrs, debugContext, out_infos=[None])[0]
 
     def splinebasis(self, args, degree=1, debugContext=""):  # noqa: N803
         """B-spline basis of PyTorch Geometric's SplineConv (``popops::splineBasis``): ``args =
@@ -618,6 +621,31 @@ _DATA_TYPES = ["UINT8", "INT8", "UINT16", "INT16", "INT32", "INT64", "UINT32", "
                "BFLOAT16", "FLOAT8_143", "FLOAT8_152", "DOUBLE", "COMPLEX64", "COMPLEX128", "STRING", "UNDEFINED"]
 _SCATTER_REDUCTIONS = {"sum": "sum", "max": "max", "min": "min", "mul": "mul", "noreduction": "none", "none": "none"}
 _COLLECTIVE_OPS = ("Add", "Mean", "Mul", "Min", "Max", "LogicalAnd", "LogicalOr", "SquareAdd", "Local")
+
+
+def _comm_group_attr(comm_group, what: str) -> dict:
+    """A collective builder op's ``commGroup`` attribute: ``{"commGroup": [type, size]}`` (PopART's
+    ``__collectiveCommGroup``: CommGroupType All 0, Consecutive 1, Orthogonal 2, None 3), or {}
+    for all replicas. Raises ``popart_exception`` for something that is not a
+    ``popart.CommGroup``."""
+    if comm_group is None:
+        return {}
+    from openipu.popart.variable_settings import _TYPES, CommGroup
+    if not isinstance(comm_group, CommGroup):
+        raise popart_exception(f"{what}: commGroup must be a popart.CommGroup, got {type(comm_group).__name__}")
+    if str(comm_group.type) == "All":
+        return {}
+    return {"commGroup": [_TYPES.index(str(comm_group.type)), int(comm_group.replicaGroupSize)]}
+
+
+def _comm_group_of_list(value):
+    """The ``popart.CommGroup`` of a ``[type, size]`` list (the deprecated builder form)."""
+    from openipu.popart.variable_settings import _TYPES, CommGroup
+    if len(value) != 2 or not 0 <= int(value[0]) < len(_TYPES):
+        raise popart_exception(f"replicatedallreduce: commGroup must be [type, replicaGroupSize] with a "
+                               f"CommGroupType value 0..3, got {list(value)}")
+    from openipu.popart.options import CommGroupType
+    return CommGroup(getattr(CommGroupType, _TYPES[int(value[0])]), int(value[1]))
 
 
 def _collective(operator, debug_context, what: str):

@@ -362,36 +362,22 @@ class IrExecutor:
     def _collective(self, op_type, attrs, ins, outs, envs) -> None:
         """A cross-replica op (``gcl``): an all-reduce in place into every replica's input
         (``ReplicatedAllReduceInplace``) or as each replica's output; a reduce-scatter (the
-        flattened inputs reduced, zero-padded to ``replicas`` pieces of ``ceil(n / replicas)``,
-        piece ``r`` to replica ``r``); an all-gather (the replicas' pieces in order, trimmed and
-        shaped as the output); ``ReplicaSlice`` (replica ``r``'s piece of its own input). In a
-        distributed replicated graph ``replicas`` and ``r`` are global: the reductions fold over
-        every instance's replicas (a chain over the instances, bit-identical to one process's
-        fold) and the all-gather gathers every instance's pieces."""
+        flattened inputs of a group of ``p`` replicas reduced in gcl's ring order, zero-padded to
+        ``p`` pieces of ``ceil(n / p)``, piece ``q`` to the group's ``q``-th replica); an all-gather
+        (the group's pieces in order, trimmed and shaped as the output); ``ReplicaSlice`` (the
+        replica's piece of its own input, by its place in its group). The groups are those of the
+        op's ``commGroup`` attribute (all replicas when absent). In a distributed replicated graph
+        the replicas are global: the reductions fold over every instance's replicas (a chain over
+        the instances, bit-identical to one process's fold) and the all-gather gathers every
+        instance's pieces; groups smaller than all replicas are not supported there (raises
+        ``poplar_error``)."""
         rf = len(envs)
         out = outs[0]
         xs = [env[ins[0]] for env in envs]
         n, offset, total = self.instances, self.offset, self.global_replicas
         span = (offset, rf) if n > 1 else None
-        if op_type == "ReplicatedAllGather":
-            local = torch.stack([x.reshape(-1) for x in xs])
-            full = (gcl_instances.gather_replicas(local, f"{op_type} {out}") if n > 1 else local).reshape(-1)
-            shape = self.ir.tensors[out].info.shape()
-            value = full[:int(np.prod(shape))].reshape(shape).to(self.dtype[out])
-            for env in envs:
-                env[out] = value.clone()
-            return
-        if op_type in ("ReplicatedReduceScatter", "ReplicaSlice"):
-            size = xs[0].numel()
-            k = -(-size // total)
-            red = None
-            if op_type == "ReplicatedReduceScatter":     # over all (global) replicas, in ring order
-                red = gcl._reduce_groups(torch.stack(xs), np.arange(total, dtype=np.int64)[None],
-                                         _COLLECTIVE_OP[str(attrs.get("op", "Add"))], span, f"{op_type} {out}")[0]
-            for r, (env, x) in enumerate(zip(envs, xs)):
-                src = x if red is None else red
-                flat = torch.cat([src.reshape(-1), src.new_zeros(total * k - size)])
-                env[out] = flat[(offset + r) * k:(offset + r + 1) * k].to(self.dtype[out]).clone()
+        if op_type in ("ReplicatedAllGather", "ReplicatedReduceScatter", "ReplicaSlice"):
+            self._piece_collective(op_type, attrs, out, envs, xs, span)
             return
         rop = str(attrs.get("op", "Add"))
         # the replica groups (attribute commGroup: a grouped weight's gradient reduces in its
@@ -402,11 +388,43 @@ class IrExecutor:
             group_of[members] = g
         red = gcl._reduce_groups(torch.stack(xs), groups, _COLLECTIVE_OP[rop], span, f"{op_type} {out}")
         for r, (env, x) in enumerate(zip(envs, xs)):
-            total = red[int(group_of[offset + r])]
+            value = red[int(group_of[offset + r])]
             if op_type == "ReplicatedAllReduceInplace":
-                env[out] = x.copy_(total)
+                env[out] = x.copy_(value)
             else:
-                env[out] = total.to(self.dtype[out])
+                env[out] = value.to(self.dtype[out])
+
+    def _piece_collective(self, op_type, attrs, out, envs, xs, span) -> None:
+        """A reduce-scatter, all-gather or ``ReplicaSlice`` of this instance's replicas (``envs``,
+        their inputs ``xs``) within the groups of the op's ``commGroup`` (see :meth:`_collective`)."""
+        offset, total = self.offset, self.global_replicas
+        what = f"{op_type} {out}"
+        groups = np.asarray(comm_groups(attrs.get("commGroup"), total), np.int64)
+        p = groups.shape[1]
+        if span is not None and p != total:
+            raise poplar.poplar_error(f"{what}: replica groups of {p} in a distributed replicated graph of {total} "
+                                      "replicas are not supported")
+        group_of, place = np.empty(total, np.int64), np.empty(total, np.int64)
+        for g, members in enumerate(groups):
+            group_of[members], place[members] = g, np.arange(p)
+        if op_type == "ReplicatedAllGather":
+            local = torch.stack([x.reshape(-1) for x in xs])
+            rows = (gcl_instances.gather_replicas(local, what) if span is not None else local).reshape(total, -1)
+            shape = self.ir.tensors[out].info.shape()
+            for r, env in enumerate(envs):
+                full = rows[torch.from_numpy(groups[group_of[offset + r]])].reshape(-1)
+                env[out] = full[:int(np.prod(shape))].reshape(shape).to(self.dtype[out])
+            return
+        size = xs[0].numel()
+        k = -(-size // p)
+        red = None
+        if op_type == "ReplicatedReduceScatter":     # within each group, in gcl's ring order
+            red = gcl._reduce_groups(torch.stack(xs), groups, _COLLECTIVE_OP[str(attrs.get("op", "Add"))], span, what)
+        for r, (env, x) in enumerate(zip(envs, xs)):
+            src = x if red is None else red[int(group_of[offset + r])]
+            flat = torch.cat([src.reshape(-1), src.new_zeros(p * k - size)])
+            q = int(place[offset + r])
+            env[out] = flat[q * k:(q + 1) * k].to(self.dtype[out]).clone()
 
     def _step(self, take, put, anchors: list, bps: int) -> None:
         if pvti.enabled():      # the host copies as the System Analyser shows Poplar's stream copies

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from openipu.popart.errors import popart_exception
+from openipu.popart.errors import popart_exception, popart_runtime_error
 from openipu.popart import tensor_proto
 from openipu.popart.ir import shard_rows
 
@@ -27,7 +27,7 @@ class HostWeightsMixin:
         for tid, h in self._lowered.weights_in.items():
             host = self._host_weights[tid]
             # a sharded optimizer state: each replica receives its piece
-            if tid in self._replica_group:      # a grouped variable: each replica its group's value
+            if tid in self._replica_group and tid not in sharded:   # grouped: each replica its group's value
                 host = np.ascontiguousarray(self._replica_view(tid))
             self._engine.connectStream(h, self._local_pieces(tid).reshape(-1) if tid in sharded else host.reshape(-1))
         self._engine.run(1, "weightsFromHost")
@@ -43,7 +43,7 @@ class HostWeightsMixin:
         if getattr(self, "_fast", None):
             for tid in self._lowered.weights_out:
                 if tid in sharded:          # the replicas' pieces (every instance's)
-                    self._store_pieces(tid, self._fast.local_pieces(tid))
+                    self._store_local_pieces(tid, self._fast.local_pieces(tid))
                 elif tid in self._replica_group or self._returns_all(tid):
                     self._store_replicas(tid, self._fast.get_replica_weights(tid))
                 else:
@@ -60,27 +60,71 @@ class HostWeightsMixin:
             self._engine.connectStream(h, (bufs[tid] if tid in bufs else self._host_weights[tid]).reshape(-1))
         self._engine.run(2, "weightsToHost")
         for tid, b in bufs.items():
-            if tid in sharded:
-                self._store_pieces(tid, b)
+            if tid in sharded:          # a sharded optimizer state: each sharding group's pieces
+                self._store_local_pieces(tid, b)
             else:
                 self._store_replicas(tid, b)
 
-    def _store_pieces(self, tid: str, local: np.ndarray) -> None:
+    def _store_local_pieces(self, tid: str, local: np.ndarray) -> None:
         """The host copy of the sharded state ``tid`` from this instance's replicas' pieces
-        (``[local replicas, k]``): with the other instances' pieces (a distributed replicated
-        graph, :meth:`_gather_pieces`), in replica order, trimmed to the state's shape."""
-        host = self._host_weights[tid]
-        if self._ir.sharded_state[tid][1] > self.replicationFactor:
+        (``[local replicas, k]``): with the other instances' pieces in a distributed replicated
+        graph (:meth:`_gather_pieces`), stored by :meth:`_store_pieces`."""
+        if self.options.getGlobalReplicationFactor() > self.replicationFactor:
             local = self._gather_pieces(tid, local)
-        host[...] = local.reshape(-1)[:host.size].reshape(host.shape)
+        self._store_pieces(tid, local)
 
     def _local_pieces(self, tid: str) -> np.ndarray:
         """This instance's replicas' pieces of the sharded state ``tid``: ``[local replicas,
-        ceil(n / shards)]``, the rows ``[globalReplicaOffset, + local)`` of its ``shard_rows`` over
-        all (global) replicas."""
+        ceil(n / shards)]``: the replica at place ``q`` of its sharding group (all replicas, or
+        a replica-grouped weight's group, whose value it takes) holds row ``q`` of its value's
+        ``shard_rows``; the rows ``[globalReplicaOffset, + local)`` over all (global) replicas."""
+        rows = self._global_pieces(tid)
+        off = int(self.options.globalReplicaOffset) if len(rows) > self.replicationFactor else 0
+        return np.ascontiguousarray(rows[off:off + self.replicationFactor])
+
+    def _sharding(self, tid: str):
+        """``(groups, value group of each group)`` of the sharded state ``tid`` over the global
+        replicas: the replica groups its pieces are spread over (each group's replicas in piece
+        order), and the index of the host value (``[groups, *shape]`` for a grouped weight's
+        state, else 0) each group holds."""
+        from openipu.popart.variable_settings import comm_groups
+        replicas = self.options.getGlobalReplicationFactor()
+        attr = self._ir.sharded_state[tid][2] if len(self._ir.sharded_state[tid]) > 2 else None
+        groups = comm_groups(attr, replicas)
+        vs = self._ir.variable_settings.get(tid)
+        if vs is None or vs.getGroupCount(replicas) <= 1:
+            return groups, [0] * len(groups)
+        of = vs.group_of(replicas)
+        return groups, [of[members[0]] for members in groups]
+
+    def _global_pieces(self, tid: str) -> np.ndarray:
+        """``[global replicas, ceil(n / shards)]``: every replica's piece of the sharded state."""
         shards = self._ir.sharded_state[tid][1]
-        off = int(self.options.globalReplicaOffset) if shards > self.replicationFactor else 0
-        return np.ascontiguousarray(shard_rows(self._host_weights[tid], shards)[off:off + self.replicationFactor])
+        host = self._host_weights[tid]
+        groups, value_of = self._sharding(tid)
+        grouped = tid in self._replica_group
+        rows = None
+        for members, v in zip(groups, value_of):
+            pieces = shard_rows(host[v] if grouped else host, shards)
+            if rows is None:
+                rows = np.zeros((sum(len(m) for m in groups), pieces.shape[1]), pieces.dtype)
+            rows[members] = pieces[:len(members)]
+        return rows
+
+    def _store_pieces(self, tid: str, rows: np.ndarray) -> None:
+        """Take the replicas' pieces ``rows`` (``[global replicas, k]``) of the sharded state
+        ``tid`` into its host copy: each sharding group's pieces in order, trimmed (one group per
+        host value)."""
+        host = self._host_weights[tid]
+        groups, value_of = self._sharding(tid)
+        grouped = tid in self._replica_group
+        done = set()
+        for members, v in zip(groups, value_of):
+            if v in done:
+                continue
+            done.add(v)
+            dst = host[v] if grouped else host
+            dst[...] = rows[members].reshape(-1)[:dst.size].reshape(dst.shape)
 
     def _gather_pieces(self, tid: str, local: np.ndarray) -> np.ndarray:
         """Every instance's pieces of the sharded state ``tid`` (a distributed replicated graph):
@@ -179,6 +223,14 @@ class HostWeightsMixin:
         m = _load_model(modelProtoOrFilename)
         for init in m.graph.initializer:
             if init.name in self._host_weights:
-                self._host_weights[init.name][...] = numpy_helper.to_array(init)
+                host = self._host_weights[init.name]
+                value = numpy_helper.to_array(init)
+                # a replica-grouped weight's initializer is [groups, *shape] (with the replication
+                # factor embedded PopART requires it so; openipu takes it either way)
+                if value.shape != host.shape or value.dtype != host.dtype:
+                    raise popart_runtime_error("Trying to reset weights using tensor with non matching tensor info. "
+                                               f"Tensor ID: {init.name}")
+                host[...] = value
+                self._replica_values.pop(init.name, None)
             elif not ignoreWeightsInModelWithoutCorrespondingHostWeight:
-                raise popart_exception(f"resetWeights, no tensor '{init.name}' in tensors")
+                raise popart_runtime_error(f"resetWeights, no tensor '{init.name}' in tensors")

@@ -62,6 +62,7 @@ from openipu.popart.shapes import (KERNEL_TORCH_OF, NAME_OF_TORCH, annotations, 
                                   probe, subgraph_free_names, to_torch, value_info_of, zeros)
 from openipu.popart.tensorinfo import NUMPY_OF, TensorInfo, dtype_name
 from openipu.popart.transforms import graphcore_ir, random_seed
+from openipu.popart.variable_settings import comm_size
 
 #: ops whose output shapes depend on input values (PopART has no class for them): always probed
 #: twice, even when the model states a static shape, and refused unless the shapes agree
@@ -312,6 +313,8 @@ class Ir:
         # replicated tensor sharding: the weights whose optimizer state is sharded, and each
         # sharded state tensor's (full shape, replicas); its IR shape is one replica's shard
         self.sharded_weights: set[str] = set()
+        #: sharded weight -> the commGroup attribute of the replicas its state is sharded over
+        self.shard_attrs: dict[str, dict] = {}
         self.sharded_state: dict[str, tuple] = {}
         self.running_mean_counters: dict = {}     # Counter___ id -> the forward op it is placed like
         self.auto_loss_scale: dict | None = None     # automatic loss scaling: factor, final scale, tracked
@@ -607,11 +610,11 @@ class Ir:
         attrs = decode_attrs(node)
         if (domain, node.op_type) == (GRAPHCORE, "GroupNormalization") and self.options.groupNormStridedChannelGrouping:
             attrs["stridedChannelGrouping"] = 1
-        # ReplicatedReduceScatter's output, [ceil(n / replicas)], depends on the session's
-        # replication (PopART's setup reads the global replication factor): always inferred here
+        # ReplicatedReduceScatter's output, [ceil(n / p)], depends on the session's replication
+        # (PopART's setup: p the comm group's size, all replicas by default): always inferred here
         per_replica = (domain, node.op_type) == (GRAPHCORE, "ReplicatedReduceScatter")
         if per_replica:
-            attrs["__replicas__"] = int(self.options.getGlobalReplicationFactor())
+            attrs["__replicas__"] = comm_size(attrs.get("commGroup"), int(self.options.getGlobalReplicationFactor()))
         attrs["__num_outputs__"] = len(node.output)     # the onnx_ops kernel contract
         node_inputs = list(node.input)
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):

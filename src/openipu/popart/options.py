@@ -140,8 +140,24 @@ def _struct(name, defaults):
 
 
 class TensorLocation(_Struct):
+    """``popart.TensorLocation``: PopART's constructors ``()``, ``(storage)``, ``(storage,
+    replicatedTensorSharding[, shardingDomain])`` and ``(storage, loadTileSet, storageTileSet[,
+    replicatedTensorSharding[, shardingDomain]])`` (positional or by name). ``shardingDomain``
+    (a ``popart.CommGroup``; None = all replicas) is the replicas a sharded tensor is spread
+    over."""
+
     _defaults = {"storage": TensorStorage.OnChip, "loadTileSet": "Compute", "storageTileSet": "Compute",
                  "replicatedTensorSharding": ReplicatedTensorSharding.Off, "shardingDomain": None}
+
+    def __init__(self, *args, **kwargs):
+        if len(args) >= 2 and str(args[1]).split(".")[-1] in ("On", "Off"):     # (storage, rts[, domain])
+            names = ("storage", "replicatedTensorSharding", "shardingDomain")
+            if len(args) > 3:
+                raise TypeError("TensorLocation(storage, replicatedTensorSharding, shardingDomain) takes at most 3 "
+                                "positional arguments")
+            kwargs = {**dict(zip(names, args)), **kwargs}
+            args = ()
+        super().__init__(*args, **kwargs)
 
 
 TensorLocationSettings = _struct("TensorLocationSettings", {
@@ -217,6 +233,12 @@ SESSION_OPTION_DEFAULTS = {
     "scheduleNonWeightUpdateGradientConsumersEarly": False, "groupNormStridedChannelGrouping": False,
     "compilationProgressLogger": None, "compilationProgressTotal": 100,
     "prefetchBufferingDepthMap": {}, "defaultPrefetchBufferingDepth": 1,
+    # accepted, with PopART's defaults; they steer PopART's dot output, scheduler, constant
+    # folding, outlining and inference-pipeline stashing, none of which changes a result here
+    "separateCallOpPdfs": True, "_enableRngStateManagement": False, "transitiveClosureOptimizationThreshold": 100000,
+    "serializedPoprithmsAnnealGraphsDir": "", "enableEfficientOverlapIOTopoCons": False,
+    "enableConstantFoldingOfMultipleConsumers": True, "useLoopCandidateCreator": False,
+    "stashAllTensorsInferencePipeline": False,
 }
 
 

@@ -22,9 +22,10 @@ import numpy as np
 
 from openipu import poplar
 from openipu.poplar import exefile
+from openipu.popart import debug_info
 from openipu.popart.dataflow import DataFlow
 from openipu.popart.devices import DeviceInfo, DeviceType
-from openipu.popart.errors import (OutOfMemoryException, popart_exception, poplar_exception,
+from openipu.popart.errors import (OutOfMemoryException, popart_exception, popart_runtime_error, poplar_exception,
                                    poplar_application_runtime_error)
 from openipu.popart.grouped_weights import GroupedWeightsMixin
 from openipu.popart.host_weights import HostWeightsMixin
@@ -32,7 +33,7 @@ from openipu.popart.step_io_checks import StepIoMixin
 from openipu.popart import ir_json, rng_state
 from openipu.popart.ir import Ir
 from openipu.popart.log import log
-from openipu.popart.options import SessionOptions
+from openipu.popart.options import Instrumentation, SessionOptions
 from openipu.popart.stepio import PyStepIO, PyStepIOCallback
 from openipu.popart.tensorinfo import TensorInfo
 
@@ -104,12 +105,14 @@ class _SessionBase(rng_state.RngStateApi, GroupedWeightsMixin, HostWeightsMixin,
                                    f"equal to the number of IPUs ({n_ipus})")
         self._num_vgraphs = n_ipus // repl if o.virtualGraphMode in (VirtualGraphMode.Manual, VirtualGraphMode.Auto) else 1
         self._ir = Ir(fnModel, dataFlow, inputShapeInfo, o, self._num_vgraphs, training=training)
+        debug_info.record_ir(self._ir, type(self).__name__)      # popart.initializePoplarDebugInfo
         self._engine = None
         self._lowered = None
         self._host_weights = {tid: np.require(self._ir.tensors[tid].value, requirements=["C", "W"]) for tid in self._ir.variables()}
         self._group_host_weights()
         self._warned_int64 = False
         self._last_run = False
+        self._last_ipu_cycles = None
 
     # -- PopART properties ----------------------------------------------------------------
     @property
@@ -356,6 +359,7 @@ class _SessionBase(rng_state.RngStateApi, GroupedWeightsMixin, HostWeightsMixin,
             raise poplar_exception(str(e), e) from None
         self._last_run = True
         self._last_cycles = eng.last_run_cycles
+        self._last_ipu_cycles = eng._runs[-1]["cycles_per_ipu"].copy() if eng._runs else None
 
     def _ir_executor(self):
         """The session's :class:`openipu.popart.execute.IrExecutor` (``OPENIPU_EXECUTION=ir``, the default)
@@ -392,14 +396,25 @@ class _SessionBase(rng_state.RngStateApi, GroupedWeightsMixin, HostWeightsMixin,
         return list(self._ir.ops)
 
     def getCycleCount(self, id: str = "") -> int:  # noqa: A002,N802
-        """Predicted IPU cycles of the last ``run`` (max over IPUs). PopART needs
-        ``instrumentWithHardwareCycleCounter``; the simulator always has the count."""
-        if id:
-            raise popart_exception(f"Invalid id for cycle counter, '{id}'. The simulator keeps one (the default) "
-                                   "cycle count per run")
+        """Predicted IPU cycles of the last ``run`` (PopART's hardware cycle counters, which need
+        ``instrumentWithHardwareCycleCounter``; the simulator always has the counts). ``id``
+        ``""`` (``Instrumentation.Outer``): the whole run, the maximum over the IPUs.
+        ``"inner_ipu_<i>"`` (with ``Instrumentation.Inner`` in ``hardwareInstrumentations``, as
+        PopART instruments the first tile of every IPU of a replica): IPU ``i``'s predicted
+        cycles of one batch of the last run (the run's cycles on that IPU over
+        ``batchesPerStep``). Raises ``popart_runtime_error`` before a run and for another id
+        (PopART's texts)."""
         if self._engine is None or not self._last_run:
-            raise popart_exception("Must call run before getCycleCount.")
-        return self._last_cycles
+            raise popart_runtime_error("Must call run before getCycleCount.")
+        if id == "":
+            return self._last_cycles
+        inner = Instrumentation.Inner in set(self.options.hardwareInstrumentations)
+        per_replica = max(1, self._engine._exe.graph.getTarget().getNumIPUs() // max(1, self.replicationFactor))
+        ids = {f"inner_ipu_{i}": i for i in range(per_replica)} if inner else {}
+        if id not in ids or self._last_ipu_cycles is None:
+            raise popart_runtime_error(f"Invalid id for cycle counter, '{id}'. Make sure you have set "
+                                       "SessionOption::hardwareInstrumentations correctly.")
+        return int(round(float(self._last_ipu_cycles[ids[id]]) / self._dataflow.batchesPerStep()))
 
     def getSummaryReport(self, resetProfile: bool = True) -> str:  # noqa: N802,N803
         """Poplar's profile summary (predicted cycles and tile memory) as text."""
@@ -410,6 +425,31 @@ class _SessionBase(rng_state.RngStateApi, GroupedWeightsMixin, HostWeightsMixin,
         if resetProfile:
             self._engine.resetExecutionProfiling()
         return buf.getvalue()
+
+    def getSerializedGraph(self) -> bytes:  # noqa: N802
+        """The compiled Poplar graph as bytes (PopART's ``getSerializedGraph``, whose bytes are
+        Poplar's own graph serialisation; this one is openipu's): UTF-8 JSON ``{"format":
+        "openipu-graph", "target": {numIPUs, tilesPerIPU, replicationFactor}, "variables":
+        [{name, type, shape, constant, tiles}], "computeSets": [{name, vertices, vertexTypes}]}``
+        (``tiles``: how many tiles hold the variable; ``vertices``: the vertex count of each
+        compute set). Raises ``popart_exception`` before ``prepareDevice``."""
+        if self._engine is None:
+            raise popart_exception("Session must have been prepared before a report can be fetched")
+        import json
+        graph = self._engine._exe.graph
+        state, tgt = graph._state, graph.getTarget()
+        variables = [{"name": v.name, "type": str(v.type), "shape": [int(d) for d in v.shape],
+                      "constant": bool(v.constant), "tiles": int(np.unique(v.tile_runs()[2]).size)}
+                     for sp in state.spaces.values() for v in sp.vars]
+        sets = []
+        for cs in state.compute_sets:
+            kinds = sorted({g.type_name for g in cs.groups})
+            sets.append({"name": cs.name, "vertices": int(sum(len(g.tiles) for g in cs.groups)) + len(cs.user_vertices),
+                         "vertexTypes": kinds})
+        doc = {"format": "openipu-graph", "target": {"numIPUs": tgt.getNumIPUs(), "tilesPerIPU": tgt.getTilesPerIPU(),
+                                                     "replicationFactor": self.replicationFactor},
+               "variables": variables, "computeSets": sets}
+        return json.dumps(doc).encode()
 
     def getReport(self):  # noqa: N802
         """The profile as a ``pva.Report`` (libpva's API: ``report.compilation.tiles[i].memory``,

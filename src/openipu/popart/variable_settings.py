@@ -295,3 +295,34 @@ def comm_groups(attr, replicas: int) -> list[list[int]]:
         raise popart_exception(f"Replica group size in commGroup ({size}) does not divide the {replicas} replicas")
     vs = VariableSettings(CommGroup(getattr(CommGroupType, name), size))
     return vs.groups(replicas)
+
+
+def comm_size(attr, replicas: int) -> int:
+    """The number of replicas in each group of a collective's ``commGroup`` attribute (PopART's
+    ``CollectivesBaseOp::getCommSize``): ``replicas`` for All (or no attribute), the group size
+    for Consecutive / Orthogonal, 1 for None. Raises ``popart_exception`` as
+    :func:`comm_groups`."""
+    return len(comm_groups(attr, replicas)[0])
+
+
+def group_position(attr, replicas: int) -> tuple[list[int], list[int]]:
+    """``(group, position)`` of each of ``replicas`` replicas in the groups of a collective's
+    ``commGroup`` attribute: the index of its group and its place in it (the piece of a
+    reduce-scatter it receives)."""
+    group, pos = [0] * replicas, [0] * replicas
+    for g, members in enumerate(comm_groups(attr, replicas)):
+        for q, r in enumerate(members):
+            group[r], pos[r] = g, q
+    return group, pos
+
+
+def replica_grouping(group, replicas: int) -> tuple[int, int, int]:
+    """``(numReplicas, stride, groupSize)`` of a :class:`CommGroup` (None: All) over ``replicas``
+    (PopART's ``CommGroup::toReplicaGrouping``; a group of one has stride 1)."""
+    kind = "All" if group is None else _type_name(group.type)
+    size = 0 if group is None else int(group.replicaGroupSize)
+    if kind == "All" or (kind in ("Consecutive", "Orthogonal") and size == 0):
+        return (replicas, 1, replicas)
+    if kind == "Ungrouped" or size == 1:
+        return (replicas, 1, 1)
+    return (replicas, 1 if kind == "Consecutive" else replicas // size, size)

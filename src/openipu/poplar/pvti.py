@@ -94,6 +94,14 @@ def instant(name: str, channel: str = "openipu", **args) -> None:
               "tid": threading.get_ident() % 1_000_000, "args": args})
 
 
+def counter(graph: str, series: str, value: float, unit: str = "") -> None:
+    """Record one value of a series of a libpvti ``Graph`` (a counter event, ``ph: "C"``, named
+    by the graph, its ``args`` the series' value; ``unit`` kept in the event's category)."""
+    if enabled():
+        _add({"name": graph, "cat": f"graph{':' + unit if unit else ''}", "ph": "C", "ts": _now_us(),
+              "pid": os.getpid(), "tid": threading.get_ident() % 1_000_000, "args": {series: float(value)}})
+
+
 def ipu_timeline(start_us: float, clock_hz: float, steps, run_name: str = "") -> None:
     """Add a run's predicted IPU timeline: ``steps`` = [(name, category, ipu, start cycle,
     cycles)] (predicted cycles from the run's start), drawn from host time ``start_us``."""

@@ -44,6 +44,7 @@ from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplibs import gcl, popnn, popops, poprand
 from openipu.popart.lowering import lowering, unary
 from openipu.popart.lowering._util import FLOATS, comm_group, dtype, graph, live_outputs, name, shape
+from openipu.popart.variable_settings import comm_size
 
 GC = "ai.graphcore"
 #: Tile cycles of the GetRandomSeed vertex. [A] a load, an add and a store of one word, plus a
@@ -86,23 +87,45 @@ def replicated_all_reduce(ctx, op):
 
 @lowering("ReplicatedReduceScatter", domain=GC)
 def replicated_reduce_scatter(ctx, op):
-    """The input flattened, summed over the replicas, and cut into one ``ceil(n / replicas)``
-    piece per replica (zero-padded): ``gcl.reduceScatterCrossReplica`` (PopART's
+    """The input flattened, reduced over the replicas of each group of the op's ``commGroup``
+    (all replicas by default), and cut into one ``ceil(n / p)`` piece per replica of the group
+    of ``p`` (zero-padded): ``gcl.reduceScatterCrossReplica`` (PopART's
     ``ReplicatedReduceScatterOpx``)."""
     x = ctx.input(op, 0).flatten()
+    if comm_size(op.attrs.get("commGroup"), ctx.options.getGlobalReplicationFactor()) <= 1:
+        return [x]       # groups of one: each replica keeps its flattened input
     return [gcl.reduceScatterCrossReplica(graph(ctx, op), x, _COLLECTIVE.get(str(op.attrs.get("op", "Add")), "ADD"),
-                                          ctx.prog, debug_name=name(op))]
+                                          ctx.prog, comm_group(op), debug_name=name(op))]
+
+
+def _position_in_group(ctx, op, g, index):
+    """This replica's place in its group of the op's ``commGroup`` (a UNSIGNED_INT scalar
+    tensor): the replication index ``r`` itself for all replicas, ``r % k`` in Consecutive
+    groups of ``k``, ``r // (R / k)`` in Orthogonal ones."""
+    attr = op.attrs.get("commGroup")
+    R = ctx.options.getGlobalReplicationFactor()
+    k = comm_size(attr, R)
+    if k == R:
+        return index
+    kind = int(attr[0])
+    value = k if kind == 1 else R // k
+    c = g.addConstant(index.elementType(), [], value, f"{name(op)}/groupPlace")
+    g.setTileMapping(c, 0)
+    return (popops.rem if kind == 1 else popops.div)(g, index, c, ctx.prog, f"{name(op)}/placeInGroup")
 
 
 @lowering("ReplicaSlice", domain=GC)
 def replica_slice(ctx, op):
-    """This replica's piece of the flattened input, ``[ceil(n / replicas)]`` (zero-padded): a
-    ``popops.dynamicSlice`` at the replication index (the weight slice a sharded optimizer
-    state updates). In a distributed replicated graph ``replicas`` is the global replication
-    factor and the index the global one (``globalReplicaOffset`` plus the local index)."""
+    """This replica's piece of the flattened input, ``[ceil(n / p)]`` (zero-padded), ``p``
+    replicas in its group of the op's ``commGroup`` (all replicas by default): a
+    ``popops.dynamicSlice`` at its place in the group (the weight slice a sharded optimizer
+    state updates). In a distributed replicated graph the replicas are all instances' and the
+    index the global one (``globalReplicaOffset`` plus the local index)."""
     g = graph(ctx, op)
     x = ctx.input(op, 0).flatten()
-    rf = ctx.options.getGlobalReplicationFactor()     # the pieces of all instances' replicas
+    rf = comm_size(op.attrs.get("commGroup"), ctx.options.getGlobalReplicationFactor())
+    if rf <= 1:
+        return [x]
     k = -(-x.numElements() // rf)
     if rf * k > x.numElements():
         pad = g.addConstant(x.elementType(), [rf * k - x.numElements()], 0, f"{name(op)}/padding")
@@ -110,11 +133,13 @@ def replica_slice(ctx, op):
         x = poplar.concat([x, pad], 0)
     index = g.addReplicationIndexConstant(f"{name(op)}/replica")
     g.setTileMapping(index, 0)
-    offset = int(ctx.options.globalReplicaOffset) if rf > ctx.options.replication_factor() else 0
+    global_rf = ctx.options.getGlobalReplicationFactor()
+    offset = int(ctx.options.globalReplicaOffset) if global_rf > ctx.options.replication_factor() else 0
     if offset:      # a distributed replicated graph: this instance's replicas start at globalReplicaOffset
         off = g.addConstant(index.elementType(), [], offset, f"{name(op)}/replicaOffset")
         g.setTileMapping(off, 0)
         index = popops.add(g, index, off, ctx.prog, f"{name(op)}/globalReplica")
+    index = _position_in_group(ctx, op, g, index)
     out = g.addVariable(x.elementType(), [1, k], name(op))
     ctx.prog.add(P.WriteUndef(out))     # written whole by the slice: live from here only
     popops.dynamicSliceWithOutput(g, out, x.reshape([rf, k]), index.reshape([1]), [0], [1], ctx.prog, name(op))
@@ -123,10 +148,11 @@ def replica_slice(ctx, op):
 
 @lowering("ReplicatedAllGather", domain=GC)
 def replicated_all_gather(ctx, op):
-    """Every replica's piece gathered (``gcl.allGatherCrossReplica``), flattened, trimmed to the
+    """The pieces of every replica of each group of the op's ``commGroup`` (all replicas by
+    default) gathered in group order (``gcl.allGatherCrossReplica``), flattened, trimmed to the
     output's elements and shaped like it (PopART's ``ReplicatedAllGatherOpx``)."""
     x = ctx.input(op, 0)
-    out = gcl.allGatherCrossReplica(graph(ctx, op), x, ctx.prog, debug_name=name(op)).flatten()
+    out = gcl.allGatherCrossReplica(graph(ctx, op), x, ctx.prog, comm_group(op), debug_name=name(op)).flatten()
     return [out.slice(0, ctx.ir.tensors[op.outputs[0]].info.nelms(), 0).reshape(shape(ctx.ir, op.outputs[0]))]
 
 

@@ -78,13 +78,14 @@ from __future__ import annotations
 import numpy as np
 
 from openipu.popart.builder import PIPELINE_ATTR, VGRAPH_ATTR
-from openipu.popart.errors import popart_exception
+from openipu.popart.errors import popart_exception, popart_internal_exception
+from openipu.popart.log import log
 from openipu.popart.grads import GRAPHCORE
 from openipu.popart.ir import OUTER_FRAGMENT
 from openipu.popart.optimizer import (SGD, Adam, AdamMode, Adaptive, AdaptiveMode, Reduction,
                                       SGDAccumulatorAndMomentum, WeightDecayMode, initial_velocity)
 from openipu.popart.tensorinfo import NUMPY_OF, TensorInfo
-from openipu.popart.variable_settings import collective_attrs
+from openipu.popart.variable_settings import collective_attrs, replica_grouping
 from openipu.popart.transforms.autodiff import forward_op
 
 ACCL_PREFIX = "Accl___"
@@ -156,7 +157,7 @@ class _Updates:
     """Adds one weight's update ops: compound scalars as attributes or optimizer tensors,
     placement of the weight's forward consumer, the execution context."""
 
-    def __init__(self, ir, opt, w: str, g: str, red: Reduction, shards: int = 1):
+    def __init__(self, ir, opt, w: str, g: str, red: Reduction, shards: int = 1, shard_attrs: dict | None = None):
         self.ir, self.opt, self.w, self.red = ir, opt, w, red
         self.wt = ir.tensors[w]
         self.fwd = forward_op(ir, g)
@@ -169,10 +170,10 @@ class _Updates:
         #: the weight's replica grouping (popart.VariableSettings): its gradient is reduced within
         #: its groups, its state is grouped like it
         self.settings = ir.variable_settings.get(w)
-        if shards > 1 and self.settings is not None and not self.settings.single_group():
-            raise popart_exception(f"Weight '{w}': openipu does not shard the optimizer state of a replica-grouped "
-                                   "variable (VariableSettings with several groups): turn replicatedTensorSharding "
-                                   "off for the optimizer state")
+        #: the replicas the state is sharded over (the collectives' commGroup attribute): a grouped
+        #: weight's groups, else the location's shardingDomain (all replicas by default)
+        self.shard_attrs = (collective_attrs(self.settings) if shard_attrs is None else shard_attrs) \
+            if shards > 1 else {}
 
     def shape(self) -> list:
         """The shape of the weight's state: the weight's, or ``[ceil(n / replicas)]`` sharded."""
@@ -182,8 +183,15 @@ class _Updates:
         """``t`` summed over the replicas: all-reduced, or reduce-scattered to this replica's
         shard (``ReplicatedReduceScatter``, ``[ceil(n / replicas)]``) when the state is sharded."""
         if self.shards > 1:
-            return self.op("ReplicatedReduceScatter", [t], out=f"{t}__scattered", out_shape=[self.shard_len],
-                           modifies=(), **self._collective(), **collective_attrs(self.settings))
+            piece = self.op("ReplicatedReduceScatter", [t], out=f"{t}__scattered", out_shape=[self.shard_len],
+                            modifies=(), **self._collective(), **self.shard_attrs)
+            complement = _complement(self.shard_attrs.get("commGroup"), self.ir.options.getGlobalReplicationFactor())
+            if complement and not _grouped(self.settings):
+                # sharded within a domain smaller than the weight's replicas: the pieces of the
+                # domains summed across them (PopART's AllReduceToScatter with a complementary group)
+                piece = self.op("ReplicatedAllReduce", [piece], out=f"{piece}__reduced", modifies=(),
+                                **self._collective(), commGroup=complement)
+            return piece
         return self.all_reduce(t, in_place)
 
     def _collective(self) -> dict:
@@ -195,14 +203,14 @@ class _Updates:
         """Sharded: the updates work on this replica's slice of the weight (``ReplicaSlice``)."""
         if self.shards > 1:
             self.var = self.op("ReplicaSlice", [self.w], out=f"{self.w}__shard", out_shape=[self.shard_len],
-                               modifies=())
+                               modifies=(), **self.shard_attrs)
 
     def gather_weight(self, updated: str) -> None:
         """Sharded: the updated slices of all replicas gathered into the weight
         (``ReplicatedAllGather``, then ``CopyVarUpdate``)."""
         if self.shards > 1:
             full = self.op("ReplicatedAllGather", [updated], out=f"{self.w}__gathered",
-                           out_shape=self.wt.info.shape(), modifies=())
+                           out_shape=self.wt.info.shape(), modifies=(), **self.shard_attrs)
             self.op("CopyVarUpdate", [self.w, full], out=f"{UPDATED_PREFIX}{self.w}__copy")
 
     def scalar(self, name: str):
@@ -227,6 +235,7 @@ class _Updates:
         shape = list(self.wt.info.shape()) if shape is None else list(shape)
         dtype = dtype or self.wt.info.data_type()
         t = self.ir.tensors.get(tid)
+        self._ungroup_loaded(t, shape)
         if sharded:
             value = (t.value if t is not None and t.kind == "Variable" and list(t.info.shape()) == shape
                      and t.info.data_type() == dtype else None)
@@ -238,7 +247,9 @@ class _Updates:
                 self.ir._add_tensor(tid, dtype, [self.shard_len], "Variable", value)
             else:
                 t.info = TensorInfo(dtype, [self.shard_len])
-            self.ir.sharded_state[tid] = (shape, self.shards)
+            self.ir.sharded_state[tid] = (shape, self.shards, self.shard_attrs.get("commGroup"))
+            if self.settings is not None:       # grouped: one value per group, each sharded in its group
+                self.ir.variable_settings[tid] = self.settings
             return tid
         if self.settings is not None:       # one value per group, like the weight's
             self.ir.variable_settings[tid] = self.settings
@@ -250,6 +261,19 @@ class _Updates:
         value = np.zeros(shape, NUMPY_OF[dtype]) if init is None else np.asarray(init).astype(NUMPY_OF[dtype])
         self.ir._add_tensor(tid, dtype, shape, "Variable", value)
         return tid
+
+    def _ungroup_loaded(self, t, shape: list) -> None:
+        """A replica-grouped weight's state read from a model (``modelToHost`` writes it as
+        ``[groups, *shape]``, like the weight): its groups' values kept in ``ir.grouped_values``,
+        the IR tensor one replica's (group 0's)."""
+        if t is None or self.settings is None or t.kind != "Variable" or t.value is None:
+            return
+        n = self.settings.getGroupCount(self.ir.options.getGlobalReplicationFactor())
+        if n > 1 and list(t.info.shape()) == [n] + list(shape):
+            full = np.ascontiguousarray(t.value)
+            self.ir.grouped_values[t.id] = full
+            t.value = np.ascontiguousarray(full[0])
+            t.info = TensorInfo(t.info.data_type(), list(shape))
 
     def op(self, op_type: str, inputs: list, scalars=(), out: str = "", out_dtype=None, out_shape=None,
            modifies=(0,), tensor_scalars=None, **attrs):
@@ -285,11 +309,12 @@ class _Updates:
         op.execution_context = self.context
         return op.outputs[0]
 
-    def all_reduce(self, t: str, in_place: bool, mean_if_running: bool = True) -> str:
+    def all_reduce(self, t: str, in_place: bool, mean_if_running: bool = True, groups: dict | None = None) -> str:
         """``t`` all-reduced over the replicas (in place: ``ReplicatedAllReduceInplace``); a
         mean with the Running strategy unless ``mean_if_running`` is False (SGD1's own
-        reductions always sum)."""
-        attrs = {**(self._collective() if mean_if_running else {}), **collective_attrs(self.settings)}
+        reductions always sum). ``groups``: the commGroup attribute (default the weight's)."""
+        attrs = {**(self._collective() if mean_if_running else {}),
+                 **(collective_attrs(self.settings) if groups is None else groups)}
         if in_place:
             return self.op("ReplicatedAllReduceInplace", [t], out=f"{t}__reduced", **attrs)
         return self.op("ReplicatedAllReduce", [t], out=f"{t}__reduced", modifies=(), **attrs)
@@ -354,7 +379,9 @@ def apply(ir, opt, grads: dict[str, str]) -> None:
                                    f"{ir.tensors[w].info.data_type()}")
         # a replica-grouped weight reduces over its group's replicas (none for groups of one)
         red_w = reduction(ir.options, ir.variable_settings.get(w))
-        u = _Updates(ir, opt, w, g, red_w, red.replicas if w in sharded else 1)
+        shards, shard_attrs = _sharding(ir, w, red_w) if w in sharded else (1, {})
+        u = _Updates(ir, opt, w, g, red_w, shards, shard_attrs)
+        ir.shard_attrs[w] = u.shard_attrs
         pending[w] = (_sgd_reduce if isinstance(opt, SGD) else _reduce)(u, g, acc, repl and red_w.reduced > 1)
     count_micro_batches(ir)
     updaters = clip_by_norm(ir, opt, {w: p[0] for w, p in pending.items()}, acc)
@@ -375,12 +402,63 @@ def sharded_weights(ir, opt, weights) -> set:
         return set()
     acc = o.accumulation_factor() > 1
     out = {w for w in weights if ir.tensors[w].info.nelms() >= int(settings.minElementsForReplicatedTensorSharding)
-           and (not isinstance(opt, SGD) or opt.uses_velocity(w, acc))}
+           and (not isinstance(opt, SGD) or opt.uses_velocity(w, acc)) and _shardable(ir, w, settings.location)}
     if out and isinstance(opt, SGD) and opt.accumulator_and_momentum != SGDAccumulatorAndMomentum.Separate:
         raise popart_exception("openipu shards the SGD optimizer state over replicas with "
                                "SGDAccumulatorAndMomentum.Separate only: pass accumulatorAndMomentum="
                                "popart.SGDAccumulatorAndMomentum.Separate to popart.SGD")
     return out
+
+
+def _sharding(ir, w: str, red_w: Reduction) -> tuple[int, dict]:
+    """``(replicas the state of w is sharded over, the collectives' commGroup attribute)``: a
+    grouped weight's group; else the location's ``shardingDomain`` (all replicas when None or
+    All)."""
+    if _grouped(ir.variable_settings.get(w)):
+        return red_w.group, collective_attrs(ir.variable_settings.get(w))
+    replicas = ir.options.getGlobalReplicationFactor()
+    _, _, size = replica_grouping(ir.options.optimizerStateTensorLocationSettings.location.shardingDomain, replicas)
+    if size >= replicas:
+        return replicas, {}
+    cg = ir.options.optimizerStateTensorLocationSettings.location.shardingDomain
+    return size, {"commGroup": [1 if str(cg.type).endswith("Consecutive") else 2, size]}
+
+
+def _complement(attr, replicas: int):
+    """The commGroup attribute of the groups complementary to ``attr``'s (PopART's
+    ``ReplicaGrouping::getTranspose``: Consecutive k <-> Orthogonal R / k), or None when
+    ``attr`` spans all replicas."""
+    if not attr:
+        return None
+    t, k = int(attr[0]), int(attr[1])
+    if k >= replicas or t not in (1, 2):
+        return None
+    return [2 if t == 1 else 1, replicas // k]
+
+
+def _shardable(ir, w: str, location) -> bool:
+    """Whether weight ``w``'s optimizer state may be sharded, by PopART's rules for replica-grouped
+    variables (``StreamingMemoryOpInserter``): not for ``CommGroupType.None`` (each replica its
+    own value: sharding is turned off, as PopART logs); a weight of several groups is sharded
+    within its groups, which needs the location's ``shardingDomain`` to be the weight's
+    ``sharedVariableDomain`` (else PopART's ``popart_internal_exception`` "Could not return a
+    supported ReplicaGrouping transpose of ... within the super-set: ...")."""
+    vs = ir.variable_settings.get(w)
+    if vs is None:
+        return True
+    replicas = ir.options.getGlobalReplicationFactor()
+    if vs._kind() == "Ungrouped":
+        log("transform").debug("[StreamingMemory] Sharding on tensor %s disabled due to CommGroupType (None)", w)
+        return False
+    if vs.single_group():
+        return True
+    domain = replica_grouping(getattr(location, "shardingDomain", None), replicas)
+    var = replica_grouping(vs.getSharedVariableDomain(), replicas)
+    if domain != var:
+        fmt = "ReplicaGrouping(numReplicas={}, stride={}, groupSize={})"
+        raise popart_internal_exception("Could not return a supported ReplicaGrouping transpose of "
+                                        f"{fmt.format(*domain)} within the super-set: {fmt.format(*var)}")
+    return True
 
 
 def _reduce(u: _Updates, g: str, acc: bool, repl: bool, update=None):
@@ -490,7 +568,8 @@ def clip_by_norm(ir, opt, updaters: dict[str, str], acc: bool) -> dict[str, str]
             return op.outputs[0]
         squares = [add("ReduceSumSquare", [updaters[w]], f"{w}_clipping", [], keepdims=0) for w in ids]
         # a sharded weight's updater is this replica's slice: its squares summed over the replicas
-        squares = [add("ReplicatedAllReduce", [sq], f"{sq}__reduced", [], domain=GRAPHCORE) if w in ir.sharded_weights
+        squares = [add("ReplicatedAllReduce", [sq], f"{sq}__reduced", [], domain=GRAPHCORE,
+                       **ir.shard_attrs.get(w, {})) if w in ir.sharded_weights
                    else sq for w, sq in zip(ids, squares)]
         total = add("Sum", squares, "normsSum", []) if len(squares) > 1 else squares[0]
         norm = add("Sqrt", [total], f"GlobalNorm_{k}", [])
@@ -569,7 +648,7 @@ def _adam(u: _Updates, g: str) -> str:
         r1 = u.op("LambSquare", [w], out=f"LambR1Sq___{u.w}", out_dtype="FLOAT", out_shape=[], modifies=())
         r2 = u.op("LambSquare", [x], out=f"LambR2Sq___{u.w}", out_dtype="FLOAT", out_shape=[], modifies=())
         if u.shards > 1:        # the squared norms of the whole weight: summed over the shards
-            r1, r2 = (u.all_reduce(r, False) for r in (r1, r2))
+            r1, r2 = (u.all_reduce(r, False, mean_if_running=False, groups=u.shard_attrs) for r in (r1, r2))
         return u.op("AdamVarUpdate", [w, x, r1, r2], ["learningRate", "maxWeightNorm"], out=f"{UPDATED_PREFIX}{u.w}")
     return u.op("AdamVarUpdate", [w, x], ["learningRate"], out=f"{UPDATED_PREFIX}{u.w}")
 
