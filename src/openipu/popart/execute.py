@@ -89,6 +89,10 @@ def unsupported(session) -> str | None:
         return "synthetic data (the inputs are filled on the device)"
     if ir.auto_loss_scale:
         return "automatic loss scaling"
+    within = sorted(tid for tid, v in getattr(ir, "sharded_state", {}).items()
+                    if int(v[1]) != o.getGlobalReplicationFactor())
+    if within:
+        return f"optimizer state sharded within replica groups ({', '.join(within)})"
     for op in ir.ops:
         if op.op_type in _COLLECTIVES and op.op_type not in ("ReplicatedAllGather", "ReplicaSlice") and \
                 not _reducible(str(op.attrs.get("op", "Add"))):
