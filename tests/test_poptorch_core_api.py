@@ -507,3 +507,23 @@ def test_options_setters_take_poptorch_keyword_names():
     o.Training.gradientAccumulation(gradient_accumulation=4)
     o.randomSeed(random_seed=7)
     assert (o.device_iterations, o.replication_factor, o.Training.gradient_accumulation, o.random_seed) == (3, 2, 4, 7)
+
+
+# -- messages as PopTorch words them ---------------------------------------------------------
+def test_option_and_compile_messages(caplog):
+    caplog.set_level(logging.WARNING, logger="poptorch::python")
+    o = poptorch.Options()
+    o.Jit.traceModel(False)
+    assert "[Deprecated] Do not call options.Jit.traceModel()" in caplog.text
+    with pytest.raises(ValueError, match=r"^options\.Jit\.traceModel\(True\) is no longer supported$"):
+        o.Jit.traceModel(True)
+    with pytest.raises(AssertionError, match=r"where the 0 in IPU is the index of the IPU\. Invalid key: GPU0"):
+        o.setAvailableMemoryProportion({"GPU0": 0.5})
+    o.setAvailableMemoryProportion({"IPU0": 0.3})
+    pm = poptorch.inferenceModel(Net(), o)
+    pm.compile(torch.ones(2, 4))
+    caplog.clear()
+    pm.compile(torch.ones(2, 4))
+    assert "Call to compile() ignored: the executable is already compiled" in caplog.text
+    with pytest.raises(poptorch.Error, match="don't match the inputs used to compile the model"):
+        pm(torch.ones(3, 4))

@@ -28,6 +28,7 @@ torch.manual_seed(0)
 X = torch.randn(6, 8)
 XI = torch.randint(-1000, 1000, (6, 8), dtype=torch.int32)
 IDX = torch.randint(0, 4, (6, 8))
+PERM = torch.stack([torch.randperm(6) for _ in range(8)], 1)      # each column a permutation: no collision
 
 
 @pytest.mark.parametrize("fn", [lambda a: a[:, 1::2], lambda a: a[::3, 2:7:2], lambda a: a[-3:, :-2],
@@ -215,3 +216,144 @@ def test_for_loop_trains_unrolled():
     torch.testing.assert_close(m.fc.weight, ref.fc.weight, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match=r"expects input tensors \(inputs\) to be a list of tensors"):
         poptorch.for_loop(2, lambda a: a, (torch.ones(1),))
+
+
+# -- one training step of each differentiable op above, against torch.optim.SGD on the CPU ------
+class _Train(torch.nn.Module):
+    """``fn(x * w)`` for a weight ``w`` of ``x``'s shape (ones, plus a seeded perturbation), loss
+    the mean square of the result: the weight's update carries the op's gradient."""
+
+    def __init__(self, fn, shape):
+        super().__init__()
+        g = torch.Generator().manual_seed(4)
+        self.w = torch.nn.Parameter(1 + 0.1 * torch.randn(shape, generator=g))
+        self.fn = fn
+
+    def forward(self, x):
+        y = self.fn(x * self.w)
+        return y, poptorch.identity_loss((y.float() ** 2).mean(), "none")
+
+
+def _train_check(fn, x, lr=0.1):
+    import copy
+    m = _Train(fn, x.shape)
+    ref = copy.deepcopy(m)
+    opt = torch.optim.SGD(ref.parameters(), lr=lr)
+    y_ref, l_ref = ref(x.clone())
+    opt.zero_grad()
+    l_ref.backward()
+    opt.step()
+    pm = poptorch.trainingModel(m, optimizer=torch.optim.SGD(m.parameters(), lr=lr))
+    y, loss = pm(x.clone())
+    torch.testing.assert_close(y, y_ref.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(loss, l_ref.detach(), rtol=1e-5, atol=1e-6)
+    assert not torch.equal(ref.w, 1 + 0.1 * torch.randn(x.shape, generator=torch.Generator().manual_seed(4)))
+    torch.testing.assert_close(m.w.detach(), ref.w.detach(), rtol=1e-5, atol=1e-6)
+
+
+def _mask_row_train(a):
+    a = a.clone()
+    a[a[:, 0] > 0] = torch.arange(8.0)
+    return a
+
+
+def _mask_set_tensor(a):
+    b = a.clone()
+    b[a > 0] = 0.5
+    return b
+
+
+TRAIN = {
+    "strided_slice": lambda a: a[::3, 2:7:2],
+    "negative_slice": lambda a: a[-4:-1, :-2],
+    "mask_assign_scalar": _mask_set_tensor,
+    "mask_assign_row": _mask_row_train,
+    "mask_accumulate": lambda a: a.index_put((a[:, 0] > 0,), torch.arange(8.0), accumulate=True),
+    "masked_where": lambda a: torch.where(a > 0.5, a, a * 0.1),
+    "scatter_sum": lambda a: torch.full((4, 8), 0.5).scatter_reduce(0, IDX, a, "sum"),
+    "scatter_mean": lambda a: torch.full((4, 8), 0.5).scatter_reduce(0, IDX, a, "mean", include_self=False),
+    "scatter_amax": lambda a: torch.full((4, 8), -5.0).scatter_reduce(0, IDX, a, "amax"),
+    "scatter_src": lambda a: torch.zeros(6, 8).scatter(0, PERM, a),
+    "index_reduce_mean": lambda a: torch.ones(3, 8).index_reduce(0, torch.tensor([0, 2, 1, 0, 2, 2]), a, "mean"),
+    "index_reduce_amax": lambda a: torch.zeros(3, 8).index_reduce(0, torch.tensor([0, 2, 1, 0, 2, 2]), a, "amax",
+                                                                  include_self=False),
+    "erfc": lambda a: torch.erfc(a),
+    "as_strided": lambda a: a.as_strided((3, 4), (8, 2), 1),
+    "addmm_beta0": lambda a: torch.addmm(torch.full((6, 6), float("nan")), a, torch.ones(8, 6) * 0.3, beta=0),
+    "addmv_beta0": lambda a: torch.addmv(torch.full((6,), float("nan")), a, torch.arange(8.0) / 8, beta=0, alpha=2),
+    "non_contiguous": lambda a: a.t().contiguous() @ torch.ones(6, 3),
+}
+
+
+@pytest.mark.parametrize("name", list(TRAIN))
+def test_op_training_step_matches_cpu(name):
+    _train_check(TRAIN[name], X)
+
+
+def test_batchnorm1d_2d_training_step_updates_running_stats():
+    import copy
+    torch.manual_seed(3)
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 5)
+            self.bn = torch.nn.BatchNorm1d(5)
+
+        def forward(self, x):
+            y = self.bn(self.fc(x))
+            return y, poptorch.identity_loss((y ** 2).mean() + y.mean(), "none")
+    m = M()
+    ref = copy.deepcopy(m)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    y_ref, l_ref = ref(X)
+    opt.zero_grad()
+    l_ref.backward()
+    opt.step()
+    pm = poptorch.trainingModel(m, optimizer=torch.optim.SGD(m.parameters(), lr=0.1))
+    y, loss = pm(X)
+    torch.testing.assert_close(y, y_ref.detach(), rtol=1e-5, atol=1e-5)
+    pm.copyWeightsToHost()
+    for name in ("fc.weight", "fc.bias", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"):
+        torch.testing.assert_close(m.state_dict()[name], ref.state_dict()[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_bilinear_functional_and_trilinear():
+    torch.manual_seed(5)
+    a, b, w = torch.randn(4, 3), torch.randn(4, 5), torch.randn(2, 3, 5)
+    _check(lambda u, v, k: torch.nn.functional.bilinear(u, v, k, torch.tensor([0.5, -1.0])), a, b, w)
+    # aten::_trilinear as F.bilinear calls it (i1 [N, I], w [O, I, J], i2 [N, J]) and another layout
+    i1, i2 = torch.randn(4, 3), torch.randn(4, 5)
+    _check(lambda p, q, r: torch.ops.aten._trilinear(p, q, r, [1, 3], [0], [1, 2], [2, 3], 1), i1, w, i2)
+    _check(lambda p, q, r: torch.ops.aten._trilinear(p, q, r, [1], [0], [], [2], 1),
+           torch.randn(3, 4), torch.randn(2, 4), torch.randn(3, 2, 4))
+
+
+def test_bucketize_and_searchsorted():
+    bounds = torch.tensor([-1.0, -0.25, 0.0, 0.5, 1.5])
+    _check(lambda a: torch.bucketize(a, bounds), X, exact=True)
+    _check(lambda a: torch.bucketize(a, bounds, right=True), torch.tensor([[-1.0, 0.0, 0.5], [1.5, 2.0, -3.0]]),
+           exact=True)
+    _check(lambda a: torch.bucketize(a, bounds, out_int32=True), X, exact=True)
+
+
+@pytest.mark.parametrize("fn", [lambda a: torch.zeros(2, 3, dtype=torch.int32) + a.sum().int(),
+                                lambda a: torch.ones((4,)) * a[0, 0],
+                                lambda a: torch.full((2, 1, 3), 7.0) + a[:2, :3].unsqueeze(1),
+                                lambda a: torch.full([3], 2, dtype=torch.long) * 3,
+                                lambda a: torch.zeros_like(a[:, :5]) - 1,
+                                lambda a: a.new_ones((2, 2)) + a.new_zeros(2, 1) + a.new_full((1, 2), 3.0)],
+                         ids=["zeros_int", "ones_1d", "full_3d", "full_long", "zeros_like", "new_"])
+def test_fills_have_the_asked_shape(fn):
+    class M(torch.nn.Module):
+        def forward(self, a):
+            return fn(a)
+    ref = fn(X)
+    out = poptorch.inferenceModel(M())(X)
+    assert out.shape == ref.shape
+    torch.testing.assert_close(out.to(ref.dtype), ref)
+
+
+def test_trilinear_training_step():
+    w = torch.randn(3, 2, 4, generator=torch.Generator().manual_seed(6))
+    _train_check(lambda a: torch.ops.aten._trilinear(a[:3, :4], a[3:5, 4:], w, [1], [0], [], [2], 1), X)

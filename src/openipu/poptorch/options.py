@@ -17,6 +17,7 @@ import ast
 import copy
 import inspect
 import json
+import logging
 import os
 
 import torch
@@ -26,6 +27,8 @@ from openipu.poptorch.enums import (ConnectionType, MeanReductionStrategy, Outpu
                                     SyncPattern)
 from openipu.poptorch.errors import Error
 from openipu.poptorch.ops import Attribute  # noqa: F401 - poptorch.options.Attribute (optimum-graphcore)
+
+_log = logging.getLogger("poptorch::python")
 
 
 class _OptionsDict:
@@ -381,9 +384,13 @@ class _JitOptions(_OptionsDict):
         super().__init__(trace_model=False)
 
     def traceModel(self, trace: bool):  # noqa: N802
+        """Deprecated in PopTorch: warns "[Deprecated] Do not call options.Jit.traceModel(): ..."
+        and raises ``ValueError`` ("options.Jit.traceModel(True) is no longer supported") for
+        ``True`` (the dispatcher, here ``torch.export``, is the only frontend)."""
+        _log.warning("[Deprecated] Do not call options.Jit.traceModel(): options.Jit.traceModel(False) is now the "
+                     "default, and True is no longer supported, therefore this function will be removed shortly")
         if trace:
-            raise ValueError("poptorch.Options.Jit.traceModel(True) is no longer supported: PopTorch captures "
-                             "the model with the dispatcher (torch.export here) only")
+            raise ValueError("options.Jit.traceModel(True) is no longer supported")
         return self
 
 
@@ -534,8 +541,9 @@ class Options(_OptionsDict):
     def setAvailableMemoryProportion(self, proportions: dict):  # noqa: N802
         """``{"IPU0": 0.5, ...}``: the share of tile memory matmuls and convolutions may use."""
         for k, v in proportions.items():
-            if not str(k).startswith("IPU"):
-                raise ValueError(f"Invalid key {k} for setAvailableMemoryProportion: keys must be of the form 'IPU<n>'")
+            assert str(k).startswith("IPU"), ("Available memory proportions are expected to be in a dictionary of "
+                                              "{\"IPU0\": 0.5} where the 0 in IPU is the index of the IPU. "
+                                              f"Invalid key: {k}")
             if not 0.0 < float(v) <= 1.0:
                 raise ValueError(f"Invalid available memory proportion {v} for {k}: it must be in (0, 1]")
         return self.set(available_memory_proportion={str(k): float(v) for k, v in proportions.items()})

@@ -1,4 +1,5 @@
 """Matrix products, convolutions and embeddings: ``linear`` / ``addmm`` / ``mm`` / ``bmm`` /
+``bilinear`` / ``_trilinear`` /
 ``matmul`` -> ONNX MatMul (+ Add) (PopART lowers them through ``poplin``'s matmul planner);
 ``convolution`` / ``conv2d`` ... -> ONNX Conv or ConvTranspose (``poplin`` convolutions);
 ``embedding`` -> ONNX Gather on axis 0 (PopTorch's lowering; ``padding_idx`` is ignored, so that
@@ -136,3 +137,23 @@ def bilinear(lw, n):
     if b is not None:
         y = lw.onnx.add([y, lw.t(b)], lw._name("bias"))
     return lw.b.reshape_const(lw.onnx, [y], s1[:-1] + [o], lw._name())
+
+
+@aten("aten._trilinear.default")
+def trilinear(lw, n):
+    """``aten::_trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim)``: each input
+    gets size-1 axes at its ``expand`` positions (all three then have the same rank), the three
+    are multiplied with broadcasting and summed over ``sumdim`` (those axes dropped); the
+    ``unroll_dim`` hint of ATen's loop changes nothing in the result. Lowered as ONNX Unsqueeze,
+    Mul, Mul, ReduceSum (differentiable through PopART's grads of those ops)."""
+    i1, i2, i3, e1, e2, e3, sumdim = n.args[:7]
+    xs = []
+    for x, e, tag in ((i1, e1, "i1"), (i2, e2, "i2"), (i3, e3, "i3")):
+        t = lw.t(x)
+        if list(e):
+            t = lw.onnx.unsqueeze([t], axes=sorted(int(d) for d in e), debugContext=lw._name(tag))
+        xs.append(t)
+    y = lw.onnx.mul([lw.onnx.mul([xs[0], xs[1]], lw._name("mul")), xs[2]], lw._name("mul"))
+    if list(sumdim):
+        y = lw.onnx.reducesum([y], axes=sorted(int(d) for d in sumdim), keepdims=0, debugContext=lw._name("sum"))
+    return y
