@@ -496,10 +496,10 @@ def test_host_kernel_formulations_match_reference(case, form, monkeypatch):
     """Both host formulations of the partial sums (a grouped direct convolution, a batched
     matmul of the input's windows) give the reference's results, with the kernel transform
     applied without materialising it, and with the input channels split over several blocks."""
-    from openipu.poplibs.poplin import core
-    other = core._im2col_conv if form == "im2col" else core._grouped_conv
-    monkeypatch.setattr(core, "_grouped_conv", other)
-    monkeypatch.setattr(core, "_im2col_conv", other)
+    from openipu.poplibs.poplin import kernels
+    other = kernels._im2col_conv if form == "im2col" else kernels._grouped_conv
+    monkeypatch.setattr(kernels, "_grouped_conv", other)
+    monkeypatch.setattr(kernels, "_im2col_conv", other)
     N, fld, ker, Ci, Co, G, it, kt, ot = HOST_CASES[case]
     p = poplin.ConvParams(poplar.FLOAT, N, fld, ker, Ci, Co, G, inputTransform=it, kernelTransform=kt,
                           outputTransform=ot)

@@ -1,4 +1,4 @@
-"""poplin's structural layouts and exchange: the boxes of ``core.input_boxes`` / ``weight_boxes`` /
+"""poplin's structural layouts and exchange: the boxes of ``layout.input_boxes`` / ``weight_boxes`` /
 ``output_boxes`` and the reads ``core.build`` declares (boxes and runs, no per-element arrays)
 against per-element references: the layout formulas, and the per-address exchange model applied
 to the elements each tile reads (one transfer per replica of a block, the first counting sends)."""
@@ -16,7 +16,7 @@ from openipu.poplar import program as P
 from openipu.poplar.graph_compiler import _boxes_of
 from openipu.poplar.exchange import RegionTransfer
 from openipu.poplibs import poplin, poputil
-from openipu.poplibs.poplin import core
+from openipu.poplibs.poplin import core, layout
 from openipu.poplibs.poplin.convolution import _canon_input
 from openipu.poplibs.poplin.plan import plan_convolution
 
@@ -34,8 +34,8 @@ def ref_input_tiles(params, plan, lay):
     n: a serial slice of a batch block)."""
     F0 = params.inputFieldShape[0]
     rest = int(np.prod(params.inputFieldShape[1:], dtype=np.int64))
-    lo, hi = core.input_row_ranges(params, plan, lay)
-    fr = core._primary_block(np.arange(F0), lo, hi)
+    lo, hi = layout.input_row_ranges(params, plan, lay)
+    fr = layout._primary_block(np.arange(F0), lo, hi)
     r0 = np.searchsorted(fr, fr, side="left")
     nr = np.searchsorted(fr, fr, side="right") - r0
     g = np.arange(lay.G)[:, None, None, None, None]
@@ -47,7 +47,7 @@ def ref_input_tiles(params, plan, lay):
     gs, ns, cs = _block_sizes(g, lay.G, lay.gB), _block_sizes(n, lay.N, lay.nS), _block_sizes(c, lay.Ci, lay.ciB)
     q = ((((g % lay.gB) * ns + n % lay.nS) * cs + c % lay.ciB) * nr + row - r0) * rest + r
     o = q * plan.out_chan_split // (gs * ns * cs * nr * rest)
-    t = core.tile_index(plan, g // lay.gB, n // lay.nB, f, o, c // lay.ciB)
+    t = layout.tile_index(plan, g // lay.gB, n // lay.nB, f, o, c // lay.ciB)
     return np.broadcast_to(t, (lay.G, lay.N, lay.Ci, F0, rest)).reshape(-1)
 
 
@@ -63,7 +63,7 @@ def ref_weight_tiles(params, plan, lay):
     gs, os_, cs = _block_sizes(g, lay.G, lay.gB), _block_sizes(co, lay.Co, lay.coS), _block_sizes(c, lay.Ci, lay.ciB)
     q = (((g % lay.gB) * os_ + co % lay.coS) * cs + c % lay.ciB) * K + k
     h = q * share // (gs * os_ * cs * K)
-    t = core.tile_index(plan, g // lay.gB, h // plan.field_split, h % plan.field_split, co // lay.coB, c // lay.ciB)
+    t = layout.tile_index(plan, g // lay.gB, h // plan.field_split, h % plan.field_split, co // lay.coB, c // lay.ciB)
     return np.broadcast_to(t, (lay.G, lay.Co, lay.Ci, K)).reshape(-1)
 
 
@@ -85,7 +85,7 @@ def ref_output_tiles(params, plan, lay):
     gs, ns, cs = _block_sizes(g, lay.G, lay.gB), _block_sizes(n, lay.N, lay.nS), _block_sizes(co, lay.Co, lay.coS)
     q = ((((g % lay.gB) * ns + n % lay.nS) * cs + co % lay.coS) * nr + row - r0) * rest + r
     i = q * plan.in_chan_split // (gs * ns * cs * nr * rest)
-    t = core.tile_index(plan, g // lay.gB, n // lay.nB, f, co // lay.coB, i)
+    t = layout.tile_index(plan, g // lay.gB, n // lay.nB, f, co // lay.coB, i)
     return np.broadcast_to(t, (lay.G, lay.N, lay.Co, fo[0], rest)).reshape(-1)
 
 
@@ -126,13 +126,13 @@ def test_conv_layouts_match_the_per_element_formulas(d):
         plan = plan_convolution(p, g.getTarget(), opts, None)
     except poplin.poplibs_error:
         return
-    lay = core.Layout.of(p, plan)
+    lay = layout.Layout.of(p, plan)
     x = poplin.createInput(g, p, "x", opts)
     w = poplin.createWeights(g, p, "w", opts)
     np.testing.assert_array_equal(_local(g, _canon_input(x, p)), ref_input_tiles(p, plan, lay))
     np.testing.assert_array_equal(_local(g, w), ref_weight_tiles(p, plan, lay))
     out = g.addVariable(p.outputType, [lay.G, lay.N, lay.Co, *p.getOutputFieldShape()], "o")
-    core.map_output(g, out, p, plan, lay)
+    layout.map_output(g, out, p, plan, lay)
     np.testing.assert_array_equal(_local(g, out), ref_output_tiles(p, plan, lay))
 
 
@@ -153,7 +153,7 @@ def test_matmul_layouts_match_the_per_element_formulas(shape, tiles, vtiles):
         C = poplin.createMatMulOutput(g, poplar.HALF, poplar.HALF, a_shape, b_shape, "c")
     plan = poplin.plan_matmul(gr, m, k, n, poplar.HALF, g.getTarget(), None, None)
     params = poplin.ConvParams(poplar.HALF, poplar.HALF, m, [1], [1], k, n, gr)
-    lay = core.Layout.of(params, plan)
+    lay = layout.Layout.of(params, plan)
     np.testing.assert_array_equal(_local(g, A.reshape([gr, m, k])), ref_input_tiles(params, plan, lay))
     np.testing.assert_array_equal(_local(g, B.reshape([gr, k, n]).dimShuffle([0, 2, 1])),
                                   ref_weight_tiles(params, plan, lay))
@@ -166,13 +166,13 @@ def _ref_read_transfers(graph, x, w, params, plan, sb, so):
     """The per-element transfers of one serial step's reads, as poplin built them before boxes:
     per operand part (primary input rows, halo rows, weights) one transfer per replica of each
     block, addresses in increasing order, the first replica counting sends."""
-    lay = core.Layout.of(params, plan)
+    lay = layout.Layout.of(params, plan)
     gt = graph._tiles
     space = x._state.space(x._type)
-    lo, hi = core.input_row_ranges(params, plan, lay)
+    lo, hi = layout.input_row_ranges(params, plan, lay)
     rows = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())] + [np.zeros(0, int)])
     fblk = np.repeat(np.arange(plan.field_split), hi - lo)
-    prim = fblk == core._primary_block(rows, lo, hi)
+    prim = fblk == layout._primary_block(rows, lo, hi)
     F0, rest = params.inputFieldShape[0], int(np.prod(params.inputFieldShape[1:]))
     K = int(np.prod(params.kernelShape))
     xa = x.addresses().reshape(lay.G, lay.N, lay.Ci, F0, rest)
@@ -193,12 +193,12 @@ def _ref_read_transfers(graph, x, w, params, plan, sb, so):
     for sel in (prim, ~prim):
         if sel.any():
             a_in = xa[:, n_idx][:, :, :, rows[sel]]
-            base = core.tile_index(plan, g_t, n_t, fblk[sel][None, None, None, :, None], 0, c_t)
-            out += replicas(a_in, base, [int(core.tile_index(plan, 0, 0, 0, o, 0)) for o in range(plan.out_chan_split)])
-    base = core.tile_index(plan, (np.arange(lay.G) // lay.gB)[:, None, None, None], 0, 0,
+            base = layout.tile_index(plan, g_t, n_t, fblk[sel][None, None, None, :, None], 0, c_t)
+            out += replicas(a_in, base, [int(layout.tile_index(plan, 0, 0, 0, o, 0)) for o in range(plan.out_chan_split)])
+    base = layout.tile_index(plan, (np.arange(lay.G) // lay.gB)[:, None, None, None], 0, 0,
                            (co_idx // lay.coB)[None, :, None, None],
                            (np.arange(lay.Ci) // lay.ciB)[None, None, :, None])
-    offs = [int(core.tile_index(plan, 0, b, f, 0, 0))
+    offs = [int(layout.tile_index(plan, 0, b, f, 0, 0))
             for b in range(plan.batch_split) for f in range(plan.field_split)]
     return out + replicas(wa[:, co_idx], base, offs)
 
