@@ -30,8 +30,7 @@ def _block_sizes(idx, n, b):
 
 def ref_input_tiles(params, plan, lay):
     """Share ``o = q * outChanSplit // L`` of element ``q`` of its block (row-major over the
-    block's sizes, ``L`` elements: g x n x c x the rows whose primary field block is f x rest;
-    n: a serial slice of a batch block)."""
+    block's sizes, ``L`` elements: g x n x c x the rows whose primary field block is f x rest)."""
     F0 = params.inputFieldShape[0]
     rest = int(np.prod(params.inputFieldShape[1:], dtype=np.int64))
     lo, hi = layout.input_row_ranges(params, plan, lay)
@@ -44,8 +43,8 @@ def ref_input_tiles(params, plan, lay):
     row = np.arange(F0)[None, None, None, :, None]
     f, r0, nr = (a_[None, None, None, :, None] for a_ in (fr, r0, nr))
     r = np.arange(rest)[None, None, None, None, :]
-    gs, ns, cs = _block_sizes(g, lay.G, lay.gB), _block_sizes(n, lay.N, lay.nS), _block_sizes(c, lay.Ci, lay.ciB)
-    q = ((((g % lay.gB) * ns + n % lay.nS) * cs + c % lay.ciB) * nr + row - r0) * rest + r
+    gs, ns, cs = _block_sizes(g, lay.G, lay.gB), _block_sizes(n, lay.N, lay.nB), _block_sizes(c, lay.Ci, lay.ciB)
+    q = ((((g % lay.gB) * ns + n % lay.nB) * cs + c % lay.ciB) * nr + row - r0) * rest + r
     o = q * plan.out_chan_split // (gs * ns * cs * nr * rest)
     t = layout.tile_index(plan, g // lay.gB, n // lay.nB, f, o, c // lay.ciB)
     return np.broadcast_to(t, (lay.G, lay.N, lay.Ci, F0, rest)).reshape(-1)
@@ -82,8 +81,8 @@ def ref_output_tiles(params, plan, lay):
     row = np.arange(fo[0])[None, None, None, :, None]
     f, r0, nr = (a[None, None, None, :, None] for a in (fr, r0, nr))
     r = np.arange(rest)[None, None, None, None, :]
-    gs, ns, cs = _block_sizes(g, lay.G, lay.gB), _block_sizes(n, lay.N, lay.nS), _block_sizes(co, lay.Co, lay.coS)
-    q = ((((g % lay.gB) * ns + n % lay.nS) * cs + co % lay.coS) * nr + row - r0) * rest + r
+    gs, ns, cs = _block_sizes(g, lay.G, lay.gB), _block_sizes(n, lay.N, lay.nB), _block_sizes(co, lay.Co, lay.coS)
+    q = ((((g % lay.gB) * ns + n % lay.nB) * cs + co % lay.coS) * nr + row - r0) * rest + r
     i = q * plan.in_chan_split // (gs * ns * cs * nr * rest)
     t = layout.tile_index(plan, g // lay.gB, n // lay.nB, f, co // lay.coB, i)
     return np.broadcast_to(t, (lay.G, lay.N, lay.Co, fo[0], rest)).reshape(-1)
@@ -162,7 +161,7 @@ def test_matmul_layouts_match_the_per_element_formulas(shape, tiles, vtiles):
 
 # ---------------------------------------------------------------------------------------------
 # reads: the structural Accesses against the per-address model of the same reads
-def _ref_read_transfers(graph, x, w, params, plan, sb, so):
+def _ref_read_transfers(graph, x, w, params, plan, so):
     """The per-element transfers of one serial step's reads, as poplin built them before boxes:
     per operand part (primary input rows, halo rows, weights) one transfer per replica of each
     block, addresses in increasing order, the first replica counting sends."""
@@ -177,7 +176,7 @@ def _ref_read_transfers(graph, x, w, params, plan, sb, so):
     K = int(np.prod(params.kernelShape))
     xa = x.addresses().reshape(lay.G, lay.N, lay.Ci, F0, rest)
     wa = w.addresses().reshape(lay.G, lay.Co, lay.Ci, K)
-    n_idx = np.flatnonzero((np.arange(lay.N) % lay.nB) // lay.nS == sb)
+    n_idx = np.arange(lay.N)
     co_idx = np.flatnonzero((np.arange(lay.Co) % lay.coB) // lay.coS == so)
     g_t = (np.arange(lay.G) // lay.gB)[:, None, None, None, None]
     n_t = (n_idx // lay.nB)[None, :, None, None, None]
@@ -271,14 +270,13 @@ def test_reads_cost_what_the_per_element_model_gives(case, mapping):
     conv_sets = [cs for cs in top._state.compute_sets if cs.name.endswith("/Conv")]
     # serial splits are one loop body: it convolves one serial slice (the slice problem)
     assert len(conv_sets) == 1
-    p_step = p._with(batchSize=p.batchSize // plan.batch_serial,
-                     outputChannelsPerConvGroup=p.outputChannelsPerConvGroup // plan.out_chan_serial)
-    plan_step = dataclasses.replace(plan, batch_serial=1, out_chan_serial=1)
+    p_step = p._with(outputChannelsPerConvGroup=p.outputChannelsPerConvGroup // plan.out_chan_serial)
+    plan_step = dataclasses.replace(plan, out_chan_serial=1)
     for cs in conv_sets:
         group = cs.groups[0]
         xr, wr = group.kernel.args[:2]      # the operands as read (after any rearrangement)
         np.testing.assert_array_equal(_volume(spec, _structural(group.reads)),
-                                      _volume(spec, _ref_read_transfers(g, xr, wr, p_step, plan_step, 0, 0)))
+                                      _volume(spec, _ref_read_transfers(g, xr, wr, p_step, plan_step, 0)))
         if plan.in_chan_split > 1:
             # the reduce reads every partial slab on the tiles that hold the output
             partials = group.writes[0].tensor

@@ -13,7 +13,7 @@ from openipu.poplibs.poplin import plan as PL
 def test_tile_order_is_linearize_conv_indices():
     """Output channels innermost, then field, batch, input channels, conv group
     (PopLibs linearizeConvIndices)."""
-    plan = PL.ConvPlan("AMP", 16, 16, 16, 2, 3, 5, 7, 4, 1, 1, 0.0, 0.0, 0.0, 0.0, 0, 0)
+    plan = PL.ConvPlan("AMP", 16, 16, 16, 2, 3, 5, 7, 4, 1, 0.0, 0.0, 0.0, 0.0, 0, 0)
     assert layout.tile_index(plan, 0, 0, 0, 1, 0) == 1
     assert layout.tile_index(plan, 0, 0, 1, 0, 0) == 4
     assert layout.tile_index(plan, 0, 1, 0, 0, 0) == 4 * 5

@@ -1,18 +1,17 @@
-"""Building a planned convolution into the graph: tile layout, vertex groups, torch kernels.
+"""Building a planned convolution into the graph: vertex groups and serial loops.
 
 Shared by :mod:`matmul` and :mod:`convolution`. Tensors here are in the *canonical* layout:
 input ``[G, N, Ci, *inField]``, weights ``[G, Co, Ci, *kernel]``, output ``[G, N, Co, *outField]``
-(views of the caller's tensors, so no data moves to get there).
-
-Tile of a work block: ``(((g * batchSplit + b) * fieldSplit + f) * outChanSplit + o) * inChanSplit + i``
-(local tile numbers; input-channel partners are neighbours). A step is one compute set of
+(views of the caller's tensors, so no data moves to get there); which tile holds which block is
+:mod:`.layout`'s, the vertices' host kernels are :mod:`.kernels`'. A step is one compute set of
 partial-sum vertices (one per tile), followed, when input channels are split, by one compute set
 of reduce vertices.
 
-Serial splits are a loop, as PopLibs' ``ConvProgramTree`` runs them: ``Repeat`` over the serial
-index of one compute-set group for a slice of the problem (a ``batchSplit.serial``-th of the batch
-or an ``outChanSplit.serial``-th of the output channels), which ``popops::dynamicSlice`` copies the
-operand's slice into and ``popops::dynamicUpdate`` copies the slice's result out of. The tensors
+A serial split of the output channels is a loop, as PopLibs' ``ConvProgramTree`` runs it:
+``Repeat`` over the serial index of one compute-set group for an ``outChanSplit.serial``-th of
+the output channels, which ``popops::dynamicSlice`` copies the weights' slice into and
+``popops::dynamicUpdate`` copies the slice's result out of. (PopLibs' partition has no serial
+batch split: ``batchSplit`` is parallel only.) The tensors
 the plan creates hold each serial slice in the slice problem's layout, so both copies stay on
 their tiles; the slice's exchange code exists once, whatever the number of steps. The planner
 keeps only serial splits that divide the split dimension evenly (as PopLibs requires).
@@ -197,7 +196,7 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
         raise planmod.poplibs_error(f"{name}: plan uses {plan.tiles} tiles but the graph has {T}")
     # operands that many tiles read are first copied into the plan's layout (unless already so)
     rest = int(np.prod(params.inputFieldShape[1:], dtype=np.int64))
-    x, x_made = _rearranged(graph, x, [lay.G, lay.N, lay.Ci, params.inputFieldShape[0], rest],
+    x, _ = _rearranged(graph, x, [lay.G, lay.N, lay.Ci, params.inputFieldShape[0], rest],
                             input_boxes(params, plan, lay), plan.out_chan_split,
                             lambda n: create_input(graph, in_type, params, plan, n, lay), prog, f"{name}/actsRearranged")
     K = int(np.prod(params.kernelShape, dtype=np.int64))
@@ -208,9 +207,8 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
     own_out = out is None
     if own_out:
         out = create_output(graph, out_type, params, plan, name, lay)
-    if plan.serial_steps > 1:
-        made = x_made if plan.batch_serial > 1 else w_made
-        _serial_loop(graph, x, w, out, params, plan, lay, partials_type, out_type, prog, name, made, own_out, metas)
+    if plan.out_chan_serial > 1:
+        _serial_loop(graph, x, w, out, params, plan, lay, partials_type, out_type, prog, name, w_made, own_out, metas)
     else:
         _build_step(graph, x, w, out, own_out, params, plan, lay, partials_type, out_type, prog, name, metas)
     return out
@@ -218,36 +216,25 @@ def build(graph, x, w, params: ConvParams, plan: planmod.ConvPlan, partials_type
 
 def _serial_loop(graph, x, w, out, params: ConvParams, plan, lay: Layout, partials_type, out_type, prog, name: str,
                  src_made: bool, out_made: bool, metas=None):
-    """The serial splits of ``plan`` as PopLibs' ``ConvProgramTree`` lowers them: a counted loop
-    whose body copies serial slice ``i`` of the operand the split cuts (the input for a batch
-    split, the weights for an output-channel split) into a buffer laid out for the slice problem
-    (``popops::dynamicSlice``), convolves it (:func:`build` of the slice problem, which loops
-    again for a second serial split), and copies the slice's output into ``out``
-    (``popops::dynamicUpdate``). The tensors the plan lays out hold every slice where the slice
+    """The output-channel serial split of ``plan`` as PopLibs' ``ConvProgramTree`` lowers it: a
+    counted loop whose body copies serial slice ``i`` of the weights into a buffer laid out for
+    the slice problem (``popops::dynamicSlice``), convolves it (:func:`build` of the slice
+    problem), and copies the slice's output into ``out`` (``popops::dynamicUpdate``). The tensors the plan lays out hold every slice where the slice
     problem wants it, so both copies stay on their tiles. ``out`` is marked undefined first
     (``WriteUndef``), so that it is not live before the loop.
 
-    ``src_made`` / ``out_made``: the operand / ``out`` was made here by the creators, which
+    ``src_made`` / ``out_made``: the weights / ``out`` were made here by the creators, which
     store it slice by slice, each slice as the slice problem's creator stores its tensor; the
     copies then slice the variables in memory order (one interval per slice), else the
     tensors' own views (host work follows their pieces)."""
-    if plan.batch_serial > 1:
-        s, par, piece = int(plan.batch_serial), int(plan.batch_split), lay.nS
-        sub_params = params._with(batchSize=par * piece)
-        sub_plan = dataclasses.replace(plan, batch_serial=1)
-        src, out_dim = x, 1
+    s, par, piece = int(plan.out_chan_serial), int(plan.out_chan_split), lay.coS
+    sub_params = params._with(outputChannelsPerConvGroup=par * piece)
+    sub_plan = dataclasses.replace(plan, out_chan_serial=1)
+    src, out_dim = w, 2
 
-        def make(n):
-            return create_input(graph, x.elementType(), sub_params, sub_plan, n)
-    else:
-        s, par, piece = int(plan.out_chan_serial), int(plan.out_chan_split), lay.coS
-        sub_params = params._with(outputChannelsPerConvGroup=par * piece)
-        sub_plan = dataclasses.replace(plan, out_chan_serial=1)
-        src, out_dim = w, 2
-
-        def make(n):
-            t = create_weights(graph, w.elementType(), sub_params, sub_plan, n)
-            return t.reshape([lay.G, par * piece, lay.Ci, *params.kernelShape])
+    def make(n):
+        t = create_weights(graph, w.elementType(), sub_params, sub_plan, n)
+        return t.reshape([lay.G, par * piece, lay.Ci, *params.kernelShape])
     if par * s * piece != src.dim(1):
         raise planmod.poplibs_error(f"{name}: serial split {s} does not divide {src.dim(1)} evenly in blocks of {par}")
 
@@ -267,8 +254,7 @@ def _serial_loop(graph, x, w, out, params: ConvParams, plan, lay: Layout, partia
         else:
             dslice.dynamicSliceWithOutput(graph, split(buf, 1, 1), split(src, 1, s), index, [2], [1], seq,
                                           f"{name}/serialSlice")
-        sub_x, sub_w = (buf, w) if src is x else (x, buf)
-        y = build(graph, sub_x, sub_w, sub_params, sub_plan, partials_type, out_type, seq, name, metas=metas)
+        y = build(graph, x, buf, sub_params, sub_plan, partials_type, out_type, seq, name, metas=metas)
         if out_made:
             mem = _memory_view(y)
             dslice.dynamicUpdate(graph, _memory_view(out).reshape([s, mem.numElements()]),

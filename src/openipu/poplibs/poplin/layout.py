@@ -41,7 +41,6 @@ class Layout:
     fB: int
     ciB: int
     coB: int
-    nS: int
     coS: int
 
     @staticmethod
@@ -51,7 +50,7 @@ class Layout:
         rows = params._strided_size(0)
         nB, coB = _ceil(N, plan.batch_split), _ceil(Co, plan.out_chan_split)
         return Layout(G, N, Ci, Co, rows, _ceil(G, plan.group_split), nB, _ceil(rows, plan.field_split),
-                      _ceil(Ci, plan.in_chan_split), coB, _ceil(nB, plan.batch_serial), _ceil(coB, plan.out_chan_serial))
+                      _ceil(Ci, plan.in_chan_split), coB, _ceil(coB, plan.out_chan_serial))
 
 
 def tile_index(plan, g, b, f, o, i):
@@ -145,21 +144,20 @@ def _blocks(n: int, b: int):
 
 
 def _input_blocks(params: ConvParams, plan, lay: Layout):
-    """The input's work blocks, disjoint: ``gB x nS x ciB x`` (the rows whose primary field block
-    is ``f``) ``x rest`` (``nS``: a serial slice of a batch block, the whole block without a
-    batch serial split). Returns ``(lo, sz, GB, NB, CB, f)`` (``lo``, ``sz``: ``[k, 5]`` boxes
+    """The input's work blocks, disjoint: ``gB x nB x ciB x`` (the rows whose primary field block
+    is ``f``) ``x rest``. Returns ``(lo, sz, GB, NB, CB, f)`` (``lo``, ``sz``: ``[k, 5]`` boxes
     of the canonical input ``[G, N, Ci, F0, rest]``; then each block's indices)."""
     F0 = params.inputFieldShape[0]
     rest = int(np.prod(params.inputFieldShape[1:], dtype=np.int64))
     lo_r, hi_r = input_row_ranges(params, plan, lay)
     f_id, r0, r1 = _runs(_primary_block(np.arange(F0), lo_r, hi_r))
     g0, gs = _blocks(lay.G, lay.gB)
-    n0, ns = _blocks(lay.N, lay.nS)            # serial slices of the batch blocks
+    n0, ns = _blocks(lay.N, lay.nB)
     c0, cs = _blocks(lay.Ci, lay.ciB)
     GB, NB, CB, FR = _cross(g0.size, n0.size, c0.size, f_id.size)
     lo = np.stack([g0[GB], n0[NB], c0[CB], r0[FR], np.zeros_like(GB)], axis=1)
     sz = np.stack([gs[GB], ns[NB], cs[CB], r1[FR] - r0[FR], np.full_like(GB, rest)], axis=1)
-    return lo, sz, GB, NB // int(plan.batch_serial), CB, f_id[FR]
+    return lo, sz, GB, NB, CB, f_id[FR]
 
 
 def input_boxes(params: ConvParams, plan, lay: Layout):
@@ -237,21 +235,19 @@ def output_boxes(params: ConvParams, plan, lay: Layout):
     of field block ``f``) ``x rest`` is cut into ``inChanSplit`` shares of consecutive elements
     (:func:`_block_shares`), share ``i`` on ``tile_index(g // gB, n // nB, f, co // coB, i)``. A
     share is one interval of the block as :func:`create_output` stores it, as Poplar's reduction
-    gives each tile a contiguous region of the output. Serial slices (``nS`` of a batch block,
-    ``coS`` of an output-channel block) are blocks of their own, laid out as the slice problem's
-    output."""
+    gives each tile a contiguous region of the output. Serial slices (``coS`` of an output-channel
+    block) are blocks of their own, laid out as the slice problem's output."""
     fo = params.getOutputFieldShape()
     rest = int(np.prod(fo[1:], dtype=np.int64))
     f_id, r0, r1 = _out_row_runs(params, lay)
     g0, gs = _blocks(lay.G, lay.gB)
-    n0, ns = _blocks(lay.N, lay.nS)
+    n0, ns = _blocks(lay.N, lay.nB)
     o0, os_ = _blocks(lay.Co, lay.coS)
     GB, NB, OB, FR = _cross(g0.size, n0.size, o0.size, f_id.size)
     b_lo = np.stack([g0[GB], n0[NB], o0[OB], r0[FR], np.zeros_like(GB)], axis=1)
     b_sz = np.stack([gs[GB], ns[NB], os_[OB], r1[FR] - r0[FR], np.full_like(GB, rest)], axis=1)
     blk, share, lo, sz = _block_shares(int(plan.in_chan_split), b_lo, b_sz)
-    tile = tile_index(plan, GB[blk], NB[blk] // int(plan.batch_serial), f_id[FR[blk]],
-                      OB[blk] // int(plan.out_chan_serial), share)
+    tile = tile_index(plan, GB[blk], NB[blk], f_id[FR[blk]], OB[blk] // int(plan.out_chan_serial), share)
     keep = (sz > 0).all(axis=1)
     return lo[keep], sz[keep], tile[keep]
 
@@ -344,10 +340,9 @@ def create_output(graph, type_, params: ConvParams, plan, name: str, lay: Layout
     lay = lay or Layout.of(params, plan)
     fo = params.getOutputFieldShape()
     _, r0, r1 = _out_row_runs(params, lay)
-    edges = [np.r_[0:lay.G:lay.gB, lay.G], np.r_[0:lay.N:lay.nS, lay.N], np.r_[0:lay.Co:lay.coS, lay.Co],
+    edges = [np.r_[0:lay.G:lay.gB, lay.G], np.r_[0:lay.N:lay.nB, lay.N], np.r_[0:lay.Co:lay.coS, lay.Co],
              np.unique(np.r_[0, r0, r1, fo[0]])] + [np.array([0, s_]) for s_ in fo[1:]]
-    out = blocked_tensor(graph, type_, edges, name, serial=lambda lo: (
-        (lo[:, 1] // lay.nS) % plan.batch_serial * plan.out_chan_serial + (lo[:, 2] // lay.coS) % plan.out_chan_serial))
+    out = blocked_tensor(graph, type_, edges, name, serial=lambda lo: (lo[:, 2] // lay.coS) % plan.out_chan_serial)
     o_rest = int(np.prod(fo[1:], dtype=np.int64))
     set_tile_boxes(graph, out.reshape([lay.G, lay.N, lay.Co, fo[0], o_rest]), *output_boxes(params, plan, lay))
     return out
@@ -355,13 +350,11 @@ def create_output(graph, type_, params: ConvParams, plan, name: str, lay: Layout
 
 def create_input(graph, type_, params: ConvParams, plan, name: str, lay: Layout | None = None):
     """The canonical input ``[G, N, Ci, *field]`` as ``createInput`` lays it out: stored block by
-    block (:func:`_input_blocks`, each contiguous; with a batch serial split, slice by slice) and
-    mapped by :func:`input_boxes`."""
+    block (:func:`_input_blocks`, each contiguous) and mapped by :func:`input_boxes`."""
     lay = lay or Layout.of(params, plan)
     b_lo, b_sz, *_ = _input_blocks(params, plan, lay)
-    order = np.argsort((b_lo[:, 1] // lay.nS) % plan.batch_serial, kind="stable")     # slice by slice
     shape = [lay.G, lay.N, lay.Ci, params.inputFieldShape[0], int(np.prod(params.inputFieldShape[1:], dtype=np.int64))]
-    x = graph.add_blocks(type_, shape, b_lo[order], b_sz[order], name)
+    x = graph.add_blocks(type_, shape, b_lo, b_sz, name)
     set_tile_boxes(graph, x, *input_boxes(params, plan, lay))
     return x.reshape([lay.G, lay.N, lay.Ci, *params.inputFieldShape])
 
