@@ -1,4 +1,4 @@
-"""poplin's structural layouts and exchange: the boxes of ``core.input_boxes`` / ``weight_boxes`` /
+"""poplin's structural layouts and exchange: the boxes of ``layout.input_boxes`` / ``weight_boxes`` /
 ``output_boxes`` and the reads ``core.build`` declares (boxes and runs, no per-element arrays)
 against per-element references: the layout formulas, and the per-address exchange model applied
 to the elements each tile reads (one transfer per replica of a block, the first counting sends)."""
@@ -16,7 +16,7 @@ from openipu.poplar import program as P
 from openipu.poplar.graph_compiler import _boxes_of
 from openipu.poplar.exchange import RegionTransfer
 from openipu.poplibs import poplin, poputil
-from openipu.poplibs.poplin import core
+from openipu.poplibs.poplin import core, layout
 from openipu.poplibs.poplin.convolution import _canon_input
 from openipu.poplibs.poplin.plan import plan_convolution
 
@@ -30,12 +30,11 @@ def _block_sizes(idx, n, b):
 
 def ref_input_tiles(params, plan, lay):
     """Share ``o = q * outChanSplit // L`` of element ``q`` of its block (row-major over the
-    block's sizes, ``L`` elements: g x n x c x the rows whose primary field block is f x rest;
-    n: a serial slice of a batch block)."""
+    block's sizes, ``L`` elements: g x n x c x the rows whose primary field block is f x rest)."""
     F0 = params.inputFieldShape[0]
     rest = int(np.prod(params.inputFieldShape[1:], dtype=np.int64))
-    lo, hi = core.input_row_ranges(params, plan, lay)
-    fr = core._primary_block(np.arange(F0), lo, hi)
+    lo, hi = layout.input_row_ranges(params, plan, lay)
+    fr = layout._primary_block(np.arange(F0), lo, hi)
     r0 = np.searchsorted(fr, fr, side="left")
     nr = np.searchsorted(fr, fr, side="right") - r0
     g = np.arange(lay.G)[:, None, None, None, None]
@@ -44,10 +43,10 @@ def ref_input_tiles(params, plan, lay):
     row = np.arange(F0)[None, None, None, :, None]
     f, r0, nr = (a_[None, None, None, :, None] for a_ in (fr, r0, nr))
     r = np.arange(rest)[None, None, None, None, :]
-    gs, ns, cs = _block_sizes(g, lay.G, lay.gB), _block_sizes(n, lay.N, lay.nS), _block_sizes(c, lay.Ci, lay.ciB)
-    q = ((((g % lay.gB) * ns + n % lay.nS) * cs + c % lay.ciB) * nr + row - r0) * rest + r
+    gs, ns, cs = _block_sizes(g, lay.G, lay.gB), _block_sizes(n, lay.N, lay.nB), _block_sizes(c, lay.Ci, lay.ciB)
+    q = ((((g % lay.gB) * ns + n % lay.nB) * cs + c % lay.ciB) * nr + row - r0) * rest + r
     o = q * plan.out_chan_split // (gs * ns * cs * nr * rest)
-    t = core.tile_index(plan, g // lay.gB, n // lay.nB, f, o, c // lay.ciB)
+    t = layout.tile_index(plan, g // lay.gB, n // lay.nB, f, o, c // lay.ciB)
     return np.broadcast_to(t, (lay.G, lay.N, lay.Ci, F0, rest)).reshape(-1)
 
 
@@ -63,7 +62,7 @@ def ref_weight_tiles(params, plan, lay):
     gs, os_, cs = _block_sizes(g, lay.G, lay.gB), _block_sizes(co, lay.Co, lay.coS), _block_sizes(c, lay.Ci, lay.ciB)
     q = (((g % lay.gB) * os_ + co % lay.coS) * cs + c % lay.ciB) * K + k
     h = q * share // (gs * os_ * cs * K)
-    t = core.tile_index(plan, g // lay.gB, h // plan.field_split, h % plan.field_split, co // lay.coB, c // lay.ciB)
+    t = layout.tile_index(plan, g // lay.gB, h // plan.field_split, h % plan.field_split, co // lay.coB, c // lay.ciB)
     return np.broadcast_to(t, (lay.G, lay.Co, lay.Ci, K)).reshape(-1)
 
 
@@ -82,10 +81,10 @@ def ref_output_tiles(params, plan, lay):
     row = np.arange(fo[0])[None, None, None, :, None]
     f, r0, nr = (a[None, None, None, :, None] for a in (fr, r0, nr))
     r = np.arange(rest)[None, None, None, None, :]
-    gs, ns, cs = _block_sizes(g, lay.G, lay.gB), _block_sizes(n, lay.N, lay.nS), _block_sizes(co, lay.Co, lay.coS)
-    q = ((((g % lay.gB) * ns + n % lay.nS) * cs + co % lay.coS) * nr + row - r0) * rest + r
+    gs, ns, cs = _block_sizes(g, lay.G, lay.gB), _block_sizes(n, lay.N, lay.nB), _block_sizes(co, lay.Co, lay.coS)
+    q = ((((g % lay.gB) * ns + n % lay.nB) * cs + co % lay.coS) * nr + row - r0) * rest + r
     i = q * plan.in_chan_split // (gs * ns * cs * nr * rest)
-    t = core.tile_index(plan, g // lay.gB, n // lay.nB, f, co // lay.coB, i)
+    t = layout.tile_index(plan, g // lay.gB, n // lay.nB, f, co // lay.coB, i)
     return np.broadcast_to(t, (lay.G, lay.N, lay.Co, fo[0], rest)).reshape(-1)
 
 
@@ -126,13 +125,13 @@ def test_conv_layouts_match_the_per_element_formulas(d):
         plan = plan_convolution(p, g.getTarget(), opts, None)
     except poplin.poplibs_error:
         return
-    lay = core.Layout.of(p, plan)
+    lay = layout.Layout.of(p, plan)
     x = poplin.createInput(g, p, "x", opts)
     w = poplin.createWeights(g, p, "w", opts)
     np.testing.assert_array_equal(_local(g, _canon_input(x, p)), ref_input_tiles(p, plan, lay))
     np.testing.assert_array_equal(_local(g, w), ref_weight_tiles(p, plan, lay))
     out = g.addVariable(p.outputType, [lay.G, lay.N, lay.Co, *p.getOutputFieldShape()], "o")
-    core.map_output(g, out, p, plan, lay)
+    layout.map_output(g, out, p, plan, lay)
     np.testing.assert_array_equal(_local(g, out), ref_output_tiles(p, plan, lay))
 
 
@@ -153,7 +152,7 @@ def test_matmul_layouts_match_the_per_element_formulas(shape, tiles, vtiles):
         C = poplin.createMatMulOutput(g, poplar.HALF, poplar.HALF, a_shape, b_shape, "c")
     plan = poplin.plan_matmul(gr, m, k, n, poplar.HALF, g.getTarget(), None, None)
     params = poplin.ConvParams(poplar.HALF, poplar.HALF, m, [1], [1], k, n, gr)
-    lay = core.Layout.of(params, plan)
+    lay = layout.Layout.of(params, plan)
     np.testing.assert_array_equal(_local(g, A.reshape([gr, m, k])), ref_input_tiles(params, plan, lay))
     np.testing.assert_array_equal(_local(g, B.reshape([gr, k, n]).dimShuffle([0, 2, 1])),
                                   ref_weight_tiles(params, plan, lay))
@@ -162,22 +161,22 @@ def test_matmul_layouts_match_the_per_element_formulas(shape, tiles, vtiles):
 
 # ---------------------------------------------------------------------------------------------
 # reads: the structural Accesses against the per-address model of the same reads
-def _ref_read_transfers(graph, x, w, params, plan, sb, so):
+def _ref_read_transfers(graph, x, w, params, plan, so):
     """The per-element transfers of one serial step's reads, as poplin built them before boxes:
     per operand part (primary input rows, halo rows, weights) one transfer per replica of each
     block, addresses in increasing order, the first replica counting sends."""
-    lay = core.Layout.of(params, plan)
+    lay = layout.Layout.of(params, plan)
     gt = graph._tiles
     space = x._state.space(x._type)
-    lo, hi = core.input_row_ranges(params, plan, lay)
+    lo, hi = layout.input_row_ranges(params, plan, lay)
     rows = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())] + [np.zeros(0, int)])
     fblk = np.repeat(np.arange(plan.field_split), hi - lo)
-    prim = fblk == core._primary_block(rows, lo, hi)
+    prim = fblk == layout._primary_block(rows, lo, hi)
     F0, rest = params.inputFieldShape[0], int(np.prod(params.inputFieldShape[1:]))
     K = int(np.prod(params.kernelShape))
     xa = x.addresses().reshape(lay.G, lay.N, lay.Ci, F0, rest)
     wa = w.addresses().reshape(lay.G, lay.Co, lay.Ci, K)
-    n_idx = np.flatnonzero((np.arange(lay.N) % lay.nB) // lay.nS == sb)
+    n_idx = np.arange(lay.N)
     co_idx = np.flatnonzero((np.arange(lay.Co) % lay.coB) // lay.coS == so)
     g_t = (np.arange(lay.G) // lay.gB)[:, None, None, None, None]
     n_t = (n_idx // lay.nB)[None, :, None, None, None]
@@ -193,12 +192,12 @@ def _ref_read_transfers(graph, x, w, params, plan, sb, so):
     for sel in (prim, ~prim):
         if sel.any():
             a_in = xa[:, n_idx][:, :, :, rows[sel]]
-            base = core.tile_index(plan, g_t, n_t, fblk[sel][None, None, None, :, None], 0, c_t)
-            out += replicas(a_in, base, [int(core.tile_index(plan, 0, 0, 0, o, 0)) for o in range(plan.out_chan_split)])
-    base = core.tile_index(plan, (np.arange(lay.G) // lay.gB)[:, None, None, None], 0, 0,
+            base = layout.tile_index(plan, g_t, n_t, fblk[sel][None, None, None, :, None], 0, c_t)
+            out += replicas(a_in, base, [int(layout.tile_index(plan, 0, 0, 0, o, 0)) for o in range(plan.out_chan_split)])
+    base = layout.tile_index(plan, (np.arange(lay.G) // lay.gB)[:, None, None, None], 0, 0,
                            (co_idx // lay.coB)[None, :, None, None],
                            (np.arange(lay.Ci) // lay.ciB)[None, None, :, None])
-    offs = [int(core.tile_index(plan, 0, b, f, 0, 0))
+    offs = [int(layout.tile_index(plan, 0, b, f, 0, 0))
             for b in range(plan.batch_split) for f in range(plan.field_split)]
     return out + replicas(wa[:, co_idx], base, offs)
 
@@ -271,14 +270,13 @@ def test_reads_cost_what_the_per_element_model_gives(case, mapping):
     conv_sets = [cs for cs in top._state.compute_sets if cs.name.endswith("/Conv")]
     # serial splits are one loop body: it convolves one serial slice (the slice problem)
     assert len(conv_sets) == 1
-    p_step = p._with(batchSize=p.batchSize // plan.batch_serial,
-                     outputChannelsPerConvGroup=p.outputChannelsPerConvGroup // plan.out_chan_serial)
-    plan_step = dataclasses.replace(plan, batch_serial=1, out_chan_serial=1)
+    p_step = p._with(outputChannelsPerConvGroup=p.outputChannelsPerConvGroup // plan.out_chan_serial)
+    plan_step = dataclasses.replace(plan, out_chan_serial=1)
     for cs in conv_sets:
         group = cs.groups[0]
         xr, wr = group.kernel.args[:2]      # the operands as read (after any rearrangement)
         np.testing.assert_array_equal(_volume(spec, _structural(group.reads)),
-                                      _volume(spec, _ref_read_transfers(g, xr, wr, p_step, plan_step, 0, 0)))
+                                      _volume(spec, _ref_read_transfers(g, xr, wr, p_step, plan_step, 0)))
         if plan.in_chan_split > 1:
             # the reduce reads every partial slab on the tiles that hold the output
             partials = group.writes[0].tensor

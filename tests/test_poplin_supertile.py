@@ -6,20 +6,20 @@ import pytest
 from libharness import OpHarness
 from openipu import poplar
 from openipu.poplibs import poplin
-from openipu.poplibs.poplin import core
+from openipu.poplibs.poplin import core, layout
 from openipu.poplibs.poplin import plan as PL
 
 
 def test_tile_order_is_linearize_conv_indices():
     """Output channels innermost, then field, batch, input channels, conv group
     (PopLibs linearizeConvIndices)."""
-    plan = PL.ConvPlan("AMP", 16, 16, 16, 2, 3, 5, 7, 4, 1, 1, 0.0, 0.0, 0.0, 0.0, 0, 0)
-    assert core.tile_index(plan, 0, 0, 0, 1, 0) == 1
-    assert core.tile_index(plan, 0, 0, 1, 0, 0) == 4
-    assert core.tile_index(plan, 0, 1, 0, 0, 0) == 4 * 5
-    assert core.tile_index(plan, 0, 0, 0, 0, 1) == 4 * 5 * 3
-    assert core.tile_index(plan, 1, 0, 0, 0, 0) == 4 * 5 * 3 * 7
-    assert core.tile_index(plan, 1, 2, 4, 3, 6) == plan.tiles - 1
+    plan = PL.ConvPlan("AMP", 16, 16, 16, 2, 3, 5, 7, 4, 1, 0.0, 0.0, 0.0, 0.0, 0, 0)
+    assert layout.tile_index(plan, 0, 0, 0, 1, 0) == 1
+    assert layout.tile_index(plan, 0, 0, 1, 0, 0) == 4
+    assert layout.tile_index(plan, 0, 1, 0, 0, 0) == 4 * 5
+    assert layout.tile_index(plan, 0, 0, 0, 0, 1) == 4 * 5 * 3
+    assert layout.tile_index(plan, 1, 0, 0, 0, 0) == 4 * 5 * 3 * 7
+    assert layout.tile_index(plan, 1, 2, 4, 3, 6) == plan.tiles - 1
 
 
 def test_reduce_estimate_follows_get_reduce_cycle_estimate():

@@ -107,7 +107,7 @@ def test_blocked_constant_values_land_block_by_block():
     import math
 
     from openipu.poplar import regions as R
-    from openipu.poplibs.poplin import core
+    from openipu.poplibs.poplin import layout
 
     rng = np.random.default_rng(1)
     for _ in range(100):
@@ -124,7 +124,7 @@ def test_blocked_constant_values_land_block_by_block():
             ref[a:a + n] = value[tuple(slice(x, x + y) for x, y in zip(c_lo, c_sz))].reshape(-1)
             a += n
         got = np.empty(value.size)
-        got[core._block_order(edges, lo, sz)] = value.reshape(-1)
+        got[layout._block_order(edges, lo, sz)] = value.reshape(-1)
         np.testing.assert_array_equal(got, ref)
 
 

@@ -5,7 +5,9 @@
 - :mod:`.matmul`: ``matMul``, ``matMulGrouped``, ``matMulAcc``, ``createMatMulInputLHS/RHS`` ...;
 - :mod:`.convolution`: ``convolution``, ``createInput``, ``createWeights``, ``createBiases``,
   ``addBias``, ``calculateWeightDeltas``, ``convolutionWeightUpdate``;
-- :mod:`.core`: building a plan into vertex groups (not PopLibs API).
+- :mod:`.layout`: a plan's tile layout and the creators of tensors laid out for it;
+- :mod:`.kernels`: the host kernels of the partial-sum and reduce vertices;
+- :mod:`.core`: building a plan into vertex groups and serial loops (not PopLibs API).
 """
 
 from openipu.poplibs.poplin.convolution import *  # noqa: F401,F403

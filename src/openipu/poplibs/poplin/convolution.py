@@ -17,7 +17,7 @@ from openipu import poplar
 from openipu.poplar.exchange import tile_boxes
 from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplar.graph_codec import kernel
-from openipu.poplibs.poplin import core, transforms
+from openipu.poplibs.poplin import core, layout, transforms
 from openipu.poplibs.poplin.matmul import _scaled_add_to
 from openipu.poplibs.poplin.params import ConvParams, getGradientParams, poplibs_error, weight_update_params
 from openipu.poplibs.poplin.plan import parse_options, plan_convolution
@@ -104,7 +104,7 @@ def createInput(graph, params: ConvParams, name: str = "", options=None, cache=N
     (``poplin::createInput``): each work block stored contiguously, each tile holding an interval
     of a block it convolves (:func:`core.create_input`)."""
     plan = plan_convolution(params, graph.getTarget(), options, cache, op="createInput")
-    x = core.create_input(graph, params.inputType, params, plan, name or "input")
+    x = layout.create_input(graph, params.inputType, params, plan, name or "input")
     n = params.getNumFieldDims()
     return x.dimShuffle([1, 0, 2, *range(3, 3 + n)]).reshape(params.getInputShape())
 
@@ -123,7 +123,7 @@ def create_weights(graph, params: ConvParams, name: str = "", options=None, cach
     shape = params.getWeightsShape()
     if value is not None:
         value = np.asarray(value).reshape(shape[:3] + [-1])
-    w = core.create_weights(graph, type_ or params.inputType, params, plan, name or "weights", value)
+    w = layout.create_weights(graph, type_ or params.inputType, params, plan, name or "weights", value)
     return w.reshape(shape)
 
 
@@ -131,7 +131,7 @@ def map_weights(graph, weights, params: ConvParams, options=None, cache=None) ->
     """Re-map existing ``weights`` ``[G, Co, Ci, *kernel]`` as :func:`createWeights` lays them out
     for ``params`` (PopART creates weights from their consumer). openipu extension."""
     plan = plan_convolution(params, graph.getTarget(), options, cache, op="createWeights")
-    core.map_weights(graph, weights, params, plan)
+    layout.map_weights(graph, weights, params, plan)
 
 
 def createBiases(graph, acts, name: str = "biases"):  # noqa: N802
@@ -157,7 +157,7 @@ def createBiases(graph, acts, name: str = "biases"):  # noqa: N802
     best = key[order][np.r_[True, key[order, 0][1:] != key[order, 0][:-1]]]
     if best.shape[0] != C:
         raise poplar.invalid_tile_mapping(f"createBiases: activations {acts.shape()} hold no element of some channel")
-    tile, b0, b1 = core._runs(best[:, 1])
+    tile, b0, b1 = layout._runs(best[:, 1])
     graph.set_tile_runs(b, b0, b1, graph._global_tiles(tile))
     return b
 
@@ -270,7 +270,7 @@ def _expand_transform(graph, wu: ConvParams, x, w, options, cache, op, prog, nam
     if kind == "view":
         x, w = transforms.expand_dims_views(x, w, wu, dims)
         return e, x, w
-    xe = core.create_input(graph, wu.inputType, e, pe, f"{name}/expandDims")
+    xe = layout.create_input(graph, wu.inputType, e, pe, f"{name}/expandDims")
     x, w = transforms.expand_dims_copy(graph, x, w, wu, dims, xe, prog, name)
     return e, x, w
 

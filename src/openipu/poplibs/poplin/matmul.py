@@ -16,7 +16,7 @@ from openipu.poplar.exchange import tile_boxes
 from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplar.types import as_type
 from openipu.poplar.graph_codec import kernel
-from openipu.poplibs.poplin import core
+from openipu.poplibs.poplin import core, layout
 from openipu.poplibs.poplin.params import ConvParams
 from openipu.poplibs.poplin.plan import parse_options, plan_matmul
 from openipu.poplibs.popops._common import tile_counts_of
@@ -174,12 +174,12 @@ def _create(graph, op, type_, aShape, bShape, name, options, cache, which, group
     if which == "rhs":      # blocks stored contiguously (createWeights), canonical [g, n, k, 1]
         if value is not None:
             value = np.asarray(value).reshape(g, k, n).transpose(0, 2, 1)
-        w = core.create_weights(graph, type_, params, plan, name, value)
+        w = layout.create_weights(graph, type_, params, plan, name, value)
         t = w.reshape([g, n, k]).dimShuffle([0, 2, 1])
     elif which == "lhs":    # blocks stored contiguously (createInput), canonical [g, m, k, 1]
-        t = core.create_input(graph, type_, params, plan, name).reshape(shape)
+        t = layout.create_input(graph, type_, params, plan, name).reshape(shape)
     else:                   # (createOutput) canonical [g, m, n, 1]
-        t = core.create_output(graph, out_type, params, plan, name).reshape(shape)
+        t = layout.create_output(graph, out_type, params, plan, name).reshape(shape)
     return t if grouped else t.reshape(shape[1:])
 
 
@@ -205,7 +205,7 @@ def map_matmul_input_rhs(graph, B, aShape, options=None, cache=None, outType=Non
     out_type = as_type(outType or type_)
     plan = _plan(graph, g, m, k, n, type_, out_type, options, cache, op)
     Bg = B if grouped else B.reshape([1, k, n])
-    core.map_weights(graph, Bg.dimShuffle([0, 2, 1]).reshape([g, n, k, 1]), _params(g, m, k, n, type_, out_type), plan)
+    layout.map_weights(graph, Bg.dimShuffle([0, 2, 1]).reshape([g, n, k, 1]), _params(g, m, k, n, type_, out_type), plan)
 
 
 def createMatMulInputLHS(graph, type_, aShape, bShape, name: str = "", options=None, cache=None):  # noqa: N802,N803

@@ -6,8 +6,9 @@ A matmul ``A[g][m][k] x B[g][k][n]`` is planned as a convolution with ``g`` conv
 
 A plan splits the work over tiles in parallel along conv groups, batch, the first output field
 dimension, input channels and output channels; and serially (steps in time) along output
-channels and batch when temporary memory is short (PopLibs ``Partition``: ``convGroupSplit``,
-``batchSplit``, ``fieldSplit``, ``inChanSplit``, ``outChanSplit{parallel, serial}``). For every
+channels when temporary memory is short (PopLibs ``Partition``: ``convGroupSplit``,
+``batchSplit``, ``fieldSplit``, ``inChanSplit``, ``outChanSplit{parallel, serial}``; PopLibs
+splits the batch in parallel only). For every
 candidate split and vertex type it estimates, per tile and serial step (all predicted IPU cycles):
 
 - the partial-sum vertex: ``poplin::ConvPartial1x1Out`` (AMP, 1x1 kernels), ``ConvPartialnx1``
@@ -20,7 +21,7 @@ candidate split and vertex type it estimates, per tile and serial step (all pred
 - the exchange of the input and weight blocks the tile does not hold (4 bytes/cycle/tile), with
   the tensors laid out as ``createInput`` / ``createWeights`` lay them out;
 - when input channels are split, the exchange and reduction of the partial sums;
-- with serial splits, the loop's copies of each step's operand slice and output slice
+- with a serial split, the loop's copies of each step's weight slice and output slice
   (``popops`` dynamic slice and update, on the tile);
 - the syncs and compute-set launches the engine charges (``openipu.poplar.calibration``);
 
@@ -166,7 +167,6 @@ class ConvPlan:
     in_chan_split: int
     out_chan_split: int
     out_chan_serial: int
-    batch_serial: int
     cycles: float
     compute_cycles: float
     exchange_cycles: float
@@ -180,7 +180,7 @@ class ConvPlan:
 
     @property
     def serial_steps(self) -> int:
-        return self.out_chan_serial * self.batch_serial
+        return self.out_chan_serial
 
     def vertex_name(self, in_type, partials_type, one_by_one: bool) -> str:
         if self.method == "HMAC":
@@ -196,7 +196,7 @@ class ConvPlan:
                 + f", inChansPerGroup {self.in_chans_per_group}, partialChansPerGroup {self.out_chans_per_group}\n"
                 f"  parallel splits: convGroup {self.group_split}, batch {self.batch_split}, field {self.field_split}, "
                 f"inChan {self.in_chan_split}, outChan {self.out_chan_split} ({self.tiles} tiles)\n"
-                f"  serial splits: outChan {self.out_chan_serial}, batch {self.batch_serial}\n"
+                f"  serial splits: outChan {self.out_chan_serial}\n"
                 f"  estimated cycles {self.cycles:,.0f} (partials {self.compute_cycles:,.0f}, exchange "
                 f"{self.exchange_cycles:,.0f}, reduction {self.reduce_cycles:,.0f})\n"
                 f"  temporary memory {self.temp_bytes:,} bytes per tile (budget {self.budget_bytes:,})")
@@ -510,10 +510,9 @@ def _evaluate(pb: Problem, c: dict, method, units, fp, in_type, out_type, target
     fB = _ceil(pb.out_rows, c["fs"])
     ciB = _ceil(pb.Ci, c["ics"])
     coB = _ceil(pb.Co, c["ocs"])
-    nS = _ceil(nB, c["sb"])
     coS = _ceil(coB, c["so"])
-    steps = c["sb"] * c["so"]
-    P = nS * fB * pb.out_rest
+    steps = c["so"]
+    P = nB * fB * pb.out_rest
     Pw = np.maximum(1, np.ceil(P * pb.density).astype(np.int64))
     if method == "AMP":
         wpcu = WEIGHTS_PER_CONV_UNIT[in_name]
@@ -534,7 +533,7 @@ def _evaluate(pb: Problem, c: dict, method, units, fp, in_type, out_type, target
     comp = comp + cal.COMPUTE_SET_LAUNCH_CYCLES
     # exchange of the input and weight blocks a tile does not hold
     rows_in = np.minimum(pb.in_rows, np.ceil(fB * pb.rows_per_out + pb.halo_rows)).astype(np.int64)
-    in_blk = gB * nS * ciB * rows_in * pb.in_rest
+    in_blk = gB * nB * ciB * rows_in * pb.in_rest
     w_blk = gB * coS * ciB * pb.taps
     in_recv = in_blk * (1.0 - 1.0 / c["ocs"]) * isz
     # PopLibs ExchangeEstimator: with an even output-channel split the two tiles of a supertile
@@ -545,7 +544,7 @@ def _evaluate(pb: Problem, c: dict, method, units, fp, in_type, out_type, target
     exch = np.where(recv > 0, np.ceil(recv / epc) + cal.EXCHANGE_PHASE_OVERHEAD_CYCLES + sync, 0.0) + sync
     # reduction of partials across the input-channel split
     split = c["ics"] > 1
-    part_elems = gB * nS * fB * pb.out_rest * coS
+    part_elems = gB * nB * fB * pb.out_rest * coS
     outs = _ceil(part_elems, c["ics"])
     red_recv = np.where(split, outs * (c["ics"] - 1) * psz, 0)
     red_comp = conv_reduce_cycles(outs, c["ics"], out_type.name == "float", fp, W, target.getDataPathWidth(),
@@ -555,11 +554,11 @@ def _evaluate(pb: Problem, c: dict, method, units, fp, in_type, out_type, target
     # the vertices read the tile's whole input and weight blocks: count them as temporaries
     # (the part already local is a conservative overcount, as if rearranged into a work buffer)
     temp = np.maximum((in_blk + w_blk) * isz + partial_bytes, partial_bytes + red_recv)
-    # serial splits are a loop (core._serial_loop): each step copies the tile's share of the
-    # operand's slice into a buffer (dynamicSlice) and its share of the slice's output out of one
+    # a serial split is a loop (core._serial_loop): each step copies the tile's share of the
+    # weights' slice into a buffer (dynamicSlice) and its share of the slice's output out of one
     # (dynamicUpdate), both on the tile; the two buffers live during the loop
     loop = steps > 1
-    slice_elems = np.where(c["so"] > 1, _ceil(w_blk, c["bs"] * c["fs"]), 0) + np.where(c["sb"] > 1, _ceil(in_blk, c["ocs"]), 0)
+    slice_elems = np.where(loop, _ceil(w_blk, c["bs"] * c["fs"]), 0)
     out_elems = _ceil(part_elems, c["ics"])
     copies = (_copy_cycles(slice_elems, in_type, target, W) + _copy_cycles(out_elems, out_type, target, W)
               + 2 * (cal.COMPUTE_SET_LAUNCH_CYCLES + 2 * sync))
@@ -586,15 +585,12 @@ def _candidates(pb: Problem, T: int, serial: bool) -> dict:
     c = _cross(c, "ocs", split_candidates(pb.Co, T, (16, 8), **kw), T, ("gs", "bs", "fs", "ics", "ocs"))
     if not serial:
         c["so"] = np.ones_like(c["gs"])
-        c["sb"] = np.ones_like(c["gs"])
         return c
     ser = np.array(SERIAL_SPLITS, np.int64)
     c = _cross(c, "so", ser[ser <= max(1, pb.Co)])
-    c = _cross(c, "sb", ser[ser <= max(1, pb.N)])
     # a serial split must cut every parallel block into equal slices (PopLibs: the serial split
     # divides the channels evenly), so that one loop body serves every step
-    keep = (c["so"] * c["sb"] > 1) & ((c["so"] == 1) | (pb.Co % (c["ocs"] * c["so"]) == 0)) \
-        & ((c["sb"] == 1) | (pb.N % (c["bs"] * c["sb"]) == 0))
+    keep = (c["so"] > 1) & (pb.Co % (c["ocs"] * c["so"]) == 0)
     return {k: v[keep] for k, v in c.items()}
 
 
@@ -640,14 +636,14 @@ def plan_problem(pb: Problem, in_type, partials_type, out_type, target, opts: Pl
             if least is None or (int(temp[j]), float(total[j])) < least[:2]:
                 least = (int(temp[j]), float(total[j]), ConvPlan(
                     method, units, int(icpg[j]), int(ocpg[j]), int(c["gs"][j]), int(c["bs"][j]), int(c["fs"][j]),
-                    int(c["ics"][j]), int(c["ocs"][j]), int(c["so"][j]), int(c["sb"][j]), float(total[j]),
+                    int(c["ics"][j]), int(c["ocs"][j]), int(c["so"][j]), float(total[j]),
                     float(comp[j]), float(exch[j]), float(red[j]), int(temp[j]), int(budget)))
             if ok.any():
                 i = int(np.flatnonzero(ok)[np.argmin(score[ok])])
                 if best is None or score[i] < best[0]:
                     best = (float(score[i]), ConvPlan(
                         method, units, int(icpg[i]), int(ocpg[i]), int(c["gs"][i]), int(c["bs"][i]), int(c["fs"][i]),
-                        int(c["ics"][i]), int(c["ocs"][i]), int(c["so"][i]), int(c["sb"][i]), float(total[i]),
+                        int(c["ics"][i]), int(c["ocs"][i]), int(c["so"][i]), float(total[i]),
                         float(comp[i]), float(exch[i]), float(red[i]), int(temp[i]), int(budget)))
         if best is not None and not minimise_memory:
             break

@@ -31,7 +31,6 @@ PopLibs does in its transform step.
 
 from __future__ import annotations
 
-import numpy as np
 
 from openipu.poplibs.poplin.params import ConvParams, InputTransform, OutputTransform
 
