@@ -44,6 +44,7 @@ from openipu.poplar import pvti
 from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.graphcore_ops import find_kernel
 from openipu.popart.lowering.graphcore import _COLLECTIVE as _COLLECTIVE_OP
+from openipu.popart.onnx_ops import varupdate
 from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel
 from openipu.popart.variable_settings import comm_groups
 from openipu.poplibs import gcl, gcl_instances
@@ -371,6 +372,12 @@ class IrExecutor:
                 env[out] = total.to(self.dtype[out])
 
     def _step(self, take, put, anchors: list, bps: int) -> None:
+        try:
+            self._run_step(take, put, anchors, bps)
+        finally:
+            varupdate.release_scratch()
+
+    def _run_step(self, take, put, anchors: list, bps: int) -> None:
         if pvti.enabled():      # the host copies as the System Analyser shows Poplar's stream copies
             take, put = _traced(take, "StreamCopy host->IPU"), _traced(put, "StreamCopy IPU->host")
         ir = self.ir

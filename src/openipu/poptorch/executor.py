@@ -120,6 +120,11 @@ class PoplarExecutor:
         self._signature = None
         self._attached = False
         self._uploaded_versions = None
+        self._owners = None         # (built, [(tensor id, owning module, name, path)]): _weight_tensors
+        #: the session's host copies of the variables are older than its device's (the weights
+        #: were synced from the IR executor straight into the module): weightsToHost before
+        #: sending host copies
+        self._host_behind = False
         self._cycles = None
         self._compile_seconds = None
         self._perf = None
@@ -434,8 +439,25 @@ class PoplarExecutor:
         m = self._user_model
         return m.get_parameter(path) if _is_param(m, path) else m.get_buffer(path)
 
+    def _weight_tensors(self) -> list:
+        """``[(tensor id, module tensor)]`` of the compiled weights: the module's current
+        parameter or buffer at each path (the owning submodules are looked up once per compiled
+        model; the tensors each call, so that a replaced parameter is the one synced)."""
+        if self._owners is None or self._owners[0] is not self._built:
+            m = self._user_model
+            owners = []
+            for tid, path in self._built.weights.items():
+                mod_path, _, name = path.rpartition(".")
+                owners.append((tid, m.get_submodule(mod_path) if mod_path else m, name, path))
+            self._owners = (self._built, owners)
+        out = []
+        for tid, mod, name, path in self._owners[1]:
+            t = mod._parameters.get(name) if name in mod._parameters else mod._buffers.get(name)
+            out.append((tid, t if t is not None else self._module_tensor(path)))
+        return out
+
     def _versions(self):
-        return [self._module_tensor(p)._version for p in self._built.weights.values()]
+        return [t._version for _, t in self._weight_tensors()]
 
     def _upload_weights(self, force: bool = False) -> None:
         if self._connection_never() or not self._attached:      # sent when the device is attached
@@ -443,10 +465,10 @@ class PoplarExecutor:
         versions = self._versions()
         if not force and versions == self._uploaded_versions:
             return
-        io = {}
-        for tid, path in self._built.weights.items():
-            t = self._module_tensor(path)
-            io[tid] = _to_numpy(t, POPART_TYPE[t.dtype])
+        if self._host_behind:       # the optimizer state is sent too: the device's, not a stale one
+            self._session.weightsToHost()
+            self._host_behind = False
+        io = {tid: _to_numpy(t, POPART_TYPE[t.dtype]) for tid, t in self._weight_tensors()}
         self._session.writeWeights(popart.PyWeightsIO(io))
         self._session.weightsFromHost()
         self._uploaded_versions = versions
@@ -461,20 +483,35 @@ class PoplarExecutor:
         self._check_compiled()
         if self._connection_never():
             return
-        self._session.weightsToHost()
-        # one weight at a time through a staging array (copy_ keeps the module tensors' version
-        # counters right, which other wrappers of the module use to know they must upload): at
-        # most one weight's extra host copy, not one of every weight
+        s = self._session
+        device = s._device_weights()
+        # copy_ into the module's tensors keeps their version counters right (other wrappers of
+        # the module read them to know they must upload)
         with torch.no_grad():
-            for tid, path in self._built.weights.items():
-                host = self._session._returned_values(tid)
-                buf = np.empty(host.shape, host.dtype)
-                self._session.readWeights(popart.PyWeightsIO({tid: buf}))
-                t = self._module_tensor(path)
-                if t.numel() != buf.size:       # AllReplicas: one value per replica from now on
-                    t.data = torch.from_numpy(buf).to(t.dtype)
-                    continue
-                t.copy_(torch.from_numpy(buf).reshape(t.shape).to(t.dtype))
+            if device is not None and any(tid in s._replica_group or s._returns_all(tid)
+                                          for tid in self._built.weights):
+                device = None       # replica-grouped or AllReplicas weights: through the host copies
+            if device is not None:
+                # the IR executor's variables straight into the module: one copy of the weights,
+                # no host copies of them nor of the optimizer state (those are fetched when
+                # needed: _upload_weights, copyNamedBuffersToDevice)
+                self._host_behind = True
+            else:
+                s.weightsToHost()
+                self._host_behind = False
+            for tid, t in self._weight_tensors():
+                v = device.get(tid) if device is not None else None
+                if v is None:       # a host copy (or a constant of the model, readWeights' fallback)
+                    if tid in s._host_weights:
+                        host = s._returned_values(tid)
+                    else:
+                        host = np.empty(t.shape, NUMPY_TYPE[POPART_TYPE[t.dtype]])
+                        s.readWeights(popart.PyWeightsIO({tid: host}))
+                    v = torch.from_numpy(host)
+                    if t.numel() != v.numel():      # AllReplicas: one value per replica from now on
+                        t.data = v.clone().to(t.dtype)
+                        continue
+                t.copy_(v.reshape(t.shape))
         self._uploaded_versions = self._versions()
 
     def copyNamedBuffersToDevice(self) -> None:  # noqa: N802
@@ -500,6 +537,7 @@ class PoplarExecutor:
             return
         try:
             self._session.weightsToHost()
+            self._host_behind = False
             self._session.writeWeights(popart.PyWeightsIO(io))
             self._session.weightsFromHost()
         except popart.popart_exception as e:
