@@ -18,7 +18,7 @@ accumulation (functionally accumulation); random ops (the device's seed and stre
 0 prints Poplar's text at the op's place in the step); Abort (Poplar's error when it fires);
 control flow (If, Loop, Scan, call: their host kernels run the subgraphs, as the generic
 lowering's vertex does). Not yet: pipelined training without accumulation (stale weights),
-automatic loss scaling, replicated tensor sharding, synthetic data, GroupNormalizationGrad.
+automatic loss scaling, replicated tensor sharding, synthetic data.
 Buffers come from ``PyStepIO`` or ``PyStepIOCallback``. Numerics: each op
 computes in its IR dtype, as its host kernel does (float16 stays float16), except matmuls and
 convolutions, which compute half inputs in float32 and round once (``_FLOAT_PARTIALS``); a precise
@@ -48,12 +48,6 @@ from openipu.popart.onnx_ops import varupdate
 from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel
 from openipu.popart.variable_settings import comm_groups
 from openipu.poplibs import gcl, gcl_instances
-
-#: Ops that act on the host or the program (print, abort) in their lowering, and gradient ops whose
-#: host kernel takes another form of inputs than their precise lowering: the device emulation runs
-#: sessions holding them.
-_DEVICE_ONLY = {"GroupNormalizationGrad": "GroupNormalizationGrad (its host kernel takes the statistics)"}
-
 
 #: Ops whose IPU lowering accumulates half inputs in partial sums (poplin matMul / convolution):
 #: the executor computes them in float32 and rounds the result to the output's type once, instead
@@ -91,8 +85,6 @@ def unsupported(session) -> str | None:
         if op.op_type in _COLLECTIVES and op.op_type not in ("ReplicatedAllGather", "ReplicaSlice") and \
                 not _reducible(str(op.attrs.get("op", "Add"))):
             return f"the collective {op.op_type} with operation {op.attrs.get('op')}"
-        if op.op_type in _DEVICE_ONLY:
-            return _DEVICE_ONLY[op.op_type]
         if find_kernel(op.domain, op.op_type) is None and op.op_type != "Abort":
             return f"{op.domain or 'ai.onnx'}.{op.op_type} has no host kernel"
     return None
