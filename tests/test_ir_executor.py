@@ -555,3 +555,52 @@ def test_group_norm_grad_kernel_uses_the_given_statistics():
         np.testing.assert_allclose(ds.numpy(), sc.grad.numpy(), rtol=1e-4, atol=1e-5)
     dx2, _, _ = k([gy, x.detach(), sc.detach(), mean + 1.0, inv], attrs, 1)    # other statistics, other dx
     assert not np.allclose(dx2.numpy(), x.grad.numpy(), atol=1e-3)
+
+
+@pytest.mark.parametrize("anchor_t", [False, True])
+def test_transposes_read_by_matmuls_are_views_and_training_agrees(monkeypatch, anchor_t):
+    """A weight's Transpose read only by MatMuls runs as a view (no copy; the weight's update
+    comes after its readers), a Transpose read by another op or anchored is copied; training
+    agrees with the device emulation either way."""
+    from openipu.popart import execute
+    res = {}
+    for mode in ("device", "ir"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        rng = np.random.default_rng(7)
+        b = popart.Builder()
+        x = b.addInputTensor(popart.TensorInfo("FLOAT", [4, 8]), "x")
+        w = b.addInitializedInputTensor(rng.standard_normal((5, 8)).astype(np.float32), "w")
+        wt = b.aiOnnx.transpose([w], [1, 0])
+        h = b.aiOnnx.matmul([x, wt])                                    # Linear: x @ w.T
+        ht = b.aiOnnx.transpose([h], [1, 0])
+        y = b.aiOnnx.add([b.aiOnnx.reducesum([b.aiOnnx.matmul([ht, h])], [1]), b.aiOnnx.reducesum([ht], [1])])
+        loss = b.aiGraphcore.l1loss([y], 0.1)
+        arts = {loss: popart.AnchorReturnType("ALL")}
+        if anchor_t:
+            arts[wt] = popart.AnchorReturnType("ALL")
+        s = popart.TrainingSession(fnModel=b.getModelProto(), loss=loss, dataFlow=popart.DataFlow(1, arts),
+                                   optimizer=popart.SGD({"defaultLearningRate": (0.05, False),
+                                                         "defaultMomentum": (0.9, False)}),
+                                   deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
+        s.prepareDevice()
+        s.weightsFromHost()
+        data = np.random.default_rng(8)
+        outs = []
+        for _ in range(3):
+            a = s.initAnchorArrays()
+            s.run(popart.PyStepIO({x: data.standard_normal((4, 8)).astype(np.float32)}, a))
+            outs.append({k: v.copy() for k, v in a.items()})
+        s.weightsToHost()
+        wv = np.zeros((5, 8), np.float32)
+        s.readWeights(popart.PyWeightsIO({w: wv}))
+        res[mode] = (outs, wv, s)
+    ir = res["ir"][2]._ir
+    views = {ir.ops[i].outputs[0] for i in execute._transpose_views(ir, set(ir.data_flow.anchors()))}
+    assert res["ir"][2]._fast
+    assert (wt in views) == (not anchor_t)
+    assert ht not in views          # also read by ReduceSum
+    for a, b in zip(res["device"][0], res["ir"][0]):
+        for k in a:
+            if k != wt:     # (the device emulation's anchor of a weight's transpose is read after the update)
+                np.testing.assert_allclose(b[k], a[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    np.testing.assert_allclose(res["ir"][1], res["device"][1], rtol=1e-5, atol=1e-6)

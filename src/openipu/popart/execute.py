@@ -45,6 +45,7 @@ from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.graphcore_ops import find_kernel
 from openipu.popart.lowering.graphcore import _COLLECTIVE as _COLLECTIVE_OP
 from openipu.popart.onnx_ops import varupdate
+from openipu.popart.onnx_ops.shape import transpose_view
 from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel
 from openipu.popart.variable_settings import comm_groups
 from openipu.poplibs import gcl, gcl_instances
@@ -58,6 +59,79 @@ from openipu.poplibs import gcl, gcl_instances
 #: verifying mode's (``OPENIPU_EXECUTION=device`` models the half partial sums).
 _FLOAT_PARTIALS = {("", "MatMul"), ("", "Gemm"), ("", "Conv"), ("", "ConvTranspose"),
                    ("ai.graphcore", "ConvDataGrad"), ("ai.graphcore", "ConvWeightsGrad")}
+
+#: Ops whose kernels return new tensors (never a view of an input): the roots of the aliasing
+#: chains (see :func:`_transpose_views`). Every other op's output may be a view of its inputs.
+_FRESH = {("", t) for t in ("MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Softmax", "Gelu", "Tanh", "Erf")} | \
+    {("ai.graphcore", t) for t in ("GroupNormalization", "Gelu", "GeluErf")}
+#: Ops that read an input without aliasing it in their outputs (a matmul; an update op reads the
+#: gradient it is given and writes only its ``modifies`` inputs)
+_PLAIN_READERS = {("", "MatMul"), ("", "Gemm")}
+
+
+def _transpose_views(ir, keep: set) -> set:
+    """The indices (in ``ir.ops``) of the Transpose ops whose output the executor may leave as a
+    view of the input (``permute`` without the copy, as PyTorch eager's transposes feeding
+    matmuls are). A view reads the same values as the copy as long as nothing writes its data
+    between the transpose and the view's last reader:
+
+    - the output is not anchored (``keep``), no op writes it in place, and its readers are
+      MatMul / Gemm, update ops that do not write it, or Transposes (the readers of a Transpose
+      left as a view count as the first one's readers);
+    - no op writes a root of the input (the tensors it may alias: through every op not known to
+      return new tensors, :data:`_FRESH`, back to variables, constants, stream inputs or fresh
+      outputs) after the transpose and up to its last reader, in the same fragment (the weight
+      update ops follow the backward pass, so a weight's transposes read before its update)."""
+    from openipu.popart.ir import OUTER_FRAGMENT
+    index = {id(op): i for i, op in enumerate(ir.ops)}
+    outer = [op.execution_context == OUTER_FRAGMENT for op in ir.ops]
+    roots: dict[str, frozenset] = {}
+
+    def root_of(t: str) -> frozenset:
+        if t not in roots:
+            roots[t] = frozenset([t])           # (a cycle cannot happen; a guard all the same)
+            prod = ir.tensors[t].producer if t in ir.tensors else None
+            if prod is not None and (prod.domain, prod.op_type) not in _FRESH:
+                roots[t] = frozenset().union(*[root_of(x) for x in prod.inputs if x]) or frozenset([t])
+        return roots[t]
+
+    written: dict[str, list[int]] = {}
+    for i, op in enumerate(ir.ops):
+        targets = list(op.modifies)
+        if op.op_type in ("ReplicatedAllReduceInplace", "GetRandomSeed") and op.inputs:
+            targets.append(op.inputs[0])
+        for t in targets:
+            if t:
+                written.setdefault(t, []).append(i)
+    writers: dict[str, list[int]] = {}
+    for t, idx in written.items():
+        for r in root_of(t):
+            writers.setdefault(r, []).extend(idx)
+    views: set = set()
+    last_read: dict[int, int] = {}
+    for i in reversed(range(len(ir.ops))):
+        op = ir.ops[i]
+        if (op.domain, op.op_type) != ("", "Transpose") or len(op.inputs) != 1 or len(op.outputs) != 1:
+            continue
+        x, y = op.inputs[0], op.outputs[0]
+        ty = ir.tensors.get(y)
+        if ty is None or x not in ir.tensors or y in keep or y in written or not ty.consumers:
+            continue
+        last, ok = i, True
+        for c in ty.consumers:
+            j = index.get(id(c))
+            if j is None or outer[j] != outer[i]:
+                ok = False
+            elif (c.domain, c.op_type) == ("", "Transpose"):
+                last = max(last, last_read[j] if j in views else j)
+            elif (c.domain, c.op_type) in _PLAIN_READERS or (c.modifies and y not in c.modifies):
+                last = max(last, j)
+            else:
+                ok = False
+        if ok and not any(i < w <= last and outer[w] == outer[i] for r in root_of(x) for w in writers.get(r, [])):
+            views.add(i)
+            last_read[i] = last
+    return views
 
 
 def mode() -> str:
@@ -182,9 +256,12 @@ class IrExecutor:
         self.consts = {tid: self._tensor(t.value, tid) for tid, t in ir.tensors.items()
                        if t.kind == "Const" and t.value is not None}
         from openipu.popart.ir import OUTER_FRAGMENT
+        anchors = set(ir.data_flow.anchors())
+        views = _transpose_views(ir, anchors | {getattr(ir, "anchor_alias", {}).get(t, t) for t in anchors})
         main, outer = [], []
-        for op in ir.ops:
+        for i, op in enumerate(ir.ops):
             step = (find_kernel(op.domain, op.op_type), op.attrs, op.opset, list(op.inputs), list(op.outputs),
+                    "view" if i in views else
                     "collective" if op.op_type in _COLLECTIVES and (self.replicas > 1 or self.distributed) else
                     "in_place" if (op.domain, op.op_type) == ("ai.graphcore", "GetRandomSeed") else
                     "abort" if (op.domain, op.op_type) == ("ai.graphcore", "Abort") else
@@ -193,7 +270,6 @@ class IrExecutor:
                         ir.tensors[x].info.data_type() == "FLOAT16" for x in op.inputs if x) else None)
             (outer if self.accumulation > 1 and op.execution_context == OUTER_FRAGMENT else main).append(step)
         keep = set(self.consts) | {t for t, v in ir.tensors.items() if v.kind == "Variable"}
-        anchors = set(ir.data_flow.anchors())
         keep |= anchors | {getattr(ir, "anchor_alias", {}).get(t, t) for t in anchors}
         keep |= {x for st in outer for x in st[3] if x}     # read after the micro-batch loop
         self.steps, self.outer_steps = _with_releases(main, keep), _with_releases(outer, keep)
@@ -310,7 +386,10 @@ class IrExecutor:
             args = [env[x] if x else None for x in ins]
             if special == "float":          # float32 compute, rounded once below
                 args = [a.float() if a is not None and a.dtype == torch.float16 else a for a in args]
-            res = call_kernel(kernel, args, attrs, opset)
+            if special == "view":           # a Transpose read only by matmuls (_transpose_views)
+                res = [transpose_view(args[0], attrs)]
+            else:
+                res = call_kernel(kernel, args, attrs, opset)
             if special == "in_place":       # GetRandomSeed: the seed variable advances
                 res = [env[ins[0]].copy_(res[0])]
             elif callable(special) and env is envs[0]:     # PrintTensor: replica 0 prints
