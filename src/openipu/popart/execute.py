@@ -23,9 +23,10 @@ Buffers come from ``PyStepIO`` or ``PyStepIOCallback``. Numerics: each op
 computes in its IR dtype, as its host kernel does (float16 stays float16), except matmuls and
 convolutions, which compute half inputs in float32 and round once (``_FLOAT_PARTIALS``); a precise
 PopLibs lowering may round differently, within the plan's precision. Each intermediate tensor is
-dropped after its last reader. The variables (weights, optimizer state, scalars and the random
-seed) live in the executor between runs: the session's ``weightsFromHost``, ``optimizerFromHost``,
-``setRandomSeed`` and ``weightsToHost`` move them.
+dropped after its last reader; a Transpose read only by matmuls is left as a view when nothing
+writes the data it aliases while it is read (:func:`_transpose_views`). The variables (weights,
+optimizer state, scalars and the random seed) live in the executor between runs: the session's
+``weightsFromHost``, ``optimizerFromHost``, ``setRandomSeed`` and ``weightsToHost`` move them.
 
 The default for every PopART session (and so for PopTorch and PopRT, which run PopART sessions);
 ``OPENIPU_EXECUTION=device`` selects the emulation for every session; the prediction
