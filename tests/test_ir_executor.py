@@ -451,3 +451,156 @@ def test_abort_stops_the_run_as_on_the_device(monkeypatch, fires):
     assert errors["ir"][1] and not errors["device"][1]
     assert errors["ir"][0] == errors["device"][0]
     assert (errors["ir"][0] is not None) == fires
+
+
+def _group_norm_train(monkeypatch, mode, strided, fp16, steps=2):
+    """ai.graphcore GroupNormalization (3 groups of 6 channels) after a matmul, softmax and
+    NLL, trained by SGD: its gradient op (GroupNormalizationGrad) takes the forward's mean and
+    invStdDev. Returns (session, per-step anchors, trained weights, initial weights, data)."""
+    monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+    rng = np.random.default_rng(3)
+    dt, ft = (np.float16, "FLOAT16") if fp16 else (np.float32, "FLOAT")
+    init = {"w": rng.standard_normal((8, 5)).astype(dt), "scale": (1 + 0.5 * rng.standard_normal(6)).astype(dt),
+            "bias": rng.standard_normal(6).astype(dt)}
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo(ft, [4, 6, 8]), "x")
+    lab = b.addInputTensor(popart.TensorInfo("INT32", [4, 5]), "lab")
+    w, scale, bias = (b.addInitializedInputTensor(init[k], k) for k in ("w", "scale", "bias"))
+    h = b.aiOnnx.matmul([x, w])
+    y = b.aiGraphcore.groupnormalization([h, scale, bias], 3, 1e-5)[0]
+    # the classes are the channels (a softmax over the field would not see the bias)
+    loss = b.aiGraphcore.nllloss([b.aiOnnx.softmax([b.aiOnnx.transpose([y], [0, 2, 1])], axis=2), lab])
+    opts = popart.SessionOptions()
+    opts.groupNormStridedChannelGrouping = strided
+    g = popart.reservedGradientPrefix()
+    arts = {loss: "ALL", y: "ALL", g + w: "ALL", g + scale: "ALL", g + bias: "ALL"}
+    s = popart.TrainingSession(fnModel=b.getModelProto(), loss=loss, userOptions=opts,
+                               optimizer=popart.SGD({"defaultLearningRate": (0.5, False)}),
+                               dataFlow=popart.DataFlow(1, {k: popart.AnchorReturnType(v) for k, v in arts.items()}),
+                               deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
+    s.prepareDevice()
+    s.weightsFromHost()
+    data = np.random.default_rng(4)
+    feeds = [(data.standard_normal((4, 6, 8)).astype(dt), data.integers(0, 6, (4, 5)).astype(np.int32))
+             for _ in range(steps)]
+    outs = []
+    for xv, lv in feeds:
+        a = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: xv, lab: lv}, a))
+        outs.append({("loss" if k == loss else k.replace(g, "d_")): v.copy() for k, v in a.items()})
+    s.weightsToHost()
+    trained = {k: np.zeros(v.shape, dt) for k, v in init.items()}
+    s.readWeights(popart.PyWeightsIO(trained))
+    return s, outs, trained, init, feeds
+
+
+def _torch_group_norm_step(init, feed, strided):
+    """torch's loss and gradients of the first step of :func:`_group_norm_train` (float32)."""
+    import torch
+    import torch.nn.functional as F
+    p = {k: torch.tensor(v.astype(np.float32), requires_grad=True) for k, v in init.items()}
+    h = torch.tensor(feed[0].astype(np.float32)) @ p["w"]
+    order = torch.arange(6).reshape(2, 3).T.reshape(-1) if strided else torch.arange(6)    # channel c in c % 3
+    y = torch.empty_like(h)
+    y[:, order] = F.group_norm(h[:, order], 3, p["scale"][order], p["bias"][order], 1e-5)
+    loss = F.nll_loss(torch.log(torch.softmax(y.transpose(1, 2), 2)).reshape(-1, 6),
+                      torch.tensor(feed[1]).long().reshape(-1))
+    loss.backward()
+    return float(loss.detach()), {k: v.grad.numpy() for k, v in p.items()}
+
+
+@pytest.mark.parametrize("strided, fp16", [(False, False), (True, False), (False, True)],
+                         ids=["contiguous", "strided", "fp16"])
+def test_group_norm_training_runs_on_the_executor_and_agrees(monkeypatch, strided, fp16):
+    """GroupNormalizationGrad (PopTorch's LayerNorm / GroupNorm gradient) has an executor kernel:
+    the session runs on the IR executor, its losses, gradients and trained weights agree with
+    the device emulation's (popnn's groupNorm gradients) within the plan's precision, and the
+    first step's with torch's autograd."""
+    _, o_dev, w_dev, _, _ = _group_norm_train(monkeypatch, "device", strided, fp16)
+    s, o_ir, w_ir, init, feeds = _group_norm_train(monkeypatch, "ir", strided, fp16)
+    assert s._fast and s.getCycleCount() > 0
+    tol = dict(rtol=2e-3, atol=2e-3) if fp16 else dict(rtol=1e-4, atol=1e-5)
+    for a, b in zip(o_dev, o_ir):
+        for k in a:
+            assert a[k].dtype == b[k].dtype, k
+            np.testing.assert_allclose(b[k], a[k], err_msg=k, **tol)
+    for k in w_dev:
+        np.testing.assert_allclose(w_ir[k], w_dev[k], err_msg=k, **tol)
+        assert not np.array_equal(w_ir[k], init[k]), k
+    loss, grads = _torch_group_norm_step(init, feeds[0], strided)
+    ttol = dict(rtol=2e-2, atol=2e-2) if fp16 else dict(rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(float(o_ir[0]["loss"]), loss, **ttol)
+    for k in grads:
+        np.testing.assert_allclose(o_ir[0]["d_" + k].astype(np.float32), grads[k], err_msg=k, **ttol)
+
+
+def test_group_norm_grad_kernel_uses_the_given_statistics():
+    """The kernel whitens with the mean / invStdDev it is given (PopART's GroupNormGradOp takes
+    the forward's), not recomputed ones; with None it recomputes them, as torch does."""
+    import torch
+    import torch.nn.functional as F
+    from openipu.popart.graphcore_ops import find_kernel
+    k = find_kernel("ai.graphcore", "GroupNormalizationGrad").fn
+    rng = np.random.default_rng(5)
+    x = torch.tensor(rng.standard_normal((3, 4, 7)).astype(np.float32), requires_grad=True)
+    sc = torch.tensor(rng.standard_normal(4).astype(np.float32), requires_grad=True)
+    gy = torch.tensor(rng.standard_normal((3, 4, 7)).astype(np.float32))
+    F.group_norm(x, 2, sc, None, 1e-5).backward(gy)
+    xv = x.detach().reshape(3, 2, -1)
+    mean, inv = xv.mean(-1).reshape(-1), torch.rsqrt(xv.var(-1, unbiased=False) + 1e-5).reshape(-1)
+    attrs = {"num_groups": 2, "epsilon": 1e-5}
+    for stats in ([mean, inv], [None, None]):
+        dx, ds, _ = k([gy, x.detach(), sc.detach()] + stats, attrs, 1)
+        np.testing.assert_allclose(dx.numpy(), x.grad.numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(ds.numpy(), sc.grad.numpy(), rtol=1e-4, atol=1e-5)
+    dx2, _, _ = k([gy, x.detach(), sc.detach(), mean + 1.0, inv], attrs, 1)    # other statistics, other dx
+    assert not np.allclose(dx2.numpy(), x.grad.numpy(), atol=1e-3)
+
+
+@pytest.mark.parametrize("anchor_t", [False, True])
+def test_transposes_read_by_matmuls_are_views_and_training_agrees(monkeypatch, anchor_t):
+    """A weight's Transpose read only by MatMuls runs as a view (no copy; the weight's update
+    comes after its readers), a Transpose read by another op or anchored is copied; training
+    agrees with the device emulation either way."""
+    from openipu.popart import execute
+    res = {}
+    for mode in ("device", "ir"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        rng = np.random.default_rng(7)
+        b = popart.Builder()
+        x = b.addInputTensor(popart.TensorInfo("FLOAT", [4, 8]), "x")
+        w = b.addInitializedInputTensor(rng.standard_normal((5, 8)).astype(np.float32), "w")
+        wt = b.aiOnnx.transpose([w], [1, 0])
+        h = b.aiOnnx.matmul([x, wt])                                    # Linear: x @ w.T
+        ht = b.aiOnnx.transpose([h], [1, 0])
+        y = b.aiOnnx.add([b.aiOnnx.reducesum([b.aiOnnx.matmul([ht, h])], [1]), b.aiOnnx.reducesum([ht], [1])])
+        loss = b.aiGraphcore.l1loss([y], 0.1)
+        arts = {loss: popart.AnchorReturnType("ALL")}
+        if anchor_t:
+            arts[wt] = popart.AnchorReturnType("ALL")
+        s = popart.TrainingSession(fnModel=b.getModelProto(), loss=loss, dataFlow=popart.DataFlow(1, arts),
+                                   optimizer=popart.SGD({"defaultLearningRate": (0.05, False),
+                                                         "defaultMomentum": (0.9, False)}),
+                                   deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
+        s.prepareDevice()
+        s.weightsFromHost()
+        data = np.random.default_rng(8)
+        outs = []
+        for _ in range(3):
+            a = s.initAnchorArrays()
+            s.run(popart.PyStepIO({x: data.standard_normal((4, 8)).astype(np.float32)}, a))
+            outs.append({k: v.copy() for k, v in a.items()})
+        s.weightsToHost()
+        wv = np.zeros((5, 8), np.float32)
+        s.readWeights(popart.PyWeightsIO({w: wv}))
+        res[mode] = (outs, wv, s)
+    ir = res["ir"][2]._ir
+    views = {ir.ops[i].outputs[0] for i in execute._transpose_views(ir, set(ir.data_flow.anchors()))}
+    assert res["ir"][2]._fast
+    assert (wt in views) == (not anchor_t)
+    assert ht not in views          # also read by ReduceSum
+    for a, b in zip(res["device"][0], res["ir"][0]):
+        for k in a:
+            if k != wt:     # (the device emulation's anchor of a weight's transpose is read after the update)
+                np.testing.assert_allclose(b[k], a[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    np.testing.assert_allclose(res["ir"][1], res["device"][1], rtol=1e-5, atol=1e-6)

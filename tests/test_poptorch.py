@@ -242,3 +242,32 @@ def test_parameter_groups_keep_their_own_values():
         opt.step()
     for p, q in zip(m.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["ir", "device"])
+def test_weight_upload_keeps_the_device_optimizer_state(monkeypatch, mode):
+    """A training model syncs its trained weights into the module after each call (on the IR
+    executor straight from its variables, without the session's host copies); sending the
+    module's weights again (``copyWeightsToDevice``, a detach and attach) sends the device's
+    momentum with them, not the one of the first upload: the run equals torch.optim's."""
+    monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+    torch.manual_seed(0)
+    m = Net()
+    ref = copy.deepcopy(m)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    tm = poptorch.trainingModel(m, optimizer=torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9))
+    for step in range(4):
+        x, y = _data(seed=step)
+        tm(x, y)
+        opt.zero_grad()
+        ref(x, y)[1].backward()
+        opt.step()
+        for p, q in zip(m.parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+        if step == 1:
+            tm.copyWeightsToDevice()
+        elif step == 2:
+            tm.detachFromDevice()
+            tm.attachToDevice()
+    assert tm._session._device_weights() is None if mode == "device" else \
+        set(tm._session._device_weights()) >= set(tm._session._host_weights)

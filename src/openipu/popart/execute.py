@@ -20,14 +20,15 @@ control flow (If, Loop, Scan, call: their host kernels run the subgraphs, as the
 lowering's vertex does); replicated tensor sharding of the optimizer state (each replica holds
 its piece; over the replicas of every instance in a distributed replicated graph). Not yet:
 pipelined training without accumulation (stale weights), automatic loss scaling, synthetic data,
-GroupNormalizationGrad.
+optimizer state sharded within replica groups.
 Buffers come from ``PyStepIO`` or ``PyStepIOCallback``. Numerics: each op
 computes in its IR dtype, as its host kernel does (float16 stays float16), except matmuls and
 convolutions, which compute half inputs in float32 and round once (``_FLOAT_PARTIALS``); a precise
 PopLibs lowering may round differently, within the plan's precision. Each intermediate tensor is
-dropped after its last reader. The variables (weights, optimizer state, scalars and the random
-seed) live in the executor between runs: the session's ``weightsFromHost``, ``optimizerFromHost``,
-``setRandomSeed`` and ``weightsToHost`` move them.
+dropped after its last reader; a Transpose read only by matmuls is left as a view when nothing
+writes the data it aliases while it is read (:func:`_transpose_views`). The variables (weights,
+optimizer state, scalars and the random seed) live in the executor between runs: the session's
+``weightsFromHost``, ``optimizerFromHost``, ``setRandomSeed`` and ``weightsToHost`` move them.
 
 The default for every PopART session (and so for PopTorch and PopRT, which run PopART sessions);
 ``OPENIPU_EXECUTION=device`` selects the emulation for every session; the prediction
@@ -47,15 +48,11 @@ from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.graphcore_ops import find_kernel
 from openipu.popart.ir import shard_rows
 from openipu.popart.lowering.graphcore import _COLLECTIVE as _COLLECTIVE_OP
+from openipu.popart.onnx_ops import varupdate
+from openipu.popart.onnx_ops.shape import transpose_view
 from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel
 from openipu.popart.variable_settings import comm_groups
 from openipu.poplibs import gcl, gcl_instances
-
-#: Ops that act on the host or the program (print, abort) in their lowering, and gradient ops whose
-#: host kernel takes another form of inputs than their precise lowering: the device emulation runs
-#: sessions holding them.
-_DEVICE_ONLY = {"GroupNormalizationGrad": "GroupNormalizationGrad (its host kernel takes the statistics)"}
-
 
 #: Ops whose IPU lowering accumulates half inputs in partial sums (poplin matMul / convolution):
 #: the executor computes them in float32 and rounds the result to the output's type once, instead
@@ -66,6 +63,79 @@ _DEVICE_ONLY = {"GroupNormalizationGrad": "GroupNormalizationGrad (its host kern
 #: verifying mode's (``OPENIPU_EXECUTION=device`` models the half partial sums).
 _FLOAT_PARTIALS = {("", "MatMul"), ("", "Gemm"), ("", "Conv"), ("", "ConvTranspose"),
                    ("ai.graphcore", "ConvDataGrad"), ("ai.graphcore", "ConvWeightsGrad")}
+
+#: Ops whose kernels return new tensors (never a view of an input): the roots of the aliasing
+#: chains (see :func:`_transpose_views`). Every other op's output may be a view of its inputs.
+_FRESH = {("", t) for t in ("MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Softmax", "Gelu", "Tanh", "Erf")} | \
+    {("ai.graphcore", t) for t in ("GroupNormalization", "Gelu", "GeluErf")}
+#: Ops that read an input without aliasing it in their outputs (a matmul; an update op reads the
+#: gradient it is given and writes only its ``modifies`` inputs)
+_PLAIN_READERS = {("", "MatMul"), ("", "Gemm")}
+
+
+def _transpose_views(ir, keep: set) -> set:
+    """The indices (in ``ir.ops``) of the Transpose ops whose output the executor may leave as a
+    view of the input (``permute`` without the copy, as PyTorch eager's transposes feeding
+    matmuls are). A view reads the same values as the copy as long as nothing writes its data
+    between the transpose and the view's last reader:
+
+    - the output is not anchored (``keep``), no op writes it in place, and its readers are
+      MatMul / Gemm, update ops that do not write it, or Transposes (the readers of a Transpose
+      left as a view count as the first one's readers);
+    - no op writes a root of the input (the tensors it may alias: through every op not known to
+      return new tensors, :data:`_FRESH`, back to variables, constants, stream inputs or fresh
+      outputs) after the transpose and up to its last reader, in the same fragment (the weight
+      update ops follow the backward pass, so a weight's transposes read before its update)."""
+    from openipu.popart.ir import OUTER_FRAGMENT
+    index = {id(op): i for i, op in enumerate(ir.ops)}
+    outer = [op.execution_context == OUTER_FRAGMENT for op in ir.ops]
+    roots: dict[str, frozenset] = {}
+
+    def root_of(t: str) -> frozenset:
+        if t not in roots:
+            roots[t] = frozenset([t])           # (a cycle cannot happen; a guard all the same)
+            prod = ir.tensors[t].producer if t in ir.tensors else None
+            if prod is not None and (prod.domain, prod.op_type) not in _FRESH:
+                roots[t] = frozenset().union(*[root_of(x) for x in prod.inputs if x]) or frozenset([t])
+        return roots[t]
+
+    written: dict[str, list[int]] = {}
+    for i, op in enumerate(ir.ops):
+        targets = list(op.modifies)
+        if op.op_type in ("ReplicatedAllReduceInplace", "GetRandomSeed") and op.inputs:
+            targets.append(op.inputs[0])
+        for t in targets:
+            if t:
+                written.setdefault(t, []).append(i)
+    writers: dict[str, list[int]] = {}
+    for t, idx in written.items():
+        for r in root_of(t):
+            writers.setdefault(r, []).extend(idx)
+    views: set = set()
+    last_read: dict[int, int] = {}
+    for i in reversed(range(len(ir.ops))):
+        op = ir.ops[i]
+        if (op.domain, op.op_type) != ("", "Transpose") or len(op.inputs) != 1 or len(op.outputs) != 1:
+            continue
+        x, y = op.inputs[0], op.outputs[0]
+        ty = ir.tensors.get(y)
+        if ty is None or x not in ir.tensors or y in keep or y in written or not ty.consumers:
+            continue
+        last, ok = i, True
+        for c in ty.consumers:
+            j = index.get(id(c))
+            if j is None or outer[j] != outer[i]:
+                ok = False
+            elif (c.domain, c.op_type) == ("", "Transpose"):
+                last = max(last, last_read[j] if j in views else j)
+            elif (c.domain, c.op_type) in _PLAIN_READERS or (c.modifies and y not in c.modifies):
+                last = max(last, j)
+            else:
+                ok = False
+        if ok and not any(i < w <= last and outer[w] == outer[i] for r in root_of(x) for w in writers.get(r, [])):
+            views.add(i)
+            last_read[i] = last
+    return views
 
 
 def mode() -> str:
@@ -97,8 +167,6 @@ def unsupported(session) -> str | None:
         if op.op_type in _COLLECTIVES and op.op_type not in ("ReplicatedAllGather", "ReplicaSlice") and \
                 not _reducible(str(op.attrs.get("op", "Add"))):
             return f"the collective {op.op_type} with operation {op.attrs.get('op')}"
-        if op.op_type in _DEVICE_ONLY:
-            return _DEVICE_ONLY[op.op_type]
         if find_kernel(op.domain, op.op_type) is None and op.op_type != "Abort":
             return f"{op.domain or 'ai.onnx'}.{op.op_type} has no host kernel"
     return None
@@ -208,9 +276,12 @@ class IrExecutor:
         self.consts = {tid: self._tensor(t.value, tid) for tid, t in ir.tensors.items()
                        if t.kind == "Const" and t.value is not None}
         from openipu.popart.ir import OUTER_FRAGMENT
+        anchors = set(ir.data_flow.anchors())
+        views = _transpose_views(ir, anchors | {getattr(ir, "anchor_alias", {}).get(t, t) for t in anchors})
         main, outer = [], []
-        for op in ir.ops:
+        for i, op in enumerate(ir.ops):
             step = (find_kernel(op.domain, op.op_type), op.attrs, op.opset, list(op.inputs), list(op.outputs),
+                    "view" if i in views else
                     "collective" if op.op_type in _COLLECTIVES and (self.replicas > 1 or self.distributed) else
                     "in_place" if (op.domain, op.op_type) == ("ai.graphcore", "GetRandomSeed") else
                     "abort" if (op.domain, op.op_type) == ("ai.graphcore", "Abort") else
@@ -219,7 +290,6 @@ class IrExecutor:
                         ir.tensors[x].info.data_type() == "FLOAT16" for x in op.inputs if x) else None)
             (outer if self.accumulation > 1 and op.execution_context == OUTER_FRAGMENT else main).append(step)
         keep = set(self.consts) | {t for t, v in ir.tensors.items() if v.kind == "Variable"}
-        anchors = set(ir.data_flow.anchors())
         keep |= anchors | {getattr(ir, "anchor_alias", {}).get(t, t) for t in anchors}
         keep |= {x for st in outer for x in st[3] if x}     # read after the micro-batch loop
         self.steps, self.outer_steps = _with_releases(main, keep), _with_releases(outer, keep)
@@ -352,7 +422,10 @@ class IrExecutor:
             args = [env[x] if x else None for x in ins]
             if special == "float":          # float32 compute, rounded once below
                 args = [a.float() if a is not None and a.dtype == torch.float16 else a for a in args]
-            res = call_kernel(kernel, args, attrs, opset)
+            if special == "view":           # a Transpose read only by matmuls (_transpose_views)
+                res = [transpose_view(args[0], attrs)]
+            else:
+                res = call_kernel(kernel, args, attrs, opset)
             if special == "in_place":       # GetRandomSeed: the seed variable advances
                 res = [env[ins[0]].copy_(res[0])]
             elif callable(special) and env is envs[0]:     # PrintTensor: replica 0 prints
@@ -431,6 +504,12 @@ class IrExecutor:
             env[out] = flat[q * k:(q + 1) * k].to(self.dtype[out]).clone()
 
     def _step(self, take, put, anchors: list, bps: int) -> None:
+        try:
+            self._run_step(take, put, anchors, bps)
+        finally:
+            varupdate.release_scratch()
+
+    def _run_step(self, take, put, anchors: list, bps: int) -> None:
         if pvti.enabled():      # the host copies as the System Analyser shows Poplar's stream copies
             take, put = _traced(take, "StreamCopy host->IPU"), _traced(put, "StreamCopy IPU->host")
         ir = self.ir

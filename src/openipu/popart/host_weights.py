@@ -34,6 +34,16 @@ class HostWeightsMixin:
         if getattr(self, "_fast", None):
             self._fast.set_weights(self._host_weights)
 
+    def _device_weights(self) -> dict | None:
+        """The device's variables (id -> ``torch.Tensor``, replica 0, shared with the device:
+        read, do not change) when the session runs on the IR executor and is loaded, else None
+        (then ``weightsToHost`` and the host copies). openipu's own: PopTorch reads the trained
+        weights into the module from here, without the host copies."""
+        if self._engine is None or self._engine._storage is None:
+            return None
+        fast = getattr(self, "_fast", None)
+        return fast.weights if fast else None
+
     def weightsToHost(self) -> None:  # noqa: N802
         """Copy the device weights back to their host copies."""
         self._check_runnable()

@@ -102,12 +102,17 @@ def gc_batch_norm(inputs, attrs, opset):
     if int(attrs.get("__num_outputs__", 1)) <= 1:
         y = (xf - mean.float().reshape(bshape)) * torch.rsqrt(var.float().reshape(bshape) + eps) * sc + bi
         return [y.reshape(xs).to(x.dtype)]
-    dims = [0] + list(range(2, x.dim()))
-    bm = xf.mean(dims)
-    bv = xf.var(dims, unbiased=False)
-    inv = torch.rsqrt(bv + eps)
-    y = (xf - bm.reshape(bshape)) * inv.reshape(bshape) * sc + bi
     n = x.numel() // max(c, 1)
+    if n > 1:
+        # one fused pass for the batch statistics and the normalisation (PyTorch's training
+        # batch norm: the biased variance's 1 / sqrt(var + eps), as below), not six
+        y, bm, inv = torch.ops.aten._native_batch_norm_legit.no_stats(
+            xf, sc.reshape(-1), bi.reshape(-1), True, 0.0, eps)
+    else:
+        dims = [0] + list(range(2, x.dim()))
+        bm = xf.mean(dims)
+        inv = torch.rsqrt(xf.var(dims, unbiased=False) + eps)
+        y = (xf - bm.reshape(bshape)) * inv.reshape(bshape) * sc + bi
     inv_u = inv * math.sqrt((n - 1) / n) if n else inv
     saved_var = 1.0 / (inv_u * inv_u) - eps
     run_mean = (1 - m) * bm + m * mean.float().reshape(-1)

@@ -166,9 +166,12 @@ def _batch_norm_grad(x, scale, gy, eps: float) -> list:
     training-mode forward kernel): ``aten.native_batch_norm_backward`` in float32 on the
     recomputed mean and ``1 / sqrt(var + eps)`` (the forward kernel's vjp in closed form)."""
     xf = x.float()
-    dims = [0] + list(range(2, x.dim()))
-    mean = xf.mean(dims)
-    invstd = torch.rsqrt(xf.var(dims, unbiased=False) + eps)
+    if x.numel() > x.shape[1]:      # the statistics in one pass (as the fused forward kernel's)
+        mean, var = torch.batch_norm_update_stats(xf, None, None, 0.0)
+    else:
+        dims = [0] + list(range(2, x.dim()))
+        mean, var = xf.mean(dims), xf.var(dims, unbiased=False)
+    invstd = torch.rsqrt(var + eps)
     dx, ds, db = torch.ops.aten.native_batch_norm_backward(
         gy.float().reshape(x.shape), xf, scale.float(), None, None, mean, invstd, True, eps, [True, True, True])
     return [dx.to(x.dtype), ds.to(scale.dtype), db.to(scale.dtype)]

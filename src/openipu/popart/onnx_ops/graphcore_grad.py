@@ -97,18 +97,66 @@ def reduce_median_grad(inputs, attrs, opset):
 
 @onnx_op("GroupNormalizationGrad", domain=GC, flops=_gn_grad_flops)
 def group_norm_grad(inputs, attrs, opset):
-    """PopART's ``GroupNormalizationGrad``: ``[gy, x, scale, mean, invStdDev] -> [dx, dscale,
-    dbias]`` (through the statistics; the statistics the forward op made are recomputed)."""
-    from openipu.popart.graphcore_ops import group_norm
-    gy, x, scale, _mean, _inv = inputs
-    with torch.enable_grad():
-        xf = x.detach().float().requires_grad_(True)
-        sf = scale.detach().float().reshape(-1).requires_grad_(True)
-        bf = torch.zeros_like(sf, requires_grad=True)
-        y, _, _ = group_norm(xf, sf, bf, int(attrs["num_groups"]), float(attrs.get("epsilon", 1e-5)),
-                             bool(attrs.get("stridedChannelGrouping", 0)))
-        dx, ds, db = torch.autograd.grad(y, (xf, sf, bf), gy.float())
-    return [dx.to(x.dtype), ds.reshape(scale.shape).to(scale.dtype), db.reshape(scale.shape).to(scale.dtype)]
+    """PopART's ``GroupNormalizationGrad`` (``GroupNormGradOp``, the gradient of ai.graphcore
+    ``GroupNormalization``, which PopTorch's ``layer_norm`` / ``group_norm`` lower to):
+    ``[gy, x [N, C, ...], scale [C], mean [N*G], invStdDev [N*G]] -> [dx (x's shape and type),
+    dscale, dbias (scale's shape and type)]``, through the statistics the forward op output, as
+    popnn's ``groupNormWhiten`` / ``groupNormGradients`` / ``groupNormParamGradients`` compute
+    them (PopLibs' formulas, see :mod:`openipu.poplibs.popnn.norms`):
+
+    - ``w = (x - mean) * invStdDev`` and the products ``gy * w``, ``g = gy * scale``, ``g * w`` in
+      x's type (a half product rounded to half, as the IPU's half vertices round);
+    - ``dscale[c] = sum(gy * w)``, ``dbias[c] = sum(gy)`` over the batch and field, float
+      accumulation, rounded to the type;
+    - ``dx = invStdDev * (g - mean_S(g) - w * mean_S(g * w))`` in float over each statistic group
+      ``S`` (a ``(batch, group)``), rounded to x's type.
+
+    The sums are whole-tensor float32 sums (another order than the IPU's reduction tree: equal
+    within float32 rounding). Channels are grouped contiguously, or strided (``c % G``) with the
+    attribute ``stridedChannelGrouping`` (the session option ``groupNormStridedChannelGrouping``).
+
+    The gradient op of ONNX's ``GroupNormalization`` shares the name (openipu's form ``[x,
+    scale, "", "", gy]`` with the attributes ``fwd_opset`` / ``bias_shape``: the statistics are
+    recomputed): it is :func:`openipu.popart.onnx_ops.grad._norm_grad`'s. Statistics given as
+    ``None`` are recomputed as the forward op computes them. Raises ``ValueError`` when the
+    channels do not split into ``num_groups`` groups."""
+    if "bias_shape" in attrs or "fwd_opset" in attrs:
+        from openipu.popart.onnx_ops.grad import _norm_grad
+        return _norm_grad("GroupNormalization", inputs, attrs, opset)
+    from openipu.popart.graphcore_ops.normalization import group_norm, group_norm_layout
+    gy, x, scale, mean, inv = inputs
+    groups = int(attrs["num_groups"])
+    strided = bool(attrs.get("stridedChannelGrouping", 0))
+    n, c = x.shape[0], x.shape[1]
+    if groups < 1 or c % groups:
+        raise ValueError(f"GroupNormalizationGrad: {c} channels do not split into {groups} groups")
+    dt = x.dtype
+    if mean is None or inv is None:     # no statistics given: the forward op's, recomputed
+        _, mean, inv = group_norm(x, scale, torch.zeros_like(scale), groups, float(attrs.get("epsilon", 1e-5)),
+                                  strided)
+
+    def rnd(t):         # a product or difference in x's type, computed in float (the IPU's rounding)
+        return t if dt == torch.float32 else t.to(dt).float()
+
+    def back(v):        # the [N, G, C/G, F] view back to x's layout
+        return (v.transpose(1, 2) if strided else v).reshape(x.shape)
+
+    stat = [n, groups, 1, 1]
+    m = mean.to(dt).float().reshape(stat)
+    i = inv.to(dt).float().reshape(stat)
+    w = rnd(rnd(group_norm_layout(x.float(), groups, strided) - m) * i)
+    w_x = back(w)
+    g_in = gy.float().reshape(x.shape)
+    chan = [d for d in range(x.dim()) if d != 1]
+    dscale = rnd(g_in * w_x).sum(chan)
+    dbias = g_in.sum(chan)
+    g = rnd(g_in * scale.to(dt).float().reshape([1, c] + [1] * (x.dim() - 2)))
+    gw = rnd(g * w_x)
+    gv, gwv = group_norm_layout(g, groups, strided), group_norm_layout(gw, groups, strided)
+    count = gv.shape[2] * gv.shape[3]
+    s1, s2 = gv.sum((2, 3), keepdim=True), gwv.sum((2, 3), keepdim=True)
+    dx = back(i * (gv - s1 / count - w * s2 / count))
+    return [dx.to(dt), dscale.reshape(scale.shape).to(scale.dtype), dbias.reshape(scale.shape).to(scale.dtype)]
 
 
 @onnx_op("DynamicSlicePadGrad", domain=GC, flops=_flops(1))

@@ -94,11 +94,15 @@ def unsqueeze(inputs, attrs, opset):
     return [x.reshape(shape)]
 
 
+def transpose_view(x: torch.Tensor, attrs) -> torch.Tensor:
+    """``x`` permuted by ``perm`` (default: the dims reversed), as a view of ``x`` (no copy)."""
+    perm = attrs.get("perm") or list(range(x.dim()))[::-1]
+    return x.permute(*perm)
+
+
 @onnx_op("Transpose")
 def transpose(inputs, attrs, opset):
-    x = inputs[0]
-    perm = attrs.get("perm") or list(range(x.dim()))[::-1]
-    return [x.permute(*perm).contiguous()]
+    return [transpose_view(inputs[0], attrs).contiguous()]
 
 
 @onnx_op("Concat")

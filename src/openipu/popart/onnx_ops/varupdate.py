@@ -15,6 +15,8 @@ tensor input after the ``n_tensors`` tensor inputs.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from openipu.popart.onnx_ops import onnx_op
@@ -41,6 +43,35 @@ def _f(t: torch.Tensor) -> torch.Tensor:
 
 def _is(v, value: float) -> bool:
     return isinstance(v, float) and v == value
+
+
+def _one(v) -> bool:
+    """``v`` (a const or a one-element tensor) is exactly 1.0: a product with it is its other
+    factor, bit for bit (NaN and infinities included), so the kernel may skip it."""
+    if isinstance(v, torch.Tensor):
+        return v.numel() == 1 and bool(v.reshape(()) == 1.0)
+    return isinstance(v, float) and v == 1.0
+
+
+#: per thread: a float32 buffer the float32 kernels write their scaled temporaries into
+#: (``scaled``), instead of a new tensor of the weight's size per op; the IR executor frees it
+#: after each run (:func:`release_scratch`)
+_SCRATCH = threading.local()
+
+
+def scaled(x: torch.Tensor, scale) -> torch.Tensor:
+    """``scale * x`` (float32 ``x``, ``scale`` a float or a 0-d float32 tensor), rounded as the
+    product is, in the thread's scratch buffer: valid until the next call."""
+    buf = getattr(_SCRATCH, "buf", None)
+    n = x.numel()
+    if buf is None or buf.numel() < n:
+        buf = _SCRATCH.buf = torch.empty(n, dtype=torch.float32)
+    return torch.mul(x, scale, out=buf[:n].view(x.shape))
+
+
+def release_scratch() -> None:
+    """Free the thread's scratch buffer (:func:`scaled`)."""
+    _SCRATCH.buf = None
 
 
 def _write(dst: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -84,8 +115,8 @@ def sgd1_var_update(inputs, attrs, opset):
         if not _is(s["nesterovWeightDecay1"], 0.0):
             x = x + s["nesterovWeightDecay1"] * _f(w)
         step = x.to(w.dtype).float()
-    if w.dtype == torch.float32:        # in place, the same roundings: w - (slr1 * v)
-        return [w.sub_(s["scaledLearningRate1"] * step)]
+    if w.dtype == torch.float32 and step.dtype == torch.float32:    # in place, the same roundings: w - (slr1 * v)
+        return [w.sub_(scaled(step, s["scaledLearningRate1"]))]
     return [_write(w, _f(w) - s["scaledLearningRate1"] * step)]
 
 
@@ -97,7 +128,7 @@ def sgd1_accl_update(inputs, attrs, opset):
     smm, swd = s["scaledMomentum1"], s["scaledWeightDecay1"]
     if v.dtype == torch.float32:        # in place, the same roundings: (v smm) + (swd w)
         v.mul_(smm)
-        return [v if _is(swd, 0.0) else v.add_(swd * _f(inputs[1]))]
+        return [v if _is(swd, 0.0) else v.add_(scaled(_f(inputs[1]), swd))]
     x = _f(v) * smm
     if not _is(swd, 0.0):
         x = x + swd * _f(inputs[1])
@@ -115,7 +146,8 @@ def accumulate(inputs, attrs, opset):
     if acc.dtype == torch.float32 and kind in ("Add", "DampenedAdd") and "rescaleRatio" not in sc:
         s = _grad_term(inputs, sc, 1, 2)        # in place, the same roundings: a + (f s)
         f = sc.get("factor", 1.0)
-        return [acc.add_(s if kind == "Add" or _is(f, 1.0) else f * s)]
+        return [acc.add_(s if kind == "Add" or _one(f) else
+                         scaled(s, f) if s.dtype == torch.float32 else f * s)]
     a = _f(acc)
     if "rescaleRatio" in sc:
         r = sc["rescaleRatio"]
