@@ -44,6 +44,21 @@ def _pair(g, mapping_b):
     return a, b
 
 
+def test_scalar_views_read_by_different_box_counts_do_not_share_a_key(monkeypatch):
+    """A scalar's boxes are ``[k, 0]`` arrays with no bytes: the key holds their shapes, so a
+    read by one tile does not reuse the lattices of a read by two (it did: an IndexError in the
+    next replicated-graph copy of a scalar)."""
+    monkeypatch.setenv("OPENIPU_STRUCTURE_CACHE", "1")
+    SC.MEMO.clear()
+    g = _graph()
+    v = g.addVariable(poplar.UNSIGNED_INT, [], "v")
+    g.setTileMapping(v, 1)
+    for k in (2, 1):
+        z = np.zeros((k, 0), np.int64)
+        boxes = X.Boxes(z, z, np.arange(k))
+        _equal(X.lattices(v, boxes), _uncached(monkeypatch, X.lattices, v, boxes))
+
+
 def test_a_hit_is_translated_onto_the_callers_variables(monkeypatch):
     monkeypatch.setenv("OPENIPU_STRUCTURE_CACHE", "1")
     SC.MEMO.clear()

@@ -78,11 +78,12 @@ def enabled() -> bool:
 
 
 def array_bytes(*arrays) -> list[bytes]:
-    """The arrays as int64 bytes, each after its length (an unambiguous key)."""
+    """The arrays as int64 bytes, each after its rank and shape (an unambiguous key, also for
+    empty arrays of different shapes: the boxes ``[k, 0]`` of a scalar view hold no bytes)."""
     out = []
     for a in arrays:
         a = np.ascontiguousarray(a, _I64)
-        out.append(np.int64(a.size).tobytes())
+        out.append(np.array([a.ndim, *a.shape], _I64).tobytes())
         out.append(a.tobytes())
     return out
 
