@@ -37,6 +37,7 @@ instance, so that a dead or hung instance stops the others with a clear message.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import os
@@ -132,6 +133,18 @@ def init_process_group() -> None:
         except Exception as e:  # noqa: BLE001 - torch raises RuntimeError / DistStoreError / TimeoutError
             raise errors.poplar_error(f"Instance {i} of {n} could not join the other instances at "
                                       f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}: {e}") from None
+        atexit.register(_leave_process_group)
+
+
+def _leave_process_group() -> None:
+    """Leave the gloo group at interpreter exit, before its threads are torn down with the process
+    (left running, one can end the instance with "terminate called without an active exception")."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - leaving at exit: nothing to report to
+            pass
 
 
 def _failed(what: str, e: Exception):
