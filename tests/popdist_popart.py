@@ -68,4 +68,6 @@ if RTS:     # the optimizer state too (each instance's host copy gathers every i
 s.weightsToHost()
 s.readWeights(popart.PyWeightsIO(w))
 np.savez(out, **w)
-print("executor:", "ir" if getattr(s, "_fast", None) else "device")     # which path ran the steps
+# which path ran the steps; one write per line (the instances share poprun's stdout)
+sys.stdout.write(f"executor: {'ir' if getattr(s, '_fast', None) else 'device'}\n")
+sys.stdout.flush()
