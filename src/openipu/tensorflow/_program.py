@@ -6,22 +6,21 @@ updates. One ``run`` is one Keras execution: ``steps_per_execution`` micro-batch
 (``steps_per_execution / gradient_accumulation`` weight updates).
 """
 
-import contextlib
 import logging
 
 import numpy as np
-import torch
 
 from openipu import popart
+from openipu.poplar.threads import one_torch_thread
 
 logger = logging.getLogger("tensorflow.python.ipu")
 
 LABEL = "openipu_label"
 
 
-@contextlib.contextmanager
 def host_threads():
-    """Run the enclosed simulated-IPU execution with torch on one host thread.
+    """A context running the enclosed simulated-IPU execution with torch on one host thread
+    (:func:`openipu.poplar.threads.one_torch_thread`).
 
     The executor's kernels for these models are small (an MNIST MLP step: 57 ops, a
     ``[32, 784] x [784, 128]`` matmul at most), and TensorFlow's own thread pools share the host:
@@ -30,15 +29,7 @@ def host_threads():
     thread, 51 ms on two with TensorFlow imported; Graphcore's ``mnist_with_feeds.py`` step
     0.415 s of CPU per ``strategy.run`` (10 steps) on two threads, 0.041 s on one. Results do not
     change (the kernels are the same; only torch's work split)."""
-    n = torch.get_num_threads()
-    if n == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
+    return one_torch_thread()
 
 
 # -- losses --------------------------------------------------------------------------------------

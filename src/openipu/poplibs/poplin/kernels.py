@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from openipu import poplar
 from openipu.poplar import quarter
 from openipu.poplar.graph_codec import kernel
+from openipu.poplar.threads import one_torch_thread
 
 
 @dataclass(frozen=True)
@@ -66,18 +67,10 @@ _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 HOST_SERIAL_WORK = 1 << 26
 
 
-@contextlib.contextmanager
 def host_threads(work: int):
-    """Run the enclosed host kernel on one thread when ``work`` is below :data:`HOST_SERIAL_WORK`."""
-    n = torch.get_num_threads()
-    if work >= HOST_SERIAL_WORK or n == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
+    """A context running the enclosed host kernel on one thread when ``work`` is below
+    :data:`HOST_SERIAL_WORK` (:func:`openipu.poplar.threads.one_torch_thread`), else as it is."""
+    return contextlib.nullcontext() if work >= HOST_SERIAL_WORK else one_torch_thread()
 
 
 def _kernel_taps(X: torch.Tensor, W: torch.Tensor, spec: _Spec):
