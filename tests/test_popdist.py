@@ -186,8 +186,9 @@ def test_chain_reduce_is_bit_identical_to_one_process(tmp_path):
         [f"chain {i} True 34 False" for i in range(3)]
 
 
-def _train(tmp_path, mode, model, out, instances=0, execution="ir"):
-    cmd = [sys.executable, str(HERE / "popdist_train.py"), mode, model, str(tmp_path / out)]
+def _run_script(tmp_path, cmd, instances, execution):
+    """``cmd`` in one process, or under ``poprun`` with ``instances`` instances and 4 replicas, on
+    the ``OPENIPU_EXECUTION`` path ``execution``; asserts it exits 0 and returns the result."""
     if instances:
         r = _poprun(["--num-instances", str(instances), "--num-replicas", "4", *cmd], tmp_path, timeout=1200,
                     OPENIPU_EXECUTION=execution)
@@ -195,6 +196,12 @@ def _train(tmp_path, mode, model, out, instances=0, execution="ir"):
         r = subprocess.run(cmd, cwd=tmp_path, env=_env(OPENIPU_EXECUTION=execution), capture_output=True, text=True,
                            timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def _train(tmp_path, mode, model, out, instances=0, execution="ir"):
+    _run_script(tmp_path, [sys.executable, str(HERE / "popdist_train.py"), mode, model, str(tmp_path / out)],
+                instances, execution)
 
 
 @pytest.mark.slow
@@ -260,14 +267,8 @@ def _popart(tmp_path, out, variant, execution, instances=0):
     """``tests/popdist_popart.py`` (one process, or ``poprun`` with ``instances``): its weights
     (``{id: array}``, instance ``i``'s for each instance) and the execution path that ran it."""
     import numpy as np
-    cmd = [sys.executable, str(HERE / "popdist_popart.py"), str(tmp_path / out), *variant.split()]
-    if instances:
-        r = _poprun(["--num-instances", str(instances), "--num-replicas", "4", *cmd], tmp_path, timeout=1200,
-                    OPENIPU_EXECUTION=execution)
-    else:
-        r = subprocess.run(cmd, cwd=tmp_path, env=_env(OPENIPU_EXECUTION=execution), capture_output=True, text=True,
-                           timeout=1200)
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = _run_script(tmp_path, [sys.executable, str(HERE / "popdist_popart.py"), str(tmp_path / out),
+                               *variant.split()], instances, execution)
     assert r.stdout.count(f"executor: {execution}") == max(instances, 1), r.stdout
     files = [tmp_path / f"{out}.{i}.npz" for i in range(instances)] if instances else [tmp_path / f"{out}.npz"]
     return [dict(np.load(f)) for f in files]
