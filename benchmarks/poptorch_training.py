@@ -22,6 +22,8 @@ Figures for each model (printed as a table and one JSON line):
   ``--steps``): the simulator's functional run and the cost model on this machine's CPU;
 - ``eager_step_s``: host seconds per PyTorch eager step (forward, backward, ``SGD.step``; median
   after one warm-up) on the same CPU; ``ratio`` = poptorch / eager;
+- ``poptorch_step_cpu_s`` / ``eager_step_cpu_s`` / ``cpu_ratio``: the same steps in CPU seconds of
+  the process (``time.process_time``, all its threads), less sensitive to a loaded machine;
 - ``ipu_step_cycles`` / ``ipu_step_s``: the cost model's PREDICTION of one step on the simulated
   IPU (``cycleCount()`` cycles / the target's tile clock) - a predicted device time, not a host
   time; ``ipu_samples_per_s`` = batch / ``ipu_step_s``.
@@ -90,14 +92,15 @@ def measure(name: str, quick: bool = False, steps: int = 3, mode: str | None = N
     # model, its gradients and momentum less at poptorch's peak)
     eager = copy.deepcopy(model)
     opt = torch.optim.SGD(eager.parameters(), lr=0.001, momentum=0.9)
-    etimes = []
+    etimes, ecpu = [], []
     for i in range(steps + 1):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad()
         eager(*args)[1].backward()
         opt.step()
         if i:
             etimes.append(time.perf_counter() - t0)
+            ecpu.append(time.process_time() - c0)
     del eager, opt
     opts = poptorch.Options().logCycleCount(True)
     # compiled once with Poplar's debug.allowOutOfMemory, so a model that does not fit one IPU
@@ -109,11 +112,12 @@ def measure(name: str, quick: bool = False, steps: int = 3, mode: str | None = N
     tm.compile(*args)
     compile_s = time.perf_counter() - t0
     tm(*args)       # the first step (weights uploaded)
-    times = []
+    times, cpu = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         tm(*args)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     cycles = tm.cycleCount()
     clock = tm._session.deviceInfo.getTarget().getTileClockFrequency()
     pt, et = statistics.median(times), statistics.median(etimes)
@@ -122,7 +126,10 @@ def measure(name: str, quick: bool = False, steps: int = 3, mode: str | None = N
     return {"model": name, "mode": os.environ.get("OPENIPU_EXECUTION", "ir"), "load": round(load, 1), "batch": batch,
             "params": sum(p.numel() for p in model.parameters()), "fits": fits,
             "compile_s": round(compile_s, 2), "poptorch_step_s": round(pt, 4), "eager_step_s": round(et, 4),
-            "ratio": round(pt / et, 1), "ipu_step_cycles": int(cycles), "ipu_step_s": cycles / clock,
+            "ratio": round(pt / et, 1),
+            "poptorch_step_cpu_s": round(statistics.median(cpu), 4),
+            "eager_step_cpu_s": round(statistics.median(ecpu), 4),
+            "cpu_ratio": round(statistics.median(cpu) / statistics.median(ecpu), 2), "ipu_step_cycles": int(cycles), "ipu_step_s": cycles / clock,
             "ipu_samples_per_s": round(batch * clock / cycles, 1),
             "max_tile_bytes": int(plan.total.max()), "tiles_out_of_memory": int(plan.out_of_memory_tiles.size)}
 
