@@ -67,3 +67,11 @@ def minilm_export(tmp_path_factory):
     path = tmp_path_factory.mktemp("minilm") / "minilm.onnx"
     data = export(path, batch=2, seq=16)
     return path, data
+
+
+@pytest.fixture(params=["ir", "device"])
+def execution_mode(request, monkeypatch):
+    """Runs the test once on each execution path (``OPENIPU_EXECUTION``: the IR executor and the
+    device-storage emulation); the value is the mode's name."""
+    monkeypatch.setenv("OPENIPU_EXECUTION", request.param)
+    return request.param

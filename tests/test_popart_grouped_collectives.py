@@ -24,12 +24,6 @@ def _dev(replicas=R):
     return popart.DeviceManager().createIpuModelDevice({"numIPUs": replicas})
 
 
-@pytest.fixture(params=["ir", "device"])
-def path(request, monkeypatch):
-    monkeypatch.setenv("OPENIPU_EXECUTION", request.param)
-    return request.param
-
-
 def _groups(cg: CommGroup | None, replicas: int = R) -> list[list[int]]:
     """The replica groups of ``cg``, written out independently of openipu's code."""
     if cg is None or str(cg.type) == "All":
@@ -62,7 +56,7 @@ CASES = [None, CommGroup(CommGroupType.All, 0), CommGroup(CommGroupType.Consecut
          CommGroup(CommGroupType.Ungrouped, 0)]
 
 
-def test_reduce_scatter_within_comm_groups(path):
+def test_reduce_scatter_within_comm_groups(execution_mode):
     """Each comm group type against the numpy reference per group: the output's size is
     ``ceil(n / group size)`` (7 elements: 2 pieces of 4 (padded), 4 of 2, 1 of 7)."""
     b = popart.Builder()
@@ -84,7 +78,7 @@ def test_reduce_scatter_within_comm_groups(path):
     np.testing.assert_array_equal(a[mx], _scatter_reference(xs, CommGroup(CommGroupType.Orthogonal, 2), np.max))
 
 
-def test_reduce_scatter_shape_is_the_comm_groups(path):
+def test_reduce_scatter_shape_is_the_comm_groups(execution_mode):
     """The session infers ``[ceil(n / group size)]`` (PopART's ``ReplicatedReduceScatterOp::setup``);
     a group size that does not divide the replicas is a ``popart_exception`` when the session
     is made."""
@@ -109,7 +103,7 @@ def test_comm_group_must_be_a_comm_group():
         b.aiGraphcore.replicatedreducescatter([x], commGroup=[1, 2])
 
 
-def test_deprecated_all_reduce_with_a_comm_group_list(path):
+def test_deprecated_all_reduce_with_a_comm_group_list(execution_mode):
     """PopART's deprecated ``replicatedallreduce(args, commGroup: [type, size])``."""
     b = popart.Builder()
     x = b.addInputTensor(popart.TensorInfo("FLOAT", [1]), "x")
@@ -267,7 +261,7 @@ def test_tensor_location_constructors():
     assert str(loc.replicatedTensorSharding).endswith("On") and loc.shardingDomain is None
 
 
-def test_embed_replication_factor_and_reset_grouped_host_weights(path):
+def test_embed_replication_factor_and_reset_grouped_host_weights(execution_mode):
     """``embedReplicationFactor`` writes PopART's ``__replicationFactor`` metadata;
     ``resetHostWeights`` takes a grouped weight's ``[groups, *shape]`` initializer (each group
     its value after ``weightsFromHost``) and refuses other shapes and types with PopART's

@@ -31,12 +31,6 @@ def _dev(replicas=R):
     return popart.DeviceManager().createIpuModelDevice({"numIPUs": replicas})
 
 
-@pytest.fixture(params=["ir", "device"])
-def path(request, monkeypatch):
-    monkeypatch.setenv("OPENIPU_EXECUTION", request.param)
-    return request.param
-
-
 # -- the settings themselves ------------------------------------------------------------------
 @pytest.mark.parametrize("gtype,size,groups", [
     (CommGroupType.All, 0, [[0, 1, 2, 3, 4, 5, 6, 7]]),
@@ -85,7 +79,7 @@ def test_leading_dimension_must_be_the_group_count():
 
 
 # -- inference: the doc's example, run ----------------------------------------------------------
-def test_grouped_inference_and_read_back(path):
+def test_grouped_inference_and_read_back(execution_mode):
     """``docs/popart/files/replication_popart.py``'s buffers: OnePerGroup returns [groups, ...],
     AllReplicas [replicas, ...]; each replica computes with its group's value."""
     base = [3, 5]
@@ -171,14 +165,14 @@ GROUPINGS = [(CommGroupType.Consecutive, 2), (CommGroupType.Orthogonal, 2), (Com
 
 
 @pytest.mark.parametrize("gtype,size", GROUPINGS)
-def test_grouped_sgd_equals_per_group_training(path, gtype, size):
+def test_grouped_sgd_equals_per_group_training(execution_mode, gtype, size):
     w0, xs, groups, got = _train(gtype, size, popart.SGD({"defaultLearningRate": (0.1, False)}), 1)
     ref = _torch_reference(w0, xs, groups, lambda p: torch.optim.SGD(p, lr=0.1))
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("gtype,size", GROUPINGS[:2])
-def test_grouped_momentum_with_accumulation(path, gtype, size):
+def test_grouped_momentum_with_accumulation(execution_mode, gtype, size):
     """SGD with momentum and gradient accumulation: the accumulator's in-place all-reduce stays in
     the group, and the velocity is grouped like the weight."""
     opt = popart.SGD({"defaultLearningRate": (0.05, False), "defaultMomentum": (0.9, False)})
@@ -188,7 +182,7 @@ def test_grouped_momentum_with_accumulation(path, gtype, size):
 
 
 @pytest.mark.parametrize("accumulation", [1, 2])
-def test_mean_reduction_is_the_mean_over_every_replica(path, accumulation):
+def test_mean_reduction_is_the_mean_over_every_replica(execution_mode, accumulation):
     """ReductionType.Mean (Post): a grouped weight's update is the gradient of the mean of every
     replica's loss (the group's gradients summed, divided by the replication factor and the
     micro-batches), with momentum (SGD1: the velocity all-reduced within the group)."""
@@ -225,7 +219,7 @@ def test_paths_agree_and_model_to_host_keeps_groups(tmp_path, monkeypatch):
     np.testing.assert_array_equal(back, got["ir"])
 
 
-def test_sgd_const_values_per_group(path):
+def test_sgd_const_values_per_group(execution_mode):
     """Const SGD values (baked into the update ops) count the group's replicas too."""
     opt = popart.SGD({"defaultLearningRate": (0.1, True), "defaultMomentum": (0.5, True)})
     w0, xs, groups, got = _train(CommGroupType.Orthogonal, 2, opt, 2)
@@ -233,7 +227,7 @@ def test_sgd_const_values_per_group(path):
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_builder_all_reduce_within_comm_groups(path):
+def test_builder_all_reduce_within_comm_groups(execution_mode):
     """``aiGraphcore.replicatedallreduce(args, commGroup=CommGroup(...))`` reduces within groups."""
     b = popart.Builder()
     x = b.addInputTensor(popart.TensorInfo("FLOAT", [2]), "x")

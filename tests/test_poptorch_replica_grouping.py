@@ -19,13 +19,7 @@ class ModelWithLoss(torch.nn.Module):
         return z, poptorch.identity_loss(z ** 2, reduction="mean")
 
 
-@pytest.fixture(params=["ir", "device"])
-def path(request, monkeypatch):
-    monkeypatch.setenv("OPENIPU_EXECUTION", request.param)
-    return request.param
-
-
-def test_user_guide_example_matches_cpu(path):
+def test_user_guide_example_matches_cpu(execution_mode):
     """The user guide's example at 4 replicas: W split between 2 orthogonal groups of 2, the
     input between 2 consecutive groups of 2; each step equals SGD on the mean of the replicas'
     losses computed on the CPU."""
@@ -58,7 +52,7 @@ def test_user_guide_example_matches_cpu(path):
     np.testing.assert_allclose(model.W.detach().numpy(), ref_w.detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_all_replicas_read_back_and_inference_per_replica(path):
+def test_all_replicas_read_back_and_inference_per_replica(execution_mode):
     """NoGrouping: each replica its own weight; AllReplicas returns one value per replica."""
     model = ModelWithLoss(torch.arange(4 * 3 * 2, dtype=torch.float32).reshape(4, 3, 2))
     opts = poptorch.Options().replicationFactor(4)
