@@ -17,8 +17,8 @@ from . import config, gradient_accumulation, ipu_compiler, ipu_infeed_queue, ipu
 from . import keras_extensions as _keras_extensions
 from . import keras_ipu as _keras_ipu
 from . import loops, scopes, utils  # noqa: F401
-from .ops import pipelining_ops  # noqa: F401
-from . import ops  # noqa: F401
+from .ops import cross_replica_ops, pipelining_ops, replication_ops  # noqa: F401
+from . import ops, optimizers  # noqa: F401
 
 _keras_extensions.install()
 

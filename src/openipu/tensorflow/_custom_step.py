@@ -60,6 +60,8 @@ class _Trace:
         self.outfeeds = []                # (queue, structure, [tensors])
         self.iterations = None            # the loop count (tf.range in the function, loops.repeat)
         self.pipeline = None              # pipelining_ops.pipeline: {"ga", "repeat", "mapping", "sequential"}
+        self.global_step = None           # a v1 optimizer's apply_gradients(global_step=...)
+        self.replicas = 1                 # replicas of the program being built (ipu.replication_ops)
         self.code = None
 
 
@@ -136,6 +138,8 @@ def _tracing(trace, code):
     orig_range, orig_grad = tf.range, tf.GradientTape.gradient
     orig_apply_grads = keras.optimizers.Optimizer.apply_gradients
     orig_apply = keras.optimizers.Optimizer.apply
+    v1 = tf.compat.v1.train.Optimizer
+    orig_v1_apply, orig_v1_compute = v1.apply_gradients, v1.compute_gradients
 
     def loop_range(*args, **kwargs):
         if sys._getframe(1).f_code is code and len(args) == 1 and not kwargs:
@@ -169,6 +173,8 @@ def _tracing(trace, code):
     tf.GradientTape.gradient = gradient
     keras.optimizers.Optimizer.apply_gradients = apply_gradients
     keras.optimizers.Optimizer.apply = apply
+    v1.apply_gradients = lambda opt, gvs, global_step=None, name=None: record_v1_apply(opt, gvs, global_step)
+    v1.compute_gradients = lambda opt, loss, var_list=None, **kw: record_v1_gradients(opt, loss, var_list)
     try:
         yield trace
     finally:
@@ -177,6 +183,34 @@ def _tracing(trace, code):
         tf.GradientTape.gradient = orig_grad
         keras.optimizers.Optimizer.apply_gradients = orig_apply_grads
         keras.optimizers.Optimizer.apply = orig_apply
+        v1.apply_gradients, v1.compute_gradients = orig_v1_apply, orig_v1_compute
+
+
+def record_v1_gradients(opt, loss, var_list):
+    """A v1 optimizer's ``compute_gradients`` (or ``minimize``) during a trace: records ``loss``
+    (called if callable) and returns zero gradients for ``var_list``."""
+    import tensorflow as tf
+    trace = active()
+    trace.gradient_calls += 1
+    if trace.gradient_calls > 1:
+        raise Unsupported("more than one gradient computation per step")
+    if var_list is None:
+        raise Unsupported("compute_gradients / minimize without var_list (TensorFlow 2 keeps no variable collections)")
+    trace.loss = loss() if callable(loss) else loss
+    return [(tf.zeros_like(v), v) for v in var_list]
+
+
+def record_v1_apply(opt, grads_and_vars, global_step=None):
+    """A v1 optimizer's (or an ``ipu.optimizers`` wrapper's) ``apply_gradients`` during a trace:
+    records the optimizer, the variables with a gradient and ``global_step``."""
+    import tensorflow as tf
+    trace = active()
+    if trace.optimizer is not None:
+        raise Unsupported("more than one optimizer update per step")
+    trace.optimizer = opt
+    trace.optimized = [v for g, v in grads_and_vars if g is not None]
+    trace.global_step = global_step
+    return tf.no_op()
 
 
 def _static_int(n) -> int:
@@ -220,7 +254,7 @@ def _run_traced(pyfn, args, kwargs, trace):
     a2, k2 = _substitute(args, kwargs, make)
     trace.outfeeds.clear()
     trace.loss, trace.gradient_calls, trace.optimizer, trace.optimized = None, 0, None, []
-    trace.pipeline = None
+    trace.pipeline, trace.global_step = None, None
     trace.__dict__.pop("fakes", None)
     ret = pyfn(*a2, **k2)
     trace.returned = ret
@@ -302,6 +336,8 @@ class CustomStep:
     first call (Python objects in them are fixed into the program; iterators, infeed queues and
     tensors are its inputs). Raises :class:`Unsupported`."""
 
+    v1 = False                          # the optimizer is a TensorFlow v1 one (ipu.optimizers wrappers)
+
     def __init__(self, fn, args, kwargs, num_ipus=1):
         import tensorflow as tf
         from openipu import popart
@@ -314,6 +350,7 @@ class CustomStep:
         code = pyfn.__code__
         # 1. discovery: which iterators / tensors the step reads, the loop count, the variables
         disc = _Trace()
+        disc.replicas = self.replicas
         with _tracing(disc, code):
             cf = tf.function(lambda: _run_traced(pyfn, args, kwargs, disc), autograph=False).get_concrete_function()
         self.sources = list(disc.found)
@@ -346,7 +383,9 @@ class CustomStep:
             frozen = [v.path for v in variables if not v.trainable]
             if frozen:
                 raise Unsupported(f"variables the optimizer does not update ({frozen})")
-        self.optimizer = disc.optimizer
+        self.optimizer, self.global_step, self.loss_scale = disc.optimizer, disc.global_step, 1.0
+        if isinstance(disc.optimizer, tf.compat.v1.train.Optimizer):
+            self._v1_wrappers(disc.optimizer)
         self.outfeeds = [(q, s, len(ts)) for q, s, ts in disc.outfeeds]
         self.returned = disc.returned
         specs, self.source_slices = [], []
@@ -358,6 +397,7 @@ class CustomStep:
             raise TypeError("Unsupported data type for input: float64")
         # 2. the conversion trace: the sources are the function's inputs
         conv = _Trace()
+        conv.replicas = self.replicas
 
         def traced(*inputs):
             conv.sources = {}
@@ -391,7 +431,11 @@ class CustomStep:
         for c in last:
             c.__enter__()
         if self.training:
-            self.loss_id = builder.aiGraphcore.identityloss([outs[0]], reduction=popart.ReductionType.Sum)
+            loss = outs[0]
+            if self.loss_scale != 1.0:      # the wrappers' averages: the gradient is linear in the loss
+                scale = builder.aiOnnx.constant(np.array(self.loss_scale, np.float32))
+                loss = builder.aiOnnx.mul([loss, scale])
+            self.loss_id = builder.aiGraphcore.identityloss([loss], reduction=popart.ReductionType.Sum)
         for c in reversed(last):
             c.__exit__(None, None, None)
         self.outputs = outs[1:] if self.training else outs
@@ -402,9 +446,9 @@ class CustomStep:
         if self.pipeline:
             opts.enablePipelining = not self.pipeline["sequential"]
             opts.virtualGraphMode = popart.VirtualGraphMode.Manual
-            if self.ga > 1:
-                opts.enableGradientAccumulation = True
-                opts.accumulationFactor = self.ga
+        if self.ga > 1:
+            opts.enableGradientAccumulation = True
+            opts.accumulationFactor = self.ga
         if self.replicas > 1:           # gradients summed over the replicas (the Keras optimizer's all-reduce)
             opts.enableReplicatedGraphs = True
             opts.replicatedGraphCount = self.replicas
@@ -428,6 +472,38 @@ class CustomStep:
         self.in_dtypes = [sp.dtype.as_numpy_dtype for sp in specs]
         self._weights = None            # the Keras-side values the program holds (None: not sent yet)
         self._lr = _lr(self.optimizer) if self.training else None     # the learning rate the program has
+
+    def _v1_wrappers(self, opt):
+        """A TensorFlow v1 optimizer, maybe in ``ipu.optimizers`` wrappers: PopART's gradient
+        accumulation for a ``GradientAccumulationOptimizerV2`` (the loop count must be a
+        multiple of ``num_mini_batches``), loss scales for the ``MEAN`` reduction and the
+        ``CrossReplicaOptimizer`` average; ``self.optimizer`` becomes the wrapped optimizer.
+        Raises ``ValueError`` for a loop count that is not a multiple and ``NotImplementedError``
+        for replicas without a ``CrossReplicaOptimizer`` (each would update its own weights:
+        PopART's replicas always reduce their gradients)."""
+        from .optimizers.gradient_accumulation_optimizer import unwrap
+        from .optimizers.map_gradient_optimizer import MapGradientOptimizer
+        self.v1 = True
+        base, ga, mean, cross = unwrap(opt)
+        if isinstance(base, MapGradientOptimizer):
+            base = base._opt
+        if ga > 1:
+            if self.pipeline:
+                raise Unsupported("a gradient accumulation optimizer inside a pipeline")
+            if self.iterations % ga:
+                raise ValueError(f"The step runs {self.iterations} iterations per execution, which is not a multiple "
+                                 f"of the gradient accumulation optimizer's num_mini_batches ({ga}).")
+            self.ga = ga
+            if mean:
+                self.loss_scale /= ga
+        if self.replicas > 1:
+            if not cross:
+                raise NotImplementedError(
+                    f"A TensorFlow v1 optimizer ({type(opt).__name__}) on {self.replicas} replicas without a "
+                    "CrossReplicaOptimizer: each replica would update its own weights, which the simulated IPU's "
+                    "replicated programs do not do; wrap the optimizer in ipu.optimizers.CrossReplicaOptimizer.")
+            self.loss_scale /= self.replicas
+        self.optimizer = base
 
     # ------------------------------------------------------------------------------------------
     def _feeds(self, args, kwargs):
@@ -488,9 +564,9 @@ class CustomStep:
                 v = m.to_keras(bufs[m.name]).astype(m.variable.dtype)
                 m.variable.assign(v)
                 self._weights.append(v)
-            it = self.optimizer.iterations
-            # the backing tf.Variable: Keras's own assign_add goes through its numpy ops (ms per call)
-            getattr(it, "_value", it).assign_add(self.iterations // self.ga)
+            it = self.global_step if self.v1 else self.optimizer.iterations
+            if it is not None:      # the backing tf.Variable: Keras's assign_add goes through its numpy ops (ms per call)
+                getattr(it, "_value", it).assign_add(self.iterations // self.ga)
         n = self.iterations
         r = self.replicas               # every output as [steps, replicas, ...]
         skip = sum(d > 1 for d in (n // self.ga, self.ga, r))

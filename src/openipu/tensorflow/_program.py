@@ -130,6 +130,10 @@ def join_loss(forward, loss):
 # -- optimizers ----------------------------------------------------------------------------------
 def _lr(opt) -> float:
     import keras
+    import tensorflow as tf
+    if isinstance(opt, tf.compat.v1.train.Optimizer):      # GradientDescent / Momentum: _learning_rate; Adam: _lr
+        lr = getattr(opt, "_learning_rate", getattr(opt, "_lr", None))
+        return float(np.asarray(lr() if callable(lr) else lr))
     lr = opt.learning_rate
     if isinstance(opt._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
         return float(opt._learning_rate(opt.iterations))
@@ -151,6 +155,9 @@ def popart_optimizer(opt):
     ``clipvalue``, ``global_clipnorm``, ``amsgrad``, ``use_ema``, ``centered``, and
     ``weight_decay`` on SGD / RMSprop."""
     import keras
+    import tensorflow as tf
+    if isinstance(opt, tf.compat.v1.train.Optimizer):
+        return _v1_popart_optimizer(opt)
     cfg = opt.get_config()
     for k in ("clipnorm", "clipvalue", "global_clipnorm", "amsgrad", "use_ema", "centered"):
         if cfg.get(k):
@@ -182,6 +189,33 @@ def popart_optimizer(opt):
                                mode=popart.AdaptiveMode.RMSProp, rmsprop_tf_variant=True)
     raise NotImplementedError(f"the Keras optimizer {type(opt).__name__} on the IPU (supported: SGD, Adam, AdamW, "
                               "RMSprop)")
+
+
+def _v1_popart_optimizer(opt):
+    """PopART's optimizer for a TensorFlow v1 optimizer (``tf.compat.v1.train``), with TF's
+    update formulas: ``GradientDescentOptimizer`` → ``popart.SGD``; ``MomentumOptimizer(lr, m,
+    use_nesterov)`` (``a = m a + g``, ``w -= lr a``; nesterov ``w -= lr (g + m a)``) →
+    ``popart.SGD`` with momentum, no dampening; ``AdamOptimizer`` (``w -= lr sqrt(1 - b2^t) /
+    (1 - b1^t) m / (sqrt(v) + eps)``) → ``popart.Adam`` with that epsilon placement. Raises
+    ``NotImplementedError`` for other v1 optimizers."""
+    import tensorflow as tf
+    v1 = tf.compat.v1.train
+    lr = _lr(opt)
+    if isinstance(opt, v1.MomentumOptimizer):
+        m = float(np.asarray(opt._momentum))
+        return popart.SGD({"defaultLearningRate": (lr, False), "defaultMomentum": (m, True),
+                           "defaultDampening": (0.0, True),
+                           "nesterov": (1.0 if opt._use_nesterov and m else 0.0, True)})
+    if isinstance(opt, v1.GradientDescentOptimizer):
+        return popart.SGD({"defaultLearningRate": (lr, False)})
+    if isinstance(opt, v1.AdamOptimizer):
+        adam = popart.Adam({"defaultLearningRate": (lr, False), "defaultBeta1": (float(opt._beta1), True),
+                            "defaultBeta2": (float(opt._beta2), True), "defaultEps": (float(opt._epsilon), True),
+                            "defaultWeightDecay": (0.0, True)}, mode=popart.AdamMode.Adam)
+        adam.eps_before_correction = True
+        return adam
+    raise NotImplementedError(f"the TensorFlow v1 optimizer {type(opt).__name__} on the IPU (supported: "
+                              "GradientDescentOptimizer, MomentumOptimizer, AdamOptimizer)")
 
 
 # -- the program ---------------------------------------------------------------------------------

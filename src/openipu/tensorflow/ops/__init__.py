@@ -1,3 +1,3 @@
-"""``ipu.ops``: IPU operations (only ``pipelining_ops`` enums and checks so far)."""
+"""``ipu.ops``: IPU operations (Graphcore TF2 API); ``ipu.<name>_ops`` is ``ipu.ops.<name>_ops``."""
 
-from . import pipelining_ops  # noqa: F401
+from . import cross_replica_ops, pipelining_ops, replication_ops  # noqa: F401
