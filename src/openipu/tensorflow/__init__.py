@@ -17,8 +17,9 @@ from . import config, gradient_accumulation, ipu_compiler, ipu_infeed_queue, ipu
 from . import keras_extensions as _keras_extensions
 from . import keras_ipu as _keras_ipu
 from . import loops, scopes, utils  # noqa: F401
-from .ops import cross_replica_ops, pipelining_ops, replication_ops  # noqa: F401
-from . import ops, optimizers  # noqa: F401
+from .ops import (cross_replica_ops, embedding_ops, functional_ops, math_ops, nn_ops, normalization_ops,  # noqa: F401
+                  pipelining_ops, rand_ops, replication_ops)
+from . import keras, ops, optimizers  # noqa: F401
 
 _keras_extensions.install()
 

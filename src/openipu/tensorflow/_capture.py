@@ -19,6 +19,16 @@ _MAX_SENTINEL = 2 ** 24          # float32 holds every integer up to here exactl
 _MARK0 = -7919.25                # dropout marker factors: _MARK0 - i (negative, non-integer)
 
 
+_CAPTURING = [0]
+
+
+def capturing() -> bool:
+    """True while a function is being converted to ONNX (ops that only change the IPU's memory
+    plan, not the values, e.g. serialised matmuls and lookups, then emit their plain form: slices of
+    a variable would be folded into constants and lose the variable)."""
+    return _CAPTURING[0] > 0
+
+
 class VariableMap:
     """How one Keras variable appears in the ONNX model: ``name`` (the initializer id, the
     variable's path), ``perm`` (ONNX value = Keras value transposed by ``perm``, then reshaped
@@ -138,8 +148,12 @@ def capture_function(fn, input_signature, variables, opset: int = 17) -> Capture
             if v.dtype in ("float32", "float16", "bfloat16", "float64"):
                 v.assign(s.astype(v.dtype))
         keras.layers.Dropout.call = marked_call
-        proto, _ = tf2onnx.convert.from_function(tf.function(traced, autograph=False),
-                                                 input_signature=list(input_signature), opset=opset)
+        _CAPTURING[0] += 1
+        try:
+            proto, _ = tf2onnx.convert.from_function(tf.function(traced, autograph=False),
+                                                     input_signature=list(input_signature), opset=opset)
+        finally:
+            _CAPTURING[0] -= 1
     finally:
         keras.layers.Layer.__call__ = orig_layer_call
         keras.layers.Dropout.call = orig_call
