@@ -38,12 +38,15 @@ def _layers():
     return d1, d2
 
 
-def _pipelined(schedule=None, calls=2):
-    _configure(2)
+def _pipelined(schedule=None, calls=2, lr=0.1 / GA, recompute=False, **pipeline_kwargs):
+    cfg = ipu.config.IPUConfig()
+    cfg.auto_select_ipus = 2
+    cfg.allow_recompute = recompute
+    cfg.configure_ipu_system()
     strategy = ipu.ipu_strategy.IPUStrategy()
     with strategy.scope():
         d1, d2 = _layers()
-        opt = keras.optimizers.SGD(0.1 / GA, momentum=0.9)
+        opt = keras.optimizers.SGD(lr, momentum=0.9)
         infeed = ipu_infeed_queue.IPUInfeedQueue(_dataset(8))
         outfeed = ipu_outfeed_queue.IPUOutfeedQueue()
 
@@ -51,25 +54,27 @@ def _pipelined(schedule=None, calls=2):
             return d1(x), y
 
         def stage2(h, y):
-            return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, d2(h)))
+            p = d2(h)
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, p))
+            return (loss, tf.reduce_max(p)) if pipeline_kwargs.get("outfeed_loss") else loss
 
-        def optimizer_function(loss):
+        def optimizer_function(loss, *_):
             return pipelining_ops.OptimizerFunctionOutput(opt, loss)
 
         @tf.function
         def step():
             pipelining_ops.pipeline([stage1, stage2], gradient_accumulation_count=GA, repeat_count=2,
                                     infeed_queue=infeed, outfeed_queue=outfeed, optimizer_function=optimizer_function,
-                                    device_mapping=[0, 1], pipeline_schedule=schedule)
+                                    device_mapping=[0, 1], pipeline_schedule=schedule, **pipeline_kwargs)
         for _ in range(calls):
             strategy.run(step)
     return np.asarray(outfeed.dequeue()), d1.get_weights() + d2.get_weights(), opt, strategy.ipu_predicted_seconds
 
 
-def test_pipeline_matches_cpu_and_predicts_a_speed_up_over_sharding():
-    losses, weights, opt, pred = _pipelined()
+def _cpu():
+    """CPU training on batches GA times larger at lr 0.1: (losses, layers)."""
     d1, d2 = _layers()
-    opt_cpu = keras.optimizers.SGD(0.1, momentum=0.9)       # GA sums: lr / GA on batches GA times larger
+    opt_cpu = keras.optimizers.SGD(0.1, momentum=0.9)
     cpu = []
     for (x, y), _ in zip(_dataset(8 * GA), range(4)):
         with tf.GradientTape() as tape:
@@ -77,6 +82,12 @@ def test_pipeline_matches_cpu_and_predicts_a_speed_up_over_sharding():
         variables = d1.trainable_variables + d2.trainable_variables
         opt_cpu.apply_gradients(zip(tape.gradient(loss, variables), variables))
         cpu.append(float(loss))
+    return cpu, d1, d2
+
+
+def test_pipeline_matches_cpu_and_predicts_a_speed_up_over_sharding():
+    losses, weights, opt, pred = _pipelined()       # GA sums: lr / GA on batches GA times larger
+    cpu, d1, d2 = _cpu()
     assert losses.shape == (4 * GA,)
     np.testing.assert_allclose(losses.reshape(4, GA).mean(axis=1), cpu, rtol=2e-5)
     for a, b in zip(weights, d1.get_weights() + d2.get_weights()):
@@ -85,6 +96,27 @@ def test_pipeline_matches_cpu_and_predicts_a_speed_up_over_sharding():
     _, w_seq, _, pred_seq = _pipelined(pipelining_ops.PipelineSchedule.Sequential, calls=1)
     print("predicted cycles per execution: pipelined", pred["cycles"], "sequential", pred_seq["cycles"])
     assert pred["cycles"] < pred_seq["cycles"]
+
+
+def test_pipeline_mean_reduction_outfeed_loss_accumulate_and_recompute():
+    """``reduction_method=MEAN`` at lr 0.1 equals the CPU's batches of 64 at lr 0.1;
+    ``outfeed_loss`` outfeeds the loss (not the last stage's pair), ``accumulate_outfeed`` one
+    sum per update; ``allow_recompute`` keeps the values and predicts more cycles."""
+    kw = dict(lr=0.1, reduction_method=ipu.gradient_accumulation.GradientAccumulationReductionMethod.MEAN,
+              outfeed_loss=True, accumulate_outfeed=True)
+    losses, weights, _, pred = _pipelined(recompute=True, **kw)
+    cpu, d1, d2 = _cpu()
+    assert losses.shape == (4,)
+    np.testing.assert_allclose(losses, GA * np.asarray(cpu), rtol=2e-5)
+    for a, b in zip(weights, d1.get_weights() + d2.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    _, w_plain, _, pred_plain = _pipelined(recompute=False, calls=2, **kw)
+    for a, b in zip(weights, w_plain):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    print("predicted cycles per execution: recompute", pred["cycles"], "plain", pred_plain["cycles"])
+    assert pred["cycles"] > pred_plain["cycles"]
+    with pytest.raises(ValueError, match="optimizer_function must be provided"):
+        pipelining_ops.pipeline([lambda x: x, lambda x: x], gradient_accumulation_count=4, outfeed_loss=True)
 
 
 def test_pipeline_errors():

@@ -386,6 +386,9 @@ class CustomStep:
         self.optimizer, self.global_step, self.loss_scale = disc.optimizer, disc.global_step, 1.0
         if isinstance(disc.optimizer, tf.compat.v1.train.Optimizer):
             self._v1_wrappers(disc.optimizer)
+        if self.pipeline and self.pipeline.get("mean"):     # MEAN / RUNNING_MEAN: the average at the update
+            self.loss_scale /= self.ga
+        self.accumulated = set(getattr(disc, "accumulated_outfeeds", ()))     # summed over each update's steps
         self.outfeeds = [(q, s, len(ts)) for q, s, ts in disc.outfeeds]
         self.returned = disc.returned
         specs, self.source_slices = [], []
@@ -446,6 +449,9 @@ class CustomStep:
         if self.pipeline:
             opts.enablePipelining = not self.pipeline["sequential"]
             opts.virtualGraphMode = popart.VirtualGraphMode.Manual
+            sysm = _config._system()
+            if sysm is not None and sysm.config.allow_recompute and opts.enablePipelining:
+                opts.autoRecomputation = popart.RecomputationType.Pipeline
         if self.ga > 1:
             opts.enableGradientAccumulation = True
             opts.accumulationFactor = self.ga
@@ -565,7 +571,7 @@ class CustomStep:
                 m.variable.assign(v)
                 self._weights.append(v)
             it = self.global_step if self.v1 else self.optimizer.iterations
-            if it is not None:      # the backing tf.Variable: Keras's assign_add goes through its numpy ops (ms per call)
+            if it is not None:      # the backing tf.Variable (Keras assign_add: ms per call)
                 getattr(it, "_value", it).assign_add(self.iterations // self.ga)
         n = self.iterations
         r = self.replicas               # every output as [steps, replicas, ...]
@@ -579,6 +585,11 @@ class CustomStep:
             k += count
             q._structure = structure
             q._enqueued = True
+            if id(q) in self.accumulated:   # pipeline accumulate_outfeed: one item per update, summed
+                g = self.ga
+                for i in range(0, n, g):
+                    q._items.append([np.asarray(p[i:i + g]).sum(axis=0) for p in part])
+                continue
             for i in range(n):
                 q._items.append([np.asarray(p[i]) for p in part])
         ret_flat = vals[k:]

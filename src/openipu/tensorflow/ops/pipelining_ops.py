@@ -55,7 +55,7 @@ def pipeline(computational_stages, gradient_accumulation_count=None, gradient_ac
              gradient_accumulation_for_captured_grads=True, repeat_count=1, batch_serialization_iterations=1,
              inputs=None, infeed_queue=None, outfeed_queue=None, optimizer_function=None, device_mapping=None,
              pipeline_schedule=None, recomputation_mode=None, outfeed_loss=False, accumulate_outfeed=False,
-             reduction_method=None, name=None, **kwargs):
+             reduction_method=None, outfeed_mask=None, name=None, **kwargs):
     """``pipelining_ops.pipeline(computational_stages, gradient_accumulation_count, repeat_count=1,
     inputs=None, infeed_queue=None, outfeed_queue=None, optimizer_function=None,
     device_mapping=None, pipeline_schedule=None, ...)`` (Graphcore TF API), inside a step that
@@ -66,14 +66,23 @@ def pipeline(computational_stages, gradient_accumulation_count=None, gradient_ac
     micro-batch) and, when training, to ``optimizer_function`` (an
     :class:`OptimizerFunctionOutput`: Keras optimizer and loss). One call runs
     ``gradient_accumulation_count * repeat_count`` micro-batches and ``repeat_count`` weight
-    updates (gradients summed over the micro-batches: Graphcore's default ``SUM``). Stage ``i``
+    updates (gradients summed over the micro-batches: Graphcore's default ``SUM``; ``MEAN`` /
+    ``RUNNING_MEAN`` average them, which at the update is the same value). Stage ``i``
     runs on IPU ``device_mapping[i]`` (default ``i``); ``PipelineSchedule.Sequential`` runs the
     stages one after another (sharding), the others overlap them (PopART's pipeline).
 
+    ``outfeed_loss``: the optimizer function's loss is outfed instead of the last stage's
+    outputs; ``accumulate_outfeed``: the outfed values are summed over the
+    ``gradient_accumulation_count`` micro-batches of each update (one item per update).
+    With ``IPUConfig.allow_recompute`` the pipeline recomputes its forward stages in the backward
+    pass (PopART's pipeline recomputation: the same values, fewer stashed activations, more
+    cycles); ``recomputation_mode`` is recorded (``Auto`` and ``RecomputeThenBackpropagate`` are
+    what PopART does).
+
     Raises ``ValueError`` with Graphcore's texts (no ``gradient_accumulation_count``, fewer than
-    two stages, a mapping of the wrong length) and ``NotImplementedError`` outside such a step
-    (the CPU has no pipeline here), for ``outfeed_loss`` / ``accumulate_outfeed``, ``inputs``
-    with the infeed's element being a dict, and reductions other than ``SUM``."""
+    two stages, a mapping of the wrong length, ``outfeed_loss`` without an optimizer function)
+    and ``NotImplementedError`` outside such a step (the CPU has no pipeline here), for
+    ``inputs`` with the infeed's element being a dict and for ``outfeed_mask``."""
     from .._custom_step import active, fake_for
     from ..gradient_accumulation import GradientAccumulationReductionMethod
     if gradient_accumulation_count is None:
@@ -84,11 +93,12 @@ def pipeline(computational_stages, gradient_accumulation_count=None, gradient_ac
     mapping = list(device_mapping) if device_mapping is not None else list(range(len(stages)))
     if len(mapping) != len(stages):
         raise ValueError(f"Each stage must be mapped to an IPU: {len(mapping)} mappings != {len(stages)} stages")
-    if outfeed_loss or accumulate_outfeed:
-        raise NotImplementedError("pipelining_ops.pipeline outfeed_loss / accumulate_outfeed on the simulated IPU")
-    if reduction_method is not None and GradientAccumulationReductionMethod.parse(reduction_method) != \
-            GradientAccumulationReductionMethod.SUM:
-        raise NotImplementedError("pipelining_ops.pipeline reduction_method other than SUM on the simulated IPU")
+    if outfeed_loss and optimizer_function is None:
+        raise ValueError("An optimizer_function must be provided when outfeed_loss is True")
+    if outfeed_mask is not None:
+        raise NotImplementedError("pipelining_ops.pipeline outfeed_mask on the simulated IPU")
+    mean = reduction_method is not None and GradientAccumulationReductionMethod.parse(reduction_method) != \
+        GradientAccumulationReductionMethod.SUM
     trace = active()
     if trace is None:
         raise NotImplementedError("pipelining_ops.pipeline outside a step IPUStrategy.run runs on the simulated IPU")
@@ -108,15 +118,20 @@ def pipeline(computational_stages, gradient_accumulation_count=None, gradient_ac
     for i, stage in enumerate(stages):
         with tf.name_scope(f"{STAGE_SCOPE}{i}"):
             out = _stage_call(stage, out)
-    if outfeed_queue is not None and out is not None:
-        outfeed_queue.enqueue(out)
+    ofo = None
     if optimizer_function is not None:
         with tf.name_scope(f"{STAGE_SCOPE}{len(stages) - 1}"):
             ofo = _stage_call(optimizer_function, out)
         trace.loss, trace.optimizer, trace.optimized = ofo.loss, ofo.opt, None     # None: every trainable variable
         trace.gradient_calls += 1
+    outfed = ofo.loss if outfeed_loss else out
+    if outfeed_queue is not None and outfed is not None:
+        outfeed_queue.enqueue(outfed)
+        if accumulate_outfeed:
+            trace.accumulated_outfeeds = getattr(trace, "accumulated_outfeeds", set()) | {id(outfeed_queue)}
     schedule = PipelineSchedule.Grouped if pipeline_schedule is None else PipelineSchedule(int(pipeline_schedule))
     trace.pipeline = {"ga": int(gradient_accumulation_count), "repeat": int(repeat_count), "mapping": mapping,
-                      "sequential": schedule == PipelineSchedule.Sequential}
+                      "sequential": schedule == PipelineSchedule.Sequential, "mean": mean,
+                      "recomputation_mode": recomputation_mode}
     trace.iterations = int(gradient_accumulation_count) * int(repeat_count)
     return None
