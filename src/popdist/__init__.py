@@ -12,8 +12,8 @@ for _name in dir(_impl):
 
 
 def __getattr__(name):
-    # popdist.poptorch / popdist.popart load on first use (they import PopTorch / PopART)
-    if name in ("poptorch", "popart"):
+    # popdist.poptorch / .popart / .tensorflow load on first use (they import PopTorch / PopART / TF)
+    if name in ("poptorch", "popart", "tensorflow"):
         return _importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'popdist' has no attribute {name!r}")
 

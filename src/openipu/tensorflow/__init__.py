@@ -19,7 +19,7 @@ from . import keras_ipu as _keras_ipu
 from . import loops, scopes, utils  # noqa: F401
 from .ops import (cross_replica_ops, embedding_ops, functional_ops, math_ops, nn_ops, normalization_ops,  # noqa: F401
                   pipelining_ops, rand_ops, replication_ops)
-from . import keras, ops, optimizers  # noqa: F401
+from . import distributed, keras, ops, optimizers  # noqa: F401
 
 _keras_extensions.install()
 

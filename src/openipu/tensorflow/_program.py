@@ -218,6 +218,38 @@ def _v1_popart_optimizer(opt):
                               "GradientDescentOptimizer, MomentumOptimizer, AdamOptimizer)")
 
 
+def _distribution(opts, replicas) -> int:
+    """PopART's distributed replicated graphs on ``opts`` when the configured IPU system is one
+    instance of several (``experimental.multi_replica_distribution``, set by
+    ``popdist.tensorflow.set_ipu_config``): ``globalReplicationFactor`` = ``replicas`` x
+    instances, ``globalReplicaOffset`` = ``replicas`` x the instance index. Returns the number of
+    instances (1: not distributed)."""
+    from . import config as _config
+    sysm = _config._system()
+    if sysm is None:
+        return 1
+    mrd = sysm.config.experimental.multi_replica_distribution
+    n = int(mrd.process_count)
+    if n <= 1:
+        return 1
+    opts.enableDistributedReplicatedGraphs = True
+    opts.globalReplicationFactor = replicas * n
+    opts.globalReplicaOffset = replicas * int(mrd.process_index)
+    return n
+
+
+def _broadcast_keras_variables(variables) -> None:
+    """Instance 0's values of the Keras ``variables`` on every instance (PopDist's weight
+    broadcast before the first run; one ``torch.distributed`` broadcast of their bytes)."""
+    import torch
+
+    from openipu.poplibs import gcl_instances
+    vals = [torch.from_numpy(np.ascontiguousarray(v.numpy()).copy()) for v in variables]
+    gcl_instances.broadcast_tensors_from(vals, 0, "broadcastWeights")
+    for v, t in zip(variables, vals):
+        v.assign(t.numpy())
+
+
 # -- the program ---------------------------------------------------------------------------------
 class IpuProgram:
     """One compiled PopART session for a Keras model.
@@ -305,6 +337,7 @@ class IpuProgram:
         if replicas > 1:
             opts.enableReplicatedGraphs = True
             opts.replicatedGraphCount = replicas
+        self.instances = _distribution(opts, replicas)
         self.bps = steps // accumulation if train else steps
         flow = popart.DataFlow(self.bps, anchors)
         device = popart.DeviceManager().acquireAvailableDevice(num_ipus)
@@ -328,6 +361,9 @@ class IpuProgram:
 
     # weights -----------------------------------------------------------------------------------
     def weights_from_keras(self):
+        if self.instances > 1 and not getattr(self, "_broadcast", False):
+            _broadcast_keras_variables([m.variable for m in self.captured.variables])
+            self._broadcast = True
         w = {m.name: m.to_onnx(m.variable.numpy()).astype(np.float32) for m in self.captured.variables}
         self.session.writeWeights(popart.PyWeightsIO(w))
         self.session.weightsFromHost()
