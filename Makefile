@@ -61,7 +61,7 @@ $(TF_STAMP): $(STAMP) pyproject.toml
 	touch $(TF_STAMP)
 
 test-tensorflow: $(TF_STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not tutorial and not heavy" tests/test_tensorflow_config.py tests/test_tensorflow_keras.py tests/test_tensorflow_keras_multi.py tests/test_tensorflow_lowlevel.py tests/test_tensorflow_pipeline_ops.py tests/test_tensorflow_optimizers.py tests/test_tensorflow_layers_ops.py
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not tutorial and not heavy" tests/test_tensorflow_config.py tests/test_tensorflow_keras.py tests/test_tensorflow_keras_multi.py tests/test_tensorflow_lowlevel.py tests/test_tensorflow_pipeline_ops.py tests/test_tensorflow_optimizers.py tests/test_tensorflow_layers_ops.py tests/test_tensorflow_popdist.py
 
 # the acceptance runs of many minutes each (fp8 ResNet-50 on 256 images, PopRT batch 32, BERT 8 x 384): not in CI
 test-heavy: $(STAMP)
