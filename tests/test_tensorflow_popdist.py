@@ -58,3 +58,18 @@ def test_set_ipu_config_and_strategy_outside_poprun():
     np.testing.assert_array_equal(ipu.distributed.allreduce(tf.constant([1.0, 2.0])), [1.0, 2.0])
     with pytest.raises(ValueError, match="ipus_per_replica"):
         popdist.tensorflow.set_ipu_config(cfg, ipus_per_replica=0)
+
+
+def test_custom_step_in_a_poprun_instance_is_refused():
+    import openipu_tf_hook  # noqa: F401
+    import tensorflow as tf
+    from tensorflow.python import ipu
+    cfg = ipu.config.IPUConfig()
+    cfg.auto_select_ipus = 1
+    cfg.experimental.multi_replica_distribution.process_count = 2
+    cfg.configure_ipu_system()
+    try:
+        with pytest.raises(NotImplementedError, match="poprun instance"):
+            ipu.ipu_strategy.IPUStrategy().run(tf.function(lambda: tf.constant(1.0)))
+    finally:
+        ipu.config.reset_ipu_configuration()

@@ -47,3 +47,24 @@ def test_completed_example(args):
     out = _run("completed_example/main.py", *args, sizes=("--train", "1600", "--test", "800"))
     if args:
         assert "loss: " in out and "accuracy: " in out
+
+
+POPDIST = Path(EXAMPLES or ".") / "tutorials" / "feature_examples" / "tensorflow2" / "popdist"
+
+
+def test_popdist_training_and_inference_under_poprun(tmp_path):
+    """``popdist_training.py`` under ``poprun --num-instances 2 --num-replicas 4`` (its README's
+    command; 100 epochs of one step per replica on 128 generated CIFAR-10 images), then
+    ``popdist_inference.py`` under 4 instances loads its ``saved_model.h5``."""
+    def poprun(script, instances, replicas):
+        cmd = [sys.executable, "-m", "openipu.popdist.poprun", "--num-instances", str(instances), "--num-replicas",
+               str(replicas), sys.executable, str(ROOT / "examples" / "tensorflow2" / "run_keras_tutorial.py"),
+               str(POPDIST / script), "--train", "128", "--test", "256"]
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path))
+        assert p.returncode == 0, p.stdout[-4000:]
+        return p.stdout
+    out = poprun("popdist_training.py", 2, 4)
+    assert "Steps per execution:\t1" in out and "Epoch 100/100" in out
+    assert (tmp_path / "saved_model.h5").is_file()
+    out = poprun("popdist_inference.py", 4, 4)
+    assert "Steps per execution:\t2" in out and "accuracy: " in out

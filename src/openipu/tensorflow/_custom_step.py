@@ -346,6 +346,11 @@ class CustomStep:
         from ._capture import capture_function
         from ._program import _lr, popart_optimizer
         self.replicas = int(num_ipus)    # Graphcore: one replica per configured IPU (num_replicas_in_sync is 1)
+        sysm = _config._system()
+        if sysm is not None and sysm.config.experimental.multi_replica_distribution.process_count > 1:
+            raise NotImplementedError("IPUStrategy.run of a custom step in a poprun instance (the replicas of "
+                                      "the other instances would not take part): use Keras fit / evaluate / "
+                                      "predict with PopDistStrategy")
         pyfn = _python_function(fn)
         code = pyfn.__code__
         # 1. discovery: which iterators / tensors the step reads, the loop count, the variables
