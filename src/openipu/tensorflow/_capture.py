@@ -162,9 +162,47 @@ def capture_function(fn, input_signature, variables, opset: int = 17) -> Capture
     return _rewrite(proto, variables, saved, sentinels, drop_rates)
 
 
+def _find_gather(sentinels, arr, used):
+    """``(variable index, positions)`` when the non-zero values of ``arr`` are every sentinel of
+    one unused variable exactly once (tf2onnx re-packed it: an LSTM's gates reordered and its
+    bias padded with the recurrence bias's zeros); ``positions`` (``arr``'s shape, int64) holds
+    each element's flat index in the Keras variable, ``-1`` for the zeros."""
+    vals = arr.reshape(-1).astype(np.float64)
+    nz = vals != 0
+    if not nz.any() or not np.all(vals[nz] == np.round(vals[nz])):
+        return None
+    lo = float(vals[nz].min())
+    for idx, (start, stop, _) in enumerate(sentinels):
+        if start <= lo < stop:
+            if idx in used or int(nz.sum()) != stop - start:
+                return None
+            flat = vals[nz].astype(np.int64) - start
+            if flat.max() >= stop - start or np.unique(flat).size != flat.size:
+                return None
+            pos = np.full(vals.shape, -1, np.int64)
+            pos[nz] = flat
+            return idx, pos.reshape(arr.shape)
+    return None
+
+
+def _gather_nodes(init_name, weight_name, pos, size):
+    """ONNX nodes computing ``init_name`` (the re-packed tensor) from the weight ``weight_name``
+    (Keras layout): ``Gather(Concat(Reshape(w, [-1]), [0]), positions)`` with the zeros taken
+    from the appended 0 (a constant: they stay zero, as tf2onnx's padding)."""
+    p = f"{init_name}__openipu"
+    idx = np.where(pos < 0, size, pos).astype(np.int64)
+    return [helper.make_node("Constant", [], [f"{p}_shape"], value=numpy_helper.from_array(np.array([-1], np.int64))),
+            helper.make_node("Constant", [], [f"{p}_zero"], value=numpy_helper.from_array(np.zeros(1, np.float32))),
+            helper.make_node("Constant", [], [f"{p}_idx"], value=numpy_helper.from_array(idx)),
+            helper.make_node("Reshape", [weight_name, f"{p}_shape"], [f"{p}_flat"]),
+            helper.make_node("Concat", [f"{p}_flat", f"{p}_zero"], [f"{p}_padded"], axis=0),
+            helper.make_node("Gather", [f"{p}_padded", f"{p}_idx"], [init_name], axis=0)]
+
+
 def _rewrite(proto, variables, saved, sentinels, drop_rates) -> Captured:
     g = proto.graph
     maps, rename, consts, used = [], {}, [], set()
+    gathers = []                    # nodes re-packing weights in tf2onnx's layout (LSTM / GRU)
     for init in list(g.initializer):
         arr = numpy_helper.to_array(init)
         hit = None
@@ -177,7 +215,21 @@ def _rewrite(proto, variables, saved, sentinels, drop_rates) -> Captured:
                         hit = (idx, perm)
                     break
         if hit is None:
-            consts.append(init)
+            found = _find_gather(sentinels, arr, used) if arr.dtype.kind == "f" and arr.size else None
+            if found is None:
+                consts.append(init)
+                continue
+            idx, pos = found
+            used.add(idx)
+            v = variables[idx]
+            vm = VariableMap(v, v.path, tuple(range(len(v.shape))), tuple(v.shape))
+            gathers += _gather_nodes(init.name, vm.name, pos, int(np.prod(v.shape)))
+            g.initializer.remove(init)
+            g.initializer.append(numpy_helper.from_array(np.asarray(saved[idx]).astype(arr.dtype), vm.name))
+            keep = [i for i in g.input if i.name != init.name]
+            del g.input[:]
+            g.input.extend(keep)
+            maps.append(vm)
             continue
         idx, perm = hit
         used.add(idx)
@@ -204,7 +256,7 @@ def _rewrite(proto, variables, saved, sentinels, drop_rates) -> Captured:
     del g.input[:]
     g.input.extend(keep)
     values = {c.name: numpy_helper.to_array(c) for c in consts}
-    nodes = _replace_dropout_markers(const_nodes + list(g.node), values, drop_rates)
+    nodes = _replace_dropout_markers(const_nodes + gathers + list(g.node), values, drop_rates)
     del g.node[:]
     g.node.extend(nodes)
     onnx.checker.check_model(proto)
