@@ -572,10 +572,16 @@ def _transfer_pairs(tr: RegionTransfer):
             first[ok], last[ok], mult[ok])
 
 
-def moved_elements(tr: RegionTransfer, num_tiles: int) -> np.ndarray | None:
+#: "not given" for the ``pairs`` arguments below (:func:`transfer_pairs` may return None).
+UNSET = object()
+
+
+def moved_elements(tr: RegionTransfer, num_tiles: int, pairs=UNSET) -> np.ndarray | None:
     """Per destination tile, how many *view elements* of the transfer change tile (a broadcast
-    element counts once per use, unlike received bytes). For on-tile copy costs."""
-    res = transfer_pairs(tr)
+    element counts once per use, unlike received bytes). For on-tile copy costs. ``pairs``:
+    :func:`transfer_pairs` of ``tr`` when the caller has it (a large copy's pairs are too big for
+    the memo, and the copy's exchange volume needs them too)."""
+    res = transfer_pairs(tr) if pairs is UNSET else pairs
     out = np.zeros(num_tiles)
     if isinstance(res, str):
         return None                        # not monotone: the caller counts per element
@@ -585,12 +591,13 @@ def moved_elements(tr: RegionTransfer, num_tiles: int) -> np.ndarray | None:
     return np.bincount(dst, weights=count * mult, minlength=num_tiles).astype(np.float64)
 
 
-def add_volume(spec, tr: RegionTransfer, recv_b, send_b, recv_m, send_m, glob, recv_c=None, send_c=None) -> bool:
+def add_volume(spec, tr: RegionTransfer, recv_b, send_b, recv_m, send_m, glob, recv_c=None, send_c=None,
+               pairs=UNSET) -> bool:
     """Add one transfer's volume (bytes and messages per tile, IPU-Link bytes per IPU) to the
     arrays; and, when ``recv_c`` / ``send_c`` are given, its exchange code units per tile
     (:func:`code_units`). Returns False if the transfer needs the per-element model (a
-    non-monotone view)."""
-    res = transfer_pairs(tr)
+    non-monotone view). ``pairs``: :func:`transfer_pairs` of ``tr``, when the caller has it."""
+    res = transfer_pairs(tr) if pairs is UNSET else pairs
     if res is None:
         return True
     if isinstance(res, str):
