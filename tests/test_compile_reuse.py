@@ -7,13 +7,13 @@
 
 import numpy as np
 import onnx
-import popart
 from onnx import TensorProto, helper
 
+import popart
 from openipu import runner
+from openipu.popart.builder import OwnedModelProto
 from openipu.poplar import regions as R
 from openipu.poplar import structure_cache as SC
-from openipu.popart.builder import OwnedModelProto
 from openipu.poplibs.poplin import layout
 
 
@@ -83,3 +83,19 @@ def test_block_order_memo_tells_grids_apart():
     lo, sz = R.grid_cells(a)
     np.testing.assert_array_equal(layout._block_order(a, lo, sz), got["a"])
     assert SC.MEMO.hits == hits + 1
+
+
+def test_sets_unique_matches_numpy():
+    """The sort-based unique gives np.unique's values and dtype: ints of any range, sorted runs
+    (the tile-map bounds case), bools, 2-D input, empty and single arrays; floats fall back."""
+    from openipu.poplar import sets
+
+    rng = np.random.default_rng(2)
+    cases = [rng.integers(-50, 50, 1000), rng.integers(0, 1 << 40, 5000),
+             np.concatenate([np.sort(rng.integers(0, 10**6, 3000)) for _ in range(3)]),
+             rng.integers(0, 2, 100).astype(bool), rng.integers(0, 9, (7, 11)).astype(np.int32),
+             np.zeros(0, np.int64), np.array([5], np.uint16), np.array([1.5, np.nan, 1.5, np.nan])]
+    for a in cases:
+        got, want = sets.unique(a), np.unique(a)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from openipu.poplar import regions as R
+from openipu.poplar import sets as _sets
 from openipu.poplar import structure_cache as SC
 
 _I64 = np.int64
@@ -138,7 +139,7 @@ def variable_runs(view, var_ids):
     allowed) of ``view``'s space, sorted by address."""
     state = view._state
     space = state.space(view._type)
-    gst, gtl, gvi = space.runs_of([state.variables[v].space_index for v in np.unique(var_ids).tolist()])
+    gst, gtl, gvi = space.runs_of([state.variables[v].space_index for v in _sets.unique(var_ids).tolist()])
     return gst, space.run_ends(gst, gvi), gtl
 
 
@@ -337,7 +338,7 @@ class _GridIndex:
     @staticmethod
     def of(p, max_cells_per_piece: int = 8):
         lo, hi = p.lo, p.lo + p.sz
-        edges = [np.unique(np.r_[lo[:, j], hi[:, j]]) for j in range(lo.shape[1])]
+        edges = [_sets.unique(np.r_[lo[:, j], hi[:, j]]) for j in range(lo.shape[1])]
         counts = [e.size - 1 for e in edges]
         total = math.prod(counts)
         if total > max_cells_per_piece * len(p) + 4096:
@@ -354,7 +355,7 @@ class _GridIndex:
         bi, pi = bi[ok], pi[ok]
         if not self.exact and bi.size:            # a piece over several cells: once per box
             m = int(self.cell.max()) + 1
-            key = np.unique(bi * m + pi)
+            key = _sets.unique(bi * m + pi)
             bi, pi = key // m, key % m
         return bi, pi
 

@@ -44,6 +44,7 @@ from openipu.poplibs.poplin.layout import (Layout, _blocks, _ceil, _cross, _out_
                                            input_boxes, input_row_ranges, set_tile_boxes, tile_index,
                                            weight_boxes)
 from openipu.poplibs.poplin.params import ConvParams
+from openipu.poplar import sets as _sets
 
 #: Vertex state bytes of a partial-sum vertex (worklists, pointers). [A]
 PARTIALS_VERTEX_STATE_BYTES = 96
@@ -87,7 +88,7 @@ def runs_access(view, boxes: Boxes, count_send: bool = True, supertile_recv_scal
     vids = var[owner]
     tiles = np.asarray(boxes.tile, np.int64)[bi[owner]]
     variables = view._state.variables
-    uv = np.unique(vids)
+    uv = _sets.unique(vids)
     if uv.size == 0:
         z = np.zeros((0, view.rank()), np.int64)
         return Access(view, Boxes(z, z, np.zeros(0, np.int64)), count_send=count_send,
