@@ -569,8 +569,8 @@ def _transfer_pairs(tr: RegionTransfer):
     first = unrank(b, Tl, nl, c_lo)
     last = unrank(b, Tl, nl, c_hi - 1)
     mult = elems[li] // np.maximum(np.prod(nl, axis=1, dtype=_I64), 1) if nl.shape[1] else elems[li]
-    return (src[ok], dst[ok], var[li][ok], b[ok], Tl[ok], nl[ok], S[ok], E[ok], count[ok], msgs[ok],
-            first[ok], last[ok], mult[ok])
+    out = (src, dst, var[li], b, Tl, nl, S, E, count, msgs, first, last, mult)
+    return out if ok.all() else tuple(a[ok] for a in out)
 
 
 #: "not given" for the ``pairs`` arguments below (:func:`transfer_pairs` may return None).
@@ -672,8 +672,9 @@ def _accumulate(src, dst, base, T, n, S, E, count, msgs, first, last, single, ou
                 glob += np.bincount(kt[cross] // tpi, weights=contrib[cross], minlength=glob.size) * size
     m = ~single
     if m.any():
-        cols = [key_tile[m], grp_other[m], base[m], S[m], E[m]] + [T[m][:, j] for j in range(T.shape[1])] + \
-               [n[m][:, j] for j in range(n.shape[1])]
+        Tm, nm = T[m], n[m]
+        cols = [key_tile[m], grp_other[m], base[m], S[m], E[m]] + [Tm[:, j] for j in range(Tm.shape[1])] + \
+               [nm[:, j] for j in range(nm.shape[1])]
         idx = _first_of_equal_rows(cols)
         kt, ko, c, mm = key_tile[m][idx], grp_other[m][idx], count[m][idx], msgs[m][idx]
         out_b += np.bincount(kt, weights=c * weight(kt, ko), minlength=num_tiles) * size
@@ -681,7 +682,7 @@ def _accumulate(src, dst, base, T, n, S, E, count, msgs, first, last, single, ou
         if out_c is not None:
             # a strided lattice's regions are one loop nest: a unit per level (dimension with
             # more than one point), one for a partial first row and one for a partial last row
-            levels = (n[m][idx] > 1).sum(axis=1) if n.shape[1] else np.zeros(idx.size, _I64)
+            levels = (nm[idx] > 1).sum(axis=1) if n.shape[1] else np.zeros(idx.size, _I64)
             out_c += np.bincount(kt, weights=np.minimum(mm, levels + 2), minlength=num_tiles)
         if glob is not None:
             cross = (ko >= 0) & ((ko // tpi) != (kt // tpi))
