@@ -99,3 +99,13 @@ def test_sets_unique_matches_numpy():
         got, want = sets.unique(a), np.unique(a)
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got, want)
+
+
+def test_sets_intersects_matches_intersect1d():
+    from openipu.poplar import sets
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        a = rng.integers(0, 30, rng.integers(0, 6))
+        b = rng.integers(0, 30, rng.integers(0, 6))
+        assert sets.intersects(a, b) == bool(np.intersect1d(a, b).size)

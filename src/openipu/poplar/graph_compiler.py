@@ -24,6 +24,7 @@ from openipu.poplar import exchange as X
 from openipu.poplar import program as P
 from openipu.poplar import pvti
 from openipu.poplar import regions as R
+from openipu.poplar import sets as _sets
 from openipu.poplar.executable import (Executable, _AbortStep, _Branch, _Compiled, _CollectiveStep, _CopyStep,
                                        _CrossReplicaStep, _ExecuteStep, _GroupRunner, _HostCallStep, _IndexAcc,
                                        _If, _Leaf, _PrintStep, _RemoteStep, _Repeat, _Seq, _Step, _StreamToDevice,
@@ -381,7 +382,7 @@ class _Compiler:
         """:meth:`tensor_copy_cost`, computed once per pair of layouts: copies between other
         variables laid out alike (a subgraph's inputs and outputs at each call site, a layer's
         weights into the subgraph's) cost the same and add the same exchange code."""
-        if s._state is not d._state or np.intersect1d(s.pieces.var, d.pieces.var).size:
+        if s._state is not d._state or _sets.intersects(s.pieces.var, d.pieces.var):
             return self.tensor_copy_cost(s, d)          # a copy within one variable: not by layout
         key = (self._layout_key(s), self._layout_key(d))
         hit = self.layout_copy_cache.get(key)

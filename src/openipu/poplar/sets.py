@@ -27,3 +27,13 @@ def unique(a) -> np.ndarray:
     keep[0] = True
     np.not_equal(s[1:], s[:-1], out=keep[1:])
     return s[keep]
+
+
+def intersects(a, b) -> bool:
+    """Whether the integer arrays ``a`` and ``b`` share a value (``np.intersect1d(a, b).size > 0``
+    without numpy's hashed unique)."""
+    a, b = unique(a), unique(b)
+    if a.size == 0 or b.size == 0:
+        return False
+    at = np.minimum(np.searchsorted(b, a), b.size - 1)
+    return bool((b[at] == a).any())

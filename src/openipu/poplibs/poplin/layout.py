@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from openipu.poplar import regions as R
+from openipu.poplar import sets as _sets
 from openipu.poplar import structure_cache as SC
 from openipu.poplar.exchange import Boxes
 from openipu.poplibs.poplin import plan as planmod
@@ -357,7 +358,7 @@ def create_output(graph, type_, params: ConvParams, plan, name: str, lay: Layout
     fo = params.getOutputFieldShape()
     _, r0, r1 = _out_row_runs(params, lay)
     edges = [np.r_[0:lay.G:lay.gB, lay.G], np.r_[0:lay.N:lay.nB, lay.N], np.r_[0:lay.Co:lay.coS, lay.Co],
-             np.unique(np.r_[0, r0, r1, fo[0]])] + [np.array([0, s_]) for s_ in fo[1:]]
+             _sets.unique(np.r_[0, r0, r1, fo[0]])] + [np.array([0, s_]) for s_ in fo[1:]]
     out = blocked_tensor(graph, type_, edges, name, serial=lambda lo: (lo[:, 2] // lay.coS) % plan.out_chan_serial)
     o_rest = int(np.prod(fo[1:], dtype=np.int64))
     set_tile_boxes(graph, out.reshape([lay.G, lay.N, lay.Co, fo[0], o_rest]), *output_boxes(params, plan, lay))
