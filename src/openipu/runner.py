@@ -659,6 +659,7 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     """
     import popart
 
+    from openipu.popart import builder as popart_builder
     from openipu.poplar.profile import run_breakdown
 
     from openipu.poplibs.poplin.plan import record_over_budget, record_plans
@@ -694,6 +695,7 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
                          "corrupt; re-export it") from None
     if _prepared is None:
         proto = prepare_model(proto, batch_size, precision, inputs)
+    own_proto = proto is not model and proto is not _prepared     # made here: the session may take it
     batch = _batch_of(proto)
     runtime = {}        # copies, so that dropping the proto below frees it (and its weights)
     for vi in model_inputs(proto):
@@ -757,10 +759,17 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
         else:
             if _sessions is not None:
                 _sessions.clear()           # one IR at a time: a BERT-base IR holds its weights
-            # the session parses its own copy and keeps the weights once, as arrays: drop ours
-            data, proto = proto.SerializeToString(), None
-            session = popart.InferenceSession(fnModel=data, dataFlow=flow, deviceInfo=device, userOptions=opts)
-            del data
+            # the session keeps the weights once, as arrays: a proto made here (loaded, batched or
+            # converted) is handed over and its weights cleared, without serialising it; the
+            # caller's proto (a ModelProto argument, a sweep's prepared model) is serialised and
+            # parsed as a copy of its own, and stays as it was
+            if own_proto:
+                model_arg, proto = popart_builder.OwnedModelProto(proto), None
+            else:
+                model_arg, proto = proto.SerializeToString(), None
+            session = popart.InferenceSession(fnModel=model_arg, dataFlow=flow, deviceInfo=device,
+                                              userOptions=opts)
+            del model_arg
             if _sessions is not None and offline and not report_dir:
                 _sessions[key] = session
         if not offline:     # the model is checked and its shapes known: can this host run it?

@@ -64,8 +64,24 @@ _graph_uid = itertools.count()
 _INF = 2147483647
 
 
+class OwnedModelProto:
+    """A ModelProto handed to a session together with its ownership (openipu-internal, not a
+    PopART API): the IR takes the weights out of it and clears them in the proto, as it does with
+    a model it parsed itself, so the caller neither serialises the model for the session (a second
+    copy of the weights, and a parse) nor keeps the weights twice. The caller must not use
+    ``proto`` afterwards."""
+
+    __slots__ = ("proto",)
+
+    def __init__(self, proto: onnx.ModelProto):
+        self.proto = proto
+
+
 def _load_model(model_or_path) -> onnx.ModelProto:
-    """ModelProto from a path, serialized bytes or a ModelProto; PopART's error texts."""
+    """ModelProto from a path, serialized bytes, a ModelProto or an :class:`OwnedModelProto`;
+    PopART's error texts."""
+    if isinstance(model_or_path, OwnedModelProto):
+        return model_or_path.proto
     if isinstance(model_or_path, onnx.ModelProto):
         return model_or_path
     if isinstance(model_or_path, (str, os.PathLike)) and len(str(model_or_path)) < 10000 \

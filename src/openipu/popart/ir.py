@@ -245,6 +245,16 @@ def _take_weights(model: onnx.ModelProto, owned: bool) -> dict:
     return out
 
 
+def _compacted(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` (whose large weights :func:`_take_weights` has cleared) in memory of
+    its own: protobuf keeps a parsed or converted message's field values in one arena until the
+    whole message goes, so a cleared weight (and, in a model converted to fp16, the float32
+    original) would otherwise stay in host memory beside the IR's arrays."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    return m
+
+
 def _skeleton(model: onnx.ModelProto, weights: dict) -> onnx.ModelProto:
     """A copy of ``model`` for ``onnx.checker`` and shape inference without the large weights:
     each becomes a graph input of its type and shape (the checker serialises the whole model, and
@@ -294,6 +304,8 @@ class Ir:
         self.training = training        # {"loss", "optimizer", "patterns"} for a TrainingSession
         # the weights: read out of the proto once; a proto parsed here gives up its copy
         self.weights = _take_weights(self.model, owned=self.model is not model)
+        if self.model is not model and self.weights:
+            self.model = _compacted(self.model)
         self.data_flow = data_flow
         self.options = options
         self.num_vgraphs = num_vgraphs

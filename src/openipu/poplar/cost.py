@@ -24,6 +24,7 @@ import numpy as np
 from openipu.poplar import calibration as cal
 from openipu.poplar import regions as R
 from openipu.poplar import structure_cache as SC
+from openipu.poplar.exchange import UNSET as X_UNSET
 from openipu.poplar.exchange import RegionTransfer, _run_overlaps, _union, add_volume, code_units, variable_runs
 
 CATEGORIES = ("compute", "exchange", "global_exchange", "host_exchange", "sync")
@@ -364,13 +365,15 @@ def _add_read_segments(T, tpi, size, count_send, seg, recv_b, send_b, recv_m, se
         glob += np.bincount(d[cross] // tpi, weights=contrib[cross], minlength=glob.size) * size
 
 
-def exchange_volume(spec, transfers: list) -> ExchangeVolume:
+def exchange_volume(spec, transfers: list, pairs: list | None = None) -> ExchangeVolume:
     """Bytes and messages each tile receives and sends for ``transfers`` (local elements are free).
     Memoised (:mod:`structure_cache`) when every transfer is a :class:`RegionTransfer`: the
     volume depends on their views' structure, their variables' tile mappings, the boxes and the
-    target only, so identical layers cost their exchange once (see :func:`_exchange_volume`)."""
+    target only, so identical layers cost their exchange once (see :func:`_exchange_volume`).
+    ``pairs``: per transfer, its :func:`exchange.transfer_pairs` when the caller has computed
+    them (``exchange.UNSET`` for the others), so they are not computed again."""
     if not transfers or not SC.enabled() or not all(isinstance(tr, RegionTransfer) for tr in transfers):
-        return _exchange_volume(spec, transfers)
+        return _exchange_volume(spec, transfers, pairs)
     parts = [repr(spec).encode()]
     for tr in transfers:
         parts.append(b"%d%d%d%s" % (tr.to_owner, tr.count_send, tr.view._type.size,
@@ -379,13 +382,13 @@ def exchange_volume(spec, transfers: list) -> ExchangeVolume:
     key = b"|".join(parts)
     hit = SC.MEMO.get(key)
     if hit is None:
-        v = _exchange_volume(spec, transfers)
+        v = _exchange_volume(spec, transfers, pairs)
         hit = (v.recv_bytes, v.send_bytes, v.recv_msgs, v.send_msgs, v.global_bytes, v.recv_code, v.send_code)
         SC.MEMO.put(key, hit)
     return ExchangeVolume(*(None if a is None else a.copy() for a in hit))
 
 
-def _exchange_volume(spec, transfers: list) -> ExchangeVolume:
+def _exchange_volume(spec, transfers: list, pairs: list | None = None) -> ExchangeVolume:
     """:func:`exchange_volume`, computed.
 
     A value needed by several tiles is sent once (the exchange multicasts) and received by each.
@@ -407,7 +410,7 @@ def _exchange_volume(spec, transfers: list) -> ExchangeVolume:
     send_c = np.zeros(T)
     glob = np.zeros(spec.num_ipus)
     legacy = []
-    for tr in transfers:
+    for j, tr in enumerate(transfers):
         if isinstance(tr, RegionTransfer):
             k = len(tr.boxes)
             if k and tr.view.rank() and tr.boxes.lo.shape[1] == tr.view.rank():
@@ -420,7 +423,8 @@ def _exchange_volume(spec, transfers: list) -> ExchangeVolume:
                         _add_read_segments(T, tpi, tr.view._type.size, tr.count_send, seg, recv_b, send_b, recv_m,
                                            send_m, recv_c, send_c, glob)
                     continue
-            if not add_volume(spec, tr, recv_b, send_b, recv_m, send_m, glob, recv_c, send_c):
+            if not add_volume(spec, tr, recv_b, send_b, recv_m, send_m, glob, recv_c, send_c,
+                              X_UNSET if pairs is None else pairs[j]):
                 legacy.extend(_elements_of(tr))
         else:
             legacy.append(tr)

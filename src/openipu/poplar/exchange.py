@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from openipu.poplar import regions as R
+from openipu.poplar import sets as _sets
 from openipu.poplar import structure_cache as SC
 
 _I64 = np.int64
@@ -138,7 +139,7 @@ def variable_runs(view, var_ids):
     allowed) of ``view``'s space, sorted by address."""
     state = view._state
     space = state.space(view._type)
-    gst, gtl, gvi = space.runs_of([state.variables[v].space_index for v in np.unique(var_ids).tolist()])
+    gst, gtl, gvi = space.runs_of([state.variables[v].space_index for v in _sets.unique(var_ids).tolist()])
     return gst, space.run_ends(gst, gvi), gtl
 
 
@@ -337,7 +338,7 @@ class _GridIndex:
     @staticmethod
     def of(p, max_cells_per_piece: int = 8):
         lo, hi = p.lo, p.lo + p.sz
-        edges = [np.unique(np.r_[lo[:, j], hi[:, j]]) for j in range(lo.shape[1])]
+        edges = [_sets.unique(np.r_[lo[:, j], hi[:, j]]) for j in range(lo.shape[1])]
         counts = [e.size - 1 for e in edges]
         total = math.prod(counts)
         if total > max_cells_per_piece * len(p) + 4096:
@@ -354,7 +355,7 @@ class _GridIndex:
         bi, pi = bi[ok], pi[ok]
         if not self.exact and bi.size:            # a piece over several cells: once per box
             m = int(self.cell.max()) + 1
-            key = np.unique(bi * m + pi)
+            key = _sets.unique(bi * m + pi)
             bi, pi = key // m, key % m
         return bi, pi
 
@@ -568,14 +569,20 @@ def _transfer_pairs(tr: RegionTransfer):
     first = unrank(b, Tl, nl, c_lo)
     last = unrank(b, Tl, nl, c_hi - 1)
     mult = elems[li] // np.maximum(np.prod(nl, axis=1, dtype=_I64), 1) if nl.shape[1] else elems[li]
-    return (src[ok], dst[ok], var[li][ok], b[ok], Tl[ok], nl[ok], S[ok], E[ok], count[ok], msgs[ok],
-            first[ok], last[ok], mult[ok])
+    out = (src, dst, var[li], b, Tl, nl, S, E, count, msgs, first, last, mult)
+    return out if ok.all() else tuple(a[ok] for a in out)
 
 
-def moved_elements(tr: RegionTransfer, num_tiles: int) -> np.ndarray | None:
+#: "not given" for the ``pairs`` arguments below (:func:`transfer_pairs` may return None).
+UNSET = object()
+
+
+def moved_elements(tr: RegionTransfer, num_tiles: int, pairs=UNSET) -> np.ndarray | None:
     """Per destination tile, how many *view elements* of the transfer change tile (a broadcast
-    element counts once per use, unlike received bytes). For on-tile copy costs."""
-    res = transfer_pairs(tr)
+    element counts once per use, unlike received bytes). For on-tile copy costs. ``pairs``:
+    :func:`transfer_pairs` of ``tr`` when the caller has it (a large copy's pairs are too big for
+    the memo, and the copy's exchange volume needs them too)."""
+    res = transfer_pairs(tr) if pairs is UNSET else pairs
     out = np.zeros(num_tiles)
     if isinstance(res, str):
         return None                        # not monotone: the caller counts per element
@@ -585,12 +592,13 @@ def moved_elements(tr: RegionTransfer, num_tiles: int) -> np.ndarray | None:
     return np.bincount(dst, weights=count * mult, minlength=num_tiles).astype(np.float64)
 
 
-def add_volume(spec, tr: RegionTransfer, recv_b, send_b, recv_m, send_m, glob, recv_c=None, send_c=None) -> bool:
+def add_volume(spec, tr: RegionTransfer, recv_b, send_b, recv_m, send_m, glob, recv_c=None, send_c=None,
+               pairs=UNSET) -> bool:
     """Add one transfer's volume (bytes and messages per tile, IPU-Link bytes per IPU) to the
     arrays; and, when ``recv_c`` / ``send_c`` are given, its exchange code units per tile
     (:func:`code_units`). Returns False if the transfer needs the per-element model (a
-    non-monotone view)."""
-    res = transfer_pairs(tr)
+    non-monotone view). ``pairs``: :func:`transfer_pairs` of ``tr``, when the caller has it."""
+    res = transfer_pairs(tr) if pairs is UNSET else pairs
     if res is None:
         return True
     if isinstance(res, str):
@@ -664,8 +672,9 @@ def _accumulate(src, dst, base, T, n, S, E, count, msgs, first, last, single, ou
                 glob += np.bincount(kt[cross] // tpi, weights=contrib[cross], minlength=glob.size) * size
     m = ~single
     if m.any():
-        cols = [key_tile[m], grp_other[m], base[m], S[m], E[m]] + [T[m][:, j] for j in range(T.shape[1])] + \
-               [n[m][:, j] for j in range(n.shape[1])]
+        Tm, nm = T[m], n[m]
+        cols = [key_tile[m], grp_other[m], base[m], S[m], E[m]] + [Tm[:, j] for j in range(Tm.shape[1])] + \
+               [nm[:, j] for j in range(nm.shape[1])]
         idx = _first_of_equal_rows(cols)
         kt, ko, c, mm = key_tile[m][idx], grp_other[m][idx], count[m][idx], msgs[m][idx]
         out_b += np.bincount(kt, weights=c * weight(kt, ko), minlength=num_tiles) * size
@@ -673,7 +682,7 @@ def _accumulate(src, dst, base, T, n, S, E, count, msgs, first, last, single, ou
         if out_c is not None:
             # a strided lattice's regions are one loop nest: a unit per level (dimension with
             # more than one point), one for a partial first row and one for a partial last row
-            levels = (n[m][idx] > 1).sum(axis=1) if n.shape[1] else np.zeros(idx.size, _I64)
+            levels = (nm[idx] > 1).sum(axis=1) if n.shape[1] else np.zeros(idx.size, _I64)
             out_c += np.bincount(kt, weights=np.minimum(mm, levels + 2), minlength=num_tiles)
         if glob is not None:
             cross = (ko >= 0) & ((ko // tpi) != (kt // tpi))

@@ -27,6 +27,7 @@ from openipu.poplar import tilemap
 from openipu.poplar.tensor import Interval, Tensor
 from openipu.poplar.types import Type, as_type
 from openipu.poplar.vertex import FieldSpec, Vertex, _Shape
+from openipu.poplar import sets as _sets
 
 
 # ----------------------------------------------------------------------------------------------
@@ -182,7 +183,7 @@ class _Space:
     def runs_of(self, space_indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Like :meth:`runs` for some variables only (indices into :attr:`vars`): their runs,
         sorted by address. Cheap when few variables are asked for."""
-        idx = np.unique(np.asarray(space_indices, np.int64))
+        idx = _sets.unique(np.asarray(space_indices, np.int64))
         if idx.size > len(self.vars) // 2:
             return self.runs()
         vs = [self.vars[i] for i in idx.tolist()]
@@ -212,7 +213,7 @@ class _Space:
         if addrs.size == 0:
             return np.zeros(addrs.shape, np.int32)
         ends = self.variable_index(np.array([addrs.min(), addrs.max()]))
-        used = ends[:1] if ends[0] == ends[1] else np.unique(self.variable_index(addrs.reshape(-1)))
+        used = ends[:1] if ends[0] == ends[1] else _sets.unique(self.variable_index(addrs.reshape(-1)))
         st, tl, _ = self.runs_of(used)
         return tl[np.searchsorted(st, addrs, side="right") - 1]
 
@@ -568,7 +569,7 @@ class Graph:
 
     def set_quarter_metadata(self, t: Tensor, md: Tensor | None) -> None:
         """Record ``md`` as the metadata of every variable ``t`` covers (openipu helper)."""
-        for vid in np.unique(np.asarray(t.pieces.var)).tolist():
+        for vid in _sets.unique(np.asarray(t.pieces.var)).tolist():
             self._state.variables[int(vid)].metadata = md
 
     def addVariable(self, type_, shape, mapping_or_name=None, name: str = "", *rest) -> Tensor:  # noqa: N802
@@ -793,7 +794,7 @@ class Graph:
             var = variables[int(var_ids[0])]
             space.map_intervals(var, start - var.start, start - var.start + length, tiles)
             return
-        for v in np.unique(var_ids).tolist():
+        for v in _sets.unique(var_ids).tolist():
             m = var_ids == v
             var = variables[v]
             s0 = start[m] - var.start

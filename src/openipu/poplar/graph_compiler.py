@@ -24,6 +24,7 @@ from openipu.poplar import exchange as X
 from openipu.poplar import program as P
 from openipu.poplar import pvti
 from openipu.poplar import regions as R
+from openipu.poplar import sets as _sets
 from openipu.poplar.executable import (Executable, _AbortStep, _Branch, _Compiled, _CollectiveStep, _CopyStep,
                                        _CrossReplicaStep, _ExecuteStep, _GroupRunner, _HostCallStep, _IndexAcc,
                                        _If, _Leaf, _PrintStep, _RemoteStep, _Repeat, _Seq, _Step, _StreamToDevice,
@@ -381,7 +382,7 @@ class _Compiler:
         """:meth:`tensor_copy_cost`, computed once per pair of layouts: copies between other
         variables laid out alike (a subgraph's inputs and outputs at each call site, a layer's
         weights into the subgraph's) cost the same and add the same exchange code."""
-        if s._state is not d._state or np.intersect1d(s.pieces.var, d.pieces.var).size:
+        if s._state is not d._state or _sets.intersects(s.pieces.var, d.pieces.var):
             return self.tensor_copy_cost(s, d)          # a copy within one variable: not by layout
         key = (self._layout_key(s), self._layout_key(d))
         hit = self.layout_copy_cache.get(key)
@@ -406,8 +407,14 @@ class _Compiler:
             c.add(costmod.on_tile_copy_cost(spec, held * float(s.elementType().size)))
             return c
         d_boxes = X.tile_boxes(d)
+        nel = np.prod(d_boxes.sz, axis=1) if d_boxes.sz.shape[1] else np.ones(len(d_boxes), np.int64)
+        ok = d_boxes.tile >= 0
+        held = np.bincount(d_boxes.tile[ok], weights=nel[ok], minlength=T)      # tile_counts(d, T)
         tr = X.RegionTransfer(s, d_boxes)
-        moved = X.moved_elements(tr, T)
+        # the moves are computed once for both the on-tile part and the exchange (a copy of a
+        # large activation has too many for the structure memo to keep)
+        pairs = X.transfer_pairs(tr)
+        moved = X.moved_elements(tr, T, pairs)
         if moved is None or (s._type == d._type and s._state is d._state and s.intersectsWith(d)):
             # a copy onto itself or an overlapping view: per element (small, rare)
             ss, ds = self.state.space(s._type), self.state.space(d._type)
@@ -417,13 +424,10 @@ class _Compiler:
             on_tile = np.bincount(dt_[local], minlength=T) * float(s.elementType().size)
             vol = costmod.exchange_volume(spec, [costmod.Transfer(ss, sa, dt_)])
         else:
-            vol = costmod.exchange_volume(spec, [tr])
-            nel = np.prod(d_boxes.sz, axis=1) if d_boxes.sz.shape[1] else np.ones(len(d_boxes), np.int64)
-            ok = d_boxes.tile >= 0
-            held = np.bincount(d_boxes.tile[ok], weights=nel[ok], minlength=T)
+            vol = costmod.exchange_volume(spec, [tr], [pairs])
             on_tile = np.maximum(held - moved, 0) * float(s.elementType().size)
         self.exchange_code += vol.code_units() * cal.EXCHANGE_CODE_BYTES_PER_MESSAGE
-        mask = (X.tile_counts(s, T) > 0) | (X.tile_counts(d, T) > 0)
+        mask = (X.tile_counts(s, T) > 0) | (held > 0)
         involved = costmod.ipus_of_tiles(spec, mask)
         c = costmod.sync_cost(spec, involved)
         c.add(costmod.exchange_cost(spec, vol))

@@ -37,6 +37,7 @@ import numpy as np
 
 from openipu.poplar import calibration as cal
 from openipu.poplar import regions as R
+from openipu.poplar import sets as _sets
 
 
 @dataclass
@@ -77,7 +78,7 @@ class MemoryPlan:
             return np.zeros(0, np.int64)
         p = int(self.step_pos[step])
         v, s0, s1 = self.nal_segments
-        return np.unique(v[(s0 <= p) & (p <= s1)])
+        return _sets.unique(v[(s0 <= p) & (p <= s1)])
 
     def worst_tiles(self, n: int = 5) -> list[tuple[int, int]]:
         """The ``n`` tiles using most memory: [(tile, bytes)], most used first."""
@@ -596,7 +597,7 @@ def plan_memory(comp, prog_ranges) -> MemoryPlan:
             read_first[V[~W & (S == first[V])]] = True
             first_is_write = (last >= 0) & ~read_first
             nprog = max(len(prog_ranges), 1)
-            pairs = np.unique(V * nprog + prog_of_pos[S])
+            pairs = _sets.unique(V * nprog + prog_of_pos[S])
             multi_prog = np.bincount(pairs // nprog, minlength=nv) > 1
         host_last = last.copy()
         for lo, hi in comp.loops:

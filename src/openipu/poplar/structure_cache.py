@@ -110,6 +110,19 @@ def view_key(tag: bytes, view, with_runs: bool, extra=()):
     if with_runs:
         space = state.space(view._type)
         for v in uv.tolist():
-            sv = space.vars[variables[v].space_index]
-            parts += array_bytes(np.array([sv.numel]), sv.tile_starts, sv.tile_ids)
+            parts.append(mapping_bytes(space.vars[variables[v].space_index]))
     return b"".join(parts), uv, starts
+
+
+def mapping_bytes(var) -> bytes:
+    """Key bytes of a variable's size and run-length tile mapping (:func:`array_bytes` of
+    ``[numel]``, its run starts and its run tiles). Kept on the variable with the mapping arrays
+    it was made from: a mapping change replaces those arrays (never writes into them), so the
+    bytes are made again only then, not at every key of a view of a large activation."""
+    ts, ti = var.tile_starts, var.tile_ids          # applies pending mapping calls first
+    c = var.__dict__.get("_mapping_key")
+    if c is not None and c[0] is ts and c[1] is ti and c[2] == var.numel:
+        return c[3]
+    b = b"".join(array_bytes(np.array([var.numel]), ts, ti))
+    var.__dict__["_mapping_key"] = (ts, ti, var.numel, b)
+    return b

@@ -16,6 +16,7 @@ import numpy as np
 
 from openipu.poplar import errors
 from openipu.poplar import regions as R
+from openipu.poplar import sets as _sets
 from openipu.poplar.types import Type
 
 
@@ -150,7 +151,7 @@ class Tensor:
         """Ids (sorted, unique) of the variables this view touches. Internal to openipu."""
         if self._p.row is not None:
             return np.array([self._p.row[0]], np.int64)
-        return np.unique(self._p.var)
+        return _sets.unique(self._p.var)
 
     @property
     def _addr(self) -> np.ndarray:
@@ -432,7 +433,7 @@ class Tensor:
         if p.row is not None:
             return R._dense(p.row[3], p.row[4])
         a = self.flat_addresses()
-        return bool(np.all(np.diff(a) == 1)) and np.unique(p.var).size == 1
+        return bool(np.all(np.diff(a) == 1)) and _sets.unique(p.var).size == 1
 
     def containsAliases(self) -> bool:  # noqa: N802
         return R.pieces_alias(self._p)
@@ -441,7 +442,7 @@ class Tensor:
         vs = self._state.variables
         if self._p.row is not None:
             return vs[self._p.row[0]].constant
-        return any(vs[v].constant for v in np.unique(self._p.var).tolist())
+        return any(vs[v].constant for v in _sets.unique(self._p.var).tolist())
 
     def isParallelWriteable(self) -> bool:  # noqa: N802
         return not self.containsAliases() and not self.containsConstant()

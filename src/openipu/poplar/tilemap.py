@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from openipu.poplar import sets
+
 _I64 = np.int64
 
 
@@ -57,7 +59,7 @@ def assign(starts: np.ndarray, tiles: np.ndarray, numel: int, b: np.ndarray, e: 
     if b.size > 1 and np.any(b[1:] < e[:-1]):
         return _assign_overlapping(starts, tiles, numel, b, e, t, order)
     # segments between all boundaries; each takes the new tile where covered, else the old one
-    bounds = np.unique(np.concatenate((starts, b, e[e < numel])))
+    bounds = sets.unique(np.concatenate((starts, b, e[e < numel])))     # three sorted runs, merged
     j = np.searchsorted(b, bounds, side="right") - 1
     covered = (j >= 0) & (bounds < e[np.maximum(j, 0)])
     old = tiles[np.searchsorted(starts, bounds, side="right") - 1]
@@ -72,7 +74,7 @@ def _assign_overlapping(starts, tiles, numel, b, e, t, order):
     Vectorised range-max: every interval is cut into the canonical nodes of a segment tree over
     the elementary segments (at most two per level), each node keeps the latest interval laid on
     it (``maximum.at``), and each segment takes the latest over its ancestors. O(k log n)."""
-    bounds = np.unique(np.concatenate((starts, b, e[e < numel])))
+    bounds = sets.unique(np.concatenate((starts, b, e[e < numel])))     # three sorted runs, merged
     nseg = bounds.size
     seg_tile = tiles[np.searchsorted(starts, bounds, side="right") - 1].astype(np.int32)
     lo = np.searchsorted(bounds, b)

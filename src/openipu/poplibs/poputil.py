@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from openipu.poplar import errors
+from openipu.poplar import sets as _sets
 from openipu.poplar.graph import TensorCloneMethod
 from openipu.poplar.mapping import linear_tile_runs, map_linearly
 from openipu.poplar.regions import group_ranks
@@ -285,7 +286,7 @@ def createBroadcastOperand(graph, fullTensor, type_, dim: int, ditherMapping: bo
     st, slo, shi = union_intervals(graph._local_tiles(bx.tile), bx.lo[:, 1], bx.lo[:, 1] + bx.sz[:, 1])
     # runs of channels with one tile set: the ranges between the segments' ends (each end changes
     # the set, as a tile's segments neither touch nor overlap)
-    bounds = np.unique(np.concatenate([slo, shi]))
+    bounds = _sets.unique(np.concatenate([slo, shi]))
     run_lo, run_hi = bounds[:-1], bounds[1:]
     i0, i1 = np.searchsorted(bounds, slo), np.searchsorted(bounds, shi)
     cnt = i1 - i0

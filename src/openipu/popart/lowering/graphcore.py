@@ -40,6 +40,7 @@ import torch
 
 from openipu import poplar
 from openipu.poplar import program as P
+from openipu.poplar import sets as _sets
 from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplibs import gcl, popnn, popops, poprand
 from openipu.popart.lowering import lowering, unary
@@ -291,7 +292,7 @@ def _next_seed_kernel(seed, ctx):
 def get_random_seed(ctx, op):
     g = graph(ctx, op)
     seed = ctx.input(op, 0)
-    tiles = np.unique(g.tile_runs_of(seed)[2]).astype(np.int64) if g.is_mapped(seed) else np.zeros(1, np.int64)
+    tiles = _sets.unique(g.tile_runs_of(seed)[2]).astype(np.int64) if g.is_mapped(seed) else np.zeros(1, np.int64)
     tiles = tiles[:1]
     cs = g.addComputeSet(name(op))
     g.add_vertex_group(cs, VertexGroup(

@@ -33,6 +33,7 @@ import numpy as np
 
 from openipu import poplar
 from openipu.poplar import regions as R
+from openipu.poplar import sets as _sets
 from openipu.poplar.exchange import Boxes, lattices, tile_boxes
 from openipu.poplar.graph import Access, VertexGroup, box_tile_runs
 from openipu.poplibs.popops import dynamic_slice as dslice
@@ -87,7 +88,7 @@ def runs_access(view, boxes: Boxes, count_send: bool = True, supertile_recv_scal
     vids = var[owner]
     tiles = np.asarray(boxes.tile, np.int64)[bi[owner]]
     variables = view._state.variables
-    uv = np.unique(vids)
+    uv = _sets.unique(vids)
     if uv.size == 0:
         z = np.zeros((0, view.rank()), np.int64)
         return Access(view, Boxes(z, z, np.zeros(0, np.int64)), count_send=count_send,
@@ -381,7 +382,7 @@ def _build_step(graph, x, w, out, own_out: bool, params: ConvParams, plan, lay: 
     # partial sums, one slab per input-channel block, on the tiles that compute them, stored
     # block by block (each tile's partials contiguous), as Poplar's partials are
     p_shape = [ics, lay.G, lay.N, lay.Co, *fo]
-    p_edges = [np.arange(ics + 1)] + [np.unique(np.r_[0, a, a + b, n_]) for a, b, n_ in
+    p_edges = [np.arange(ics + 1)] + [_sets.unique(np.r_[0, a, a + b, n_]) for a, b, n_ in
                                       zip(out_lo[:4], out_sz[:4], p_shape[1:5])] + \
         [np.array([0, n_]) for n_ in p_shape[5:]]
     partials = blocked_tensor(graph, ptype, p_edges, f"{name}/partials")

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from openipu.poplar import regions as R
+from openipu.poplar import sets as _sets
+from openipu.poplar import structure_cache as SC
 from openipu.poplar.exchange import Boxes
 from openipu.poplibs.poplin import plan as planmod
 from openipu.poplibs.poplin.params import ConvParams
@@ -287,9 +289,23 @@ def blocked_tensor(graph, type_, edges, name: str, value=None, serial=None):
 def _block_order(edges, lo: np.ndarray, sz: np.ndarray) -> np.ndarray:
     """Where each element (row-major over the tensor) goes when the blocks ``lo``, ``sz``
     ``[k, d]`` (the non-empty cells of the grid ``edges``, in storage order) are stored one after
-    the other, each row-major inside: int64 ``[numel]``. Host work: a few passes over the
-    elements, none per block."""
+    the other, each row-major inside: int32 ``[numel]`` (int64 from 2**31 elements), read-only.
+    Host work: a few passes over the elements, none per block; memoised on the grid and the block
+    order (:mod:`openipu.poplar.structure_cache`), so the weights of identical layers compute it
+    once."""
     edges = [np.asarray(e, np.int64) for e in edges]
+    if not SC.enabled():
+        return _compute_block_order(edges, lo, sz)
+    key = b"".join([b"block_order", np.int64(len(edges)).tobytes(), *SC.array_bytes(*edges, lo, sz)])
+    hit = SC.MEMO.get(key)
+    if hit is None:
+        hit = (_compute_block_order(edges, lo, sz),)
+        SC.MEMO.put(key, hit)
+    return hit[0]
+
+
+def _compute_block_order(edges, lo: np.ndarray, sz: np.ndarray) -> np.ndarray:
+    """:func:`_block_order` without the memo (``edges``: int64 arrays)."""
     d = len(edges)
     counts = [e.size - 1 for e in edges]
     cell = np.ravel_multi_index([np.searchsorted(edges[j], lo[:, j], side="right") - 1 for j in range(d)], counts)
@@ -315,7 +331,8 @@ def _block_order(edges, lo: np.ndarray, sz: np.ndarray) -> np.ndarray:
         bshape[j] = i.size
         term = off.reshape(bshape) * inner[cell_of, j]
         dest = term if dest is None else dest + term
-    return (start[cell_of] + dest).reshape(-1)
+    out = (start[cell_of] + dest).reshape(-1)
+    return out.astype(np.int32) if out.size < (1 << 31) else out
 
 
 def create_weights(graph, type_, params: ConvParams, plan, name: str, value=None, lay: Layout | None = None):
@@ -341,7 +358,7 @@ def create_output(graph, type_, params: ConvParams, plan, name: str, lay: Layout
     fo = params.getOutputFieldShape()
     _, r0, r1 = _out_row_runs(params, lay)
     edges = [np.r_[0:lay.G:lay.gB, lay.G], np.r_[0:lay.N:lay.nB, lay.N], np.r_[0:lay.Co:lay.coS, lay.Co],
-             np.unique(np.r_[0, r0, r1, fo[0]])] + [np.array([0, s_]) for s_ in fo[1:]]
+             _sets.unique(np.r_[0, r0, r1, fo[0]])] + [np.array([0, s_]) for s_ in fo[1:]]
     out = blocked_tensor(graph, type_, edges, name, serial=lambda lo: (lo[:, 2] // lay.coS) % plan.out_chan_serial)
     o_rest = int(np.prod(fo[1:], dtype=np.int64))
     set_tile_boxes(graph, out.reshape([lay.G, lay.N, lay.Co, fo[0], o_rest]), *output_boxes(params, plan, lay))

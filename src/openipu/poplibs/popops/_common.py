@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from openipu import poplar
+from openipu.poplar import sets as _sets
 from openipu.poplar.exchange import Boxes
 
 _I64 = np.int64
@@ -134,7 +135,7 @@ def split_positions(begins, ends, part_begins, part_ends):
         z = np.zeros(0, _I64)
         return z, z, z
     off = np.r_[0, np.cumsum(e - b)]                     # position of each interval's first element
-    cuts = np.unique(np.concatenate([off[:-1], pb, pe]))
+    cuts = _sets.unique(np.concatenate([off[:-1], pb, pe]))
     cuts = cuts[(cuts >= max(0, int(pb[0]))) & (cuts < min(int(off[-1]), int(pe[-1])))]
     x = cuts
     y = np.r_[cuts[1:], min(int(off[-1]), int(pe[-1]))]

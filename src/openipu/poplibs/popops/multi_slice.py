@@ -17,6 +17,7 @@ from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popops._slice_layout import (WORKERS, _bcast, _by_columns, _check_dims, _check_offset,
                                                   _check_options, _column_runs, _columns_view, _flag)
 from openipu.poplibs.popops.slice_plan import MAX_ROW_PARTITIONS, plan_lookup_split
+from openipu.poplar import sets as _sets
 
 __all__ = ["multiSlice", "multiUpdate", "multiUpdateAdd", "multiUpdateMax"]
 
@@ -244,7 +245,7 @@ def _multi_slice_planned(graph, view, offsets, Ds, plan, remap, padding, prog, n
 
     cyc0 = np.zeros(T)
     np.add.at(cyc0, tiles, multi_slice_tile_cycles(c1 - c0, q1 - q0, type_, target, partitions=S))
-    used0 = np.unique(tiles)
+    used0 = _sets.unique(tiles)
     cs0 = graph.addComputeSet(f"{name}/stage0")
     if S == 1:
         map_out(q0, q1, c0, c1, tiles)
@@ -281,7 +282,7 @@ def _multi_slice_planned(graph, view, offsets, Ds, plan, remap, padding, prog, n
     k1 = b1 > b0
     b0, b1, t1, cc0, cc1 = b0[k1], b1[k1], tiles[k1], c0[k1], c1[k1]
     map_out(b0, b1, cc0, cc1, t1)
-    used1 = np.unique(t1)
+    used1 = _sets.unique(t1)
     cyc1 = np.zeros(T)
     np.add.at(cyc1, t1, multi_slice_tile_cycles(cc1 - cc0, b1 - b0, type_, target))
     cs1 = graph.addComputeSet(f"{name}/stage1")
@@ -332,7 +333,7 @@ def _multi_slice_two_stage(graph, t, view, offsets, dims, rest, cols, parts, rem
     Ds = [t.dim(d) for d in dims]
     bufs = [_by_columns(graph, type_, [N, cols], [0], f"{name}/stage0", runs) for _, _, runs in parts]
     tiles = np.concatenate([runs.tile for _, _, runs in parts])
-    used = np.unique(tiles)
+    used = _sets.unique(tiles)
     cyc0 = np.zeros(T)
     for _, _, runs in parts:
         u, ncols, _ = runs.per_tile(T)
@@ -367,7 +368,7 @@ def _multi_slice_two_stage(graph, t, view, offsets, dims, rest, cols, parts, rem
     oview = out.dimShuffle([1, 0])
     boxes = Boxes(np.concatenate(lo_l).astype(np.int64), np.concatenate(sz_l).astype(np.int64),
                   np.concatenate(tl_l).astype(np.int64))
-    used1 = np.unique(boxes.tile)
+    used1 = _sets.unique(boxes.tile)
     cyc1 = np.zeros(T)
     np.add.at(cyc1, boxes.tile, multi_slice_tile_cycles(boxes.sz[:, 1], int(chunk), type_, target))
     cs1 = graph.addComputeSet(f"{name}/stage1")

@@ -52,6 +52,7 @@ from openipu.poplar.exchange import tile_boxes, variable_runs
 from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popops._common import flat_boxes, read_on_tiles, tile_counts_of, union_intervals
+from openipu.poplar import sets as _sets
 
 __all__ = ["Operation", "ReduceParams", "SingleReduceOp", "reduce", "reduceWithOutput", "reduceMany",
            "reduce_worker_cycles", "continuous_reduce_cycles"]
@@ -467,7 +468,7 @@ class _Level:
     def first(st, slo, shi) -> "_Level":
         """Level 1 from the row ranges each tile holds (``(tile, begin, end)``, a tile's ranges
         disjoint and not touching): classes are the ranges between all the ranges' ends."""
-        bounds = np.unique(np.concatenate([slo, shi]))
+        bounds = _sets.unique(np.concatenate([slo, shi]))
         i0, i1 = np.searchsorted(bounds, slo), np.searchsorted(bounds, shi)
         tl, k = _enumerate_ranges(i0, i1 - i0)
         tl = st[tl]

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from openipu import poplar
+from openipu.poplar import sets as _sets
 from openipu.poplar.exchange import Boxes
 from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplar.graph_codec import kernel
@@ -76,7 +77,7 @@ class _RowLayout:
             raise poplar.invalid_tile_mapping("sort: the input is not completely mapped to tiles; map it first")
         self.boxes = tile_boxes(self.view)
         st, slo, shi = row_intervals_per_tile(graph, self.view)
-        bounds = np.unique(np.concatenate([slo, shi]))
+        bounds = _sets.unique(np.concatenate([slo, shi]))
         self.set_lo, self.set_hi = bounds[:-1], bounds[1:]
         i0, i1 = np.searchsorted(bounds, slo), np.searchsorted(bounds, shi)
         cnt = i1 - i0

@@ -1,0 +1,111 @@
+"""Compile-time reuse (issue 34): work skipped or shared gives what the full work gives.
+
+- ``runner.run_model`` hands a proto it made itself to the session without serialising it
+  (``popart.builder.OwnedModelProto``); a caller's proto is left as it was.
+- poplin's block order of a blocked constant is memoised on its grid and block order.
+"""
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+import popart
+from openipu import runner
+from openipu.popart.builder import OwnedModelProto
+from openipu.poplar import regions as R
+from openipu.poplar import structure_cache as SC
+from openipu.poplibs.poplin import layout
+
+
+def _mlp(path, layers=2, width=160):
+    """An MLP whose weights (width**2 fp32 values, 100 KiB) are above the IR's WEIGHT_BYTES."""
+    nodes, inits, x = [], [], "x"
+    rng = np.random.default_rng(0)
+    for i in range(layers):
+        inits.append(helper.make_tensor(f"w{i}", TensorProto.FLOAT, [width, width],
+                                        rng.standard_normal(width * width).astype(np.float32).tobytes(), raw=True))
+        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]), helper.make_node("Relu", [f"m{i}"], [f"r{i}"])]
+        x = f"r{i}"
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16, width])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [4, 16, width])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
+def _figures(r):
+    return r.step_cycles, r.tile_bytes_max, r.tile_bytes_mean, r.memory_by_category
+
+
+def test_run_model_leaves_a_callers_proto_and_predicts_as_from_the_file(tmp_path):
+    path = str(tmp_path / "mlp.onnx")
+    _mlp(path)
+    proto = onnx.load(path)
+    before = proto.SerializeToString()
+    from_proto = runner.run_model(proto, offline=True)
+    assert proto.SerializeToString() == before          # not handed over: the caller keeps it
+    from_file = runner.run_model(path, offline=True)    # loaded by run_model: handed over
+    assert _figures(from_proto) == _figures(from_file)
+
+
+def test_owned_proto_gives_its_weights_to_the_session(tmp_path):
+    path = str(tmp_path / "mlp.onnx")
+    _mlp(path)
+    ref = onnx.load(path)
+    owned = onnx.load(path)
+    df = popart.DataFlow(1, {"r1": popart.AnchorReturnType("ALL")})
+    dev = popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8})
+    s = popart.InferenceSession(fnModel=OwnedModelProto(owned), dataFlow=df, deviceInfo=dev)
+    assert all(not i.raw_data for i in owned.graph.initializer)     # the weights live once, in the IR
+    x = np.random.default_rng(1).standard_normal([4, 16, 160]).astype(np.float32)
+    s.prepareDevice()
+    anchors = s.initAnchorArrays()
+    s.run(popart.PyStepIO({"x": x}, anchors))
+    w = [onnx.numpy_helper.to_array(i) for i in ref.graph.initializer]
+    want = np.maximum(np.maximum(x @ w[0], 0) @ w[1], 0)
+    np.testing.assert_allclose(anchors["r1"], want, rtol=1e-4, atol=1e-4)
+
+
+def test_block_order_memo_tells_grids_apart():
+    """Two grids of one size and block count but other edges (or another block order) get their
+    own orders; a repeated grid is a hit with the computed order."""
+    SC.MEMO.clear()
+    a = [np.array([0, 2, 6]), np.array([0, 3, 4])]
+    b = [np.array([0, 4, 6]), np.array([0, 1, 4])]
+    got = {}
+    for name, edges in (("a", a), ("b", b)):
+        lo, sz = R.grid_cells(edges)
+        got[name] = np.array(layout._block_order(edges, lo, sz))
+        np.testing.assert_array_equal(got[name], layout._compute_block_order(edges, lo, sz))
+        rev = np.arange(lo.shape[0])[::-1]
+        np.testing.assert_array_equal(layout._block_order(edges, lo[rev], sz[rev]),
+                                      layout._compute_block_order(edges, lo[rev], sz[rev]))
+    assert not np.array_equal(got["a"], got["b"])
+    hits = SC.MEMO.hits
+    lo, sz = R.grid_cells(a)
+    np.testing.assert_array_equal(layout._block_order(a, lo, sz), got["a"])
+    assert SC.MEMO.hits == hits + 1
+
+
+def test_sets_unique_matches_numpy():
+    """The sort-based unique gives np.unique's values and dtype: ints of any range, sorted runs
+    (the tile-map bounds case), bools, 2-D input, empty and single arrays; floats fall back."""
+    from openipu.poplar import sets
+
+    rng = np.random.default_rng(2)
+    cases = [rng.integers(-50, 50, 1000), rng.integers(0, 1 << 40, 5000),
+             np.concatenate([np.sort(rng.integers(0, 10**6, 3000)) for _ in range(3)]),
+             rng.integers(0, 2, 100).astype(bool), rng.integers(0, 9, (7, 11)).astype(np.int32),
+             np.zeros(0, np.int64), np.array([5], np.uint16), np.array([1.5, np.nan, 1.5, np.nan])]
+    for a in cases:
+        got, want = sets.unique(a), np.unique(a)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+def test_sets_intersects_matches_intersect1d():
+    from openipu.poplar import sets
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        a = rng.integers(0, 30, rng.integers(0, 6))
+        b = rng.integers(0, 30, rng.integers(0, 6))
+        assert sets.intersects(a, b) == bool(np.intersect1d(a, b).size)
