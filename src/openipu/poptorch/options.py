@@ -670,7 +670,7 @@ class Options(_OptionsDict):
                                "autoReport.directory": self.profile_dir}
         for k, v in self._Popart.options.items():
             try:
-                setattr(o, k, v)
+                popart.set_session_option(o, k, v)
             except AttributeError:
                 raise Error(f"Unknown PopART option '{k}' given to Options._Popart.set") from None
         if self.executable_cache_dir:      # PopART's engine cache, in openipu's safe executable format
