@@ -2,6 +2,7 @@
 import hook, one rank alone, and two ``poprun`` instances against a single-process reference
 (every rank's inputs are known, so each instance recomputes what Horovod must return)."""
 
+import importlib
 import os
 import subprocess
 import sys
@@ -157,3 +158,19 @@ def test_two_ranks_under_poprun_match_one_process_reference(tmp_path):
     assert lines[0].startswith("rank 0:") and lines[0].endswith("bad []"), lines
     assert lines[2].startswith("rank 1:") and lines[2].endswith("bad []"), lines
     assert lines[1] == lines[3].replace("rank 1", "rank 0") == "rank 0: mismatch raised: True", lines
+
+
+def test_poprun_sets_horovods_ranks_per_host():
+    from openipu.popdist import poprun
+    # 5 instances over 2 hosts: blocks of 3 and 2
+    assert poprun.host_slots(5, 2) == [(0, 0, 3, 2), (0, 1, 3, 2), (0, 2, 3, 1), (1, 0, 2, 2), (1, 1, 2, 2)]
+    assert poprun.host_slots(2, 1) == [(0, 0, 2, 1), (0, 1, 2, 1)]
+    env = poprun.instance_env(3, 5, 10, 1, "h0", 1234, slot=(1, 0, 2, 2), hostname="h1")
+    assert {k: env[k] for k in env if k.startswith("HOROVOD_")} == {
+        "HOROVOD_RANK": "3", "HOROVOD_SIZE": "5", "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "2",
+        "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "2", "HOROVOD_HOSTNAME": "h1"}
+    assert (env["OMPI_COMM_WORLD_LOCAL_RANK"], env["OMPI_COMM_WORLD_LOCAL_SIZE"]) == ("0", "2")
+    # without a real Horovod poprun starts no rendezvous server (the stand-in needs none)
+    import popdist  # noqa: F401 - installs the hook, as poprun's own import does
+    if getattr(importlib.import_module("horovod"), "is_openipu_stand_in", False):
+        assert poprun._horovod_rendezvous(["localhost"], poprun.host_slots(2, 1), print) is None

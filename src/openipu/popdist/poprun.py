@@ -134,6 +134,35 @@ def instance_env(index: int, n: int, total: int, ipus: int, master: str, port: i
     return env
 
 
+def _horovod_rendezvous(hosts: list[str], slots, note) -> tuple[object, dict] | None:
+    """Start Horovod's own rendezvous server (``horovod.runner.http.http_server.RendezvousServer``,
+    what ``horovodrun``'s gloo launcher starts) when a real Horovod is importable here, and return
+    it with the environment its gloo controller needs (``HOROVOD_GLOO_RENDEZVOUS_ADDR`` / ``PORT``,
+    ``HOROVOD_CONTROLLER`` / ``HOROVOD_CPU_OPERATIONS`` = gloo, ``HOROVOD_GLOO_IFACE`` = lo for
+    local runs). None without Horovod (openipu's ``horovod.torch`` stand-in needs no server) or
+    with ``OPENIPU_HOROVOD_RENDEZVOUS=0``."""
+    if os.environ.get("OPENIPU_HOROVOD_RENDEZVOUS") == "0":
+        return None
+    try:
+        from horovod.runner.common.util.hosts import SlotInfo
+        from horovod.runner.http.http_server import RendezvousServer
+    except Exception:  # noqa: BLE001 - no (usable) Horovod: nothing to serve
+        return None
+    n = len(slots)
+    plan = [SlotInfo(hostname=hosts[h], rank=i, local_rank=lr, cross_rank=h, size=n, local_size=ls, cross_size=cs)
+            for i, (h, lr, ls, cs) in enumerate(slots)]
+    server = RendezvousServer()
+    port = server.start()
+    server.init(plan)
+    local = all(h in _LOCAL_HOSTS for h in hosts)
+    env = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1" if local else socket.getfqdn(),
+           "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port), "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"}
+    if local:
+        env["HOROVOD_GLOO_IFACE"] = "lo"
+    note(f"Horovod's rendezvous server on port {port} (horovod.torch's gloo controller)")
+    return server, env
+
+
 def _free_port(addr: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((addr if addr not in ("localhost",) else "127.0.0.1", 0))
@@ -179,10 +208,19 @@ def main(argv: list[str] | None = None) -> int:
     if a.verbose:
         _note(f"{n} instances x {total // n} replicas x {a.ipus_per_replica} IPUs on {', '.join(hosts)}; "
               f"rendezvous {master}:{port}")
+    slots = host_slots(n, len(hosts))
+    hvd = _horovod_rendezvous(hosts, slots, _note if a.verbose else (lambda msg: None))
+    try:
+        return _start_and_wait(a, n, total, hosts, slots, master, port, {**extra, **(hvd[1] if hvd else {})}, tag)
+    finally:
+        if hvd:
+            hvd[0].stop()
+
+
+def _start_and_wait(a, n, total, hosts, slots, master, port, extra, tag) -> int:
     procs = []
     pumps = []
     cmd = [a.program, *a.args]
-    slots = host_slots(n, len(hosts))
     for i in range(n):
         host = hosts[slots[i][0]]
         env_i = instance_env(i, n, total, a.ipus_per_replica, master, port, extra, a.collective_timeout,
