@@ -376,7 +376,8 @@ def broadcast_parameters(params, root_rank) -> None:
         if p is None:
             continue
         if not isinstance(p, torch.Tensor):
-            raise ValueError(f"hvd.broadcast_parameters: {key or 'an entry'} is a {type(p).__name__}, not a tensor")
+            raise ValueError(  # noqa: TRY004 - Horovod raises ValueError for invalid params
+                f"hvd.broadcast_parameters: {key or 'an entry'} is a {type(p).__name__}, not a tensor")
         tensors.append(p.data if isinstance(p, torch.nn.Parameter) else p)
     with torch.no_grad():
         gcl_instances.broadcast_tensors_from(tensors, root, "hvd.broadcast_parameters")
