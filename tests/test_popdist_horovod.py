@@ -175,3 +175,52 @@ def test_poprun_sets_horovods_ranks_per_host():
     import popdist  # noqa: F401 - installs the hook, as poprun's own import does
     if getattr(importlib.import_module("horovod"), "is_openipu_stand_in", False):
         assert poprun._horovod_rendezvous(["localhost"], poprun.host_slots(2, 1), print) is None
+
+
+def test_poprun_starts_horovods_rendezvous_when_horovod_is_installed(tmp_path):
+    # a stand-in for the real Horovod's launcher pieces (the real one does not build here without a
+    # patch, docs/scaleout.md): poprun must start its RendezvousServer with the slot plan and pass
+    # the gloo controller's environment to every instance
+    pkg = tmp_path / "fake" / "horovod"
+    for sub in ("runner/http", "runner/common/util"):
+        (pkg / sub).mkdir(parents=True, exist_ok=True)
+    for d in ("", "runner", "runner/http", "runner/common", "runner/common/util"):
+        (pkg / d / "__init__.py").touch()
+    (pkg / "runner/common/util/hosts.py").write_text(textwrap.dedent("""
+        from dataclasses import dataclass
+        @dataclass
+        class SlotInfo:
+            hostname: str
+            rank: int
+            local_rank: int
+            cross_rank: int
+            size: int
+            local_size: int
+            cross_size: int
+    """))
+    (pkg / "runner/http/http_server.py").write_text(textwrap.dedent("""
+        import os, sys
+        class RendezvousServer:
+            def start(self):
+                return 4321
+            def init(self, plan):
+                print("plan", [(s.hostname, s.rank, s.local_rank, s.size, s.local_size) for s in plan],
+                      file=sys.stderr, flush=True)
+            def stop(self):
+                print("stopped", file=sys.stderr, flush=True)
+    """))
+    code = """
+        import os
+        keys = ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_CONTROLLER",
+                "HOROVOD_CPU_OPERATIONS", "HOROVOD_GLOO_IFACE", "HOROVOD_RANK", "HOROVOD_SIZE")
+        print(" ".join(os.environ.get(k, "-") for k in keys), flush=True)
+    """
+    r = _run(code, tmp_path, "--num-instances", "2", "--num-replicas", "2",
+             PYTHONPATH=str(tmp_path / "fake") + os.pathsep + SRC)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.splitlines()) == ["127.0.0.1 4321 gloo gloo lo 0 2", "127.0.0.1 4321 gloo gloo lo 1 2"]
+    assert "plan [('localhost', 0, 0, 2, 2), ('localhost', 1, 1, 2, 2)]" in r.stderr
+    assert r.stderr.rstrip().endswith("stopped")
+    r = _run(code, tmp_path, "--num-instances", "2", "--num-replicas", "2",
+             PYTHONPATH=str(tmp_path / "fake") + os.pathsep + SRC, OPENIPU_HOROVOD_RENDEZVOUS="0")
+    assert r.returncode == 0 and sorted(r.stdout.splitlines())[0] == "- - - - - 0 2", r.stdout + r.stderr
