@@ -326,3 +326,18 @@ def test_saved_training_model_keeps_training(tmp_path):
     _, loss = loaded(x, y)
     torch.testing.assert_close(loss.reshape(()), torch.nn.functional.cross_entropy(ref(x), y), rtol=1e-5, atol=1e-6)
     assert not torch.allclose(loaded.model.fc1.weight, ref.fc1.weight)     # trained on
+
+
+def test_recomputation_checkpoint_of_a_sequence():
+    # Graphcore's GPT-2 checkpoints each element of a block's output, including the (key, value)
+    # cache, through a forward hook: a single tuple / list is checkpointed element by element
+    a, b = torch.ones(2), torch.zeros(3)
+    kv = poptorch.recomputationCheckpoint((a, b))
+    assert isinstance(kv, tuple) and len(kv) == 2 and torch.equal(kv[0], a) and torch.equal(kv[1], b)
+    one = poptorch.recomputationCheckpoint([a])
+    assert isinstance(one, list) and torch.equal(one[0], a)
+    assert torch.equal(poptorch.recomputationCheckpoint(a), a)
+    assert len(poptorch.recomputationCheckpoint(a, b)) == 2
+    for bad in ((a, None), ((a, (a, b)),)):
+        with pytest.raises(ValueError, match="All inputs must be tensors"):
+            poptorch.recomputationCheckpoint(*bad)
