@@ -341,3 +341,24 @@ def test_recomputation_checkpoint_of_a_sequence():
     for bad in ((a, None), ((a, (a, b)),)):
         with pytest.raises(ValueError, match="All inputs must be tensors"):
             poptorch.recomputationCheckpoint(*bad)
+
+
+def test_save_initializers_to_file(tmp_path):
+    # PopTorch's own _Popart key (Graphcore's GPT-2 sets it): the weights go to the file in
+    # PopART's external-data layout when the session is built, and the model still runs
+    torch.manual_seed(0)
+    m = torch.nn.Linear(3, 2)
+    opts = poptorch.Options()
+    opts._Popart.set("saveInitializersToFile", str(tmp_path / "weights.bin"))
+    pm = poptorch.inferenceModel(m, opts)
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(pm(x), m(x), rtol=1e-5, atol=1e-6)
+    data = (tmp_path / "weights.bin").read_bytes()
+    want = {m.weight.detach().numpy().tobytes(), m.bias.detach().numpy().tobytes()}
+    assert len(data) == sum(len(b) for b in want)
+    assert all(b in data for b in want)
+    assert [p.name for p in tmp_path.iterdir()] == ["weights.bin"]      # no temporary file left
+    opts = poptorch.Options()
+    opts._Popart.set("saveInitializersToFile", str(tmp_path / "missing" / "w.bin"))
+    with pytest.raises(poptorch.Error, match="parent directory does not exist"):
+        poptorch.inferenceModel(m, opts)(x)

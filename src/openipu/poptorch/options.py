@@ -284,6 +284,12 @@ class _TrainingOptions(_OptionsDict):
         return self.set(convolution_dithering=bool(enabled))
 
 
+#: ``Options._Popart.set`` keys PopTorch handles itself rather than passing to PopART's
+#: ``SessionOptions``: ``saveInitializersToFile`` (the executor writes the weights to that file,
+#: PopART's external-data layout, when it builds the session).
+POPTORCH_ONLY_POPART_KEYS = frozenset({"saveInitializersToFile"})
+
+
 class _PopartOptions:
     """``Options._Popart``: raw PopART ``SessionOptions`` keys (``set``), engine options and
     patterns, applied last."""
@@ -669,6 +675,8 @@ class Options(_OptionsDict):
             o.engineOptions = {**dict(o.engineOptions or {}), "autoReport.all": "true",
                                "autoReport.directory": self.profile_dir}
         for k, v in self._Popart.options.items():
+            if k in POPTORCH_ONLY_POPART_KEYS:     # PopTorch's own keys, not SessionOptions fields
+                continue
             try:
                 popart.set_session_option(o, k, v)
             except AttributeError:
