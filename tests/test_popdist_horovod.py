@@ -41,7 +41,7 @@ def test_hook_gives_the_stand_in_only_without_horovod(tmp_path):
     (real / "__init__.py").write_text("REAL = True\n")
     (real / "torch" / "__init__.py").write_text("REAL = True\n")
     code = """
-        import popdist, horovod, horovod.torch as hvd
+        import openipu_hvd_hook, horovod, horovod.torch as hvd
         print("stand-in" if getattr(hvd, "is_openipu_stand_in", False) else "real", horovod.__name__)
     """
     r = _run(code, tmp_path)
@@ -50,9 +50,9 @@ def test_hook_gives_the_stand_in_only_without_horovod(tmp_path):
     r = _run(code, tmp_path, PYTHONPATH=str(tmp_path / "real") + os.pathsep + SRC)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["real", "horovod"]
-    r = _run("import popdist\nimport horovod.torch\n", tmp_path, OPENIPU_HVD_HOOK="0")
+    r = _run("import openipu_hvd_hook\nimport horovod.torch\n", tmp_path, OPENIPU_HVD_HOOK="0")
     assert r.returncode != 0 and "No module named 'horovod'" in r.stderr
-    r = _run("import popdist\nimport horovod.keras\n", tmp_path)
+    r = _run("import openipu_hvd_hook\nimport horovod.keras\n", tmp_path)
     assert r.returncode != 0 and "horovod.keras" in r.stderr
 
 
@@ -177,6 +177,7 @@ def test_poprun_sets_horovods_ranks_per_host():
         assert poprun._horovod_rendezvous(["localhost"], poprun.host_slots(2, 1), print) is None
 
 
+@pytest.mark.slow     # two poprun runs of two small processes (~12-35 s on the loaded 2-core host)
 def test_poprun_starts_horovods_rendezvous_when_horovod_is_installed(tmp_path):
     # a stand-in for the real Horovod's launcher pieces (the real one does not build here without a
     # patch, docs/scaleout.md): poprun must start its RendezvousServer with the slot plan and pass
