@@ -88,6 +88,8 @@ def test_one_rank_alone(monkeypatch):
 
 
 _TWO_RANKS = """
+    import sys
+
     import popdist
     import torch
     import horovod.torch as hvd
@@ -142,11 +144,14 @@ _TWO_RANKS = """
         checks["bp_" + k] = (a, b)
     hvd.barrier()
     bad = [k for k, (got, want) in checks.items() if got.dtype != want.dtype or not torch.equal(got, want)]
-    print(f"rank {r}: {len(checks)} checks, bad {bad}", flush=True)
+    # one write per line: both instances share poprun's stdout (print writes the line and its end apart)
+    sys.stdout.write(f"rank {r}: {len(checks)} checks, bad {bad}\\n")
+    sys.stdout.flush()
     try:
         hvd.allgather(torch.zeros(1, 2 + r))
     except ValueError as e:
-        print(f"rank {r}: mismatch raised: {'mismatched tensor shapes' in str(e)}", flush=True)
+        sys.stdout.write(f"rank {r}: mismatch raised: {'mismatched tensor shapes' in str(e)}\\n")
+        sys.stdout.flush()
 """
 
 
