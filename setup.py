@@ -7,15 +7,17 @@ rest from pyproject.toml):
 * ``openipu-pyg.pth`` (``import openipu_pyg_hook``) gives PyG's ``ClusterData`` /
   ``NeighborSampler`` openipu's partitioner and sampler when neither pyg-lib nor torch-sparse is
   installed, whether or not ``poptorch_geometric`` was imported first (src/openipu_pyg_hook.py).
+* ``openipu-horovod.pth`` (``import openipu_hvd_hook``) lets ``import horovod.torch`` give
+  openipu's stand-in when no real Horovod is installed (src/openipu_hvd_hook.py).
 
-Both import nothing else at start-up."""
+All import nothing else at start-up."""
 
 import os
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-PTHS = ("openipu-tensorflow.pth", "openipu-pyg.pth")
+PTHS = ("openipu-tensorflow.pth", "openipu-pyg.pth", "openipu-horovod.pth")
 
 
 class BuildPyWithPth(build_py):

@@ -326,3 +326,39 @@ def test_saved_training_model_keeps_training(tmp_path):
     _, loss = loaded(x, y)
     torch.testing.assert_close(loss.reshape(()), torch.nn.functional.cross_entropy(ref(x), y), rtol=1e-5, atol=1e-6)
     assert not torch.allclose(loaded.model.fc1.weight, ref.fc1.weight)     # trained on
+
+
+def test_recomputation_checkpoint_of_a_sequence():
+    # Graphcore's GPT-2 checkpoints each element of a block's output, including the (key, value)
+    # cache, through a forward hook: a single tuple / list is checkpointed element by element
+    a, b = torch.ones(2), torch.zeros(3)
+    kv = poptorch.recomputationCheckpoint((a, b))
+    assert isinstance(kv, tuple) and len(kv) == 2 and torch.equal(kv[0], a) and torch.equal(kv[1], b)
+    one = poptorch.recomputationCheckpoint([a])
+    assert isinstance(one, list) and torch.equal(one[0], a)
+    assert torch.equal(poptorch.recomputationCheckpoint(a), a)
+    assert len(poptorch.recomputationCheckpoint(a, b)) == 2
+    for bad in ((a, None), ((a, (a, b)),)):
+        with pytest.raises(ValueError, match="All inputs must be tensors"):
+            poptorch.recomputationCheckpoint(*bad)
+
+
+def test_save_initializers_to_file(tmp_path):
+    # PopTorch's own _Popart key (Graphcore's GPT-2 sets it): the weights go to the file in
+    # PopART's external-data layout when the session is built, and the model still runs
+    torch.manual_seed(0)
+    m = torch.nn.Linear(3, 2)
+    opts = poptorch.Options()
+    opts._Popart.set("saveInitializersToFile", str(tmp_path / "weights.bin"))
+    pm = poptorch.inferenceModel(m, opts)
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(pm(x), m(x), rtol=1e-5, atol=1e-6)
+    data = (tmp_path / "weights.bin").read_bytes()
+    want = {m.weight.detach().numpy().tobytes(), m.bias.detach().numpy().tobytes()}
+    assert len(data) == sum(len(b) for b in want)
+    assert all(b in data for b in want)
+    assert [p.name for p in tmp_path.iterdir()] == ["weights.bin"]      # no temporary file left
+    opts = poptorch.Options()
+    opts._Popart.set("saveInitializersToFile", str(tmp_path / "missing" / "w.bin"))
+    with pytest.raises(poptorch.Error, match="parent directory does not exist"):
+        poptorch.inferenceModel(m, opts)(x)

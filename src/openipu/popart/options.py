@@ -25,6 +25,7 @@ class _Member(str):
     def __new__(cls, name: str, value: int):
         m = super().__new__(cls, name)
         m._value = value
+        m._enum = None          # the enum class, set by _enum()
         return m
 
     def __int__(self):
@@ -69,7 +70,30 @@ def _enum(name, members, values=None):
     """An enum class of ``members``; ``values``: their C++ integer values, where checked against
     PopART's headers (default: none, the members are used by name)."""
     values = [None] * len(members) if values is None else values
-    return type(name, (_Enum,), {m: _Member(m, v) for m, v in zip(members, values)})
+    cls = type(name, (_Enum,), {m: _Member(m, v) for m, v in zip(members, values)})
+    for m in members:
+        getattr(cls, m)._enum = cls
+    return cls
+
+
+def set_session_option(opts, key: str, value) -> None:
+    """``setattr(opts, key, value)`` as PopTorch's ``Options._Popart.set(key, value)`` does it:
+    ``key`` may name a field of a settings struct (``"accumulateOuterFragmentSettings.schedule"``),
+    and an integer given for an enum field becomes that enum's member (PopART's C++ value, e.g.
+    ``int(popart.AccumulateOuterFragmentSchedule.OverlapMemoryOptimized)`` = 3). Raises
+    ``AttributeError`` for an unknown option or field and ``popart_exception`` for an integer
+    that is not a value of the field's enum."""
+    target, field = opts, key
+    if "." in key:
+        head, field = key.split(".", 1)
+        target = getattr(opts, head)
+        if not isinstance(target, _Struct) or "." in field:
+            raise AttributeError(f"'{head}' is not a settings struct with a field '{field}'")
+    current = getattr(target, field)
+    enum = getattr(current, "_enum", None)
+    if enum is not None and isinstance(value, int) and not isinstance(value, bool):
+        value = getattr(enum, enum.member(value))
+    setattr(target, field, value)
 
 
 VirtualGraphMode = _enum("VirtualGraphMode", ["Off", "Manual", "Auto", "ExecutionPhases"])
@@ -90,11 +114,13 @@ BatchSerializationTransformContext = _enum("BatchSerializationTransformContext",
 BatchSerializationBatchSchedule = _enum("BatchSerializationBatchSchedule",
                                         ["Scheduler", "Isomorphic", "OverlapOnIo", "OverlapOnCompute"])
 PatternsLevel = _enum("PatternsLevel", ["All", "Default", "Minimal", "NoPatterns"])
-SyntheticDataMode = _enum("SyntheticDataMode", ["Off", "Zeros", "RandomNormal", "RandomUniform"])
+#: C++ values from PopART's sessionoptions.hpp (Graphcore's applications pass ``int(...)`` to ``_Popart.set``)
+SyntheticDataMode = _enum("SyntheticDataMode", ["Off", "Zeros", "RandomNormal", "RandomUniform"], [0, 1, 2, 3])
 Instrumentation = _enum("Instrumentation", ["Outer", "Inner"])
-SubgraphCopyingStrategy = _enum("SubgraphCopyingStrategy", ["OnEnterAndExit", "JustInTime"])
+SubgraphCopyingStrategy = _enum("SubgraphCopyingStrategy", ["OnEnterAndExit", "JustInTime"], [0, 1])
 AccumulateOuterFragmentSchedule = _enum("AccumulateOuterFragmentSchedule",
-                                        ["Scheduler", "Serial", "OverlapCycleOptimized", "OverlapMemoryOptimized"])
+                                        ["Scheduler", "Serial", "OverlapCycleOptimized", "OverlapMemoryOptimized"],
+                                        [0, 1, 2, 3])
 SyncPattern = _enum("SyncPattern", ["Full", "SinglePipeline", "ReplicaAndLadder"])
 InitType = _enum("InitType", ["NoInit", "Zero"])
 ScatterReduction = _enum("ScatterReduction", ["Sum", "Max", "Min", "Mul", "NoReduction"])

@@ -18,13 +18,20 @@ Outside ``poprun`` every getter answers for a single instance holding every repl
 (``isPopdistEnvSet()`` is False). The collectives between instances run on ``torch.distributed``
 (gloo), see :mod:`openipu.poplibs.gcl_instances`. Submodules: :mod:`popdist.poptorch`
 (``Options``), :mod:`popdist.popart` (``configureSessionOptions``, ``getDevice``).
+
+Importing it also installs :mod:`openipu_hvd_hook`: where no real Horovod is installed,
+``import horovod.torch`` (which Graphcore's PopTorch applications do after ``import popdist``)
+then gives openipu's stand-in, :mod:`openipu.popdist.horovod_torch`.
 """
 
 from __future__ import annotations
 
 import os
 
+import openipu_hvd_hook
 from openipu.poplibs import gcl_instances
+
+openipu_hvd_hook.install()
 
 __all__ = ["init", "isPopdistEnvSet", "isUsingPoprun", "getNumInstances", "getInstanceIndex", "getNumTotalReplicas",
            "getNumLocalReplicas", "getReplicaIndexOffset", "getNumIpusPerReplica", "getDeviceId",

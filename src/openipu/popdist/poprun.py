@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 
-__all__ = ["main", "build_parser", "instance_env"]
+__all__ = ["main", "build_parser", "instance_env", "host_slots"]
 
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
 
@@ -93,21 +93,74 @@ def _parse_mpi(args: str) -> tuple[dict, bool, bool]:
     return env, tag, bool(words)
 
 
+def host_slots(n: int, hosts: int) -> list[tuple[int, int, int, int]]:
+    """``(host, local_rank, local_size, cross_size)`` of each of ``n`` instances spread over
+    ``hosts`` hosts in consecutive blocks of ``ceil(n / hosts)`` (the last host may hold fewer);
+    ``cross_size`` counts the hosts holding an instance with that local rank (Horovod's
+    ``cross_size()``)."""
+    per_host = -(-n // hosts)
+    sizes = [min(per_host, n - h * per_host) for h in range(hosts) if n - h * per_host > 0]
+    out = []
+    for i in range(n):
+        h, lr = divmod(i, per_host)
+        out.append((h, lr, sizes[h], sum(1 for s in sizes if s > lr)))
+    return out
+
+
 def instance_env(index: int, n: int, total: int, ipus: int, master: str, port: int, extra: dict | None = None,
-                 timeout: float | None = None) -> dict:
+                 timeout: float | None = None, slot: tuple[int, int, int, int] | None = None,
+                 hostname: str = "localhost") -> dict:
     """PopDist's environment of instance ``index`` (the POPDIST_* variables, the Open MPI ones
-    PopTorch's ``Options.Distributed`` reads, and torch.distributed's rendezvous)."""
+    PopTorch's ``Options.Distributed`` reads, torch.distributed's rendezvous, and Horovod's
+    ``HOROVOD_RANK`` / ``SIZE`` / ``LOCAL_RANK`` / ``LOCAL_SIZE`` / ``CROSS_RANK`` / ``CROSS_SIZE``
+    / ``HOSTNAME`` as ``horovodrun`` sets them). ``slot`` is the instance's ``(host, local_rank,
+    local_size, cross_size)`` from :func:`host_slots` (default: every instance on one host)."""
     local = total // n
+    host, local_rank, local_size, cross_size = slot if slot is not None else (0, index, n, 1)
     env = {"POPDIST_NUM_INSTANCES": str(n), "POPDIST_INSTANCE_INDEX": str(index),
            "POPDIST_NUM_TOTAL_REPLICAS": str(total), "POPDIST_NUM_LOCAL_REPLICAS": str(local),
            "POPDIST_REPLICA_INDEX_OFFSET": str(index * local), "POPDIST_NUM_IPUS_PER_REPLICA": str(ipus),
            "POPDIST_DEVICE_ID": "0",
            "OMPI_COMM_WORLD_SIZE": str(n), "OMPI_COMM_WORLD_RANK": str(index),
-           "OMPI_COMM_WORLD_LOCAL_RANK": str(index), "MASTER_ADDR": master, "MASTER_PORT": str(port)}
+           "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size),
+           "OMPI_COMM_WORLD_NODE_RANK": str(host),
+           "HOROVOD_RANK": str(index), "HOROVOD_SIZE": str(n), "HOROVOD_LOCAL_RANK": str(local_rank),
+           "HOROVOD_LOCAL_SIZE": str(local_size), "HOROVOD_CROSS_RANK": str(host),
+           "HOROVOD_CROSS_SIZE": str(cross_size), "HOROVOD_HOSTNAME": hostname,
+           "MASTER_ADDR": master, "MASTER_PORT": str(port)}
     if timeout is not None:
         env["POPDIST_COLLECTIVE_TIMEOUT"] = str(timeout)
     env.update(extra or {})
     return env
+
+
+def _horovod_rendezvous(hosts: list[str], slots, note) -> tuple[object, dict] | None:
+    """Start Horovod's own rendezvous server (``horovod.runner.http.http_server.RendezvousServer``,
+    what ``horovodrun``'s gloo launcher starts) when a real Horovod is importable here, and return
+    it with the environment its gloo controller needs (``HOROVOD_GLOO_RENDEZVOUS_ADDR`` / ``PORT``,
+    ``HOROVOD_CONTROLLER`` / ``HOROVOD_CPU_OPERATIONS`` = gloo, ``HOROVOD_GLOO_IFACE`` = lo for
+    local runs). None without Horovod (openipu's ``horovod.torch`` stand-in needs no server) or
+    with ``OPENIPU_HOROVOD_RENDEZVOUS=0``."""
+    if os.environ.get("OPENIPU_HOROVOD_RENDEZVOUS") == "0":
+        return None
+    try:
+        from horovod.runner.common.util.hosts import SlotInfo
+        from horovod.runner.http.http_server import RendezvousServer
+    except Exception:  # noqa: BLE001 - no (usable) Horovod: nothing to serve
+        return None
+    n = len(slots)
+    plan = [SlotInfo(hostname=hosts[h], rank=i, local_rank=lr, cross_rank=h, size=n, local_size=ls, cross_size=cs)
+            for i, (h, lr, ls, cs) in enumerate(slots)]
+    server = RendezvousServer()
+    port = server.start()
+    server.init(plan)
+    local = all(h in _LOCAL_HOSTS for h in hosts)
+    env = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1" if local else socket.getfqdn(),
+           "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port), "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"}
+    if local:
+        env["HOROVOD_GLOO_IFACE"] = "lo"
+    note(f"Horovod's rendezvous server on port {port} (horovod.torch's gloo controller)")
+    return server, env
 
 
 def _free_port(addr: str) -> int:
@@ -148,7 +201,6 @@ def main(argv: list[str] | None = None) -> int:
     if len(hosts) > n:
         _note(f"{len(hosts)} hosts for {n} instances: the last {len(hosts) - n} hosts are not used")
         hosts = hosts[:n]
-    per_host = -(-n // len(hosts))
     remote = any(h not in _LOCAL_HOSTS for h in hosts)
     # instance 0's address as the others see it
     master = hosts[0] if hosts[0] not in _LOCAL_HOSTS else (socket.getfqdn() if remote else "127.0.0.1")
@@ -156,12 +208,23 @@ def main(argv: list[str] | None = None) -> int:
     if a.verbose:
         _note(f"{n} instances x {total // n} replicas x {a.ipus_per_replica} IPUs on {', '.join(hosts)}; "
               f"rendezvous {master}:{port}")
+    slots = host_slots(n, len(hosts))
+    hvd = _horovod_rendezvous(hosts, slots, _note if a.verbose else (lambda msg: None))
+    try:
+        return _start_and_wait(a, n, total, hosts, slots, master, port, {**extra, **(hvd[1] if hvd else {})}, tag)
+    finally:
+        if hvd:
+            hvd[0].stop()
+
+
+def _start_and_wait(a, n, total, hosts, slots, master, port, extra, tag) -> int:
     procs = []
     pumps = []
     cmd = [a.program, *a.args]
     for i in range(n):
-        host = hosts[min(i // per_host, len(hosts) - 1)]
-        env_i = instance_env(i, n, total, a.ipus_per_replica, master, port, extra, a.collective_timeout)
+        host = hosts[slots[i][0]]
+        env_i = instance_env(i, n, total, a.ipus_per_replica, master, port, extra, a.collective_timeout,
+                             slot=slots[i], hostname=host)
         show = a.only_output_from_instance is None or a.only_output_from_instance == i
         if host in _LOCAL_HOSTS:
             argv_i, env = cmd, {**os.environ, **env_i}

@@ -279,6 +279,8 @@ class PoplarExecutor(Marshalling, WeightSync, ReplicaGrouping, Timings, Executab
         else:
             device = dm.acquireAvailableDevice(num_ipus)
         flow = popart.DataFlow(di, anchors)
+        if o._Popart.options.get("saveInitializersToFile"):
+            self._save_initializers(built, str(o._Popart.options["saveInitializersToFile"]))
         try:
             if self._training:
                 weight_ids = {self._user_model.get_parameter(path): tid for tid, path in built.weights.items()
@@ -333,6 +335,27 @@ class PoplarExecutor(Marshalling, WeightSync, ReplicaGrouping, Timings, Executab
     def _check_compiled(self):
         if self._session is None:
             raise Error(NO_EXECUTABLE_ERR)
+
+    def _save_initializers(self, built: "cap.Built", path: str) -> None:
+        """``_Popart.set("saveInitializersToFile", path)``: write the model's weights to ``path``
+        in PopART's external-data layout (``Builder.saveInitializersExternally``: their bytes one
+        after the other), as PopTorch does when it builds the session. The file is written under a
+        temporary name and renamed, so instances sharing a directory never read a partial file;
+        the session itself is built from the in-memory model. Raises ``Error`` where PopART
+        raises (a missing parent directory ...)."""
+        import onnx
+
+        from openipu.popart.graph_transformer import save_initializers_externally
+        model = onnx.load_from_string(built.model)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            save_initializers_externally(model, list(built.weights), tmp)
+            os.replace(tmp, path)
+        except popart.popart_exception as e:
+            raise from_popart(e) from e
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
 
     # -- run -----------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):

@@ -99,7 +99,14 @@ def set_available_memory(tensor: torch.Tensor, available_memory_proportion: floa
 
 def recomputationCheckpoint(*tensors):  # noqa: N802
     """Checkpoint ``tensors``: recomputation in the backward pass restarts from them. Returns the
-    tensors (one, or a tuple)."""
+    tensors (one, or a tuple). A single list or tuple argument (e.g. an attention layer's
+    ``(key, value)`` cache) is checkpointed element by element and comes back as the same type.
+    Raises ``ValueError("All inputs must be tensors")`` for anything else, as PopTorch does."""
+    if len(tensors) == 1 and isinstance(tensors[0], (tuple, list)):
+        inner = recomputationCheckpoint(*tensors[0]) if tensors[0] else ()
+        return type(tensors[0])(inner if isinstance(inner, tuple) else (inner,))
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        raise ValueError("All inputs must be tensors")
     out = tuple(_checkpoint(t) for t in tensors)
     return out[0] if len(out) == 1 else out
 

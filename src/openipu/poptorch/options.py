@@ -284,6 +284,12 @@ class _TrainingOptions(_OptionsDict):
         return self.set(convolution_dithering=bool(enabled))
 
 
+#: ``Options._Popart.set`` keys PopTorch handles itself rather than passing to PopART's
+#: ``SessionOptions``: ``saveInitializersToFile`` (the executor writes the weights to that file,
+#: PopART's external-data layout, when it builds the session).
+POPTORCH_ONLY_POPART_KEYS = frozenset({"saveInitializersToFile"})
+
+
 class _PopartOptions:
     """``Options._Popart``: raw PopART ``SessionOptions`` keys (``set``), engine options and
     patterns, applied last."""
@@ -669,8 +675,10 @@ class Options(_OptionsDict):
             o.engineOptions = {**dict(o.engineOptions or {}), "autoReport.all": "true",
                                "autoReport.directory": self.profile_dir}
         for k, v in self._Popart.options.items():
+            if k in POPTORCH_ONLY_POPART_KEYS:     # PopTorch's own keys, not SessionOptions fields
+                continue
             try:
-                setattr(o, k, v)
+                popart.set_session_option(o, k, v)
             except AttributeError:
                 raise Error(f"Unknown PopART option '{k}' given to Options._Popart.set") from None
         if self.executable_cache_dir:      # PopART's engine cache, in openipu's safe executable format
