@@ -144,6 +144,27 @@ def test_sweep_points_match_single_runs(mlp):
     assert one.plan_temp_bytes_max <= low.spec.available_memory_proportion * one.bytes_per_tile
 
 
+def test_sweep_releases_each_points_graph_before_the_next(mlp, monkeypatch):
+    """A point's compiled graph (engine, lowered program, Poplar graph) is freed once the point is
+    predicted, so the next compile does not run beside it; the IR stays for the next point."""
+    import weakref
+
+    graphs, real = [], runner.run_model
+
+    def run_model(*a, _sessions=None, **k):
+        r = real(*a, _sessions=_sessions, **k)
+        for session in _sessions.values():
+            graphs.append((weakref.ref(session._engine), weakref.ref(session._engine.graph)))
+        return r
+    monkeypatch.setattr(runner, "run_model", run_model)
+    sw = sizing.Sweeper(mlp)
+    for partials in ("float", "half"):             # the second compiles the first's IR again
+        sw.predict(sizing.PointSpec(8, "ipu21", 1, "fp16", partials))
+        assert sw._sessions and all(s._ir is not None for s in sw._sessions.values())
+        assert all(e() is None and g() is None for e, g in graphs)
+    assert len(graphs) == 2
+
+
 def test_max_batch_is_the_largest_that_fits(mlp):
     sw = sizing.Sweeper(mlp, tiles_per_ipu=4)
     template = sizing.PointSpec(1, "ipu2", 1, "fp32")

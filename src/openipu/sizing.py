@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import io
 import json
 import os
@@ -153,8 +154,9 @@ class Sweeper:
         if base is None:
             base = runner.prepare_model(self._proto, None, precision) if precision == "fp16" else self._proto
             self._by_precision[precision] = base
-        self._sessions.clear()
+        self._sessions.clear()          # the last IR: it holds the weights of another batch size
         self._batched = None
+        gc.collect()
         proto = runner.prepare_model(base, batch, "fp32")       # batch only: already converted
         self._batched = (key, proto)
         return proto
@@ -198,9 +200,21 @@ class Sweeper:
             if not type(e).__module__.startswith(("openipu.popart", "openipu.poplar", "openipu.poplibs")):
                 raise
             point = Point(spec, None, time.perf_counter() - t0, f"{type(e).__name__}: {_one_line(e)}")
+        finally:
+            self._release()
         self._done[spec] = point
         self.points.append(point)
         return point
+
+    def _release(self) -> None:
+        """Free the compiled graph of the point just predicted before the next one is built: the
+        kept session holds only its IR (which the next point may compile again), and the
+        graph's reference cycles are collected now rather than whenever the collector's
+        thresholds next fire, which could be in the middle of the next compile (a sweep
+        would then hold two graphs at its peak)."""
+        for session in self._sessions.values():
+            session._engine = session._lowered = None
+        gc.collect()
 
     def _same_plans(self, spec: PointSpec) -> "PointSpec | None":
         """A predicted point equal to ``spec`` but for a higher available memory proportion, all
