@@ -133,6 +133,9 @@ def test_sweep_points_match_single_runs(mlp):
         assert p.run.step_cycles == one.step_cycles and p.run.tile_bytes_max == one.tile_bytes_max, s
         assert p.run.throughput == pytest.approx(one.throughput)
         assert p.run.options == one.options
+        mine, alone = p.run.to_dict(), one.to_dict()          # every field of openipu run --json
+        for k in ("prediction", "target", "options", "assumptions"):
+            assert mine[k] == alone[k], (s, k)
     shared = [p for p in points if p.same_plans_as is not None]
     assert shared and all(p.spec.available_memory_proportion < p.same_plans_as.available_memory_proportion
                           for p in shared)
