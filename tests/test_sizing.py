@@ -168,6 +168,17 @@ def test_sweep_releases_each_points_graph_before_the_next(mlp, monkeypatch):
     assert len(graphs) == 2
 
 
+def test_sweep_drops_the_float_model_once_converted_and_reads_it_again(mlp):
+    """A model read from a file is not held beside its half conversion; a float point reads it
+    again and predicts what a lone run does."""
+    sw = sizing.Sweeper(mlp)
+    half, full = sizing.PointSpec(8, "ipu21", 1, "fp16"), sizing.PointSpec(8, "ipu21", 1, "fp32")
+    assert sw.predict(half).run is not None and sw._read is None
+    p = sw.predict(full)
+    one = runner.run_model(mlp, ipu="ipu21", batch_size=8, precision="fp32", offline=True)
+    assert p.run.to_dict()["prediction"] == one.to_dict()["prediction"]
+
+
 def test_max_batch_is_the_largest_that_fits(mlp):
     sw = sizing.Sweeper(mlp, tiles_per_ipu=4)
     template = sizing.PointSpec(1, "ipu2", 1, "fp32")
