@@ -20,6 +20,11 @@ process:
   are predicted from the highest proportion down);
 - Python, torch and the libraries are imported once.
 
+Host memory: a point's compiled graph is freed (and its reference cycles collected) as soon as
+the point is predicted, so a sweep's peak is that of its largest point plus the models it keeps
+(the half model, the batched model of the current batch) and the exchange-geometry memo
+(:mod:`openipu.poplar.structure_cache`, bounded).
+
 Figures: the prediction (latency, throughput, cycles, tile memory) is predicted IPU figures of
 the cost model, never host time; ``host_seconds`` of a point and of the sweep is this machine's
 wall time.
