@@ -12,7 +12,7 @@ Every figure printed here is host time of this machine, not an IPU figure: wall 
 time (user + system of the child processes, which the other jobs of a loaded machine do not
 inflate as they do wall time; the ratio of CPU times is the figure to read there). The sweep's
 table (predicted IPU figures) is written to DIR/sweep.txt, with CSV, JSON and the plot beside it.
-The predicted throughput of each point run alone is checked to equal the sweep's.
+Each point run alone is checked to predict what the sweep did (every field of ``prediction``).
 
 BERT-base SQuAD: export it first with ``examples/models/export_transformers.py bert-base-squad
 OUT.onnx --batch 8 --seq 384`` (random weights, no download).
@@ -23,17 +23,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 
-def _children_cpu() -> float:
-    """User + system CPU seconds of the finished child processes so far (this machine)."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+def _run(cmd):
+    """Run ``cmd``; ``(returncode, stdout, stderr, wall s, CPU s, peak RSS GB)`` of that one child
+    (user + system CPU and maximum resident set from ``wait4``; host figures of this machine)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return p.returncode, out.read(), err.read(), wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 2**20
 
 
 def main() -> None:
@@ -48,38 +56,35 @@ def main() -> None:
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    print(f"load average at the start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
     cmd = [sys.executable, "-m", "openipu.cli", "sweep", a.model, "--batch-sizes", a.batch_sizes, "--amp", a.amp,
            "--ipu", a.ipu, "--precision", a.precision, "--csv", str(out / "sweep.csv"),
            "--json", str(out / "sweep.json"), "--plot", str(out / "sweep.html")]
-    t, c0 = time.perf_counter(), _children_cpu()
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    sweep_s, sweep_cpu = time.perf_counter() - t, _children_cpu() - c0
-    (out / "sweep.txt").write_text(r.stdout + r.stderr)
-    if r.returncode not in (0, 3):
-        sys.exit(f"sweep failed ({r.returncode}):\n{r.stderr}")
+    code, stdout, stderr, sweep_s, sweep_cpu, sweep_rss = _run(cmd)
+    (out / "sweep.txt").write_text(stdout + stderr)
+    if code not in (0, 3):
+        sys.exit(f"sweep failed ({code}):\n{stderr}")
     doc = json.loads((out / "sweep.json").read_text())
     points = [pt for pt in doc["points"] if "run" in pt]
-    print(r.stdout)
+    print(stdout)
     todo = points if a.single is None else points[:a.single]
-    single, single_cpu = [], []
+    single, single_cpu, single_rss = [], [], []
     for pt in todo:
         s = pt["spec"]
         c = [sys.executable, "-m", "openipu.cli", "run", a.model, "--offline", "--json", "--batch-size", str(s["batch"]),
              "--ipu", s["ipu"], "--precision", s["precision"], "--partials-type", s["partials_type"],
              "--available-memory-proportion", str(s["available_memory_proportion"]), "--num-ipus",
              str(s["num_ipus"]), "--num-io-tiles", str(s["num_io_tiles"])]
-        t, c0 = time.perf_counter(), _children_cpu()
-        rr = subprocess.run(c, capture_output=True, text=True)
-        dt, dcpu = time.perf_counter() - t, _children_cpu() - c0
-        if rr.returncode not in (0, 3):
-            sys.exit(f"openipu run failed ({rr.returncode}):\n{rr.stderr}")
-        one = json.loads(rr.stdout)
-        same = one["prediction"]["throughput_samples_per_second"] == pt["run"]["prediction"][
-            "throughput_samples_per_second"]
+        rc, rout, rerr, dt, dcpu, drss = _run(c)
+        if rc not in (0, 3):
+            sys.exit(f"openipu run failed ({rc}):\n{rerr}")
+        one = json.loads(rout)
+        same = one["prediction"] == pt["run"]["prediction"]        # every predicted field
         single.append(dt)
         single_cpu.append(dcpu)
+        single_rss.append(drss)
         print(f"  alone: batch {s['batch']} AMP {s['available_memory_proportion']:g}: {dt:,.1f} s host wall, "
-              f"{dcpu:,.1f} s host CPU "
+              f"{dcpu:,.1f} s host CPU, peak RSS {drss:,.2f} GB "
               f"(prediction {'equal to' if same else 'DIFFERENT from'} the sweep's)", flush=True)
     n = len(points)
     mean = sum(single) / max(len(single), 1)
@@ -91,8 +96,8 @@ def main() -> None:
           f"{sweep_cpu:,.1f} s CPU")
     print(f"  the points one by one:           {est:,.1f} s wall, {est_cpu:,.1f} s CPU ({how})")
     print(f"  ratio (one by one / sweep)       {est / sweep_s:,.2f}x wall, {est_cpu / max(sweep_cpu, 1e-9):,.2f}x CPU")
-    rss_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20      # KiB on Linux
-    print(f"  peak RSS of a child process      {rss_gb:,.2f} GB")
+    print(f"  peak RSS: the sweep              {sweep_rss:,.2f} GB; the largest single run "
+          f"{max(single_rss, default=0):,.2f} GB")
     print(f"  load average at the end          {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
 
 

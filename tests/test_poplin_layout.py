@@ -376,3 +376,27 @@ def test_an_operand_many_tiles_read_is_rearranged_once_into_the_plans_layout(mon
     unarranged = _lhs_case(False)
     assert unarranged[0] == 0 and unarranged[1].sum() > 2 * other[1].sum()
     np.testing.assert_allclose(unarranged[2], unarranged[3], rtol=1e-5, atol=1e-4)
+
+
+def test_laid_out_rejects_on_tile_counts_and_compares_runs_otherwise(monkeypatch):
+    """``core._laid_out``: a view whose tiles hold other element counts than the plan's boxes is
+    rejected without flattening either side to runs; equal counts still compare the runs (the
+    same counts on a transposed arrangement are not the plan's layout), and a view mapped as the
+    boxes is accepted."""
+    g = _graph(4)[0]
+    t = g.addVariable(poplar.FLOAT, [4, 8], "t")
+    for r in range(4):
+        g.setTileMapping(t[r], r)                   # row r on tile r
+    rows = (np.array([[r, 0] for r in range(4)]), np.full((4, 2), [1, 8]), np.arange(4))
+    cols = (np.array([[0, 2 * c] for c in range(4)]), np.full((4, 2), [4, 2]), np.arange(4))   # 8 per tile
+    halves = (np.array([[0, 0], [2, 0]]), np.full((2, 2), [2, 8]), np.array([0, 1]))
+    flattened = []
+    real = type(g).tile_runs_of
+    monkeypatch.setattr(type(g), "tile_runs_of", lambda self, v, perm=None: flattened.append(1) or real(self, v, perm))
+    assert core._laid_out(g, t, *halves) is False and not flattened
+    assert core._laid_out(g, t, *cols) is False and flattened
+    assert core._laid_out(g, t, *rows) is True
+    g.setTileMapping(t[3], 2)                       # tile 2 holds rows 2 and 3 now
+    assert core._laid_out(g, t, *rows) is False
+    u = g.addVariable(poplar.FLOAT, [4, 8], "u")    # unmapped: fewer mapped elements than the boxes
+    assert core._laid_out(g, u, *rows) is False

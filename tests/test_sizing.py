@@ -133,6 +133,9 @@ def test_sweep_points_match_single_runs(mlp):
         assert p.run.step_cycles == one.step_cycles and p.run.tile_bytes_max == one.tile_bytes_max, s
         assert p.run.throughput == pytest.approx(one.throughput)
         assert p.run.options == one.options
+        mine, alone = p.run.to_dict(), one.to_dict()          # every field of openipu run --json
+        for k in ("prediction", "target", "options", "assumptions"):
+            assert mine[k] == alone[k], (s, k)
     shared = [p for p in points if p.same_plans_as is not None]
     assert shared and all(p.spec.available_memory_proportion < p.same_plans_as.available_memory_proportion
                           for p in shared)
@@ -142,6 +145,38 @@ def test_sweep_points_match_single_runs(mlp):
                            available_memory_proportion=low.spec.available_memory_proportion)
     assert low.run.step_cycles == one.step_cycles and low.run.tile_bytes_max == one.tile_bytes_max
     assert one.plan_temp_bytes_max <= low.spec.available_memory_proportion * one.bytes_per_tile
+
+
+def test_sweep_releases_each_points_graph_before_the_next(mlp, monkeypatch):
+    """A point's compiled graph (engine, lowered program, Poplar graph) is freed once the point is
+    predicted, so the next compile does not run beside it; the IR stays for the next point."""
+    import weakref
+
+    graphs, real = [], runner.run_model
+
+    def run_model(*a, _sessions=None, **k):
+        r = real(*a, _sessions=_sessions, **k)
+        for session in _sessions.values():
+            graphs.append((weakref.ref(session._engine), weakref.ref(session._engine.graph)))
+        return r
+    monkeypatch.setattr(runner, "run_model", run_model)
+    sw = sizing.Sweeper(mlp)
+    for partials in ("float", "half"):             # the second compiles the first's IR again
+        sw.predict(sizing.PointSpec(8, "ipu21", 1, "fp16", partials))
+        assert sw._sessions and all(s._ir is not None for s in sw._sessions.values())
+        assert all(e() is None and g() is None for e, g in graphs)
+    assert len(graphs) == 2
+
+
+def test_sweep_drops_the_float_model_once_converted_and_reads_it_again(mlp):
+    """A model read from a file is not held beside its half conversion; a float point reads it
+    again and predicts what a lone run does."""
+    sw = sizing.Sweeper(mlp)
+    half, full = sizing.PointSpec(8, "ipu21", 1, "fp16"), sizing.PointSpec(8, "ipu21", 1, "fp32")
+    assert sw.predict(half).run is not None and sw._read is None
+    p = sw.predict(full)
+    one = runner.run_model(mlp, ipu="ipu21", batch_size=8, precision="fp32", offline=True)
+    assert p.run.to_dict()["prediction"] == one.to_dict()["prediction"]
 
 
 def test_max_batch_is_the_largest_that_fits(mlp):

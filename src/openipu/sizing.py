@@ -20,6 +20,11 @@ process:
   are predicted from the highest proportion down);
 - Python, torch and the libraries are imported once.
 
+Host memory: a point's compiled graph is freed (and its reference cycles collected) as soon as
+the point is predicted, so a sweep's peak is that of its largest point plus the models it keeps
+(the half model, the batched model of the current batch) and the exchange-geometry memo
+(:mod:`openipu.poplar.structure_cache`, bounded).
+
 Figures: the prediction (latency, throughput, cycles, tile memory) is predicted IPU figures of
 the cost model, never host time; ``host_seconds`` of a point and of the sweep is this machine's
 wall time.
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import io
 import json
 import os
@@ -132,18 +138,28 @@ class Sweeper:
     points: list = field(default_factory=list)
 
     def __post_init__(self):
+        self._read = None                   # the model as read (see _proto)
         if isinstance(self.model, onnx.ModelProto):
-            self.path, self._proto = f"<ModelProto {self.model.graph.name}>", self.model
+            self.path, self._read = f"<ModelProto {self.model.graph.name}>", self.model
         else:
             self.path = str(runner.resolve_model(self.model))
             try:
-                self._proto = onnx.load(self.path)
+                self._read = onnx.load(self.path)
             except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
                 raise ValueError(f"'{self.path}' is not a readable ONNX model ({type(e).__name__}: {e})") from None
         self._by_precision: dict = {}       # precision -> the model converted (not yet batched)
         self._batched: tuple | None = None  # ((batch, precision), proto): the last one only
         self._sessions: dict = {}           # the last PopART session (its IR), see runner.run_model
         self._done: dict = {}               # PointSpec -> Point
+
+    @property
+    def _proto(self) -> onnx.ModelProto:
+        """The model as read. A model read from a file is dropped once it has been converted to
+        half (an fp16 sweep then holds the half model, not the float one beside it: for
+        BERT-base 440 MB of host memory less) and read again if a float point needs it."""
+        if self._read is None:
+            self._read = onnx.load(self.path)
+        return self._read
 
     def _prepared(self, batch: int, precision: str) -> onnx.ModelProto:
         key = (batch, precision)
@@ -153,8 +169,11 @@ class Sweeper:
         if base is None:
             base = runner.prepare_model(self._proto, None, precision) if precision == "fp16" else self._proto
             self._by_precision[precision] = base
-        self._sessions.clear()
+            if precision == "fp16" and not isinstance(self.model, onnx.ModelProto):
+                self._read = None
+        self._sessions.clear()          # the last IR: it holds the weights of another batch size
         self._batched = None
+        gc.collect()
         proto = runner.prepare_model(base, batch, "fp32")       # batch only: already converted
         self._batched = (key, proto)
         return proto
@@ -198,9 +217,21 @@ class Sweeper:
             if not type(e).__module__.startswith(("openipu.popart", "openipu.poplar", "openipu.poplibs")):
                 raise
             point = Point(spec, None, time.perf_counter() - t0, f"{type(e).__name__}: {_one_line(e)}")
+        finally:
+            self._release()
         self._done[spec] = point
         self.points.append(point)
         return point
+
+    def _release(self) -> None:
+        """Free the compiled graph of the point just predicted before the next one is built: the
+        kept session holds only its IR (which the next point may compile again), and the
+        graph's reference cycles are collected now rather than whenever the collector's
+        thresholds next fire, which could be in the middle of the next compile (a sweep
+        would then hold two graphs at its peak)."""
+        for session in self._sessions.values():
+            session._engine = session._lowered = None
+        gc.collect()
 
     def _same_plans(self, spec: PointSpec) -> "PointSpec | None":
         """A predicted point equal to ``spec`` but for a higher available memory proportion, all

@@ -143,14 +143,32 @@ MAX_BROADCAST_DESTS = 7
 def _laid_out(graph, t, lo: np.ndarray, sz: np.ndarray, local_tiles: np.ndarray) -> bool:
     """Whether the view ``t`` already has the plan's layout: mapped as the boxes ``lo``, ``sz`` on
     ``local_tiles`` (compared as runs of the flattened view), each box one interval of memory.
-    Host work follows boxes and runs."""
-    b, _, tl = graph.tile_runs_of(t)
+    Host work follows boxes and runs: first the elements each tile holds (from the boxes, without
+    flattening them), which differ in most views that are not laid out so, then the runs."""
     tiles = graph._global_tiles(np.asarray(local_tiles, np.int64))
+    if not _same_tile_counts(tile_boxes(t), sz, tiles):
+        return False
+    b, _, tl = graph.tile_runs_of(t)
     b2, tl2 = box_tile_runs(lo, sz, tiles, t.shape())
     if not (np.array_equal(b, b2) and np.array_equal(tl, tl2)):
         return False
     _, _, base, T, n, _ = lattices(t, Boxes(lo, sz, tiles.astype(np.int64)))
     return R.address_runs(base, n, T)[0].size == lo.shape[0]
+
+
+def _same_tile_counts(boxes: Boxes, sz: np.ndarray, tiles: np.ndarray) -> bool:
+    """Whether the mapped ``boxes`` of a view and the boxes of sizes ``sz`` on (global) ``tiles``
+    put as many elements on every tile: a condition of equal tile maps that costs one pass over
+    the boxes (a view with unmapped elements has fewer mapped ones, so it fails it too)."""
+    keep = boxes.tile >= 0
+    have_tiles, have = boxes.tile[keep].astype(np.int64), np.prod(boxes.sz[keep], axis=1, dtype=np.int64)
+    want = np.prod(np.asarray(sz, np.int64), axis=1, dtype=np.int64)
+    tiles = np.asarray(tiles, np.int64)
+    n = int(max(have_tiles.max(initial=-1), tiles.max(initial=-1))) + 1
+    a, b = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    np.add.at(a, have_tiles, have)
+    np.add.at(b, tiles, want)
+    return bool(np.array_equal(a, b))
 
 
 def _rearranged(graph, t, flat_shape, boxes, dests: int, create, prog, name: str):
