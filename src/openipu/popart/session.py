@@ -308,6 +308,9 @@ class _SessionBase(rng_state.RngStateApi, GroupedWeightsMixin, HostWeightsMixin,
             raise popart_exception("There is no executatable. Try calling Session::prepareDevice first.")
         if self.deviceInfo.type == DeviceType.OfflineIpu:
             return
+        if not self.deviceInfo.isAttached and not self.deviceInfo.tryAttachUntilTimeout():
+            raise popart_exception(f"Failed to attach to device {self.deviceInfo.id}: it is attached by another "
+                                   "process (DeviceManager.setOnDemandAttachTimeout sets how long to wait)")
         self.deviceInfo.attach()
         self._engine.load(self.deviceInfo.device)
         self._fast = None               # a new device: the executor (if any) starts from the host copies
