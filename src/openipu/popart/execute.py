@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from openipu import poplar
+from openipu.popart import fp_behaviour
 from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.graphcore_ops import find_kernel
 from openipu.popart.ir import shard_rows
@@ -302,8 +303,13 @@ class IrExecutor:
     """
 
     def __init__(self, ir, weights: dict, replicas: int = 1, accumulation: int = 1, out=None,
-                 distributed: bool = False, groups: dict | None = None):
+                 distributed: bool = False, groups: dict | None = None, sr_seed: int = 0):
         self.ir = ir
+        #: the hardware-only floating-point behaviour (:mod:`openipu.popart.fp_behaviour`):
+        #: stochastic rounding of float16 results, floating-point exceptions
+        self.sr = bool(getattr(ir.options, "enableStochasticRounding", False))
+        self.fp_checks = bool(getattr(ir.options, "enableFloatingPointChecks", False))
+        self.sr_gen = torch.Generator().manual_seed(int(sr_seed) & 0xFFFFFFFFFFFFFFFF)
         #: replica-grouped variables: id -> the group of each replica (their host values are
         #: ``[groups, *shape]``, replica ``r`` holds row ``groups[id][r]``)
         self.groups = dict(groups or {})
@@ -338,7 +344,11 @@ class IrExecutor:
                     "abort" if (op.domain, op.op_type) == ("ai.graphcore", "Abort") else
                     self._printer(op) if (op.domain, op.op_type) == ("ai.graphcore", "PrintTensor") else
                     "float" if (op.domain, op.op_type) in _FLOAT_PARTIALS and any(
-                        ir.tensors[x].info.data_type() == "FLOAT16" for x in op.inputs if x) else None)
+                        ir.tensors[x].info.data_type() == "FLOAT16" for x in op.inputs if x) else
+                    # stochastic rounding: an ONNX op's float16 results computed in float32, then rounded
+                    "sr" if self.sr and op.domain in ("", "ai.onnx") and any(
+                        x and x in ir.tensors and ir.tensors[x].info.data_type() == "FLOAT16" for x in op.outputs)
+                    else None)
             (outer if self.accumulation > 1 and op.execution_context == OUTER_FRAGMENT else main).append(step)
         keep = set(self.consts) | {t for t, v in ir.tensors.items() if v.kind == "Variable"}
         keep |= anchors | {getattr(ir, "anchor_alias", {}).get(t, t) for t in anchors}
@@ -487,10 +497,12 @@ class IrExecutor:
         """One op on every replica's environment."""
         for env in envs:
             args = [env[x] if x else None for x in ins]
-            if special == "float":          # float32 compute, rounded once below
+            if special in ("float", "sr"):  # float32 compute, rounded once below
                 args = [a.float() if a is not None and a.dtype == torch.float16 else a for a in args]
             if special == "view":           # a Transpose read only by matmuls (_transpose_views)
                 res = [transpose_view(args[0], attrs)]
+            elif special == "sr" and kernel.op_type == "Cast" and args[0].is_floating_point():
+                res = [args[0].float()]     # the cast to float16 is the stochastic rounding below
             else:
                 res = call_kernel(kernel, args, attrs, opset)
             if special == "in_place":       # GetRandomSeed: the seed variable advances
@@ -501,7 +513,12 @@ class IrExecutor:
                 if o:
                     if o in self.narrow:
                         v = v.to(self.narrow[o])
+                    if self.sr and self.dtype[o] == torch.float16 and v.dtype == torch.float32 and \
+                            special in ("float", "sr"):
+                        v = fp_behaviour.stochastic_round_half(v, self.sr_gen)
                     env[o] = v if v.dtype == self.dtype[o] else v.to(self.dtype[o])
+            if self.fp_checks:
+                fp_behaviour.check_finite(kernel.op_type, outs[0] if outs else "", args, [env[o] for o in outs if o])
 
     def _collective(self, op_type, attrs, ins, outs, envs) -> None:
         """A cross-replica op (``gcl``): an all-reduce in place into every replica's input

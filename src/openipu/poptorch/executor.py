@@ -363,7 +363,7 @@ class PoplarExecutor(Marshalling, WeightSync, ReplicaGrouping, Timings, Executab
         t1 = time.perf_counter()
         try:
             self._session.run(popart.PyStepIO(feeds, anchors))
-        except popart.popart_exception as e:
+        except (popart.popart_exception, popart.poplar_exception, popart.poplibs_exception) as e:
             raise from_popart(e) from e
         t2 = time.perf_counter()
         if self._options.log_cycle_count:
