@@ -604,3 +604,35 @@ def test_transposes_read_by_matmuls_are_views_and_training_agrees(monkeypatch, a
             if k != wt:     # (the device emulation's anchor of a weight's transpose is read after the update)
                 np.testing.assert_allclose(b[k], a[k], rtol=1e-5, atol=1e-6, err_msg=k)
     np.testing.assert_allclose(res["ir"][1], res["device"][1], rtol=1e-5, atol=1e-6)
+
+
+def test_small_ops_run_on_one_host_thread_and_the_thread_count_is_restored(monkeypatch):
+    """A 3 x 8 model's ops run on one host thread (a small softmax opens an OpenMP region that
+    waits on a loaded host: host speed only); a large matmul keeps torch's threads; the run
+    leaves torch's thread count as it found it, and the outputs agree with the emulation."""
+    import torch
+
+    from openipu.popart import execute
+    _, dev, _ = _run(monkeypatch, "device", [popart.AnchorReturnType("ALL")] * 2)
+    threads = torch.get_num_threads()
+    s_ir, ir, _ = _run(monkeypatch, "ir", [popart.AnchorReturnType("ALL")] * 2)
+    assert torch.get_num_threads() == threads
+    assert all(st[0] for st in s_ir._fast.steps)
+    for k in dev:
+        np.testing.assert_allclose(ir[k], dev[k], rtol=1e-5, atol=1e-6)
+
+    class T:        # a stand-in IR of one op: shapes only
+        def __init__(self, shape):
+            self.info = type("I", (), {"shape": lambda _s, shape=shape: shape})()
+
+    class Op:
+        def __init__(self, domain, op_type, ins, outs, attrs=None):
+            self.domain, self.op_type, self.inputs, self.outputs, self.attrs = domain, op_type, ins, outs, attrs or {}
+
+    ir_ = type("Ir", (), {})()
+    ir_.tensors = {"a": T([512, 1024]), "b": T([1024, 1024]), "c": T([512, 1024]), "s": T([2, 2]),
+                   "big": T([1024, 1024])}
+    assert execute._serial(ir_, Op("", "Softmax", ["s"], ["s"]))
+    assert not execute._serial(ir_, Op("", "Relu", ["big"], ["big"]))
+    assert not execute._serial(ir_, Op("", "MatMul", ["a", "b"], ["c"]))      # 512 M multiply-adds
+    assert execute._serial(ir_, Op("", "MatMul", ["s", "s"], ["s"]))

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from openipu import poplar
-from openipu.poplar import pvti
+from openipu.popart import fp_behaviour
 from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.graphcore_ops import find_kernel
 from openipu.popart.ir import shard_rows
@@ -52,7 +52,9 @@ from openipu.popart.onnx_ops import varupdate
 from openipu.popart.onnx_ops.shape import transpose_view
 from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel
 from openipu.popart.variable_settings import comm_groups
+from openipu.poplar import pvti
 from openipu.poplibs import gcl, gcl_instances
+from openipu.poplibs.poplin.kernels import HOST_SERIAL_WORK
 
 #: Ops whose IPU lowering accumulates half inputs in partial sums (poplin matMul / convolution):
 #: the executor computes them in float32 and rounds the result to the output's type once, instead
@@ -71,6 +73,55 @@ _FRESH = {("", t) for t in ("MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Softm
 #: Ops that read an input without aliasing it in their outputs (a matmul; an update op reads the
 #: gradient it is given and writes only its ``modifies`` inputs)
 _PLAIN_READERS = {("", "MatMul"), ("", "Gemm")}
+
+#: Ops other than matmuls and convolutions with fewer elements than this (inputs and outputs
+#: together) run on one host thread: torch opens an OpenMP region for some small kernels (a 2 x 2
+#: ``softmax``: 1.2 us on one thread, 0.3-3 ms on two threads of a loaded 2-core host, measured
+#: 2026-11-29), and elementwise work of this size gains little from a second thread. Host
+#: threading only: the kernels and their results are the same.
+HOST_SERIAL_ELEMENTS = 1 << 18
+
+
+def _numel(ir, tid) -> int:
+    t = ir.tensors.get(tid) if tid else None
+    if t is None:
+        return 0
+    n = 1
+    for d in t.info.shape():
+        n *= int(d)
+    return n
+
+
+def _host_work(ir, op) -> tuple[int, bool]:
+    """(work, is_contraction) of one IR op from its static shapes: multiply-accumulates for a
+    matmul or convolution (an estimate within a small factor for the convolution gradients),
+    else the elements it reads and writes."""
+    key = (op.domain, op.op_type)
+    shape = {x: list(ir.tensors[x].info.shape()) for x in [*op.inputs, *op.outputs] if x and x in ir.tensors}
+    if key not in _FLOAT_PARTIALS:
+        return sum(_numel(ir, x) for x in [*op.inputs, *op.outputs]), False
+    out = op.outputs[0] if op.outputs else None
+    if key in (("", "MatMul"), ("", "Gemm")):
+        a = shape.get(op.inputs[0], [1])
+        trans = key == ("", "Gemm") and int(op.attrs.get("transA", 0))
+        k = (a[0] if trans else a[-1]) if a else 1
+        return _numel(ir, out) * max(1, int(k)), True
+    # convolutions: the largest activation times the weight's elements per output channel
+    w = op.outputs[0] if key == ("ai.graphcore", "ConvWeightsGrad") else (op.inputs[1] if len(op.inputs) > 1 else None)
+    ws = shape.get(w, [1, 1])
+    per = _numel(ir, w) // max(1, max(ws[:2]) if len(ws) >= 2 else 1)
+    act = max([_numel(ir, x) for x in [*op.inputs, *op.outputs] if x != w] or [1])
+    return act * max(1, per), True
+
+
+def _serial(ir, op) -> bool:
+    """Whether the executor runs ``op`` on one host thread (:data:`HOST_SERIAL_ELEMENTS`,
+    poplin's :data:`HOST_SERIAL_WORK` for matmuls and convolutions)."""
+    try:
+        work, contraction = _host_work(ir, op)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError):
+        return False
+    return work < (HOST_SERIAL_WORK if contraction else HOST_SERIAL_ELEMENTS)
 
 
 def _transpose_views(ir, keep: set) -> set:
@@ -214,12 +265,12 @@ def _last_uses(io: list, keep: set) -> dict:
 
 
 def _with_releases(steps: list, keep: set) -> list:
-    """``steps`` with a 7th field each: the ids of the tensors whose last reader (or, unread, whose
+    """``steps`` with an 8th field each: the ids of the tensors whose last reader (or, unread, whose
     producer) is that step, outside ``keep``. The executor drops them from the replica's
     environment after the step, so a step holds its live tensors only (the IR's liveness), not
     every activation of the batch."""
     dead: list = [[] for _ in steps]
-    for x, i in _last_uses([(st[3], st[4]) for st in steps], keep).items():
+    for x, i in _last_uses([(st[4], st[5]) for st in steps], keep).items():
         dead[i].append(x)
     return [(*st, tuple(d)) for st, d in zip(steps, dead)]
 
@@ -252,8 +303,13 @@ class IrExecutor:
     """
 
     def __init__(self, ir, weights: dict, replicas: int = 1, accumulation: int = 1, out=None,
-                 distributed: bool = False, groups: dict | None = None):
+                 distributed: bool = False, groups: dict | None = None, sr_seed: int = 0):
         self.ir = ir
+        #: the hardware-only floating-point behaviour (:mod:`openipu.popart.fp_behaviour`):
+        #: stochastic rounding of float16 results, floating-point exceptions
+        self.sr = bool(getattr(ir.options, "enableStochasticRounding", False))
+        self.fp_checks = bool(getattr(ir.options, "enableFloatingPointChecks", False))
+        self.sr_gen = torch.Generator().manual_seed(int(sr_seed) & 0xFFFFFFFFFFFFFFFF)
         #: replica-grouped variables: id -> the group of each replica (their host values are
         #: ``[groups, *shape]``, replica ``r`` holds row ``groups[id][r]``)
         self.groups = dict(groups or {})
@@ -280,18 +336,23 @@ class IrExecutor:
         views = _transpose_views(ir, anchors | {getattr(ir, "anchor_alias", {}).get(t, t) for t in anchors})
         main, outer = [], []
         for i, op in enumerate(ir.ops):
-            step = (find_kernel(op.domain, op.op_type), op.attrs, op.opset, list(op.inputs), list(op.outputs),
+            step = (_serial(ir, op), find_kernel(op.domain, op.op_type), op.attrs, op.opset, list(op.inputs),
+                    list(op.outputs),
                     "view" if i in views else
                     "collective" if op.op_type in _COLLECTIVES and (self.replicas > 1 or self.distributed) else
                     "in_place" if (op.domain, op.op_type) == ("ai.graphcore", "GetRandomSeed") else
                     "abort" if (op.domain, op.op_type) == ("ai.graphcore", "Abort") else
                     self._printer(op) if (op.domain, op.op_type) == ("ai.graphcore", "PrintTensor") else
                     "float" if (op.domain, op.op_type) in _FLOAT_PARTIALS and any(
-                        ir.tensors[x].info.data_type() == "FLOAT16" for x in op.inputs if x) else None)
+                        ir.tensors[x].info.data_type() == "FLOAT16" for x in op.inputs if x) else
+                    # stochastic rounding: an ONNX op's float16 results computed in float32, then rounded
+                    "sr" if self.sr and op.domain in ("", "ai.onnx") and any(
+                        x and x in ir.tensors and ir.tensors[x].info.data_type() == "FLOAT16" for x in op.outputs)
+                    else None)
             (outer if self.accumulation > 1 and op.execution_context == OUTER_FRAGMENT else main).append(step)
         keep = set(self.consts) | {t for t, v in ir.tensors.items() if v.kind == "Variable"}
         keep |= anchors | {getattr(ir, "anchor_alias", {}).get(t, t) for t in anchors}
-        keep |= {x for st in outer for x in st[3] if x}     # read after the micro-batch loop
+        keep |= {x for st in outer for x in st[4] if x}     # read after the micro-batch loop
         self.steps, self.outer_steps = _with_releases(main, keep), _with_releases(outer, keep)
         # 64-bit integers live as 32-bit on the device (enableSupportedDataTypeCasting): an op's
         # output wraps as the device's copy would
@@ -313,9 +374,9 @@ class IrExecutor:
         as the device program prints at that point of the step."""
         import sys
 
-        from openipu.poplar import format_tensor
         from openipu.popart.lowering.graphcore import print_title
         from openipu.popart.tensorinfo import poplar_type
+        from openipu.poplar import format_tensor
         title = print_title(op, self.ir)
         ptype = poplar_type(self.ir.tensors[op.inputs[0]].info.data_type(),
                             bool(getattr(self.ir.options, "enableSupportedDataTypeCasting", True)))
@@ -403,27 +464,45 @@ class IrExecutor:
         self._step(take, put, anchors, bps)
 
     def _ops(self, steps, envs) -> None:
-        with torch.no_grad():
-            for kernel, attrs, opset, ins, outs, special, dead in steps:
-                if special == "collective":
-                    self._collective(kernel.op_type, attrs, ins, outs, envs)
-                elif special == "abort":      # Poplar's Abort / AbortOnCondition (any replica)
-                    if not (ins and ins[0]) or any(bool(env[ins[0]].any()) for env in envs):
-                        raise poplar.application_runtime_error("Abort op")
-                else:
-                    self._op(kernel, attrs, opset, ins, outs, special, envs)
-                for env in envs:
-                    for t in dead:
-                        env.pop(t, None)
+        """Run ``steps`` (``(serial, kernel, attrs, opset, inputs, outputs, special, dead)`` each)
+        on every replica's environment; a ``serial`` step on one host thread (:func:`_serial`)."""
+        threads = torch.get_num_threads()
+        now = threads
+        try:
+            with torch.no_grad():
+                for serial, kernel, attrs, opset, ins, outs, special, dead in steps:
+                    want = 1 if serial else threads
+                    if want != now:
+                        torch.set_num_threads(want)
+                        now = want
+                    self._one(kernel, attrs, opset, ins, outs, special, dead, envs)
+        finally:
+            if now != threads:
+                torch.set_num_threads(threads)
+
+    def _one(self, kernel, attrs, opset, ins, outs, special, dead, envs) -> None:
+        """One step on every replica's environment, then its dead tensors dropped."""
+        if special == "collective":
+            self._collective(kernel.op_type, attrs, ins, outs, envs)
+        elif special == "abort":      # Poplar's Abort / AbortOnCondition (any replica)
+            if not (ins and ins[0]) or any(bool(env[ins[0]].any()) for env in envs):
+                raise poplar.application_runtime_error("Abort op")
+        else:
+            self._op(kernel, attrs, opset, ins, outs, special, envs)
+        for env in envs:
+            for t in dead:
+                env.pop(t, None)
 
     def _op(self, kernel, attrs, opset, ins, outs, special, envs) -> None:
         """One op on every replica's environment."""
         for env in envs:
             args = [env[x] if x else None for x in ins]
-            if special == "float":          # float32 compute, rounded once below
+            if special in ("float", "sr"):  # float32 compute, rounded once below
                 args = [a.float() if a is not None and a.dtype == torch.float16 else a for a in args]
             if special == "view":           # a Transpose read only by matmuls (_transpose_views)
                 res = [transpose_view(args[0], attrs)]
+            elif special == "sr" and kernel.op_type == "Cast" and args[0].is_floating_point():
+                res = [args[0].float()]     # the cast to float16 is the stochastic rounding below
             else:
                 res = call_kernel(kernel, args, attrs, opset)
             if special == "in_place":       # GetRandomSeed: the seed variable advances
@@ -434,7 +513,12 @@ class IrExecutor:
                 if o:
                     if o in self.narrow:
                         v = v.to(self.narrow[o])
+                    if self.sr and self.dtype[o] == torch.float16 and v.dtype == torch.float32 and \
+                            special in ("float", "sr"):
+                        v = fp_behaviour.stochastic_round_half(v, self.sr_gen)
                     env[o] = v if v.dtype == self.dtype[o] else v.to(self.dtype[o])
+            if self.fp_checks:
+                fp_behaviour.check_finite(kernel.op_type, outs[0] if outs else "", args, [env[o] for o in outs if o])
 
     def _collective(self, op_type, attrs, ins, outs, envs) -> None:
         """A cross-replica op (``gcl``): an all-reduce in place into every replica's input

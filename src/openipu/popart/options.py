@@ -4,8 +4,9 @@ Every field of PopART's ``SessionOptions`` (``research/popart.md`` section 1.10)
 PopART's default. Inference sessions honour: ``enableReplicatedGraphs`` /
 ``replicatedGraphCount``, ``virtualGraphMode`` (Off, Manual), ``constantWeights``,
 ``engineOptions`` (passed to the Poplar Engine), ``partialsTypeMatMuls``,
-``enableSupportedDataTypeCasting``, ``enableStochasticRounding`` (accepted; sets no numerics),
-``compileEngine``, ``syntheticDataMode`` (inputs filled on the device, anchors not returned); the rest
+``enableSupportedDataTypeCasting``, ``enableStochasticRounding`` and ``enableFloatingPointChecks``
+(honoured by the IR executor: :mod:`openipu.popart.fp_behaviour`; not by the device-storage
+emulation), ``compileEngine``, ``syntheticDataMode`` (inputs filled on the device, anchors not returned); the rest
 are stored and ignored. Setting an unknown field raises
 ``AttributeError``, as PopART's pybind object does.
 """

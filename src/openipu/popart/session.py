@@ -308,6 +308,9 @@ class _SessionBase(rng_state.RngStateApi, GroupedWeightsMixin, HostWeightsMixin,
             raise popart_exception("There is no executatable. Try calling Session::prepareDevice first.")
         if self.deviceInfo.type == DeviceType.OfflineIpu:
             return
+        if not self.deviceInfo.isAttached and not self.deviceInfo.tryAttachUntilTimeout():
+            raise popart_exception(f"Failed to attach to device {self.deviceInfo.id}: it is attached by another "
+                                   "process (DeviceManager.setOnDemandAttachTimeout sets how long to wait)")
         self.deviceInfo.attach()
         self._engine.load(self.deviceInfo.device)
         self._fast = None               # a new device: the executor (if any) starts from the host copies
@@ -376,7 +379,8 @@ class _SessionBase(rng_state.RngStateApi, GroupedWeightsMixin, HostWeightsMixin,
                                                 self.accumulationFactor if self._ir.training is not None else 1,
                                                 out=getattr(self._engine, "_out", None),
                                                 distributed=self.options.getGlobalReplicationFactor()
-                                                > self.replicationFactor, groups=self._replica_group)
+                                                > self.replicationFactor, groups=self._replica_group,
+                                                sr_seed=getattr(self, "_sr_seed", 0))
                 if self._ir.training is not None and self._engine is not None:
                     self._fast.set_weights({k: np.asarray(v) for k, v in self._scalars(self._optimizer).items()
                                             if k in self._ir.optimizer_tensors})
@@ -489,6 +493,9 @@ class _SessionBase(rng_state.RngStateApi, GroupedWeightsMixin, HostWeightsMixin,
         """Seed the session's random ops (dropout in training ...) with the 64-bit ``seed``: the
         same seed gives the same masks, batch after batch (the seed advances by one each
         batch). Needs ``prepareDevice()`` first; with no random op it only warns (PopART)."""
+        self._sr_seed = int(seed)           # stochastic rounding's draws (IR executor)
+        if getattr(self, "_fast", None) is not None:
+            self._fast.sr_gen.manual_seed(int(seed) & 0xFFFFFFFFFFFFFFFF)
         tid = self._ir.random_seed
         if tid is None:
             log("session").warning("Trying to set the random seed, but this session has no random behaviour. Doing "

@@ -114,11 +114,17 @@ def _version_of(name: str) -> str:
 class Device:
     """A (simulated) device: ``getTarget``, ``attach``/``detach``, ``getId``."""
 
-    def __init__(self, target: Target, device_id: int = 0, options=None):
+    def __init__(self, target: Target, device_id: int = 0, options=None, ipus=None):
         self._target = target
         self._id = device_id
         self._attached = target.getTargetType() != TargetType.IPU
         self.options = dict(options or {})
+        #: the system IPUs this device holds while attached (:mod:`openipu.poplar.device_locks`;
+        #: ``None``: an unbounded system, never busy)
+        self._lock = None
+        if ipus is not None:
+            from openipu.poplar.device_locks import IpuLock
+            self._lock = IpuLock(ipus)
 
     def getTarget(self) -> Target:  # noqa: N802
         return self._target
@@ -127,6 +133,13 @@ class Device:
         return self._id
 
     def attach(self) -> bool:
+        """Attach to the device: ``False`` when one of its IPUs is attached by another process or
+        device (a system of fixed size, ``OPENIPU_NUM_IPUS``), as Poplar's ``Device::attach``."""
+        if self._attached and self._target.getTargetType() == TargetType.IPU and \
+                (self._lock is None or self._lock.held):
+            return True
+        if self._lock is not None and not self._lock.acquire():
+            return False
         self._attached = True
         if self._target.getTargetType() == TargetType.IPU:
             from openipu.poplar import runtime_state
@@ -135,6 +148,8 @@ class Device:
 
     def detach(self) -> None:
         self._attached = False
+        if self._lock is not None:
+            self._lock.release()
         from openipu.poplar import runtime_state
         runtime_state.device_detached(str(id(self)))
 
@@ -215,7 +230,9 @@ class IPUModel:
 
 
 class DeviceManager:
-    """``poplar::DeviceManager``: lists simulated IPUs (every request is served by the simulator)."""
+    """``poplar::DeviceManager``: lists simulated IPUs. Unbounded (every request is served, never
+    busy) unless ``OPENIPU_NUM_IPUS`` fixes the system's size: then the devices are gc-info's and
+    an IPU attached by one process is busy for the others (:mod:`openipu.poplar.device_locks`)."""
 
     MAX_IPUS = 256
 
@@ -224,17 +241,32 @@ class DeviceManager:
         return DeviceManager()
 
     def getNumDevices(self) -> int:  # noqa: N802
-        return 1
+        from openipu.poplar.device_locks import devices, system_ipus
+        n = system_ipus()
+        return 1 if n is None else len(devices(n))
 
     def getDevices(self, target_type: str = TargetType.IPU, num_ipus: int = 1, options=None) -> list[Device]:  # noqa: N802
+        from openipu.poplar.device_locks import device_ids, devices, system_ipus
         if num_ipus < 1 or num_ipus > self.MAX_IPUS or (num_ipus & (num_ipus - 1)):
             return []
         version = _version_of((options or {}).get("ipuVersion", "ipu2")) if isinstance(options, dict) else "ipu2"
         spec = ipu.target(version, num_ipus, target_type=TargetType.IPU, is_ipu_model=False)
-        return [Device(Target(spec), 0, options)]
+        n = system_ipus()
+        if n is None:
+            return [Device(Target(spec), 0, options)]
+        return [Device(Target(spec), i, options, ipus=devices(n)[i]) for i in device_ids(n, num_ipus)]
 
     def getDevice(self, device_id: int, options=None) -> Device:  # noqa: N802
-        return Device(Target(ipu.target("ipu2", 1, target_type=TargetType.IPU, is_ipu_model=False)), device_id, options)
+        from openipu.poplar.device_locks import devices, system_ipus
+        n = system_ipus()
+        if n is None:
+            return Device(Target(ipu.target("ipu2", 1, target_type=TargetType.IPU, is_ipu_model=False)), device_id, options)
+        all_ = devices(n)
+        if not 0 <= int(device_id) < len(all_):
+            raise errors.poplar_error(f"Device id {device_id} is not valid: this system has devices 0 to {len(all_) - 1}")
+        ipus = all_[int(device_id)]
+        spec = ipu.target("ipu2", len(ipus), target_type=TargetType.IPU, is_ipu_model=False)
+        return Device(Target(spec), int(device_id), options, ipus=ipus)
 
 
 def createOfflineTarget(version: str = "ipu2", num_ipus: int = 1, tiles_per_ipu: int | None = None) -> Target:  # noqa: N802

@@ -30,7 +30,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from openipu import popart
-from openipu.poptorch import _utils
+from openipu.poptorch import _device, _utils
 from openipu.poptorch import capture as cap
 from openipu.poptorch import optim as poptorch_optim
 from openipu.poptorch.enums import ConnectionType, OutputMode
@@ -276,8 +276,8 @@ class PoplarExecutor(Marshalling, WeightSync, ReplicaGrouping, Timings, Executab
             device = dm.createOfflineIPUDevice({"numIPUs": num_ipus, "ipuVersion": version})
         elif o.use_ipu_model:
             device = dm.createIpuModelDevice({"numIPUs": num_ipus, "ipuVersion": version})
-        else:
-            device = dm.acquireAvailableDevice(num_ipus)
+        else:       # busy devices: raise, or wait with POPTORCH_WAIT_FOR_IPU (OnDemand: attach later)
+            device = _device.acquire(num_ipus, o.ipu_id, o.connection_type)
         flow = popart.DataFlow(di, anchors)
         if o._Popart.options.get("saveInitializersToFile"):
             self._save_initializers(built, str(o._Popart.options["saveInitializersToFile"]))
@@ -386,7 +386,7 @@ class PoplarExecutor(Marshalling, WeightSync, ReplicaGrouping, Timings, Executab
         t1 = time.perf_counter()
         try:
             self._session.run(popart.PyStepIO(feeds, anchors))
-        except popart.popart_exception as e:
+        except (popart.popart_exception, popart.poplar_exception, popart.poplibs_exception) as e:
             raise from_popart(e) from e
         t2 = time.perf_counter()
         if self._options.log_cycle_count:
@@ -417,6 +417,7 @@ class PoplarExecutor(Marshalling, WeightSync, ReplicaGrouping, Timings, Executab
         self._rng_state = self.rng_state
         if self._training:
             self.copyWeightsToHost()
+        self._release_device()
         self._attached = False
 
     def attachToDevice(self) -> None:  # noqa: N802
@@ -429,6 +430,7 @@ class PoplarExecutor(Marshalling, WeightSync, ReplicaGrouping, Timings, Executab
         assert not self._connection_never(), "Trying to attach to an offline device (ConnectionType.Never)"
         if self._attached:
             raise Error("Device is already attached")
+        self._take_device()
         engine = getattr(self._session, "_engine", None)
         if engine is not None and getattr(engine, "_storage", True) is None:
             try:
@@ -450,8 +452,26 @@ class PoplarExecutor(Marshalling, WeightSync, ReplicaGrouping, Timings, Executab
             return
         if self._training and self._attached and not self._connection_never():
             self.copyWeightsToHost()
+        self._release_device()
         self._session = None
         self._attached = False
+
+    def _release_device(self) -> None:
+        """Free the session's IPUs for other processes (PopTorch's device ``detach``)."""
+        info = getattr(self._session, "deviceInfo", None)
+        if info is not None and info.type == popart.DeviceType.Ipu and info.isAttached:
+            info.detach()
+
+    def _take_device(self) -> None:
+        """Attach the session's device, or another free device of its size (PopTorch asks PopART
+        for a new device and swaps it into the session); raises :class:`Error` or waits for one
+        (``POPTORCH_WAIT_FOR_IPU``) when all are busy (:func:`openipu.poptorch._device.acquire`)."""
+        info = getattr(self._session, "deviceInfo", None)
+        if info is None or info.type != popart.DeviceType.Ipu or info.isAttached:
+            return
+        if info.attach():
+            return
+        self._session.deviceInfo = _device.acquire(info.numIpus, self._options.ipu_id, must_attach=True)
 
     def setOptimizer(self, optimizer) -> None:  # noqa: N802
         """Use ``optimizer``'s (changed) hyper-parameters from the next call. Changing one compiled
