@@ -528,6 +528,10 @@ class Adam(_StateOptimizer):
         # not PopART's: the TensorFlow route sets it for Keras's Adam, which adds eps to sqrt(v)
         # before the bias correction: x = m / (sqrt(v) + eps) * sqrt(1 - b2^t) / (1 - b1^t)
         self.eps_before_correction = False
+        # not PopART's: the TensorFlow route sets it for Keras 3's Adam, whose second moment of an
+        # embedding table adds each lookup's squared gradient (TensorFlow's IndexedSlices) instead
+        # of squaring their sum (transforms.optimizer._per_lookup_squares)
+        self.per_lookup_second_moment = False
 
     def learningRates(self):  # noqa: N802
         return _ValueMap(self, "defaultLearningRate")
@@ -573,3 +577,5 @@ class Adaptive(_StateOptimizer):
         self.accum_type, self.accl1_type, self.accl2_type, self.accl3_type = (
             _dtype_name(t) for t in (accum_type, accl1_type, accl2_type, accl3_type))
         self.rmsprop_tf_variant = bool(rmsprop_tf_variant)
+        # not PopART's: set by the TensorFlow route for Keras 3's RMSprop (see Adam's)
+        self.per_lookup_second_moment = False

@@ -147,8 +147,11 @@ def popart_optimizer(opt):
       ``w -= lr v``, nesterov ``w -= lr (g + m v)``: Keras's for a constant learning rate);
     - ``Adam`` / ``AdamW`` → ``popart.Adam`` with Keras's epsilon placement
       (``w -= lr m / (sqrt(v) + eps) sqrt(1 - b2^t) / (1 - b1^t)``) and, for ``weight_decay``,
-      decoupled decay (``WeightDecayMode.Decay``: ``w -= lr wd w``, Keras's);
-    - ``RMSprop`` → ``popart.Adaptive`` (RMSProp, TF variant: epsilon inside the root).
+      decoupled decay (``WeightDecayMode.Decay``: ``w -= lr wd w``, Keras's); an embedding
+      table's second moment adds each lookup's squared gradient, as Keras 3 does with
+      TensorFlow's ``IndexedSlices`` (``Adam.per_lookup_second_moment``);
+    - ``RMSprop`` → ``popart.Adaptive`` (RMSProp, TF variant: epsilon inside the root; an
+      embedding table's mean square per lookup, as Adam's second moment).
 
     The learning rate is non-const (updated from the host each execution: learning-rate
     schedules work). Raises ``NotImplementedError`` for other optimizers and for ``clipnorm``,
@@ -181,12 +184,15 @@ def popart_optimizer(opt):
                             "defaultWeightDecay": (wd, True)},
                            mode=popart.AdamMode.Adam, weight_decay_mode=popart.WeightDecayMode.Decay)
         adam.eps_before_correction = True
+        adam.per_lookup_second_moment = True     # IndexedSlices: each lookup's gradient squared
         return adam
     if isinstance(opt, keras.optimizers.RMSprop):
-        return popart.Adaptive({"defaultLearningRate": (lr, False), "defaultAlpha": (float(cfg["rho"]), True),
-                                "defaultEps": (float(cfg["epsilon"]), True),
-                                "defaultMomentum": (float(cfg.get("momentum", 0.0)), True)},
-                               mode=popart.AdaptiveMode.RMSProp, rmsprop_tf_variant=True)
+        rms = popart.Adaptive({"defaultLearningRate": (lr, False), "defaultAlpha": (float(cfg["rho"]), True),
+                               "defaultEps": (float(cfg["epsilon"]), True),
+                               "defaultMomentum": (float(cfg.get("momentum", 0.0)), True)},
+                              mode=popart.AdaptiveMode.RMSProp, rmsprop_tf_variant=True)
+        rms.per_lookup_second_moment = True
+        return rms
     raise NotImplementedError(f"the Keras optimizer {type(opt).__name__} on the IPU (supported: SGD, Adam, AdamW, "
                               "RMSprop)")
 

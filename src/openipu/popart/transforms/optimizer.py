@@ -629,6 +629,36 @@ def _loss_scaling_ratio(u: _Updates) -> str:
     return out
 
 
+def _per_lookup_squares(u: _Updates, g: str) -> str | None:
+    """With the optimizer's openipu-only ``per_lookup_second_moment`` flag, for a weight whose
+    gradient ``g`` is a Gather's (``GatherGrad``: an embedding table, no gradient accumulation
+    or replica reduction in between) and unit gradient scaling: the sum over the lookups of
+    each lookup's squared gradient, ``GatherGrad(gy * gy)`` (table-shaped, FLOAT). That is what
+    Keras 3's Adam / RMSprop on TensorFlow accumulate into their second moment: TensorFlow
+    gives the table's gradient as ``IndexedSlices`` with one slice per lookup, and Keras
+    squares the slices before adding the duplicates (``ops.square`` keeps the slices) while the
+    first moment adds them first. Returns the tensor id, or None where it does not apply (the
+    square of the summed gradient is used then, PopART's)."""
+    if not getattr(u.opt, "per_lookup_second_moment", False):
+        return None
+    src = u.ir.tensors[g].producer
+    gs, gs_const = u.scal.get("gradientScaling", (1.0, True))
+    if src is None or src.op_type != "GatherGrad" or not gs_const or float(gs) != 1.0:
+        return None
+    gy, idx = src.inputs[0], src.inputs[1]
+    gyt = u.ir.tensors[gy].info
+
+    def add(op_type, ins, out, shape, dtype, domain="", **attrs):
+        op = u.ir.add_op(op_type, ins, [(out, dtype, shape)], attrs, domain=domain, opset=1 if domain else None,
+                         name=f"{op_type}/{out}", like=src)
+        op.grad_of, op.execution_context = src.grad_of, getattr(src, "execution_context", "Normal")
+        return op.outputs[0]
+    sq = add("Mul", [gy, gy], f"{gy}__lookupSquares", gyt.shape(), gyt.data_type())
+    return add("GatherGrad", [sq, idx], f"{g}__lookupSquares", u.ir.tensors[g].info.shape(),
+               u.ir.tensors[g].info.data_type(), domain=GRAPHCORE, **{k: v for k, v in src.attrs.items()
+                                                                       if not k.startswith("__")})
+
+
 def _adam(u: _Updates, g: str) -> str:
     """Adam's ops on ``u.var``; returns the updated weight (or shard)."""
     opt, w = u.opt, u.var
@@ -639,7 +669,12 @@ def _adam(u: _Updates, g: str) -> str:
     t = u.state("Step___", "FLOAT", shape=[])
     ratio = _loss_scaling_ratio(u) if opt.scaled_optimizer_state and not opt.lossScaling().isConst() else None
     _accumulate(u, m, g, "MovingAverage", "beta1", l2, ratio=ratio)
-    _accumulate(u, v, g, "Infinity" if mode == AdamMode.AdaMax else "MovingAverageSquare", "beta2", l2, ratio=ratio)
+    squares = _per_lookup_squares(u, g) if mode == AdamMode.Adam and not l2 and ratio is None else None
+    if squares is not None:         # Keras 3's Adam on an IndexedSlices gradient
+        _accumulate(u, v, squares, "MovingAverage", "beta2", False, scale=None)
+    else:
+        _accumulate(u, v, g, "Infinity" if mode == AdamMode.AdaMax else "MovingAverageSquare", "beta2", l2,
+                    ratio=ratio)
     x = u.op("AdamUpdater", [m, v, t] + ([w] if decay else []), ["beta1", "beta2", "eps"] +
              (["weightDecay"] if decay else []), out=f"AdamUpdater___{u.w}", out_dtype=u.wt.info.data_type(),
              out_shape=u.shape(), modifies=(2,), mode=mode.name,
@@ -664,7 +699,11 @@ def _adaptive(u: _Updates, g: str) -> str:
     if mode == AdaptiveMode.AdaGrad:
         _accumulate(u, v1, g, "DampenedAddSquare", None, l2)
     else:
-        _accumulate(u, v1, g, "MovingAverageSquare", "alpha", l2)
+        squares = _per_lookup_squares(u, g) if mode != AdaptiveMode.AdaDelta and not l2 else None
+        if squares is not None:     # Keras 3's RMSprop on an IndexedSlices gradient
+            _accumulate(u, v1, squares, "MovingAverage", "alpha", False, scale=None)
+        else:
+            _accumulate(u, v1, g, "MovingAverageSquare", "alpha", l2)
     if mode == AdaptiveMode.AdaDelta:
         v2 = u.state("Accl2___", opt.accl2_type)
         x = u.op("AdaDeltaUpdater", [g, v1, v2] + wl2, ["eps", "gradientScaling"] + sl2,
