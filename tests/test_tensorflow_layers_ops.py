@@ -135,13 +135,22 @@ def test_model_of_ipu_layers_trains_on_the_ipu_like_keras_on_the_cpu():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("rnn", ["LSTM"])     # GRU: PopART's shape check stops on a symbolic dim
-def test_recurrent_model_trains_on_the_ipu_like_keras_on_the_cpu(rnn):
-    """Embedding → PopnnLSTM → Dense: tf2onnx re-packs the cell's kernels into ONNX's LSTM layout
-    (gates reordered, the recurrence bias's zeros appended); the captured
+@pytest.mark.parametrize("rnn", ["LSTM", "GRU"])
+def test_recurrent_model_trains_on_the_ipu_like_keras_on_the_cpu(rnn, monkeypatch):
+    """Embedding → PopnnLSTM / PopnnGRU → Dense: tf2onnx re-packs the cell's kernels into ONNX's
+    LSTM / GRU layout (LSTM: gates reordered, the recurrence bias's zeros appended); the captured
     program computes that layout from the Keras weights (a Gather), so PopART trains the Keras
-    variables themselves. 2 epochs of 4 steps, SGD momentum: losses and weights as Keras on the CPU."""
+    variables themselves. The GRU is captured as one ONNX ``GRU`` (no ``Loop``). 2 epochs of 4
+    steps, SGD momentum: losses and weights as Keras on the CPU."""
     import ipu_tensorflow_addons.keras.layers as addons
+    from tensorflow.python.ipu import _program
+    op_types = set()
+    orig = _program.IpuProgram.__init__
+
+    def record(self, captured, *args, **kwargs):
+        op_types.update(n.op_type for n in captured.model.graph.node)
+        orig(self, captured, *args, **kwargs)
+    monkeypatch.setattr(_program.IpuProgram, "__init__", record)
     rng = np.random.default_rng(0)
     x = rng.integers(0, 50, (32, 10)).astype(np.int32)
     y = rng.integers(0, 2, (32, 1)).astype(np.float32)
@@ -160,6 +169,7 @@ def test_recurrent_model_trains_on_the_ipu_like_keras_on_the_cpu(rnn):
     with ipu.ipu_strategy.IPUStrategy().scope():
         m_ipu, l_ipu = fit()
         assert m_ipu.ipu_predicted_seconds["cycles"] > 0
+    assert rnn in op_types and "Loop" not in op_types, op_types
     np.testing.assert_allclose(l_ipu, l_cpu, rtol=2e-5)
     for a, b in zip(m_ipu.get_weights(), m_cpu.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

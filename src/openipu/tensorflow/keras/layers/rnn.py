@@ -67,6 +67,54 @@ class PopnnGRU(_Popnn, keras.layers.GRU):
         kwargs = self._ipu_init(kwargs)
         super().__init__(units, *args, seed=seed, **kwargs)
 
+    def call(self, sequences, initial_state=None, mask=None, training=False):
+        from ..._capture import capturing
+        if capturing() and self._plain_gru(mask, training):
+            return self._captured_gru(sequences, initial_state)
+        return super().call(sequences, initial_state=initial_state, mask=mask, training=training)
+
+    def _plain_gru(self, mask, training) -> bool:
+        """Whether the layer is the GRU tf2onnx recognises (tanh / sigmoid, bias, reset_after,
+        no mask, no dropout in effect, not unrolled)."""
+        c = self.cell
+        return (mask is None and c.use_bias and c.reset_after and not self.unroll
+                and keras.activations.serialize(c.activation) == "tanh"
+                and keras.activations.serialize(c.recurrent_activation) == "sigmoid"
+                and not (training and (c.dropout or c.recurrent_dropout)))
+
+    def _captured_gru(self, sequences, initial_state):
+        """The same GRU (reset after, gates ``z, r, h``) written as the ``while_loop`` tf2onnx's
+        Keras GRU rewriter turns into one ONNX ``GRU`` (``linear_before_reset=1``): the weights
+        read and the bias unstacked before the loop, each step ``BiasAdd(MatMul)`` then
+        ``Split`` into the three gates. Keras 3's own cell (slices, ``squeeze(split(bias))``
+        in the loop) becomes an ONNX ``Loop`` instead, which PopART cannot train."""
+        c = self.cell
+        x = sequences if self.time_major else tf.transpose(sequences, [1, 0, 2])   # [time, batch, features]
+        kernel, recurrent_kernel = tf.convert_to_tensor(c.kernel), tf.convert_to_tensor(c.recurrent_kernel)
+        input_bias, recurrent_bias = tf.unstack(tf.convert_to_tensor(c.bias))
+        steps = tf.shape(x)[0]
+        inputs = tf.TensorArray(x.dtype, size=steps).unstack(x)
+        outputs = tf.TensorArray(x.dtype, size=steps)
+        if initial_state is not None:
+            h0 = initial_state[0] if isinstance(initial_state, (list, tuple)) else initial_state
+        else:
+            h0 = tf.zeros(tf.stack([tf.shape(x)[1], self.units]), x.dtype)
+
+        def step(t, h, out):
+            x_z, x_r, x_h = tf.split(tf.nn.bias_add(tf.matmul(inputs.read(t), kernel), input_bias), 3, axis=1)
+            r_z, r_r, r_h = tf.split(tf.nn.bias_add(tf.matmul(h, recurrent_kernel), recurrent_bias), 3, axis=1)
+            z = tf.sigmoid(x_z + r_z)
+            r = tf.sigmoid(x_r + r_r)
+            hh = tf.tanh(x_h + r * r_h)
+            h = z * h + (1 - z) * hh
+            return t + 1, h, out.write(t, h)
+        _, last, outputs = tf.while_loop(lambda t, *_: t < steps, step, (tf.constant(0), h0, outputs))
+        seq = outputs.stack()                   # [time, batch, units]
+        if not self.time_major:
+            seq = tf.transpose(seq, [1, 0, 2])
+        out = seq if self.return_sequences else last
+        return [out, last] if self.return_state else out
+
 
 LSTM = PopnnLSTM
 GRU = PopnnGRU
