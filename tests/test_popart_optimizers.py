@@ -646,3 +646,39 @@ def test_clip_norm_with_replicated_tensor_sharding():
             assert sum(op.op_type == "ReplicatedReduceScatter" for op in s.ops()) == 3
     for i in got[False]:
         np.testing.assert_allclose(got[True][i], got[False][i], rtol=1e-5, atol=1e-7, err_msg=i)
+
+
+@pytest.mark.parametrize("per_lookup", [True, False])
+def test_adam_per_lookup_second_moment_of_a_gathered_table(per_lookup):
+    """openipu-only ``Adam.per_lookup_second_moment`` (set by the TensorFlow route for Keras 3's
+    Adam): the second moment of a table read by a Gather adds each lookup's squared gradient
+    (``index_add(gy ** 2)``), the first moment their sum; without it, the square of the sum
+    (PopART's). 3 steps of loss = sum(gather(table, ids) ** 2) with repeated ids."""
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((6, 3)).astype(np.float32)
+    ids = np.array([[0, 1, 1, 4], [4, 4, 2, 0]], np.int32)
+    b = popart.Builder()
+    i = b.addInputTensor(popart.TensorInfo("INT32", [2, 4]), "ids")
+    w = b.addInitializedInputTensor(table, "table")
+    g = b.aiOnnx.gather([w, i], axis=0)
+    loss = b.aiGraphcore.identityloss([b.aiOnnx.reducesum([b.aiOnnx.mul([g, g])], keepdims=0)])
+    opt = popart.Adam({"defaultLearningRate": (0.05, True), "defaultEps": (1e-6, True)})
+    opt.per_lookup_second_moment = per_lookup
+    s = _session(b, loss, [loss], opt)
+    for _ in range(3):
+        _run(s, {"ids": ids})
+    got = _weights(s, ["table"])["table"]
+    ref, m, v = table.astype(np.float64), np.zeros(table.shape), np.zeros(table.shape)
+    b1, b2 = 0.9, 0.999
+    flat = ids.reshape(-1)
+    for t in range(1, 4):
+        gy = 2 * ref[flat]                              # one row per lookup
+        gsum, gsq = np.zeros(table.shape), np.zeros(table.shape)
+        np.add.at(gsum, flat, gy)
+        np.add.at(gsq, flat, gy * gy)
+        m = b1 * m + (1 - b1) * gsum
+        v = b2 * v + (1 - b2) * (gsq if per_lookup else gsum * gsum)
+        ref = ref - 0.05 * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + 1e-6)
+    # rtol 1e-4: the bias correction's 1 - b2^t is FLOAT (1 - 0.999f is 1.3e-5 off 0.001), the
+    # moving average's 1 - b2 is not; per lookup vs summed differ by far more (sqrt(3) vs 1 here)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-6)
