@@ -205,3 +205,18 @@ def test_adam_and_rmsprop_on_an_embedding_match_keras_on_the_cpu(optimizer):
     np.testing.assert_allclose(l_ipu, l_cpu, rtol=2e-5)
     for a, b in zip(m_ipu.get_weights(), m_cpu.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_gru_the_ipu_route_cannot_capture_says_why():
+    """A PopnnGRU other than Keras's default (here ``reset_after=False``) would become an ONNX
+    ``Loop`` PopART cannot run: the capture stops with a ``NotImplementedError`` naming it."""
+    import ipu_tensorflow_addons.keras.layers as addons
+    cfg = ipu.config.IPUConfig()
+    cfg.auto_select_ipus = 1
+    cfg.configure_ipu_system()
+    with ipu.ipu_strategy.IPUStrategy().scope():
+        i = keras.Input((7, 5), batch_size=8)
+        m = keras.Model(i, addons.GRU(6, reset_after=False)(i))
+        m.compile()
+        with pytest.raises(NotImplementedError, match="PopnnGRU with reset_after=False on the IPU"):
+            m.predict(np.zeros((16, 7, 5), np.float32), batch_size=8, verbose=0)

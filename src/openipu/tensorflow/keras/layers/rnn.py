@@ -5,7 +5,9 @@ arguments: ``time_major`` (inputs ``[time, batch, features]``), and the IPU-only
 ``partials_dtype``, ``available_memory_proportion_fwd`` / ``_bwd``, ``options`` /
 ``options_bwd`` (planning options of PopLibs' kernels: accepted, no effect on the values).
 Graphcore's layers refuse ``stateful=True`` and ``go_backwards=True``; so do these
-(``ValueError``).
+(``ValueError``). While a model is captured for the IPU, a default ``PopnnGRU`` is written in
+the form tf2onnx turns into one ONNX ``GRU`` (``PopnnGRU._captured_gru``); the LSTM needs no
+such help.
 """
 
 import keras
@@ -69,18 +71,27 @@ class PopnnGRU(_Popnn, keras.layers.GRU):
 
     def call(self, sequences, initial_state=None, mask=None, training=False):
         from ..._capture import capturing
-        if capturing() and self._plain_gru(mask, training):
+        if capturing():
+            reason = self._not_plain_gru(mask, training)
+            if reason:
+                raise NotImplementedError(
+                    f"PopnnGRU with {reason} on the IPU (supported: activation='tanh', "
+                    "recurrent_activation='sigmoid', use_bias=True, reset_after=True, no mask, no dropout "
+                    "while training, unroll=False)")
             return self._captured_gru(sequences, initial_state)
         return super().call(sequences, initial_state=initial_state, mask=mask, training=training)
 
-    def _plain_gru(self, mask, training) -> bool:
-        """Whether the layer is the GRU tf2onnx recognises (tanh / sigmoid, bias, reset_after,
-        no mask, no dropout in effect, not unrolled)."""
+    def _not_plain_gru(self, mask, training) -> str:
+        """What keeps the layer from being the GRU tf2onnx recognises (tanh / sigmoid, bias,
+        reset_after, no mask, no dropout in effect, not unrolled); "" when nothing does. Keras's
+        own loop for the others becomes an ONNX ``Loop`` PopART cannot run."""
         c = self.cell
-        return (mask is None and c.use_bias and c.reset_after and not self.unroll
-                and keras.activations.serialize(c.activation) == "tanh"
-                and keras.activations.serialize(c.recurrent_activation) == "sigmoid"
-                and not (training and (c.dropout or c.recurrent_dropout)))
+        act, rec = (keras.activations.serialize(a) for a in (c.activation, c.recurrent_activation))
+        checks = [(mask is not None, "a mask"), (not c.use_bias, "use_bias=False"),
+                  (not c.reset_after, "reset_after=False"), (self.unroll, "unroll=True"),
+                  (act != "tanh", f"activation={act!r}"), (rec != "sigmoid", f"recurrent_activation={rec!r}"),
+                  (bool(training and (c.dropout or c.recurrent_dropout)), "dropout while training")]
+        return ", ".join(text for bad, text in checks if bad)
 
     def _captured_gru(self, sequences, initial_state):
         """The same GRU (reset after, gates ``z, r, h``) written as the ``while_loop`` tf2onnx's
