@@ -10,9 +10,9 @@ the half partial sums and rounds the result to half. The device emulation
 block's dot products accumulated in float32 (as torch's CPU half GEMM does) and rounded to half.
 
 The executor reproduces it with float32 kernels (torch's CPU half GEMM is two orders of magnitude
-slower): the block products of ``[..., m, k] x [..., k, n]`` as one batched float32 matmul
-(``[..., blocks, m, n]``, the same multiply-accumulates as the whole product), each rounded to
-half, then summed in float32 and rounded to half once. A plan without an input-channel split
+slower): the block products of ``[..., m, k] x [..., k, n]`` as batched float32 matmuls (the
+same multiply-accumulates as the whole product; :data:`CHUNK_BYTES` of products at a time), each
+rounded to half, summed in float32 and rounded to half once. A plan without an input-channel split
 (one block) is the float path's single rounding. The block size comes from poplin's planner
 (:func:`openipu.poplibs.poplin.plan.plan_matmul`) for the problem the PopART lowering plans
 (:mod:`openipu.popart.lowering.matmul`), on the op's virtual graph's target; plans are cached,
@@ -30,6 +30,10 @@ import numpy as np
 import torch
 
 from openipu.popart.lowering._util import poplibs_options
+
+#: Bytes of float32 block products one batched matmul holds (larger problems take their blocks
+#: in groups: host memory only, the result is the same)
+CHUNK_BYTES = 256 << 20
 
 #: Ops whose half partial sums the executor models (see the module doc)
 MATMULS = {("", "MatMul"), ("", "Gemm")}
@@ -91,17 +95,27 @@ def matmul(a: torch.Tensor, b: torch.Tensor, block: int) -> torch.Tensor:
     if vb:
         b = b.unsqueeze(1)
     k = a.shape[-1]
-    nb = -(-k // max(1, block))
-    if nb <= 1:
+    if block >= k:
         y = (a @ b).half()
     else:
-        pad = nb * block - k
-        if pad:
-            a = torch.nn.functional.pad(a, (0, pad))
-            b = torch.nn.functional.pad(b, (0, 0, 0, pad))
+        nb = -(-k // block)
+        if nb * block > k:              # the last block padded with zero products
+            a = torch.nn.functional.pad(a, (0, nb * block - k))
+            b = torch.nn.functional.pad(b, (0, 0, 0, nb * block - k))
         ab = a.unflatten(-1, (nb, block)).movedim(-2, -3)        # [..., nb, m, block]
         bb = b.unflatten(-2, (nb, block))                        # [..., nb, block, n]
-        y = torch.matmul(ab, bb).half().float().sum(dim=-3).half()
+        out = torch.broadcast_shapes(a.shape[:-1], b.shape[:-2] + (1,)).numel() * b.shape[-1]
+        step = max(1, CHUNK_BYTES // (4 * max(1, out)))         # blocks per batched matmul
+        y = None
+        for i in range(0, nb, step):
+            if step == 1:               # one block at a time: plain matmuls of the slices
+                p = torch.matmul(a[..., i * block:(i + 1) * block], b[..., i * block:(i + 1) * block, :]).half()
+                p = p.float()
+            else:
+                p = torch.matmul(ab[..., i:i + step, :, :], bb[..., i:i + step, :, :]).half()
+                p = p.sum(dim=-3, dtype=torch.float32)
+            y = p if y is None else y.add_(p)
+        y = y.half()
     if vb:
         y = y.squeeze(-1)
     if va:
