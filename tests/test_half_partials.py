@@ -112,3 +112,27 @@ def test_blocked_matmul_broadcasts_and_promotes():
     assert half_partials.matmul(v, b[0], 16).shape == (6,)
     assert half_partials.matmul(a[0, 0], v, 16).shape == (5,)
     assert torch.equal(half_partials.matmul(a[0, 0], b[0], 64), (a[0, 0].float() @ b[0].float()).half())
+
+
+def test_poptorch_set_partials_type_half(monkeypatch):
+    """PopTorch's ``Precision.setPartialsType(torch.half)`` reaches the executor's matmuls."""
+    import poptorch
+    a, b = _inputs()
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.tensor(b))
+
+        def forward(self, x):
+            return x @ self.w
+
+    out = {}
+    for mode in ("ir", "device"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        opts = poptorch.Options()
+        opts.Precision.setPartialsType(torch.half)
+        out[mode] = poptorch.inferenceModel(Model().half(), opts)(torch.tensor(a)).numpy()
+    exact = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float16)
+    assert np.mean(out["device"] != exact) > 0.5
+    assert np.mean(out["ir"] == out["device"]) > 0.95

@@ -23,8 +23,10 @@ pipelined training without accumulation (stale weights), automatic loss scaling,
 optimizer state sharded within replica groups.
 Buffers come from ``PyStepIO`` or ``PyStepIOCallback``. Numerics: each op
 computes in its IR dtype, as its host kernel does (float16 stays float16), except matmuls and
-convolutions, which compute half inputs in float32 and round once (``_FLOAT_PARTIALS``); a precise
-PopLibs lowering may round differently, within the plan's precision. Each intermediate tensor is
+convolutions, which compute half inputs in float32 and round once (``_FLOAT_PARTIALS``), and
+MatMul / Gemm with half partials, which round each planned partial sum to half
+(:mod:`openipu.popart.half_partials`, given the session's ``target``); a precise PopLibs lowering
+may round differently, within the plan's precision. Each intermediate tensor is
 dropped after its last reader; a Transpose read only by matmuls is left as a view when nothing
 writes the data it aliases while it is read (:func:`_transpose_views`). The variables (weights,
 optimizer state, scalars and the random seed) live in the executor between runs: the session's
@@ -60,9 +62,9 @@ from openipu.poplibs.poplin.kernels import HOST_SERIAL_WORK
 #: the executor computes them in float32 and rounds the result to the output's type once, instead
 #: of torch's slow CPU float16 kernels (two orders of magnitude slower at BERT-base sizes). With
 #: float partials (PopLibs' default) that is what the IPU computes, up to fp32 rounding. With half
-#: partials (``partialsType`` half, PopRT's default) the IPU rounds each partial sum to half; the
-#: executor's result is then the more precise one, within the half plan's precision of the
-#: verifying mode's (``OPENIPU_EXECUTION=device`` models the half partial sums).
+#: partials (``partialsType`` half, PopRT's default) the IPU rounds each partial sum to half:
+#: MatMul / Gemm then take :mod:`openipu.popart.half_partials`; the convolutions still round once
+#: (the more precise result, within the half plan's precision of the verifying mode's).
 _FLOAT_PARTIALS = {("", "MatMul"), ("", "Gemm"), ("", "Conv"), ("", "ConvTranspose"),
                    ("ai.graphcore", "ConvDataGrad"), ("ai.graphcore", "ConvWeightsGrad")}
 
