@@ -136,3 +136,29 @@ def test_poptorch_set_partials_type_half(monkeypatch):
     exact = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float16)
     assert np.mean(out["device"] != exact) > 0.5
     assert np.mean(out["ir"] == out["device"]) > 0.95
+
+
+def test_half_partials_replicated(monkeypatch):
+    """Each replica's plan is for the replica's tiles (the replicated graph's target)."""
+    a, b = _inputs()
+    out = {}
+    for mode in ("ir", "device"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        bld = popart.Builder()
+        x = bld.addInputTensor(popart.TensorInfo("FLOAT16", [M, K]))
+        y = bld.aiOnnx.matmul([x, bld.addInitializedInputTensor(b)])
+        opts = popart.SessionOptions()
+        opts.partialsTypeMatMuls = "half"
+        opts.enableReplicatedGraphs = True
+        opts.replicatedGraphCount = 2
+        dev = popart.DeviceManager().createIpuModelDevice({"numIPUs": 2, "tilesPerIPU": 64})
+        s = popart.InferenceSession(bld.getModelProto(), popart.DataFlow(1, {y: popart.AnchorReturnType("All")}), dev,
+                                    userOptions=opts)
+        s.prepareDevice()
+        anchors = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: np.stack([a, a])}, anchors))
+        out[mode] = anchors[y]
+    ref = _half_reference(a, b, _block(popart.DeviceManager().createIpuModelDevice(
+        {"numIPUs": 1, "tilesPerIPU": 64}).getTarget()))
+    assert np.mean(out["ir"][0] == ref) > 0.95
+    assert np.mean(out["ir"] == out["device"]) > 0.95
