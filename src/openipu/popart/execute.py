@@ -23,8 +23,10 @@ pipelined training without accumulation (stale weights), automatic loss scaling,
 optimizer state sharded within replica groups.
 Buffers come from ``PyStepIO`` or ``PyStepIOCallback``. Numerics: each op
 computes in its IR dtype, as its host kernel does (float16 stays float16), except matmuls and
-convolutions, which compute half inputs in float32 and round once (``_FLOAT_PARTIALS``); a precise
-PopLibs lowering may round differently, within the plan's precision. Each intermediate tensor is
+convolutions, which compute half inputs in float32 and round once (``_FLOAT_PARTIALS``), and
+MatMul / Gemm with half partials, which round each planned partial sum to half
+(:mod:`openipu.popart.half_partials`, given the session's ``target``); a precise PopLibs lowering
+may round differently, within the plan's precision. Each intermediate tensor is
 dropped after its last reader; a Transpose read only by matmuls is left as a view when nothing
 writes the data it aliases while it is read (:func:`_transpose_views`). The variables (weights,
 optimizer state, scalars and the random seed) live in the executor between runs: the session's
@@ -43,7 +45,7 @@ import numpy as np
 import torch
 
 from openipu import poplar
-from openipu.popart import fp_behaviour
+from openipu.popart import fp_behaviour, half_partials
 from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.graphcore_ops import find_kernel
 from openipu.popart.ir import shard_rows
@@ -60,9 +62,9 @@ from openipu.poplibs.poplin.kernels import HOST_SERIAL_WORK
 #: the executor computes them in float32 and rounds the result to the output's type once, instead
 #: of torch's slow CPU float16 kernels (two orders of magnitude slower at BERT-base sizes). With
 #: float partials (PopLibs' default) that is what the IPU computes, up to fp32 rounding. With half
-#: partials (``partialsType`` half, PopRT's default) the IPU rounds each partial sum to half; the
-#: executor's result is then the more precise one, within the half plan's precision of the
-#: verifying mode's (``OPENIPU_EXECUTION=device`` models the half partial sums).
+#: partials (``partialsType`` half, PopRT's default) the IPU rounds each partial sum to half:
+#: MatMul / Gemm then take :mod:`openipu.popart.half_partials`; the convolutions still round once
+#: (the more precise result, within the half plan's precision of the verifying mode's).
 _FLOAT_PARTIALS = {("", "MatMul"), ("", "Gemm"), ("", "Conv"), ("", "ConvTranspose"),
                    ("ai.graphcore", "ConvDataGrad"), ("ai.graphcore", "ConvWeightsGrad")}
 
@@ -303,7 +305,7 @@ class IrExecutor:
     """
 
     def __init__(self, ir, weights: dict, replicas: int = 1, accumulation: int = 1, out=None,
-                 distributed: bool = False, groups: dict | None = None, sr_seed: int = 0):
+                 distributed: bool = False, groups: dict | None = None, sr_seed: int = 0, target=None):
         self.ir = ir
         #: the hardware-only floating-point behaviour (:mod:`openipu.popart.fp_behaviour`):
         #: stochastic rounding of float16 results, floating-point exceptions
@@ -335,6 +337,7 @@ class IrExecutor:
         anchors = set(ir.data_flow.anchors())
         views = _transpose_views(ir, anchors | {getattr(ir, "anchor_alias", {}).get(t, t) for t in anchors})
         main, outer = [], []
+        half = self._half_partials(target)
         for i, op in enumerate(ir.ops):
             step = (_serial(ir, op), find_kernel(op.domain, op.op_type), op.attrs, op.opset, list(op.inputs),
                     list(op.outputs),
@@ -343,6 +346,7 @@ class IrExecutor:
                     "in_place" if (op.domain, op.op_type) == ("ai.graphcore", "GetRandomSeed") else
                     "abort" if (op.domain, op.op_type) == ("ai.graphcore", "Abort") else
                     self._printer(op) if (op.domain, op.op_type) == ("ai.graphcore", "PrintTensor") else
+                    ("half", half[i]) if i in half else
                     "float" if (op.domain, op.op_type) in _FLOAT_PARTIALS and any(
                         ir.tensors[x].info.data_type() == "FLOAT16" for x in op.inputs if x) else
                     # stochastic rounding: an ONNX op's float16 results computed in float32, then rounded
@@ -368,6 +372,24 @@ class IrExecutor:
             t = ir.tensors[tid]
             if t.value is not None:
                 self.set_weights({tid: t.value})
+
+    def _half_partials(self, target) -> dict:
+        """Index in ``ir.ops`` -> contraction block of the float16 MatMul / Gemm ops whose plan
+        uses half partials (:mod:`openipu.popart.half_partials`; needs the session's
+        ``target``, else none). Not with stochastic rounding (those ops keep the float path)."""
+        ir = self.ir
+        if target is None or self.sr:
+            return {}
+        found, targets = {}, None
+        for i, op in enumerate(ir.ops):
+            if (op.domain, op.op_type) not in half_partials.MATMULS or len(op.inputs) < 2 or not all(
+                    x and ir.tensors[x].info.data_type() == "FLOAT16" for x in op.inputs[:2]):
+                continue
+            if half_partials.partials_type(op, ir.options) != "half":
+                continue
+            targets = targets or half_partials.vgraph_targets(ir, target)
+            found[i] = half_partials.block_size(ir, op, half_partials.op_target(targets, op))
+        return found
 
     def _printer(self, op):
         """PrintTensor's print of a value (Poplar's ``PrintTensor`` text under PopART's title),
@@ -501,6 +523,9 @@ class IrExecutor:
                 args = [a.float() if a is not None and a.dtype == torch.float16 else a for a in args]
             if special == "view":           # a Transpose read only by matmuls (_transpose_views)
                 res = [transpose_view(args[0], attrs)]
+            elif type(special) is tuple:      # ("half", block): half partial sums (half_partials)
+                res = [half_partials.gemm(args, attrs, special[1]) if kernel.op_type == "Gemm" else
+                       half_partials.matmul(args[0], args[1], special[1])]
             elif special == "sr" and kernel.op_type == "Cast" and args[0].is_floating_point():
                 res = [args[0].float()]     # the cast to float16 is the stochastic rounding below
             else:

@@ -380,7 +380,8 @@ class _SessionBase(rng_state.RngStateApi, GroupedWeightsMixin, HostWeightsMixin,
                                                 out=getattr(self._engine, "_out", None),
                                                 distributed=self.options.getGlobalReplicationFactor()
                                                 > self.replicationFactor, groups=self._replica_group,
-                                                sr_seed=getattr(self, "_sr_seed", 0))
+                                                sr_seed=getattr(self, "_sr_seed", 0),
+                                                target=self.deviceInfo.device.getTarget())
                 if self._ir.training is not None and self._engine is not None:
                     self._fast.set_weights({k: np.asarray(v) for k, v in self._scalars(self._optimizer).items()
                                             if k in self._ir.optimizer_tensors})

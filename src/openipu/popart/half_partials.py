@@ -1,0 +1,165 @@
+"""Half partial sums of matmuls on the IR executor (:mod:`openipu.popart.execute`).
+
+With ``partialsType`` half (``SessionOptions.partialsTypeMatMuls``, ``matmulOptions``,
+``builder.setPartialsType``; PopTorch's ``Precision.setPartialsType(torch.half)``; PopRT's
+default), poplin's plan splits a matmul's contraction (``k``, the planned convolution's input
+channels) over ``in_chan_split`` tiles: each tile's AMP vertices sum its block of
+``ceil(k / in_chan_split)`` products and store the partial sum as half, and the reduction adds
+the half partial sums and rounds the result to half. The device emulation
+(``OPENIPU_EXECUTION=device``, :mod:`openipu.poplibs.poplin.kernels`) computes exactly that, each
+block's dot products accumulated in float32 (as torch's CPU half GEMM does) and rounded to half.
+
+The executor reproduces it with float32 kernels (torch's CPU half GEMM is two orders of magnitude
+slower): the block products of ``[..., m, k] x [..., k, n]`` as batched float32 matmuls (the
+same multiply-accumulates as the whole product; :data:`CHUNK_BYTES` of products at a time), each
+rounded to half, summed in float32 and rounded to half once. A plan without an input-channel split
+(one block) is the float path's single rounding. The block size comes from poplin's planner
+(:func:`openipu.poplibs.poplin.plan.plan_matmul`) for the problem the PopART lowering plans
+(:mod:`openipu.popart.lowering.matmul`), on the op's virtual graph's target; plans are cached,
+so after the session's compile this is a lookup.
+
+Not covered yet: convolutions (Conv, ConvTranspose and their gradients keep the float path's
+single rounding with half partials: more precise than the IPU, within the half plan's precision).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from openipu.popart.lowering._util import poplibs_options
+
+#: Bytes of float32 block products one batched matmul holds (larger problems take their blocks
+#: in groups: host memory only, the result is the same)
+CHUNK_BYTES = 256 << 20
+
+#: Ops whose half partial sums the executor models (see the module doc)
+MATMULS = {("", "MatMul"), ("", "Gemm")}
+
+
+def partials_type(op, options) -> str:
+    """The partials type ("float" or "half") of a MatMul / Gemm as the PopART lowering passes it
+    to poplin: the op's ``setPartialsType`` annotation, else ``partialsTypeMatMuls``, else
+    ``matmulOptions["partialsType"]``, else PopLibs' default "float"."""
+    opts = poplibs_options(op, getattr(options, "matmulOptions", {}) or {},
+                           getattr(options, "partialsTypeMatMuls", "") or None)
+    return str(opts.get("partialsType", "float")).lower()
+
+
+def matmul_problem(ir, op) -> tuple[int, int, int, int]:
+    """``(groups, m, k, n)`` of the poplin matmul the PopART lowering plans for a MatMul or Gemm
+    (1-D operands promoted; a 2-D right operand takes the left one's batch dims into its rows,
+    else one grouped matmul over the broadcast batch dims)."""
+    a = list(ir.tensors[op.inputs[0]].info.shape())
+    b = list(ir.tensors[op.inputs[1]].info.shape())
+    if op.op_type == "Gemm":
+        if int(op.attrs.get("transA", 0)):
+            a = a[::-1]
+        if int(op.attrs.get("transB", 0)):
+            b = b[::-1]
+        return 1, int(a[0]), int(a[1]), int(b[1])
+    if len(a) == 1:
+        a = [1, a[0]]
+    if len(b) == 1:
+        b = [b[0], 1]
+    k, n = int(a[-1]), int(b[-1])
+    if len(b) == 2:
+        return 1, math.prod(a[:-1]), k, n
+    batch = np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
+    return math.prod(batch), int(a[-2]), k, n
+
+
+def block_size(ir, op, target) -> int:
+    """The contraction block of one tile's half partial sum (``ceil(k / in_chan_split)`` of the
+    plan poplin makes for the op on ``target``), in elements of ``k``."""
+    from openipu import poplar
+    from openipu.poplibs.poplin.plan import plan_matmul
+    g, m, k, n = matmul_problem(ir, op)
+    opts = poplibs_options(op, getattr(ir.options, "matmulOptions", {}) or {},
+                           getattr(ir.options, "partialsTypeMatMuls", "") or None)
+    plan = plan_matmul(g, m, k, n, poplar.HALF, target, opts, op="matMulGrouped" if g > 1 else "matMul")
+    return -(-k // max(1, int(plan.in_chan_split)))
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, block: int) -> torch.Tensor:
+    """``a @ b`` (numpy ``matmul`` broadcasting; float32 or float16 operands) with half partial
+    sums over contraction blocks of ``block`` elements: each block's product in float32 rounded
+    to half, the blocks summed in float32 and rounded to half. Returns float16, shape of
+    ``a @ b``."""
+    a, b = a.float(), b.float()
+    va, vb = a.dim() == 1, b.dim() == 1
+    if va:
+        a = a.unsqueeze(0)
+    if vb:
+        b = b.unsqueeze(1)
+    k = a.shape[-1]
+    if block >= k:
+        y = (a @ b).half()
+    else:
+        nb = -(-k // block)
+        if nb * block > k:              # the last block padded with zero products
+            a = torch.nn.functional.pad(a, (0, nb * block - k))
+            b = torch.nn.functional.pad(b, (0, 0, 0, nb * block - k))
+        ab = a.unflatten(-1, (nb, block)).movedim(-2, -3)        # [..., nb, m, block]
+        bb = b.unflatten(-2, (nb, block))                        # [..., nb, block, n]
+        out = torch.broadcast_shapes(a.shape[:-1], b.shape[:-2] + (1,)).numel() * b.shape[-1]
+        step = max(1, CHUNK_BYTES // (4 * max(1, out)))         # blocks per batched matmul
+        y = None
+        for i in range(0, nb, step):
+            if step == 1:               # one block at a time: plain matmuls of the slices
+                p = torch.matmul(a[..., i * block:(i + 1) * block], b[..., i * block:(i + 1) * block, :]).half()
+                p = p.float()
+            else:
+                p = torch.matmul(ab[..., i:i + step, :, :], bb[..., i:i + step, :, :]).half()
+                p = p.sum(dim=-3, dtype=torch.float32)
+            y = p if y is None else y.add_(p)
+        y = y.half()
+    if vb:
+        y = y.squeeze(-1)
+    if va:
+        y = y.squeeze(-2)
+    return y
+
+
+def gemm(args: list, attrs: dict, block: int) -> torch.Tensor:
+    """ONNX Gemm with half partials as the PopART lowering builds it: ``y = op(A) @ op(B)``
+    (:func:`matmul`, half), then ``alpha * y``, ``beta * C`` and their sum, each rounded to
+    half (popops on half tensors). Returns float16."""
+    a, b = args[0], args[1]
+    c = args[2] if len(args) > 2 else None
+    if int(attrs.get("transA", 0)):
+        a = a.t()
+    if int(attrs.get("transB", 0)):
+        b = b.t()
+    y = matmul(a, b, block)
+    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    if alpha != 1.0:
+        y = (y.float() * alpha).half()
+    if c is not None and beta != 0.0:
+        c = c.half()
+        if beta != 1.0:
+            c = (c.float() * beta).half()
+        y = (y.float() + c.float()).half()
+    return y
+
+
+def vgraph_targets(ir, target) -> list:
+    """The target of each virtual graph as the PopART lowering creates them
+    (:func:`openipu.popart.lowering.program.build`): the replica graph's target, split into
+    ``ir.num_vgraphs`` IPU-sized virtual graphs when the model is sharded."""
+    from openipu import poplar
+    repl = int(ir.options.replication_factor()) if hasattr(ir.options, "replication_factor") else 1
+    graph = poplar.Graph(target, replication_factor=repl) if repl > 1 else poplar.Graph(target)
+    nvg = int(getattr(ir, "num_vgraphs", 0) or 0)
+    if nvg > 1:
+        tpi = graph.getTarget().getTilesPerIPU()
+        return [graph.createVirtualGraph(i * tpi, (i + 1) * tpi).getTarget() for i in range(nvg)]
+    return [graph.getTarget()]
+
+
+def op_target(targets: list, op):
+    """The target of ``op``'s virtual graph (as ``LoweringContext.graph_of``)."""
+    vg = op.vgraph if op.vgraph is not None else 0
+    return targets[vg if vg < len(targets) else 0]

@@ -1,0 +1,164 @@
+"""Half partial sums of fp16 matmuls on the IR executor (openipu.popart.half_partials) against
+the device emulation (OPENIPU_EXECUTION=device) and a numpy reference of poplin's blocked sum.
+
+The inputs make the tile partial sums large and of opposite signs (the first half of the
+contraction adds about +1 per product, the second half about -1), so that rounding each partial
+sum to half loses many ulps of the small final result: float partials and half partials differ
+on most elements."""
+
+import numpy as np
+import pytest
+import torch
+
+import popart
+from openipu.popart import half_partials
+
+M, K, N = 8, 2048, 8
+
+
+def _inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    a = (1 + rng.random((M, K)) / 8).astype(np.float16)
+    sign = np.where(np.arange(K) < K // 2, 1.0, -1.0)[:, None]
+    b = (sign + rng.random((K, N)) / 64).astype(np.float16)
+    return a, b
+
+
+def _half_reference(a, b, block):
+    """poplin's half partials: each block of ``block`` products summed exactly and rounded to
+    half, the half partial sums added and rounded to half."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    parts = [(a[:, i:i + block] @ b[i:i + block]).astype(np.float16) for i in range(0, a.shape[1], block)]
+    return np.sum(np.stack(parts).astype(np.float64), axis=0).astype(np.float16)
+
+
+def _session(monkeypatch, mode, how, gemm=False):
+    monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+    a, b = _inputs()
+    bld = popart.Builder()
+    x = bld.addInputTensor(popart.TensorInfo("FLOAT16", [M, K]))
+    w = bld.addInitializedInputTensor(b)
+    if gemm:
+        c = bld.addInitializedInputTensor(np.full((N,), 0.5, np.float16))
+        y = bld.aiOnnx.gemm([x, w, c], alpha=0.5, beta=2.0)
+    else:
+        y = bld.aiOnnx.matmul([x, w])
+    opts = popart.SessionOptions()
+    if how == "session":
+        opts.partialsTypeMatMuls = "half"
+    elif how == "annotation":
+        bld.setPartialsType(y, "HALF")
+    elif how == "matmulOptions":
+        opts.matmulOptions = {"partialsType": "half"}
+    dev = popart.DeviceManager().createIpuModelDevice({"numIPUs": 1, "tilesPerIPU": 64})
+    s = popart.InferenceSession(bld.getModelProto(), popart.DataFlow(1, {y: popart.AnchorReturnType("All")}), dev,
+                                userOptions=opts)
+    s.prepareDevice()
+    anchors = s.initAnchorArrays()
+    s.run(popart.PyStepIO({x: a}, anchors))
+    return anchors[y], _block(dev.getTarget())
+
+
+def _block(target):
+    """The contraction block of poplin's plan for the test's [M, K] x [K, N] half matmul."""
+    from openipu import poplar
+    from openipu.poplibs.poplin.plan import plan_matmul
+    plan = plan_matmul(1, M, K, N, poplar.HALF, target, {"partialsType": "half"})
+    return -(-K // plan.in_chan_split)
+
+
+@pytest.mark.parametrize("how", ["session", "annotation", "matmulOptions"])
+def test_half_partials_matmul_follows_the_plan(monkeypatch, how):
+    ir, block = _session(monkeypatch, "ir", how)
+    dev, _ = _session(monkeypatch, "device", how)
+    assert block is not None and block < K        # the plan splits the contraction over tiles
+    a, b = _inputs()
+    ref = _half_reference(a, b, block)
+    exact = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float16)
+    assert np.mean(ref != exact) > 0.5            # the inputs discriminate half from float partials
+    assert np.mean(dev == ref) > 0.95             # the device emulation is the blocked half sum
+    # the executor matches both (ties of float32 vs float64 block sums aside)
+    assert np.mean(ir == dev) > 0.95
+    assert np.abs(ir.astype(np.float64) - dev).max() <= 2 * np.abs(np.spacing(dev)).max()
+
+
+def test_float_partials_keep_one_rounding(monkeypatch):
+    ir, _ = _session(monkeypatch, "ir", "none")
+    a, b = _inputs()
+    exact = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float16)
+    assert np.mean(ir == exact) > 0.95
+
+
+def test_half_partials_gemm(monkeypatch):
+    ir, block = _session(monkeypatch, "ir", "session", gemm=True)
+    dev, _ = _session(monkeypatch, "device", "session", gemm=True)
+    a, b = _inputs()
+    mm = _half_reference(a, b, block).astype(np.float64)
+    ref = ((mm * 0.5).astype(np.float16).astype(np.float64) + np.float16(1.0)).astype(np.float16)
+    assert np.mean(dev == ref) > 0.95
+    assert np.mean(ir == dev) > 0.95
+
+
+def test_blocked_matmul_broadcasts_and_promotes():
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(3, 1, 5, 40, generator=g).half()
+    b = torch.randn(2, 40, 6, generator=g).half()
+    y = half_partials.matmul(a, b, 16)            # 40 = 16 + 16 + 8 (the last block padded)
+    assert y.dtype == torch.float16 and y.shape == (3, 2, 5, 6)
+    blocks = [(a.double()[..., i:i + 16] @ b.double()[..., i:i + 16, :]).half() for i in (0, 16, 32)]
+    ref = sum(p.double() for p in blocks).half()
+    assert (y == ref).float().mean() > 0.95
+    v = torch.randn(40, generator=g).half()
+    assert half_partials.matmul(v, b[0], 16).shape == (6,)
+    assert half_partials.matmul(a[0, 0], v, 16).shape == (5,)
+    assert torch.equal(half_partials.matmul(a[0, 0], b[0], 64), (a[0, 0].float() @ b[0].float()).half())
+
+
+def test_poptorch_set_partials_type_half(monkeypatch):
+    """PopTorch's ``Precision.setPartialsType(torch.half)`` reaches the executor's matmuls."""
+    import poptorch
+    a, b = _inputs()
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.tensor(b))
+
+        def forward(self, x):
+            return x @ self.w
+
+    out = {}
+    for mode in ("ir", "device"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        opts = poptorch.Options()
+        opts.Precision.setPartialsType(torch.half)
+        out[mode] = poptorch.inferenceModel(Model().half(), opts)(torch.tensor(a)).numpy()
+    exact = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float16)
+    assert np.mean(out["device"] != exact) > 0.5
+    assert np.mean(out["ir"] == out["device"]) > 0.95
+
+
+def test_half_partials_replicated(monkeypatch):
+    """Each replica's plan is for the replica's tiles (the replicated graph's target)."""
+    a, b = _inputs()
+    out = {}
+    for mode in ("ir", "device"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        bld = popart.Builder()
+        x = bld.addInputTensor(popart.TensorInfo("FLOAT16", [M, K]))
+        y = bld.aiOnnx.matmul([x, bld.addInitializedInputTensor(b)])
+        opts = popart.SessionOptions()
+        opts.partialsTypeMatMuls = "half"
+        opts.enableReplicatedGraphs = True
+        opts.replicatedGraphCount = 2
+        dev = popart.DeviceManager().createIpuModelDevice({"numIPUs": 2, "tilesPerIPU": 64})
+        s = popart.InferenceSession(bld.getModelProto(), popart.DataFlow(1, {y: popart.AnchorReturnType("All")}), dev,
+                                    userOptions=opts)
+        s.prepareDevice()
+        anchors = s.initAnchorArrays()
+        s.run(popart.PyStepIO({x: np.stack([a, a])}, anchors))
+        out[mode] = anchors[y]
+    ref = _half_reference(a, b, _block(popart.DeviceManager().createIpuModelDevice(
+        {"numIPUs": 1, "tilesPerIPU": 64}).getTarget()))
+    assert np.mean(out["ir"][0] == ref) > 0.95
+    assert np.mean(out["ir"] == out["device"]) > 0.95
