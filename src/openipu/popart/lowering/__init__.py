@@ -44,7 +44,8 @@ import importlib
 
 _PRECISE: dict[tuple[str, str], list] = {}
 _MODULES = ("elementwise", "matmul", "unary", "compare", "variadic", "views", "pooling", "norm", "softmax",
-            "reduce", "gather", "scatter", "conv", "varupdate", "grad", "loss", "graphcore", "autolossscale", "fused")
+            "reduce", "argextrema", "gather", "scatter", "conv", "varupdate", "grad", "loss", "graphcore",
+            "autolossscale", "fused")
 _LOADED = False
 
 
