@@ -44,6 +44,24 @@ def test_stochastic_rounding_is_unbiased_and_seeded():
     assert abs(err.mean()) < 3e-4
 
 
+def test_stochastic_rounding_at_the_edges_of_float16():
+    """Subnormals (fewer mantissa bits), below the smallest subnormal, the top of the range, signed
+    zeros and non-finite values."""
+    g = torch.Generator().manual_seed(2)
+    x = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 7e4, 65533.0, 65510.0, 65504.0], np.float32)
+    out = stochastic_round_half(torch.from_numpy(x), g).numpy()
+    assert np.isposinf(out[0]) and np.isneginf(out[1]) and np.isnan(out[2])
+    assert out[3] == 0 and not np.signbit(out[3]) and out[4] == 0 and np.signbit(out[4])
+    assert np.isposinf(out[5]) and np.isposinf(out[6]) and out[7] == 65504.0 and out[8] == 65504.0
+    for value in (3.0e-6, -1.0e-6, 1.0e-8, -2.0e-8):    # subnormal steps of 2**-24; below the smallest one
+        v = np.full(100000, np.float32(value), np.float32)
+        r = stochastic_round_half(torch.from_numpy(v), g).numpy()
+        lo, hi = _neighbours(v[:1])
+        assert set(np.unique(r).tolist()) <= {float(lo[0]), float(hi[0])}
+        step = float(hi[0]) - float(lo[0])
+        assert abs(r.astype(np.float64).mean() - float(v[0])) < 4 * step / np.sqrt(len(v))
+
+
 class Halve(torch.nn.Module):
     def forward(self, x):
         return x.half() * 1.0
