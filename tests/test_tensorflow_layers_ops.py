@@ -94,6 +94,20 @@ def test_embedding_dropout_gelu_rnn():
     assert int(ipu.replication_ops.replication_index()) == 0
 
 
+def _on_cpu_then_ipu(fit):
+    """``fit()`` (returning the model and its losses) on the CPU, then in an IPUStrategy scope on
+    one configured IPU, where it must have run on the simulated IPU (a predicted step). Returns
+    both results."""
+    cpu = fit()
+    cfg = ipu.config.IPUConfig()
+    cfg.auto_select_ipus = 1
+    cfg.configure_ipu_system()
+    with ipu.ipu_strategy.IPUStrategy().scope():
+        on_ipu = fit()
+        assert on_ipu[0].ipu_predicted_seconds["cycles"] > 0
+    return cpu, on_ipu
+
+
 def _model():
     keras.utils.set_random_seed(7)
     ids = keras.Input((6,), dtype="int32")
@@ -113,23 +127,12 @@ def test_model_of_ipu_layers_trains_on_the_ipu_like_keras_on_the_cpu():
     x = rng.integers(0, 16, (32, 6)).astype(np.int32)
     y = rng.integers(0, 3, (32,)).astype(np.int32)
 
-    def run(on_ipu):
-        def fit():
-            m = _model()
-            m.compile(keras.optimizers.SGD(0.1, momentum=0.9), "sparse_categorical_crossentropy", steps_per_execution=2)
-            h = m.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
-            return m, h.history["loss"]
-        if not on_ipu:
-            return fit()
-        cfg = ipu.config.IPUConfig()
-        cfg.auto_select_ipus = 1
-        cfg.configure_ipu_system()
-        with ipu.ipu_strategy.IPUStrategy().scope():
-            m, h = fit()
-            assert m.ipu_predicted_seconds["cycles"] > 0        # it ran on the simulated IPU
-            return m, h
-    m_ipu, l_ipu = run(True)
-    m_cpu, l_cpu = run(False)
+    def fit():
+        m = _model()
+        m.compile(keras.optimizers.SGD(0.1, momentum=0.9), "sparse_categorical_crossentropy", steps_per_execution=2)
+        h = m.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        return m, h.history["loss"]
+    (m_cpu, l_cpu), (m_ipu, l_ipu) = _on_cpu_then_ipu(fit)      # _model() seeds itself: order-free
     np.testing.assert_allclose(l_ipu, l_cpu, rtol=2e-5)
     for a, b in zip(m_ipu.get_weights(), m_cpu.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
@@ -162,13 +165,7 @@ def test_recurrent_model_trains_on_the_ipu_like_keras_on_the_cpu(rnn, monkeypatc
         m = keras.Model(i, keras.layers.Dense(1, activation="sigmoid")(h))
         m.compile(keras.optimizers.SGD(0.1, momentum=0.9), "binary_crossentropy", steps_per_execution=2)
         return m, m.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history["loss"]
-    m_cpu, l_cpu = fit()
-    cfg = ipu.config.IPUConfig()
-    cfg.auto_select_ipus = 1
-    cfg.configure_ipu_system()
-    with ipu.ipu_strategy.IPUStrategy().scope():
-        m_ipu, l_ipu = fit()
-        assert m_ipu.ipu_predicted_seconds["cycles"] > 0
+    (m_cpu, l_cpu), (m_ipu, l_ipu) = _on_cpu_then_ipu(fit)
     assert rnn in op_types and "Loop" not in op_types, op_types
     np.testing.assert_allclose(l_ipu, l_cpu, rtol=2e-5)
     for a, b in zip(m_ipu.get_weights(), m_cpu.get_weights()):
@@ -195,13 +192,7 @@ def test_adam_and_rmsprop_on_an_embedding_match_keras_on_the_cpu(optimizer):
         m = keras.Model(i, keras.layers.Dense(1, activation="sigmoid")(h))
         m.compile(getattr(keras.optimizers, optimizer)(0.01), "binary_crossentropy", steps_per_execution=2)
         return m, m.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history["loss"]
-    m_cpu, l_cpu = fit()
-    cfg = ipu.config.IPUConfig()
-    cfg.auto_select_ipus = 1
-    cfg.configure_ipu_system()
-    with ipu.ipu_strategy.IPUStrategy().scope():
-        m_ipu, l_ipu = fit()
-        assert m_ipu.ipu_predicted_seconds["cycles"] > 0
+    (m_cpu, l_cpu), (m_ipu, l_ipu) = _on_cpu_then_ipu(fit)
     np.testing.assert_allclose(l_ipu, l_cpu, rtol=2e-5)
     for a, b in zip(m_ipu.get_weights(), m_cpu.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
