@@ -121,10 +121,13 @@ def data_class(cls=None, *, fields: tuple | None = None, types: dict | None = No
     return reg(cls) if cls is not None else reg
 
 
-def data_enum(cls):
-    """Register an ``enum.Enum`` subclass whose members files may hold (a class decorator)."""
-    _ENUMS[_key(cls)] = cls
-    _CLASS_KEY[cls] = _key(cls)
+def data_enum(cls, key: str | None = None):
+    """Register an ``enum.Enum`` subclass whose members files may hold (a class decorator).
+    ``key`` names it in files (default ``module:qualname``): an enum moved to another module
+    keeps the name files already hold."""
+    key = key or _key(cls)
+    _ENUMS[key] = cls
+    _CLASS_KEY[cls] = key
     return cls
 
 

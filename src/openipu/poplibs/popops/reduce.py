@@ -27,7 +27,8 @@ outer axis (the batch axis of a ``linear`` weight gradient, ``[B, rows, cols]`` 
 one-column boxes in the ``[outputs, reduced]`` view: work per box row (a sort of the box rows
 into the view's order, as this module once did on every run) is work per element there.
 
-Each stage is one compute set holding one vertex group. Cycle estimates per tile follow the shape
+Each stage is one compute set holding one vertex group. Cycle estimates per tile
+(:mod:`.reduce_cost`; the operators and checks are in :mod:`.reduce_operation`) follow the shape
 of PopLibs' reduce estimators (``lib/popops/reduction/CycleEstimationFunctions.cpp``):
 ``ContinuousReduce`` (``getCycleEstimateReduceAllRegionsContinuous``) when the reduced dimensions
 are the innermost ones, the general ``Reduce`` vertex (``getCyclesEstimateForReduce``) otherwise
@@ -38,21 +39,23 @@ workers is approximated: [A]).
 
 from __future__ import annotations
 
-import enum
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from openipu import poplar
-from openipu.poplar import regions as R
-from openipu.poplar.exchange import tile_boxes, variable_runs
+from openipu.poplar.exchange import tile_boxes
 from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplar.graph_codec import kernel
 from openipu.poplibs.popops._common import flat_boxes, read_on_tiles, tile_counts_of, union_intervals
 from openipu.poplar import sets as _sets
+from openipu.poplibs.popops.reduce_cost import (WORKERS, address_runs_per_tile, continuous_reduce_cycles,
+                                                reduce_worker_cycles, stage_tile_cycles)
+from openipu.poplibs.popops.reduce_operation import (FLOPS, SCALABLE, Operation, ReduceParams, SingleReduceOp,
+                                                     check_dims, check_types, parse_options)
 
 __all__ = ["Operation", "ReduceParams", "SingleReduceOp", "reduce", "reduceWithOutput", "reduceMany",
            "reduce_worker_cycles", "continuous_reduce_cycles"]
@@ -60,192 +63,6 @@ __all__ = ["Operation", "ReduceParams", "SingleReduceOp", "reduce", "reduceWithO
 #: Largest number of partials per output reduced in the final stage before an intermediate stage
 #: is added. [A] PopLibs decides with its exchange/compute model (ReductionPlan.cpp).
 MAX_FANIN = 32
-#: Worker contexts per tile (ipu1/ipu2).
-WORKERS = 6
-
-
-class Operation(enum.Enum):
-    """``popops::Operation``: the reduction operator."""
-
-    ADD = "ADD"
-    MUL = "MUL"
-    MIN = "MIN"
-    MAX = "MAX"
-    LOGICAL_AND = "LOGICAL_AND"   # bool operands only
-    LOGICAL_OR = "LOGICAL_OR"     # bool operands only
-    SQUARE_ADD = "SQUARE_ADD"     # squares each element, then ADD
-    LOG_ADD = "LOG_ADD"           # acc = max + log(1 + exp(min - max)) (log-sum-exp)
-
-    def __str__(self):
-        return self.value
-
-
-_SCALABLE = (Operation.ADD, Operation.SQUARE_ADD, Operation.LOG_ADD)
-_ACCUM = (Operation.ADD, Operation.SQUARE_ADD)
-_VECTORISED = (Operation.ADD, Operation.SQUARE_ADD, Operation.MUL, Operation.MAX, Operation.MIN)
-#: flops per element combined (PopLibs flopsForReduceOp; LOG_ADD [A]: max, sub, exp, add, log).
-_FLOPS = {Operation.ADD: 1, Operation.MUL: 1, Operation.MIN: 1, Operation.MAX: 1, Operation.LOGICAL_AND: 0,
-          Operation.LOGICAL_OR: 0, Operation.SQUARE_ADD: 2, Operation.LOG_ADD: 5}
-
-
-def _as_operation(op) -> Operation:
-    if isinstance(op, Operation):
-        return op
-    try:
-        return Operation(str(op).upper().split(".")[-1])
-    except ValueError:
-        raise poplar.poplar_error(
-            f"Unknown reduction operation {op!r}; use one of {', '.join(o.value for o in Operation)}") from None
-
-
-class ReduceParams:
-    """``popops::ReduceParams(op, update=False, scale=None)``.
-
-    ``scale`` (a Python float or a one-element FLOAT/HALF tensor) multiplies the result (for
-    LOG_ADD it is added, as in log space); ``update`` makes the reduction ``out += result`` (LOG_ADD:
-    ``out = logaddexp(out, result)``). Both are only valid with ADD, SQUARE_ADD and LOG_ADD.
-    """
-
-    def __init__(self, op, update: bool = False, scale=None):
-        self.op = _as_operation(op)
-        self.update = bool(update)
-        self.scale = scale
-
-    @property
-    def useScale(self) -> bool:  # noqa: N802 - PopLibs field name
-        return self.scale is not None
-
-    def __repr__(self):
-        return f"ReduceParams({self.op}, update={self.update}, scale={self.scale!r})"
-
-
-@dataclass
-class SingleReduceOp:
-    """``popops::SingleReduceOp``: one reduction of a :func:`reduceMany` call."""
-
-    in_: poplar.Tensor
-    dims: list
-    params: ReduceParams
-    outType: poplar.Type | None = None  # noqa: N815 - PopLibs field name
-    debugName: str = ""  # noqa: N815
-    out: poplar.Tensor | None = field(default=None, repr=False)
-
-
-# ----------------------------------------------------------------------------------------------
-# cycle estimates
-# ----------------------------------------------------------------------------------------------
-def _acc_vector_width(ptype) -> int:
-    """Accumulator vector width (CycleEstimationFunctions.cpp: half 8, float 4, else 1)."""
-    return 8 if ptype == poplar.HALF else 4 if ptype == poplar.FLOAT else 1
-
-
-def _data_path_elems(ptype, target) -> int:
-    """Elements per 64-bit load: ``getDataPathWidth() / (typeSize * 8)``."""
-    return max(1, target.getDataPathWidth() // (ptype.size * 8))
-
-
-def continuous_reduce_cycles(num_outputs, num_partials, ptype, op: Operation, update: bool, target):
-    """Worker cycles of ``ContinuousReduce``: ``num_outputs`` outputs, each the reduction of
-    ``num_partials`` contiguous partials (getCycleEstimateReduceAllRegionsContinuous):
-    ``cyclesPerOp x outputs x (partials / elemsPerLoop) + 2 [odd] + 12 x outputs + 10 + update + 7``.
-    LOG_ADD runs scalar C++ at 20 cycles per element (the same source)."""
-    num_outputs = np.asarray(num_outputs, np.int64)
-    num_partials = np.asarray(num_partials, np.int64)
-    if op == Operation.LOG_ADD:
-        cpo, epl = 20, 1
-    else:
-        cpo, epl = 1, min(_acc_vector_width(ptype), _data_path_elems(ptype, target))
-    cyc = cpo * num_outputs * (num_partials // epl) + np.where(num_partials % 2 == 1, 2, 0) + 12 * num_outputs + 10
-    return cyc + int(update) + 7
-
-
-def reduce_worker_cycles(out_size, num_partials, accum, ptype, out_type, op: Operation, update: bool, target):
-    """Worker cycles of the general ``Reduce`` vertex for one output region of ``out_size``
-    elements fed by ``num_partials`` partial regions of ``accum x out_size`` elements each
-    (getCyclesEstimateForReduce). Arrays broadcast (one entry per tile)."""
-    out_size = np.maximum(np.asarray(out_size, np.int64), 1)
-    num_partials = np.asarray(num_partials, np.int64)
-    accum = np.asarray(accum, np.int64)
-    cycles = np.full(np.broadcast(out_size, num_partials, accum).shape, 7, np.int64)   # entry/exit
-    if op in _VECTORISED:
-        uses_acc = op in _ACCUM
-        op_vw = _acc_vector_width(ptype) if uses_acc else target.getVectorWidth(ptype)
-        dpw = _data_path_elems(ptype, target)
-        out_vw = target.getVectorWidth(out_type)
-        cycles = cycles + 26                                              # load state
-        load_w = min(op_vw, dpw)
-        per_vector_load = (2 if uses_acc else 0) + 2 + op_vw // load_w
-        outer = out_size // op_vw
-        rem = out_size % op_vw
-        checks = max(0, math.ceil(math.log2(op_vw))) if op_vw > 1 else 0
-
-        def store(width):
-            return (2 + int(update)) * min(width, out_vw) + int(uses_acc)
-
-        cycles = cycles + 16 + 6 + 2 * checks + 2                         # per region overhead
-        cycles = cycles + outer * ((3 + 2 if uses_acc else 3) + store(op_vw) + 1)
-        cycles = cycles + outer * num_partials * (7 + 3)                  # _Reduce_ptr_fetch per partial
-        cycles = cycles + num_partials * outer * accum * (per_vector_load + 3)
-        for i in range(checks):
-            bit = 1 << i
-            has = (rem & bit) != 0
-            loads = bit // min(bit, dpw)
-            cycles = cycles + np.where(has, (3 + 1 if uses_acc else 2) + store(bit) + num_partials * 10
-                                       + num_partials * accum * (2 + loads + 3), 0)
-    else:
-        # C++ codelets (LOGICAL_AND/OR, LOG_ADD): ~12 cycles per VectorList, 8 per region,
-        # 22 per partial and (24 + cyclesPerOp + conversion) per element.
-        cpo = 12 if op == Operation.LOG_ADD else 1
-        conv = 0 if ptype == out_type else 1
-        cycles = cycles + 24 + 8 + num_partials * (22 + (24 + cpo + conv) * accum * out_size)
-    return cycles
-
-
-def _stage_tile_cycles(E, k, runs, continuous: bool, ptype, out_type, op, update, target):
-    """Tile cycles of one stage on each tile that reduces ``E`` elements into ``k`` outputs, the
-    elements lying in ``runs`` contiguous partial regions.
-
-    Outputs are split over the 6 workers; when a tile has fewer than 6 outputs but many elements
-    per output, the elements are split over the workers and a second pass combines the workers'
-    partials (PopLibs splits reductions between workers the same way; the split rule is [A])."""
-    E = np.asarray(E, np.int64)
-    k = np.maximum(np.asarray(k, np.int64), 1)
-    per_out = -(-E // k)
-    few = k < WORKERS
-    split = np.where(few, np.maximum(1, np.minimum(WORKERS // k, per_out // 2)), 1)  # workers per output
-    o_w = np.where(few, k, -(-k // WORKERS))
-    n_w = -(-per_out // split)
-    if continuous:
-        o_single = np.where(few, 1, o_w)          # each worker reduces whole rows (or a piece of one)
-        w = continuous_reduce_cycles(o_single, n_w, ptype, op, update, target)
-    else:
-        edges = np.clip(-(-np.asarray(runs, np.int64) // split), 1, n_w)
-        w = reduce_worker_cycles(o_w, edges, -(-n_w // edges), ptype, out_type, op, update, target)
-    combine = np.where(split > 1, reduce_worker_cycles(k, split, 1, ptype, out_type, op, update, target), 0)
-    return WORKERS * w + combine
-
-
-def _address_runs_per_tile(view, elems_per_tile: np.ndarray) -> np.ndarray:
-    """Contiguous regions of each tile in the first stage: runs of consecutive addresses of
-    ``view`` on one tile (a repeated address of a broadcast view starts a new region), from the
-    view's address runs and the tile maps (no per-element work). ``elems_per_tile`` counts the
-    view's elements per tile (with repeats)."""
-    T = elems_per_tile.size
-    var, start, length = R.piece_runs(view.pieces)
-    # the runs of the view's variables only (not of the whole space, which other tensors keep
-    # growing between reductions)
-    gst, gend, gtl = variable_runs(view, var)
-    end = start + length
-    r0 = np.searchsorted(gst, start, side="right") - 1
-    r1 = np.searchsorted(gst, end - 1, side="right") - 1
-    cnt = r1 - r0 + 1
-    ri = np.repeat(r0, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
-    lo = np.maximum(np.repeat(start, cnt), gst[ri])
-    hi = np.minimum(np.repeat(end, cnt), gend[ri])
-    key, ulo, uhi = union_intervals(gtl[ri].astype(np.int64), lo, hi)
-    runs = np.bincount(key, minlength=T)
-    distinct = np.bincount(key, weights=uhi - ulo, minlength=T).astype(np.int64)
-    return runs + (elems_per_tile - distinct)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -339,61 +156,6 @@ def _finish(res, dst, op, final, ctx):
 # ----------------------------------------------------------------------------------------------
 # planning
 # ----------------------------------------------------------------------------------------------
-
-_FLOATS = ("float", "half")
-
-
-def _check_types(op: Operation, in_type, out_type, name):
-    if op in (Operation.LOGICAL_AND, Operation.LOGICAL_OR):
-        if in_type != poplar.BOOL or out_type != poplar.BOOL:
-            raise poplar.graph_connection_error(
-                f"{name}: {op} reduces bool tensors to bool, got {in_type} -> {out_type}; cast the input to BOOL first")
-        return
-    if in_type == poplar.BOOL:
-        raise poplar.graph_connection_error(f"{name}: {op} does not take bool input; use LOGICAL_AND or LOGICAL_OR")
-    if op in (Operation.MAX, Operation.MIN) and in_type != out_type:
-        raise poplar.graph_connection_error(
-            f"{name}: {op} needs the output type to equal the input type ({in_type}), got {out_type}")
-    if op == Operation.LOG_ADD and not (in_type.is_float and out_type.is_float):
-        raise poplar.graph_connection_error(f"{name}: LOG_ADD needs float or half tensors, got {in_type} -> {out_type}")
-    if in_type.is_float != out_type.is_float:
-        raise poplar.graph_connection_error(
-            f"{name}: cannot reduce {in_type} into {out_type}; supported are float<->half and integer->same type")
-
-
-def _parse_options(options, in_type, op, name):
-    opts = dict(options or {})
-    known = {"accumType.interTile", "accumType.inVertex"}
-    bad = [k for k in opts if k not in known]
-    if bad:
-        raise poplar.invalid_option(f"{name}: unknown option(s) {bad}; reduce takes {sorted(known)}")
-    wide = in_type == poplar.HALF and op in (Operation.ADD, Operation.SQUARE_ADD, Operation.LOG_ADD)
-    default = poplar.FLOAT if wide else in_type
-    try:
-        inter = poplar.types.as_type(opts["accumType.interTile"]) if "accumType.interTile" in opts else default
-        invertex = poplar.types.as_type(opts["accumType.inVertex"]) if "accumType.inVertex" in opts else default
-    except Exception:
-        raise poplar.invalid_option(f"{name}: accumType options take 'float' or 'half'") from None
-    if in_type.is_float and (inter not in (poplar.FLOAT, poplar.HALF) or invertex not in (poplar.FLOAT, poplar.HALF)):
-        raise poplar.invalid_option(f"{name}: accumType options take 'float' or 'half'")
-    if not in_type.is_float:
-        inter = invertex = in_type
-    return inter, invertex
-
-
-def _check_dims(in_, dims, name):
-    try:
-        dims = [int(d) for d in dims]
-    except TypeError:
-        raise poplar.index_error(f"{name}: dims must be a list of dimension indices, got {dims!r}") from None
-    r = in_.rank()
-    for d in dims:
-        if not 0 <= d < r:
-            raise poplar.index_error(f"{name}: dimension {d} is out of range for a tensor of rank {r} (shape {in_.shape()})")
-    if len(set(dims)) != len(dims):
-        raise poplar.index_error(f"{name}: dims {dims} repeat a dimension; list each reduced dimension once")
-    return sorted(dims)
-
 
 @dataclass
 class _Plan:
@@ -591,7 +353,7 @@ def _plan(graph, in_, dims, params, out_type, out, name, options) -> _Plan:
     op = params.op
     if not isinstance(in_, poplar.Tensor):
         raise poplar.graph_connection_error(f"{name}: the input must be a Tensor, got {type(in_).__name__}")
-    dims = _check_dims(in_, dims, name)
+    dims = check_dims(in_, dims, name)
     in_type = in_.elementType()
     keep = [d for d in range(in_.rank()) if d not in dims]
     out_shape = [in_.dim(d) for d in keep]
@@ -601,8 +363,8 @@ def _plan(graph, in_, dims, params, out_type, out, name, options) -> _Plan:
             raise poplar.graph_connection_error(
                 f"{name}: output shape {out.shape()} does not match the reduced shape {out_shape}")
     out_type = poplar.types.as_type(out_type) if out_type is not None else in_type
-    _check_types(op, in_type, out_type, name)
-    if (params.update or params.scale is not None) and op not in _SCALABLE:
+    check_types(op, in_type, out_type, name)
+    if (params.update or params.scale is not None) and op not in SCALABLE:
         raise poplar.poplar_error(f"{name}: scale and update are only valid with ADD, SQUARE_ADD and LOG_ADD, not {op}")
     scale_t = None
     if isinstance(params.scale, poplar.Tensor):
@@ -611,7 +373,7 @@ def _plan(graph, in_, dims, params, out_type, out, name, options) -> _Plan:
             raise poplar.graph_connection_error(
                 f"{name}: the scale must be a one-element float or half tensor, got {scale_t.elementType()} "
                 f"of shape {scale_t.shape()}")
-    inter, invertex = _parse_options(options, in_type, op, name)
+    inter, invertex = parse_options(options, in_type, op, name)
     target = graph.getTarget()
     T = graph._top._target.getNumTiles()
     M = int(np.prod(out_shape, dtype=np.int64))
@@ -646,7 +408,7 @@ def _plan(graph, in_, dims, params, out_type, out, name, options) -> _Plan:
     L1 = _Level.first(*union_intervals(boxes.tile, boxes.lo[:, 0], boxes.lo[:, 0] + boxes.sz[:, 0]))
     continuous = dims == list(range(in_.rank() - len(dims), in_.rank()))
     first_E = np.bincount(boxes.tile, weights=box_n, minlength=T).astype(np.int64)
-    first_runs = _address_runs_per_tile(view, first_E)
+    first_runs = address_runs_per_tile(view, first_E)
     single = L1.total == M
     if single and out_mapped:
         # the output must lie where each row's inputs lie
@@ -833,8 +595,8 @@ def _first_stage(graph, view, dst, indexer, E, K, runs, n_dst, op, compute, fina
     the level-1 partials); its partial regions are the input's contiguous regions on each tile."""
     used = np.flatnonzero(E)
     vname, upd, scaled = _stage_name(op, ptype, out_type, final, continuous, update)
-    cyc = _stage_tile_cycles(E[used], K[used], runs[used], continuous, ptype, out_type, op, upd, target)
-    flops = float(max(0, view.numElements() - n_dst) * _FLOPS[op] + (n_dst if scaled else 0))
+    cyc = stage_tile_cycles(E[used], K[used], runs[used], continuous, ptype, out_type, op, upd, target)
+    flops = float(max(0, view.numElements() - n_dst) * FLOPS[op] + (n_dst if scaled else 0))
     return _group(vname, used, cyc, view, dst, indexer, n_dst, op, compute, True, final,
                   reads=[Access(view)], writes=[Access(dst)], flops=flops, scale_t=scale_t, update=upd)
 
@@ -846,8 +608,8 @@ def _later_stage(graph, src, read, dst, destinations, E, K, n_dst, op, final, pt
     used = np.flatnonzero(E)
     vname, upd, scaled = _stage_name(op, ptype, out_type, final, False, update)
     runs = -(-E[used] // np.maximum(K[used], 1))
-    cyc = _stage_tile_cycles(E[used], K[used], runs, False, ptype, out_type, op, upd, target)
-    flops = float(max(0, src.numElements() - n_dst) * _FLOPS[op] + (n_dst if scaled else 0))
+    cyc = stage_tile_cycles(E[used], K[used], runs, False, ptype, out_type, op, upd, target)
+    flops = float(max(0, src.numElements() - n_dst) * FLOPS[op] + (n_dst if scaled else 0))
     indexer = functools.partial(_whole_index, destinations, src.numElements())
     return _group(vname, used, cyc, src, dst, indexer, n_dst, op, None, False, final,
                   reads=[read], writes=[Access(dst)], flops=flops, scale_t=scale_t, update=upd)
@@ -958,7 +720,7 @@ def reduceMany(graph, reductions, outputs_or_prog, prog=None, debug_name: str = 
 
 def _register_records():
     from openipu.poplar.graph_codec import data_class, data_enum
-    data_enum(Operation)
+    data_enum(Operation, key="poplibs.popops.reduce:Operation")   # its name before it moved to reduce_operation
     data_class(_Grouping)
     data_class(_Level, fields=("m0", "stride", "count", "ptr", "tiles", "fan", "cls", "rank", "bcount", "total",
                                "period", "in_order", "n_div", "n_mod", "offset"))
