@@ -244,7 +244,7 @@ def test_weights_io_round_trip(tmp_path):
 def test_large_weights_held_once_outside_the_proto(tmp_path, constant):
     """A weight of WEIGHT_BYTES or more is read out of a proto the session parsed (its raw_data
     cleared), still checked and shape-inferred, run in fp16, and written back by modelToHost."""
-    from openipu.popart.ir import WEIGHT_BYTES
+    from openipu.popart.ir_weights import WEIGHT_BYTES
     rng = np.random.default_rng(0)
     n = WEIGHT_BYTES // 2 // 64          # fp16
     w = rng.standard_normal((64, n)).astype(np.float32)

@@ -9,6 +9,7 @@ from onnx import helper, numpy_helper
 
 from openipu import popart
 from openipu.popart import ir as ir_mod
+from openipu.popart import ir_probe
 
 ROWS, COLS = 1024, 1025          # 1,049,600 elements: above PROBE_ELEMENTS_LIMIT (2**20)
 
@@ -31,7 +32,8 @@ def probes(monkeypatch):
     def spy(kernel, in_infos, attrs, opset, const_values=None, fill="zeros"):
         seen.append((kernel.op_type, fill))
         return real(kernel, in_infos, attrs, opset, const_values, fill)
-    monkeypatch.setattr(ir_mod, "probe", spy)
+    monkeypatch.setattr(ir_mod, "probe", spy)          # probes on values
+    monkeypatch.setattr(ir_probe, "probe", spy)        # shape-only probes
     return seen
 
 

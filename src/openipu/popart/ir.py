@@ -45,23 +45,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import google.protobuf.message
 import numpy as np
 import onnx
 import torch
-from onnx import numpy_helper
 
 from openipu.popart import lowering, model_check, op_setup, tensor_proto
-from openipu.popart.builder import VGRAPH_ATTR, PIPELINE_ATTR, _load_model
+from openipu.popart.builder import _load_model
 from openipu.popart.errors import popart_exception
 from openipu.popart.graphcore_ops import GRAPHCORE, find_kernel
+from openipu.popart.ir_probe import kernel_output_shapes, meta_probe
+from openipu.popart.ir_weights import compacted, initializer_array, one_line, skeleton, take_weights
 from openipu.popart.log import log
 from openipu.popart.onnx_ops import reduce as reduce_ops
-from openipu.popart.options import VirtualGraphMode
-from openipu.popart.shapes import (KERNEL_TORCH_OF, NAME_OF_TORCH, annotations, call_kernel, decode_attrs, is_static,
-                                  probe, subgraph_free_names, to_torch, value_info_of, zeros)
+from openipu.popart.shapes import (NAME_OF_TORCH, annotations, call_kernel, decode_attrs, is_static,
+                                  probe, subgraph_free_names, to_torch, value_info_of)
 from openipu.popart.tensorinfo import NUMPY_OF, TensorInfo, dtype_name
-from openipu.popart.transforms import graphcore_ir, random_seed
+from openipu.popart.transforms import graphcore_ir, random_seed, virtual_graphs
 from openipu.popart.variable_settings import comm_size
 
 #: ops whose output shapes depend on input values (PopART has no class for them): always probed
@@ -85,70 +84,6 @@ INDEX_INPUT_OPS = {"Slice", "Range", "Clip", "Pad", "Trilu", "TopK", "OneHot", "
                    "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
                    "ReduceLogSumExp", "ReduceSumSquare", "Gather", "GatherElements", "GatherND", "ScatterND",
                    "ScatterElements", "Scatter"}
-#: ops whose inputs have up to this many elements are checked on real zeros (which torch checks
-#: more strictly); larger ones on shape-only (``meta``) tensors
-PROBE_ELEMENTS_LIMIT = 1 << 20
-
-
-def _kernel_output_shapes(kernel, op, ins, device_value) -> list | None:
-    """Output shapes of ``kernel`` for ``op``'s inputs (IR tensors or None), constants given as
-    ``device_value(t)``: run on zeros when the inputs are small, else (or if that fails) on
-    ``meta`` tensors (constants as values, then as meta tensors too). ``None`` when the kernel
-    cannot be run this way."""
-    attrs = {k: v for k, v in op.attrs.items() if k != "__node__"}   # plain kernel errors here
-
-    def run(const_as_values: bool, device: str, fill: str = "zeros"):
-        vals = []
-        for t in ins:
-            if t is None:
-                vals.append(None)
-            elif t.kind == "Const" and const_as_values:
-                vals.append(device_value(t))
-            elif device == "meta":
-                dt = KERNEL_TORCH_OF.get(t.info.data_type(), torch.float32)
-                vals.append(torch.empty(t.info.shape(), dtype=dt, device="meta"))
-            else:
-                vals.append(zeros(t.info.data_type(), t.info.shape(), fill))
-        with torch.no_grad():
-            outs = call_kernel(kernel, vals, attrs, op.opset)
-        if not all(isinstance(o, torch.Tensor) for o in outs):
-            raise TypeError("sequence outputs")
-        return [list(o.shape) for o in outs]
-
-    if sum(t.info.nelms() for t in ins if t is not None and t.kind != "Const") <= PROBE_ELEMENTS_LIMIT:
-        try:
-            first = run(True, "cpu")
-            # an output shape that follows the values of non-constant inputs (a Reshape by a
-            # computed shape ...) is the run's to check, not this one's
-            if any(t is not None and t.kind != "Const" for t in ins) and run(True, "cpu", "arange") != first:
-                return None
-            return first
-        except Exception:  # noqa: BLE001 - zeros may be refused (as indices, shapes ...): try meta
-            pass
-    for const_as_values in (True, False):
-        try:
-            return run(const_as_values, "meta")
-        except Exception:  # noqa: BLE001 - kernels that read values cannot run shape-only
-            pass
-    return None
-
-
-def _meta_probe(kernel, ins, in_infos, attrs, opset, const_values) -> list | None:
-    """:func:`openipu.popart.shapes.probe` on shape-only (``meta``) tensors when the non-constant
-    inputs hold more than :data:`PROBE_ELEMENTS_LIMIT` elements (constants as values, then as meta
-    tensors too), so that no kernel computes on real-size zeros to learn a shape; ``None`` for
-    small inputs or when the kernel cannot run shape-only (it reads values: the caller probes on
-    values)."""
-    if sum(t.info.nelms() for t, c in zip(ins, const_values) if t is not None and c is None) <= PROBE_ELEMENTS_LIMIT:
-        return None
-    for consts in (const_values, None):
-        try:
-            return probe(kernel, in_infos, attrs, opset, consts, fill="meta")
-        except Exception:  # noqa: BLE001 - kernels that read values cannot run shape-only
-            pass
-    return None
-
-
 @dataclass(eq=False)
 class IrTensor:
     """One tensor of the IR: PopART id, :class:`TensorInfo`, kind, and value (Const/Variable)."""
@@ -201,12 +136,6 @@ class IrOp:
         return f"IrOp({self.id}, {self.op_type}, {self.inputs} -> {self.outputs}, {self.lowering})"
 
 
-def _one_line(e: Exception) -> str:
-    """An onnx error as one line (its messages span several, with repeated prefixes)."""
-    text = " ".join(str(e).split())
-    return text.replace("[ShapeInferenceError] Inference error(s): ", "") or type(e).__name__
-
-
 def shard_rows(value, replicas: int) -> np.ndarray:
     """A sharded tensor's host value as its replicas' pieces: ``[replicas, ceil(n / replicas)]``,
     the flattened value zero-padded (the layout of ``gcl.reduceScatterCrossReplica``)."""
@@ -215,80 +144,6 @@ def shard_rows(value, replicas: int) -> np.ndarray:
     out = np.zeros(replicas * k, flat.dtype)
     out[:flat.size] = flat
     return out.reshape(replicas, k)
-
-
-#: initializers of at least this many bytes are held as numpy arrays, outside the ModelProto
-WEIGHT_BYTES = 1 << 16
-
-
-def initializer_array(init: onnx.TensorProto) -> np.ndarray:
-    """``numpy_helper.to_array(init)``, with a data / dims mismatch (more values than the dims
-    hold, a type without numpy equivalent ...) raised as a ``popart_exception`` naming it."""
-    try:
-        return numpy_helper.to_array(init)
-    except Exception as e:  # noqa: BLE001 - numpy's reshape ValueError, onnx's TypeError ...
-        raise popart_exception(f"Initializer '{init.name}' of dims {list(init.dims)} cannot be read: "
-                               f"{_one_line(e)}") from None
-
-
-def _take_weights(model: onnx.ModelProto, owned: bool) -> dict:
-    """The large top-level initializers of ``model`` as numpy arrays (one host copy of each
-    weight). When the IR parsed the proto itself (``owned``), their ``raw_data`` is cleared so the
-    weights are not held twice; a ModelProto the caller passed is left as it was."""
-    out = {}
-    for init in model.graph.initializer:
-        if init.data_location == onnx.TensorProto.EXTERNAL or tensor_proto.stored_bytes(init) < WEIGHT_BYTES:
-            continue
-        out[init.name] = initializer_array(init)
-        if owned:
-            tensor_proto.clear_values(init)     # raw_data or the typed field (float_data ...)
-    return out
-
-
-def _compacted(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` (whose large weights :func:`_take_weights` has cleared) in memory of
-    its own: protobuf keeps a parsed or converted message's field values in one arena until the
-    whole message goes, so a cleared weight (and, in a model converted to fp16, the float32
-    original) would otherwise stay in host memory beside the IR's arrays."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    return m
-
-
-def _skeleton(model: onnx.ModelProto, weights: dict) -> onnx.ModelProto:
-    """A copy of ``model`` for ``onnx.checker`` and shape inference without the large weights:
-    each becomes a graph input of its type and shape (the checker serialises the whole model, and
-    refuses one over 2 GB; shape inference only needs their shapes)."""
-    m, g = onnx.ModelProto(), model.graph
-    _copy_fields(m, model, skip="graph")
-    _copy_fields(m.graph, g, skip="initializer")
-    m.graph.initializer.extend(i for i in g.initializer if i.name not in weights)
-    # ONNX infers a Constant's shape from its one attribute: PopART's placement attributes
-    # (``__ipu_number``, ``__pipeline_stage`` ...) on a Constant are not shown to it
-    for n in m.graph.node:
-        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and \
-                any(a.name.startswith("__") for a in n.attribute):
-            keep = [a for a in n.attribute if not a.name.startswith("__")]
-            del n.attribute[:]
-            n.attribute.extend(keep)
-    listed = {vi.name for vi in g.input}
-    for init in g.initializer:
-        if init.name in weights and init.name not in listed:
-            m.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
-    return m
-
-
-def _copy_fields(dst, src, skip: str) -> None:
-    """Copy every set field of protobuf message ``src`` into ``dst`` except ``skip``."""
-    for fd, value in src.ListFields():
-        if fd.name == skip:
-            continue
-        if isinstance(value, google.protobuf.message.Message):
-            getattr(dst, fd.name).CopyFrom(value)
-        elif not isinstance(value, (str, bytes, int, float)):     # a repeated field
-            getattr(dst, fd.name).extend(value)
-        else:
-            setattr(dst, fd.name, value)
 
 
 class Ir:
@@ -303,9 +158,9 @@ class Ir:
         self.model = _load_model(model)
         self.training = training        # {"loss", "optimizer", "patterns"} for a TrainingSession
         # the weights: read out of the proto once; a proto parsed here gives up its copy
-        self.weights = _take_weights(self.model, owned=self.model is not model)
+        self.weights = take_weights(self.model, owned=self.model is not model)
         if self.model is not model and self.weights:
-            self.model = _compacted(self.model)
+            self.model = compacted(self.model)
         self.data_flow = data_flow
         self.options = options
         self.num_vgraphs = num_vgraphs
@@ -345,7 +200,7 @@ class Ir:
             self._construct_backwards()
         self._validate_anchors()
         self._prune()
-        self._virtual_graphs()
+        virtual_graphs.apply(self)
         from openipu.popart.transforms import pipeline
         self.num_stages = pipeline.apply(self)      # 0: not pipelined
         self._narrow_int64_constants()
@@ -412,7 +267,7 @@ class Ir:
         if "" not in self.opsets:
             self.opsets[""] = 10
         try:
-            onnx.checker.check_model(_skeleton(self.model, self.weights))
+            onnx.checker.check_model(skeleton(self.model, self.weights))
         except UnicodeDecodeError as e:     # protobuf parses bad UTF-8 and fails when it is read
             raise popart_exception(f"The ONNX model is not valid: a name or string in it is not UTF-8 text ({e}). "
                                    "The file is corrupt; re-export it") from None
@@ -469,7 +324,7 @@ class Ir:
             log("ir").debug("strict ONNX shape inference failed inside a function body (%s): not strict", e)
             return onnx.shape_inference.infer_shapes(skel, data_prop=True)
         except (RuntimeError, onnx.checker.ValidationError) as e:     # onnx's other C++ errors
-            raise popart_exception(f"ONNX shape inference refused the model: {_one_line(e)}") from None
+            raise popart_exception(f"ONNX shape inference refused the model: {one_line(e)}") from None
 
     @staticmethod
     def _setup_checks_first(skel: onnx.ModelProto) -> None:
@@ -511,7 +366,7 @@ class Ir:
         """Strict ONNX shape inference (with step 1's checker, what ``check_model(full_check=True)``
         runs, plus ``data_prop``, minus the type constraints: see :mod:`openipu.popart.model_check`);
         then the attribute and size checks of that module. Returns tensor name -> (dtype, shape)."""
-        skel = _skeleton(self.model, self.weights)
+        skel = skeleton(self.model, self.weights)
         for i, n in enumerate(skel.graph.node):    # onnx's errors name a node by its name
             if not n.name:
                 n.name = n.output[0] if n.output and n.output[0] else f"{n.op_type}_{i}"
@@ -699,7 +554,7 @@ class Ir:
             cvs = [None if t is None or t.kind != "Const" else to_torch(t.value) for t in ins]
             # large inputs (ops after a custom op ONNX inference cannot see through) are probed
             # shape-only first: a kernel that runs on meta tensors reads no values of them
-            shape_only = None if value_shaped else _meta_probe(kernel, ins, in_infos, attrs, opset, cvs)
+            shape_only = None if value_shaped else meta_probe(kernel, ins, in_infos, attrs, opset, cvs)
             try:
                 probed = shape_only or probe(kernel, in_infos, attrs, opset, cvs)
             except Exception as e:
@@ -772,7 +627,7 @@ class Ir:
             kernel = find_kernel(op.domain, op.op_type)
             ins = [self.tensors[x] if x else None for x in op.inputs]
             want = [self.tensors[o].info.shape() for o in op.outputs if o]
-            got = _kernel_output_shapes(kernel, op, ins, self._device_value)
+            got = kernel_output_shapes(kernel, op, ins, self._device_value)
             if got is None:
                 continue
             got = [g for g, o in zip(got, op.outputs) if o]
@@ -882,61 +737,6 @@ class Ir:
         self.used = needed
 
     # -- 6 --------------------------------------------------------------------------------
-    def _virtual_graphs(self):
-        mode = self.options.virtualGraphMode
-        for op in self.ops:
-            ann = op.annotations
-            if PIPELINE_ATTR in ann:
-                op.pipeline_stage = int(ann[PIPELINE_ATTR])
-            if mode == VirtualGraphMode.Manual and VGRAPH_ATTR in ann:
-                op.vgraph = int(ann[VGRAPH_ATTR])
-        if mode == VirtualGraphMode.Manual:
-            have = [op for op in self.ops if op.vgraph is not None]
-            if not have:
-                raise popart_exception("SessionOptions flag virtualGraphMode is Manual, but no Ops have been annotated "
-                                       "with virtual graph information. Annotate the ops with builder.virtualGraph, "
-                                       "or set virtualGraphMode to VirtualGraphMode.Off")
-            if len(have) != len(self.ops):
-                missing = [op.op_type for op in self.ops if op.vgraph is None][:5]
-                raise popart_exception("Either all Ops must have their virtual graph ids set, or none must. "
-                                       f"{len(self.ops) - len(have)} of {len(self.ops)} ops have none (e.g. "
-                                       f"{', '.join(missing)}).")
-            for op in have:
-                if not 0 <= op.vgraph < self.num_vgraphs:
-                    raise popart_exception(
-                        f"Op {op.op_type} ('{op.name}') has virtual graph id {op.vgraph}, but the device has only "
-                        f"{self.num_vgraphs} virtual graph(s) (IPUs / replication factor). Acquire more IPUs")
-        elif mode == VirtualGraphMode.Auto:
-            self._auto_virtual_graphs()
-        elif mode not in (VirtualGraphMode.Off,):
-            log("ir").warning("virtualGraphMode %s is not supported by openipu inference sessions; running as Off",
-                              mode)
-
-    def _auto_virtual_graphs(self):
-        """``VirtualGraphMode.Auto``: cut the op list (topological order) into ``num_vgraphs``
-        contiguous shards of about equal memory (bytes of the weights an op reads plus bytes of
-        its outputs), or in ``virtualGraphSplitRatios`` if set. A tensor used on another shard is
-        copied over the IPU-Links by the lowering. [A]: PopART's own Auto split is a cost-based
-        graph partition; this is a memory-balanced contiguous split."""
-        n = self.num_vgraphs
-        ratios = [float(r) for r in (self.options.virtualGraphSplitRatios or [])]
-        if ratios and len(ratios) != n:
-            raise popart_exception(f"virtualGraphSplitRatios has {len(ratios)} entries but there are {n} virtual "
-                                   "graphs. Give one ratio per IPU, or leave it empty")
-        ratios = np.asarray(ratios or [1.0] * n, np.float64)
-        fwd = [op for op in self.ops if op.grad_of is None and not op.modifies]
-        cost = np.zeros(len(fwd))
-        for i, op in enumerate(fwd):
-            w = sum(self.tensors[x].info.nbytes() for x in op.inputs if x and self.tensors[x].kind in ("Const", "Variable"))
-            cost[i] = w + sum(self.tensors[x].info.nbytes() for x in op.outputs if x in self.tensors)
-        cum = np.cumsum(cost) - cost / 2
-        bounds = np.cumsum(ratios / ratios.sum())[:-1] * (cost.sum() or 1.0)
-        for op, vg in zip(fwd, np.searchsorted(bounds, cum, side="right")):
-            op.vgraph = int(min(vg, n - 1))
-        for op in self.ops:         # gradient and update ops run where their forward op does
-            if op.grad_of is not None:
-                op.vgraph = op.grad_of.vgraph
-
     # -- queries --------------------------------------------------------------------------
     def home_vgraph(self, tid: str) -> int:
         """The virtual graph a tensor lives on: its producer's, else its first consumer's."""

@@ -1,0 +1,93 @@
+"""An ONNX model's weights as the IR holds them: the large initializers taken out of the proto as
+numpy arrays (one host copy), the weightless proto compacted, and the skeleton model that
+``onnx.checker`` and shape inference see (used by :class:`openipu.popart.ir.Ir`)."""
+
+from __future__ import annotations
+
+import google.protobuf.message
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from openipu.popart import tensor_proto
+from openipu.popart.errors import popart_exception
+
+
+def one_line(e: Exception) -> str:
+    """An onnx error as one line (its messages span several, with repeated prefixes)."""
+    text = " ".join(str(e).split())
+    return text.replace("[ShapeInferenceError] Inference error(s): ", "") or type(e).__name__
+
+
+#: initializers of at least this many bytes are held as numpy arrays, outside the ModelProto
+WEIGHT_BYTES = 1 << 16
+
+
+def initializer_array(init: onnx.TensorProto) -> np.ndarray:
+    """``numpy_helper.to_array(init)``, with a data / dims mismatch (more values than the dims
+    hold, a type without numpy equivalent ...) raised as a ``popart_exception`` naming it."""
+    try:
+        return numpy_helper.to_array(init)
+    except Exception as e:  # noqa: BLE001 - numpy's reshape ValueError, onnx's TypeError ...
+        raise popart_exception(f"Initializer '{init.name}' of dims {list(init.dims)} cannot be read: "
+                               f"{one_line(e)}") from None
+
+
+def take_weights(model: onnx.ModelProto, owned: bool) -> dict:
+    """The large top-level initializers of ``model`` as numpy arrays (one host copy of each
+    weight). When the IR parsed the proto itself (``owned``), their ``raw_data`` is cleared so the
+    weights are not held twice; a ModelProto the caller passed is left as it was."""
+    out = {}
+    for init in model.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL or tensor_proto.stored_bytes(init) < WEIGHT_BYTES:
+            continue
+        out[init.name] = initializer_array(init)
+        if owned:
+            tensor_proto.clear_values(init)     # raw_data or the typed field (float_data ...)
+    return out
+
+
+def compacted(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` (whose large weights :func:`take_weights` has cleared) in memory of
+    its own: protobuf keeps a parsed or converted message's field values in one arena until the
+    whole message goes, so a cleared weight (and, in a model converted to fp16, the float32
+    original) would otherwise stay in host memory beside the IR's arrays."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    return m
+
+
+def skeleton(model: onnx.ModelProto, weights: dict) -> onnx.ModelProto:
+    """A copy of ``model`` for ``onnx.checker`` and shape inference without the large weights:
+    each becomes a graph input of its type and shape (the checker serialises the whole model, and
+    refuses one over 2 GB; shape inference only needs their shapes)."""
+    m, g = onnx.ModelProto(), model.graph
+    _copy_fields(m, model, skip="graph")
+    _copy_fields(m.graph, g, skip="initializer")
+    m.graph.initializer.extend(i for i in g.initializer if i.name not in weights)
+    # ONNX infers a Constant's shape from its one attribute: PopART's placement attributes
+    # (``__ipu_number``, ``__pipeline_stage`` ...) on a Constant are not shown to it
+    for n in m.graph.node:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and \
+                any(a.name.startswith("__") for a in n.attribute):
+            keep = [a for a in n.attribute if not a.name.startswith("__")]
+            del n.attribute[:]
+            n.attribute.extend(keep)
+    listed = {vi.name for vi in g.input}
+    for init in g.initializer:
+        if init.name in weights and init.name not in listed:
+            m.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    return m
+
+
+def _copy_fields(dst, src, skip: str) -> None:
+    """Copy every set field of protobuf message ``src`` into ``dst`` except ``skip``."""
+    for fd, value in src.ListFields():
+        if fd.name == skip:
+            continue
+        if isinstance(value, google.protobuf.message.Message):
+            getattr(dst, fd.name).CopyFrom(value)
+        elif not isinstance(value, (str, bytes, int, float)):     # a repeated field
+            getattr(dst, fd.name).extend(value)
+        else:
+            setattr(dst, fd.name, value)
