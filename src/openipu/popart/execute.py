@@ -32,6 +32,14 @@ writes the data it aliases while it is read (:func:`_transpose_views`). The vari
 optimizer state, scalars and the random seed) live in the executor between runs: the session's
 ``weightsFromHost``, ``optimizerFromHost``, ``setRandomSeed`` and ``weightsToHost`` move them.
 
+Torch device (``OPENIPU_TORCH_DEVICE``, :mod:`openipu.popart.torch_device`: ``cpu``, the default,
+``cuda``, ``cuda:N`` or ``auto``): the constants, the variables and every intermediate tensor
+live on that device and the kernels run there; the host boundaries (``PyStepIO`` /
+``PyStepIOCallback`` buffers, anchors, ``weightsToHost``, PrintTensor's text) convert once. Random
+ops draw their streams on the CPU and move the result, so every device draws the same numbers;
+stochastic rounding (numpy) and the collectives of a distributed replicated graph (gloo) also go
+through the CPU.
+
 The default for every PopART session (and so for PopTorch and PopRT, which run PopART sessions);
 ``OPENIPU_EXECUTION=device`` selects the emulation for every session; the prediction
 comes from the compiled program either way (``Engine.predict_run``).
@@ -45,7 +53,7 @@ import numpy as np
 import torch
 
 from openipu import poplar
-from openipu.popart import fp_behaviour, half_partials
+from openipu.popart import fp_behaviour, half_partials, torch_device
 from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.graphcore_ops import find_kernel
 from openipu.popart.ir import shard_rows
@@ -302,11 +310,18 @@ class IrExecutor:
         distributed: the replicas are a block of a distributed replicated graph: the collectives
             run over every instance's replicas (:mod:`openipu.poplibs.gcl_instances`).
         groups: replica-grouped variables, id -> the group of each replica.
+        device: the torch device (``None``: ``OPENIPU_TORCH_DEVICE``, :mod:`.torch_device`).
     """
 
     def __init__(self, ir, weights: dict, replicas: int = 1, accumulation: int = 1, out=None,
-                 distributed: bool = False, groups: dict | None = None, sr_seed: int = 0, target=None):
+                 distributed: bool = False, groups: dict | None = None, sr_seed: int = 0, target=None,
+                 device=None):
         self.ir = ir
+        #: the torch device of the kernels and of every tensor the executor holds
+        #: (``device``: a ``torch.device`` or its name; default ``OPENIPU_TORCH_DEVICE``, see
+        #: :func:`openipu.popart.torch_device.resolve`, which raises ``popart_exception``)
+        self.device = device if isinstance(device, torch.device) else torch_device.resolve(device)
+        self._move = self.device.type != "cpu"
         #: the hardware-only floating-point behaviour (:mod:`openipu.popart.fp_behaviour`):
         #: stochastic rounding of float16 results, floating-point exceptions
         self.sr = bool(getattr(ir.options, "enableStochasticRounding", False))
@@ -405,7 +420,7 @@ class IrExecutor:
 
         def show(value):
             out = self.out or sys.stdout
-            out.write(format_tensor(title, value, ptype) + "\n")
+            out.write(format_tensor(title, torch_device.to_host(value), ptype) + "\n")
             out.flush()
         return show
 
@@ -415,9 +430,28 @@ class IrExecutor:
         return self.reps[0]
 
     def _tensor(self, value, tid) -> torch.Tensor:
+        """A host value (array-like) as the executor's own tensor of ``tid``'s dtype on its
+        device (a copy: later changes to ``value`` do not reach it)."""
         a = np.asarray(value)
+        if self.device.type != "cpu":     # the copy is the move to the device
+            t = torch.from_numpy(np.ascontiguousarray(a) if a.dtype != np.uint64 else a.astype(np.int64))
+            return t.to(self.device, self.dtype[tid])
         t = torch.from_numpy(np.array(a, copy=True, order="C") if a.dtype != np.uint64 else a.astype(np.int64))
         return t.to(self.dtype[tid]) if t.dtype != self.dtype[tid] else t
+
+    def held(self):
+        """``(name, tensor)`` of every tensor the executor holds between runs: the constants,
+        each replica's variables and the update kernels' scratch buffer."""
+        yield from ((f"const {tid}", t) for tid, t in self.consts.items())
+        for r, rep in enumerate(self.reps):
+            yield from ((f"replica {r} {tid}", t) for tid, t in rep.items())
+        if varupdate.scratch() is not None:
+            yield "varupdate scratch", varupdate.scratch()
+
+    def off_device(self) -> list[str]:
+        """The names of the held tensors (:meth:`held`) that are not on the executor's device
+        (empty when all are): the check the device tests make after a step."""
+        return torch_device.misplaced(self.held(), self.device)
 
     def set_weights(self, weights: dict) -> None:
         """The variables' values from their host copies (``weightsFromHost``, ``optimizerFromHost``),
@@ -536,11 +570,13 @@ class IrExecutor:
                 special(res[0])
             for o, v in zip(outs, res):
                 if o:
+                    if self._move and v.device != self.device:  # a kernel without inputs made a CPU tensor
+                        v = v.to(self.device)
                     if o in self.narrow:
                         v = v.to(self.narrow[o])
                     if self.sr and self.dtype[o] == torch.float16 and v.dtype == torch.float32 and \
                             special in ("float", "sr"):
-                        v = fp_behaviour.stochastic_round_half(v, self.sr_gen)
+                        v = fp_behaviour.stochastic_round_half(v, self.sr_gen)    # (on v's device)
                     env[o] = v if v.dtype == self.dtype[o] else v.to(self.dtype[o])
             if self.fp_checks:
                 fp_behaviour.check_finite(kernel.op_type, outs[0] if outs else "", args, [env[o] for o in outs if o])
@@ -559,9 +595,11 @@ class IrExecutor:
         ``poplar_error``)."""
         rf = len(envs)
         out = outs[0]
-        xs = [env[ins[0]] for env in envs]
         n, offset, total = self.instances, self.offset, self.global_replicas
         span = (offset, rf) if n > 1 else None
+        # across instances the values travel through gloo, which takes CPU tensors: a non-CPU
+        # device's values go through the host there (within one process they stay on the device)
+        xs = [env[ins[0]] if span is None else torch_device.to_host(env[ins[0]]) for env in envs]
         if op_type in ("ReplicatedAllGather", "ReplicatedReduceScatter", "ReplicaSlice"):
             self._piece_collective(op_type, attrs, out, envs, xs, span)
             return
@@ -573,12 +611,12 @@ class IrExecutor:
         for g, members in enumerate(groups):
             group_of[members] = g
         red = gcl._reduce_groups(torch.stack(xs), groups, _COLLECTIVE_OP[rop], span, f"{op_type} {out}")
-        for r, (env, x) in enumerate(zip(envs, xs)):
+        for r, env in enumerate(envs):
             value = red[int(group_of[offset + r])]
             if op_type == "ReplicatedAllReduceInplace":
-                env[out] = x.copy_(value)
+                env[out] = env[ins[0]].copy_(value)
             else:
-                env[out] = value.to(self.dtype[out])
+                env[out] = value.to(self.device, self.dtype[out])
 
     def _piece_collective(self, op_type, attrs, out, envs, xs, span) -> None:
         """A reduce-scatter, all-gather or ``ReplicaSlice`` of this instance's replicas (``envs``,
@@ -598,8 +636,8 @@ class IrExecutor:
             rows = (gcl_instances.gather_replicas(local, what) if span is not None else local).reshape(total, -1)
             shape = self.ir.tensors[out].info.shape()
             for r, env in enumerate(envs):
-                full = rows[torch.from_numpy(groups[group_of[offset + r]])].reshape(-1)
-                env[out] = full[:int(np.prod(shape))].reshape(shape).to(self.dtype[out])
+                full = rows[torch.from_numpy(groups[group_of[offset + r]]).to(rows.device)].reshape(-1)
+                env[out] = full[:int(np.prod(shape))].reshape(shape).to(self.device, self.dtype[out])
             return
         size = xs[0].numel()
         k = -(-size // p)
@@ -610,7 +648,7 @@ class IrExecutor:
             src = x if red is None else red[int(group_of[offset + r])]
             flat = torch.cat([src.reshape(-1), src.new_zeros(p * k - size)])
             q = int(place[offset + r])
-            env[out] = flat[q * k:(q + 1) * k].to(self.dtype[out]).clone()
+            env[out] = flat[q * k:(q + 1) * k].to(self.device, self.dtype[out]).clone()
 
     def _step(self, take, put, anchors: list, bps: int) -> None:
         try:
@@ -672,6 +710,9 @@ def _traced(fn, what: str):
 
 
 def _numpy(v: torch.Tensor) -> np.ndarray:
+    """A tensor of the executor as a numpy array on the host (the host boundary's one copy off
+    a non-CPU device; bfloat16 as float32)."""
+    v = torch_device.to_host(v)
     if v.dtype == torch.bfloat16:
         return v.float().numpy()
     return v.numpy()

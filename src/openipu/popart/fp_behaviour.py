@@ -38,7 +38,9 @@ def stochastic_round_half(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor
     the next value's does). Magnitudes below float16's smallest subnormal (2**-24) become 0 or
     2**-24 with that probability; non-finite values, and values whose rounding would leave
     float16's range, are rounded to nearest. numpy's integer ops (a tenth of torch's CPU cost at
-    a million elements); the draws come from a numpy generator seeded from ``gen``."""
+    a million elements); the draws come from a numpy generator seeded from ``gen``. A numpy
+    path: ``x`` on another device (the IR executor's ``OPENIPU_TORCH_DEVICE``) is copied to the
+    host and the result back to ``x``'s device, so every device rounds alike."""
     a = np.ascontiguousarray(x.detach().float().cpu().numpy())
     rng = np.random.default_rng(int(torch.randint(0, 2 ** 62, (1,), generator=gen)))
     bits = a.view(np.int32)
@@ -56,7 +58,8 @@ def stochastic_round_half(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor
     bad = ~(np.abs(r) <= 65504) | ~(np.abs(a) < 65520)
     if bad.any():
         r[bad] = a[bad]
-    return torch.from_numpy(r).half()       # exact but where ``bad``: r holds float16 values
+    # exact but where ``bad``: r holds float16 values; back to x's device (the numpy path's move)
+    return torch.from_numpy(r).half().to(x.device)
 
 
 def check_finite(op_type: str, name: str, ins: list, outs: list) -> None:

@@ -179,7 +179,7 @@ def _reduce_groups(v: torch.Tensor, groups: np.ndarray, op: str, span, what: str
     this instance's replicas and the fold runs as a chain over the instances
     (:func:`gcl_instances.reduce_groups`), bit-identical to the one-process fold."""
     if span is None:
-        return _reduce(v[torch.from_numpy(groups)], op, 1)
+        return _reduce(v[torch.from_numpy(groups).to(v.device)], op, 1)
     red = gcl_instances.reduce_groups(v, groups, span[0], lambda a, b: _combine(op, a, b),
                                       (lambda x: x * x) if op == "SQUARE_ADD" else None, what)
     if op == "MEAN":

@@ -30,7 +30,7 @@ def replicated_reduce_scatter(inputs, attrs, opset):
     xw = x if x.is_floating_point() else x.to(torch.int64)
     red = {"Add": xw * r, "Mul": xw ** r, "SquareAdd": xw * xw * r}.get(op, xw) if r > 1 else \
         (xw * xw if op == "SquareAdd" else xw)
-    out = torch.zeros(r * k, dtype=red.dtype)
+    out = torch.zeros(r * k, dtype=red.dtype, device=red.device)
     out[:x.numel()] = red
     return [out[:k].to(x.dtype)]
 

@@ -50,7 +50,7 @@ def check_ctc_inputs(lp: torch.Tensor, tgt: torch.Tensor, il: torch.Tensor, tl: 
         raise ValueError(f"Ctc: input_lengths {il64.tolist()[:8]} must be in [0, {t}] (the time steps of log_probs)")
     if bool(((tl64 < 0) | (tl64 > s)).any()):
         raise ValueError(f"Ctc: target_lengths {tl64.tolist()[:8]} must be in [0, {s}] (the columns of targets)")
-    used = torch.arange(s).unsqueeze(0) < tl64.unsqueeze(1)
+    used = torch.arange(s, device=tl64.device).unsqueeze(0) < tl64.unsqueeze(1)
     labels = tgt.to(torch.int64)[used]
     if labels.numel() and bool(((labels < 0) | (labels >= c)).any()):
         bad = labels[(labels < 0) | (labels >= c)][0].item()
@@ -105,9 +105,9 @@ def _lse(a, b):
 def _scatter_lse(vals, group, n_groups):
     """Per row, ``logsumexp`` of ``vals`` over the entries of each ``group`` id (``[B, K]``)."""
     b = vals.shape[0]
-    m = torch.full((b, n_groups), -math.inf, dtype=vals.dtype).scatter_reduce(1, group, vals, "amax")
+    m = torch.full((b, n_groups), -math.inf, dtype=vals.dtype, device=vals.device).scatter_reduce(1, group, vals, "amax")
     ms = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    s = torch.zeros((b, n_groups), dtype=vals.dtype).scatter_add(1, group, torch.exp(vals - ms.gather(1, group)))
+    s = torch.zeros((b, n_groups), dtype=vals.dtype, device=vals.device).scatter_add(1, group, torch.exp(vals - ms.gather(1, group)))
     return ms + torch.log(s)
 
 
@@ -131,15 +131,16 @@ def ctc_prefix_beam_search(lp, lengths, blank: int, beam_width: int, top_paths: 
     w = beam_width
     lp = lp.float()
     ninf = -math.inf
-    labels = torch.zeros(b, w, t_max, dtype=torch.int64)
-    plen = torch.zeros(b, w, dtype=torch.int64)
-    pb = torch.full((b, w), ninf)
+    dev = lp.device
+    labels = torch.zeros(b, w, t_max, dtype=torch.int64, device=dev)
+    plen = torch.zeros(b, w, dtype=torch.int64, device=dev)
+    pb = torch.full((b, w), ninf, device=dev)
     pb[:, 0] = 0.0
-    pnb = torch.full((b, w), ninf)
-    keys = torch.zeros(b, w, 2, dtype=torch.int64)
-    lengths = lengths.reshape(-1).to(torch.int64)
-    classes = torch.arange(c)
-    p = torch.tensor(_HASH_P, dtype=torch.int64)
+    pnb = torch.full((b, w), ninf, device=dev)
+    keys = torch.zeros(b, w, 2, dtype=torch.int64, device=dev)
+    lengths = lengths.reshape(-1).to(dev, torch.int64)
+    classes = torch.arange(c, device=dev)
+    p = torch.tensor(_HASH_P, dtype=torch.int64, device=dev)
     for t in range(t_max):
         step = lp[t]                                                   # [B, C]
         last = labels.gather(2, (plen - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1)   # [B, W]
@@ -154,7 +155,7 @@ def ctc_prefix_beam_search(lp, lengths, blank: int, beam_width: int, top_paths: 
         ext_pnb[:, :, blank] = ninf
         ext_keys = (keys.unsqueeze(2) * p + classes.reshape(1, 1, c, 1) + 1) % _HASH_M   # [B, W, C, 2]
         # candidates: [B, W, 1 + C], slot 0 stays, slot 1 + k extends by k
-        cand_pb = torch.cat([stay_pb.unsqueeze(-1), torch.full((b, w, c), ninf)], -1).reshape(b, -1)
+        cand_pb = torch.cat([stay_pb.unsqueeze(-1), torch.full((b, w, c), ninf, device=dev)], -1).reshape(b, -1)
         cand_pnb = torch.cat([stay_pnb.unsqueeze(-1), ext_pnb], -1).reshape(b, -1)
         cand_keys = torch.cat([keys.unsqueeze(2), ext_keys], 2).reshape(b, -1, 2)
         key1 = cand_keys[..., 0] * _HASH_M + cand_keys[..., 1]            # < 2^62: exact in int64
@@ -169,9 +170,10 @@ def ctc_prefix_beam_search(lp, lengths, blank: int, beam_width: int, top_paths: 
         g_pnb = _scatter_lse(cand_pnb, group, k)
         n_groups = new_group.sum(1, keepdim=True)
         score = _lse(g_pb, g_pnb)
-        score = torch.where(torch.arange(k) < n_groups, score, torch.full_like(score, ninf))
+        score = torch.where(torch.arange(k, device=dev) < n_groups, score, torch.full_like(score, ninf))
         # each group's first candidate (in candidate order) represents it
-        rep = torch.full((b, k), k, dtype=torch.int64).scatter_reduce(1, group, torch.arange(k).expand(b, k), "amin")
+        rep = torch.full((b, k), k, dtype=torch.int64, device=dev).scatter_reduce(
+            1, group, torch.arange(k, device=dev).expand(b, k), "amin")
         top = torch.topk(score, w, dim=1)
         sel = top.indices                                               # [B, W] group ids
         cand = rep.gather(1, sel).clamp(max=k - 1)
@@ -197,7 +199,8 @@ def ctc_prefix_beam_search(lp, lengths, blank: int, beam_width: int, top_paths: 
     order = torch.argsort(score, dim=1, descending=True, stable=True)[:, :top_paths]
     out_len = plen.gather(1, order)
     out_labels = labels.gather(1, order.unsqueeze(-1).expand(b, top_paths, t_max))
-    out_labels = torch.where(torch.arange(t_max) < out_len.unsqueeze(-1), out_labels, torch.zeros_like(out_labels))
+    out_labels = torch.where(torch.arange(t_max, device=dev) < out_len.unsqueeze(-1), out_labels,
+                             torch.zeros_like(out_labels))
     return score.gather(1, order), out_len, out_labels
 
 

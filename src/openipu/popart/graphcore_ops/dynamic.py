@@ -15,8 +15,8 @@ def dyn_indices(offsets: torch.Tensor, dims: list, sizes: list):
     o = offsets.reshape(-1).to(torch.int64)
     if o.numel() != len(dims):
         raise ValueError(f"the offset tensor has {o.numel()} elements but {len(dims)} axes are sliced")
-    ok = bool(((o >= 0) & (o < torch.tensor(dims))).all()) if dims else True
-    idx = [(o[j].clamp(0, max(d - 1, 0)) + torch.arange(s)) % max(d, 1) for j, (d, s) in enumerate(zip(dims, sizes))]
+    ok = bool(((o >= 0) & (o < torch.tensor(dims, device=o.device))).all()) if dims else True
+    idx = [(o[j].clamp(0, max(d - 1, 0)) + torch.arange(s, device=o.device)) % max(d, 1) for j, (d, s) in enumerate(zip(dims, sizes))]
     return idx, ok
 
 
@@ -43,7 +43,7 @@ def dyn_slice(x, offset, attrs):
     for a, s in zip(axes, sizes):
         out_shape[a] = s
     if not ok:
-        return torch.zeros(out_shape, dtype=x.dtype)
+        return torch.zeros(out_shape, dtype=x.dtype, device=x.device)
     for a, i in zip(axes, idx):
         x = x.index_select(a, i)
     return x.contiguous()
@@ -102,7 +102,7 @@ def sequence_rows(n, src_off, dst_off, n_src: int, n_dst: int):
     so, do = src_off.reshape(-1).to(torch.int64), dst_off.reshape(-1).to(torch.int64)
     total = int(n.sum())
     first = torch.repeat_interleave(torch.cumsum(n, 0) - n, n)
-    step = torch.arange(total) - first
+    step = torch.arange(total, device=n.device) - first
     src = torch.repeat_interleave(so, n) + step
     dst = torch.repeat_interleave(do, n) + step
     ok = (src >= 0) & (src < n_src) & (dst >= 0) & (dst < n_dst)

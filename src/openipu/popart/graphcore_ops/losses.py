@@ -31,9 +31,9 @@ def nll(inputs, attrs, opset):
     count 0 and, for Mean, are left out of the count (as PyTorch's NLLLoss)."""
     p, label = inputs
     p2, lab, keep = nll_rows(p, label, attrs.get("ignoreIndex"))
-    picked = p2[torch.arange(p2.shape[0]), lab]
+    picked = p2[torch.arange(p2.shape[0], device=p2.device), lab]
     per = -picked if attrs.get("inputIsLogProbability", 0) else -torch.log(picked)
-    per = torch.where(keep, per, torch.zeros(()))
+    per = torch.where(keep, per, torch.zeros((), device=per.device))
     red = int(attrs.get("reduction", 1))
     if red == 1:
         out = per.sum() / max(int(keep.sum()), 1)

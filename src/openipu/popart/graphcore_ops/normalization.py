@@ -57,7 +57,7 @@ def normalize_image(inputs, attrs, opset):
         raise ValueError(f"NormalizeImage: the image's inner dimension must be 3 channels, got {list(img.shape)}")
     dt = torch.float16 if not img.is_floating_point() else img.dtype
     y = (img.float() * float(attrs.get("scale", 1.0)) - off.float()) * sc.float()
-    return [torch.cat([y, torch.zeros(list(y.shape[:-1]) + [1])], -1).to(dt)]
+    return [torch.cat([y, torch.zeros(list(y.shape[:-1]) + [1], device=y.device)], -1).to(dt)]
 
 
 def batch_norm_setup(xs, params: dict, spatial: bool) -> None:

@@ -35,19 +35,19 @@ def packed_data_block(inputs, attrs, opset):
     unpacked = []
     for i in range(n_data):
         data, off, ln = inputs[3 * i], inputs[3 * i + 1].to(torch.int64), inputs[3 * i + 2].to(torch.int64)
-        steps = torch.arange(max_lens[i])
+        steps = torch.arange(max_lens[i], device=off.device)
         rows = off.reshape(-1, 1) + steps
         keep = (steps < ln.reshape(-1, 1)) & (rows < data.shape[0])
         seq = data[torch.where(keep, rows, torch.zeros_like(rows))]
         mask = keep.reshape(list(keep.shape) + [1] * (data.dim() - 1))
-        unpacked.append(torch.where(mask, seq, torch.zeros((), dtype=data.dtype)))
+        unpacked.append(torch.where(mask, seq, torch.zeros((), dtype=data.dtype, device=data.device)))
     n_seq = unpacked[0].shape[0]
     results = [_run_body(callback, [u[k * cbs:(k + 1) * cbs] for u in unpacked], opsets, outer)[0]
                for k in range(n_seq // cbs)]
-    r = torch.cat(results) if results else torch.zeros([0, 0])
-    out = torch.zeros([size] + list(r.shape[2:]), dtype=r.dtype)
+    r = torch.cat(results) if results else torch.zeros([0, 0], device=inputs[0].device)
+    out = torch.zeros([size] + list(r.shape[2:]), dtype=r.dtype, device=r.device)
     r_off, r_len = inputs[-2].to(torch.int64).reshape(-1)[:r.shape[0]], inputs[-1].to(torch.int64).reshape(-1)
-    steps = torch.arange(r.shape[1] if r.dim() > 1 else 0)
+    steps = torch.arange(r.shape[1] if r.dim() > 1 else 0, device=r.device)
     dst = r_off.reshape(-1, 1) + steps
     keep = (steps < r_len[:r.shape[0]].reshape(-1, 1)) & (dst < size)
     out[dst[keep]] = r[keep]

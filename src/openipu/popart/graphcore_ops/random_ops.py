@@ -14,11 +14,12 @@ from openipu.popart.graphcore_ops._registry import _gc, _ints
 
 def seeded_keep_mask(seed: torch.Tensor, modifier: int, keep: float, shape) -> torch.Tensor:
     """Bernoulli(``keep``) mask of ``shape`` (float64 0/1) from a ``[2]`` seed and a modifier:
-    ``poprand.bernoulli``'s stream (flattened element order)."""
+    ``poprand.bernoulli``'s stream (flattened element order), on ``seed``'s device: drawn with
+    poprand's CPU generator and moved, so that every device draws the same mask."""
     from openipu.poplibs.poprand import _draw, _generators
     n = math.prod(shape)
     (g,) = _generators(seed.reshape(1, 2).to(torch.int64), int(modifier) & 0xFFFFFFFF)
-    return _draw("bernoulli", (float(keep),), n, g, None).reshape(list(shape))
+    return _draw("bernoulli", (float(keep),), n, g, None).reshape(list(shape)).to(seed.device)
 
 
 def _dropout_apply(x, seed, attrs, mask_shape):
@@ -26,7 +27,7 @@ def _dropout_apply(x, seed, attrs, mask_shape):
     keep = 1.0 - ratio
     m = seeded_keep_mask(seed, int(attrs.get("seedModifier", 0)), keep, mask_shape)
     m = m.reshape([1] * (x.dim() - len(mask_shape)) + list(mask_shape))
-    return (x * (m.to(x.dtype) * torch.tensor(1.0 / keep, dtype=x.dtype))).to(x.dtype), m
+    return (x * (m.to(x.dtype) * torch.tensor(1.0 / keep, dtype=x.dtype, device=x.device))).to(x.dtype), m
 
 
 @_gc("Dropout", "DropoutGrad", flops=lambda i, o, a: 3.0 * math.prod(o[0]))
@@ -58,10 +59,11 @@ def shaped_dropout(inputs, attrs, opset):
 
 
 def _seeded_draw(seed, attrs, kind, params, shape) -> torch.Tensor:
-    """``shape`` numbers of poprand's ``kind`` stream for the seed and ``seedModifier`` (float64)."""
+    """``shape`` numbers of poprand's ``kind`` stream for the seed and ``seedModifier`` (float64),
+    on ``seed``'s device (drawn on the CPU and moved: the same numbers on every device)."""
     from openipu.poplibs.poprand import _draw, _generators
     (g,) = _generators(seed.reshape(1, 2).to(torch.int64), int(attrs.get("seedModifier", 0)) & 0xFFFFFFFF)
-    return _draw(kind, params, math.prod(shape), g, None).reshape(list(shape))
+    return _draw(kind, params, math.prod(shape), g, None).reshape(list(shape)).to(seed.device)
 
 
 def _random_dtype(attrs, like=None):

@@ -56,8 +56,8 @@ def popart_lstm(inputs, attrs, opset):
     order = list(_POPART_GATE_OF_ONNX)
     w_onnx = wi[order].transpose(1, 2).reshape(1, 4 * h, n_in)
     r_onnx = wr[order].transpose(1, 2).reshape(1, 4 * h, h)
-    bias = b[order].reshape(4 * h) if b is not None else torch.zeros(4 * h, dtype=x.dtype)
-    b_onnx = torch.cat([bias, torch.zeros(4 * h, dtype=bias.dtype)]).reshape(1, 8 * h)
+    bias = b[order].reshape(4 * h) if b is not None else torch.zeros(4 * h, dtype=x.dtype, device=x.device)
+    b_onnx = torch.cat([bias, torch.zeros(4 * h, dtype=bias.dtype, device=bias.device)]).reshape(1, 8 * h)
     h0 = init[0:1] if init is not None else None
     c0 = init[1:2] if init is not None else None
     y, yh, yc = _run("LSTM", [x, w_onnx, r_onnx, b_onnx, lens, h0, c0], {"hidden_size": h}, 7)

@@ -65,12 +65,12 @@ def scatter_reduce_fn(src, index, initial, attrs):
                         int(attrs.get("group_size", 1)))
     red = str(attrs.get("reduction", "sum"))
     red = {"0": "sum", "1": "max", "2": "min", "3": "mul", "4": "none"}.get(red, red)
-    base = initial.to(src.dtype) if initial is not None else torch.zeros(shape, dtype=src.dtype)
+    base = initial.to(src.dtype) if initial is not None else torch.zeros(shape, dtype=src.dtype, device=src.device)
     bad = (idx < 0) | (idx >= shape[axis])
     if bool(bad.any()):         # out-of-range rows are dropped (PopLibs' multiUpdate ignores them)
         extra = list(shape)
         extra[axis] = 1
-        base = torch.cat([base, torch.zeros(extra, dtype=base.dtype)], axis)
+        base = torch.cat([base, torch.zeros(extra, dtype=base.dtype, device=base.device)], axis)
         idx = torch.where(bad, torch.full_like(idx, shape[axis]), idx)
         out = base.scatter(axis, idx, src) if red == "none" else \
             base.scatter_reduce(axis, idx, src, reduce=SCATTER_REDUCE[red], include_self=initial is not None)
@@ -104,7 +104,7 @@ def grouped_gather_fn(data, indices, axis: int):
     i = indices.long().reshape(g, -1)
     i = torch.where(i < 0, i + d, i)
     dm = data.movedim(axis, 1)                               # [G, D, rest...]
-    out = dm[torch.arange(g)[:, None], i]                   # [G, M, rest...]
+    out = dm[torch.arange(g, device=dm.device)[:, None], i]                   # [G, M, rest...]
     ishape = list(indices.shape[1:])
     out = out.reshape([g] + ishape + list(dm.shape[2:]))
     # the index dims go where the gathered axis was

@@ -43,7 +43,8 @@ def init(inputs, attrs, opset):
     leaves memory as it is, which is zeros in openipu's fresh tensors."""
     from openipu.popart.shapes import KERNEL_TORCH_OF
     name = DATA_TYPES[int(attrs.get("data_type", 9))]
-    return [torch.zeros(_ints(attrs.get("shape")), dtype=KERNEL_TORCH_OF.get(name, torch.float32))]
+    # no input to follow: a CPU tensor, which the IR executor moves to its device
+    return [torch.zeros(_ints(attrs.get("shape")), dtype=KERNEL_TORCH_OF.get(name, torch.float32), device="cpu")]
 
 
 @_gc("DepthToSpace")

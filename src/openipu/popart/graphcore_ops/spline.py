@@ -58,10 +58,11 @@ def spline_basis(inputs, attrs, opset):
     e, d = pseudo.shape
     ksl = ks.to(torch.int64)
     n_s = (degree + 1) ** d
-    digits = (torch.arange(n_s).unsqueeze(-1) // (degree + 1) ** torch.arange(d)) % (degree + 1)   # [S, D]
+    ar = {"device": pseudo.device}
+    digits = (torch.arange(n_s, **ar).unsqueeze(-1) // (degree + 1) ** torch.arange(d, **ar)) % (degree + 1)   # [S, D]
     v = pseudo.float() * (ksl - degree * is_open.to(torch.int64)).float()                           # [E, D]
     fl = torch.floor(v)
-    offsets = torch.cumprod(torch.cat([torch.ones(1, dtype=torch.int64), ksl[:-1]]), 0)           # [D]
+    offsets = torch.cumprod(torch.cat([torch.ones(1, dtype=torch.int64, device=ksl.device), ksl[:-1]]), 0)           # [D]
     wi = (((fl.to(torch.int64).unsqueeze(1) + digits) % ksl.clamp(min=1)) * offsets).sum(-1)       # [E, S]
     per_dim = _spline_basis_1d(v - fl, degree)                                                       # [E, D, deg+1]
     picked = per_dim.unsqueeze(1).expand(e, n_s, d, degree + 1).gather(3, digits.expand(e, n_s, d).unsqueeze(-1))
@@ -100,7 +101,7 @@ def spline_weighting(inputs, attrs, opset):
     spline_weighting_setup(list(x.shape), list(w.shape), list(basis.shape), list(wi.shape), *names)
     xf, wf, bf = x.float(), w.float(), basis.float()
     idx = wi.to(torch.int64)
-    out = torch.zeros(x.shape[0], w.shape[2])
+    out = torch.zeros(x.shape[0], w.shape[2], device=x.device)
     for s in range(basis.shape[1]):
         out = out + bf[:, s:s + 1] * torch.bmm(xf.unsqueeze(1), wf[idx[:, s]]).squeeze(1)
     return [out.to(x.dtype)]

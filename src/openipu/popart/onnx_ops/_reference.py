@@ -141,24 +141,30 @@ def run_node_on_host(node, inputs: Sequence[torch.Tensor | None],
 
 
 def run_graph(graph, env: dict[str, Any], opsets: Mapping[str, int],
-              outer: Mapping[str, Any] | None = None) -> list[Any]:
+              outer: Mapping[str, Any] | None = None, device=None) -> list[Any]:
     """Run ``graph`` with ``env`` (name -> torch tensor) holding its inputs; returns its outputs.
 
-    ``outer`` names values of enclosing graphs visible to a subgraph.
+    ``outer`` names values of enclosing graphs visible to a subgraph. ``device`` (a non-CPU
+    ``torch.device``, e.g. the IR executor's): the initializers and every node's tensor outputs
+    are moved there (a node without inputs, such as Constant, makes CPU tensors).
     """
     from onnx import numpy_helper
+    move = device is not None and torch.device(device).type != "cpu"
+
+    def put(v):
+        return v.to(device) if move and isinstance(v, torch.Tensor) else v
     scope: dict[str, Any] = dict(outer or {})
     for init in graph.initializer:
-        scope[init.name] = to_torch(numpy_helper.to_array(init))
+        scope[init.name] = put(to_torch(numpy_helper.to_array(init)))
     for sp in graph.sparse_initializer:
-        scope[sp.values.name] = _sparse_to_dense(sp)
+        scope[sp.values.name] = put(_sparse_to_dense(sp))
     scope.update(env)
     for node in graph.node:
         ins = [scope[n] if n else None for n in node.input]
         outs = run_node_on_host(node, ins, opsets, scope)
         for name, v in zip(node.output, outs):
             if name:
-                scope[name] = v
+                scope[name] = put(v)
     return [scope[o.name] for o in graph.output]
 
 

@@ -26,8 +26,8 @@ def _split_heads(t, heads):
 
 def _window(base, q, kv, offset, left, right):
     """Bias adding -inf outside ``p - left <= j <= p + right`` with ``p = i + offset``."""
-    i = torch.arange(q).reshape(q, 1)
-    j = torch.arange(kv).reshape(1, kv)
+    i = torch.arange(q, device=base.device).reshape(q, 1)
+    j = torch.arange(kv, device=base.device).reshape(1, kv)
     if isinstance(offset, torch.Tensor):
         diff = (i + offset.reshape(-1, 1, 1)) - j
     else:
@@ -37,8 +37,8 @@ def _window(base, q, kv, offset, left, right):
         allowed &= diff <= left
     if right is not None and right >= 0:
         allowed &= -diff <= right
-    bias = torch.where(allowed, torch.zeros((), dtype=base.dtype),
-                       torch.full((), -math.inf, dtype=base.dtype))
+    bias = torch.where(allowed, torch.zeros((), dtype=base.dtype, device=base.device),
+                       torch.full((), -math.inf, dtype=base.dtype, device=base.device))
     if bias.dim() == 3:
         bias = bias.reshape(bias.shape[0], 1, q, kv)
     return base + bias
@@ -57,20 +57,21 @@ def attention(inputs, attrs, opset):
     scale = attrs.get("scale")
     if scale is None:
         scale = 1 / math.sqrt(q.shape[3])
-    s = torch.tensor(math.sqrt(scale), dtype=torch.float32).to(dt)
+    s = torch.tensor(math.sqrt(scale), dtype=torch.float32, device=q.device).to(dt)
     pk = torch.cat([past_k, k], 2) if past_k is not None else k
     pv = torch.cat([past_v, v], 2) if past_v is not None else v
     k, v = pk, pv
     sq, skv = q.shape[2], k.shape[2]
-    bias = torch.zeros((sq, skv), dtype=dt)
+    bias = torch.zeros((sq, skv), dtype=dt, device=q.device)
     if mask is not None and mask.shape[-1] < skv:
         padv = False if mask.dtype == torch.bool else -math.inf
         mask = torch.nn.functional.pad(mask, (0, skv - mask.shape[-1]), value=padv)
     left, right = attrs.get("left_window_size", -1), attrs.get("right_window_size", -1)
     if attrs.get("is_causal", 0):
         if mask is not None and mask.dtype == torch.bool:
-            mask = torch.where(mask, torch.zeros((), dtype=dt), torch.full((), -math.inf, dtype=dt))
-        base = torch.zeros((sq, skv), dtype=dt) if mask is None else mask.clone()
+            mask = torch.where(mask, torch.zeros((), dtype=dt, device=q.device),
+                               torch.full((), -math.inf, dtype=dt, device=q.device))
+        base = torch.zeros((sq, skv), dtype=dt, device=q.device) if mask is None else mask.clone()
         if past_k is None and nonpad is not None:
             off = nonpad.reshape(-1).to(torch.int64) - sq
         else:
@@ -78,16 +79,17 @@ def attention(inputs, attrs, opset):
         bias = _window(base, sq, skv, off, -1, 0)  # causal: j <= i + offset
     elif mask is not None:
         if mask.dtype == torch.bool:
-            mask = torch.where(mask, torch.zeros((), dtype=dt), torch.full((), -math.inf, dtype=dt))
+            mask = torch.where(mask, torch.zeros((), dtype=dt, device=q.device),
+                               torch.full((), -math.inf, dtype=dt, device=q.device))
         bias = bias + mask
     if left >= 0 or right >= 0:
         if past_k is None and nonpad is not None:
             off = nonpad.reshape(-1).to(torch.int64) - sq
         else:
             off = past_k.shape[2] if past_k is not None else 0
-        bias = _window(torch.zeros((sq, skv), dtype=dt) + bias, sq, skv, off, left, right)
+        bias = _window(torch.zeros((sq, skv), dtype=dt, device=q.device) + bias, sq, skv, off, left, right)
     if nonpad is not None:
-        keep = torch.arange(skv)[None, :] < nonpad.reshape(-1, 1).to(torch.int64)
+        keep = torch.arange(skv, device=q.device)[None, :] < nonpad.reshape(-1, 1).to(torch.int64)
         bias = bias + torch.where(keep, 0.0, -math.inf).to(bias.dtype).reshape(-1, 1, 1, skv)
     nq = q.shape[1]
     nk = k.shape[1] if kvh is None else kvh
@@ -111,8 +113,8 @@ def attention(inputs, attrs, opset):
     ssum = e.sum(-1, keepdim=True)
     sm = e / torch.where(ssum == 0, torch.ones_like(ssum), ssum)
     bias_masked = torch.isneginf(bias.amax(-1, keepdim=True)) if bias.numel() else \
-        torch.zeros((), dtype=torch.bool)
-    sm = torch.where(bias_masked, torch.zeros((), dtype=sm.dtype), sm)
+        torch.zeros((), dtype=torch.bool, device=sm.device)
+    sm = torch.where(bias_masked, torch.zeros((), dtype=sm.dtype, device=sm.device), sm)
     if mode == 3:
         qk_out = sm
     sm = sm.to(dt)

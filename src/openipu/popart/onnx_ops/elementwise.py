@@ -57,7 +57,7 @@ def isinf(inputs, attrs, opset):
     x = inputs[0].float() if inputs[0].dtype in FLOAT8 else inputs[0]
     pos = attrs.get("detect_positive", 1)
     neg = attrs.get("detect_negative", 1)
-    r = torch.zeros(x.shape, dtype=torch.bool)
+    r = torch.zeros(x.shape, dtype=torch.bool, device=x.device)
     if pos:
         r |= torch.isposinf(x)
     if neg:
@@ -300,9 +300,9 @@ def clip(inputs, attrs, opset):
         lo, hi = scalar(opt(inputs, 1)), scalar(opt(inputs, 2))
     xw = widen(x)
     if lo is not None:
-        xw = torch.maximum(xw, torch.tensor(lo, dtype=xw.dtype))
+        xw = torch.maximum(xw, torch.tensor(lo, dtype=xw.dtype, device=xw.device))
     if hi is not None:
-        xw = torch.minimum(xw, torch.tensor(hi, dtype=xw.dtype))
+        xw = torch.minimum(xw, torch.tensor(hi, dtype=xw.dtype, device=xw.device))
     return [narrow(xw, x.dtype)]
 
 
@@ -386,7 +386,7 @@ def cast_like(inputs, attrs, opset):
 def bit_cast(inputs, attrs, opset):
     dt = torch_dtype(attrs["to"])
     x = inputs[0]
-    if x.element_size() != torch.empty((), dtype=dt).element_size():
+    if x.element_size() != dt.itemsize:
         raise OnnxKernelError("BitCast: source and target element sizes must match")
     if x.dtype == torch.bool or dt == torch.bool:
         return [x.view(torch.uint8).to(dt) if dt == torch.bool else x.to(torch.uint8).view(dt)]

@@ -41,8 +41,9 @@ def tensor_scatter(inputs, attrs, opset):
             raise OnnxKernelError(f"TensorScatter: update shape {list(update.shape)} does not fit cache shape "
                                   f"{list(cache.shape)} along axis {axis}")
     n_batch, max_len, seq = cache.shape[0], cache.shape[axis], update.shape[axis]
-    start = idx.to(torch.int64) if idx is not None else torch.zeros(n_batch, dtype=torch.int64)
-    pos = start.reshape(-1, 1) + torch.arange(seq, dtype=torch.int64)          # [batch, seq]
+    start = idx.to(cache.device, torch.int64) if idx is not None else \
+        torch.zeros(n_batch, dtype=torch.int64, device=cache.device)
+    pos = start.reshape(-1, 1) + torch.arange(seq, dtype=torch.int64, device=cache.device)          # [batch, seq]
     if mode == "circular":
         pos = pos % max_len
     if ((pos < 0) | (pos >= max_len)).any():

@@ -68,7 +68,7 @@ def vjp_many(fwd, inputs: list, attrs: dict, opset: int, wrt: list, gy: torch.Te
             ins[i] = ins[i].clone().requires_grad_(True)
         y = fwd(ins, attrs, opset)[out]
         gs = torch.autograd.grad(y, [ins[i] for i in wrt], gy.float().reshape(y.shape), allow_unused=True)
-    return [torch.zeros(ins[i].shape) if g is None else g for i, g in zip(wrt, gs)]
+    return [torch.zeros(ins[i].shape, device=gy.device) if g is None else g for i, g in zip(wrt, gs)]
 
 
 # -- generic gradient ops: the vector-Jacobian product of the forward op's host kernel ----------
@@ -146,13 +146,13 @@ def _norm_grad(fwd_type, inputs, attrs, opset):
     x, scale, gy = inputs[0], inputs[1], inputs[-1]
     a = {k: v for k, v in attrs.items() if k not in GRAD_ATTRS}
     fwd_opset = int(attrs.get("fwd_opset", opset))
-    bias = torch.zeros(list(attrs.get("bias_shape") or scale.shape))
+    bias = torch.zeros(list(attrs.get("bias_shape") or scale.shape), device=x.device)
     ins = [x, scale, bias]
     if fwd_type == "BatchNormalization" and x.dim() >= 2:
         return _batch_norm_grad(x, scale, gy, float(a.get("epsilon", 1e-5)))
     if fwd_type == "BatchNormalization":        # batch statistics: the training-mode kernel
         c = x.shape[1]
-        ins += [torch.zeros(c), torch.ones(c)]
+        ins += [torch.zeros(c, device=x.device), torch.ones(c, device=x.device)]
         a.update(training_mode=1, __num_outputs__=3)
         fwd_opset = 15
     else:
@@ -184,7 +184,7 @@ for _name, _fwd in NORM_GRADS.items():
 @onnx_op("ReluGrad", domain=GC, flops=_elementwise_flops(2))
 def relu_grad(inputs, attrs, opset):
     y, gy = inputs
-    return [torch.where(y > 0, gy, torch.zeros((), dtype=gy.dtype))]
+    return [torch.where(y > 0, gy, torch.zeros((), dtype=gy.dtype, device=gy.device))]
 
 
 @onnx_op("SigmoidGrad", domain=GC, flops=_elementwise_flops(3))
@@ -261,10 +261,10 @@ def nll_grad(inputs, attrs, opset):
     p, label, gy = inputs
     p2, lab, keep = nll_rows(p, label, attrs.get("ignoreIndex"))
     g = _nll_scale(keep, attrs, gy)
-    rows = torch.arange(p2.shape[0])
+    rows = torch.arange(p2.shape[0], device=p2.device)
     val = -g if attrs.get("inputIsLogProbability", 0) else -g / p2[rows, lab]
     out = torch.zeros_like(p2)
-    out[rows, lab] = torch.where(keep, val, torch.zeros(()))
+    out[rows, lab] = torch.where(keep, val, torch.zeros((), device=p2.device))
     return [out.reshape(p.shape).to(p.dtype)]
 
 
@@ -275,7 +275,7 @@ def nll_softmax_grad(inputs, attrs, opset):
     x2, lab, keep = nll_rows(x, label, attrs.get("ignoreIndex"))
     g = _nll_scale(keep, attrs, gy)
     sm = torch.softmax(x2, -1)
-    sm[torch.arange(x2.shape[0]), lab] -= 1.0
+    sm[torch.arange(x2.shape[0], device=x2.device), lab] -= 1.0
     out = sm * (keep.float() * (g if g.dim() else g.expand(x2.shape[0]))).unsqueeze(-1)
     return [out.reshape(x.shape).to(x.dtype)]
 
@@ -349,7 +349,7 @@ def max_pool_grad(inputs, attrs, opset):
 @onnx_op("AveragePoolGrad", domain=GC, flops=_elementwise_flops(2))
 def average_pool_grad(inputs, attrs, opset):
     (gy,) = inputs
-    x = torch.zeros(list(attrs["input_shape"]), dtype=torch.float32)
+    x = torch.zeros(list(attrs["input_shape"]), dtype=torch.float32, device=gy.device)
     return [_vjp("AveragePool", [x], attrs, opset, 0, gy)]
 
 
@@ -368,7 +368,7 @@ def gather_grad(inputs, attrs, opset):
     # gy: data.shape[:axis] + idx.shape + data.shape[axis+1:]
     lead, trail = shape[:axis], shape[axis + 1:]
     g = gy.float().reshape(lead + [i.numel()] + trail)
-    out = torch.zeros(shape, dtype=torch.float32)
+    out = torch.zeros(shape, dtype=torch.float32, device=gy.device)
     valid = (i >= 0) & (i < n)
     if not bool(valid.all()):
         i, g = i[valid], g.index_select(axis, valid.nonzero().reshape(-1))

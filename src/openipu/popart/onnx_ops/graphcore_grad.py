@@ -9,6 +9,7 @@ module-level functions (the registry stays picklable).
 
 from __future__ import annotations
 
+import math
 
 import torch
 
@@ -39,7 +40,7 @@ def swish_grad(inputs, attrs, opset):
 def subsample_grad(inputs, attrs, opset):
     """``[gy] -> gx`` of ``input_shape``: gy at every ``strides[d]``-th element, zeros elsewhere."""
     (gy,) = inputs
-    out = torch.zeros(_shape(attrs, "input_shape"), dtype=gy.dtype)
+    out = torch.zeros(_shape(attrs, "input_shape"), dtype=gy.dtype, device=gy.device)
     out[tuple(slice(None, None, int(s)) for s in attrs["strides"])] = gy
     return [out]
 
@@ -55,7 +56,7 @@ def slice_grad(inputs, attrs, opset):
     idx = [slice(None)] * len(shape)
     for s, e, ax in zip(starts, ends, axes):
         idx[int(ax)] = slice(int(s), int(e))
-    out = torch.zeros(shape, dtype=gy.dtype)
+    out = torch.zeros(shape, dtype=gy.dtype, device=gy.device)
     out[tuple(idx)] = gy
     return [out]
 
@@ -88,7 +89,7 @@ def reduce_median_grad(inputs, attrs, opset):
     axes = list(range(r)) if axes is None else sorted({int(a) % r for a in axes})
     keep = [d for d in range(r) if d not in axes]
     lead = [shape[d] for d in keep]
-    flat = torch.zeros(lead + [int(torch.tensor([shape[d] for d in axes]).prod()) if axes else 1], dtype=gy.dtype)
+    flat = torch.zeros(lead + [math.prod(shape[d] for d in axes) if axes else 1], dtype=gy.dtype, device=gy.device)
     flat.scatter_(-1, idx.long().reshape(lead + [1]), gy.reshape(lead + [1]))
     perm = keep + axes
     inv = [perm.index(d) for d in range(r)]
@@ -165,7 +166,8 @@ def dynamic_slice_pad_grad(inputs, attrs, opset):
     slice's place (wrapping as the forward slice), zeros elsewhere."""
     from openipu.popart.graphcore_ops import dyn_write
     gy, offset = inputs
-    return [dyn_write(torch.zeros(_shape(attrs, "input_shape"), dtype=gy.dtype), offset, gy, attrs, "add")]
+    return [dyn_write(torch.zeros(_shape(attrs, "input_shape"), dtype=gy.dtype, device=gy.device), offset, gy, attrs,
+                      "add")]
 
 
 @onnx_op("SequenceSliceGrad", domain=GC, flops=_flops(1))
@@ -185,7 +187,7 @@ def sequence_slice_grad(inputs, attrs, opset):
         return [out.reshape(gy.shape)]
     shape = _shape(attrs, "input_shape")
     rs, rd = sequence_rows(n, so, do, shape[0], g2.shape[0])
-    out = torch.zeros(shape[0], g2.shape[1], dtype=torch.float32)
+    out = torch.zeros(shape[0], g2.shape[1], dtype=torch.float32, device=g2.device)
     out.index_add_(0, rs, g2[rd].float())
     return [out.reshape(shape).to(gy.dtype)]
 
@@ -219,7 +221,7 @@ def grouped_gather_grad(inputs, attrs, opset):
     (each slice of gy added into its group's gathered row)."""
     from openipu.popart.graphcore_ops import grouped_gather_fn
     gy, idx = inputs
-    data = torch.zeros(_shape(attrs, "data_shape"))
+    data = torch.zeros(_shape(attrs, "data_shape"), device=gy.device)
     g = _vjp(lambda d, i: grouped_gather_fn(d, i, int(attrs.get("axis", 0))), [data, idx], 0, gy)
     return [g.to(gy.dtype)]
 
@@ -238,6 +240,6 @@ def depth_to_space_grad(inputs, attrs, opset):
     """Gradient of DepthToSpace: ``[gy] -> gx`` of ``input_shape`` (the inverse rearrangement)."""
     from openipu.popart.graphcore_ops import depth_to_space
     (gy,) = inputs
-    x = torch.zeros(_shape(attrs, "input_shape"))
+    x = torch.zeros(_shape(attrs, "input_shape"), device=gy.device)
     g = _vjp(lambda t: depth_to_space([t], attrs, 1)[0], [x], 0, gy)
     return [g.to(gy.dtype)]

@@ -54,7 +54,7 @@ def gemm(inputs, attrs, opset):
 def _zp(zp, t, axis_rows):
     """Zero point as a broadcastable int64 tensor (per-row for A, per-column for B, or scalar)."""
     if zp is None:
-        return torch.zeros((), dtype=torch.int64)
+        return torch.zeros((), dtype=torch.int64, device=t.device)
     zp = zp.to(torch.int64)
     if zp.dim() >= 1 and zp.numel() > 1:
         if axis_rows:  # A: one per row (M) -> [..., M, 1]

@@ -42,10 +42,11 @@ def _ml(name):
 
 def _subbyte_cast(x: torch.Tensor, to: int) -> torch.Tensor:
     name, wide, _ = SUBBYTE[to]
+    # a numpy path (ml_dtypes' rounding to the sub-byte type): through the host, back to x's device
     a = x.detach().cpu()
     a = (a.float() if a.dtype in (torch.bfloat16,) + FLOAT8 else a).numpy()
     return torch.from_numpy(np.ascontiguousarray(a.astype(_ml(name)).astype(
-        {torch.int8: np.int8, torch.uint8: np.uint8, torch.float32: np.float32}[wide])))
+        {torch.int8: np.int8, torch.uint8: np.uint8, torch.float32: np.float32}[wide]))).to(x.device)
 
 
 def _narrow(to: int) -> tuple:

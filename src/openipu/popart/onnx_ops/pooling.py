@@ -46,7 +46,7 @@ def _window_sum(x, k, strides, dil):
     """Sum over each window: depthwise convolution with a ones kernel ([N, C, *S] -> [N, C, *O])."""
     nd = len(k)
     n, c = x.shape[:2]
-    w = torch.ones((c, 1) + tuple(k), dtype=x.dtype)
+    w = torch.ones((c, 1) + tuple(k), dtype=x.dtype, device=x.device)
     return _CONV[nd](x, w, stride=strides, dilation=dil, groups=c)
 
 
@@ -58,7 +58,7 @@ def average_pool(inputs, attrs, opset):
     xf = x.float() if dt in (torch.float16, torch.bfloat16) else x
     pads = torch_pad(begins + ends)
     total = _window_sum(F.pad(xf, pads), k, s, d)
-    ones = torch.ones((1, 1) + tuple(x.shape[2:]), dtype=xf.dtype)
+    ones = torch.ones((1, 1) + tuple(x.shape[2:]), dtype=xf.dtype, device=xf.device)
     if attrs.get("count_include_pad", 0):
         ones = F.pad(ones, torch_pad(begins + pad_ends), value=1.0)
         extra = [e - p for e, p in zip(ends, pad_ends)]
@@ -105,7 +105,7 @@ def max_pool(inputs, attrs, opset):
     for i in order:
         flat = flat * ins[i] + coords[i]
     n, c = x.shape[:2]
-    base = torch.arange(n * c, dtype=torch.int64).reshape(n, c, *[1] * nd) * numel(ins)
+    base = torch.arange(n * c, dtype=torch.int64, device=x.device).reshape(n, c, *[1] * nd) * numel(ins)
     return [y.to(dt), flat + base]
 
 
@@ -119,12 +119,12 @@ def max_unpool(inputs, attrs, opset):
     pads = list(attrs.get("pads") or [0] * (2 * nd))
     inferred = list(x.shape[:2]) + [(x.shape[2 + i] - 1) * s[i] + k[i] - pads[i] - pads[nd + i]
                                     for i in range(nd)]
-    out = torch.zeros(numel(inferred), dtype=x.dtype)
+    out = torch.zeros(numel(inferred), dtype=x.dtype, device=x.device)
     out.scatter_(0, idx.reshape(-1).to(torch.int64), x.reshape(-1))
     out = out.reshape(inferred)
     if out_shape is not None:  # indices address the inferred shape; it sits at the origin
         shape = [int(v) for v in out_shape.tolist()]
-        big = torch.zeros(shape, dtype=x.dtype)
+        big = torch.zeros(shape, dtype=x.dtype, device=x.device)
         big[tuple(slice(0, d) for d in inferred)] = out
         out = big
     return [out]
@@ -173,7 +173,7 @@ def roi_align(inputs, attrs, opset):
     half = attrs.get("coordinate_transformation_mode", "half_pixel") == "half_pixel" and opset >= 16
     n, c, h, w = x.shape
     xf = x.to(torch.float64)
-    out = torch.zeros((rois.shape[0], c, oh, ow), dtype=torch.float64)
+    out = torch.zeros((rois.shape[0], c, oh, ow), dtype=torch.float64, device=x.device)
     offset = 0.5 if half else 0.0
     for r in range(rois.shape[0]):
         x1, y1, x2, y2 = [float(v) * scale - offset for v in rois[r].tolist()]
@@ -184,10 +184,9 @@ def roi_align(inputs, attrs, opset):
         gh = ratio if ratio > 0 else int(math.ceil(rh / oh))
         gw = ratio if ratio > 0 else int(math.ceil(rw / ow))
         gh, gw = max(gh, 1), max(gw, 1)
-        ys = y1 + torch.arange(oh, dtype=torch.float64)[:, None] * bh + \
-            (torch.arange(gh, dtype=torch.float64)[None, :] + 0.5) * bh / gh  # [oh, gh]
-        xs = x1 + torch.arange(ow, dtype=torch.float64)[:, None] * bw + \
-            (torch.arange(gw, dtype=torch.float64)[None, :] + 0.5) * bw / gw  # [ow, gw]
+        f64 = {"dtype": torch.float64, "device": x.device}
+        ys = y1 + torch.arange(oh, **f64)[:, None] * bh + (torch.arange(gh, **f64)[None, :] + 0.5) * bh / gh  # [oh, gh]
+        xs = x1 + torch.arange(ow, **f64)[:, None] * bw + (torch.arange(gw, **f64)[None, :] + 0.5) * bw / gw  # [ow, gw]
         img = xf[int(bidx[r])]  # [C, H, W]
         vals = _bilinear_terms(img, ys.reshape(-1), xs.reshape(-1), h, w)  # [4, C, oh*gh, ow*gw]
         vals = vals.reshape(4, c, oh, gh, ow, gw)

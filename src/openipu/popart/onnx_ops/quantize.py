@@ -66,8 +66,8 @@ def dequantize_linear(inputs, attrs, opset):
 @onnx_op("DynamicQuantizeLinear")
 def dynamic_quantize_linear(inputs, attrs, opset):
     x = inputs[0].to(torch.float32)
-    rmin = torch.clamp(x.min(), max=0.0) if x.numel() else torch.tensor(0.0)
-    rmax = torch.clamp(x.max(), min=0.0) if x.numel() else torch.tensor(0.0)
+    rmin = torch.clamp(x.min(), max=0.0) if x.numel() else torch.tensor(0.0, device=x.device)
+    rmax = torch.clamp(x.max(), min=0.0) if x.numel() else torch.tensor(0.0, device=x.device)
     scale = ((rmax - rmin) / 255.0).to(torch.float32)
     s = torch.where(scale == 0, torch.ones_like(scale), scale)
     zp = torch.round((0 - rmin) / s).clamp(0, 255)

@@ -85,24 +85,24 @@ def _run(kind, inputs, attrs, opset):
     acts = _activations(attrs, defaults[kind], ndir)
     clip = attrs.get("clip")
     dt = x.dtype
-    lens_t = lens.to(torch.int64) if lens is not None else torch.full((B,), T, dtype=torch.int64)
+    lens_t = lens.to(x.device, torch.int64) if lens is not None else torch.full((B,), T, dtype=torch.int64, device=x.device)
     ys, hs, cs = [], [], []
     for d in range(ndir):
         reverse = direction == "reverse" or (direction == "bidirectional" and d == 1)
         wd, rd = w[d], r[d]
-        bd = b[d] if b is not None else torch.zeros(2 * G * H, dtype=dt)
+        bd = b[d] if b is not None else torch.zeros(2 * G * H, dtype=dt, device=x.device)
         wb, rb = bd[:G * H], bd[G * H:]
-        h = h0[d] if h0 is not None else torch.zeros(B, H, dtype=dt)
-        c = c0[d] if c0 is not None else torch.zeros(B, H, dtype=dt)
-        pd = peep[d] if peep is not None else torch.zeros(3 * H, dtype=dt)
+        h = h0[d] if h0 is not None else torch.zeros(B, H, dtype=dt, device=x.device)
+        c = c0[d] if c0 is not None else torch.zeros(B, H, dtype=dt, device=x.device)
+        pd = peep[d] if peep is not None else torch.zeros(3 * H, dtype=dt, device=x.device)
         f_act = acts[d]
         xd = x
         if reverse:  # reverse each batch entry within its own length
-            t = torch.arange(T)[:, None]
+            t = torch.arange(T, device=x.device)[:, None]
             src = torch.where(t < lens_t[None, :], lens_t[None, :] - 1 - t, t)
             xd = torch.gather(x, 0, src[:, :, None].expand(x.shape))
         xw = xd @ wd.T + wb  # [T, B, G*H]
-        y = torch.zeros(T, B, H, dtype=dt)
+        y = torch.zeros(T, B, H, dtype=dt, device=x.device)
         for t in range(T):
             valid = (t < lens_t)[:, None]
             g = xw[t]
@@ -149,7 +149,7 @@ def _run(kind, inputs, attrs, opset):
             h = torch.where(valid, hn, h)
             y[t] = torch.where(valid, hn, torch.zeros_like(hn))
         if reverse:
-            t = torch.arange(T)[:, None]
+            t = torch.arange(T, device=x.device)[:, None]
             src = torch.where(t < lens_t[None, :], lens_t[None, :] - 1 - t, t)
             y = torch.gather(y, 0, src[:, :, None].expand(y.shape))
         ys.append(y)

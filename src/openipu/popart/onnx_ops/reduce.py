@@ -67,7 +67,7 @@ def _reduce(op, inputs, attrs, opset):
         if not dt.is_floating_point:
             v = {math.inf: torch.iinfo(dt).max, -math.inf: torch.iinfo(dt).min}.get(v, v) \
                 if dt != torch.bool else bool(v == math.inf)
-        return [torch.full(shape, v, dtype=dt)]
+        return [torch.full(shape, v, dtype=dt, device=x.device)]
     if not axes:
         r = {"ReduceL1": torch.abs, "ReduceL2": torch.abs, "ReduceSumSquare": lambda t: t * t,
              "ReduceLogSum": torch.log, "ReduceLogSumExp": lambda t: t}.get(op, lambda t: t)(xw)

@@ -42,7 +42,7 @@ def _coeffs(mode, ratio, scale, attrs, nearest_mode):
         s = min(scale, 1.0)
         start = int(math.floor(-1 / s) + 1)
         fp = 2 - 2 * start
-        args = (torch.arange(start, start + fp, dtype=torch.float64)[None, :] - ratio[:, None]) * s
+        args = (torch.arange(start, start + fp, dtype=torch.float64, device="cpu")[None, :] - ratio[:, None]) * s
         c = (1 - args.abs()).clamp(0, 1)
         return c / c.sum(-1, keepdim=True)
     if mode == "cubic":
@@ -57,7 +57,7 @@ def _coeffs(mode, ratio, scale, attrs, nearest_mode):
             ], -1)
         s = min(scale, 1.0)
         i0 = int(math.floor(-2 / s) + 1)
-        x = (s * (torch.arange(i0, 2 - i0, dtype=torch.float64)[None, :] - ratio[:, None])).abs()
+        x = (s * (torch.arange(i0, 2 - i0, dtype=torch.float64, device="cpu")[None, :] - ratio[:, None])).abs()
         c = torch.where(x <= 1, (a + 2) * x ** 3 - (a + 3) * x ** 2 + 1,
                         torch.where(x < 2, a * x ** 3 - 5 * a * x ** 2 + 8 * a * x - 4 * a,
                                     torch.zeros_like(x)))
@@ -66,23 +66,24 @@ def _coeffs(mode, ratio, scale, attrs, nearest_mode):
 
 
 def _x_original(ctm, out_n, scale, in_n, roi):
-    y = torch.arange(out_n, dtype=torch.float64)
+    # the source coordinates of one axis: a small vector on the CPU (moved where it indexes data)
+    y = torch.arange(out_n, dtype=torch.float64, device="cpu")
     out_w = scale * in_n
     extrap = None
     if ctm == "align_corners":
-        x = torch.zeros(out_n, dtype=torch.float64) if out_w == 1 else y * (in_n - 1) / (out_w - 1)
+        x = torch.zeros(out_n, dtype=torch.float64, device="cpu") if out_w == 1 else y * (in_n - 1) / (out_w - 1)
     elif ctm == "asymmetric":
         x = y / scale
     elif ctm == "tf_crop_and_resize":
         r0, r1 = roi
         if out_w == 1:
-            x = torch.full((out_n,), (r1 - r0) * (in_n - 1) / 2, dtype=torch.float64)
+            x = torch.full((out_n,), (r1 - r0) * (in_n - 1) / 2, dtype=torch.float64, device="cpu")
         else:
             x = y * (r1 - r0) * (in_n - 1) / (out_w - 1)
         x = x + r0 * (in_n - 1)
         extrap = (x < 0) | (x > in_n - 1)
     elif ctm == "pytorch_half_pixel":
-        x = torch.full((out_n,), -0.5, dtype=torch.float64) if out_w == 1 else \
+        x = torch.full((out_n,), -0.5, dtype=torch.float64, device="cpu") if out_w == 1 else \
             (y + 0.5) / scale - 0.5
     elif ctm == "half_pixel":
         x = (y + 0.5) / scale - 0.5
@@ -105,7 +106,7 @@ def _resize_axis(data, axis, scale, out_n, attrs, mode, ctm, nearest_mode, roi, 
     x, extrap = _x_original(ctm, out_n, scale, in_n, roi)
     if legacy_nearest:  # Upsample / Resize-10: floor when enlarging, ceil when shrinking
         idx = (torch.ceil(x) if scale < 1 else torch.floor(x)).long().clamp(0, in_n - 1)
-        return data.index_select(axis, idx)
+        return data.index_select(axis, idx.to(data.device))
     xi = torch.floor(x)
     ratio = torch.where(x == xi, torch.ones_like(x), x - xi)
     c = _coeffs(mode, ratio, scale, attrs, nearest_mode)
@@ -119,19 +120,19 @@ def _resize_axis(data, axis, scale, out_n, attrs, mode, ctm, nearest_mode, roi, 
     else:
         base = -((n - 1) // 2)
         off = torch.where(frac <= 0.5, torch.full_like(p, base), torch.full_like(p, base + 1))
-    nb = (p + off)[:, None] + torch.arange(n)[None, :] - pad  # [out, n]
+    nb = (p + off)[:, None] + torch.arange(n, device="cpu")[None, :] - pad  # [out, n]
     if attrs.get("exclude_outside", 0):
         c = torch.where((nb < 0) | (nb >= in_n), torch.zeros_like(c), c)
         s = c.sum(-1, keepdim=True)
         c = c / torch.where(s == 0, torch.ones_like(s), s)
-    g = data.index_select(axis, nb.clamp(0, in_n - 1).reshape(-1))
+    # the coordinates and weights are small per-axis vectors computed on the CPU, moved to data's device
+    g = data.index_select(axis, nb.clamp(0, in_n - 1).reshape(-1).to(data.device))
     g = g.reshape(data.shape[:axis] + (out_n, n) + data.shape[axis + 1:])
     cshape = (1,) * axis + (out_n, n) + (1,) * (data.dim() - axis - 1)
-    r = (g * c.reshape(cshape)).sum(axis + 1)
+    r = (g * c.reshape(cshape).to(data.device)).sum(axis + 1)
     if extrap is not None and bool(extrap.any()):
-        m = extrap.reshape((1,) * axis + (out_n,) + (1,) * (data.dim() - axis - 1))
-        r = torch.where(m, torch.tensor(attrs.get("extrapolation_value", 0.0),
-                                        dtype=r.dtype), r)
+        m = extrap.reshape((1,) * axis + (out_n,) + (1,) * (data.dim() - axis - 1)).to(data.device)
+        r = torch.where(m, torch.tensor(attrs.get("extrapolation_value", 0.0), dtype=r.dtype, device=r.device), r)
     return r
 
 

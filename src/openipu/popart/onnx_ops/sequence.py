@@ -51,7 +51,9 @@ def sequence_erase(inputs, attrs, opset):
 
 @onnx_op("SequenceLength")
 def sequence_length(inputs, attrs, opset):
-    return [torch.tensor(len(inputs[0]), dtype=torch.int64)]
+    # a sequence holds no device of its own: its first tensor's, else the CPU
+    dev = inputs[0][0].device if len(inputs[0]) and isinstance(inputs[0][0], torch.Tensor) else None
+    return [torch.tensor(len(inputs[0]), dtype=torch.int64, device=dev)]
 
 
 @onnx_op("SplitToSequence")
@@ -86,7 +88,8 @@ def optional(inputs, attrs, opset):
 
 @onnx_op("OptionalHasElement")
 def optional_has_element(inputs, attrs, opset):
-    return [torch.tensor(bool(inputs) and inputs[0] is not None)]
+    # no device to follow (an empty optional): a CPU tensor, which the IR executor moves
+    return [torch.tensor(bool(inputs) and inputs[0] is not None, device="cpu")]
 
 
 @onnx_op("OptionalGetElement")

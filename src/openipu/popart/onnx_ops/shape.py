@@ -152,7 +152,7 @@ def _slice_axis(x, axis, start, end, step):
         start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
     if step == 1:
         return x.narrow(axis, start, max(end - start, 0))
-    idx = torch.arange(start, end, step, dtype=torch.int64)
+    idx = torch.arange(start, end, step, dtype=torch.int64, device=x.device)
     return x.index_select(axis, idx)
 
 
@@ -189,7 +189,7 @@ def gather(inputs, attrs, opset):
     else:
         out = x.index_select(axis, torch.where(valid, idx, 0))
         keep = valid.reshape([1] * axis + [-1] + [1] * (x.dim() - axis - 1))
-        out = torch.where(keep, out, torch.zeros((), dtype=out.dtype))
+        out = torch.where(keep, out, torch.zeros((), dtype=out.dtype, device=out.device))
     return [out.reshape(x.shape[:axis] + i.shape + x.shape[axis + 1:])]
 
 
@@ -209,9 +209,9 @@ def gather_nd(inputs, attrs, opset):
     nb = numel(bshape)
     xb = x.reshape((nb,) + x.shape[b:])
     ib = i.reshape(nb, -1, k).to(torch.int64)
-    dims = torch.tensor(x.shape[b:b + k], dtype=torch.int64)
+    dims = torch.tensor(x.shape[b:b + k], dtype=torch.int64, device=x.device)
     ib = torch.where(ib < 0, ib + dims, ib)
-    sel = (torch.arange(nb)[:, None],) + tuple(ib[..., j] for j in range(k))
+    sel = (torch.arange(nb, device=x.device)[:, None],) + tuple(ib[..., j] for j in range(k))
     out = xb[sel]
     return [out.reshape(i.shape[:-1] + x.shape[b + k:])]
 
@@ -227,9 +227,9 @@ def scatter_nd(inputs, attrs, opset):
     lead = numel(x.shape[:k])
     out = x.clone().reshape((lead,) + x.shape[k:])
     idx = i.reshape(-1, k).to(torch.int64)
-    dims = torch.tensor(x.shape[:k], dtype=torch.int64)
+    dims = torch.tensor(x.shape[:k], dtype=torch.int64, device=x.device)
     idx = torch.where(idx < 0, idx + dims, idx)
-    strides = torch.tensor([numel(x.shape[j + 1:k]) for j in range(k)], dtype=torch.int64)
+    strides = torch.tensor([numel(x.shape[j + 1:k]) for j in range(k)], dtype=torch.int64, device=x.device)
     lin = (idx * strides).sum(-1)
     upd = u.reshape((lin.numel(),) + x.shape[k:])
     if red == "none":
@@ -278,9 +278,9 @@ def tile(inputs, attrs, opset):
     return [x.repeat(*reps) if reps else x.clone()]
 
 
-def _pad_index(n, before, after, mode):
-    """Source index per output position along an axis of size n (-1: constant fill)."""
-    pos = torch.arange(-before, n + after, dtype=torch.int64)
+def _pad_index(n, before, after, mode, device):
+    """Source index per output position along an axis of size n (-1: constant fill), on ``device``."""
+    pos = torch.arange(-before, n + after, dtype=torch.int64, device=device)
     if mode == "constant":
         return torch.where((pos >= 0) & (pos < n), pos, torch.full_like(pos, -1))
     if mode == "edge":
@@ -318,7 +318,7 @@ def pad(inputs, attrs, opset):
         b, e = pads[j], pads[n + j]
         if b == 0 and e == 0:
             continue
-        idx = _pad_index(out.shape[a], b, e, mode)
+        idx = _pad_index(out.shape[a], b, e, mode, x.device)
         if mode == "constant":
             valid = idx >= 0
             out = out.index_select(a, idx.clamp(min=0))
@@ -329,7 +329,7 @@ def pad(inputs, attrs, opset):
         else:
             out = out.index_select(a, idx)
     if mask is not None:
-        fill = torch.tensor(value).to(out.dtype)
+        fill = torch.tensor(value, device=out.device).to(out.dtype)
         out = torch.where(mask, out, fill)
     return [out.contiguous()]
 
@@ -342,28 +342,29 @@ def shape(inputs, attrs, opset):
     end = attrs.get("end", r)
     start = min(max(start + r if start < 0 else start, 0), r)
     end = min(max(end + r if end < 0 else end, 0), r)
-    return [torch.tensor(s[start:end], dtype=torch.int64)]
+    return [torch.tensor(s[start:end], dtype=torch.int64, device=inputs[0].device)]
 
 
 @onnx_op("Size")
 def size(inputs, attrs, opset):
-    return [torch.tensor(inputs[0].numel(), dtype=torch.int64)]
+    return [torch.tensor(inputs[0].numel(), dtype=torch.int64, device=inputs[0].device)]
 
 
 @onnx_op("Constant")
 def constant(inputs, attrs, opset):
+    # no input to follow: CPU tensors, which the IR executor moves to its device
     if "value" in attrs:
         return [attrs["value"].clone()]
     if "sparse_value" in attrs:
         return [attrs["sparse_value"].clone()]
     if "value_float" in attrs:
-        return [torch.tensor(attrs["value_float"], dtype=torch.float32)]
+        return [torch.tensor(attrs["value_float"], dtype=torch.float32, device="cpu")]
     if "value_floats" in attrs:
-        return [torch.tensor(attrs["value_floats"], dtype=torch.float32)]
+        return [torch.tensor(attrs["value_floats"], dtype=torch.float32, device="cpu")]
     if "value_int" in attrs:
-        return [torch.tensor(attrs["value_int"], dtype=torch.int64)]
+        return [torch.tensor(attrs["value_int"], dtype=torch.int64, device="cpu")]
     if "value_ints" in attrs:
-        return [torch.tensor(attrs["value_ints"], dtype=torch.int64)]
+        return [torch.tensor(attrs["value_ints"], dtype=torch.int64, device="cpu")]
     raise OnnxKernelError("Constant: needs a numeric value attribute (strings are not supported)")
 
 
@@ -372,8 +373,8 @@ def constant_of_shape(inputs, attrs, opset):
     v = attrs.get("value")
     shape = ints(inputs[0])
     if v is None:
-        return [torch.zeros(shape, dtype=torch.float32)]
-    return [v.reshape(-1)[:1].reshape([]).expand(shape).clone()]
+        return [torch.zeros(shape, dtype=torch.float32, device=inputs[0].device)]
+    return [v.reshape(-1)[:1].reshape([]).expand(shape).clone().to(inputs[0].device)]
 
 
 @onnx_op("Range")
@@ -382,7 +383,7 @@ def range_(inputs, attrs, opset):
     s, l, d = scalar(start), scalar(limit), scalar(delta)
     n = max(int(math.ceil((l - s) / d)), 0)
     dt = start.dtype
-    out = s + torch.arange(n, dtype=torch.float64 if dt.is_floating_point else torch.int64) * d
+    out = s + torch.arange(n, dtype=torch.float64 if dt.is_floating_point else torch.int64, device=start.device) * d
     return [out.to(dt)]
 
 
@@ -393,7 +394,7 @@ def one_hot(inputs, attrs, opset):
     ind = ind.to(torch.int64) if not ind.dtype.is_floating_point else ind.trunc().to(torch.int64)
     ind = torch.where(ind < 0, ind + d, ind)
     valid = (ind >= 0) & (ind < d)
-    oh = (ind.unsqueeze(-1) == torch.arange(d)) & valid.unsqueeze(-1)
+    oh = (ind.unsqueeze(-1) == torch.arange(d, device=ind.device)) & valid.unsqueeze(-1)
     axis = attrs.get("axis", -1)
     r = ind.dim() + 1
     axis = norm_axis(axis, r, "OneHot")
@@ -406,7 +407,7 @@ def one_hot(inputs, attrs, opset):
 def nonzero(inputs, attrs, opset):
     x = inputs[0]
     if x.dim() == 0:
-        return [torch.zeros((0, int(bool(x.item()))), dtype=torch.int64)]
+        return [torch.zeros((0, int(bool(x.item()))), dtype=torch.int64, device=x.device)]
     return [torch.nonzero(widen(x)).T.contiguous()]
 
 
@@ -452,8 +453,8 @@ def reverse_sequence(inputs, attrs, opset):
     x, lens = inputs
     ta, ba = attrs.get("time_axis", 0), attrs.get("batch_axis", 1)
     T = x.shape[ta]
-    t = torch.arange(T)[:, None]
-    L = lens.to(torch.int64)[None, :]
+    t = torch.arange(T, device=x.device)[:, None]
+    L = lens.to(x.device, torch.int64)[None, :]
     src = torch.where(t < L, L - 1 - t, t)  # [T, B]
     shape = [1] * x.dim()
     shape[ta], shape[ba] = T, x.shape[ba]
@@ -476,7 +477,7 @@ def eye_like(inputs, attrs, opset):
     dt = torch_dtype(attrs["dtype"]) if "dtype" in attrs else x.dtype
     n, m = x.shape
     k = attrs.get("k", 0)
-    e = torch.arange(m)[None, :] - torch.arange(n)[:, None] == k
+    e = torch.arange(m, device=x.device)[None, :] - torch.arange(n, device=x.device)[:, None] == k
     return [e.to(dt)]
 
 
@@ -506,8 +507,8 @@ def unique(inputs, attrs, opset):
         y, inv, cnt = torch.unique(xw, sorted=True, return_inverse=True, return_counts=True,
                                    dim=axis)
         n = x.shape[axis]
-    first = torch.full((cnt.numel(),), n, dtype=torch.int64).scatter_reduce(
-        0, inv, torch.arange(n), "amin", include_self=True)
+    first = torch.full((cnt.numel(),), n, dtype=torch.int64, device=inv.device).scatter_reduce(
+        0, inv, torch.arange(n, device=inv.device), "amin", include_self=True)
     if not attrs.get("sorted", 1):
         perm = torch.argsort(first)
         rank = torch.argsort(perm)
@@ -530,7 +531,7 @@ def center_crop_pad(inputs, attrs, opset):
             before = (t - d) // 2
             shape = list(out.shape)
             shape[a] = t
-            z = torch.zeros(shape, dtype=out.dtype)
+            z = torch.zeros(shape, dtype=out.dtype, device=out.device)
             z.narrow(a, before, d).copy_(out)
             out = z
     return [out.contiguous()]

@@ -53,7 +53,7 @@ def col2im(inputs, attrs, opset):
         raise OnnxKernelError(f"Col2Im: input dimension 2 ({x.shape[2]}) does not match the "
                               f"{math.prod(nblocks)} blocks the shapes give")
     cols = x.reshape([n, c] + block + nblocks)
-    out = torch.zeros([n, c] + padded, dtype=x.dtype)
+    out = torch.zeros([n, c] + padded, dtype=x.dtype, device=x.device)
     for k in itertools.product(*[range(b) for b in block]):
         idx = (slice(None), slice(None)) + tuple(
             slice(k[d] * dil[d], k[d] * dil[d] + (nblocks[d] - 1) * strides[d] + 1, strides[d])

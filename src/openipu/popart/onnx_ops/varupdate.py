@@ -64,9 +64,14 @@ def scaled(x: torch.Tensor, scale) -> torch.Tensor:
     product is, in the thread's scratch buffer: valid until the next call."""
     buf = getattr(_SCRATCH, "buf", None)
     n = x.numel()
-    if buf is None or buf.numel() < n:
-        buf = _SCRATCH.buf = torch.empty(n, dtype=torch.float32)
+    if buf is None or buf.numel() < n or buf.device != x.device:
+        buf = _SCRATCH.buf = torch.empty(n, dtype=torch.float32, device=x.device)
     return torch.mul(x, scale, out=buf[:n].view(x.shape))
+
+
+def scratch() -> torch.Tensor | None:
+    """The thread's scratch buffer (:func:`scaled`), ``None`` when there is none."""
+    return getattr(_SCRATCH, "buf", None)
 
 
 def release_scratch() -> None:
@@ -184,15 +189,15 @@ def adam_updater(inputs, attrs, opset):
     t.add_(1)
     mh, vh, step = _f(m), _f(v), _f(t)
     if attrs.get("eps_before_correction") and mode == "Adam":    # Keras's Adam: eps added to sqrt(v)
-        b1, b2 = (torch.as_tensor(sc[k], dtype=torch.float32) for k in ("beta1", "beta2"))
+        b1, b2 = (torch.as_tensor(sc[k], dtype=torch.float32, device=t.device) for k in ("beta1", "beta2"))
         x = mh / (torch.sqrt(vh) + sc["eps"]) * (torch.sqrt(1.0 - torch.pow(b2, step)) / (1.0 - torch.pow(b1, step)))
         if "weightDecay" in sc:
             x = x + sc["weightDecay"] * _f(inputs[3])
         return [x]
     if mode in ("Adam", "Lamb", "AdaMax"):
-        mh = mh / (1.0 - torch.pow(torch.as_tensor(sc["beta1"], dtype=torch.float32), step))
+        mh = mh / (1.0 - torch.pow(torch.as_tensor(sc["beta1"], dtype=torch.float32, device=t.device), step))
     if mode in ("Adam", "Lamb"):
-        vh = vh / (1.0 - torch.pow(torch.as_tensor(sc["beta2"], dtype=torch.float32), step))
+        vh = vh / (1.0 - torch.pow(torch.as_tensor(sc["beta2"], dtype=torch.float32, device=t.device), step))
     x = mh / ((vh if mode == "AdaMax" else torch.sqrt(vh)) + sc["eps"])
     if "weightDecay" in sc:
         x = x + sc["weightDecay"] * _f(inputs[3])
@@ -214,7 +219,7 @@ def adam_var_update(inputs, attrs, opset):
     lr = sc["learningRate"]
     if int(attrs["n_tensors"]) == 4:
         r1, r2 = torch.sqrt(_f(inputs[2])), torch.sqrt(_f(inputs[3]))
-        phi = torch.minimum(r1, torch.as_tensor(sc["maxWeightNorm"], dtype=torch.float32))
+        phi = torch.minimum(r1, torch.as_tensor(sc["maxWeightNorm"], dtype=torch.float32, device=r1.device))
         ratio = torch.where((phi > 0) & (r2 > 0), phi / r2, torch.ones_like(r2))
         lr = ratio * lr
     return [_write(w, _f(w) - lr * _f(x))]

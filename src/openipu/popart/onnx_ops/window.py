@@ -15,8 +15,8 @@ from openipu.popart.onnx_ops._common import torch_dtype
 def _window(inputs, attrs, coeffs):
     n = int(inputs[0].reshape(()).item())
     denom = n if attrs.get("periodic", 1) else n - 1
-    k = torch.arange(n, dtype=torch.float64)
-    w = torch.zeros(n, dtype=torch.float64)
+    k = torch.arange(n, dtype=torch.float64, device=inputs[0].device)
+    w = torch.zeros(n, dtype=torch.float64, device=inputs[0].device)
     for i, a in enumerate(coeffs):
         w = w + a * torch.cos(2 * math.pi * i * k / denom) if i else w + a
     return [w.to(torch_dtype(attrs.get("output_datatype", 1)))]

@@ -94,14 +94,16 @@ class Runner:
     def _ir_executor(self, exe):
         """The PopART IR executor for this executable (``OPENIPU_EXECUTION=ir``, the default) when
         it covers the program, else None (the Poplar engine runs it)."""
-        from openipu.popart import execute
+        from openipu.popart import execute, torch_device
+        from openipu.popart.errors import popart_exception
         session = getattr(exe, "_session", None)
         try:
             if session is None or execute.mode() != "ir" or execute.unsupported(session) is not None:
                 return None
-        except ValueError as e:
+            device = torch_device.resolve()
+        except (ValueError, popart_exception) as e:     # OPENIPU_EXECUTION, OPENIPU_TORCH_DEVICE
             raise PopRTRuntimeError(str(e)) from None
-        return execute.IrExecutor(session._ir, session._host_weights, 1, 1)
+        return execute.IrExecutor(session._ir, session._host_weights, 1, 1, device=device)
 
     def _load_engine(self, exe) -> None:
         """Take the IR executor where it covers the program; else build and load the Poplar
