@@ -75,6 +75,27 @@ def test_a_session_asked_for_cuda_without_one_raises_popart_error(monkeypatch):
         s.prepareDevice()
 
 
+def test_poprt_runner_asked_for_cuda_without_one_raises_its_runtime_error(monkeypatch):
+    from onnx import TensorProto, helper, numpy_helper
+
+    from poprt import runtime
+    from poprt.compiler import Compiler, CompilerOptions
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [w])
+    exe = Compiler.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]),
+                           options=CompilerOptions(ipu_version="ipu2"))
+    monkeypatch.setenv("OPENIPU_EXECUTION", "ir")
+    monkeypatch.setenv("OPENIPU_TORCH_DEVICE", "cuda:0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(runtime.PopRTRuntimeError, match="asks for a CUDA device"):
+        runtime.Runner(exe)
+    monkeypatch.setenv("OPENIPU_TORCH_DEVICE", "auto")        # the CPU here
+    r = runtime.Runner(exe)
+    np.testing.assert_allclose(r.execute({"x": np.ones((2, 4), np.float32)})["y"], np.ones((2, 4)))
+
+
 def test_the_device_emulation_ignores_the_setting(monkeypatch):
     """The verifying mode always runs on the CPU: the setting is not even read."""
     monkeypatch.setenv("OPENIPU_EXECUTION", "device")
