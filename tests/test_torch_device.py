@@ -172,8 +172,9 @@ _KERNEL_CODE = (str(_SRC / "onnx_ops"), str(_SRC / "graphcore_ops"), str(_SRC / 
 _FACTORIES = {"zeros", "ones", "full", "empty", "arange", "tensor", "as_tensor", "eye", "linspace", "logspace",
               "rand", "randn", "randint", "randperm", "scalar_tensor", "empty_strided"}
 #: the functions that go through numpy by design (and move their result back: see their docs),
-#: and the executor's host boundary (``_numpy``: after its one copy to the host)
-_NUMPY_PATHS = {"stochastic_round_half", "_subbyte_cast", "_numpy"}
+#: the executor's host boundary (``_numpy``: after its one copy to the host) and the reference
+#: harness's (``to_numpy``)
+_NUMPY_PATHS = {"stochastic_round_half", "_subbyte_cast", "_numpy", "to_numpy"}
 
 
 class _DeviceAudit(TorchFunctionMode):
@@ -231,6 +232,29 @@ def test_kernels_name_their_device_in_inference_and_training(monkeypatch):
         tm(ids, labels)
     assert im._session._fast and tm._session._fast
     assert not audit.found, sorted(audit.found)
+
+
+@pytest.mark.slow
+def test_every_onnx_kernel_names_its_device_in_the_onnx_node_tests():
+    """Every single-node test ``onnx.backend.test`` ships, through its kernel: none makes a
+    tensor without naming its device (about a minute)."""
+    import warnings
+
+    from onnx.backend.test.loader import load_model_tests
+
+    from openipu.popart.onnx_ops._reference import check_backend_case
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = [c for c in load_model_tests(kind="node") if len(c.model.graph.node) == 1]
+    audit, ran = _DeviceAudit(), 0
+    for c in cases:
+        try:
+            with audit:
+                check_backend_case(c)
+            ran += 1
+        except Exception:  # noqa: BLE001 - the expected failures of test_onnx_ops; only the audit counts here
+            pass
+    assert ran > 1000 and not audit.found, sorted(audit.found)
 
 
 def test_every_held_tensor_is_on_the_executor_device_after_a_training_step(monkeypatch):

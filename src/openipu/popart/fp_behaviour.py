@@ -42,7 +42,7 @@ def stochastic_round_half(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor
     path: ``x`` on another device (the IR executor's ``OPENIPU_TORCH_DEVICE``) is copied to the
     host and the result back to ``x``'s device, so every device rounds alike."""
     a = np.ascontiguousarray(x.detach().float().cpu().numpy())
-    rng = np.random.default_rng(int(torch.randint(0, 2 ** 62, (1,), generator=gen)))
+    rng = np.random.default_rng(int(torch.randint(0, 2 ** 62, (1,), generator=gen, device="cpu")))
     bits = a.view(np.int32)
     mag = bits & 0x7FFFFFFF
     exp = mag >> 23
