@@ -434,7 +434,8 @@ class IrExecutor:
         device (a copy: later changes to ``value`` do not reach it)."""
         a = np.asarray(value)
         if self.device.type != "cpu":     # the copy is the move to the device
-            t = torch.from_numpy(np.ascontiguousarray(a) if a.dtype != np.uint64 else a.astype(np.int64))
+            a = np.ascontiguousarray(a) if a.dtype != np.uint64 else a.astype(np.int64)
+            t = torch.from_numpy(a if a.flags.writeable else a.copy())     # (torch warns on read-only arrays)
             return t.to(self.device, self.dtype[tid])
         t = torch.from_numpy(np.array(a, copy=True, order="C") if a.dtype != np.uint64 else a.astype(np.int64))
         return t.to(self.dtype[tid]) if t.dtype != self.dtype[tid] else t
