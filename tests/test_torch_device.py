@@ -61,7 +61,8 @@ def _inference_session():
     x = b.addInputTensor(popart.TensorInfo("FLOAT", [3, 8]), "x")
     w = b.addInitializedInputTensor(rng.standard_normal((8, 5)).astype(np.float32), "w")
     y = b.aiOnnx.softmax([b.aiOnnx.matmul([x, w])], axis=1)
-    s = popart.InferenceSession(fnModel=b.getModelProto(), dataFlow=popart.DataFlow(1, {y: popart.AnchorReturnType("ALL")}),
+    s = popart.InferenceSession(fnModel=b.getModelProto(),
+                                dataFlow=popart.DataFlow(1, {y: popart.AnchorReturnType("ALL")}),
                                 deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
     return s, x, y
 

@@ -105,9 +105,11 @@ def _lse(a, b):
 def _scatter_lse(vals, group, n_groups):
     """Per row, ``logsumexp`` of ``vals`` over the entries of each ``group`` id (``[B, K]``)."""
     b = vals.shape[0]
-    m = torch.full((b, n_groups), -math.inf, dtype=vals.dtype, device=vals.device).scatter_reduce(1, group, vals, "amax")
+    m = torch.full((b, n_groups), -math.inf, dtype=vals.dtype, device=vals.device).scatter_reduce(
+        1, group, vals, "amax")
     ms = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    s = torch.zeros((b, n_groups), dtype=vals.dtype, device=vals.device).scatter_add(1, group, torch.exp(vals - ms.gather(1, group)))
+    s = torch.zeros((b, n_groups), dtype=vals.dtype, device=vals.device).scatter_add(
+        1, group, torch.exp(vals - ms.gather(1, group)))
     return ms + torch.log(s)
 
 

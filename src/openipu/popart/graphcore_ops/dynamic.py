@@ -16,7 +16,8 @@ def dyn_indices(offsets: torch.Tensor, dims: list, sizes: list):
     if o.numel() != len(dims):
         raise ValueError(f"the offset tensor has {o.numel()} elements but {len(dims)} axes are sliced")
     ok = bool(((o >= 0) & (o < torch.tensor(dims, device=o.device))).all()) if dims else True
-    idx = [(o[j].clamp(0, max(d - 1, 0)) + torch.arange(s, device=o.device)) % max(d, 1) for j, (d, s) in enumerate(zip(dims, sizes))]
+    idx = [(o[j].clamp(0, max(d - 1, 0)) + torch.arange(s, device=o.device)) % max(d, 1)
+           for j, (d, s) in enumerate(zip(dims, sizes))]
     return idx, ok
 
 

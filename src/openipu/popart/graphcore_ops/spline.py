@@ -62,7 +62,7 @@ def spline_basis(inputs, attrs, opset):
     digits = (torch.arange(n_s, **ar).unsqueeze(-1) // (degree + 1) ** torch.arange(d, **ar)) % (degree + 1)   # [S, D]
     v = pseudo.float() * (ksl - degree * is_open.to(torch.int64)).float()                           # [E, D]
     fl = torch.floor(v)
-    offsets = torch.cumprod(torch.cat([torch.ones(1, dtype=torch.int64, device=ksl.device), ksl[:-1]]), 0)           # [D]
+    offsets = torch.cumprod(torch.cat([torch.ones(1, dtype=torch.int64, device=ksl.device), ksl[:-1]]), 0)   # [D]
     wi = (((fl.to(torch.int64).unsqueeze(1) + digits) % ksl.clamp(min=1)) * offsets).sum(-1)       # [E, S]
     per_dim = _spline_basis_1d(v - fl, degree)                                                       # [E, D, deg+1]
     picked = per_dim.unsqueeze(1).expand(e, n_s, d, degree + 1).gather(3, digits.expand(e, n_s, d).unsqueeze(-1))

@@ -85,7 +85,8 @@ def _run(kind, inputs, attrs, opset):
     acts = _activations(attrs, defaults[kind], ndir)
     clip = attrs.get("clip")
     dt = x.dtype
-    lens_t = lens.to(x.device, torch.int64) if lens is not None else torch.full((B,), T, dtype=torch.int64, device=x.device)
+    lens_t = lens.to(x.device, torch.int64) if lens is not None else \
+        torch.full((B,), T, dtype=torch.int64, device=x.device)
     ys, hs, cs = [], [], []
     for d in range(ndir):
         reverse = direction == "reverse" or (direction == "bidirectional" and d == 1)
