@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from openipu.popart.onnx_ops import OnnxKernelError, onnx_op
+from openipu.popart.onnx_ops import onnx_op
 from openipu.popart.onnx_ops._common import norm_axis, scalar
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from openipu.popart.onnx_ops import onnx_op
-from openipu.popart.onnx_ops._common import ints, opt, scalar, torch_dtype
+from openipu.popart.onnx_ops._common import opt, scalar, torch_dtype
 
 
 def _gen(attrs):

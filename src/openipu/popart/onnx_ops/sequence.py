@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from openipu.popart.onnx_ops import OnnxKernelError, onnx_op
-from openipu.popart.onnx_ops._common import norm_axis, opt, scalar, torch_dtype
+from openipu.popart.onnx_ops._common import norm_axis, opt, scalar
 
 
 def _pos(p, n, insert=False):
