@@ -109,3 +109,92 @@ def test_sets_intersects_matches_intersect1d():
         a = rng.integers(0, 30, rng.integers(0, 6))
         b = rng.integers(0, 30, rng.integers(0, 6))
         assert sets.intersects(a, b) == bool(np.intersect1d(a, b).size)
+
+
+def _ipu_graph(tiles=8):
+    from openipu import poplar
+    m = poplar.IPUModel("ipu2")
+    m.tilesPerIPU = tiles
+    return poplar.Graph(m.createDevice().getTarget())
+
+
+def _block_by_block(value, lo, sz):
+    import math
+    ref, a = np.empty(value.size, value.dtype), 0
+    for c_lo, c_sz in zip(lo.tolist(), sz.tolist()):
+        n = math.prod(c_sz)
+        ref[a:a + n] = value[tuple(slice(x, x + y) for x, y in zip(c_lo, c_sz))].reshape(-1)
+        a += n
+    return ref
+
+
+def test_blocked_constant_is_placed_when_first_read():
+    """A blocked constant's values are placed in storage order only when read (device storage,
+    saving), and then equal a block-by-block placement, rounded as addConstant rounds; a value
+    wider than the storage (float32 into HALF) is placed at once rather than kept."""
+    from openipu import poplar
+    from openipu.poplar import graph_codec
+    from openipu.poplar.deferred import DeferredValue
+
+    rng = np.random.default_rng(3)
+    for ptype, dt, vdt in ((poplar.FLOAT, np.float32, np.float32), (poplar.HALF, np.float16, np.float16),
+                           (poplar.FLOAT, np.float32, np.float16), (poplar.HALF, np.float16, np.float32)):
+        for _ in range(20):
+            shape = rng.integers(1, 9, rng.integers(1, 4))
+            edges = [np.r_[0:n:rng.integers(1, n + 1), n] for n in shape]
+            value = rng.standard_normal(shape).astype(vdt)
+            g = _ipu_graph()
+            t = layout.blocked_tensor(g, ptype, edges, "w", value=value)
+            var = g._state.variables[int(t.pieces.var[0])]
+            deferred = np.dtype(vdt).itemsize <= np.dtype(dt).itemsize
+            assert isinstance(var.init, DeferredValue) == deferred
+            assert not deferred or not var.init.resolved
+            lo, sz = R.grid_cells(edges)
+            want = _block_by_block(value, lo, sz).astype(dt)
+            doc, arrays = graph_codec.encode(g)           # saving reads it
+            assert not deferred or var.init.resolved
+            np.testing.assert_array_equal(var.initial().numpy(), want)
+            again = graph_codec.decode(doc, arrays.__getitem__, "test")
+            np.testing.assert_array_equal(again._state.variables[var.id].initial().numpy(), want)
+
+
+def test_deferred_constant_checks_its_element_count():
+    from openipu import poplar
+
+    g = _ipu_graph()
+    t = g.add_deferred_constant(poplar.FLOAT, [2, 3], lambda: np.arange(5.0), "c")
+    var = g._state.variables[int(t.pieces.var[0])]
+    try:
+        var.initial()
+    except ValueError as e:
+        assert "5 elements, expected 6" in str(e)
+    else:
+        raise AssertionError("a deferred value of the wrong size was accepted")
+    u = g.add_deferred_constant(poplar.HALF, [2, 3], lambda: np.arange(6.0).reshape(3, 2).T, "d")
+    np.testing.assert_array_equal(g._state.variables[int(u.pieces.var[0])].initial().numpy(),
+                                  np.arange(6.0).reshape(3, 2).T.reshape(-1).astype(np.float16))
+
+
+def test_offline_compile_leaves_weights_unplaced_and_a_run_places_them(tmp_path, monkeypatch):
+    """An offline compile never places the matmul weights' values; the device emulation, which
+    reads them, gives the model's outputs."""
+    from openipu.poplar.deferred import DeferredValue
+
+    path = str(tmp_path / "mlp.onnx")
+    _mlp(path)
+    df = popart.DataFlow(1, {"r1": popart.AnchorReturnType("ALL")})
+    off = popart.DeviceManager().createOfflineIPUDevice({"numIPUs": 1, "ipuVersion": "ipu2"})
+    s = popart.InferenceSession(fnModel=path, dataFlow=df, deviceInfo=off)
+    s.prepareDevice()
+    g = s._engine.graph
+    w = [v for v in g._state.variables if v.constant and v.numel == 160 * 160]
+    assert len(w) == 2 and all(isinstance(v.init, DeferredValue) and not v.init.resolved for v in w)
+    monkeypatch.setenv("OPENIPU_EXECUTION", "device")
+    dev = popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8})
+    s = popart.InferenceSession(fnModel=path, dataFlow=df, deviceInfo=dev)
+    s.prepareDevice()
+    anchors = s.initAnchorArrays()
+    x = np.random.default_rng(1).standard_normal([4, 16, 160]).astype(np.float32)
+    s.run(popart.PyStepIO({"x": x}, anchors))
+    w = [onnx.numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer]
+    np.testing.assert_allclose(anchors["r1"], np.maximum(np.maximum(x @ w[0], 0) @ w[1], 0), rtol=1e-4, atol=1e-4)

@@ -20,7 +20,9 @@ import numpy as np
 from openipu.poplar import regions as R
 from openipu.poplar import sets as _sets
 from openipu.poplar import structure_cache as SC
+from openipu.poplar.deferred import DeferredValue
 from openipu.poplar.exchange import Boxes
+from openipu.poplar.types import as_type
 from openipu.poplibs.poplin import plan as planmod
 from openipu.poplibs.poplin.params import ConvParams
 
@@ -272,7 +274,9 @@ def blocked_tensor(graph, type_, edges, name: str, value=None, serial=None):
     ``serial`` (a function of the blocks' ``lo`` ``[k, rank]`` giving each block's serial slice),
     slice by slice (stably), so that every serial slice of the tensor is one interval of memory
     laid out as the slice problem's tensor. ``value`` (array of the tensor's shape): a
-    constant's value, stored block by block; otherwise a variable. Host work: one copy per block."""
+    constant's value, stored block by block when the constant is first read (device storage,
+    saving; an offline compile never places it), so the caller must not change it afterwards;
+    otherwise a variable. Host work: one scatter of the elements, when placed."""
     shape = [int(e[-1]) for e in edges]
     lo, sz = R.grid_cells(edges)
     if serial is not None:
@@ -281,9 +285,24 @@ def blocked_tensor(graph, type_, edges, name: str, value=None, serial=None):
     mem = None
     if value is not None:
         value = np.asarray(value).reshape(shape)
-        mem = np.empty(math.prod(shape), value.dtype)
-        mem[_block_order(edges, lo, sz)] = value.reshape(-1)
+        edges, t = tuple(np.array(e, np.int64) for e in edges), as_type(type_)
+        if value.dtype.kind in "fiub" and value.dtype.itemsize <= t.size:
+            mem = DeferredValue(lambda: _placed(t, value, edges, lo, sz), value.size)
+        else:       # a wider host array than the storage: placed now rather than kept
+            mem = _placed(t, value, edges, lo, sz)
     return graph.add_blocks(type_, shape, lo, sz, name, mem)
+
+
+def _placed(t, value: np.ndarray, edges, lo: np.ndarray, sz: np.ndarray) -> np.ndarray:
+    """``value`` (the tensor's shape) flat in the storage order of the blocks ``lo``, ``sz``; a
+    float value for a float16 / float32 type already in that dtype (one cast, rounding to nearest
+    even, as ``addConstant``)."""
+    dt = value.dtype
+    if t.is_float and dt.kind == "f" and t.numpy_dtype in (np.float16, np.float32):
+        dt = t.numpy_dtype
+    mem = np.empty(value.size, dt)
+    mem[_block_order(edges, lo, sz)] = value.reshape(-1)
+    return mem
 
 
 def _block_order(edges, lo: np.ndarray, sz: np.ndarray) -> np.ndarray:
