@@ -198,3 +198,26 @@ def test_offline_compile_leaves_weights_unplaced_and_a_run_places_them(tmp_path,
     s.run(popart.PyStepIO({"x": x}, anchors))
     w = [onnx.numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer]
     np.testing.assert_allclose(anchors["r1"], np.maximum(np.maximum(x @ w[0], 0) @ w[1], 0), rtol=1e-4, atol=1e-4)
+
+
+def test_weights_read_from_raw_bytes_taken_once_equal_to_array():
+    """The IR reads a large initializer's raw bytes once; the array equals onnx's to_array for
+    every plain numeric type (and falls back to it for the others)."""
+    from openipu.popart import ir_weights as irmod
+
+    rng = np.random.default_rng(0)
+    for dt in (np.float32, np.float16, np.float64, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32,
+               np.int64, np.uint64, np.bool_):
+        a = (rng.standard_normal((3, 5)) * 50).astype(dt)
+        tp = onnx.numpy_helper.from_array(a, "w")
+        got = irmod.initializer_array(tp, tp.raw_data)
+        want = onnx.numpy_helper.to_array(tp)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    bad = TensorProto(name="b", data_type=TensorProto.FLOAT, dims=[2, 3], raw_data=bytes(20))
+    try:
+        irmod.initializer_array(bad, bad.raw_data)
+    except Exception as e:  # noqa: BLE001
+        assert "Initializer 'b'" in str(e)
+    else:
+        raise AssertionError("a raw initializer of the wrong size was read")
