@@ -221,3 +221,54 @@ def test_weights_read_from_raw_bytes_taken_once_equal_to_array():
         assert "Initializer 'b'" in str(e)
     else:
         raise AssertionError("a raw initializer of the wrong size was read")
+
+
+def test_tile_runs_of_small_views_match_the_box_path(monkeypatch):
+    """Tile runs of a small view looked up element by element equal those from its tile boxes,
+    on random mappings (some elements unmapped) and random views (slices, transposes, reversals,
+    sub-samples, concatenations, broadcasts)."""
+    from openipu import poplar
+    from openipu.poplar import graph as graphmod
+
+    rng = np.random.default_rng(7)
+    for _ in range(150):
+        g = _ipu_graph(16)
+        vs = []
+        for k in range(int(rng.integers(1, 4))):
+            shape = [int(x) for x in rng.integers(1, 7, 3)]
+            v = g.addVariable(poplar.FLOAT, shape, f"v{k}")
+            n = int(np.prod(shape))
+            cuts = np.unique(np.r_[0, rng.integers(0, n, int(rng.integers(0, 6))), n])
+            flat = v.flatten()
+            for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+                if rng.random() < 0.85:
+                    g.setTileMapping(flat.slice(a, b, 0), int(rng.integers(0, 16)))
+            vs.append(v)
+        t = vs[int(rng.integers(0, len(vs)))]
+        for _step in range(int(rng.integers(1, 4))):
+            c = rng.random()
+            if c < 0.25:
+                t = t.dimShuffle([int(i) for i in rng.permutation(t.rank())])
+            elif c < 0.45:
+                d = int(rng.integers(0, t.rank()))
+                if t.dim(d) > 1:
+                    a = int(rng.integers(0, t.dim(d) - 1))
+                    t = t.slice(a, int(rng.integers(a + 1, t.dim(d) + 1)), d)
+            elif c < 0.6:
+                t = t.reverse(int(rng.integers(0, t.rank())))
+            elif c < 0.75:
+                d = int(rng.integers(0, t.rank()))
+                t = t.subSample(int(rng.integers(1, 3)), d)
+            elif c < 0.9:
+                o = vs[int(rng.integers(0, len(vs)))]
+                if o.rank() == t.rank() and o.shape()[1:] == t.shape()[1:]:
+                    t = poplar.concat([t, o], 0)
+            else:
+                t = t.expand([0]).broadcast(2, 0)
+        fast = g.tile_runs_of(t)
+        monkeypatch.setattr(graphmod, "SMALL_VIEW_ELEMENTS", -1)
+        ref = g.tile_runs_of(t)
+        monkeypatch.setattr(graphmod, "SMALL_VIEW_ELEMENTS", 2048)
+        for a, b in zip(fast, ref):
+            np.testing.assert_array_equal(a, b)
+            assert a.dtype == b.dtype

@@ -941,6 +941,8 @@ class Graph:
             b = np.maximum(s[i0:i1], off) - off
             e = np.minimum(np.append(s[i0 + 1:i1], off + n), off + n) - off
             return b, e, var.tile_ids[i0:i1]
+        if n <= SMALL_VIEW_ELEMENTS and perm is None:
+            return self._small_tile_runs(t)
         from openipu.poplar.exchange import tile_boxes
         boxes = tile_boxes(t)
         lo, sz, shape = boxes.lo, boxes.sz, t.shape()
@@ -948,6 +950,22 @@ class Graph:
             lo, sz, shape = lo[:, perm], sz[:, perm], [shape[d] for d in perm]
         b, tl = box_tile_runs(lo, sz, boxes.tile, shape)
         return b, np.append(b[1:], n), tl
+
+    def _small_tile_runs(self, t: Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`tile_runs_of` of a view of few elements, element by element: each element's
+        address looked up in its variable's run-length tile map (cheaper than the view's tile
+        boxes when the view is a strided row of a large tensor: a few hundred elements, each in
+        a box of its own)."""
+        addr = t.flat_addresses()
+        sp = self._state.space(t._type)
+        vi = np.searchsorted(sp.starts(), addr, side="right") - 1
+        tiles = np.empty(addr.size, np.int32)
+        for j in _sets.unique(vi).tolist():
+            var = sp.vars[j]
+            m = vi == j
+            tiles[m] = var.tile_ids[np.searchsorted(var.tile_starts, addr[m] - var.start, side="right") - 1]
+        b = np.flatnonzero(np.r_[True, tiles[1:] != tiles[:-1]]).astype(np.int64)
+        return b, np.append(b[1:], addr.size), tiles[b]
 
     def copy_tile_mapping(self, dst: Tensor, src: Tensor) -> None:
         """Map each element of ``dst`` to the tile of the same element of ``src`` (equal element
@@ -1173,6 +1191,11 @@ def _flat_view(t: Tensor):
         return None
     var = t._state.variables[v]
     return var, a - var.start
+
+
+#: views of at most this many elements have their tile runs looked up element by element
+#: (:meth:`Graph.tile_runs_of`)
+SMALL_VIEW_ELEMENTS = 2048
 
 
 def box_tile_runs(lo: np.ndarray, sz: np.ndarray, tiles: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray]:
