@@ -272,3 +272,25 @@ def test_tile_runs_of_small_views_match_the_box_path(monkeypatch):
         for a, b in zip(fast, ref):
             np.testing.assert_array_equal(a, b)
             assert a.dtype == b.dtype
+
+
+def test_operand_boxes_memo_returns_the_computed_layout(monkeypatch):
+    """poplin's input / weight / output boxes are memoised on (problem, plan, layout): a hit
+    equals the computation, is read-only, and another plan is computed afresh."""
+    from openipu import poplar
+    from openipu.poplibs.poplin import plan as planmod
+    from openipu.poplibs.poplin.params import ConvParams
+
+    target = _ipu_graph(64).getTarget()
+    for m, k, n in ((32, 96, 64), (8, 384, 1536), (40, 768, 768)):
+        p = planmod.plan_matmul(1, m, k, n, poplar.FLOAT, target)
+        params = ConvParams(poplar.FLOAT, poplar.FLOAT, m, [1], [1], k, n, 1)
+        lay = layout.Layout.of(params, p)
+        for fn in (layout.input_boxes, layout.weight_boxes, layout.output_boxes):
+            with monkeypatch.context() as mp:
+                mp.setenv("OPENIPU_STRUCTURE_CACHE", "0")
+                ref = fn(params, p, lay)
+            first, again = fn(params, p, lay), fn(params, p, lay)
+            for a, b, c in zip(ref, first, again):
+                np.testing.assert_array_equal(a, b)
+                assert c is b and not b.flags.writeable

@@ -12,6 +12,7 @@ the slice problem's layout (see :mod:`openipu.poplibs.poplin.core`).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -138,6 +139,28 @@ def _cross(*sizes):
     return [g_.reshape(-1) for g_ in grids]
 
 
+def _memo_boxes(fn):
+    """``fn(params, plan, lay)`` -> ``(lo, sz, tile)`` memoised on the problem, the plan and the
+    layout (in the structure memo, :mod:`openipu.poplar.structure_cache`; read-only arrays), so
+    identical layers (a transformer's query, key and value weights, its six encoder layers) lay
+    out their operands once."""
+
+    @functools.wraps(fn)
+    def boxes(params: ConvParams, plan, lay: Layout):
+        if not SC.enabled():
+            return fn(params, plan, lay)
+        key = repr((fn.__name__, params.key(), plan, lay)).encode()
+        hit = SC.MEMO.get(key)
+        if hit is None:
+            hit = tuple(fn(params, plan, lay))
+            for a in hit:
+                a.setflags(write=False)
+            SC.MEMO.put(key, hit)
+        return hit
+
+    return boxes
+
+
 def _blocks(n: int, b: int):
     """Blocks of ``b`` over ``range(n)``: ``(start, size)`` arrays (the last one may be short)."""
     if n <= 0 or b <= 0:
@@ -164,6 +187,7 @@ def _input_blocks(params: ConvParams, plan, lay: Layout):
     return lo, sz, GB, NB, CB, f_id[FR]
 
 
+@_memo_boxes
 def input_boxes(params: ConvParams, plan, lay: Layout):
     """The layout the plan wants for the canonical input ``[G, N, Ci, F0, rest]`` (``rest``: the
     other field dims flattened), as boxes: ``(lo, sz, local tile)`` (``createInput``).
@@ -179,6 +203,7 @@ def input_boxes(params: ConvParams, plan, lay: Layout):
     return lo[keep], sz[keep], tile[keep]
 
 
+@_memo_boxes
 def weight_boxes(params: ConvParams, plan, lay: Layout):
     """The layout of the canonical weights ``[G, Co, Ci, K]`` (``K``: the kernel flattened) as
     boxes ``(lo, sz, local tile)`` (``createWeights``): each block ``gB x coB x ciB x K`` is cut
@@ -232,6 +257,7 @@ def _block_shares(parts: int, lo: np.ndarray, sz: np.ndarray):
     return np.concatenate(blk), np.concatenate(shr), np.concatenate(blo), np.concatenate(bsz)
 
 
+@_memo_boxes
 def output_boxes(params: ConvParams, plan, lay: Layout):
     """The layout of the canonical output ``[G, N, Co, Fo0, rest]`` as boxes ``(lo, sz, local
     tile)``: element ``(g, n, co, row, r)`` lives on the tile that computes it, or with an
