@@ -4,6 +4,8 @@ numpy arrays (one host copy), the weightless proto compacted, and the skeleton m
 
 from __future__ import annotations
 
+import sys
+
 import google.protobuf.message
 import numpy as np
 import onnx
@@ -23,10 +25,23 @@ def one_line(e: Exception) -> str:
 WEIGHT_BYTES = 1 << 16
 
 
-def initializer_array(init: onnx.TensorProto) -> np.ndarray:
+#: ONNX element types whose ``raw_data`` is the numpy array's bytes (little-endian, one element
+#: per item): read from bytes already taken out of the proto without a second copy
+_PLAIN_RAW = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+                        onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16,
+                        onnx.TensorProto.UINT16, onnx.TensorProto.INT32, onnx.TensorProto.UINT32,
+                        onnx.TensorProto.INT64, onnx.TensorProto.UINT64, onnx.TensorProto.BOOL})
+
+
+def initializer_array(init: onnx.TensorProto, raw: bytes | None = None) -> np.ndarray:
     """``numpy_helper.to_array(init)``, with a data / dims mismatch (more values than the dims
-    hold, a type without numpy equivalent ...) raised as a ``popart_exception`` naming it."""
+    hold, a type without numpy equivalent ...) raised as a ``popart_exception`` naming it.
+    ``raw``: ``init.raw_data`` when the caller has taken it already (protobuf copies the bytes at
+    every read of the field), used as ``to_array`` uses it for the plain numeric types."""
     try:
+        if (raw is not None and init.data_type in _PLAIN_RAW and sys.byteorder == "little"
+                and not init.HasField("segment")):
+            return np.frombuffer(raw, dtype=onnx.helper.tensor_dtype_to_np_dtype(init.data_type)).reshape(init.dims)
         return numpy_helper.to_array(init)
     except Exception as e:  # noqa: BLE001 - numpy's reshape ValueError, onnx's TypeError ...
         raise popart_exception(f"Initializer '{init.name}' of dims {list(init.dims)} cannot be read: "
@@ -39,9 +54,19 @@ def take_weights(model: onnx.ModelProto, owned: bool) -> dict:
     weights are not held twice; a ModelProto the caller passed is left as it was."""
     out = {}
     for init in model.graph.initializer:
-        if init.data_location == onnx.TensorProto.EXTERNAL or tensor_proto.stored_bytes(init) < WEIGHT_BYTES:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
             continue
-        out[init.name] = initializer_array(init)
+        if init.HasField("raw_data"):
+            # the bytes are read out of the proto once (each read of the field is a copy); the
+            # serialised size bounds them, so a small one is skipped without reading them
+            raw = init.raw_data if init.ByteSize() >= WEIGHT_BYTES else b""
+            if len(raw) < WEIGHT_BYTES:
+                continue
+            out[init.name] = initializer_array(init, raw)
+        elif tensor_proto.stored_bytes(init) < WEIGHT_BYTES:
+            continue
+        else:
+            out[init.name] = initializer_array(init)
         if owned:
             tensor_proto.clear_values(init)     # raw_data or the typed field (float_data ...)
     return out

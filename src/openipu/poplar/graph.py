@@ -24,6 +24,7 @@ import torch
 from openipu.poplar import errors
 from openipu.poplar import regions as R
 from openipu.poplar import tilemap
+from openipu.poplar.deferred import DeferredValue
 from openipu.poplar.tensor import Interval, Tensor
 from openipu.poplar.types import Type, as_type
 from openipu.poplar.vertex import FieldSpec, Vertex, _Shape
@@ -49,7 +50,7 @@ class Variable:
     numel: int
     shape: tuple
     constant: bool = False
-    init: torch.Tensor | None = None      # constant value / initial value (flat, storage dtype)
+    init: Any = None      # constant value / initial value (flat, storage dtype), or a DeferredValue
     space_index: int = -1                  # position in its type's space
     metadata: Any = None                   # QUARTER: its QUARTER_METADATA tensor (None: F143, scale 0)
     quarter_format: str | None = None      # QUARTER_METADATA: the format it names ("F143" / "F152")
@@ -60,6 +61,13 @@ class Variable:
     @property
     def nbytes(self) -> int:
         return self.numel * self.type.size
+
+    def initial(self) -> torch.Tensor | None:
+        """The constant's or initial value (flat, storage dtype), made now if it was deferred
+        (:mod:`openipu.poplar.deferred`); ``None`` if it has none."""
+        if isinstance(self.init, DeferredValue):
+            self.init = self.init.resolve()
+        return self.init
 
     def _flush(self) -> None:
         if self._pending:
@@ -416,6 +424,15 @@ def _storage_values(t, arr: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(flat.astype(np.float64)).to(t.torch_dtype)
     return t.wrap(torch.as_tensor(flat.astype(np.float64 if t.is_float else np.int64)))
 
+def _fresh_storage(t, arr) -> torch.Tensor:
+    """A flat array made for ``t``'s storage (nobody else holds it) as its storage tensor: taken
+    without a copy when it is of the storage dtype (float16 / float32), else converted."""
+    if (isinstance(arr, np.ndarray) and arr.ndim == 1 and arr.flags.c_contiguous and t.is_float
+            and t.torch_dtype in (torch.float16, torch.float32) and arr.dtype == t.numpy_dtype):
+        return torch.from_numpy(arr)
+    return _storage_values(t, arr)
+
+
 class Graph:
     """``poplar::Graph(target, replication_factor=1)``.
 
@@ -560,7 +577,7 @@ class Graph:
         """The value a metadata tensor is created with (a constant's, or its initial value), or
         None when a program computes it (openipu helper)."""
         var = self._state.variables[int(md.pieces.var[0])]
-        init = var.init
+        init = var.initial()
         if init is None:
             for t, values in getattr(self._state, "initial_values", []):
                 if int(t.pieces.var[0]) == var.id:
@@ -622,6 +639,18 @@ class Graph:
             raise errors.graph_object_creation_error(
                 f"Constant '{name}' of shape {shape} needs {numel} values, got {arr.size}")
         return self._new_variable(t, shape, name, constant=True, init=_storage_values(t, arr))
+
+    def add_deferred_constant(self, type_, shape, make: Callable[[], np.ndarray], name: str = "") -> Tensor:
+        """A constant of ``type_`` and ``shape`` whose values ``make()`` returns (an array of
+        ``shape``'s element count, row-major) when they are first read: when device storage is
+        built or the graph is saved, never in an offline compile. ``make`` must read only arrays
+        its caller will not change afterwards. openipu extension (``addConstant`` without the
+        up-front conversion; the lowering's weights use it)."""
+        t = as_type(type_)
+        shape = [shape] if np.isscalar(shape) else list(shape)
+        numel = int(np.prod(shape, dtype=np.int64))
+        return self._new_variable(t, shape, name, constant=True,
+                                  init=DeferredValue(lambda: _storage_values(t, np.asarray(make())), numel))
 
     def addConstantHalf(self, type_, shape, values, name: str = "") -> Tensor:  # noqa: N802
         return self.addConstant(type_, shape, np.asarray(values, np.float32), name)
@@ -860,12 +889,19 @@ class Graph:
         its index space), stored one after the other, each row-major inside
         (:func:`regions.stacked_pieces`). ``values``: a constant's values in that memory order
         (flat), else a variable; a flat array already of the type's storage dtype (float16 /
-        float32) becomes the constant's storage without a copy (the caller hands it over).
-        Unmapped. openipu extension for PopLibs' blocked layouts."""
+        float32) becomes the constant's storage without a copy (the caller hands it over), and
+        a :class:`~openipu.poplar.deferred.DeferredValue` of ``numel`` elements is made when first
+        read. Unmapped. openipu extension for PopLibs' blocked layouts."""
         numel = int(np.prod(sz, axis=1, dtype=np.int64).sum())
         t = as_type(type_)
         if values is None:
             flat = self._new_variable(type_, [numel], name)
+        elif isinstance(values, DeferredValue):
+            if values.numel != numel:
+                raise errors.graph_object_creation_error(
+                    f"Constant '{name}' of {numel} elements given a deferred value of {values.numel}")
+            flat = self._new_variable(type_, [numel], name, constant=True,
+                                      init=DeferredValue(lambda: _fresh_storage(t, values.resolve()), numel))
         elif (isinstance(values, np.ndarray) and values.ndim == 1 and values.size == numel
               and values.flags.c_contiguous and t.is_float and t.torch_dtype in (torch.float16, torch.float32)
               and values.dtype == t.numpy_dtype):
@@ -905,6 +941,8 @@ class Graph:
             b = np.maximum(s[i0:i1], off) - off
             e = np.minimum(np.append(s[i0 + 1:i1], off + n), off + n) - off
             return b, e, var.tile_ids[i0:i1]
+        if n <= SMALL_VIEW_ELEMENTS and perm is None:
+            return self._small_tile_runs(t)
         from openipu.poplar.exchange import tile_boxes
         boxes = tile_boxes(t)
         lo, sz, shape = boxes.lo, boxes.sz, t.shape()
@@ -912,6 +950,22 @@ class Graph:
             lo, sz, shape = lo[:, perm], sz[:, perm], [shape[d] for d in perm]
         b, tl = box_tile_runs(lo, sz, boxes.tile, shape)
         return b, np.append(b[1:], n), tl
+
+    def _small_tile_runs(self, t: Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`tile_runs_of` of a view of few elements, element by element: each element's
+        address looked up in its variable's run-length tile map (cheaper than the view's tile
+        boxes when the view is a strided row of a large tensor: a few hundred elements, each in
+        a box of its own)."""
+        addr = t.flat_addresses()
+        sp = self._state.space(t._type)
+        vi = np.searchsorted(sp.starts(), addr, side="right") - 1
+        tiles = np.empty(addr.size, np.int32)
+        for j in _sets.unique(vi).tolist():
+            var = sp.vars[j]
+            m = vi == j
+            tiles[m] = var.tile_ids[np.searchsorted(var.tile_starts, addr[m] - var.start, side="right") - 1]
+        b = np.flatnonzero(np.r_[True, tiles[1:] != tiles[:-1]]).astype(np.int64)
+        return b, np.append(b[1:], addr.size), tiles[b]
 
     def copy_tile_mapping(self, dst: Tensor, src: Tensor) -> None:
         """Map each element of ``dst`` to the tile of the same element of ``src`` (equal element
@@ -1137,6 +1191,11 @@ def _flat_view(t: Tensor):
         return None
     var = t._state.variables[v]
     return var, a - var.start
+
+
+#: views of at most this many elements have their tile runs looked up element by element
+#: (:meth:`Graph.tile_runs_of`)
+SMALL_VIEW_ELEMENTS = 2048
 
 
 def box_tile_runs(lo: np.ndarray, sz: np.ndarray, tiles: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray]:

@@ -37,6 +37,7 @@ import typing
 import numpy as np
 import torch
 
+from openipu.poplar.deferred import DeferredValue
 from openipu.poplar.exefile import executable_file_error
 
 _CLASSES: dict[str, tuple[type, tuple, dict, typing.Callable | None]] = {}
@@ -175,6 +176,9 @@ class Encoder:
         if obj is None or isinstance(obj, (bool, str)):
             return obj
         t = type(obj)
+        if t is DeferredValue:          # a constant's value not made yet: saved as the value
+            obj = obj.resolve()
+            t = type(obj)
         if t is int:
             return obj if -(1 << 62) < obj < (1 << 62) else {"r": self._new(None, {"t": "bigint", "v": str(obj)})}
         if t is float:

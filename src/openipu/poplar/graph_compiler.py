@@ -373,10 +373,14 @@ class _Compiler:
         if p.row is not None:
             v, addr, lo, sz, st = p.row
             return (t._type.space, self._var_digest(v), addr - self.state.variables[v].start, lo, sz, st)
-        var = p.var
-        starts = np.array([self.state.variables[v].start for v in var.tolist()], np.int64)
-        return (t._type.space, tuple(t.shape()), tuple(self._var_digest(v) for v in var.tolist()),
-                (p.addr - starts).tobytes(), p.lo.tobytes(), p.sz.tobytes(), p.st.tobytes())
+        # per distinct variable (a view of many pieces has few variables): its digest and start;
+        # the pieces name them by their index among the distinct ones
+        uniq = _sets.unique(p.var)
+        which = np.searchsorted(uniq, p.var)
+        ids = uniq.tolist()
+        starts = np.array([self.state.variables[v].start for v in ids], np.int64)
+        return (t._type.space, tuple(t.shape()), tuple(self._var_digest(v) for v in ids), which.tobytes(),
+                (p.addr - starts[which]).tobytes(), p.lo.tobytes(), p.sz.tobytes(), p.st.tobytes())
 
     def layout_copy_cost(self, s: Tensor, d: Tensor) -> costmod.StepCost:
         """:meth:`tensor_copy_cost`, computed once per pair of layouts: copies between other

@@ -46,8 +46,9 @@ class Storage:
             self.delta[name] = np.asarray(off, np.int64) - starts
             buf = torch.zeros(replicas, int(size), dtype=space.type.torch_dtype)
             for var, o in zip(space.vars, np.asarray(off).tolist()):
-                if var.init is not None:
-                    buf[:, o:o + var.numel] = space.type.wrap(var.init)
+                init = var.initial()
+                if init is not None:
+                    buf[:, o:o + var.numel] = space.type.wrap(init)
             self.bufs[name] = buf
         for t, values in getattr(state, "initial_values", []):
             Accessor(t).write(self, values.reshape(t.shape()) if t.numElements() else values)

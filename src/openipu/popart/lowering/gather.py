@@ -98,14 +98,18 @@ def create_sliceable(g, type_, shape, axis: int, name: str, value=None, lookups:
 
     The variable is created with the columns outermost and ``axis`` innermost, so that every
     column, and every tile's run of columns, is contiguous: its tile map is one run per tile.
-    Returns the ``dimShuffle`` view of ``shape``. ``value``: a constant's value (``shape``), else
-    a variable is created."""
+    Returns the ``dimShuffle`` view of ``shape``. ``value``: a constant's value (``shape``; the
+    IR's array, transposed into the variable's order when the constant is first read), else a
+    variable is created."""
     xs = [int(v) for v in shape]
     rest = [d for d in range(len(xs)) if d != axis]
     order = rest + [axis]
     vshape = [xs[d] for d in order]
     if value is not None:
-        var = g.addConstant(type_, vshape, np.asarray(value).reshape(xs).transpose(order), name)
+        value = np.asarray(value)
+        if value.size != math.prod(xs):
+            raise ValueError(f"create_sliceable: a value of {value.size} elements for the shape {xs}")
+        var = g.add_deferred_constant(type_, vshape, lambda: value.reshape(xs).transpose(order), name)
     else:
         var = g.addVariable(type_, vshape, name)
     popops.dynamic_slice.map_sliceable(g, var, xs[axis], math.prod(xs[d] for d in rest), type_, lookups)

@@ -12,6 +12,7 @@ the slice problem's layout (see :mod:`openipu.poplibs.poplin.core`).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -20,7 +21,9 @@ import numpy as np
 from openipu.poplar import regions as R
 from openipu.poplar import sets as _sets
 from openipu.poplar import structure_cache as SC
+from openipu.poplar.deferred import DeferredValue
 from openipu.poplar.exchange import Boxes
+from openipu.poplar.types import as_type
 from openipu.poplibs.poplin import plan as planmod
 from openipu.poplibs.poplin.params import ConvParams
 
@@ -136,6 +139,28 @@ def _cross(*sizes):
     return [g_.reshape(-1) for g_ in grids]
 
 
+def _memo_boxes(fn):
+    """``fn(params, plan, lay)`` -> ``(lo, sz, tile)`` memoised on the problem, the plan and the
+    layout (in the structure memo, :mod:`openipu.poplar.structure_cache`; read-only arrays), so
+    identical layers (a transformer's query, key and value weights, its six encoder layers) lay
+    out their operands once."""
+
+    @functools.wraps(fn)
+    def boxes(params: ConvParams, plan, lay: Layout):
+        if not SC.enabled():
+            return fn(params, plan, lay)
+        key = repr((fn.__name__, params.key(), plan, lay)).encode()
+        hit = SC.MEMO.get(key)
+        if hit is None:
+            hit = tuple(fn(params, plan, lay))
+            for a in hit:
+                a.setflags(write=False)
+            SC.MEMO.put(key, hit)
+        return hit
+
+    return boxes
+
+
 def _blocks(n: int, b: int):
     """Blocks of ``b`` over ``range(n)``: ``(start, size)`` arrays (the last one may be short)."""
     if n <= 0 or b <= 0:
@@ -162,6 +187,7 @@ def _input_blocks(params: ConvParams, plan, lay: Layout):
     return lo, sz, GB, NB, CB, f_id[FR]
 
 
+@_memo_boxes
 def input_boxes(params: ConvParams, plan, lay: Layout):
     """The layout the plan wants for the canonical input ``[G, N, Ci, F0, rest]`` (``rest``: the
     other field dims flattened), as boxes: ``(lo, sz, local tile)`` (``createInput``).
@@ -177,6 +203,7 @@ def input_boxes(params: ConvParams, plan, lay: Layout):
     return lo[keep], sz[keep], tile[keep]
 
 
+@_memo_boxes
 def weight_boxes(params: ConvParams, plan, lay: Layout):
     """The layout of the canonical weights ``[G, Co, Ci, K]`` (``K``: the kernel flattened) as
     boxes ``(lo, sz, local tile)`` (``createWeights``): each block ``gB x coB x ciB x K`` is cut
@@ -230,6 +257,7 @@ def _block_shares(parts: int, lo: np.ndarray, sz: np.ndarray):
     return np.concatenate(blk), np.concatenate(shr), np.concatenate(blo), np.concatenate(bsz)
 
 
+@_memo_boxes
 def output_boxes(params: ConvParams, plan, lay: Layout):
     """The layout of the canonical output ``[G, N, Co, Fo0, rest]`` as boxes ``(lo, sz, local
     tile)``: element ``(g, n, co, row, r)`` lives on the tile that computes it, or with an
@@ -272,7 +300,9 @@ def blocked_tensor(graph, type_, edges, name: str, value=None, serial=None):
     ``serial`` (a function of the blocks' ``lo`` ``[k, rank]`` giving each block's serial slice),
     slice by slice (stably), so that every serial slice of the tensor is one interval of memory
     laid out as the slice problem's tensor. ``value`` (array of the tensor's shape): a
-    constant's value, stored block by block; otherwise a variable. Host work: one copy per block."""
+    constant's value, stored block by block when the constant is first read (device storage,
+    saving; an offline compile never places it), so the caller must not change it afterwards;
+    otherwise a variable. Host work: one scatter of the elements, when placed."""
     shape = [int(e[-1]) for e in edges]
     lo, sz = R.grid_cells(edges)
     if serial is not None:
@@ -281,9 +311,24 @@ def blocked_tensor(graph, type_, edges, name: str, value=None, serial=None):
     mem = None
     if value is not None:
         value = np.asarray(value).reshape(shape)
-        mem = np.empty(math.prod(shape), value.dtype)
-        mem[_block_order(edges, lo, sz)] = value.reshape(-1)
+        edges, t = tuple(np.array(e, np.int64) for e in edges), as_type(type_)
+        if value.dtype.kind in "fiub" and value.dtype.itemsize <= t.size:
+            mem = DeferredValue(lambda: _placed(t, value, edges, lo, sz), value.size)
+        else:       # a wider host array than the storage: placed now rather than kept
+            mem = _placed(t, value, edges, lo, sz)
     return graph.add_blocks(type_, shape, lo, sz, name, mem)
+
+
+def _placed(t, value: np.ndarray, edges, lo: np.ndarray, sz: np.ndarray) -> np.ndarray:
+    """``value`` (the tensor's shape) flat in the storage order of the blocks ``lo``, ``sz``; a
+    float value for a float16 / float32 type already in that dtype (one cast, rounding to nearest
+    even, as ``addConstant``)."""
+    dt = value.dtype
+    if t.is_float and dt.kind == "f" and t.numpy_dtype in (np.float16, np.float32):
+        dt = t.numpy_dtype
+    mem = np.empty(value.size, dt)
+    mem[_block_order(edges, lo, sz)] = value.reshape(-1)
+    return mem
 
 
 def _block_order(edges, lo: np.ndarray, sz: np.ndarray) -> np.ndarray:
