@@ -228,7 +228,7 @@ def test_tile_runs_of_small_views_match_the_box_path(monkeypatch):
     on random mappings (some elements unmapped) and random views (slices, transposes, reversals,
     sub-samples, concatenations, broadcasts)."""
     from openipu import poplar
-    from openipu.poplar import graph as graphmod
+    from openipu.poplar import graph_mapping
 
     rng = np.random.default_rng(7)
     for _ in range(150):
@@ -266,9 +266,9 @@ def test_tile_runs_of_small_views_match_the_box_path(monkeypatch):
             else:
                 t = t.expand([0]).broadcast(2, 0)
         fast = g.tile_runs_of(t)
-        monkeypatch.setattr(graphmod, "SMALL_VIEW_ELEMENTS", -1)
+        monkeypatch.setattr(graph_mapping, "SMALL_VIEW_ELEMENTS", -1)
         ref = g.tile_runs_of(t)
-        monkeypatch.setattr(graphmod, "SMALL_VIEW_ELEMENTS", 2048)
+        monkeypatch.setattr(graph_mapping, "SMALL_VIEW_ELEMENTS", 2048)
         for a, b in zip(fast, ref):
             np.testing.assert_array_equal(a, b)
             assert a.dtype == b.dtype

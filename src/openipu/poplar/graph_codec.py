@@ -94,7 +94,8 @@ def _field_types(cls) -> dict:
     return out
 
 
-def data_class(cls=None, *, fields: tuple | None = None, types: dict | None = None, after_decode=None):
+def data_class(cls=None, *, fields: tuple | None = None, types: dict | None = None, after_decode=None,
+               key: str | None = None):
     """Register ``cls`` as a record kind of Poplar executable files (a class decorator).
 
     Args:
@@ -103,6 +104,8 @@ def data_class(cls=None, *, fields: tuple | None = None, types: dict | None = No
             annotations are checked without being listed).
         after_decode: ``after_decode(obj)``, openipu code run on the rebuilt object (e.g. to take
             what the loading process supplies, such as perf estimators).
+        key: the name of the kind in files (default ``module:qualname``): a class moved to another
+            module keeps the name files already hold.
     """
     def reg(c):
         if fields is not None:
@@ -115,9 +118,9 @@ def data_class(cls=None, *, fields: tuple | None = None, types: dict | None = No
             raise TypeError(f"data_class({c.__qualname__}) needs its fields")
         t = _field_types(c)
         t.update(types or {})
-        key = _key(c)
-        _CLASSES[key] = (c, names, t, after_decode)
-        _CLASS_KEY[c] = key
+        name = key or _key(c)
+        _CLASSES[name] = (c, names, t, after_decode)
+        _CLASS_KEY[c] = name
         return c
     return reg(cls) if cls is not None else reg
 

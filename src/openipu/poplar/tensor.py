@@ -2,7 +2,7 @@
 
 A tensor is an element type, a shape and a short list of *pieces* (:mod:`openipu.poplar.regions`):
 sub-boxes of the tensor's index space, each laid affinely over one variable of the type's address
-space (``graph._Space``). Every view (slice, reshape, dimShuffle, broadcast, reverse, subSample,
+space (``address_space.AddressSpace``). Every view (slice, reshape, dimShuffle, broadcast, reverse, subSample,
 concat ...) composes pieces, so the host cost of a view follows the number of pieces, not the
 number of elements, the way Poplar's ``Tensor`` is a list of variable regions. Element addresses
 are only built on request (:meth:`Tensor.flat_addresses`), for small tensors and tests.

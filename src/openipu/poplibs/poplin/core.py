@@ -35,7 +35,8 @@ from openipu import poplar
 from openipu.poplar import regions as R
 from openipu.poplar import sets as _sets
 from openipu.poplar.exchange import Boxes, lattices, tile_boxes
-from openipu.poplar.graph import Access, VertexGroup, box_tile_runs
+from openipu.poplar.graph import Access, VertexGroup
+from openipu.poplar.graph_mapping import box_tile_runs
 from openipu.poplibs.popops import dynamic_slice as dslice
 from openipu.poplibs.popops.loop import countedLoop
 from openipu.poplibs.poplin import plan as planmod
