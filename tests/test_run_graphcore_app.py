@@ -43,7 +43,7 @@ def test_report_and_max_calls(tmp_path):
     env = {**os.environ, "OPENIPU_APP_MAX_CALLS": "3",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "popdist" / "run_graphcore_app.py"), str(script)],
-                       env=env, capture_output=True, text=True, timeout=600)
+                       env=env, capture_output=True, text=True, timeout=600, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
     steps = re.findall(r"step (\d+) out-mean (\S+)", r.stdout)
     # the third call stops the application before it prints its step
