@@ -94,10 +94,10 @@ def _report():
 
 
 def main():
-    # openipu's horovod.torch stand-in, as the wheel's openipu-horovod.pth installs it: an editable
-    # install has no .pth, and some applications import horovod.torch before popdist (ViT)
     import run_graphcore_program
 
+    # openipu's horovod.torch stand-in, as the wheel's openipu-horovod.pth installs it: an editable
+    # install has no .pth, and some applications import horovod.torch before popdist (ViT)
     import openipu_hvd_hook  # noqa: F401
     _instrument()
     atexit.register(_report)
