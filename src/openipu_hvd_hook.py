@@ -10,8 +10,8 @@ is always found first and this hook never sees the import. ``horovod`` is then a
 (``horovod.is_openipu_stand_in`` is True) and ``horovod.torch`` re-exports the stand-in's
 functions; any other ``horovod.*`` name is not found. ``OPENIPU_HVD_HOOK=0`` turns it off.
 
-Installed by ``import popdist`` (Graphcore's applications import ``popdist`` before
-``horovod.torch``) and by ``openipu-horovod.pth`` (one ``import openipu_hvd_hook`` line in
+Installed by ``import popdist`` (most of Graphcore's applications import ``popdist`` before
+``horovod.torch``; ViT's ``pretrain.py`` does not) and by ``openipu-horovod.pth`` (one ``import openipu_hvd_hook`` line in
 site-packages, shipped by the wheel, or written by ``python -m openipu_hvd_hook install`` for an
 editable install). It imports nothing heavy at start-up (the stand-in and torch load when
 ``horovod.torch`` is imported).

@@ -279,7 +279,7 @@ def test_pipeline_errors(case, match):
                                optimizer=popart.ConstSGD(0.01), deviceInfo=dev, userOptions=o)
 
 
-def test_a_weight_on_two_ipus_and_an_input_on_two_ipus_are_refused():
+def test_a_weight_on_two_ipus_is_refused():
     b = popart.Builder()
     x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 4]), "x")
     w = b.addInitializedInputTensor(np.ones((4, 4), np.float32), "w")
@@ -292,15 +292,58 @@ def test_a_weight_on_two_ipus_and_an_input_on_two_ipus_are_refused():
     with pytest.raises(popart.popart_exception, match=r"Can not copy variable tensor w between virtual graphs when "
                                                       r"pipelining"):
         popart.InferenceSession(b.getModelProto(), popart.DataFlow(4, {y: ALL}), _device(), userOptions=o)
+
+
+def test_an_input_read_on_two_ipus_is_streamed_to_one_and_copied():
+    """A streamed input read in stage 0 on IPU 0 and in stage 1 on IPU 1 is streamed onto IPU 0
+    (its earliest stage) and copied to IPU 1, as PopART's InterIpuCopy does before its Pipeline
+    checks: y = relu(x) + x for each of the 4 batches."""
     b = popart.Builder()
     x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 4]), "x")
     with b.virtualGraph(0), b.pipelineStage(0):
         h = b.aiOnnx.relu([x])
     with b.virtualGraph(1), b.pipelineStage(1):
         y = b.aiOnnx.add([h, x])
-    with pytest.raises(popart.popart_exception, match=r"stream tensors can only be streamed directly onto a single IPU"):
-        popart.InferenceSession(b.getModelProto(), popart.DataFlow(4, {y: ALL}), _device(),
+    s = popart.InferenceSession(b.getModelProto(), popart.DataFlow(4, {y: ALL}), _device(),
                                 userOptions=_options(True))
+    assert s._ir.home_vgraph(x) == 0
+    s.prepareDevice()
+    out = s.initAnchorArrays()
+    xs = np.random.RandomState(3).randn(4, 2, 4).astype(np.float32)
+    s.run(popart.PyStepIO({x: xs}, out))
+    np.testing.assert_array_equal(out[y], np.maximum(xs, 0) + xs)
+
+
+def _mlp_reading_x_on_both_ipus(pipelined):
+    """The MLP of :func:`_mlp` whose stage-1 logits also add ``x @ w2`` (w2 on IPU 1): the input
+    is read in forward stage 0 (IPU 0), forward stage 1 and backward stage 2 (IPU 1)."""
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [4, 8]), "x")
+    lab = b.addInputTensor(popart.TensorInfo("INT32", [4]), "lab")
+    rs = np.random.RandomState(7)
+    w0 = b.addInitializedInputTensor(rs.randn(8, 16).astype(np.float32), "w0")
+    w1 = b.addInitializedInputTensor(rs.randn(16, 5).astype(np.float32), "w1")
+    w2 = b.addInitializedInputTensor(rs.randn(8, 5).astype(np.float32), "w2")
+    with b.virtualGraph(0), b.pipelineStage(0):
+        h = b.aiOnnx.relu([b.aiOnnx.matmul([x, w0])])
+    with b.virtualGraph(1), b.pipelineStage(1):
+        y = b.aiOnnx.add([b.aiOnnx.matmul([h, w1]), b.aiOnnx.matmul([x, w2])])
+        p = b.aiOnnx.softmax([y], axis=1)
+        loss = b.aiGraphcore.nllloss([p, lab], popart.ReductionType.Sum)
+    s = popart.TrainingSession(b.getModelProto(), popart.DataFlow(2, {loss: ALL}), loss=loss,
+                               optimizer=popart.ConstSGD(0.01), deviceInfo=_device(),
+                               userOptions=_options(pipelined, af=4))
+    xs, ls = _data(2, 4)
+    out, w = _step(s, {x: xs, lab: ls}, ["w0", "w1", "w2"])
+    return {**{k: v.copy() for k, v in out.items()}, **w}, s
+
+
+def test_pipelined_training_with_an_input_read_on_two_ipus_matches_sharded():
+    a, _ = _mlp_reading_x_on_both_ipus(False)
+    b, s = _mlp_reading_x_on_both_ipus(True)
+    assert s.getIr().num_stages == 3
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-6, atol=1e-6, err_msg=k)
 
 
 def test_every_n_anchor_is_refused_when_pipelined_without_accumulation():

@@ -200,6 +200,31 @@ def test_blocks_place_layers_on_ipus():
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
+def test_ops_before_the_first_block_are_a_stage_of_their_own_with_auto_increment():
+    """One BeginBlock(ipu_id=1) mid-model under PipelinedExecution(AutoStage.AutoIncrement)
+    (graphcore/examples' FastPitch): the layers before it run on IPU 0 as stage 0 and the block
+    is stage 1 (PopTorch numbers AutoIncrement's stages from 1), so the model is pipelined over
+    2 IPUs (autoRecomputation Pipeline needs that) and trains to the one-IPU weights."""
+    results = {}
+    for block in (False, True):
+        torch.manual_seed(0)
+        m = Net()
+        o = poptorch.Options().deviceIterations(2)
+        o.Training.gradientAccumulation(4)
+        if block:
+            poptorch.BeginBlock(m.fc2, "b1", ipu_id=1)
+            o.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
+            o._Popart.set("autoRecomputation", 3)       # RecomputationType.Pipeline
+        tm = poptorch.trainingModel(m, o, torch.optim.SGD(m.parameters(), lr=0.1))
+        x, y = _data(n=2 * 4 * 2)
+        tm(x, y)
+        results[block] = [p.detach().clone() for p in m.parameters()]
+        if block:
+            assert tm._built.num_ipus == 2 and tm._built.pipelined
+    for p, q in zip(results[True], results[False]):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
 def test_cycle_count_is_a_prediction():
     m = Net()
     im = poptorch.inferenceModel(m, poptorch.Options().logCycleCount(True))
@@ -217,6 +242,7 @@ def test_dataloader_combined_batch(mode):
     o.Training.gradientAccumulation(2)
     dl = poptorch.DataLoader(o, ds, batch_size=4, mode=getattr(poptorch.DataLoaderMode, mode))
     assert dl.combinedBatchSize == 48 and len(dl) == 2
+    assert dl._combined_batch_size == 48  # PopTorch's attribute, read by applications (FastPitch)
     for epoch in range(2):
         batches = [b for b in dl]
         assert [b[0].shape for b in batches] == [(48, 2)] * 2

@@ -12,9 +12,16 @@ of the step (the cost model's ``getCycleCount()``, what ``cycleCount()`` returns
 ``logCycleCount``). At exit each instance prints one line per model to stderr::
 
     openipu-app: instance 0/2 model 0 (training): calls 3, host s/call 9.1 2.4 2.2, host CPU s/call ...,
-    predicted cycles/call 1234 1234 1234
+    predicted cycles/call 1234 1234 1234, output mean/call 7.63 7.65 7.64
 
-The first call of a model includes its compile when the program did not call ``compile()``.
+The output mean is the mean (as float64) of the call's first tensor output: for a training
+model that returns its loss, the loss of this instance's replicas, whatever the application
+prints (some print a placeholder with generated data). The first call of a model includes its
+compile when the program did not call ``compile()``.
+
+``OPENIPU_APP_MAX_CALLS=N`` stops the application (``SystemExit(0)``, so the report above is
+printed) after the N-th call of a training model, for applications that have no option to
+limit their steps; every instance makes the same calls, so they stop at the same step.
 The application itself is not modified.
 """
 
@@ -37,7 +44,8 @@ def _instrument():
     def timed(self, *args, **kwargs):
         rec = getattr(self, "_openipu_app_record", None)
         if rec is None:
-            rec = self._openipu_app_record = {"training": self._training, "wall": [], "cpu": [], "cycles": []}
+            rec = self._openipu_app_record = {"training": self._training, "wall": [], "cpu": [], "cycles": [],
+                                              "mean": []}
             _RECORDS.append(rec)
         w, c = time.perf_counter(), time.process_time()
         out = plain(self, *args, **kwargs)
@@ -47,9 +55,29 @@ def _instrument():
             rec["cycles"].append(int(self._session.getCycleCount()))
         except Exception:  # noqa: BLE001 - no prediction for this call: report what there is
             rec["cycles"].append(None)
+        rec["mean"].append(_first_mean(out))
+        limit = int(os.environ.get("OPENIPU_APP_MAX_CALLS", "0") or 0)
+        if self._training and limit and len(rec["wall"]) >= limit:
+            print(f"openipu-app: stopping after {limit} calls (OPENIPU_APP_MAX_CALLS)", file=sys.stderr, flush=True)
+            raise SystemExit(0)
         return out
 
     PoplarExecutor.__call__ = timed
+
+
+def _first_mean(out):
+    """Mean of the first tensor in ``out`` (a tensor or nested tuple / list / dict), or None."""
+    import torch
+    stack = [out]
+    while stack:
+        x = stack.pop(0)
+        if isinstance(x, torch.Tensor):
+            return float(x.detach().double().mean()) if x.numel() else None
+        if isinstance(x, (tuple, list)):
+            stack[:0] = list(x)
+        elif isinstance(x, dict):
+            stack[:0] = list(x.values())
+    return None
 
 
 def _report():
@@ -58,13 +86,19 @@ def _report():
         fmt = " ".join(f"{v:.2f}" for v in r["wall"])
         cpu = " ".join(f"{v:.2f}" for v in r["cpu"])
         cyc = " ".join(str(v) for v in r["cycles"])
+        mean = " ".join("-" if v is None else f"{v:.6g}" for v in r["mean"])
         print(f"openipu-app: {who} model {i} ({'training' if r['training'] else 'inference'}): calls "
-              f"{len(r['wall'])}, host s/call {fmt}, host CPU s/call {cpu}, predicted cycles/call {cyc}",
+              f"{len(r['wall'])}, host s/call {fmt}, host CPU s/call {cpu}, predicted cycles/call {cyc}, "
+              f"output mean/call {mean}",
               file=sys.stderr, flush=True)
 
 
 def main():
     import run_graphcore_program
+
+    # openipu's horovod.torch stand-in, as the wheel's openipu-horovod.pth installs it: an editable
+    # install has no .pth, and some applications import horovod.torch before popdist (ViT)
+    import openipu_hvd_hook  # noqa: F401
     _instrument()
     atexit.register(_report)
     run_graphcore_program.main()

@@ -739,10 +739,17 @@ class Ir:
     # -- 6 --------------------------------------------------------------------------------
     # -- queries --------------------------------------------------------------------------
     def home_vgraph(self, tid: str) -> int:
-        """The virtual graph a tensor lives on: its producer's, else its first consumer's."""
+        """The virtual graph a tensor lives on: its producer's, else its first consumer's; for a
+        streamed input of a pipelined IR, the virtual graph of its earliest reading pipeline stage
+        (PopART's InterIpuCopy streams it there and copies it to the other IPUs that read it)."""
         t = self.tensors[tid]
         if t.producer is not None and t.producer.vgraph is not None:
             return t.producer.vgraph
+        if t.kind == "Stream":
+            staged = [(c.pipeline_stage, c.vgraph) for c in t.consumers
+                      if c.vgraph is not None and c.pipeline_stage is not None]
+            if staged:
+                return min(staged)[1]
         for c in t.consumers:
             if c.vgraph is not None:
                 return c.vgraph

@@ -360,8 +360,9 @@ class SerialPhasedExecution(PhasedExecution):
 
 def resolve(gm: torch.fx.GraphModule, strategy) -> tuple[int, bool]:
     """Give every op of ``gm`` its ``ipu`` and ``stage`` (``custom`` metadata) under
-    ``strategy`` (None: ``PipelinedExecution(AutoStage.SameAsIpu)``). Returns (IPUs used,
-    pipelined); (1, False) when the model has no blocks."""
+    ``strategy`` (None: ``PipelinedExecution(AutoStage.SameAsIpu)``); ops before the first
+    block get IPU 0, stage 0. Returns (IPUs used, pipelined: more than one stage, counting
+    that leading one); (1, False) when the model has no blocks."""
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     order = []
     for n in nodes:
@@ -372,6 +373,14 @@ def resolve(gm: torch.fx.GraphModule, strategy) -> tuple[int, bool]:
         return 1, False
     strategy = strategy or PipelinedExecution()
     place = strategy.place(order)
+    # ops before the first block run on IPU 0 in stage 0 (PopTorch's default); AutoIncrement
+    # numbers the blocks' stages from 1 after them, so a first block on another IPU is a
+    # stage of its own (graphcore/examples' FastPitch: one BeginBlock(ipu_id=1) mid-model)
+    leading = bool(nodes) and _BLOCK_KEY not in (nodes[0].meta.get("custom") or {})
+    if (leading and not getattr(strategy, "stages", None)
+            and getattr(strategy, "auto", None) == AutoStage.AutoIncrement
+            and place[order[0][0]][0] != 0):
+        place = {b: (ipu, st + 1) for b, (ipu, st) in place.items()}
     cur = (0, 0)
     for n in nodes:
         c = dict(n.meta.get("custom") or {})
@@ -380,4 +389,5 @@ def resolve(gm: torch.fx.GraphModule, strategy) -> tuple[int, bool]:
         c["ipu"], c["stage"] = cur
         n.meta["custom"] = c
     num_ipus = max(ipu for ipu, _ in place.values()) + 1
-    return num_ipus, strategy.pipelined and len({s for _, s in place.values()}) > 1
+    stages = {s for _, s in place.values()} | ({0} if leading else set())
+    return num_ipus, strategy.pipelined and len(stages) > 1

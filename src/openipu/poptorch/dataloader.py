@@ -74,7 +74,7 @@ class DataLoader(torch.utils.data.DataLoader):
         from openipu.poptorch.options import Options
         options = options or Options()
         self._options = options
-        self._combined = None
+        self._combined_batch_size = None
         factor = options.batch_factor() if batch_size is not None else 1
         self._combine_batches = None
         self._slice = None
@@ -86,7 +86,7 @@ class DataLoader(torch.utils.data.DataLoader):
             self._combine_batches, self._sampler_drop_last = factor, drop_last
             super().__init__(dataset, num_workers=num_workers,
                              persistent_workers=bool(persistent_workers) and num_workers > 0, **kwargs)
-            self._combined = getattr(kwargs["batch_sampler"], "batch_size", 1) * factor
+            self._combined_batch_size = getattr(kwargs["batch_sampler"], "batch_size", 1) * factor
             self._mode = DataLoaderMode(mode)
             self._accessor = None
             if self._mode != DataLoaderMode.Sync:
@@ -107,7 +107,7 @@ class DataLoader(torch.utils.data.DataLoader):
             shuffle = False
         super().__init__(dataset, batch_size=combined, shuffle=bool(shuffle), num_workers=num_workers,
                          drop_last=drop_last, persistent_workers=persistent_workers and num_workers > 0, **kwargs)
-        self._combined = combined
+        self._combined_batch_size = combined
         self._mode = DataLoaderMode(mode)
         self._accessor = None
         if self._mode != DataLoaderMode.Sync:
@@ -115,8 +115,10 @@ class DataLoader(torch.utils.data.DataLoader):
 
     @property
     def combinedBatchSize(self):  # noqa: N802
-        """Samples per call: ``batch_size * deviceIterations * replicas * accumulation``."""
-        return self._combined
+        """Samples per call: ``batch_size * deviceIterations * replicas * accumulation`` (None with
+        ``batch_size=None``). PopTorch keeps it in ``_combined_batch_size``, which applications
+        read directly (graphcore/examples' FastPitch), so the attribute has PopTorch's name."""
+        return self._combined_batch_size
 
     @property
     def options(self):

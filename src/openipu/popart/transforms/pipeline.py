@@ -11,7 +11,10 @@
   accumulate outer fragment, no stage). A recomputed forward op runs in the stage of its first
   consumer. Other ops made by transforms run in the latest stage of their inputs.
 - No op may read a tensor made in a later stage; a variable (weight) may not be read on two
-  IPUs; a streamed input goes to one IPU.
+  IPUs. A streamed input read on several IPUs is streamed onto the IPU of its earliest reading
+  stage and copied to the others (PopART's InterIpuCopy does that before its Pipeline transform
+  checks the streams, so its "stream tensors can only be streamed directly onto a single IPU"
+  does not arise from a model's graph).
 
 The lowering (:mod:`openipu.popart.lowering.pipeline`) builds the fill / main / flush cycles,
 the copies between IPUs and the stashes of activations from these stages.
@@ -36,8 +39,7 @@ def apply(ir) -> int:
     Raises ``popart_exception`` with PopART's messages: pipelining without virtual graphs or with
     one IPU; some ops with a stage and some without; ops of one stage on different virtual
     graphs; user recomputation annotations; too few micro-batches to fill the pipeline; a variable
-    read on two IPUs; a stream read on two IPUs; and (openipu's) an op reading from a later
-    stage.
+    read on two IPUs; and (openipu's) an op reading from a later stage.
     """
     o = ir.options
     if not o.enablePipelining:
@@ -164,4 +166,4 @@ def _check_tensors(ir) -> None:
         if t.kind == "Variable":
             raise popart_exception(f"Can not copy variable tensor {t.id} between virtual graphs when pipelining. All "
                                    "pipeline stages using this tensor should be on the same graph.")
-        raise popart_exception("For pipelining, stream tensors can only be streamed directly onto a single IPU")
+        # a stream read on several IPUs: copied from its home (Ir.home_vgraph) by the lowering
