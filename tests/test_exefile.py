@@ -410,3 +410,16 @@ def test_codelets_come_from_the_loading_process(tmp_path):
             poplar.Executable.deserialize(str(path))
     finally:
         graph_codec.LOADED_CODELETS.update(saved)
+
+
+def test_moved_record_kinds_keep_the_names_files_hold():
+    """Kinds moved out of poplar/graph.py and popops/reduce.py when those were split are named in
+    files as before, so an executable saved before the split still loads."""
+    from openipu.poplar import graph_codec
+    from openipu.poplar.address_space import AddressSpace, Variable
+    from openipu.poplar.graph_objects import Access, ComputeSet, VertexGroup
+    from openipu.poplibs.popops.reduce import Operation
+    names = {c: graph_codec._CLASS_KEY[c] for c in (AddressSpace, Variable, Access, ComputeSet, VertexGroup, Operation)}
+    assert names == {AddressSpace: "poplar.graph:_Space", Variable: "poplar.graph:Variable",
+                     Access: "poplar.graph:Access", ComputeSet: "poplar.graph:ComputeSet",
+                     VertexGroup: "poplar.graph:VertexGroup", Operation: "poplibs.popops.reduce:Operation"}
