@@ -149,8 +149,16 @@ class Sweeper:
                 raise ValueError(f"'{self.path}' is not a readable ONNX model ({type(e).__name__}: {e})") from None
         self._by_precision: dict = {}       # precision -> the model converted (not yet batched)
         self._batched: tuple | None = None  # ((batch, precision), proto): the last one only
+        self._given = False                 # _batched's proto was handed to a session (weights gone)
         self._sessions: dict = {}           # the last PopART session (its IR), see runner.run_model
         self._done: dict = {}               # PointSpec -> Point
+        #: worker processes the last parallel sweep used (1: in this process)
+        self.jobs = 1
+        #: host bytes the first point added to the shared state (the worker estimate), or None
+        self.point_rss_estimate: int | None = None
+        #: peak resident set of this process and the largest of the workers' (bytes; None: unknown)
+        self.parent_peak_rss: int | None = None
+        self.worker_peak_rss: int | None = None
 
     @property
     def _proto(self) -> onnx.ModelProto:
@@ -161,22 +169,38 @@ class Sweeper:
             self._read = onnx.load(self.path)
         return self._read
 
-    def _prepared(self, batch: int, precision: str) -> onnx.ModelProto:
-        key = (batch, precision)
-        if self._batched is not None and self._batched[0] == key:
-            return self._batched[1]
+    def _base(self, precision: str) -> onnx.ModelProto:
+        """The model converted to ``precision``, not yet batched (kept for the sweep)."""
         base = self._by_precision.get(precision)
         if base is None:
             base = runner.prepare_model(self._proto, None, precision) if precision == "fp16" else self._proto
             self._by_precision[precision] = base
             if precision == "fp16" and not isinstance(self.model, onnx.ModelProto):
                 self._read = None
-        self._sessions.clear()          # the last IR: it holds the weights of another batch size
+        return base
+
+    def _prepared(self, spec: PointSpec) -> onnx.ModelProto:
+        """The model at ``spec``'s batch and precision. The batched model is handed to the
+        session that compiles it (its weights move into the IR rather than being copied), so it
+        is returned again only while that session, which the next point of the same batch
+        compiles again, is kept; otherwise it is batched anew from the kept converted model."""
+        key = (spec.batch, spec.precision)
+        if self._batched is not None and self._batched[0] == key:
+            proto = self._batched[1]
+            if not self._given or runner.session_key(proto, self.batches_per_step, spec.num_ipus,
+                                                     spec.ipu) in self._sessions:
+                return proto
+        base = self._base(spec.precision)
+        self._drop_prepared()           # the last IR: it holds the weights of another batch size
+        proto = runner.prepare_model(base, spec.batch, "fp32")       # batch only: already converted
+        self._batched, self._given = (key, proto), False
+        return proto
+
+    def _drop_prepared(self) -> None:
+        """Drop the batched model and the kept IR (collected now)."""
+        self._sessions.clear()
         self._batched = None
         gc.collect()
-        proto = runner.prepare_model(base, batch, "fp32")       # batch only: already converted
-        self._batched = (key, proto)
-        return proto
 
     def predict(self, spec: PointSpec) -> Point:
         """Predict one point (at most once per spec). Option values out of range raise
@@ -201,13 +225,14 @@ class Sweeper:
             self.points.append(point)
             return point
         try:
-            proto = self._prepared(spec.batch, spec.precision)
+            proto = self._prepared(spec)
+            self._given = True          # the session takes its weights (if it is made now)
             run = runner.run_model(self.path, ipu=spec.ipu, num_ipus=spec.num_ipus, batch_size=spec.batch,
                                    batches_per_step=self.batches_per_step, precision=spec.precision,
                                    available_memory_proportion=spec.available_memory_proportion,
                                    tiles_per_ipu=self.tiles_per_ipu, offline=True, num_io_tiles=spec.num_io_tiles,
                                    overlap_io=self.overlap_io, partials_type=spec.partials_type,
-                                   _prepared=proto, _sessions=self._sessions)
+                                   _prepared=proto, _sessions=self._sessions, _give_prepared=True)
             point = Point(spec, run, time.perf_counter() - t0)
         except runner.UsageError:
             raise
