@@ -49,7 +49,7 @@ from itertools import product
 
 import onnx
 
-from openipu import runner
+from openipu import forked_jobs, runner
 
 #: exit status of a sweep stopped by Ctrl-C (SIGINT), as a shell reports it
 EXIT_INTERRUPTED = 130
@@ -152,7 +152,7 @@ class Sweeper:
         self._given = False                 # _batched's proto was handed to a session (weights gone)
         self._sessions: dict = {}           # the last PopART session (its IR), see runner.run_model
         self._done: dict = {}               # PointSpec -> Point
-        #: worker processes the last parallel sweep used (1: in this process)
+        #: the most worker processes a sweep ran at once (1: all in this process)
         self.jobs = 1
         #: host bytes the first point added to the shared state (the worker estimate), or None
         self.point_rss_estimate: int | None = None
@@ -198,9 +198,10 @@ class Sweeper:
 
     def _drop_prepared(self) -> None:
         """Drop the batched model and the kept IR (collected now)."""
-        self._sessions.clear()
-        self._batched = None
-        gc.collect()
+        if self._sessions or self._batched is not None:
+            self._sessions.clear()
+            self._batched = None
+            gc.collect()
 
     def predict(self, spec: PointSpec) -> Point:
         """Predict one point (at most once per spec). Option values out of range raise
@@ -269,33 +270,143 @@ class Sweeper:
                 return q
         return None
 
-    def sweep(self, specs, progress=None) -> list:
+    def sweep(self, specs, progress=None, jobs: int | None = 1, log=None) -> list:
         """Predict ``specs`` in the order that shares most (precision, batch, IPUs outermost);
-        returns the points in the order given. ``progress(point)`` is called after each."""
+        returns the points in the order given. ``progress(point)`` is called after each.
+
+        ``jobs``: worker processes (1: all in this process; None: :meth:`choose_jobs`). With
+        more than one, the points of the first batch size are predicted here (warming the plan
+        cache and the exchange-geometry memo), and each other batch size's points, in the same
+        order as in one process, in a worker forked from this one (:mod:`openipu.forked_jobs`):
+        the points, and so the table, CSV, JSON and plot, are those of ``jobs=1``; only the host
+        seconds differ. ``log(text)`` receives the choice of ``jobs``."""
         specs = list(specs)
         order = sorted(specs, key=lambda s: (s.precision, s.batch, s.num_ipus, s.ipu if s.num_ipus > 1 else "",
                                              s.ipu, s.num_io_tiles, s.partials_type, -s.available_memory_proportion))
-        for s in order:
+        groups = _groups(order)
+        if jobs == 1 or not forked_jobs.fork_available():
+            for s in order:
+                p = self.predict(s)
+                if progress:
+                    progress(p)
+        else:
+            self._measured(groups[0], progress)
+            self._predict_groups(groups[1:], jobs, progress, log)
+        return [self._done[s] for s in specs]
+
+    def _measured(self, group, progress) -> None:
+        """Predict ``group`` here and measure what it added to this process's memory: the
+        estimate of a worker's own memory (:meth:`choose_jobs`)."""
+        self._base(group[0].precision)              # shared by the workers, not theirs
+        gc.collect()
+        before, peak0 = forked_jobs.rss_bytes(), forked_jobs.peak_rss_bytes()
+        reset = forked_jobs.reset_peak_rss()
+        for s in group:
             p = self.predict(s)
             if progress:
                 progress(p)
+        peak = forked_jobs.peak_rss_bytes()
+        if reset and before is not None and peak is not None:
+            self.point_rss_estimate = max(peak - before, 1 << 20)
+        self.parent_peak_rss = max(x for x in (peak0, peak, self.parent_peak_rss, 0) if x is not None) or None
+
+    def choose_jobs(self, requested: int | None, tasks: int, log=None) -> int:
+        """Worker processes for ``tasks`` batch sizes: ``requested``, or (None) the usable cores
+        (``os.sched_getaffinity``) capped by host memory: as many workers as 80 % of
+        ``MemAvailable`` holds at 1.5 x what the first point added to this process's memory
+        (:attr:`point_rss_estimate`; larger batches need more); never more than ``tasks``.
+        ``log(text)`` receives the choice and its reasons."""
+        cores = forked_jobs.usable_cores()
+        avail = runner.host_memory_available()
+        est = self.point_rss_estimate
+        if requested is None:
+            by_memory = max(1, int(0.8 * avail // (1.5 * est))) if est else cores
+            jobs = max(1, min(cores, by_memory, tasks))
+            why = f"{cores} usable core(s)" + (f", memory for {by_memory}" if est else "")
+        else:
+            jobs, why = max(1, min(requested, tasks)), f"--jobs {requested}"
+        if log:
+            first = f"the first point added {_gb(est)} to this process" if est else "no point measured yet"
+            log(f"openipu sweep: {jobs} worker process(es) for {tasks} batch size(s) ({why}; {first}, "
+                f"{_gb(avail)} of host memory available)")
+        return jobs
+
+    def _predict_groups(self, groups, jobs, progress, log=None) -> None:
+        """Predict each group of points (one batch size and precision) in a forked worker, at
+        most ``jobs`` at once (None: :meth:`choose_jobs`), recording the points as they come."""
+        if not groups:
+            return
+        jobs = self.choose_jobs(jobs, len(groups), log)
+        if jobs == 1 or len(groups) == 1:
+            for g in groups:
+                for s in g:
+                    p = self.predict(s)
+                    if progress:
+                        progress(p)
+            return
+        self.jobs = max(self.jobs, jobs)
+        first = len(self.points)
+        where = {s: i for i, s in enumerate(s for g in groups for s in g)}
+        self._drop_prepared()           # each worker batches its own; the converted model is shared
+
+        def work(group, send):
+            for s in group:
+                send(self.predict(s))
+
+        def on_result(p: Point) -> None:
+            self._done[p.spec] = p
+            self.points.append(p)
+            if progress:
+                progress(p)
+
+        def on_lost(group, received, reason) -> None:
+            for s in group[received:]:
+                on_result(Point(s, None, 0.0, f"not predicted: {reason} while predicting batch {group[received].batch} "
+                                              f"({group[received].series_label()})"))
+        peaks = forked_jobs.run_tasks(groups, work, jobs, on_result, on_lost)
+        self.points[first:] = sorted(self.points[first:], key=lambda p: where.get(p.spec, -1))
+        known = [x for x in peaks + [self.worker_peak_rss] if x is not None]
+        self.worker_peak_rss = max(known) if known else None
+        peak = forked_jobs.peak_rss_bytes()
+        if peak is not None:
+            self.parent_peak_rss = max(peak, self.parent_peak_rss or 0)
+
+    def predict_many(self, specs, jobs: int = 1, progress=None) -> list:
+        """Predict ``specs`` (each batch size in a worker when ``jobs`` > 1; points already
+        predicted, or that take a higher proportion's plans, here); returns them in order."""
+        specs = list(specs)
+        todo = []
+        for s in specs:
+            if s in self._done or self._same_plans(s) is not None or jobs == 1:
+                p = self.predict(s)
+                if progress:
+                    progress(p)
+            elif s not in todo:
+                todo.append(s)
+        self._predict_groups(_groups(todo), jobs, progress)
         return [self._done[s] for s in specs]
 
-    def max_batches(self, templates, start: int = 1, limit: int = DEFAULT_BATCH_LIMIT, progress=None) -> list:
+    def max_batches(self, templates, start: int = 1, limit: int = DEFAULT_BATCH_LIMIT, progress=None,
+                    jobs: int = 1) -> list:
         """:meth:`max_batch` of each template, returned in the order given as ``[(template,
         batch or None)]``, searched from the highest available memory proportion down, so that
         a lower proportion's points can take the plans of a higher one's (the same-plans rule of
         the module docstring) instead of compiling again."""
         found = {}
         for t in sorted(templates, key=lambda t: -t.available_memory_proportion):
-            found[t] = self.max_batch(t, start=start, limit=limit, progress=progress)[0]
+            found[t] = self.max_batch(t, start=start, limit=limit, progress=progress, jobs=jobs)[0]
         return [(t, found[t]) for t in templates]
 
-    def max_batch(self, template: PointSpec, start: int = 1, limit: int = DEFAULT_BATCH_LIMIT, progress=None):
+    def max_batch(self, template: PointSpec, start: int = 1, limit: int = DEFAULT_BATCH_LIMIT, progress=None,
+                  jobs: int = 1):
         """The largest batch in [1, ``limit``] that fits with ``template``'s other settings, by
         doubling from ``start`` until a batch does not fit and then bisecting (assumes memory
         grows with the batch). Returns ``(batch or None, the points tried)``; None when even
-        batch 1 does not fit."""
+        batch 1 does not fit. With ``jobs`` > 1, each round predicts ``jobs`` batches at once in
+        worker processes (:meth:`_max_batch_rounds`): the same answer when memory grows with the
+        batch, in fewer rounds."""
+        if jobs > 1 and forked_jobs.fork_available():
+            return self._max_batch_rounds(template, start, limit, progress, jobs)
         tried = []
 
         def fits(b: int) -> bool:
@@ -329,6 +440,63 @@ class Sweeper:
             else:
                 hi = mid
         return lo, tried
+
+
+    def _max_batch_rounds(self, template: PointSpec, start: int, limit: int, progress, jobs: int):
+        """:meth:`max_batch` as a k-ary search: while growing, a round tries ``start`` and the
+        next ``jobs - 1`` doublings; then each round splits the interval between the largest
+        batch known to fit and the smallest known not to into ``jobs + 1`` parts and tries the
+        ``jobs`` batches between them (when ``start`` does not fit, batch 1 is among the first
+        round's, as the bisection tries it first). A round's batches are predicted at once, one
+        worker process each. With memory growing with the batch the answer is the bisection's."""
+        tried = []
+
+        def round_(batches):
+            pts = self.predict_many([PointSpec(b, *template.others()) for b in batches], jobs, progress)
+            tried.extend(pts)
+            return [p.fits for p in pts]
+
+        def narrow(batches, fits, lo, hi):
+            for b, ok in zip(batches, fits):        # ascending: the last that fits before the first that does not
+                if not ok:
+                    return lo, b
+                lo = b
+            return lo, hi
+
+        lo, hi, b = 0, None, max(1, min(start, limit))      # lo fits (0: none known), hi does not
+        while hi is None:
+            batches = [b]
+            while len(batches) < jobs and batches[-1] < limit:
+                batches.append(min(batches[-1] * 2, limit))
+            lo, hi = narrow(batches, round_(batches), lo, hi)
+            if hi is None:
+                if lo >= limit:
+                    return lo, tried
+                b = min(lo * 2, limit)
+        while hi - lo > 1:
+            if lo == 0:         # the start does not fit: batch 1 first, as the bisection tries it first
+                k = min(jobs - 1, hi - 2)
+                batches = sorted({1} | {1 + (hi - 1) * i // (k + 1) for i in range(1, k + 1)} - {hi})
+            else:
+                k = min(jobs, hi - lo - 1)
+                batches = sorted({lo + (hi - lo) * i // (k + 1) for i in range(1, k + 1)} - {lo, hi})
+            lo, hi = narrow(batches, round_(batches), lo, hi)
+        return (lo or None), tried
+
+
+def _groups(order) -> list:
+    """``order`` split into runs of points of one precision and batch size (a worker's task)."""
+    groups = []
+    for s in order:
+        if groups and (groups[-1][0].precision, groups[-1][0].batch) == (s.precision, s.batch):
+            groups[-1].append(s)
+        else:
+            groups.append([s])
+    return groups
+
+
+def _gb(b) -> str:
+    return "?" if b is None else f"{b / 1e9:,.2f} GB"
 
 
 def _one_line(e: BaseException) -> str:
@@ -391,7 +559,9 @@ def document(sweeper: Sweeper, points, max_batches, host_seconds: float, interru
             "points": pts, "interrupted": interrupted,
             "max_batch": [{"series": s.__dict__ | {"batch": None}, "batch": b} for s, b in max_batches],
             "host": {"label": "this machine running the simulation; not an IPU figure",
-                     "sweep_seconds": host_seconds}}
+                     "sweep_seconds": host_seconds, "jobs": sweeper.jobs,
+                     "parent_peak_rss_bytes": sweeper.parent_peak_rss,
+                     "worker_peak_rss_bytes": sweeper.worker_peak_rss}}
 
 
 def plot_html(sweeper: Sweeper, points, title: str | None = None) -> str:
@@ -546,6 +716,10 @@ def add_sweep_parser(sub) -> None:
                         "from the smallest batch size given, then bisection)")
     s.add_argument("--batch-limit", type=int, default=DEFAULT_BATCH_LIMIT,
                    help=f"largest batch --max-batch tries (default {DEFAULT_BATCH_LIMIT})")
+    s.add_argument("--jobs", "-j", type=int, default=None, metavar="N",
+                   help="worker processes predicting batch sizes at once (default: the usable cores, fewer if host "
+                        "memory would not hold them, as estimated from the first point; 1: all in one process). "
+                        "The results are those of --jobs 1")
     s.add_argument("--csv", metavar="FILE", help="write the points as CSV")
     s.add_argument("--json", metavar="FILE", help="write the sweep as JSON ('-' for stdout, instead of the table)")
     s.add_argument("--plot", metavar="FILE.html", help="write the HTML plot (throughput and worst-tile memory "
@@ -567,6 +741,8 @@ def sweep_main(args) -> int:
             return fail(f"error: --precision must be fp32 or fp16, not '{v}' (see openipu sweep --help)", EXIT_USAGE)
     if args.batch_limit < 1:
         return fail("error: --batch-limit must be at least 1 (see openipu sweep --help)", EXIT_USAGE)
+    if args.jobs is not None and args.jobs < 1:
+        return fail("error: --jobs must be at least 1 (see openipu sweep --help)", EXIT_USAGE)
     t_start = time.perf_counter()
     try:
         sw = Sweeper(args.model, tiles_per_ipu=args.tiles_per_ipu, batches_per_step=args.batches_per_step,
@@ -610,11 +786,16 @@ def sweep_main(args) -> int:
                                  overlap_io=args.overlap_io, partials_type=c.partials_type)
         for b in batches:
             runner.check_options(batch_size=b)
-        points = sw.sweep(specs, progress)
+        def log(text: str) -> None:
+            (bar.write if bar is not None else lambda t: print(t, file=sys.stderr, flush=True))(text)
+        points = sw.sweep(specs, progress, jobs=args.jobs, log=log)
         if args.max_batch:
             if bar is not None:
                 bar.set_description("Largest batch")
-            max_batches = sw.max_batches(combos, start=min(batches), limit=args.batch_limit, progress=progress)
+            jobs = args.jobs if args.jobs is not None else (sw.jobs if len(_groups(specs)) > 1 else
+                                                            sw.choose_jobs(None, 1 << 30, log))
+            max_batches = sw.max_batches(combos, start=min(batches), limit=args.batch_limit, progress=progress,
+                                         jobs=jobs)
     except runner.UsageError as e:
         return fail(f"error: {e} (see openipu sweep --help)", EXIT_USAGE)
     except KeyboardInterrupt:       # Ctrl-C: what was predicted is still written
@@ -646,6 +827,13 @@ def sweep_main(args) -> int:
           f"({host / max(n, 1):,.1f} s per point, model import and shared work included"
           + (f"; {same} took the plans, and so the prediction, of a point with a higher available memory "
              "proportion" if same else "") + ")", file=out)
+    parent_rss = forked_jobs.peak_rss_bytes() if sw.parent_peak_rss is None else \
+        max(sw.parent_peak_rss, forked_jobs.peak_rss_bytes() or 0)
+    sw.parent_peak_rss = parent_rss
+    print("          " + (f"{sw.jobs} worker processes at once" if sw.jobs > 1 else "every point in this process")
+          + f"; peak resident set: this process {_gb(parent_rss)}"
+          + (f", the largest worker {_gb(sw.worker_peak_rss)} (counting the pages it shares with this process)"
+             if sw.worker_peak_rss else ""), file=out)
     try:
         if args.csv:
             write_csv(points, args.csv)
