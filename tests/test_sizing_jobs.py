@@ -199,3 +199,27 @@ def test_ctrl_c_exits_130_and_leaves_no_worker(mlp, tmp_path):
             break
         time.sleep(0.1)
     assert not any(_alive(c) for c in seen), "a worker outlived the sweep"
+
+
+_TORCH_AFTER_FORK = """
+import torch
+from openipu import forked_jobs
+torch.set_num_threads(2)
+x, i = torch.randn(100_000, 16), torch.randint(0, 100_000, (100_000,))
+x.index_select(0, i)                          # the parent's OpenMP team now exists
+
+def work(task, send):
+    send(float(x.index_select(0, i).sum()))   # a parallel region in the child, had it two threads
+got = []
+forked_jobs.run_tasks([1, 2], work, 2, got.append, lambda *a: got.append(a))
+print(len(got), all(isinstance(g, float) for g in got))
+"""
+
+
+def test_torch_in_a_worker_after_the_parent_used_its_threads():
+    """libgomp's thread team does not survive fork: a worker using torch's parallel kernels would
+    wait forever unless it runs torch single-threaded."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", _TORCH_AFTER_FORK], capture_output=True, text=True, env=env,
+                         timeout=600)      # a guard against the hang, not a timing
+    assert out.returncode == 0 and out.stdout.split() == ["2", "True"], out.stderr

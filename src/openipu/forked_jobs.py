@@ -17,6 +17,8 @@ Host behaviour (this machine, not an IPU figure):
 - a worker that dies before finishing its task (killed by a signal, the out-of-memory killer, an
   ``os._exit``) is reported through ``on_lost`` with the items it had not sent and the reason, and
   the other tasks go on;
+- torch, if imported, runs single-threaded in a worker (its OpenMP thread team does not survive
+  ``fork``: a worker using it would wait forever);
 - the parent's objects are moved to the collector's permanent generation while workers are forked
   (``gc.freeze``), so a collection in a worker does not write to, and so copy, every page holding
   a shared object's header.
@@ -96,9 +98,20 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def _single_threaded_torch() -> None:
+    """One intra-op thread for torch in a worker. Its OpenMP runtime (libgomp) does not survive
+    ``fork``: a parallel region in the child waits for the parent's thread team, which the child
+    does not have, forever. With one thread torch runs its kernels inline (and the workers, one a
+    core, should not each start a team anyway)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
 def _worker(conn, parent: int, work, task) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # the parent handles Ctrl-C and stops us
     _die_with_parent(parent)
+    _single_threaded_torch()
     try:
         work(task, lambda item: conn.send(("item", item)))
         conn.send(("done", peak_rss_bytes()))
