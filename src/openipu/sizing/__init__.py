@@ -3,8 +3,7 @@ options, and finds the largest batch that fits (``--max-batch``).
 
 Every point is an offline prediction of :func:`openipu.runner.run_model` (``--offline``: compiled
 for an offline IPU, predicted, nothing run), with the options of
-:class:`openipu.runner.InferenceOptions`. Points share what does not change between them, in one
-process:
+:class:`openipu.runner.InferenceOptions`. Points share what does not change between them:
 
 - the model is read once (``onnx.load``), converted to half once per precision, and set to each
   batch size once (PopRT's batch-size pass);
@@ -20,10 +19,22 @@ process:
   are predicted from the highest proportion down);
 - Python, torch and the libraries are imported once.
 
+Batch sizes in parallel (``--jobs N``; default: the usable cores, fewer when host memory would
+not hold them): the model is read and converted in the sweep's process, which then predicts the
+points of the first batch size (warming the plan cache and the exchange-geometry memo) and forks
+one worker process per other batch size, at most N at a time (:mod:`openipu.forked_jobs`). A
+worker inherits that state copy-on-write, predicts its batch size's points in the order one
+process would, and sends each point back; the output is that of ``--jobs 1`` but for the host
+seconds. A worker that dies is its points' error; Ctrl-C stops the workers. ``--max-batch``
+then tries N batches a round (a k-ary search; the bisection's answer when memory grows with the
+batch).
+
 Host memory: a point's compiled graph is freed (and its reference cycles collected) as soon as
-the point is predicted, so a sweep's peak is that of its largest point plus the models it keeps
-(the half model, the batched model of the current batch) and the exchange-geometry memo
-(:mod:`openipu.poplar.structure_cache`, bounded).
+the point is predicted; the batched model is handed to the session compiling it (its weights
+move into the IR instead of being copied), so a sweep keeps the half model and one IR beside the
+compile of its largest point, and the exchange-geometry memo
+(:mod:`openipu.poplar.structure_cache`, bounded). A worker's own memory is what its batch size
+adds to the shared state.
 
 Figures: the prediction (latency, throughput, cycles, tile memory) is predicted IPU figures of
 the cost model, never host time; ``host_seconds`` of a point and of the sweep is this machine's
