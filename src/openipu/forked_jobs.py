@@ -12,7 +12,9 @@ Host behaviour (this machine, not an IPU figure):
 
 - a worker ignores SIGINT (Ctrl-C goes to the whole foreground process group); the parent, on
   ``KeyboardInterrupt`` or any other exception while it waits, terminates its workers, reaps
-  them and re-raises, so no worker outlives it; a worker also asks the kernel to kill it if the
+  them and re-raises, so no worker outlives it; a Ctrl-C that arrives while a worker is being
+  forked is held until the fork is done (raised in ``os.fork``'s hooks it would be printed and
+  dropped); a worker also asks the kernel to kill it if the
   parent dies (``PR_SET_PDEATHSIG``, Linux);
 - a worker that dies before finishing its task (killed by a signal, the out-of-memory killer, an
   ``os._exit``) is reported through ``on_lost`` with the items it had not sent and the reason, and
@@ -165,19 +167,36 @@ def run_tasks(tasks, work, jobs: int, on_result, on_lost) -> list:
     pending = deque(tasks)
     running: dict = {}          # reader -> [process, task, items received, finished]
     peaks = []
+    # Ctrl-C while forking would be lost: os.fork's hooks (logging's lock release among them)
+    # print a KeyboardInterrupt raised in them and go on. It is held until the fork is done.
+    forking, held = [False], []
+
+    def on_sigint(signum, frame):
+        if forking[0]:
+            held.append(signum)
+        else:
+            raise KeyboardInterrupt
+    try:
+        previous = signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:          # not the main thread: Python's default handling
+        previous = None
     try:
         while pending or running:
             while pending and len(running) < max(1, jobs):
                 task = pending.popleft()
                 reader, writer = ctx.Pipe(duplex=False)
                 gc.freeze()
+                forking[0] = True
                 try:
                     proc = ctx.Process(target=_worker, args=(writer, parent, work, task), daemon=True)
                     proc.start()
                 finally:
+                    forking[0] = False
                     gc.unfreeze()
                 writer.close()
                 running[reader] = [proc, task, 0, False]
+                if held:
+                    raise KeyboardInterrupt
             for reader in multiprocessing.connection.wait(list(running)):
                 state = running[reader]
                 try:
@@ -209,5 +228,8 @@ def run_tasks(tasks, work, jobs: int, on_result, on_lost) -> list:
                 proc.join()
             reader.close()
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     return peaks
 
