@@ -238,7 +238,7 @@ def test_sweep_interrupted_writes_the_points_done(mlp, tmp_path, capsys, monkeyp
     monkeypatch.setattr(sizing.Sweeper, "predict", predict)
     out = tmp_path / "out"
     code = cli.main(["sweep", mlp, "--batch-sizes", "8,16,32", "--tiles-per-ipu", "16", "--csv", str(out / "s.csv"),
-                     "--json", str(out / "s.json")])
+                     "--json", str(out / "s.json"), "--jobs", "1"])      # --jobs 2: test_sizing_jobs.py
     captured = capsys.readouterr()
     assert code == sizing.EXIT_INTERRUPTED == 130
     assert "interrupted after 2 point(s)" in captured.err and "samples/s" in captured.out

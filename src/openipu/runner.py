@@ -614,12 +614,20 @@ def _batch_of(model) -> int:
     return 1
 
 
+def session_key(prepared, batches_per_step: int, num_ipus: int, ipu: str) -> tuple:
+    """The key under which :func:`run_model` keeps a sweep's session in ``_sessions``: points with
+    the same prepared model (by identity), batches per step, IPU count and, sharded, IPU
+    generation share its IR."""
+    return (id(prepared), batches_per_step, num_ipus, ipu if num_ipus > 1 else None)
+
+
 def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: int = 1, batch_size: int | None = None,
               batches_per_step: int = 1, precision: str = "fp32", inputs: dict | None = None,
               seed: int = 0, report_dir: str | None = None, available_memory_proportion: float | None = None,
               tiles_per_ipu: int | None = None, offline: bool = False, all_inputs: bool = False,
               num_io_tiles: int = 0, overlap_io: bool | None = None, partials_type: str = "half",
-              _prepared: "onnx.ModelProto | None" = None, _sessions: dict | None = None) -> ModelRun:
+              _prepared: "onnx.ModelProto | None" = None, _sessions: dict | None = None,
+              _give_prepared: bool = False) -> ModelRun:
     """Compile ``model`` for the simulated target and run one step on ``inputs`` (or random ones).
 
     Args:
@@ -695,7 +703,8 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
                          "corrupt; re-export it") from None
     if _prepared is None:
         proto = prepare_model(proto, batch_size, precision, inputs)
-    own_proto = proto is not model and proto is not _prepared     # made here: the session may take it
+    # made here, or a sweep's prepared model handed over (_give_prepared): the session may take it
+    own_proto = proto is not model and (proto is not _prepared or _give_prepared)
     batch = _batch_of(proto)
     runtime = {}        # copies, so that dropping the proto below frees it (and its weights)
     for vi in model_inputs(proto):
@@ -749,7 +758,7 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     # a sweep (openipu.sizing) keeps the last session it made: points that differ only in
     # options read at lowering (planner options, partials, target, I/O tiles) share its IR (the
     # model's import, shape inference, constant folding) and compile it again
-    key = (id(_prepared), batches_per_step, num_ipus, ipu if num_ipus > 1 else None)
+    key = session_key(_prepared, batches_per_step, num_ipus, ipu)
     session = _sessions.get(key) if (_sessions is not None and offline and not report_dir) else None
     with record_over_budget() as over, record_plans() as plans:
         if session is not None:
