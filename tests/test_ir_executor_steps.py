@@ -141,3 +141,29 @@ def test_host_threads_by_work():
     assert not execute._serial(ir, Op("", "Conv", ["x1", "w1"], ["y1"]))                  # 4.2 M
     assert execute._serial(ir, Op("", "MatMul", ["a", "b"], ["c"]))                        # 32 K
     assert execute._serial(ir, Op("", "Relu", ["x"], ["y"]))                               # 131 K elements
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_update_products_round_as_the_separate_ops(threads):
+    """The SGD update kernels' in-place ``w - slr * v``, ``v + swd * w`` and dampened
+    accumulation give the bits of the product rounded to float32 and then the sum (the two
+    roundings of the device's ops; a fused multiply-add rounds once and differs): on values with
+    infinities, NaNs, signed zeros and a strided operand, on one or two host threads."""
+    from openipu.popart.onnx_ops.varupdate import add_product_
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(threads)
+        for n in (5, 1_000_003):
+            w, v = torch.randn(n, generator=g), torch.randn(n, generator=g) * 37.1
+            v[::97], v[::101], w[::89], v[::83] = float("inf"), float("nan"), -0.0, -0.0
+            for scale in (0.0013, -0.9, 0.0, 1e-30, torch.tensor(0.37)):
+                for sign in (1.0, -1.0):
+                    want = w + v * scale if sign > 0 else w - v * scale
+                    got = add_product_(w.clone(), v, scale, sign)
+                    assert torch.equal(torch.signbit(got), torch.signbit(want))
+                    assert torch.equal(got.nan_to_num(), want.nan_to_num())
+        w, v = torch.randn(300, 200, generator=g), torch.randn(200, 300, generator=g).t()
+        assert torch.equal(add_product_(w.clone(), v, 0.3, -1.0), w - v * 0.3)
+    finally:
+        torch.set_num_threads(saved)

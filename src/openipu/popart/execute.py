@@ -52,7 +52,6 @@ from openipu.popart.graphcore_ops import find_kernel
 from openipu.popart.ir import shard_rows
 from openipu.popart.lowering.graphcore import _COLLECTIVE as _COLLECTIVE_OP
 from openipu.popart.model_check import ALLOCATION_CHECKED
-from openipu.popart.onnx_ops import varupdate
 from openipu.popart.onnx_ops.shape import transpose_view
 from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel, kernel_failure
 from openipu.popart.variable_settings import comm_groups
@@ -746,12 +745,6 @@ class IrExecutor:
             env[out] = flat[q * k:(q + 1) * k].to(self.dtype[out]).clone()
 
     def _step(self, take, put, anchors: list, bps: int) -> None:
-        try:
-            self._run_step(take, put, anchors, bps)
-        finally:
-            varupdate.release_scratch()
-
-    def _run_step(self, take, put, anchors: list, bps: int) -> None:
         if pvti.enabled():      # the host copies as the System Analyser shows Poplar's stream copies
             take, put = _traced(take, "StreamCopy host->IPU"), _traced(put, "StreamCopy IPU->host")
         ir = self.ir
