@@ -167,3 +167,31 @@ def test_update_products_round_as_the_separate_ops(threads):
         assert torch.equal(add_product_(w.clone(), v, 0.3, -1.0), w - v * 0.3)
     finally:
         torch.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},          # ResNet's stem: torch pads
+    {"kernel_shape": [2, 2], "strides": [2, 2]},
+    {"kernel_shape": [3, 2], "strides": [1, 2], "pads": [1, 0, 1, 0], "dilations": [2, 1]},
+    {"kernel_shape": [3, 3], "pads": [0, 1, 1, 0]},                              # asymmetric: padded copy
+    {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
+])
+def test_max_pool_and_its_gradient_without_the_padded_copy_agree_bit_for_bit(attrs):
+    """MaxPool's values and MaxPoolGrad's gradient where torch pads the windows itself equal the
+    kernels over an input padded with -inf (its values; the vjp of the padded pooling), ties of
+    equal values and a window of -inf included (that input takes the vjp path)."""
+    from openipu.popart.onnx_ops import get_kernel
+    from openipu.popart.onnx_ops.grad import _vjp
+    from openipu.popart.shapes import call_kernel
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 9, 8, generator=g)
+    x[0, 0, :2, :2] = 1.5                      # ties
+    pool, grad = get_kernel("", "MaxPool"), get_kernel("ai.graphcore", "MaxPoolGrad")
+    a = {**attrs, "__num_outputs__": 1}
+    y = call_kernel(pool, [x], a, 11)[0]
+    y_idx = call_kernel(pool, [x], {**attrs, "__num_outputs__": 2}, 11)[0]      # the padded path
+    assert torch.equal(y, y_idx)
+    gy = torch.randn(y.shape, generator=g)
+    for xin in (x, torch.where(torch.arange(8) < 3, torch.tensor(-float("inf")), x)):
+        got = call_kernel(grad, [xin, call_kernel(pool, [xin], a, 11)[0], gy], a, 1)[0]
+        assert torch.equal(got, _vjp("MaxPool", [xin], a, 11, 0, gy))

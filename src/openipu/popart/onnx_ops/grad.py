@@ -352,7 +352,19 @@ def conv_weights_grad(inputs, attrs, opset):
 
 @onnx_op("MaxPoolGrad", domain=GC, flops=_first_input_flops)
 def max_pool_grad(inputs, attrs, opset):
+    """Each output's gradient to the input that is its window's maximum (the vector-Jacobian
+    product of MaxPool). A 2-D float32 pooling that torch pads itself (:func:`implicit_pads`) on an
+    input without -inf: ``max_pool2d_with_indices`` and its backward, as autograd's; otherwise the
+    vjp of the MaxPool kernel (over the input padded with -inf: where a window's inputs are all
+    -inf, the padding would take the gradient, so that case keeps this path)."""
     x, _y, gy = inputs
+    from openipu.popart.onnx_ops.pooling import _geometry, implicit_pads
+    k, s, d, begins, ends, _, _ = _geometry(x, attrs)
+    if len(k) == 2 and x.dtype == torch.float32 and gy.dtype == torch.float32 and \
+            implicit_pads(k, begins, ends) and not bool(torch.isneginf(x).any()):
+        aten = torch.ops.aten
+        _, idx = aten.max_pool2d_with_indices(x, k, s, list(begins), d, False)
+        return [aten.max_pool2d_with_indices_backward(gy.reshape(idx.shape), x, k, s, list(begins), d, False, idx)]
     return [_vjp("MaxPool", [x], attrs, opset, 0, gy)]
 
 
