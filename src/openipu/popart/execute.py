@@ -84,13 +84,15 @@ _PLAIN_READERS = {("", "MatMul"), ("", "Gemm")}
 HOST_SERIAL_ELEMENTS = 1 << 18
 
 #: Matmuls and convolutions with fewer multiply-accumulates than this run on one host thread; the
-#: larger ones on torch's threads, as PyTorch eager runs them (ResNet-18's convolutions at batch
-#: 4 x 64 x 64 have 4-38 M multiply-accumulates, 0.5-3 ms each on one thread; eager's step of that
-#: model kept both threads of an idle 2-core host busy: 0.059 s wall for 0.119 s CPU). Lower than poplin's
-#: :data:`HOST_SERIAL_WORK` (2^26) for the device emulation's many small per-tile kernels. On a
-#: host whose cores are all busy a parallel region can wait a scheduler time slice for its second
-#: thread, as eager's do. Depends on the shapes only, so results do not depend on the load.
-HOST_PARALLEL_WORK = 1 << 22
+#: larger ones on torch's threads, as PyTorch eager runs them (ResNet-18's 3 x 3 convolutions at
+#: batch 4 x 64 x 64 have 38 M multiply-accumulates, 1.5-3 ms each on one thread; eager's step of
+#: that model kept both threads of an idle 2-core host busy: 0.059 s wall for 0.119 s CPU). Lower
+#: than poplin's :data:`HOST_SERIAL_WORK` (2^26) for the device emulation's per-tile kernels, and
+#: above the 4 M of ResNet-18's 1 x 1 convolutions: on a host whose cores are all busy, every
+#: parallel region can wait a scheduler time slice for its second thread (as eager's do), so only
+#: the ops where a second thread gains most on an idle host take that risk. Depends on the shapes
+#: only, so results do not depend on the load.
+HOST_PARALLEL_WORK = 1 << 24
 
 
 def _numel(ir, tid) -> int:
