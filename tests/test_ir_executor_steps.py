@@ -121,10 +121,9 @@ def test_a_kernel_failure_names_the_op(monkeypatch):
         s.run(popart.PyStepIO({x: xs}, a))
 
 
-def test_host_threads_by_work():
-    """Convolutions and matmuls from HOST_PARALLEL_WORK multiply-accumulates use torch's threads
-    (ResNet-18's 3 x 3 ones at batch 4 x 64 x 64 do), smaller ones and small elementwise ops one
-    thread."""
+def test_host_threads_by_work(monkeypatch):
+    """Convolutions and matmuls from HOST_PARALLEL_WORK multiply-accumulates use torch's threads,
+    smaller ones and small elementwise ops one thread; the threshold moves the choice."""
     class T:
         def __init__(self, shape):
             self.info = type("I", (), {"shape": lambda _s, shape=shape: shape})()
@@ -135,13 +134,15 @@ def test_host_threads_by_work():
 
     ir = type("Ir", (), {})()
     ir.tensors = {"x": T([4, 64, 16, 16]), "w": T([64, 64, 3, 3]), "y": T([4, 64, 16, 16]),
-                  "x1": T([4, 128, 8, 8]), "w1": T([256, 128, 1, 1]), "y1": T([4, 256, 4, 4]),
-                  "a": T([8, 64]), "b": T([64, 64]), "c": T([8, 64])}
-    assert not execute._serial(ir, Op("", "Conv", ["x", "w"], ["y"]))                     # 37.7 M
-    assert not execute._serial(ir, Op("ai.graphcore", "ConvWeightsGrad", ["y", "x"], ["w"]))
-    assert execute._serial(ir, Op("", "Conv", ["x1", "w1"], ["y1"]))                      # 4.2 M
-    assert execute._serial(ir, Op("", "MatMul", ["a", "b"], ["c"]))                        # 32 K
-    assert execute._serial(ir, Op("", "Relu", ["x"], ["y"]))                               # 131 K elements
+                  "a": T([512, 1024]), "b": T([1024, 1024]), "c": T([512, 1024]), "s": T([8, 64]), "t": T([64, 64])}
+    conv = Op("", "Conv", ["x", "w"], ["y"])                                    # 37.7 M
+    grad = Op("ai.graphcore", "ConvWeightsGrad", ["y", "x"], ["w"])
+    assert not execute._serial(ir, Op("", "MatMul", ["a", "b"], ["c"]))        # 512 M
+    assert execute._serial(ir, Op("", "MatMul", ["s", "t"], ["s"]))            # 32 K
+    assert execute._serial(ir, Op("", "Relu", ["x"], ["y"]))                   # 131 K elements
+    assert execute._serial(ir, conv) and execute._serial(ir, grad)           # below 2^26
+    monkeypatch.setattr(execute, "HOST_PARALLEL_WORK", 1 << 24)
+    assert not execute._serial(ir, conv) and not execute._serial(ir, grad)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -57,6 +57,7 @@ from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel, kernel_failure
 from openipu.popart.variable_settings import comm_groups
 from openipu.poplar import pvti
 from openipu.poplibs import gcl, gcl_instances
+from openipu.poplibs.poplin.kernels import HOST_SERIAL_WORK
 
 #: Ops whose IPU lowering accumulates half inputs in partial sums (poplin matMul / convolution):
 #: the executor computes them in float32 and rounds the result to the output's type once, instead
@@ -84,15 +85,14 @@ _PLAIN_READERS = {("", "MatMul"), ("", "Gemm")}
 HOST_SERIAL_ELEMENTS = 1 << 18
 
 #: Matmuls and convolutions with fewer multiply-accumulates than this run on one host thread; the
-#: larger ones on torch's threads, as PyTorch eager runs them (ResNet-18's 3 x 3 convolutions at
-#: batch 4 x 64 x 64 have 38 M multiply-accumulates, 1.5-3 ms each on one thread; eager's step of
-#: that model kept both threads of an idle 2-core host busy: 0.059 s wall for 0.119 s CPU). Lower
-#: than poplin's :data:`HOST_SERIAL_WORK` (2^26) for the device emulation's per-tile kernels, and
-#: above the 4 M of ResNet-18's 1 x 1 convolutions: on a host whose cores are all busy, every
-#: parallel region can wait a scheduler time slice for its second thread (as eager's do), so only
-#: the ops where a second thread gains most on an idle host take that risk. Depends on the shapes
-#: only, so results do not depend on the load.
-HOST_PARALLEL_WORK = 1 << 24
+#: larger ones on torch's threads. The same as poplin's :data:`HOST_SERIAL_WORK` (2^26). PyTorch
+#: eager runs every convolution on both threads of this 2-core host (its ResNet-18 b4 step, idle:
+#: 0.059 s wall for 0.119 s CPU), but on a host whose cores are busy each parallel region waits for
+#: its second thread: with 2^24 (ResNet-18's 3 x 3 convolutions, 38 M, on two threads) the
+#: benchmark's ResNet-18 step took 2.1-2.9 s against 0.39-0.91 s with 2^26 at load 3-6
+#: (2026-11-29, docs/host-speed.md). Lower it on an idle host. Depends on the shapes only, so
+#: results do not depend on the load.
+HOST_PARALLEL_WORK = HOST_SERIAL_WORK
 
 
 def _numel(ir, tid) -> int:
