@@ -90,8 +90,9 @@ HOST_SERIAL_ELEMENTS = 1 << 18
 #: 0.059 s wall for 0.119 s CPU), but on a host whose cores are busy each parallel region waits for
 #: its second thread: with 2^24 (ResNet-18's 3 x 3 convolutions, 38 M, on two threads) the
 #: benchmark's ResNet-18 step took 2.1-2.9 s against 0.39-0.91 s with 2^26 at load 3-6
-#: (2026-11-29, docs/host-speed.md). Lower it on an idle host. Depends on the shapes only, so
-#: results do not depend on the load.
+#: (2026-11-29, docs/host-speed.md); at load 1 it took 0.075-0.079 s with 2^24, 0.115-0.117 s
+#: with 2^26. Lower it on an idle host. Depends on the shapes only, so results do not depend on
+#: the load.
 HOST_PARALLEL_WORK = HOST_SERIAL_WORK
 
 
