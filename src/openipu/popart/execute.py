@@ -55,12 +55,13 @@ import torch
 from openipu import poplar
 from openipu.popart import fp_behaviour, half_partials, torch_device
 from openipu.popart.dataflow import AnchorReturnTypeId
+from openipu.popart.errors import popart_exception
 from openipu.popart.graphcore_ops import find_kernel
 from openipu.popart.ir import shard_rows
 from openipu.popart.lowering.graphcore import _COLLECTIVE as _COLLECTIVE_OP
-from openipu.popart.onnx_ops import varupdate
+from openipu.popart.model_check import ALLOCATION_CHECKED
 from openipu.popart.onnx_ops.shape import transpose_view
-from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel
+from openipu.popart.shapes import KERNEL_TORCH_OF, call_kernel, kernel_failure
 from openipu.popart.variable_settings import comm_groups
 from openipu.poplar import pvti
 from openipu.poplibs import gcl, gcl_instances
@@ -90,6 +91,17 @@ _PLAIN_READERS = {("", "MatMul"), ("", "Gemm")}
 #: 2026-11-29), and elementwise work of this size gains little from a second thread. Host
 #: threading only: the kernels and their results are the same.
 HOST_SERIAL_ELEMENTS = 1 << 18
+
+#: Matmuls and convolutions with fewer multiply-accumulates than this run on one host thread; the
+#: larger ones on torch's threads. The same as poplin's :data:`HOST_SERIAL_WORK` (2^26). PyTorch
+#: eager runs every convolution on both threads of this 2-core host (its ResNet-18 b4 step, idle:
+#: 0.059 s wall for 0.119 s CPU), but on a host whose cores are busy each parallel region waits for
+#: its second thread: with 2^24 (ResNet-18's 3 x 3 convolutions, 38 M, on two threads) the
+#: benchmark's ResNet-18 step took 2.1-2.9 s against 0.39-0.91 s with 2^26 at load 3-6
+#: (2026-11-29, docs/host-speed.md); at load 1 it took 0.075-0.079 s with 2^24, 0.115-0.117 s
+#: with 2^26. Lower it on an idle host. Depends on the shapes only, so results do not depend on
+#: the load.
+HOST_PARALLEL_WORK = HOST_SERIAL_WORK
 
 
 def _numel(ir, tid) -> int:
@@ -126,12 +138,12 @@ def _host_work(ir, op) -> tuple[int, bool]:
 
 def _serial(ir, op) -> bool:
     """Whether the executor runs ``op`` on one host thread (:data:`HOST_SERIAL_ELEMENTS`,
-    poplin's :data:`HOST_SERIAL_WORK` for matmuls and convolutions)."""
+    :data:`HOST_PARALLEL_WORK` for matmuls and convolutions)."""
     try:
         work, contraction = _host_work(ir, op)
     except (TypeError, ValueError, KeyError, AttributeError, IndexError):
         return False
-    return work < (HOST_SERIAL_WORK if contraction else HOST_SERIAL_ELEMENTS)
+    return work < (HOST_PARALLEL_WORK if contraction else HOST_SERIAL_ELEMENTS)
 
 
 def _transpose_views(ir, keep: set) -> set:
@@ -197,6 +209,52 @@ def _transpose_views(ir, keep: set) -> set:
             views.add(i)
             last_read[i] = last
     return views
+
+
+def _conv_grad_pairs(ir) -> dict:
+    """Index in ``ir.ops`` of a ConvDataGrad / ConvWeightsGrad -> index of the other gradient of
+    the same float32 convolution (same output gradient and attributes), when the executor may
+    compute both in one ``convolution_backward`` call at the first of the two (as autograd's
+    convolution backward does; the results equal the separate calls'): the second's inputs are
+    produced before the first, both run in the same fragment and no op from the first to the
+    second writes a tensor in place."""
+    index = {id(op): i for i, op in enumerate(ir.ops)}
+    kinds = {"ConvDataGrad": 0, "ConvWeightsGrad": 1}
+    skip = ("__node__", "input_shape", "weights_shape")
+
+    def float32(t):
+        return bool(t) and t in ir.tensors and ir.tensors[t].info.data_type() == "FLOAT"
+
+    def shape(t):
+        return [int(d) for d in ir.tensors[t].info.shape()]
+
+    pairs: dict = {}
+    for i, op in enumerate(ir.ops):
+        if op.domain != "ai.graphcore" or op.op_type not in kinds or i in pairs or len(op.inputs) != 2 or \
+                len(op.outputs) != 1 or not all(float32(t) for t in [*op.inputs, *op.outputs]):
+            continue
+        for c in ir.tensors[op.inputs[0]].consumers:
+            j = index.get(id(c))
+            if j is None or j <= i or j in pairs or c.domain != "ai.graphcore" or \
+                    kinds.get(c.op_type, kinds[op.op_type]) == kinds[op.op_type] or len(c.inputs) != 2 or \
+                    len(c.outputs) != 1 or c.inputs[0] != op.inputs[0] or \
+                    not all(float32(t) for t in [*c.inputs, *c.outputs]):
+                continue
+            data, weights = (op, c) if op.op_type == "ConvDataGrad" else (c, op)
+            if {k: v for k, v in data.attrs.items() if k not in skip} != \
+                    {k: v for k, v in weights.attrs.items() if k not in skip} or \
+                    list(data.attrs.get("input_shape", [])) != shape(weights.inputs[1]) or \
+                    list(weights.attrs.get("weights_shape", [])) != shape(data.inputs[1]):
+                continue
+            producer = ir.tensors[c.inputs[1]].producer
+            if (producer is not None and index.get(id(producer), i) >= i) or \
+                    c.execution_context != op.execution_context or \
+                    any(ir.ops[k].modifies or ir.ops[k].op_type in ("ReplicatedAllReduceInplace", "GetRandomSeed")
+                        for k in range(i, j + 1)):
+                continue
+            pairs[i], pairs[j] = j, i
+            break
+    return {i: j for i, j in pairs.items() if i < j}
 
 
 def mode() -> str:
@@ -353,10 +411,16 @@ class IrExecutor:
         views = _transpose_views(ir, anchors | {getattr(ir, "anchor_alias", {}).get(t, t) for t in anchors})
         main, outer = [], []
         half = self._half_partials(target)
+        #: the convolution gradients computed in pairs (:func:`_conv_grad_pairs`): the first of
+        #: two computes both, the second is done by then
+        pairs = {} if self.fp_checks else _conv_grad_pairs(ir)
+        fused = {j: i for i, j in pairs.items()}
         for i, op in enumerate(ir.ops):
             step = (_serial(ir, op), find_kernel(op.domain, op.op_type), op.attrs, op.opset, list(op.inputs),
                     list(op.outputs),
                     "view" if i in views else
+                    ("conv_grads", op, ir.ops[pairs[i]]) if i in pairs else
+                    "fused" if i in fused else
                     "collective" if op.op_type in _COLLECTIVES and (self.replicas > 1 or self.distributed) else
                     "in_place" if (op.domain, op.op_type) == ("ai.graphcore", "GetRandomSeed") else
                     "abort" if (op.domain, op.op_type) == ("ai.graphcore", "Abort") else
@@ -378,6 +442,7 @@ class IrExecutor:
         cast = bool(getattr(ir.options, "enableSupportedDataTypeCasting", True))
         self.narrow = {tid: torch.int32 for tid, t in ir.tensors.items()
                        if cast and t.info.data_type() in ("INT64", "UINT64")}
+        self._main, self._outer = self._prepare(self.steps), self._prepare(self.outer_steps)
         #: per replica: variable id -> tensor (the replica's copy on the device)
         self.reps: list[dict] = [{} for _ in range(self.replicas)]
         self.set_weights(weights)
@@ -442,12 +507,10 @@ class IrExecutor:
 
     def held(self):
         """``(name, tensor)`` of every tensor the executor holds between runs: the constants,
-        each replica's variables and the update kernels' scratch buffer."""
+        each replica's variables."""
         yield from ((f"const {tid}", t) for tid, t in self.consts.items())
         for r, rep in enumerate(self.reps):
             yield from ((f"replica {r} {tid}", t) for tid, t in rep.items())
-        if varupdate.scratch() is not None:
-            yield "varupdate scratch", varupdate.scratch()
 
     def off_device(self) -> list[str]:
         """The names of the held tensors (:meth:`held`) that are not on the executor's device
@@ -520,25 +583,98 @@ class IrExecutor:
             cb.output_complete_callback(tid)
         self._step(take, put, anchors, bps)
 
-    def _ops(self, steps, envs) -> None:
-        """Run ``steps`` (``(serial, kernel, attrs, opset, inputs, outputs, special, dead)`` each)
-        on every replica's environment; a ``serial`` step on one host thread (:func:`_serial`)."""
+    def _prepare(self, steps) -> list:
+        """``steps`` (``(serial, kernel, attrs, opset, inputs, outputs, special, dead)`` each) as the
+        loop of :meth:`_ops` runs them, once per executable: ``(serial, run, dead)``, ``run(envs)``
+        the op on every replica's environment. An op without special handling (no collective,
+        float32 compute of half inputs, stochastic rounding, printing, 64-bit outputs narrowed,
+        floating-point checks, subgraph inputs or allocation check) runs as a closure over its
+        resolved kernel function, attributes, input and output ids and output dtypes: nothing of
+        it is looked up again per run; the others through :meth:`_one`."""
+        prepared = []
+        for serial, kernel, attrs, opset, ins, outs, special, dead in steps:
+            if type(special) is tuple and special[0] == "conv_grads":
+                run = self._conv_grads(kernel, *special[1:])
+            elif special == "fused":        # computed with its pair's (_conv_grad_pairs)
+                def run(envs):
+                    pass
+            elif special is None and not self.fp_checks and "__outer_names__" not in attrs and \
+                    kernel.op_type not in ALLOCATION_CHECKED and not any(o in self.narrow for o in outs):
+                run = self._plain(kernel, attrs, opset, ins, outs)
+            else:
+                def run(envs, k=(kernel, attrs, opset, ins, outs, special)):
+                    self._one(*k, envs)
+            prepared.append((serial, run, tuple(dead)))
+        return prepared
+
+    def _plain(self, kernel, attrs, opset, ins, outs):
+        """``run(envs)`` of an op without special handling (:meth:`_prepare`): its kernel on each
+        environment's inputs, the outputs cast to their IR dtypes; a kernel's failure is the
+        ``popart_exception`` naming the op (as :func:`openipu.popart.shapes.call_kernel`'s)."""
+        fn, node = kernel.fn, attrs.get("__node__")
+        ins, outs = tuple(ins), tuple(outs)
+        dts = tuple(self.dtype.get(o) if o else None for o in outs)
+
+        def run(envs):
+            for env in envs:
+                args = [env[x] if x else None for x in ins]
+                try:
+                    res = fn(args, attrs, opset)
+                except popart_exception:
+                    raise
+                except Exception as e:
+                    if node is None:
+                        raise
+                    raise kernel_failure(kernel, node, args, e) from e
+                for o, v, dt in zip(outs, res, dts):
+                    if o:
+                        env[o] = v if v.dtype == dt else v.to(dt)
+        return run
+
+    def _conv_grads(self, kernel, first, second):
+        """``run(envs)`` of a pair of convolution gradients (:func:`_conv_grad_pairs`, ``first``
+        and ``second`` their IR ops): both from one ``convolution_backward`` call
+        (:func:`openipu.popart.onnx_ops.grad.conv_grads`), float32."""
+        from openipu.popart.onnx_ops.grad import conv_grads
+        data, weights = (first, second) if first.op_type == "ConvDataGrad" else (second, first)
+        gy, w, x = data.inputs[0], data.inputs[1], weights.inputs[1]
+        dx, dw = data.outputs[0], weights.outputs[0]
+        x_shape, w_shape = list(data.attrs["input_shape"]), list(weights.attrs["weights_shape"])
+        attrs, node = data.attrs, first.attrs.get("__node__")
+
+        def run(envs):
+            for env in envs:
+                try:
+                    env[dx], env[dw] = conv_grads(env[gy], env[x], env[w], x_shape, w_shape, attrs)
+                except Exception as e:
+                    if node is None:
+                        raise
+                    raise kernel_failure(kernel, node, [env[gy], env[first.inputs[1]]], e) from e
+        return run
+
+    def _ops(self, prepared, envs) -> None:
+        """Run the prepared steps (:meth:`_prepare`) on every replica's environment, each then
+        dropping its dead tensors; a ``serial`` step on one host thread (:func:`_serial`)."""
         threads = torch.get_num_threads()
         now = threads
         try:
             with torch.no_grad():
-                for serial, kernel, attrs, opset, ins, outs, special, dead in steps:
+                for serial, run, dead in prepared:
                     want = 1 if serial else threads
                     if want != now:
                         torch.set_num_threads(want)
                         now = want
-                    self._one(kernel, attrs, opset, ins, outs, special, dead, envs)
+                    run(envs)
+                    if dead:
+                        for env in envs:
+                            for t in dead:
+                                env.pop(t, None)
         finally:
             if now != threads:
                 torch.set_num_threads(threads)
 
-    def _one(self, kernel, attrs, opset, ins, outs, special, dead, envs) -> None:
-        """One step on every replica's environment, then its dead tensors dropped."""
+    def _one(self, kernel, attrs, opset, ins, outs, special, envs) -> None:
+        """One step with special handling on every replica's environment."""
         if special == "collective":
             self._collective(kernel.op_type, attrs, ins, outs, envs)
         elif special == "abort":      # Poplar's Abort / AbortOnCondition (any replica)
@@ -546,9 +682,6 @@ class IrExecutor:
                 raise poplar.application_runtime_error("Abort op")
         else:
             self._op(kernel, attrs, opset, ins, outs, special, envs)
-        for env in envs:
-            for t in dead:
-                env.pop(t, None)
 
     def _op(self, kernel, attrs, opset, ins, outs, special, envs) -> None:
         """One op on every replica's environment."""
@@ -652,12 +785,6 @@ class IrExecutor:
             env[out] = flat[q * k:(q + 1) * k].to(self.device, self.dtype[out]).clone()
 
     def _step(self, take, put, anchors: list, bps: int) -> None:
-        try:
-            self._run_step(take, put, anchors, bps)
-        finally:
-            varupdate.release_scratch()
-
-    def _run_step(self, take, put, anchors: list, bps: int) -> None:
         if pvti.enabled():      # the host copies as the System Analyser shows Poplar's stream copies
             take, put = _traced(take, "StreamCopy host->IPU"), _traced(put, "StreamCopy IPU->host")
         ir = self.ir
@@ -677,7 +804,7 @@ class IrExecutor:
                         if flat is None:
                             continue
                         env[tid] = self._tensor(np.asarray(flat).reshape(ir.tensors[tid].info.shape()), tid)
-                self._ops(self.steps, envs)
+                self._ops(self._main, envs)
                 for tid in anchors:
                     art = flow.art(tid)
                     kind = art.id()
@@ -693,7 +820,7 @@ class IrExecutor:
                             key = (tid, r)
                             sums[key] = v.clone() if key not in sums else sums[key] + v
             if self.outer_steps:
-                self._ops(self.outer_steps, envs)
+                self._ops(self._outer, envs)
         for tid in anchors:
             if flow.art(tid).id() == AnchorReturnTypeId.Final:
                 for r, env in enumerate(envs):

@@ -9,9 +9,9 @@ import numpy as np
 import onnx
 import torch
 
-from openipu.popart.onnx_ops._reference import decode_attributes, to_torch  # noqa: F401 - re-exported
 from openipu.popart.errors import popart_exception
 from openipu.popart.model_check import check_kernel_allocation
+from openipu.popart.onnx_ops._reference import decode_attributes, to_torch  # noqa: F401 - re-exported
 from openipu.popart.tensorinfo import NAME_OF_ONNX, TORCH_OF
 
 NAME_OF_TORCH = {torch.float32: "FLOAT", torch.float16: "FLOAT16", torch.int32: "INT32", torch.int64: "INT64",
@@ -102,12 +102,19 @@ def call_kernel(kernel, inputs: list, attrs: dict, opset: int) -> list:
         return kernel.fn(inputs, attrs, opset)
     except popart_exception:
         raise
-    except Exception as e:  # noqa: BLE001 - torch / kernel errors become PopART's, naming the op
-        shapes = ", ".join("-" if x is None else str(list(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
-                           for x in inputs)
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise popart_exception(f"Op {kernel.domain or 'ai.onnx'}.{kernel.op_type} '{node}' failed in its host kernel "
-                               f"on inputs of shape(s) {shapes}: {msg}") from e
+    except Exception as e:
+        raise kernel_failure(kernel, node, inputs, e) from e
+
+
+def kernel_failure(kernel, node: str, inputs: list, e: Exception) -> popart_exception:
+    """The ``popart_exception`` for the host kernel of the IR op ``node`` failing with ``e`` on
+    ``inputs`` (torch tensors, ``None`` for absent ones): names the op, its inputs' shapes and the
+    first line of ``e``."""
+    shapes = ", ".join("-" if x is None else str(list(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
+                       for x in inputs)
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return popart_exception(f"Op {kernel.domain or 'ai.onnx'}.{kernel.op_type} '{node}' failed in its host kernel "
+                            f"on inputs of shape(s) {shapes}: {msg}")
 
 
 def probe(kernel, in_infos, attrs: dict, opset: int, const_values=None, fill: str = "zeros"):

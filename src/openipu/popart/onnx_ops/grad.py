@@ -301,10 +301,20 @@ def identity_loss_grad(inputs, attrs, opset):
 
 
 def _conv_backward(gy, x, w, x_shape, w_shape, attrs, wrt: int) -> torch.Tensor:
-    """The gradient of ONNX Conv (no bias) w.r.t. its input (``wrt`` 0) or weights (1), float32,
-    from ``torch.ops.aten.convolution_backward`` (no forward recomputation); the operand not
-    needed is a broadcast placeholder of its shape. Asymmetric pads are applied to the input (and
-    cut from its gradient), as the forward kernel pads."""
+    """The gradient of ONNX Conv (no bias) w.r.t. its input (``wrt`` 0) or weights (1), float32
+    (:func:`conv_grads`)."""
+    return conv_grads(gy, x, w, x_shape, w_shape, attrs, (wrt == 0, wrt == 1))[wrt]
+
+
+def conv_grads(gy, x, w, x_shape, w_shape, attrs, want=(True, True)) -> list:
+    """``[dx, dw]``: the gradients of ONNX Conv (no bias, attributes ``attrs``) w.r.t. its input
+    ``x`` (shape ``x_shape``) and weights ``w`` (shape ``w_shape``) given the output's gradient
+    ``gy``, float32, contiguous, each computed when ``want`` says so (else ``None``), from one
+    ``torch.ops.aten.convolution_backward`` call (no forward recomputation). An operand not needed
+    (``x`` for ``dx`` alone, ``w`` for ``dw`` alone; may be ``None``) is an uninitialised tensor
+    of its shape: the kernel reads only its shape (a broadcast placeholder cost more, as oneDNN
+    made it contiguous). Asymmetric pads are applied to the input (and cut from its gradient), as
+    the forward kernel pads. Both gradients from one call equal the two from separate calls."""
     from openipu.popart.onnx_ops.conv import conv_geometry, torch_pad
     k = list(w_shape[2:])
     n = len(k)
@@ -313,19 +323,19 @@ def _conv_backward(gy, x, w, x_shape, w_shape, attrs, wrt: int) -> torch.Tensor:
     symmetric = list(pads[:n]) == list(pads[n:])
     padded = list(x_shape) if symmetric else \
         list(x_shape[:2]) + [int(x_shape[2 + i]) + int(pads[i]) + int(pads[n + i]) for i in range(n)]
-    if x is None:
-        x = gy.new_empty(1).expand(padded)
+    if x is None or not want[1]:
+        x = torch.empty(padded, dtype=torch.float32)
     else:
         x = x.float() if symmetric or not any(pads) else F.pad(x.float(), torch_pad(pads))
-    w = gy.new_empty(1).expand(list(w_shape)) if w is None else w.float()
-    g = torch.ops.aten.convolution_backward(
+    w = torch.empty(list(w_shape), dtype=torch.float32) if w is None or not want[0] else w.float()
+    dx, dw, _ = torch.ops.aten.convolution_backward(
         gy.reshape([int(x_shape[0]), int(w_shape[0])] + list(gy.shape[2:])), x, w, None, strides,
         list(pads[:n]) if symmetric else [0] * n, dilations, False, [0] * n, int(attrs.get("group", 1)),
-        [wrt == 0, wrt == 1, False])[wrt]
-    if wrt == 0 and not symmetric:
+        [bool(want[0]), bool(want[1]), False])
+    if dx is not None and not symmetric:
         for i in range(n):
-            g = g.narrow(2 + i, int(pads[i]), int(x_shape[2 + i]))
-    return g.contiguous()
+            dx = dx.narrow(2 + i, int(pads[i]), int(x_shape[2 + i]))
+    return [None if g is None else g.contiguous() for g in (dx, dw)]
 
 
 @onnx_op("ConvDataGrad", domain=GC, flops=_conv_data_flops)
@@ -342,7 +352,19 @@ def conv_weights_grad(inputs, attrs, opset):
 
 @onnx_op("MaxPoolGrad", domain=GC, flops=_first_input_flops)
 def max_pool_grad(inputs, attrs, opset):
+    """Each output's gradient to the input that is its window's maximum (the vector-Jacobian
+    product of MaxPool). A 2-D float32 pooling that torch pads itself (:func:`implicit_pads`) on an
+    input without -inf: ``max_pool2d_with_indices`` and its backward, as autograd's; otherwise the
+    vjp of the MaxPool kernel (over the input padded with -inf: where a window's inputs are all
+    -inf, the padding would take the gradient, so that case keeps this path)."""
     x, _y, gy = inputs
+    from openipu.popart.onnx_ops.pooling import _geometry, implicit_pads
+    k, s, d, begins, ends, _, _ = _geometry(x, attrs)
+    if len(k) == 2 and x.dtype == torch.float32 and gy.dtype == torch.float32 and \
+            implicit_pads(k, begins, ends) and not bool(torch.isneginf(x).any()):
+        aten = torch.ops.aten
+        _, idx = aten.max_pool2d_with_indices(x, k, s, list(begins), d, False)
+        return [aten.max_pool2d_with_indices_backward(gy.reshape(idx.shape), x, k, s, list(begins), d, False, idx)]
     return [_vjp("MaxPool", [x], attrs, opset, 0, gy)]
 
 

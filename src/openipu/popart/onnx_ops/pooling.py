@@ -79,6 +79,13 @@ def lp_pool(inputs, attrs, opset):
     return [y.to(x.dtype)]
 
 
+def implicit_pads(k, begins, ends) -> bool:
+    """Whether torch's pooling can pad itself (pads ``begins`` / ``ends`` equal, each at most half
+    its kernel size ``k``): the windows then hold the same inputs as over an input padded with
+    -inf, none of them padding alone."""
+    return list(begins) == list(ends) and all(0 <= p <= kk // 2 for p, kk in zip(begins, k))
+
+
 @onnx_op("MaxPool", flops=_pool_flops)
 def max_pool(inputs, attrs, opset):
     x = inputs[0]
@@ -86,9 +93,12 @@ def max_pool(inputs, attrs, opset):
     nd = len(k)
     dt = x.dtype
     xf = x.to(torch.float64) if not dt.is_floating_point or dt == torch.float64 else x.float()
-    padded = F.pad(xf, torch_pad(begins + ends), value=-math.inf)
     pool = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[nd]
-    if int(attrs.get("__num_outputs__", 2)) < 2:        # no Indices output: the values only
+    values_only = int(attrs.get("__num_outputs__", 2)) < 2
+    if values_only and implicit_pads(k, begins, ends):     # the same maxima, without a padded copy
+        return [pool(xf, k, s, list(begins), d, ceil_mode=False).to(dt)]
+    padded = F.pad(xf, torch_pad(begins + ends), value=-math.inf)
+    if values_only:        # no Indices output: the values only
         return [pool(padded, k, s, 0, d, ceil_mode=False).to(dt)]
     y, idx = pool(padded, k, s, 0, d, ceil_mode=False, return_indices=True)
     # idx: flat over the padded spatial dims -> ONNX flat index over the whole unpadded input.
