@@ -211,6 +211,14 @@ def test_tiled_blocked_matmul_is_bit_identical(monkeypatch, threads, chunk_block
                  (wide(260, 96), wide(96, 80), 16),                               # 2-D a and b
                  (wide(2, 3, 70, 96), wide(2, 3, 96, 48), 32),                    # batched
                  (wide(2, 3, 70, 96), wide(2, 96, 3, 48).permute(0, 2, 1, 3), 40)]   # b a permuted view, padded
+        # planted rows whose four block sums (2048, 1, 2**-13, 2**-13) round differently by the order
+        # of the float32 sums: sequential 2048, in groups of two 2050 (the test discriminates)
+        a, b = wide(300, 64), wide(64, 32)
+        a[::7] = 0
+        a[::7, 0:64:16] = torch.tensor([2048, 1, 2 ** -13, 2 ** -13], dtype=torch.float16)
+        b[0:64:16, 0] = 1
+        cases.append((a, b, 16))
+        first = {1: 2048.0, 2: 2050.0, 64: 2048.0}[chunk_blocks]
         for a, b, block in cases:
             out = torch.broadcast_shapes(a.shape[:-1], b.shape[:-2] + (1,)).numel() * b.shape[-1]
             chunk = 4 * out * chunk_blocks
@@ -219,6 +227,7 @@ def test_tiled_blocked_matmul_is_bit_identical(monkeypatch, threads, chunk_block
             ref = _whole_problem_reference(a, b, block, chunk)
             assert got.shape == ref.shape and got.dtype == torch.float16
             assert torch.equal(got.view(torch.int16), ref.view(torch.int16)), (a.shape, b.shape, block)
+        assert float(got[0, 0]) == first and bool((got[::7, 0] == first).all())
         assert len(tiled) == len(cases)           # every case took the tiled path
     finally:
         torch.set_num_threads(old)
