@@ -99,7 +99,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, block: int) -> torch.Tensor:
     about :data:`TILE_ELEMENTS` outputs at a time (:func:`_tiled`), so that the block products,
     their rounding and their sums stay in the CPU's cache; the result is bit-identical to the
     whole-problem formulation (:func:`_whole`)."""
-    a, b = a.float(), b.float()
+    b = b.float()           # a becomes float32 a tile at a time in _tiled (a copy of it less)
     va, vb = a.dim() == 1, b.dim() == 1
     if va:
         a = a.unsqueeze(0)
@@ -107,7 +107,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, block: int) -> torch.Tensor:
         b = b.unsqueeze(1)
     k = a.shape[-1]
     if block >= k:
-        y = (a @ b).half()
+        y = (a.float() @ b).half()
     else:
         nb = -(-k // block)
         if nb * block > k:              # the last block padded with zero products
@@ -120,7 +120,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, block: int) -> torch.Tensor:
         if out >= 2 * TILE_ELEMENTS and n % 16 == 0 and same_batch:
             y = _tiled(a, b, block, nb, step)
         else:
-            y = _whole(a, b, block, nb, step)
+            y = _whole(a.float(), b, block, nb, step)
     if vb:
         y = y.squeeze(-1)
     if va:
@@ -160,7 +160,8 @@ def _tiled(a: torch.Tensor, b: torch.Tensor, block: int, nb: int, step: int) -> 
     into a float32 buffer (``matmul(out=)``), rounded into the tile's half buffer; per group the
     half products summed in float32 with the whole problem's layout (``[s, rows, n]`` or
     ``[batch, s, m, n]``, so ``torch.sum`` adds in the same order) and added to the tile's
-    float32 sum, rounded to half once at the end.
+    float32 sum, rounded to half once at the end. ``a`` (float16 or float32) is converted to
+    float32 a tile at a time; ``b`` is float32.
 
     The tiles are shared out among ``torch.get_num_threads()`` host threads, each running its
     tiles' kernels on one torch thread with its own buffers (many small kernels on torch's
@@ -192,16 +193,17 @@ def _tiled(a: torch.Tensor, b: torch.Tensor, block: int, nb: int, step: int) -> 
             e = min(count, r + per)
             t = e - r
             p, sums, g = pbuf[:t], acc[:t], gbuf[:t]
+            at = a_t[r:e].float()       # the tile's rows (matrices) of a, float32
             for i in range(0, nb, step):
                 s = min(step, nb - i)
                 h = hbuf[:s * t * size].view(t, s, *inner) if batched else hbuf[:s * t * size].view(s, t, *inner)
                 for j in range(s):
                     c = (i + j) * block
                     if batched:
-                        torch.matmul(a_t[r:e, :, c:c + block], b_t[r:e, c:c + block, :], out=p)
+                        torch.matmul(at[:, :, c:c + block], b_t[r:e, c:c + block, :], out=p)
                         h[:, j].copy_(p)
                     else:
-                        torch.matmul(a_t[r:e, c:c + block], b_t[c:c + block], out=p)
+                        torch.matmul(at[:, c:c + block], b_t[c:c + block], out=p)
                         h[j].copy_(p)
                 if step == 1:
                     part = h[:, 0] if batched else h[0]
