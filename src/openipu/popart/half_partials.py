@@ -28,6 +28,7 @@ single rounding with half partials: more precise than the IPU, within the half p
 from __future__ import annotations
 
 import math
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -238,6 +239,15 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     if _POOL is None or _POOL._max_workers < workers:
         _POOL = ThreadPoolExecutor(workers, thread_name_prefix="openipu-half-partials")
     return _POOL
+
+
+def _forget_pool() -> None:
+    """A forked child has none of the parent's pool threads: it makes its own."""
+    global _POOL
+    _POOL = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def gemm(args: list, attrs: dict, block: int) -> torch.Tensor:
