@@ -162,3 +162,72 @@ def test_half_partials_replicated(monkeypatch):
         {"numIPUs": 1, "tilesPerIPU": 64}).getTarget()))
     assert np.mean(out["ir"][0] == ref) > 0.95
     assert np.mean(out["ir"] == out["device"]) > 0.95
+
+
+def _whole_problem_reference(a, b, block, chunk_bytes):
+    """The blocked half sum as the executor computed it before the tiled version (2026-11-29):
+    the whole problem at once, groups of ``chunk_bytes / (4 * outputs)`` blocks as batched
+    matmuls, each group's half products summed by ``torch.sum``, the group sums added."""
+    a, b = a.float(), b.float()
+    k = a.shape[-1]
+    nb = -(-k // block)
+    if nb * block > k:
+        a = torch.nn.functional.pad(a, (0, nb * block - k))
+        b = torch.nn.functional.pad(b, (0, 0, 0, nb * block - k))
+    ab = a.unflatten(-1, (nb, block)).movedim(-2, -3)
+    bb = b.unflatten(-2, (nb, block))
+    out = torch.broadcast_shapes(a.shape[:-1], b.shape[:-2] + (1,)).numel() * b.shape[-1]
+    step = max(1, chunk_bytes // (4 * out))
+    y = None
+    for i in range(0, nb, step):
+        if step == 1:
+            p = torch.matmul(a[..., i * block:(i + 1) * block], b[..., i * block:(i + 1) * block, :]).half().float()
+        else:
+            p = torch.matmul(ab[..., i:i + step, :, :], bb[..., i:i + step, :, :]).half()
+            p = p.sum(dim=-3, dtype=torch.float32)
+        y = p if y is None else y.add_(p)
+    return y.half()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("chunk_blocks", [1, 2, 64])     # blocks per group: one, groups of 2, all
+def test_tiled_blocked_matmul_is_bit_identical(monkeypatch, threads, chunk_blocks):
+    """The tiled half-partials matmul (tiles of outputs in cache, shared among host threads)
+    gives the same bits as the whole-problem formulation, on inputs whose partial sums span a
+    wide exponent range and both signs (so that the order of the sums matters)."""
+    g = torch.Generator().manual_seed(chunk_blocks)
+
+    def wide(*shape):
+        return (torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-6, 6, shape, generator=g).float())).half()
+    monkeypatch.setattr(half_partials, "TILE_ELEMENTS", 1 << 12)
+    monkeypatch.setattr(half_partials, "TILE_ROWS", 24)
+    tiled = []
+    real = half_partials._tiled
+    monkeypatch.setattr(half_partials, "_tiled", lambda *args: tiled.append(1) or real(*args))
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cases = [(wide(3, 130, 200), wide(200, 64), 48),                          # 2-D b, padded last block
+                 (wide(260, 96), wide(96, 80), 16),                               # 2-D a and b
+                 (wide(2, 3, 70, 96), wide(2, 3, 96, 48), 32),                    # batched
+                 (wide(2, 3, 70, 96), wide(2, 96, 3, 48).permute(0, 2, 1, 3), 40)]   # b a permuted view, padded
+        # planted rows whose four block sums (2048, 1, 2**-13, 2**-13) round differently by the order
+        # of the float32 sums: sequential 2048, in groups of two 2050 (the test discriminates)
+        a, b = wide(300, 64), wide(64, 32)
+        a[::7] = 0
+        a[::7, 0:64:16] = torch.tensor([2048, 1, 2 ** -13, 2 ** -13], dtype=torch.float16)
+        b[0:64:16, 0] = 1
+        cases.append((a, b, 16))
+        first = {1: 2048.0, 2: 2050.0, 64: 2048.0}[chunk_blocks]
+        for a, b, block in cases:
+            out = torch.broadcast_shapes(a.shape[:-1], b.shape[:-2] + (1,)).numel() * b.shape[-1]
+            chunk = 4 * out * chunk_blocks
+            monkeypatch.setattr(half_partials, "CHUNK_BYTES", chunk)
+            got = half_partials.matmul(a, b, block)
+            ref = _whole_problem_reference(a, b, block, chunk)
+            assert got.shape == ref.shape and got.dtype == torch.float16
+            assert torch.equal(got.view(torch.int16), ref.view(torch.int16)), (a.shape, b.shape, block)
+        assert float(got[0, 0]) == first and bool((got[::7, 0] == first).all())
+        assert len(tiled) == len(cases)           # every case took the tiled path
+    finally:
+        torch.set_num_threads(old)

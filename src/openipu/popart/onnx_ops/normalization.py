@@ -80,9 +80,11 @@ def layer_norm(inputs, attrs, opset):
     xf = x.to(st)
     dims = list(range(axis, x.dim()))
     m = xf.mean(dims, keepdim=True)
-    v = ((xf - m) ** 2).mean(dims, keepdim=True)
+    d = xf - m                  # computed once (a pass over x less), scaled in place below
+    v = (d ** 2).mean(dims, keepdim=True)
     inv = 1.0 / torch.sqrt(v + eps)
-    y = ((xf - m) * inv).to(x.dtype) * scale
+    # in place unless autograd needs d (the gradient kernels differentiate this forward)
+    y = (d * inv if d.requires_grad else d.mul_(inv)).to(x.dtype) * scale
     if b is not None:
         y = y + b
     return [y.to(x.dtype), m, inv]
