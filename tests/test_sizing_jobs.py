@@ -100,7 +100,6 @@ def test_max_batch_rounds_find_the_bisections_answer_when_memory_grows(largest, 
 
 
 def onnx_stub():
-    import onnx
     from onnx import helper
     return helper.make_model(helper.make_graph([], "stub", [], []))
 
