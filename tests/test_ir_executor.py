@@ -562,7 +562,7 @@ def test_transposes_read_by_matmuls_are_views_and_training_agrees(monkeypatch, a
     """A weight's Transpose read only by MatMuls runs as a view (no copy; the weight's update
     comes after its readers), a Transpose read by another op or anchored is copied; training
     agrees with the device emulation either way."""
-    from openipu.popart import execute
+    from openipu.popart import execute_plan
     res = {}
     for mode in ("device", "ir"):
         monkeypatch.setenv("OPENIPU_EXECUTION", mode)
@@ -595,7 +595,7 @@ def test_transposes_read_by_matmuls_are_views_and_training_agrees(monkeypatch, a
         s.readWeights(popart.PyWeightsIO({w: wv}))
         res[mode] = (outs, wv, s)
     ir = res["ir"][2]._ir
-    views = {ir.ops[i].outputs[0] for i in execute._transpose_views(ir, set(ir.data_flow.anchors()))}
+    views = {ir.ops[i].outputs[0] for i in execute_plan.transpose_views(ir, set(ir.data_flow.anchors()))}
     assert res["ir"][2]._fast
     assert (wt in views) == (not anchor_t)
     assert ht not in views          # also read by ReduceSum
@@ -612,7 +612,7 @@ def test_small_ops_run_on_one_host_thread_and_the_thread_count_is_restored(monke
     leaves torch's thread count as it found it, and the outputs agree with the emulation."""
     import torch
 
-    from openipu.popart import execute
+    from openipu.popart import execute_plan
     _, dev, _ = _run(monkeypatch, "device", [popart.AnchorReturnType("ALL")] * 2)
     threads = torch.get_num_threads()
     s_ir, ir, _ = _run(monkeypatch, "ir", [popart.AnchorReturnType("ALL")] * 2)
@@ -632,7 +632,7 @@ def test_small_ops_run_on_one_host_thread_and_the_thread_count_is_restored(monke
     ir_ = type("Ir", (), {})()
     ir_.tensors = {"a": T([512, 1024]), "b": T([1024, 1024]), "c": T([512, 1024]), "s": T([2, 2]),
                    "big": T([1024, 1024])}
-    assert execute._serial(ir_, Op("", "Softmax", ["s"], ["s"]))
-    assert not execute._serial(ir_, Op("", "Relu", ["big"], ["big"]))
-    assert not execute._serial(ir_, Op("", "MatMul", ["a", "b"], ["c"]))      # 512 M multiply-adds
-    assert execute._serial(ir_, Op("", "MatMul", ["s", "s"], ["s"]))
+    assert execute_plan.runs_serially(ir_, Op("", "Softmax", ["s"], ["s"]))
+    assert not execute_plan.runs_serially(ir_, Op("", "Relu", ["big"], ["big"]))
+    assert not execute_plan.runs_serially(ir_, Op("", "MatMul", ["a", "b"], ["c"]))      # 512 M multiply-adds
+    assert execute_plan.runs_serially(ir_, Op("", "MatMul", ["s", "s"], ["s"]))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import popart
-from openipu.popart import execute
+from openipu.popart import execute_plan
 from openipu.popart.onnx_ops import _REGISTRY, OpKernel
 from openipu.popart.onnx_ops.grad import conv_grads
 
@@ -82,7 +82,7 @@ def test_convolution_gradients_in_pairs_train_as_the_device_emulation(monkeypatc
     s, l_ir, w_ir = _conv_training(monkeypatch, "ir")
     assert s._fast
     ir = s._ir
-    pairs = execute._conv_grad_pairs(ir)
+    pairs = execute_plan.conv_grad_pairs(ir)
     assert len(pairs) == 1
     (i, j), = pairs.items()
     assert {ir.ops[i].op_type, ir.ops[j].op_type} == {"ConvDataGrad", "ConvWeightsGrad"}
@@ -137,12 +137,12 @@ def test_host_threads_by_work(monkeypatch):
                   "a": T([512, 1024]), "b": T([1024, 1024]), "c": T([512, 1024]), "s": T([8, 64]), "t": T([64, 64])}
     conv = Op("", "Conv", ["x", "w"], ["y"])                                    # 37.7 M
     grad = Op("ai.graphcore", "ConvWeightsGrad", ["y", "x"], ["w"])
-    assert not execute._serial(ir, Op("", "MatMul", ["a", "b"], ["c"]))        # 512 M
-    assert execute._serial(ir, Op("", "MatMul", ["s", "t"], ["s"]))            # 32 K
-    assert execute._serial(ir, Op("", "Relu", ["x"], ["y"]))                   # 131 K elements
-    assert execute._serial(ir, conv) and execute._serial(ir, grad)           # below 2^26
-    monkeypatch.setattr(execute, "HOST_PARALLEL_WORK", 1 << 24)
-    assert not execute._serial(ir, conv) and not execute._serial(ir, grad)
+    assert not execute_plan.runs_serially(ir, Op("", "MatMul", ["a", "b"], ["c"]))        # 512 M
+    assert execute_plan.runs_serially(ir, Op("", "MatMul", ["s", "t"], ["s"]))            # 32 K
+    assert execute_plan.runs_serially(ir, Op("", "Relu", ["x"], ["y"]))                   # 131 K elements
+    assert execute_plan.runs_serially(ir, conv) and execute_plan.runs_serially(ir, grad)           # below 2^26
+    monkeypatch.setattr(execute_plan, "HOST_PARALLEL_WORK", 1 << 24)
+    assert not execute_plan.runs_serially(ir, conv) and not execute_plan.runs_serially(ir, grad)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
