@@ -97,3 +97,16 @@ def test_update_optimizer_from_host_each_optimizer(name):
     np.testing.assert_allclose(frozen, once, rtol=1e-6)
     kept, _ = _train(make(LR), steps=3, update=make(LR))
     assert not np.allclose(kept, once)
+
+
+def test_adam_moments_round_alike_on_both_execution_paths(monkeypatch):
+    """AdamNoBias divides by ``sqrt((1 - beta2) g^2)``, so it shows how ``1 - beta2`` is taken:
+    the IR executor and the device-storage emulation must take it alike (bit for bit)."""
+    out = {}
+    for mode in ("ir", "device"):
+        monkeypatch.setenv("OPENIPU_EXECUTION", mode)
+        opt = popart.Adam({"defaultLearningRate": (LR, False), "defaultWeightDecay": (WD, True),
+                           "defaultBeta1": (B1, True), "defaultBeta2": (B2, True), "defaultEps": (EPS, True)},
+                          A.AdamNoBias, popart.WeightDecayMode.Decay)
+        out[mode] = _train(opt)[0]
+    np.testing.assert_array_equal(out["ir"], out["device"])

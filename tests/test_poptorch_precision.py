@@ -2,12 +2,20 @@
 rounding of float16 results (unbiased, seeded) and floating-point exceptions (inf / NaN made from
 finite inputs stop the run), against numpy references."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
 
 import poptorch
 from openipu.popart.fp_behaviour import check_finite, stochastic_round_half
+
+#: Stochastic rounding and floating-point exceptions are honoured by the IR executor only
+#: (popart/options.py); the device-storage emulation (``make test-device``) rounds to nearest and
+#: computes IEEE results.
+IR_ONLY = pytest.mark.skipif(os.environ.get("OPENIPU_EXECUTION") == "device",
+                             reason="honoured by the IR executor only, not by the device-storage emulation")
 
 
 def _neighbours(x32):
@@ -68,6 +76,7 @@ class Halve(torch.nn.Module):
 
 
 @pytest.mark.slow
+@IR_ONLY
 def test_poptorch_stochastic_rounding_of_a_half_cast():
     x = torch.full((8, 512), 1 + 2 ** -12)
     plain = poptorch.inferenceModel(Halve())(x)
@@ -86,6 +95,7 @@ class Divide(torch.nn.Module):
         return x / y, torch.exp(x)
 
 
+@IR_ONLY
 def test_floating_point_exceptions_raise_where_the_ipu_traps():
     x, y = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, 0.0, 2.0])
     q, _ = poptorch.inferenceModel(Divide())(x, y)

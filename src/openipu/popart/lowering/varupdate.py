@@ -143,12 +143,16 @@ def accumulate(ctx, op):
         r = e.s(sc["rescaleRatio"])
         a = a * (r * r if kind == "MovingAverageSquare" else r)
     s = _grad_term(e, ctx, op, sc, 1, 2)
-    f = e.s(sc.get("factor", 1.0))
+    fv = sc.get("factor", 1.0)
+    f = e.s(fv)
+    # a const factor's complement is taken on the host, in double, before it becomes a float32
+    # constant (0.001 for beta2 = 0.999, not 1 - float32(0.999)), as the IR executor's kernel does
+    c = e.s(1.0 - fv) if isinstance(fv, float) else 1.0 - f
     expr = {"Add": lambda: a + s, "DampenedAdd": lambda: a + f * s, "DampenedAddSquare": lambda: a + f * s * s,
             "DecayAdd": lambda: f * a + s, "DecayAddSquare": lambda: f * a + s * s,
             "Mean": lambda: (f * a + s) / (f + 1.0),
-            "MovingAverage": lambda: f * a + (1.0 - f) * s,
-            "MovingAverageSquare": lambda: f * a + (1.0 - f) * s * s,
+            "MovingAverage": lambda: f * a + c * s,
+            "MovingAverageSquare": lambda: f * a + c * s * s,
             "Infinity": lambda: pe.Max(f * a, pe.Abs(s))}[kind]()
     popops.mapInPlace(g_, pe.Cast(expr, acc.elementType()), e.tensors, ctx.prog, name(op))
     return [acc]
