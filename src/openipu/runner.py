@@ -415,6 +415,7 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     import popart
 
     from openipu.popart import builder as popart_builder
+    from openipu.popart.ir_weights import read_external_weights
     from openipu.poplar.profile import run_breakdown
 
     from openipu.poplibs.poplin.plan import record_over_budget, record_plans
@@ -427,6 +428,7 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
                              else float(available_memory_proportion), int(num_io_tiles), overlap_io,
                              int(batches_per_step))
     inputs = {str(k): check_input_array(str(k), v) for k, v in (inputs or {}).items()}
+    taken = {}          # initializers read out of the model file into arrays (read_external_weights)
     if _prepared is not None:        # openipu.sizing: loaded, batched and converted once per sweep
         path, proto = model, _prepared
     elif isinstance(model, onnx.ModelProto):
@@ -434,7 +436,14 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
     else:
         path = resolve_model(model)
         try:
-            proto = onnx.load(str(path))
+            proto = onnx.load(str(path), load_external_data=False)
+            base = os.path.dirname(os.path.abspath(str(path)))
+            if batch_size is None and precision != "fp16":
+                # nothing before the session reads the weights' values: the large ones are read
+                # from the file straight into the arrays the session keeps (one host copy)
+                taken = read_external_weights(proto, base)
+            else:       # the batch-size pass and the fp16 conversion work on the proto's values
+                onnx.external_data_helper.load_external_data_for_model(proto, base)
         except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
             raise ValueError(f"'{path}' is not a readable ONNX model ({type(e).__name__}: {first_line(e)}). Check "
                              "that the file was written completely, and that weights stored beside it are "
@@ -520,7 +529,7 @@ def run_model(model: "str | onnx.ModelProto", *, ipu: str = "ipu2", num_ipus: in
             # caller's proto (a ModelProto argument, a sweep's prepared model) is serialised and
             # parsed as a copy of its own, and stays as it was
             if own_proto:
-                model_arg, proto = popart_builder.OwnedModelProto(proto), None
+                model_arg, proto = popart_builder.OwnedModelProto(proto, taken), None
             else:
                 model_arg, proto = proto.SerializeToString(), None
             session = popart.InferenceSession(fnModel=model_arg, dataFlow=flow, deviceInfo=device,

@@ -69,18 +69,28 @@ class OwnedModelProto:
     PopART API): the IR takes the weights out of it and clears them in the proto, as it does with
     a model it parsed itself, so the caller neither serialises the model for the session (a second
     copy of the weights, and a parse) nor keeps the weights twice. The caller must not use
-    ``proto`` afterwards."""
+    ``proto`` afterwards. ``weights``: arrays of initializers the caller has already read out of
+    the proto (:func:`openipu.popart.ir_weights.read_external_weights`; their values are cleared
+    in it), which the IR takes as they are."""
 
-    __slots__ = ("proto",)
+    __slots__ = ("proto", "weights")
 
-    def __init__(self, proto: onnx.ModelProto):
+    def __init__(self, proto: onnx.ModelProto, weights: dict | None = None):
         self.proto = proto
+        self.weights = weights or {}
 
 
-def _load_model(model_or_path) -> onnx.ModelProto:
+def _load_model(model_or_path, taken: dict | None = None) -> onnx.ModelProto:
     """ModelProto from a path, serialized bytes, a ModelProto or an :class:`OwnedModelProto`;
-    PopART's error texts."""
+    PopART's error texts. ``taken`` (a dict): filled with the arrays of the large initializers
+    already read out of the proto (an :class:`OwnedModelProto`'s, or those a model file stores
+    beside it, read straight into arrays); without it, a model file's external data is loaded
+    into the proto."""
     if isinstance(model_or_path, OwnedModelProto):
+        if taken is not None:
+            taken.update(model_or_path.weights)
+        elif model_or_path.weights:
+            raise ValueError("an OwnedModelProto with weights read out of it needs a caller that takes them")
         return model_or_path.proto
     if isinstance(model_or_path, onnx.ModelProto):
         return model_or_path
@@ -100,7 +110,12 @@ def _load_model(model_or_path) -> onnx.ModelProto:
         try:   # weights stored beside the model (torch.onnx.export writes MODEL.onnx.data)
             from onnx.external_data_helper import load_external_data_for_model, uses_external_data
             if any(uses_external_data(t) for t in m.graph.initializer):
-                load_external_data_for_model(m, os.path.dirname(os.path.abspath(path)))
+                base = os.path.dirname(os.path.abspath(path))
+                if taken is None:
+                    load_external_data_for_model(m, base)
+                else:
+                    from openipu.popart.ir_weights import read_external_weights
+                    taken.update(read_external_weights(m, base))
         except (OSError, ValueError) as e:
             raise popart_exception(f"Failed to load the external data of the model in {path}: {e}. Keep the weights "
                                    "file beside the model") from None

@@ -155,10 +155,11 @@ class Ir:
     """
 
     def __init__(self, model, data_flow, input_shape_info, options, num_vgraphs: int = 1, training=None):
-        self.model = _load_model(model)
+        taken = {}      # weights already read out of the proto (from the model file's external data)
+        self.model = _load_model(model, taken)
         self.training = training        # {"loss", "optimizer", "patterns"} for a TrainingSession
         # the weights: read out of the proto once; a proto parsed here gives up its copy
-        self.weights = take_weights(self.model, owned=self.model is not model)
+        self.weights = take_weights(self.model, owned=self.model is not model, taken=taken)
         if self.model is not model and self.weights:
             self.model = compacted(self.model)
         self.data_flow = data_flow

@@ -4,6 +4,7 @@ numpy arrays (one host copy), the weightless proto compacted, and the skeleton m
 
 from __future__ import annotations
 
+import os
 import sys
 
 import google.protobuf.message
@@ -48,12 +49,72 @@ def initializer_array(init: onnx.TensorProto, raw: bytes | None = None) -> np.nd
                                f"{one_line(e)}") from None
 
 
-def take_weights(model: onnx.ModelProto, owned: bool) -> dict:
-    """The large top-level initializers of ``model`` as numpy arrays (one host copy of each
-    weight). When the IR parsed the proto itself (``owned``), their ``raw_data`` is cleared so the
-    weights are not held twice; a ModelProto the caller passed is left as it was."""
+def read_external_weights(model: onnx.ModelProto, base_dir: str) -> dict:
+    """Load the external data of ``model`` (weights stored beside the model file, in files under
+    ``base_dir``), as ``onnx.load`` does, but read each large top-level initializer of a plain
+    numeric type straight from its file into a numpy array (one host copy; ``onnx.load`` reads
+    the bytes, copies them into the proto, and the IR copies them out again). Those initializers
+    are left with their values cleared (an empty ``raw_data``: type and dims kept, as
+    :func:`take_weights` leaves an owned proto's weights); every other external tensor is loaded
+    into the proto by onnx. Returns ``{name: read-only array}`` in initializer order.
+
+    The file is opened and bounded as onnx opens it (``external_data_helper``: the location must
+    stay inside ``base_dir``; offset and length within the file's size); only bytes are read,
+    never code. Raises onnx's ``ValueError`` / ``OSError`` (a missing or short file, a location
+    outside the model's directory)."""
+    from onnx import external_data_helper as edh
     out = {}
     for init in model.graph.initializer:
+        if init.data_location != onnx.TensorProto.EXTERNAL or init.data_type not in _PLAIN_RAW \
+                or sys.byteorder != "little":
+            continue
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type))
+        want = int(np.prod(list(init.dims), dtype=np.int64)) * dtype.itemsize
+        if want < WEIGHT_BYTES:
+            continue
+        info = edh.ExternalDataInfo(init)
+        fd = edh._open_external_data_fd(base_dir, info.location, init.name, True)
+        with os.fdopen(fd, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            offset = info.offset or 0
+            if offset > size:
+                raise ValueError(f"External data offset ({offset}) exceeds file size ({size}) for tensor "
+                                 f"{init.name!r}")
+            length = size - offset if info.length is None else info.length
+            if length > size - offset:
+                raise ValueError(f"External data length ({length}) exceeds available data ({size - offset} bytes "
+                                 f"from offset {offset}) for tensor {init.name!r}")
+            if length != want:      # loaded as onnx loads it: the IR's reading names the mismatch
+                continue
+            arr = np.empty(list(init.dims), dtype)
+            buf = memoryview(arr.reshape(-1).view(np.uint8))
+            f.seek(offset)
+            done = 0
+            while done < want:
+                got = f.readinto(buf[done:])
+                if not got:
+                    raise ValueError(f"External data of tensor {init.name!r} ends after {done} of {want} bytes")
+                done += got
+        arr.setflags(write=False)
+        out[init.name] = arr
+        del init.external_data[:]
+        init.data_location = onnx.TensorProto.DEFAULT
+        init.raw_data = b""
+    edh.load_external_data_for_model(model, base_dir)      # the rest (small tensors, attributes)
+    return out
+
+
+def take_weights(model: onnx.ModelProto, owned: bool, taken: dict | None = None) -> dict:
+    """The large top-level initializers of ``model`` as numpy arrays (one host copy of each
+    weight). When the IR parsed the proto itself (``owned``), their ``raw_data`` is cleared so the
+    weights are not held twice; a ModelProto the caller passed is left as it was. ``taken``: the
+    arrays of initializers already read out of the proto (:func:`read_external_weights`), kept in
+    the initializers' order."""
+    out = {}
+    for init in model.graph.initializer:
+        if taken and init.name in taken:
+            out[init.name] = taken[init.name]
+            continue
         if init.data_location == onnx.TensorProto.EXTERNAL:
             continue
         if init.HasField("raw_data"):
