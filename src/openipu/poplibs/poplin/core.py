@@ -41,7 +41,7 @@ from openipu.poplibs.popops import dynamic_slice as dslice
 from openipu.poplibs.popops.loop import countedLoop
 from openipu.poplibs.poplin import plan as planmod
 from openipu.poplibs.poplin.kernels import _meta_reads, _partials_kernel, _reduce_kernel, _Spec
-from openipu.poplibs.poplin.layout import (Layout, _blocks, _ceil, _cross, _out_row_runs, _primary_block,
+from openipu.poplibs.poplin.layout import (Layout, _blocks, blocked_runs, _ceil, _cross, _out_row_runs, _primary_block,
                                            blocked_tensor, create_input, create_output, create_weights,
                                            input_boxes, input_row_ranges, set_tile_boxes, tile_index,
                                            weight_boxes)
@@ -105,6 +105,25 @@ def runs_access(view, boxes: Boxes, count_send: bool = True, supertile_recv_scal
     idx = start + shift[np.searchsorted(uv, vids)]
     return Access(flat, Boxes(idx[:, None], length[:, None], tiles), count_send=count_send,
                   supertile_recv_scale=supertile_recv_scale)
+
+
+def blocked_runs_access(t, edges, boxes: Boxes, slabs: int = 1) -> Access | None:
+    """:func:`runs_access` of ``t``, a tensor :func:`blocked_tensor` made from the grid ``edges``,
+    for ``boxes`` that each lie inside one block, in closed form (:func:`layout.blocked_runs`:
+    each box's address lattice from its block's piece, without intersecting the boxes with the
+    pieces (:func:`exchange.lattices`) or the structure memo's keys). ``slabs``: ``boxes`` are
+    boxes of slab 0 of ``slabs`` one-index slabs of dim 0, read in every slab (as a reduction
+    reads its partials; box ``b`` of slab ``i`` is box ``i * len(boxes) + b`` of the general
+    call). Returns the same Access as :func:`runs_access` (the same runs in the same order), or
+    None (the caller takes the general path) when ``t`` or the boxes are not of that form."""
+    runs = blocked_runs(t, edges, boxes, slabs)
+    if runs is None:
+        return None
+    v, start, length, tiles = runs
+    var_ = t._state.variables[v]
+    flat = poplar.Tensor(t._state, t._type, pieces=R.Pieces.of_variable(v, var_.start, (var_.numel,)),
+                         shape=(var_.numel,))
+    return Access(flat, Boxes((start - var_.start)[:, None], length[:, None], tiles))
 
 
 def _replica_accesses(view, lo, sz, tiles, first, paired=None) -> list:
@@ -408,7 +427,7 @@ def _build_step(graph, x, w, out, own_out: bool, params: ConvParams, plan, lay: 
     ib = np.repeat(np.arange(ics, dtype=np.int64), GB.size)
     pt = tile_index(plan, np.tile(GB, ics), np.tile(NB, ics), np.tile(f_out[FR], ics), np.tile(OB, ics), ib)
     set_tile_boxes(graph, partials, np.stack([ib] + [np.tile(a, ics) for a in out_lo], axis=1),
-                   np.stack([np.ones_like(ib)] + [np.tile(a, ics) for a in out_sz], axis=1), pt)
+                   np.stack([np.ones_like(ib)] + [np.tile(a, ics) for a in out_sz], axis=1), pt, edges=p_edges)
     graph.add_vertex_group(cs_, VertexGroup(
         vtype, gt[tiles], cyc, functools.partial(_partials_kernel, x, w, partials, spec, **kw),
         reads=reads + _meta_reads(kw, gt[tiles]), writes=[Access(partials)], multi=True, flops=flops,
@@ -423,11 +442,18 @@ def _build_step(graph, x, w, out, own_out: bool, params: ConvParams, plan, lay: 
     counts = np.bincount(rt, weights=nel, minlength=graph._top.getTarget().getNumTiles()).astype(np.int64)
     used = np.flatnonzero(counts)
     counts = counts[used]
-    slab = np.repeat(np.arange(ics, dtype=np.int64), len(ob))
-    p_read = runs_access(partials, Boxes(np.concatenate([slab[:, None], np.tile(ob.lo, (ics, 1))], axis=1),
-                                         np.concatenate([np.ones((slab.size, 1), np.int64),
-                                                         np.tile(ob.sz, (ics, 1))], axis=1),
-                                         np.tile(rt, ics)))
+    # the partials are laid out here, block by block: their reads (every slab of each output
+    # box) in closed form when each box is inside a block (always, when the output was created
+    # here), else as any view's
+    one = np.ones((len(ob), 1), np.int64)
+    p_read = blocked_runs_access(partials, p_edges, Boxes(np.concatenate([0 * one, ob.lo], axis=1),
+                                                          np.concatenate([one, ob.sz], axis=1), rt), slabs=ics)
+    if p_read is None:
+        slab = np.repeat(np.arange(ics, dtype=np.int64), len(ob))
+        p_read = runs_access(partials, Boxes(np.concatenate([slab[:, None], np.tile(ob.lo, (ics, 1))], axis=1),
+                                             np.concatenate([np.ones((slab.size, 1), np.int64),
+                                                             np.tile(ob.sz, (ics, 1))], axis=1),
+                                             np.tile(rt, ics)))
     rcyc = planmod.conv_reduce_cycles(counts, ics, out_type == poplar.FLOAT, ptype == poplar.FLOAT, W_ctx,
                                       target.getDataPathWidth(), target.getBytesPerTile())
     rcs = graph.addComputeSet(f"{name}/Reduce")

@@ -282,14 +282,90 @@ def output_boxes(params: ConvParams, plan, lay: Layout):
     return lo[keep], sz[keep], tile[keep]
 
 
-def set_tile_boxes(graph, t, lo: np.ndarray, sz: np.ndarray, local_tiles: np.ndarray) -> None:
+def blocked_runs(t, edges, boxes: Boxes, slabs: int = 1):
+    """The runs of consecutive addresses that ``boxes`` cover in ``t``, a tensor
+    :func:`blocked_tensor` made from the grid ``edges`` (one piece per grid cell, each stored
+    row-major), when every box lies inside one cell, in closed form: each box's address lattice
+    comes from its cell's piece (a few passes over the pieces and the boxes), not from
+    intersecting the boxes with the pieces (:func:`exchange.lattices`).
+
+    ``slabs`` > 1: ``edges[0]`` cuts dim 0 into ``slabs`` slabs of one index (a reduction's
+    partials ``[inChanSplit, ...]``), ``boxes`` are boxes of slab 0 and the runs are those of
+    every slab, slab by slab: slab ``i``'s are slab 0's moved by ``i`` slab sizes, computed once
+    (the slabs must be stored in order, as a blocked tensor without serial order stores them).
+
+    Returns ``(variable id, start, length, tile)`` (absolute addresses; per run, ordered by box,
+    then address, as :func:`regions.address_runs` of the boxes' lattices orders them; empty boxes
+    give none), or None when ``t`` or the boxes are not of that form."""
+    p = t.pieces
+    d = len(edges)
+    if len(p) == 0 or len(boxes) == 0 or t.rank() != d or slabs < 1:
+        return None
+    var = p.var
+    if not (var == var[0]).all():
+        return None
+    edges = [np.asarray(e, np.int64) for e in edges]
+    counts = [e.size - 1 for e in edges]
+    if slabs > 1 and not np.array_equal(edges[0], np.arange(slabs + 1)):
+        return None
+    plo, psz = p.lo, p.sz
+    pc = [np.searchsorted(edges[j], plo[:, j], side="right") - 1 for j in range(d)]
+    if any(((c < 0) | (c >= n_)).any() for c, n_ in zip(pc, counts)):
+        return None
+    total = math.prod(counts)
+    # the pieces must be the cells: one per cell, at its corner, of its size
+    if len(p) != total or not all((plo[:, j] == edges[j][pc[j]]).all() and
+                                  (psz[:, j] == edges[j][pc[j] + 1] - edges[j][pc[j]]).all() for j in range(d)):
+        return None
+    piece_of = np.full(total, -1, np.int64)
+    piece_of[np.ravel_multi_index(pc, counts)] = np.arange(len(p), dtype=np.int64)
+    if (piece_of < 0).any():
+        return None
+    v = int(var[0])
+    numel = t._state.variables[v].numel
+    slab_size = numel // slabs
+    if slabs > 1:      # slab i's cells stored as slab 0's, i slab sizes later
+        a = p.addr[piece_of].reshape(slabs, -1)
+        if numel % slabs or not (a - a[:1] == np.arange(slabs, dtype=np.int64)[:, None] * slab_size).all():
+            return None
+    lo, sz = np.asarray(boxes.lo, np.int64), np.asarray(boxes.sz, np.int64)
+    if lo.shape[1] != d or slabs > 1 and ((lo[:, 0] != 0) | (sz[:, 0] != 1)).any():
+        return None
+    keep = np.flatnonzero((sz > 0).all(axis=1))
+    lo, sz = lo[keep], sz[keep]
+    bc = [np.searchsorted(edges[j], lo[:, j], side="right") - 1 for j in range(d)]
+    for j in range(d):
+        c = bc[j]
+        if ((c < 0) | (c >= counts[j])).any() or (lo[:, j] + sz[:, j] > edges[j][np.minimum(c + 1, counts[j])]).any():
+            return None          # a box outside the tensor or over a cell boundary
+    pi = piece_of[np.ravel_multi_index(bc, counts)]
+    st = p.st[pi]
+    owner, start, length = R._address_runs(p.addr[pi] + ((lo - plo[pi]) * st).sum(axis=1), sz, st)
+    if owner.size == 0:
+        return None
+    tiles = np.asarray(boxes.tile, np.int64)[keep[owner]]
+    if slabs > 1:
+        start = (start[None, :] + np.arange(slabs, dtype=np.int64)[:, None] * slab_size).reshape(-1)
+        length, tiles = np.tile(length, slabs), np.tile(tiles, slabs)
+    return v, start, length, tiles
+
+
+def set_tile_boxes(graph, t, lo: np.ndarray, sz: np.ndarray, local_tiles: np.ndarray, edges=None) -> None:
     """Map boxes ``lo``, ``sz`` ``[k, rank]`` of the view ``t`` to local tiles ``local_tiles``
     ``[k]`` (disjoint boxes): each box is laid over ``t``'s pieces and mapped as the runs of
     consecutive addresses it covers (a box whose inner dim is contiguous in memory costs one run
-    per row of its other dims). Host work follows boxes and runs, never elements."""
+    per row of its other dims). ``edges``: the grid ``t`` was made from by :func:`blocked_tensor`,
+    whose runs are then found in closed form (:func:`blocked_runs`) when every box lies inside
+    one of its blocks. Host work follows boxes and runs, never elements."""
     if lo.shape[0] == 0:
         return
-    graph.set_tile_boxes(t, Boxes(lo, sz, graph._global_tiles(np.asarray(local_tiles, np.int64)).astype(np.int64)))
+    boxes = Boxes(lo, sz, graph._global_tiles(np.asarray(local_tiles, np.int64)).astype(np.int64))
+    runs = blocked_runs(t, edges, boxes) if edges is not None else None
+    if runs is None:
+        graph.set_tile_boxes(t, boxes)
+        return
+    v, start, length, tiles = runs
+    graph._assign_address_runs(t, np.array([v], np.int64), start, length, tiles)
 
 
 def blocked_tensor(graph, type_, edges, name: str, value=None, serial=None):
@@ -391,7 +467,7 @@ def create_weights(graph, type_, params: ConvParams, plan, name: str, value=None
     edges = [np.r_[0:lay.G:lay.gB, lay.G], np.r_[0:lay.Co:lay.coS, lay.Co], np.r_[0:lay.Ci:lay.ciB, lay.Ci],
              np.array([0, K])]
     w = blocked_tensor(graph, type_, edges, name, value, lambda lo: (lo[:, 1] // lay.coS) % plan.out_chan_serial)
-    set_tile_boxes(graph, w, *weight_boxes(params, plan, lay))
+    set_tile_boxes(graph, w, *weight_boxes(params, plan, lay), edges=edges)
     return w
 
 
@@ -406,7 +482,8 @@ def create_output(graph, type_, params: ConvParams, plan, name: str, lay: Layout
              _sets.unique(np.r_[0, r0, r1, fo[0]])] + [np.array([0, s_]) for s_ in fo[1:]]
     out = blocked_tensor(graph, type_, edges, name, serial=lambda lo: (lo[:, 2] // lay.coS) % plan.out_chan_serial)
     o_rest = int(np.prod(fo[1:], dtype=np.int64))
-    set_tile_boxes(graph, out.reshape([lay.G, lay.N, lay.Co, fo[0], o_rest]), *output_boxes(params, plan, lay))
+    set_tile_boxes(graph, out.reshape([lay.G, lay.N, lay.Co, fo[0], o_rest]), *output_boxes(params, plan, lay),
+                   edges=edges[:4] + [np.array([0, o_rest])])
     return out
 
 
