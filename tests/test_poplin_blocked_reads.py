@@ -128,3 +128,32 @@ def test_a_mutated_closed_form_is_caught(monkeypatch):
     monkeypatch.setattr(R, "_address_runs", real)
     with pytest.raises(AssertionError):
         _same(got, core.runs_access(t, boxes))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_blocked_tile_maps_equal_the_general_path(seed):
+    """``layout.set_tile_boxes`` with the tensor's grid maps it as without (disjoint boxes inside
+    blocks, on random local tiles)."""
+    rng = np.random.default_rng(200 + seed)
+    for _ in range(20):
+        shape = [int(n) for n in rng.integers(1, 9, rng.integers(1, 5))]
+        edges = _random_edges(rng, shape)
+        cells_lo, cells_sz = R.grid_cells(edges)
+        # each cell cut in two along a random dim (disjoint boxes, all inside cells)
+        lo, sz = [], []
+        for c_lo, c_sz in zip(cells_lo, cells_sz):
+            j = int(rng.integers(0, len(shape)))
+            cut = int(rng.integers(0, c_sz[j] + 1))
+            a, b = c_sz.copy(), c_sz.copy()
+            a[j], b[j] = cut, c_sz[j] - cut
+            lo += [c_lo, c_lo + np.eye(len(shape), dtype=np.int64)[j] * cut]
+            sz += [a, b]
+        lo, sz = np.array(lo, np.int64), np.array(sz, np.int64)
+        tiles = rng.integers(0, 16, lo.shape[0])
+        maps = []
+        for grid in (edges, None):
+            g = _graph()
+            t = layout.blocked_tensor(g, poplar.FLOAT, edges, "p")
+            layout.set_tile_boxes(g, t, lo, sz, tiles, edges=grid)
+            maps.append(g.getTileMapping(t))
+        assert maps[0] == maps[1]
