@@ -97,6 +97,19 @@ class _Cols:
         lo[:, -1], sz[:, -1] = x0, x1 - x0
         return Boxes(lo, sz, self.tile[r].astype(np.int64))
 
+    def column_boxes(self, view, rows: int) -> Boxes:
+        """:meth:`boxes` of ``view`` ``[rows, cols]``, a variable :func:`_by_columns` made and
+        mapped by these runs (``row_dims`` ``[0]``), in closed form: one box of all rows per
+        column run, in column order (each run's columns are consecutive addresses on its tile,
+        so its tile boxes, cut at the runs, are those boxes). Falls back to :meth:`boxes` when
+        nothing was mapped (no rows or no runs)."""
+        if rows <= 0 or not self.begin.size:
+            return self.boxes(view)
+        k = self.begin.size
+        return Boxes(np.stack([np.zeros(k, np.int64), self.begin.astype(np.int64)], axis=1),
+                     np.stack([np.full(k, rows, np.int64), (self.end - self.begin).astype(np.int64)], axis=1),
+                     self.tile.astype(np.int64))
+
     def per_tile(self, num_tiles):
         """``(used tiles, columns on each, runs of columns on each)``."""
         n = np.bincount(self.tile, weights=self.end - self.begin, minlength=num_tiles).astype(np.int64)

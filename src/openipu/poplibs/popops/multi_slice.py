@@ -344,7 +344,7 @@ def _multi_slice_two_stage(graph, t, view, offsets, dims, rest, cols, parts, rem
         functools.partial(_stage0_kernel, view, bufs, [(r0, r1) for r0, r1, _ in parts], offsets, Ds, remap, padding),
         reads=[Access(view.slice(r0, r1, 0), runs.boxes(view.slice(r0, r1, 0))) for r0, r1, runs in parts]
         + [_bcast(offsets, used)],
-        writes=[Access(b, runs.boxes(b)) for b, (_, _, runs) in zip(bufs, parts)], multi=True, flops=0.0,
+        writes=[Access(b, runs.column_boxes(b, N)) for b, (_, _, runs) in zip(bufs, parts)], multi=True, flops=0.0,
         state_bytes=32))
     prog.add(poplar.program.Execute(cs0))
     # the output: lookup chunk q (rows of the output) on partition q's column runs
