@@ -157,3 +157,24 @@ def test_blocked_tile_maps_equal_the_general_path(seed):
             layout.set_tile_boxes(g, t, lo, sz, tiles, edges=grid)
             maps.append(g.getTileMapping(t))
         assert maps[0] == maps[1]
+
+
+def test_memo_hits_are_moved_to_the_callers_variable_and_tiles():
+    """Identical blocked tensors (another variable, other tiles): the second is a memo hit, and
+    equals the general path; a tensor of another grid is not taken for it."""
+    from openipu.poplar import structure_cache as SC
+    SC.MEMO.clear()
+    rng = np.random.default_rng(9)
+    g = _graph()
+    edges = [np.array([0, 2, 5]), np.array([0, 4, 6])]
+    boxes = _boxes_inside_cells(rng, edges, 20, 16)
+    for i in range(3):
+        t = layout.blocked_tensor(g, poplar.FLOAT, edges, f"w{i}")
+        b = Boxes(boxes.lo, boxes.sz, rng.integers(0, 16, len(boxes)).astype(np.int64))
+        hits = SC.MEMO.hits
+        _same(core.blocked_runs_access(t, edges, b), core.runs_access(t, b))
+        assert i == 0 or SC.MEMO.hits > hits
+    other = [np.array([0, 3, 5]), np.array([0, 4, 6])]
+    t = layout.blocked_tensor(g, poplar.FLOAT, other, "o")
+    inside = _boxes_inside_cells(rng, other, 20, 16)
+    _same(core.blocked_runs_access(t, other, inside), core.runs_access(t, inside))

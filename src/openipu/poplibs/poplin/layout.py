@@ -296,7 +296,44 @@ def blocked_runs(t, edges, boxes: Boxes, slabs: int = 1):
 
     Returns ``(variable id, start, length, tile)`` (absolute addresses; per run, ordered by box,
     then address, as :func:`regions.address_runs` of the boxes' lattices orders them; empty boxes
-    give none), or None when ``t`` or the boxes are not of that form."""
+    give none), or None when ``t`` or the boxes are not of that form. Memoised on the grid, the
+    pieces relative to their variable and the boxes (:mod:`openipu.poplar.structure_cache`), so
+    the weights of identical layers find their runs once."""
+    p = t.pieces
+    d = len(edges)
+    if len(p) == 0 or len(boxes) == 0 or t.rank() != d or slabs < 1:
+        return None
+    var = p.var
+    if not (var == var[0]).all():
+        return None
+    v = int(var[0])
+    v_start = t._state.variables[v].start
+    if not SC.enabled():
+        runs = _blocked_runs(t, edges, boxes, slabs)
+    else:
+        key = b"".join([b"blocked_runs", np.array([d, slabs, t._state.variables[v].numel], np.int64).tobytes(),
+                        *SC.array_bytes(*edges, p.addr - v_start, p.lo, p.sz, np.broadcast_to(p.st, p.sz.shape),
+                                        boxes.lo, boxes.sz)])
+        hit = SC.MEMO.get(key)
+        if hit is None:
+            runs = _blocked_runs(t, edges, boxes, slabs)
+            SC.MEMO.put(key, (None,) if runs is None else (runs[0] - v_start, runs[1], runs[2]))
+        else:
+            runs = None if hit[0] is None else (hit[0] + v_start, hit[1].copy(), hit[2])
+    if runs is None:
+        return None
+    start, length, box = runs
+    tiles = np.asarray(boxes.tile, np.int64)[box]
+    if slabs > 1:
+        numel = t._state.variables[v].numel
+        start = (start[None, :] + np.arange(slabs, dtype=np.int64)[:, None] * (numel // slabs)).reshape(-1)
+        length, tiles = np.tile(length, slabs), np.tile(tiles, slabs)
+    return v, start, length, tiles
+
+
+def _blocked_runs(t, edges, boxes: Boxes, slabs: int):
+    """:func:`blocked_runs` without the memo and the slabs' repetition: ``(start, length, box)``
+    per run of slab 0 (``box``: the index of its box), or None."""
     p = t.pieces
     d = len(edges)
     if len(p) == 0 or len(boxes) == 0 or t.rank() != d or slabs < 1:
@@ -343,11 +380,7 @@ def blocked_runs(t, edges, boxes: Boxes, slabs: int = 1):
     owner, start, length = R._address_runs(p.addr[pi] + ((lo - plo[pi]) * st).sum(axis=1), sz, st)
     if owner.size == 0:
         return None
-    tiles = np.asarray(boxes.tile, np.int64)[keep[owner]]
-    if slabs > 1:
-        start = (start[None, :] + np.arange(slabs, dtype=np.int64)[:, None] * slab_size).reshape(-1)
-        length, tiles = np.tile(length, slabs), np.tile(tiles, slabs)
-    return v, start, length, tiles
+    return start, length, keep[owner]
 
 
 def set_tile_boxes(graph, t, lo: np.ndarray, sz: np.ndarray, local_tiles: np.ndarray, edges=None) -> None:
