@@ -527,7 +527,8 @@ def create_input(graph, type_, params: ConvParams, plan, name: str, lay: Layout 
     b_lo, b_sz, *_ = _input_blocks(params, plan, lay)
     shape = [lay.G, lay.N, lay.Ci, params.inputFieldShape[0], int(np.prod(params.inputFieldShape[1:], dtype=np.int64))]
     x = graph.add_blocks(type_, shape, b_lo, b_sz, name)
-    set_tile_boxes(graph, x, *input_boxes(params, plan, lay))
+    grid = [_sets.unique(np.r_[b_lo[:, j], b_lo[:, j] + b_sz[:, j]]) for j in range(len(shape))]
+    set_tile_boxes(graph, x, *input_boxes(params, plan, lay), edges=grid)   # the blocks are a grid's cells
     return x.reshape([lay.G, lay.N, lay.Ci, *params.inputFieldShape])
 
 
