@@ -123,7 +123,12 @@ def test_a_mutated_closed_form_is_caught(monkeypatch):
     t = layout.blocked_tensor(g, poplar.FLOAT, edges, "p")
     boxes = _boxes_inside_cells(rng, edges, 30, 16)
     real = R._address_runs
-    monkeypatch.setattr(R, "_address_runs", lambda a, s, st: (lambda o, b, n: (o, b + 1, n))(*real(a, s, st)))
+
+    def shifted(a, s, st):
+        owner, start, length = real(a, s, st)
+        return owner, start + 1, length
+
+    monkeypatch.setattr(R, "_address_runs", shifted)
     got = core.blocked_runs_access(t, edges, boxes)
     monkeypatch.setattr(R, "_address_runs", real)
     with pytest.raises(AssertionError):
