@@ -550,10 +550,20 @@ def _transfer_pairs(tr: RegionTransfer):
     owner = gtl[ri].astype(_I64)
     src, dst = (other, owner) if tr.to_owner else (owner, other)
     move = (src != dst) & (dst >= 0)
+    if not move.any():
+        return None                     # every element is used on its owner
     li, ri, src, dst = li[move], ri[move], src[move], dst[move]
     b, Tl, nl = base[li], T[li], n[li]
     S = np.maximum(gst[ri], b)
     E = np.minimum(gend[ri], span_hi[li] + 1)
+    mult = elems[li] // np.maximum(np.prod(nl, axis=1, dtype=_I64), 1) if nl.shape[1] else elems[li]
+    if not Tl.shape[1] or ((nl[:, 1:] == 1).all() and ((Tl[:, 0] == 1) | (nl[:, 0] == 1)).all()):
+        # every lattice is one interval of consecutive addresses: its overlap with a run is
+        # [S, E), one message (what count_below / unrank give for such lattices)
+        count = E - S
+        ok = count > 0
+        out = (src, dst, var[li], b, Tl, nl, S, E, count, ok.astype(_I64), S, E - 1, mult)
+        return out if ok.all() else tuple(a[ok] for a in out)
     c_lo = count_below(b, Tl, nl, S)
     c_hi = count_below(b, Tl, nl, E)
     count = c_hi - c_lo
@@ -568,7 +578,6 @@ def _transfer_pairs(tr: RegionTransfer):
     ok = count > 0
     first = unrank(b, Tl, nl, c_lo)
     last = unrank(b, Tl, nl, c_hi - 1)
-    mult = elems[li] // np.maximum(np.prod(nl, axis=1, dtype=_I64), 1) if nl.shape[1] else elems[li]
     out = (src, dst, var[li], b, Tl, nl, S, E, count, msgs, first, last, mult)
     return out if ok.all() else tuple(a[ok] for a in out)
 
