@@ -25,6 +25,7 @@ from openipu.poplar import program as P
 from openipu.poplar import pvti
 from openipu.poplar import regions as R
 from openipu.poplar import sets as _sets
+from openipu.poplar import structure_cache as SC
 from openipu.poplar.executable import (Executable, _AbortStep, _Branch, _Compiled, _CollectiveStep, _CopyStep,
                                        _CrossReplicaStep, _ExecuteStep, _GroupRunner, _HostCallStep, _IndexAcc,
                                        _If, _Leaf, _PrintStep, _RemoteStep, _Repeat, _Seq, _Step, _StreamToDevice,
@@ -410,6 +411,14 @@ class _Compiler:
             c = costmod.sync_cost(spec, costmod.ipus_of_tiles(spec, held > 0))
             c.add(costmod.on_tile_copy_cost(spec, held * float(s.elementType().size)))
             return c
+        overlap = s._type == d._type and s._state is d._state and s.intersectsWith(d)
+        if not overlap and _same_tiles(s, d):
+            # every element stays on its tile: an on-tile copy, no exchange (what the moves below
+            # come to for such a pair, without computing them)
+            held = X.tile_counts(d, T)
+            c = costmod.sync_cost(spec, costmod.ipus_of_tiles(spec, held > 0))
+            c.add(costmod.on_tile_copy_cost(spec, held * float(s.elementType().size)))
+            return c
         d_boxes = X.tile_boxes(d)
         nel = np.prod(d_boxes.sz, axis=1) if d_boxes.sz.shape[1] else np.ones(len(d_boxes), np.int64)
         ok = d_boxes.tile >= 0
@@ -419,7 +428,7 @@ class _Compiler:
         # large activation has too many for the structure memo to keep)
         pairs = X.transfer_pairs(tr)
         moved = X.moved_elements(tr, T, pairs)
-        if moved is None or (s._type == d._type and s._state is d._state and s.intersectsWith(d)):
+        if moved is None or overlap:
             # a copy onto itself or an overlapping view: per element (small, rare)
             ss, ds = self.state.space(s._type), self.state.space(d._type)
             sa, da = s.flat_addresses(), d.flat_addresses()
@@ -655,6 +664,28 @@ class _Compiler:
             reads.append(costmod.Transfer(space, flat, consumer))
         if spec_f.writes:
             writes.append(costmod.Transfer(space, flat, None, src=consumer))
+
+
+#: copies of at most this many elements compare their elements' tiles one by one (:func:`_same_tiles`)
+SAME_TILES_MAX_ELEMENTS = 1 << 16
+
+
+def _same_tiles(s: Tensor, d: Tensor) -> bool:
+    """Whether element ``i`` of ``s`` lives on the same tile as element ``i`` of ``d`` for every
+    ``i`` (a copy between tensors laid out alike: nothing to exchange). Sufficient tests only:
+    the two views are the same structure over variables mapped alike (their structure-memo keys
+    are equal, so their tile boxes are); or, for small views, their elements' tiles compared
+    one by one. False means "not shown", and the caller computes the moves."""
+    if tuple(s.shape()) != tuple(d.shape()):
+        return False
+    if len(s.pieces) and len(d.pieces) and SC.view_key(b"", s, True)[0] == SC.view_key(b"", d, True)[0]:
+        return True
+    n = s.numElements()
+    if n > SAME_TILES_MAX_ELEMENTS:
+        return False
+    ts = s._state.space(s._type).tiles_of(s.flat_addresses())
+    td = d._state.space(d._type).tiles_of(d.flat_addresses())
+    return bool(np.array_equal(ts, td))
 
 
 def _stack_addresses(tensors) -> np.ndarray:
