@@ -488,7 +488,8 @@ class _Compiler:
             flops += g.flops
             for r in g.reads:
                 if isinstance(r, Access):
-                    boxes = _boxes_of(r, memo)
+                    # read where a tensor laid out alike lives (an elementwise operand): nothing moves
+                    boxes = None if _on_own_tiles(r) else _boxes_of(r, memo)
                     if boxes is not None:
                         reads.append(X.RegionTransfer(r.tensor, boxes, count_send=r.count_send,
                                                        supertile_recv_scale=r.supertile_recv_scale))
@@ -501,7 +502,7 @@ class _Compiler:
                 uses.append((t, False))
             for w in g.writes:
                 if isinstance(w, Access):
-                    boxes = _boxes_of(w, memo)
+                    boxes = None if _on_own_tiles(w) else _boxes_of(w, memo)
                     if boxes is not None:
                         writes.append(X.RegionTransfer(w.tensor, boxes, to_owner=True))
                     uses.append((w.tensor, True))
@@ -670,18 +671,18 @@ class _Compiler:
 SAME_TILES_MAX_ELEMENTS = 1 << 16
 
 
-def _same_tiles(s: Tensor, d: Tensor) -> bool:
+def _same_tiles(s: Tensor, d: Tensor, max_elements: int = SAME_TILES_MAX_ELEMENTS) -> bool:
     """Whether element ``i`` of ``s`` lives on the same tile as element ``i`` of ``d`` for every
     ``i`` (a copy between tensors laid out alike: nothing to exchange). Sufficient tests only:
     the two views are the same structure over variables mapped alike (their structure-memo keys
     are equal, so their tile boxes are); or, for small views, their elements' tiles compared
-    one by one. False means "not shown", and the caller computes the moves."""
+    one by one (at most ``max_elements``). False means "not shown", and the caller computes the
+    moves."""
     if tuple(s.shape()) != tuple(d.shape()):
         return False
     if len(s.pieces) and len(d.pieces) and SC.view_key(b"", s, True)[0] == SC.view_key(b"", d, True)[0]:
         return True
-    n = s.numElements()
-    if n > SAME_TILES_MAX_ELEMENTS:
+    if s.numElements() > max_elements:
         return False
     ts = s._state.space(s._type).tiles_of(s.flat_addresses())
     td = d._state.space(d._type).tiles_of(d.flat_addresses())
@@ -700,6 +701,16 @@ def _stack_addresses(tensors) -> np.ndarray:
         st = np.array([r[4][0] for r in rows], np.int64)
         return base[:, None] + st[:, None] * np.arange(n, dtype=np.int64)[None, :]
     return np.stack([t.flat_addresses() for t in tensors])
+
+
+def _on_own_tiles(acc: Access) -> bool:
+    """Whether an Access whose ``on`` is a tensor uses each element on the tile that owns it (the
+    tensor and ``on`` laid out alike, :func:`_same_tiles`): then its transfer moves nothing and
+    adds nothing to the exchange figures."""
+    on, t = acc.on, acc.tensor
+    if not isinstance(on, Tensor) or on.numElements() != t.numElements():
+        return False
+    return _same_tiles(t, on if on.shape() == t.shape() else on.reshape(t.shape()), 0)
 
 
 def _boxes_of(acc: Access, memo: dict | None = None):
