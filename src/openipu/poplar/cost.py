@@ -229,6 +229,17 @@ def _elements_of(tr) -> list[Transfer]:
 ELEMENTS_PER_BOX = 16
 
 
+def per_element_model(tr) -> bool:
+    """Whether :func:`exchange_volume` costs the region transfer ``tr`` with the per-element
+    model (its boxes hold at most :data:`ELEMENTS_PER_BOX` elements each on average, counting the
+    view's elements too) rather than the lattice overlaps of :func:`exchange.add_volume`."""
+    k = len(tr.boxes)
+    if not (k and tr.view.rank() and tr.boxes.lo.shape[1] == tr.view.rank()):
+        return False
+    covered = int(np.prod(tr.boxes.sz, axis=1, dtype=np.int64).sum())
+    return covered + tr.view.numElements() <= ELEMENTS_PER_BOX * k
+
+
 def _elements_by_runs(tr) -> list[Transfer]:
     """:func:`_elements_of` without a Python loop over boxes: the boxes' flat-index runs gather
     the view's addresses in one pass (same elements, same order)."""
@@ -412,17 +423,14 @@ def _exchange_volume(spec, transfers: list, pairs: list | None = None) -> Exchan
     legacy = []
     for j, tr in enumerate(transfers):
         if isinstance(tr, RegionTransfer):
-            k = len(tr.boxes)
-            if k and tr.view.rank() and tr.boxes.lo.shape[1] == tr.view.rank():
-                covered = int(np.prod(tr.boxes.sz, axis=1, dtype=np.int64).sum())
-                if covered + tr.view.numElements() <= ELEMENTS_PER_BOX * k:
-                    seg = _read_segments(tr)
-                    if seg is None:
-                        legacy.extend(_elements_by_runs(tr))
-                    else:
-                        _add_read_segments(T, tpi, tr.view._type.size, tr.count_send, seg, recv_b, send_b, recv_m,
-                                           send_m, recv_c, send_c, glob)
-                    continue
+            if per_element_model(tr):
+                seg = _read_segments(tr)
+                if seg is None:
+                    legacy.extend(_elements_by_runs(tr))
+                else:
+                    _add_read_segments(T, tpi, tr.view._type.size, tr.count_send, seg, recv_b, send_b, recv_m,
+                                       send_m, recv_c, send_c, glob)
+                continue
             if not add_volume(spec, tr, recv_b, send_b, recv_m, send_m, glob, recv_c, send_c,
                               X_UNSET if pairs is None else pairs[j]):
                 legacy.extend(_elements_of(tr))

@@ -412,7 +412,8 @@ class _Compiler:
             c.add(costmod.on_tile_copy_cost(spec, held * float(s.elementType().size)))
             return c
         overlap = s._type == d._type and s._state is d._state and s.intersectsWith(d)
-        if not overlap and _same_tiles(s, d):
+        same, tiles = (False, None) if overlap else _same_tiles(s, d)
+        if same:
             # every element stays on its tile: an on-tile copy, no exchange (what the moves below
             # come to for such a pair, without computing them)
             held = X.tile_counts(d, T)
@@ -424,6 +425,21 @@ class _Compiler:
         ok = d_boxes.tile >= 0
         held = np.bincount(d_boxes.tile[ok], weights=nel[ok], minlength=T)      # tile_counts(d, T)
         tr = X.RegionTransfer(s, d_boxes)
+        if tiles is not None and costmod.per_element_model(tr) and _monotone_pieces(s):
+            # a small copy whose exchange the per-element model costs (the boxes are small): the
+            # elements that change tile counted from the tiles compared above, not from the
+            # transfer's lattice moves (the same counts: :func:`exchange.moved_elements`)
+            ts, td = tiles
+            mv = (ts != td) & (td >= 0)
+            moved = np.bincount(td[mv], minlength=T).astype(np.float64)
+            vol = costmod.exchange_volume(spec, [tr])
+            on_tile = np.maximum(held - moved, 0) * float(s.elementType().size)
+            self.exchange_code += vol.code_units() * cal.EXCHANGE_CODE_BYTES_PER_MESSAGE
+            src_held = np.bincount(ts[ts >= 0], minlength=T) > 0
+            c = costmod.sync_cost(spec, costmod.ipus_of_tiles(spec, src_held | (held > 0)))
+            c.add(costmod.exchange_cost(spec, vol))
+            c.add(costmod.on_tile_copy_cost(spec, on_tile))
+            return c
         # the moves are computed once for both the on-tile part and the exchange (a copy of a
         # large activation has too many for the structure memo to keep)
         pairs = X.transfer_pairs(tr)
@@ -671,22 +687,34 @@ class _Compiler:
 SAME_TILES_MAX_ELEMENTS = 1 << 16
 
 
-def _same_tiles(s: Tensor, d: Tensor, max_elements: int = SAME_TILES_MAX_ELEMENTS) -> bool:
+def _same_tiles(s: Tensor, d: Tensor, max_elements: int = SAME_TILES_MAX_ELEMENTS):
     """Whether element ``i`` of ``s`` lives on the same tile as element ``i`` of ``d`` for every
     ``i`` (a copy between tensors laid out alike: nothing to exchange). Sufficient tests only:
     the two views are the same structure over variables mapped alike (their structure-memo keys
-    are equal, so their tile boxes are); or, for small views, their elements' tiles compared
-    one by one (at most ``max_elements``). False means "not shown", and the caller computes the
-    moves."""
+    are equal, so their tile boxes are); or, for views of at most ``max_elements``, their
+    elements' tiles compared one by one. Returns ``(same, tiles)``: ``same`` False means "not
+    shown"; ``tiles`` is ``(tiles of s, tiles of d)`` per element (int arrays in row-major order)
+    when they were compared one by one, else None."""
     if tuple(s.shape()) != tuple(d.shape()):
-        return False
+        return False, None
     if len(s.pieces) and len(d.pieces) and SC.view_key(b"", s, True)[0] == SC.view_key(b"", d, True)[0]:
-        return True
+        return True, None
     if s.numElements() > max_elements:
-        return False
+        return False, None
     ts = s._state.space(s._type).tiles_of(s.flat_addresses())
     td = d._state.space(d._type).tiles_of(d.flat_addresses())
-    return bool(np.array_equal(ts, td))
+    return bool(np.array_equal(ts, td)), (ts, td)
+
+
+def _monotone_pieces(t: Tensor) -> bool:
+    """Whether every piece of ``t`` is a monotone lattice (:func:`exchange.monotone`): then so is
+    every box of it, and :func:`exchange.transfer_pairs` of a read of ``t`` is never
+    ``"elements"``."""
+    p = t.pieces
+    if len(p) == 0 or not t.rank():
+        return True
+    _, T, n = R.canonical(p.addr, p.sz, p.st)
+    return bool(X.monotone(T, n).all())
 
 
 def _stack_addresses(tensors) -> np.ndarray:
@@ -710,7 +738,7 @@ def _on_own_tiles(acc: Access) -> bool:
     on, t = acc.on, acc.tensor
     if not isinstance(on, Tensor) or on.numElements() != t.numElements():
         return False
-    return _same_tiles(t, on if on.shape() == t.shape() else on.reshape(t.shape()), 0)
+    return _same_tiles(t, on if on.shape() == t.shape() else on.reshape(t.shape()), 0)[0]
 
 
 def _boxes_of(acc: Access, memo: dict | None = None):
