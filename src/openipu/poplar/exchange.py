@@ -535,6 +535,12 @@ def transfer_pairs(tr: RegionTransfer):
     return tuple(uv[a] if i == 2 else a + off if i in _ADDRESS_FIELDS else a.copy() for i, a in enumerate(hit))
 
 
+def _all_intervals(T: np.ndarray, n: np.ndarray) -> bool:
+    """Whether every canonical lattice ``(T, n)`` is one interval of consecutive addresses (a
+    contiguous inner dim, or one point, and no other used dim)."""
+    return not T.shape[1] or bool((n[:, 1:] == 1).all() and ((T[:, 0] == 1) | (n[:, 0] == 1)).all())
+
+
 def _transfer_pairs(tr: RegionTransfer):
     view = tr.view
     bi, var, base, T, n, elems = lattices(view, tr.boxes)
@@ -557,7 +563,7 @@ def _transfer_pairs(tr: RegionTransfer):
     S = np.maximum(gst[ri], b)
     E = np.minimum(gend[ri], span_hi[li] + 1)
     mult = elems[li] // np.maximum(np.prod(nl, axis=1, dtype=_I64), 1) if nl.shape[1] else elems[li]
-    if not Tl.shape[1] or ((nl[:, 1:] == 1).all() and ((Tl[:, 0] == 1) | (nl[:, 0] == 1)).all()):
+    if _all_intervals(Tl, nl):
         # every lattice is one interval of consecutive addresses: its overlap with a run is
         # [S, E), one message (what count_below / unrank give for such lattices)
         count = E - S

@@ -1,0 +1,230 @@
+"""The engine compile's short cuts give the figures of the general exchange costing they skip.
+
+- ``exchange._transfer_pairs``: lattices that are single address intervals take their counts,
+  messages and first / last addresses in closed form, and a transfer whose overlaps all stay on
+  their tiles returns at once; checked against the general ``count_below`` / ``unrank`` path.
+- ``graph_compiler.tensor_copy_cost``: a copy whose elements stay on their tiles, and a small copy
+  costed by the per-element model, skip the transfer's lattice moves; checked against the cost
+  with those short cuts turned off (predicted cycles and exchange code per tile).
+- ``build_compute_set``: an elementwise read of an operand laid out like the output adds no
+  transfer; checked against the compute set's cost with the read costed.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from openipu import poplar
+from openipu.poplar import cost as costmod
+from openipu.poplar import exchange as X
+from openipu.poplar import graph_compiler as GC
+from openipu.poplar.options import OptionFlags
+
+TILES = 8
+FIELDS = ("recv_bytes", "send_bytes", "recv_msgs", "send_msgs", "global_bytes", "recv_code", "send_code")
+
+
+@pytest.fixture(autouse=True)
+def _no_memo(monkeypatch):
+    monkeypatch.setenv("OPENIPU_STRUCTURE_CACHE", "0")     # both sides computed, not memoised
+
+
+def _graph(num_ipus=1):
+    m = poplar.IPUModel("ipu2")
+    m.numIPUs, m.tilesPerIPU = num_ipus, TILES
+    return poplar.Graph(m.createDevice().getTarget())
+
+
+def _map_randomly(g, data, v, tiles, runs_max=6):
+    """A random run-length tile mapping of the flat variable behind ``v`` (every element mapped)."""
+    flat = v.flatten()
+    n = flat.numElements()
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, n - 1)), max_size=runs_max))) - {n})
+    edges = [0] + cuts + [n]
+    for a, b in zip(edges[:-1], edges[1:]):
+        g.setTileMapping(flat.slice(a, b), data.draw(st.integers(0, tiles - 1)))
+
+
+def _view(data, v):
+    """A random view of a rank-2 variable: itself, a transpose, a slice, a reversed or
+    sub-sampled dim, or a concatenation of two of its slices."""
+    r, c = v.shape()
+    kind = data.draw(st.sampled_from(["whole", "transpose", "slice", "reverse", "subsample", "concat"]))
+    if kind == "transpose":
+        return v.transpose()
+    if kind == "slice" and r > 1:
+        a = data.draw(st.integers(0, r - 2))
+        return v.slice(a, r, 0)
+    if kind == "reverse":
+        return v.reverse(data.draw(st.integers(0, 1)))
+    if kind == "subsample" and c > 1:
+        return v.subSample(2, 1)
+    if kind == "concat" and c > 1:
+        k = data.draw(st.integers(1, c - 1))
+        return poplar.concat([v.slice(k, c, 1), v.slice(0, k, 1)], 1)
+    return v
+
+
+def _boxes(data, shape, tiles, count, max_side=3):
+    """Random (possibly overlapping) boxes of ``shape``'s index space, each on a tile."""
+    d = len(shape)
+    lo = np.array([[data.draw(st.integers(0, s - 1)) for s in shape] for _ in range(count)], np.int64).reshape(count, d)
+    sz = np.array([[data.draw(st.integers(1, max_side)) for _ in shape] for _ in range(count)], np.int64).reshape(count, d)
+    sz = np.minimum(sz, np.array(shape, np.int64) - lo)
+    t = np.array(data.draw(st.lists(st.integers(0, tiles - 1), min_size=count, max_size=count)), np.int64)
+    return X.Boxes(lo, sz, t)
+
+
+def _pairs_general(tr, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(X, "_all_intervals", lambda T, n: False)
+        return X._transfer_pairs(tr)
+
+
+def _same_pairs(a, b):
+    """Equal moves: None (nothing moves) matches an empty result."""
+    empty = lambda r: r is None or (not isinstance(r, str) and r[0].size == 0)      # noqa: E731
+    if empty(a) or empty(b):
+        assert empty(a) and empty(b)
+        return
+    assert not isinstance(a, str) and not isinstance(b, str)
+    for i, (x, y) in enumerate(zip(a, b)):
+        np.testing.assert_array_equal(x, y, err_msg=f"field {i}")
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.data())
+def test_interval_pairs_match_the_general_path(data):
+    g = _graph()
+    r, c = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 8))
+    v = g.addVariable(poplar.FLOAT, [r, c], "v")
+    _map_randomly(g, data, v, TILES)
+    view = _view(data, v)
+    if data.draw(st.booleans()):
+        view = view.flatten()                 # rank 1: contiguous pieces, the closed form's case
+    boxes = _boxes(data, view.shape(), TILES, data.draw(st.integers(1, 12)))
+    mp = pytest.MonkeyPatch()
+    for to_owner in (False, True):
+        tr = X.RegionTransfer(view, boxes, to_owner=to_owner)
+        _same_pairs(X._transfer_pairs(tr), _pairs_general(tr, mp))
+        spec = g._top._target.spec
+        fast = costmod.exchange_volume(spec, [tr])
+        with mp.context() as m:
+            m.setattr(X, "_all_intervals", lambda T, n: False)
+            slow = costmod.exchange_volume(spec, [tr])
+        for f in FIELDS:
+            np.testing.assert_array_equal(getattr(fast, f), getattr(slow, f), err_msg=f)
+
+
+def test_interval_closed_form_is_used():
+    """The closed form covers flat reads (a mutation of it must reach the comparison above)."""
+    g = _graph()
+    v = g.addVariable(poplar.FLOAT, [64], "v")
+    for k in range(8):
+        g.setTileMapping(v.slice(8 * k, 8 * k + 8), k)
+    boxes = X.Boxes(np.array([[0], [5], [20]], np.int64), np.array([[10], [30], [40]], np.int64),
+                    np.array([3, 1, 7], np.int64))
+    tr = X.RegionTransfer(v, boxes)
+    _, _, _, T, n, _ = X.lattices(v, boxes)
+    assert X._all_intervals(T, n)
+    res = X._transfer_pairs(tr)
+    assert res is not None and res[0].size > 0
+
+
+def _copy_cost(g, s, d, fast: bool, monkeypatch):
+    comp = GC._Compiler(g, OptionFlags())
+    with monkeypatch.context() as m:
+        if not fast:
+            m.setattr(GC, "_same_tiles", lambda a, b, max_elements=0: (False, None))
+        c = comp.tensor_copy_cost(s, d)
+    return c, comp.exchange_code.copy()
+
+
+def _assert_same_cost(a, b):
+    (ca, xa), (cb, xb) = a, b
+    for k in costmod.CATEGORIES:
+        np.testing.assert_array_equal(ca.duration[k], cb.duration[k], err_msg=k)
+        np.testing.assert_array_equal(ca.tile_sum[k], cb.tile_sum[k], err_msg=k)
+    np.testing.assert_array_equal(ca.tile_sum["compute_excl"], cb.tile_sum["compute_excl"])
+    assert ca.by_vertex_type == cb.by_vertex_type and ca.syncs == cb.syncs
+    np.testing.assert_array_equal(xa, xb)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(st.data())
+def test_copy_short_cuts_match_the_lattice_moves(data):
+    g = _graph(data.draw(st.integers(1, 2)))
+    tiles = g._top._target.getNumTiles()
+    r, c = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 8))
+    a = g.addVariable(poplar.HALF, [r, c], "a")
+    b = g.addVariable(poplar.HALF, [r, c], "b")
+    _map_randomly(g, data, a, tiles, runs_max=12)
+    if data.draw(st.booleans()):
+        _map_randomly(g, data, b, tiles, runs_max=12)
+    else:
+        g.setTileMapping(b, g.getTileMapping(a))         # laid out alike
+    s = _view(data, a)
+    d = _view(data, b)
+    if s.shape() != d.shape():
+        d = d.reshape(s.shape()) if d.numElements() == s.numElements() else d
+    if s.shape() != d.shape():
+        return
+    mp = pytest.MonkeyPatch()
+    _assert_same_cost(_copy_cost(g, s, d, True, mp), _copy_cost(g, s, d, False, mp))
+
+
+def test_copy_short_cuts_are_taken(monkeypatch):
+    """Both short cuts run on these copies (so the comparison above covers them): a copy between
+    two views laid out alike, and a transposing copy of a finely mapped tensor."""
+    g = _graph()
+    a = g.addVariable(poplar.FLOAT, [4, 6], "a")
+    b = g.addVariable(poplar.FLOAT, [4, 6], "b")
+    for i in range(24):
+        g.setTileMapping(a.flatten().slice(i, i + 1), i % TILES)
+        g.setTileMapping(b.flatten().slice(i, i + 1), (i * 3) % TILES)
+    seen = []
+    orig = costmod.exchange_volume
+
+    def spy(spec, trs, pairs=None):
+        seen.append(pairs)
+        return orig(spec, trs, pairs)
+    monkeypatch.setattr(costmod, "exchange_volume", spy)
+    comp = GC._Compiler(g, OptionFlags())
+    comp.tensor_copy_cost(a.transpose(), b.reshape([6, 4]))
+    assert seen == [None]                        # the per-element copy: no lattice moves passed
+    assert GC._same_tiles(a.transpose(), a.transpose())[0]
+    with monkeypatch.context() as m:
+        m.setattr(GC, "_same_tiles", lambda *x, **k: (_ for _ in ()).throw(AssertionError("not used")))
+        with pytest.raises(AssertionError):
+            comp.tensor_copy_cost(a, b.reshape([4, 6]).transpose().transpose())
+
+
+def test_elementwise_read_of_an_alike_operand_adds_no_transfer(monkeypatch):
+    """Compute sets reading operands laid out like their outputs (and one that is not): the same
+    predicted cost and exchange code with those reads skipped as with them costed."""
+    from openipu.poplibs import popops
+    g = _graph()
+    popops.addCodelets(g)
+    x = g.addVariable(poplar.FLOAT, [8, 12], "x")
+    for i in range(8):
+        g.setTileMapping(x[i], (3 * i) % TILES)
+    xc = g.clone(x, "xc")
+    y = g.addVariable(poplar.FLOAT, [8, 12], "y")
+    g.setTileMapping(y, 0)
+    prog = poplar.program.Sequence()
+    popops.add(g, x, xc, prog)
+    popops.mul(g, x.transpose(), xc.transpose(), prog)
+    popops.add(g, x, y, prog)
+    skipped = []
+    orig = GC._on_own_tiles
+    monkeypatch.setattr(GC, "_on_own_tiles", lambda acc: skipped.append(orig(acc)) or skipped[-1])
+    results = []
+    for skip in (True, False):
+        with monkeypatch.context() as m:
+            if not skip:
+                m.setattr(GC, "_on_own_tiles", lambda acc: False)
+            comp = GC.compile_programs(g, [prog], OptionFlags()).compiler
+            results.append((comp.exchange_code.copy(), [s_.total.tolist() for s_ in comp.steps]))
+    assert any(skipped) and not all(skipped)
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    assert results[0][1] == results[1][1]
