@@ -228,3 +228,58 @@ def test_elementwise_read_of_an_alike_operand_adds_no_transfer(monkeypatch):
     assert any(skipped) and not all(skipped)
     np.testing.assert_array_equal(results[0][0], results[1][0])
     assert results[0][1] == results[1][1]
+
+
+def _per_reader(spec, trs, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(X, "_add_shared_box_reads", lambda *a, **k: False)
+        return costmod.exchange_volume(spec, trs)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.data())
+def test_shared_box_reads_match_the_per_reader_moves(data):
+    """Reads of a few ranges by many tiles (one box per tile): costed per distinct range, the
+    figures of costing every reader's box (1-2 IPUs, supertile scales, multicast or not,
+    unmapped sources, views over two variables)."""
+    num_ipus = data.draw(st.integers(1, 2))
+    g = _graph(num_ipus)
+    tiles = TILES * num_ipus
+    parts = []
+    for i in range(data.draw(st.integers(1, 2))):
+        v = g.addVariable(poplar.HALF, [data.draw(st.integers(2, 40))], f"v{i}")
+        n = v.numElements()
+        if data.draw(st.booleans()):
+            # equal chunks on a cycle of tiles: each source's intervals at one stride (code loops)
+            chunk, cycle = data.draw(st.integers(1, 4)), data.draw(st.integers(2, 4))
+            first = data.draw(st.integers(0, tiles - cycle))
+            for j, a in enumerate(range(0, n, chunk)):
+                g.setTileMapping(v.slice(a, min(n, a + chunk)), first + j % cycle)
+        else:
+            cuts = sorted(set(data.draw(st.lists(st.integers(1, n - 1), max_size=8))))
+            edges = [0] + cuts + [n]
+            for a, b in zip(edges[:-1], edges[1:]):
+                if data.draw(st.integers(0, 9)) > 0:             # sometimes left unmapped
+                    g.setTileMapping(v.slice(a, b), data.draw(st.integers(0, tiles - 1)))
+        parts.append(v)
+    view = poplar.concat(parts, 0) if len(parts) > 1 else parts[0]
+    n = view.numElements()
+    ranges = [(data.draw(st.integers(0, n - 1)), data.draw(st.integers(1, n))) for _ in range(data.draw(st.integers(1, 3)))]
+    readers = data.draw(st.permutations(list(range(tiles))))[:data.draw(st.integers(4, tiles))]
+    # each reader's range; the last range is read by one tile only when drawn so
+    which = [i % len(ranges) for i in range(len(readers))]
+    if len(ranges) > 1 and data.draw(st.booleans()):
+        which = [min(w, len(ranges) - 2) for w in which[:-1]] + [len(ranges) - 1]
+    lo = np.array([ranges[w][0] for w in which], np.int64)
+    sz = np.minimum(np.array([ranges[w][1] for w in which], np.int64), n - lo)
+    boxes = X.Boxes(lo[:, None], sz[:, None], np.array(readers, np.int64))
+    tr = X.RegionTransfer(view, boxes, count_send=data.draw(st.booleans()),
+                          supertile_recv_scale=data.draw(st.sampled_from([1.0, 0.5, 0.25])))
+    spec = g._top._target.spec
+    taken = X._add_shared_box_reads(spec, tr, *[np.zeros(tiles) for _ in range(4)], np.zeros(num_ipus),
+                                    np.zeros(tiles), np.zeros(tiles))
+    assert taken == (len(set(zip(lo.tolist(), sz.tolist()))) <= X.SHARED_BOX_MAX_FRACTION * len(readers))
+    fast = costmod.exchange_volume(spec, [tr])
+    slow = _per_reader(spec, [tr], pytest.MonkeyPatch())
+    for f in FIELDS:
+        np.testing.assert_array_equal(getattr(fast, f), getattr(slow, f), err_msg=f)

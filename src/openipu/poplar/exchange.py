@@ -613,6 +613,8 @@ def add_volume(spec, tr: RegionTransfer, recv_b, send_b, recv_m, send_m, glob, r
     arrays; and, when ``recv_c`` / ``send_c`` are given, its exchange code units per tile
     (:func:`code_units`). Returns False if the transfer needs the per-element model (a
     non-monotone view). ``pairs``: :func:`transfer_pairs` of ``tr``, when the caller has it."""
+    if pairs is UNSET and _add_shared_box_reads(spec, tr, recv_b, send_b, recv_m, send_m, glob, recv_c, send_c):
+        return True
     res = transfer_pairs(tr) if pairs is UNSET else pairs
     if res is None:
         return True
@@ -635,6 +637,101 @@ def add_volume(spec, tr: RegionTransfer, recv_b, send_b, recv_m, send_m, glob, r
         _accumulate(src[ft], dst[ft], base[ft], T[ft], n[ft], S[ft], E[ft], count[ft], msgs[ft], first[ft],
                     last[ft], single[ft], send_b, send_m, size, T_, key_tile=src[ft], other=None, glob=None, tpi=tpi,
                     out_c=send_c)
+    return True
+
+
+#: a read whose boxes repeat one of at most this fraction of distinct ranges is costed per distinct
+#: range (:func:`_add_shared_box_reads`)
+SHARED_BOX_MAX_FRACTION = 0.5
+
+
+def _add_shared_box_reads(spec, tr: RegionTransfer, recv_b, send_b, recv_m, send_m, glob, recv_c, send_c) -> bool:
+    """:func:`add_volume` of a read whose rank-1 boxes are a few distinct ranges, each read by many
+    tiles, one box per tile (a bias or an operand every tile of a matmul reads whole): the moves
+    of each distinct range are computed once, for a stand-in reader, and each reading tile takes
+    its range's figures less what it owns (its own source's intervals), so the work follows the
+    distinct ranges, not ranges x readers. The same figures as the per-reader computation: a
+    reader's receives from a source are that source's intervals of its one range (their union,
+    merged messages and code units), and a source sends the union of its intervals over the
+    ranges some other tile reads. Returns False (nothing added) where that does not hold: writes,
+    several boxes on one tile, ranges that are not each one address interval per tile-map run,
+    or a supertile scale whose products are not exact in float64."""
+    b = tr.boxes
+    k = len(b)
+    if tr.to_owner or k < 4 or b.lo.shape[1] != 1 or (b.tile < 0).any():
+        return False
+    scale = float(tr.supertile_recv_scale)
+    if scale.as_integer_ratio()[1] > 1024:
+        return False
+    if _sets.unique(b.tile).size != k:
+        return False                       # a tile reading several ranges: unions across them
+    lo, sz = b.lo[:, 0], b.sz[:, 0]
+    width = int(sz.max()) + 1
+    rkey = lo * width + sz
+    ukey = _sets.unique(rkey)
+    G = ukey.size
+    if G > SHARED_BOX_MAX_FRACTION * k:
+        return False
+    T_ = spec.num_tiles
+    g_of = np.searchsorted(ukey, rkey)                 # each box's distinct range
+    stand_in = RegionTransfer(tr.view, Boxes((ukey // width)[:, None], (ukey % width)[:, None],
+                                             T_ + np.arange(G, dtype=_I64)), count_send=tr.count_send)
+    res = transfer_pairs(stand_in)
+    if isinstance(res, str):
+        return False
+    if res is None or res[0].size == 0:
+        return True
+    src, dst, _, _, _, _, _, _, _, msgs, first, last, _ = res
+    if not (msgs == 1).all():
+        return False
+    size = tr.view._type.size
+    tpi = spec.tiles_per_ipu
+    g = dst - T_
+    # per (range, source): the union of its intervals, its merged messages and code units
+    order = np.lexsort((first, src, g))
+    g, src, a, z = g[order], src[order], first[order], last[order] + 1
+    W = T_ + 2                                          # sources -2 .. T-1
+    group = g * W + (src + 2)
+    contrib, new = _union(group, a, z)
+    at = np.flatnonzero(new)
+    ends = np.maximum.reduceat(z, at)
+    unit = code_units(group[at], a[at], ends - a[at])
+    B = np.bincount(group, weights=contrib, minlength=G * W).reshape(G, W)
+    M = np.bincount(group[at], minlength=G * W).reshape(G, W).astype(np.float64)
+    C = np.bincount(group[at][unit], minlength=G * W).reshape(G, W).astype(np.float64)
+    t = b.tile.astype(_I64)
+    own = t + 2
+    rb = B.sum(axis=1)[g_of] - B[g_of, own]
+    if scale != 1.0:
+        # bytes from outside the reader's supertile count at ``scale``: from inside it (and from
+        # unmapped sources) at 1
+        per_bus = int(spec.tiles_per_shared_exchange_bus)
+        cum = np.concatenate((np.zeros((G, 1)), np.cumsum(B, axis=1)), axis=1)
+        s0 = (t // per_bus) * per_bus + 2
+        inside = cum[g_of, np.minimum(s0 + per_bus, W)] - cum[g_of, s0] - B[g_of, own] + cum[g_of, 2]
+        rb = scale * (rb - inside) + inside
+    recv_b[t] += rb * size
+    recv_m[t] += M.sum(axis=1)[g_of] - M[g_of, own]
+    if recv_c is not None:
+        recv_c[t] += C.sum(axis=1)[g_of] - C[g_of, own]
+    if glob is not None:
+        ipu_of_src = np.arange(W - 2) // tpi
+        per_ipu = np.stack([B[:, 2:][:, ipu_of_src == i].sum(axis=1) for i in range(glob.size)], axis=1)
+        ti = t // tpi
+        cross = per_ipu.sum(axis=1)[g_of] - per_ipu[g_of, ti]
+        if cross.any():
+            glob += np.bincount(ti, weights=cross, minlength=glob.size) * size
+    if tr.count_send:
+        # a source sends the intervals of the ranges some tile other than itself reads
+        readers = np.bincount(g_of, minlength=G)
+        self_read = np.zeros(G * W, bool)
+        self_read[g_of * W + own] = True
+        ft = (src >= 0) & (readers[g] > self_read[group])
+        single = np.ones(int(ft.sum()), bool)
+        zero = np.zeros(single.size, _I64)
+        _accumulate(src[ft], zero, zero, np.zeros((single.size, 0), _I64), np.zeros((single.size, 0), _I64), zero,
+                    zero, zero, zero, a[ft], z[ft] - 1, single, send_b, send_m, size, T_, key_tile=src[ft], other=None,
+                    glob=None, tpi=tpi, out_c=send_c)
     return True
 
 
