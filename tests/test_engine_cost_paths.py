@@ -283,3 +283,45 @@ def test_shared_box_reads_match_the_per_reader_moves(data):
     slow = _per_reader(spec, [tr], pytest.MonkeyPatch())
     for f in FIELDS:
         np.testing.assert_array_equal(getattr(fast, f), getattr(slow, f), err_msg=f)
+
+
+def _per_element(spec, trs, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(costmod, "_read_segments", lambda tr: None)
+        return costmod.exchange_volume(spec, trs)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.data())
+def test_rank_n_read_segments_give_the_per_element_figures(data):
+    """Small-box reads of views of rank > 1 (one piece with rows of stride 1, or one dim of more
+    than one element) costed from segments: the per-element model's figures."""
+    num_ipus = data.draw(st.integers(1, 2))
+    g = _graph(num_ipus)
+    tiles = TILES * num_ipus
+    r, c = data.draw(st.integers(1, 6)), data.draw(st.integers(2, 8))
+    v = g.addVariable(poplar.HALF, [r, c], "v")
+    _map_randomly(g, data, v, tiles, runs_max=10)
+    kind = data.draw(st.sampled_from(["whole", "rows", "expand", "broadcast", "single", "reversed_rows"]))
+    if kind == "rows" and r > 1:
+        view = v.slice(data.draw(st.integers(0, r - 2)), r, 0)
+    elif kind == "expand":
+        view = v.reshape([r, 1, c, 1])
+    elif kind == "broadcast":
+        view = v[0].reshape([1, c]).broadcast(3, 0)
+    elif kind == "single":
+        view = v[data.draw(st.integers(0, r - 1))].reshape([1, c])
+    elif kind == "reversed_rows":
+        view = v.reverse(0)
+    else:
+        view = v
+    count = max(1, -(-(2 * view.numElements()) // costmod.ELEMENTS_PER_BOX)) + data.draw(st.integers(0, 20))
+    boxes = _boxes(data, view.shape(), tiles, count, max_side=2)
+    tr = X.RegionTransfer(view, boxes, count_send=data.draw(st.booleans()))
+    spec = g._top._target.spec
+    assert costmod.per_element_model(tr)
+    assert costmod._read_segments(tr) is not None
+    fast = costmod.exchange_volume(spec, [tr])
+    slow = _per_element(spec, [tr], pytest.MonkeyPatch())
+    for f in FIELDS:
+        np.testing.assert_array_equal(getattr(fast, f), getattr(slow, f), err_msg=f)
