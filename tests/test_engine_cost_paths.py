@@ -1,22 +1,27 @@
 """The engine compile's short cuts give the figures of the general exchange costing they skip.
 
-- ``exchange._transfer_pairs``: lattices that are single address intervals take their counts,
+- ``exchange_moves._transfer_pairs``: lattices that are single address intervals take their counts,
   messages and first / last addresses in closed form, and a transfer whose overlaps all stay on
   their tiles returns at once; checked against the general ``count_below`` / ``unrank`` path.
-- ``graph_compiler.tensor_copy_cost``: a copy whose elements stay on their tiles, and a small copy
+- ``copy_cost`` (the graph compiler's ``tensor_copy_cost``): a copy whose elements stay on their tiles, and a small copy
   costed by the per-element model, skip the transfer's lattice moves; checked against the cost
   with those short cuts turned off (predicted cycles and exchange code per tile).
 - ``build_compute_set``: an elementwise read of an operand laid out like the output adds no
   transfer; checked against the compute set's cost with the read costed.
 """
 
+import itertools
+
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from openipu import poplar
+from openipu.poplar import copy_cost as CC
 from openipu.poplar import cost as costmod
 from openipu.poplar import exchange as X
+from openipu.poplar import exchange_moves as XM
 from openipu.poplar import graph_compiler as GC
 from openipu.poplar.options import OptionFlags
 
@@ -41,7 +46,7 @@ def _map_randomly(g, data, v, tiles, runs_max=6):
     n = flat.numElements()
     cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, n - 1)), max_size=runs_max))) - {n})
     edges = [0] + cuts + [n]
-    for a, b in zip(edges[:-1], edges[1:]):
+    for a, b in itertools.pairwise(edges):
         g.setTileMapping(flat.slice(a, b), data.draw(st.integers(0, tiles - 1)))
 
 
@@ -77,13 +82,13 @@ def _boxes(data, shape, tiles, count, max_side=3):
 
 def _pairs_general(tr, monkeypatch):
     with monkeypatch.context() as m:
-        m.setattr(X, "_all_intervals", lambda T, n: False)
-        return X._transfer_pairs(tr)
+        m.setattr(XM, "_all_intervals", lambda T, n: False)
+        return XM._transfer_pairs(tr)
 
 
 def _same_pairs(a, b):
     """Equal moves: None (nothing moves) matches an empty result."""
-    empty = lambda r: r is None or (not isinstance(r, str) and r[0].size == 0)      # noqa: E731
+    empty = lambda r: r is None or (not isinstance(r, str) and r[0].size == 0)
     if empty(a) or empty(b):
         assert empty(a) and empty(b)
         return
@@ -106,11 +111,11 @@ def test_interval_pairs_match_the_general_path(data):
     mp = pytest.MonkeyPatch()
     for to_owner in (False, True):
         tr = X.RegionTransfer(view, boxes, to_owner=to_owner)
-        _same_pairs(X._transfer_pairs(tr), _pairs_general(tr, mp))
+        _same_pairs(XM._transfer_pairs(tr), _pairs_general(tr, mp))
         spec = g._top._target.spec
         fast = costmod.exchange_volume(spec, [tr])
         with mp.context() as m:
-            m.setattr(X, "_all_intervals", lambda T, n: False)
+            m.setattr(XM, "_all_intervals", lambda T, n: False)
             slow = costmod.exchange_volume(spec, [tr])
         for f in FIELDS:
             np.testing.assert_array_equal(getattr(fast, f), getattr(slow, f), err_msg=f)
@@ -126,8 +131,8 @@ def test_interval_closed_form_is_used():
                     np.array([3, 1, 7], np.int64))
     tr = X.RegionTransfer(v, boxes)
     _, _, _, T, n, _ = X.lattices(v, boxes)
-    assert X._all_intervals(T, n)
-    res = X._transfer_pairs(tr)
+    assert XM._all_intervals(T, n)
+    res = XM._transfer_pairs(tr)
     assert res is not None and res[0].size > 0
 
 
@@ -135,7 +140,7 @@ def _copy_cost(g, s, d, fast: bool, monkeypatch):
     comp = GC._Compiler(g, OptionFlags())
     with monkeypatch.context() as m:
         if not fast:
-            m.setattr(GC, "_same_tiles", lambda a, b, max_elements=0: (False, None))
+            m.setattr(CC, "_same_tiles", lambda a, b, max_elements=0: (False, None))
         c = comp.tensor_copy_cost(s, d)
     return c, comp.exchange_code.copy()
 
@@ -192,9 +197,9 @@ def test_copy_short_cuts_are_taken(monkeypatch):
     comp = GC._Compiler(g, OptionFlags())
     comp.tensor_copy_cost(a.transpose(), b.reshape([6, 4]))
     assert seen == [None]                        # the per-element copy: no lattice moves passed
-    assert GC._same_tiles(a.transpose(), a.transpose())[0]
+    assert CC._same_tiles(a.transpose(), a.transpose())[0]
     with monkeypatch.context() as m:
-        m.setattr(GC, "_same_tiles", lambda *x, **k: (_ for _ in ()).throw(AssertionError("not used")))
+        m.setattr(CC, "_same_tiles", lambda *x, **k: (_ for _ in ()).throw(AssertionError("not used")))
         with pytest.raises(AssertionError):
             comp.tensor_copy_cost(a, b.reshape([4, 6]).transpose().transpose())
 
@@ -232,7 +237,7 @@ def test_elementwise_read_of_an_alike_operand_adds_no_transfer(monkeypatch):
 
 def _per_reader(spec, trs, monkeypatch):
     with monkeypatch.context() as m:
-        m.setattr(X, "_add_shared_box_reads", lambda *a, **k: False)
+        m.setattr(XM, "_add_shared_box_reads", lambda *a, **k: False)
         return costmod.exchange_volume(spec, trs)
 
 
@@ -258,7 +263,7 @@ def test_shared_box_reads_match_the_per_reader_moves(data):
         else:
             cuts = sorted(set(data.draw(st.lists(st.integers(1, n - 1), max_size=8))))
             edges = [0] + cuts + [n]
-            for a, b in zip(edges[:-1], edges[1:]):
+            for a, b in itertools.pairwise(edges):
                 if data.draw(st.integers(0, 9)) > 0:             # sometimes left unmapped
                     g.setTileMapping(v.slice(a, b), data.draw(st.integers(0, tiles - 1)))
         parts.append(v)
@@ -276,9 +281,9 @@ def test_shared_box_reads_match_the_per_reader_moves(data):
     tr = X.RegionTransfer(view, boxes, count_send=data.draw(st.booleans()),
                           supertile_recv_scale=data.draw(st.sampled_from([1.0, 0.5, 0.25])))
     spec = g._top._target.spec
-    taken = X._add_shared_box_reads(spec, tr, *[np.zeros(tiles) for _ in range(4)], np.zeros(num_ipus),
+    taken = XM._add_shared_box_reads(spec, tr, *[np.zeros(tiles) for _ in range(4)], np.zeros(num_ipus),
                                     np.zeros(tiles), np.zeros(tiles))
-    assert taken == (len(set(zip(lo.tolist(), sz.tolist()))) <= X.SHARED_BOX_MAX_FRACTION * len(readers))
+    assert taken == (len(set(zip(lo.tolist(), sz.tolist()))) <= XM.SHARED_BOX_MAX_FRACTION * len(readers))
     fast = costmod.exchange_volume(spec, [tr])
     slow = _per_reader(spec, [tr], pytest.MonkeyPatch())
     for f in FIELDS:

@@ -24,8 +24,9 @@ import numpy as np
 from openipu.poplar import calibration as cal
 from openipu.poplar import regions as R
 from openipu.poplar import structure_cache as SC
-from openipu.poplar.exchange import UNSET as X_UNSET
-from openipu.poplar.exchange import Boxes, RegionTransfer, _run_overlaps, _union, add_volume, code_units, variable_runs
+from openipu.poplar.exchange import Boxes, RegionTransfer, _run_overlaps, variable_runs
+from openipu.poplar.exchange_moves import UNSET as X_UNSET
+from openipu.poplar.exchange_moves import _union, add_volume, code_units
 
 CATEGORIES = ("compute", "exchange", "global_exchange", "host_exchange", "sync")
 
