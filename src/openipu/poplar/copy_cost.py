@@ -60,13 +60,33 @@ def _same_tiles(s: Tensor, d: Tensor, max_elements: int = SAME_TILES_MAX_ELEMENT
     when they were compared one by one, else None."""
     if tuple(s.shape()) != tuple(d.shape()):
         return False, None
-    if len(s.pieces) and len(d.pieces) and SC.view_key(b"", s, True)[0] == SC.view_key(b"", d, True)[0]:
+    rs, rd = s.pieces.row, d.pieces.row
+    if rs is not None and rd is not None:
+        # one piece each: the structure-memo keys' comparison, without building them
+        same = _same_row_layout(s, rs, d, rd)
+    else:
+        same = len(s.pieces) and len(d.pieces) and SC.view_key(b"", s, True)[0] == SC.view_key(b"", d, True)[0]
+    if same:
         return True, None
     if s.numElements() > max_elements:
         return False, None
     ts = s._state.space(s._type).tiles_of(s.flat_addresses())
     td = d._state.space(d._type).tiles_of(d.flat_addresses())
     return bool(np.array_equal(ts, td)), (ts, td)
+
+
+def _same_row_layout(s: Tensor, rs: tuple, d: Tensor, rd: tuple) -> bool:
+    """Whether two one-piece views (their :attr:`regions.Pieces.row`) lie alike over variables
+    of one size mapped alike: the same box and strides at the same offset into their variables,
+    and the same run-length tile maps (what their structure-memo keys compare)."""
+    if rs[2:] != rd[2:]:
+        return False
+    vs, vd = s._state.variables[rs[0]], d._state.variables[rd[0]]
+    if rs[1] - vs.start != rd[1] - vd.start:
+        return False
+    ms = SC.mapping_bytes(s._state.space(s._type).vars[vs.space_index])
+    md = SC.mapping_bytes(d._state.space(d._type).vars[vd.space_index])
+    return ms == md
 
 
 def _monotone_pieces(t: Tensor) -> bool:
