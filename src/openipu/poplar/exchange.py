@@ -15,6 +15,10 @@ address is a closed form (:func:`count_below`), and so is the number of points a
 runs inside a run of a tile map. The work is proportional to the number of (box, piece, run)
 overlaps, never to the number of elements.
 
+This module holds that geometry; the moves of a transfer and its volumes per tile
+(:func:`transfer_pairs`, :func:`add_volume`) are in :mod:`openipu.poplar.exchange_moves`, whose
+names are importable from here too.
+
 Semantics (the same as the per-element model it replaces, :func:`cost.exchange_volume`):
 
 - a tile receives each element it needs from another tile once; consecutive addresses from one
