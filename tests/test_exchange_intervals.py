@@ -97,7 +97,9 @@ def test_segments_give_the_per_element_figures(data):
 
 
 def test_other_reads_keep_the_per_element_model():
-    """A strided, broadcast, rank-2 or write transfer is not a flat read: it keeps its model."""
+    """A strided, broadcast, transposed rank-2 or write transfer is not read in rows of consecutive
+    addresses: it keeps its model (a rank-2 view whose rows are consecutive is costed from
+    segments: tests/test_engine_cost_paths.py)."""
     g = _graph()
     a = g.addVariable(poplar.FLOAT, [64], "a")
     g.setTileMapping(a, 0)
@@ -105,7 +107,8 @@ def test_other_reads_keep_the_per_element_model():
     assert costmod._read_segments(X.RegionTransfer(a.subSample(2, 0), one)) is None
     assert costmod._read_segments(X.RegionTransfer(a.slice(0, 1).broadcast(8, 0), one)) is None
     assert costmod._read_segments(X.RegionTransfer(a, one, to_owner=True)) is None
-    assert costmod._read_segments(X.RegionTransfer(a.reshape([8, 8]), X.Boxes.whole([8, 8], 1))) is None
+    assert costmod._read_segments(X.RegionTransfer(a.reshape([8, 8]).transpose(), X.Boxes.whole([8, 8], 1))) is None
+    assert costmod._read_segments(X.RegionTransfer(a.reshape([8, 8]), X.Boxes.whole([8, 8], 1))) is not None
 
 
 def _replicated_row_reads(batch: int):

@@ -330,7 +330,7 @@ def test_a_functions_own_value_carried_into_its_loop_lives_for_the_loop():
 def test_a_copy_into_a_clone_is_on_tile_and_costs_what_the_exchange_path_does(monkeypatch):
     # v (one run per tile, unevenly) copied into its clone: compared on run lists, not per
     # element; the cost and exchange code are those the general exchange costing gives
-    from openipu.poplar import graph_compiler as GC
+    from openipu.poplar import copy_cost as CC
 
     def run():
         dev, g = _graph(tilesPerIPU=4)
@@ -347,11 +347,12 @@ def test_a_copy_into_a_clone_is_on_tile_and_costs_what_the_exchange_path_does(mo
         return e._runs[-1]["cycles_per_ipu"].copy(), e.memory.categories["Internal Exchange Code"].copy()
 
     seen = []
-    alike = GC._alike_layout
-    monkeypatch.setattr(GC, "_alike_layout", lambda s, d: seen.append(alike(s, d)) or seen[-1])
+    alike = CC._alike_layout
+    monkeypatch.setattr(CC, "_alike_layout", lambda s, d: seen.append(alike(s, d)) or seen[-1])
     cycles, code = run()
     assert seen and seen[0] is not None and not code.any()
-    monkeypatch.setattr(GC, "_alike_layout", lambda s, d: None)
+    monkeypatch.setattr(CC, "_alike_layout", lambda s, d: None)
+    monkeypatch.setattr(CC, "_same_tiles", lambda s, d, max_elements=0: (False, None))   # the general path
     cycles2, code2 = run()
     np.testing.assert_array_equal(cycles, cycles2)
     np.testing.assert_array_equal(code, code2)

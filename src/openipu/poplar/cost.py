@@ -24,8 +24,9 @@ import numpy as np
 from openipu.poplar import calibration as cal
 from openipu.poplar import regions as R
 from openipu.poplar import structure_cache as SC
-from openipu.poplar.exchange import UNSET as X_UNSET
-from openipu.poplar.exchange import RegionTransfer, _run_overlaps, _union, add_volume, code_units, variable_runs
+from openipu.poplar.exchange import Boxes, RegionTransfer, _run_overlaps, variable_runs
+from openipu.poplar.exchange_moves import UNSET as X_UNSET
+from openipu.poplar.exchange_moves import _union, add_volume, code_units
 
 CATEGORIES = ("compute", "exchange", "global_exchange", "host_exchange", "sync")
 
@@ -229,6 +230,17 @@ def _elements_of(tr) -> list[Transfer]:
 ELEMENTS_PER_BOX = 16
 
 
+def per_element_model(tr) -> bool:
+    """Whether :func:`exchange_volume` costs the region transfer ``tr`` with the per-element
+    model (its boxes hold at most :data:`ELEMENTS_PER_BOX` elements each on average, counting the
+    view's elements too) rather than the lattice overlaps of :func:`exchange.add_volume`."""
+    k = len(tr.boxes)
+    if not (k and tr.view.rank() and tr.boxes.lo.shape[1] == tr.view.rank()):
+        return False
+    covered = int(np.prod(tr.boxes.sz, axis=1, dtype=np.int64).sum())
+    return covered + tr.view.numElements() <= ELEMENTS_PER_BOX * k
+
+
 def _elements_by_runs(tr) -> list[Transfer]:
     """:func:`_elements_of` without a Python loop over boxes: the boxes' flat-index runs gather
     the view's addresses in one pass (same elements, same order)."""
@@ -251,8 +263,18 @@ def _read_segments(tr):
     order: ``(start, end, src, dst)`` int64 arrays, or None for any other transfer. The work
     follows the (box, piece, tile-map run) overlaps, never the elements."""
     view, b = tr.view, tr.boxes
-    if tr.to_owner or view.rank() != 1 or b.lo.shape[1] != 1:
+    if tr.to_owner:
         return None
+    if view.rank() != 1 or b.lo.shape[1] != 1:
+        shape = view.shape()
+        big = [j for j in range(len(shape)) if shape[j] > 1]
+        if len(big) == 1 and b.lo.shape[1] == len(shape):
+            # one dim of more than one element: the same elements in the same order as a flat view
+            j = big[0]
+            flat = RegionTransfer(view.reshape([shape[j]]), Boxes(b.lo[:, j:j + 1], b.sz[:, j:j + 1], b.tile),
+                                  count_send=tr.count_send)
+            return _read_segments(flat)
+        return _row_segments(tr)
     p = view.pieces
     if len(p) == 0:
         return None
@@ -284,6 +306,48 @@ def _read_segments(tr):
     e_ = np.minimum(gend[ri], end[i])
     ok = e_ > s_
     return s_[ok], e_[ok], gtl[ri][ok].astype(np.int64), btile[bi][i][ok]
+
+
+def _row_segments(tr):
+    """:func:`_read_segments` of a read of a one-piece view of rank > 1 whose last dim of more
+    than one element has stride 1 (rows of consecutive addresses; a slice, a broadcast or a
+    permutation of the outer dims): one segment per box row, in element order (boxes in order,
+    rows in row-major order), cut at the tile-map runs. None for any other view."""
+    view, b = tr.view, tr.boxes
+    p = view.pieces
+    d = view.rank()
+    if p.row is None or d == 0 or b.lo.shape[1] != d:
+        return None
+    var, a, plo, _, pst = p.row
+    shape = view.shape()
+    big = [j for j in range(d) if shape[j] > 1]
+    L = big[-1] if big else d - 1
+    if shape[L] > 1 and pst[L] != 1:
+        return None
+    keep = (b.sz > 0).all(axis=1)
+    lo, sz, btile = b.lo[keep], b.sz[keep], np.asarray(b.tile, np.int64)[keep]
+    if lo.shape[0] == 0:
+        z = np.zeros(0, np.int64)
+        return z, z, z, z
+    rows = np.prod(sz[:, :L], axis=1, dtype=np.int64) if L else np.ones(lo.shape[0], np.int64)
+    owner, local = R.group_ranks(rows)
+    st = np.asarray(pst, np.int64)
+    start = np.full(owner.size, a - int(np.dot(np.asarray(plo, np.int64), st)), np.int64)
+    start += (lo[owner] * st).sum(axis=1)
+    for j in range(L - 1, -1, -1):
+        if shape[j] == 1:
+            continue
+        r = sz[owner, j]
+        start += (local % r) * st[j]
+        local //= r
+    end = start + sz[owner, L]
+    var_ids = np.full(start.size, var, np.int64)
+    runs = variable_runs(view, var_ids[:1])
+    i, ri, gst, gend, gtl = _run_overlaps(view, var_ids, start, end - 1, runs)
+    s_ = np.maximum(gst[ri], start[i])
+    e_ = np.minimum(gend[ri], end[i])
+    ok = e_ > s_
+    return s_[ok], e_[ok], gtl[ri][ok].astype(np.int64), btile[owner][i][ok]
 
 
 def _add_increasing_runs(T, tpi, size, count_send, a0, ln, s, d, recv_b, send_b, recv_m, send_m, recv_c, send_c,
@@ -412,17 +476,14 @@ def _exchange_volume(spec, transfers: list, pairs: list | None = None) -> Exchan
     legacy = []
     for j, tr in enumerate(transfers):
         if isinstance(tr, RegionTransfer):
-            k = len(tr.boxes)
-            if k and tr.view.rank() and tr.boxes.lo.shape[1] == tr.view.rank():
-                covered = int(np.prod(tr.boxes.sz, axis=1, dtype=np.int64).sum())
-                if covered + tr.view.numElements() <= ELEMENTS_PER_BOX * k:
-                    seg = _read_segments(tr)
-                    if seg is None:
-                        legacy.extend(_elements_by_runs(tr))
-                    else:
-                        _add_read_segments(T, tpi, tr.view._type.size, tr.count_send, seg, recv_b, send_b, recv_m,
-                                           send_m, recv_c, send_c, glob)
-                    continue
+            if per_element_model(tr):
+                seg = _read_segments(tr)
+                if seg is None:
+                    legacy.extend(_elements_by_runs(tr))
+                else:
+                    _add_read_segments(T, tpi, tr.view._type.size, tr.count_send, seg, recv_b, send_b, recv_m,
+                                       send_m, recv_c, send_c, glob)
+                continue
             if not add_volume(spec, tr, recv_b, send_b, recv_m, send_m, glob, recv_c, send_c,
                               X_UNSET if pairs is None else pairs[j]):
                 legacy.extend(_elements_of(tr))

@@ -11,7 +11,6 @@ seconds the compile takes are measured apart (``compile_seconds``).
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import Callable
 
@@ -23,12 +22,11 @@ from openipu.poplar import errors
 from openipu.poplar import exchange as X
 from openipu.poplar import program as P
 from openipu.poplar import pvti
-from openipu.poplar import regions as R
-from openipu.poplar import sets as _sets
 from openipu.poplar.executable import (Executable, _AbortStep, _Branch, _Compiled, _CollectiveStep, _CopyStep,
                                        _CrossReplicaStep, _ExecuteStep, _GroupRunner, _HostCallStep, _IndexAcc,
                                        _If, _Leaf, _PrintStep, _RemoteStep, _Repeat, _Seq, _Step, _StreamToDevice,
                                        _StreamToHost, _Switch, _UserRunner, _While)
+from openipu.poplar.copy_cost import _CopyCosts, _same_tiles
 from openipu.poplar.graph import Access, DataStream, Graph, HostFunction, RemoteBuffer
 from openipu.poplar.memory import plan_memory
 from openipu.poplar.options import OptionFlags, get_logger
@@ -70,27 +68,7 @@ class VertexPerfEstimate:
         self.cycles, self.flops = int(cycles), int(flops)
 
 
-def _alike_layout(s: Tensor, d: Tensor):
-    """When ``s`` and ``d`` are each all of one variable (two different variables of one type) in
-    memory order, with the same run-length tile maps: ``(elements, tile)`` per run (float64,
-    int64); else None. Compares run lists, never elements."""
-    rs, rd = s.pieces.row, d.pieces.row
-    if rs is None or rd is None or rs[0] == rd[0] or s._type != d._type or s._state is not d._state:
-        return None
-    out = []
-    for v, addr, _, sz, st in (rs, rd):
-        var = s._state.variables[v]
-        if addr != var.start or var.numel != int(np.prod(sz, dtype=np.int64)) or not R._dense(sz, st):
-            return None
-        out.append(var)
-    a, b = out
-    if not (np.array_equal(a.tile_starts, b.tile_starts) and np.array_equal(a.tile_ids, b.tile_ids)) or (a.tile_ids < 0).any():
-        return None
-    begin, end, tile = a.tile_runs()
-    return (end - begin).astype(np.float64), tile.astype(np.int64)
-
-
-class _Compiler:
+class _Compiler(_CopyCosts):
     def __init__(self, graph: Graph, options: OptionFlags):
         self.graph = graph
         self.state = graph._state
@@ -335,109 +313,6 @@ class _Compiler:
             return self.leaf(_RemoteStep(d, Accessor(s), False, off), self.host_copy_cost(s), [(s, False)], f"RemoteBufferCopy({d.handle})")
         raise errors.control_program_error("Copy: unsupported source and destination")
 
-    def bytes_per_ipu(self, t: Tensor) -> np.ndarray:
-        """Bytes of ``t`` held on each IPU (float64 ``[num_ipus]``)."""
-        spec = self.spec
-        counts = X.tile_counts(t, spec.num_tiles)
-        return counts.reshape(spec.num_ipus, spec.tiles_per_ipu).sum(axis=1) * float(t.elementType().size)
-
-    def host_copy_cost(self, t: Tensor) -> costmod.StepCost:
-        spec = self.spec
-        per_ipu = self.bytes_per_ipu(t)
-        involved = per_ipu > 0
-        c = costmod.sync_cost(spec, involved)
-        c.add(costmod.host_cost(spec, per_ipu))
-        vol = costmod.exchange_volume(spec, [X.RegionTransfer(t, X.Boxes.whole(t.shape(), -2), to_owner=True)])
-        code = vol.code_units() * cal.EXCHANGE_CODE_BYTES_PER_MESSAGE
-        self.exchange_code += code
-        self.occurrence_code += code
-        c.add(costmod.exchange_cost(spec, vol))
-        return c
-
-    def _var_digest(self, v: int) -> bytes:
-        """A digest of variable ``v``'s size and run-length tile map (memoised: the mapping is
-        final once the graph is compiled)."""
-        k = self._var_digests.get(v)
-        if k is None:
-            var = self.state.variables[v]
-            h = hashlib.blake2b(np.int64(var.numel).tobytes(), digest_size=16)
-            h.update(var.tile_starts.tobytes())
-            h.update(var.tile_ids.tobytes())
-            k = self._var_digests[v] = h.digest()
-        return k
-
-    def _layout_key(self, t: Tensor):
-        """What a copy's cost depends on in ``t``: its type and shape, and per piece the tile map of
-        its variable and where in that variable the piece lies (never the variables themselves)."""
-        p = t.pieces
-        if p.row is not None:
-            v, addr, lo, sz, st = p.row
-            return (t._type.space, self._var_digest(v), addr - self.state.variables[v].start, lo, sz, st)
-        # per distinct variable (a view of many pieces has few variables): its digest and start;
-        # the pieces name them by their index among the distinct ones
-        uniq = _sets.unique(p.var)
-        which = np.searchsorted(uniq, p.var)
-        ids = uniq.tolist()
-        starts = np.array([self.state.variables[v].start for v in ids], np.int64)
-        return (t._type.space, tuple(t.shape()), tuple(self._var_digest(v) for v in ids), which.tobytes(),
-                (p.addr - starts[which]).tobytes(), p.lo.tobytes(), p.sz.tobytes(), p.st.tobytes())
-
-    def layout_copy_cost(self, s: Tensor, d: Tensor) -> costmod.StepCost:
-        """:meth:`tensor_copy_cost`, computed once per pair of layouts: copies between other
-        variables laid out alike (a subgraph's inputs and outputs at each call site, a layer's
-        weights into the subgraph's) cost the same and add the same exchange code."""
-        if s._state is not d._state or _sets.intersects(s.pieces.var, d.pieces.var):
-            return self.tensor_copy_cost(s, d)          # a copy within one variable: not by layout
-        key = (self._layout_key(s), self._layout_key(d))
-        hit = self.layout_copy_cache.get(key)
-        if hit is None:
-            before = self.exchange_code.copy()
-            c = self.tensor_copy_cost(s, d)
-            hit = self.layout_copy_cache[key] = (c, self.exchange_code - before)
-            return c
-        self.exchange_code += hit[1]
-        return hit[0]
-
-    def tensor_copy_cost(self, s: Tensor, d: Tensor) -> costmod.StepCost:
-        """The cost of copying ``s`` into ``d`` (exchange, on-tile copy, sync); adds its exchange code."""
-        spec = self.spec
-        T = spec.num_tiles
-        alike = _alike_layout(s, d)
-        if alike is not None:
-            # two whole variables in memory order, mapped alike (a copy into a clone of the
-            # source, a subgraph's inputs and outputs): every element stays on its tile
-            held = np.bincount(alike[1], weights=alike[0], minlength=T)
-            c = costmod.sync_cost(spec, costmod.ipus_of_tiles(spec, held > 0))
-            c.add(costmod.on_tile_copy_cost(spec, held * float(s.elementType().size)))
-            return c
-        d_boxes = X.tile_boxes(d)
-        nel = np.prod(d_boxes.sz, axis=1) if d_boxes.sz.shape[1] else np.ones(len(d_boxes), np.int64)
-        ok = d_boxes.tile >= 0
-        held = np.bincount(d_boxes.tile[ok], weights=nel[ok], minlength=T)      # tile_counts(d, T)
-        tr = X.RegionTransfer(s, d_boxes)
-        # the moves are computed once for both the on-tile part and the exchange (a copy of a
-        # large activation has too many for the structure memo to keep)
-        pairs = X.transfer_pairs(tr)
-        moved = X.moved_elements(tr, T, pairs)
-        if moved is None or (s._type == d._type and s._state is d._state and s.intersectsWith(d)):
-            # a copy onto itself or an overlapping view: per element (small, rare)
-            ss, ds = self.state.space(s._type), self.state.space(d._type)
-            sa, da = s.flat_addresses(), d.flat_addresses()
-            st_, dt_ = ss.tiles_of(sa).astype(np.int64), ds.tiles_of(da).astype(np.int64)
-            local = (st_ == dt_) & (sa != da)
-            on_tile = np.bincount(dt_[local], minlength=T) * float(s.elementType().size)
-            vol = costmod.exchange_volume(spec, [costmod.Transfer(ss, sa, dt_)])
-        else:
-            vol = costmod.exchange_volume(spec, [tr], [pairs])
-            on_tile = np.maximum(held - moved, 0) * float(s.elementType().size)
-        self.exchange_code += vol.code_units() * cal.EXCHANGE_CODE_BYTES_PER_MESSAGE
-        mask = (X.tile_counts(s, T) > 0) | (held > 0)
-        involved = costmod.ipus_of_tiles(spec, mask)
-        c = costmod.sync_cost(spec, involved)
-        c.add(costmod.exchange_cost(spec, vol))
-        c.add(costmod.on_tile_copy_cost(spec, on_tile))
-        return c
-
     # -- compute sets ---------------------------------------------------------------------
     def execute(self, prog: P.Execute):
         cs = prog.cs
@@ -479,7 +354,8 @@ class _Compiler:
             flops += g.flops
             for r in g.reads:
                 if isinstance(r, Access):
-                    boxes = _boxes_of(r, memo)
+                    # read where a tensor laid out alike lives (an elementwise operand): nothing moves
+                    boxes = None if _on_own_tiles(r) else _boxes_of(r, memo)
                     if boxes is not None:
                         reads.append(X.RegionTransfer(r.tensor, boxes, count_send=r.count_send,
                                                        supertile_recv_scale=r.supertile_recv_scale))
@@ -492,7 +368,7 @@ class _Compiler:
                 uses.append((t, False))
             for w in g.writes:
                 if isinstance(w, Access):
-                    boxes = _boxes_of(w, memo)
+                    boxes = None if _on_own_tiles(w) else _boxes_of(w, memo)
                     if boxes is not None:
                         writes.append(X.RegionTransfer(w.tensor, boxes, to_owner=True))
                     uses.append((w.tensor, True))
@@ -669,6 +545,16 @@ def _stack_addresses(tensors) -> np.ndarray:
         st = np.array([r[4][0] for r in rows], np.int64)
         return base[:, None] + st[:, None] * np.arange(n, dtype=np.int64)[None, :]
     return np.stack([t.flat_addresses() for t in tensors])
+
+
+def _on_own_tiles(acc: Access) -> bool:
+    """Whether an Access whose ``on`` is a tensor uses each element on the tile that owns it (the
+    tensor and ``on`` laid out alike, :func:`_same_tiles`): then its transfer moves nothing and
+    adds nothing to the exchange figures."""
+    on, t = acc.on, acc.tensor
+    if not isinstance(on, Tensor) or on.numElements() != t.numElements():
+        return False
+    return _same_tiles(t, on if on.shape() == t.shape() else on.reshape(t.shape()), 0)[0]
 
 
 def _boxes_of(acc: Access, memo: dict | None = None):
