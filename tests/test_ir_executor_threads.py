@@ -82,7 +82,7 @@ def _step(op_type="Conv", ins=("x", "w")):
 def test_the_probe_tells_thread_dependent_results(two_threads):
     """A step whose outputs change with torch's thread count is found thread dependent (it then
     stays on one thread); one that does not is found invariant; each geometry is run once per
-    thread count (a cached answer after that)."""
+    thread count (a cached answer after that, shared by the process's executors)."""
     ex = _executor({"x": [4, 8], "w": [8, 3], "y": [4, 3]})
     calls = []
 
@@ -122,7 +122,7 @@ def test_a_load_adaptive_step_runs_on_torch_threads_only_when_idle_and_invariant
     assert torch.get_num_threads() == 2
 
 
-def _conv_bn_training(monkeypatch, busy: bool, steps: int = 2):
+def _band_conv_training(monkeypatch, busy: bool, steps: int = 2):
     """A PopART training session of one 3 x 3 convolution in the load-adaptive band (4 x 32 x 16
     x 16 -> 64 channels, 18.9 M multiply-accumulates), SGD with momentum, with the host's load
     seen as ``busy``: the losses, the trained weight and the executor."""
@@ -160,12 +160,14 @@ def _conv_bn_training(monkeypatch, busy: bool, steps: int = 2):
 def test_a_session_gives_the_same_bits_busy_or_idle(two_threads, monkeypatch):
     """The same training steps with the host seen as idle (the band's convolutions checked and
     run on two threads) and as busy (one thread) give bit-identical losses and weights."""
-    l_idle, w_idle, fast = _conv_bn_training(monkeypatch, busy=False)
+    monkeypatch.setattr(execute, "_THREAD_INVARIANT", {})
+    l_idle, w_idle, fast = _band_conv_training(monkeypatch, busy=False)
     assert fast
     kinds = {op.op_type for st, op in zip(fast._main, fast.ir.ops) if st[0] is None}
     assert {"Conv", "ConvWeightsGrad"} <= kinds
     assert fast._invariant and all(k[-1] == 2 for k in fast._invariant)
-    l_busy, w_busy, fast_busy = _conv_bn_training(monkeypatch, busy=True)
+    monkeypatch.setattr(execute, "_THREAD_INVARIANT", {})
+    l_busy, w_busy, fast_busy = _band_conv_training(monkeypatch, busy=True)
     assert not fast_busy._invariant         # busy: nothing checked, one thread
     assert all(np.array_equal(a.view(np.int32), b.view(np.int32)) for a, b in zip(l_idle, l_busy))
     assert np.array_equal(w_idle.view(np.int32), w_busy.view(np.int32))

@@ -128,6 +128,10 @@ def _reducible(op: str) -> bool:
     return op in _COLLECTIVE_OP and _COLLECTIVE_OP[op] != "LOCAL"
 
 
+#: the process's answers of :meth:`IrExecutor._probe_threads`: (op type, attributes, input
+#: shapes and dtypes, torch threads) -> the results are the same on one thread and on those
+_THREAD_INVARIANT: dict = {}
+
 _COLLECTIVES = {"ReplicatedAllReduce", "ReplicatedAllReduceInplace", "ReplicatedReduceScatter",
                 "ReplicatedAllGather", "ReplicaSlice"}
 
@@ -236,8 +240,8 @@ class IrExecutor:
                        if cast and t.info.data_type() in ("INT64", "UINT64")}
         self._main, self._outer = self._prepare(self.steps), self._prepare(self.outer_steps)
         #: (geometry, torch threads) -> whether a load-adaptive step's results are the same on one
-        #: thread and on torch's threads (:meth:`_probe_threads`)
-        self._invariant: dict = {}
+        #: thread and on torch's threads (:meth:`_probe_threads`; shared by the process's executors)
+        self._invariant: dict = _THREAD_INVARIANT
         #: per replica: variable id -> tensor (the replica's copy on the device)
         self.reps: list[dict] = [{} for _ in range(self.replicas)]
         self.set_weights(weights)
