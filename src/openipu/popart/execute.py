@@ -212,8 +212,8 @@ class IrExecutor:
         #: ``serial``, see :meth:`_ops`)
         adaptive = self.device.type == "cpu" and not self.fp_checks and torch.get_num_threads() > 1
         for i, op in enumerate(ir.ops):
-            step = (None if adaptive and load_adaptive(ir, op) else runs_serially(ir, op), find_kernel(op.domain, op.op_type), op.attrs, op.opset, list(op.inputs),
-                    list(op.outputs),
+            serial = None if adaptive and i not in fused and load_adaptive(ir, op) else runs_serially(ir, op)
+            step = (serial, find_kernel(op.domain, op.op_type), op.attrs, op.opset, list(op.inputs), list(op.outputs),
                     "view" if i in views else
                     ("conv_grads", op, ir.ops[pairs[i]]) if i in pairs else
                     "fused" if i in fused else
@@ -386,9 +386,10 @@ class IrExecutor:
         """``steps`` (``(serial, kernel, attrs, opset, inputs, outputs, special, dead)`` each) as the
         loop of :meth:`_ops` runs them, once per executable: ``(serial, run, dead, step)``,
         ``run(envs)`` the op on every replica's environment (``serial`` None: its host threads
-        follow the load, :meth:`_ops`; ``step``: ``(kernel, attrs, inputs, special)``). An op without special handling (no collective,
-        float32 compute of half inputs, stochastic rounding, printing, 64-bit outputs narrowed,
-        floating-point checks, subgraph inputs or allocation check) runs as a closure over its
+        follow the load, :meth:`_ops`; ``step``: ``(kernel, attrs, inputs, special)``). An op
+        without special handling (no collective, float32 compute of half inputs, stochastic
+        rounding, printing, 64-bit outputs narrowed, floating-point checks, subgraph inputs or
+        allocation check) runs as a closure over its
         resolved kernel function, attributes, input and output ids and output dtypes: nothing of
         it is looked up again per run; the others through :meth:`_one`."""
         prepared = []
