@@ -197,3 +197,25 @@ def test_max_pool_and_its_gradient_without_the_padded_copy_agree_bit_for_bit(att
     for xin in (x, torch.where(torch.arange(8) < 3, torch.tensor(-float("inf")), x)):
         got = call_kernel(grad, [xin, call_kernel(pool, [xin], a, 11)[0], gy], a, 1)[0]
         assert torch.equal(got, _vjp("MaxPool", [xin], a, 11, 0, gy))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_relu_grad_gives_the_bits_of_the_select(dtype):
+    """ReluGrad (``threshold_backward`` where it can) gives the bits of ``where(y > 0, gy, 0)``,
+    popnn's select: with NaN, infinite and signed-zero gradients, signed-zero outputs, and a NaN
+    output (0 there, where ``threshold_backward`` alone would pass the gradient)."""
+    from openipu.popart.onnx_ops.grad import relu_grad
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[torch.empty((), dtype=dtype).element_size()]
+    g = torch.Generator().manual_seed(3)
+    for shape in ([4, 64, 8, 8], [7], [0, 3]):
+        y = torch.relu(torch.randn(shape, generator=g)).to(dtype)
+        gy = torch.randn(shape, generator=g).to(dtype)
+        if y.numel():
+            y.view(-1)[::7], gy.view(-1)[::5] = -0.0, -0.0
+            gy.view(-1)[::11], gy.view(-1)[::13] = float("nan"), float("-inf")
+        for nan_output in (False, True):
+            if nan_output and y.numel():
+                y.view(-1)[3] = float("nan")
+            got = relu_grad([y, gy], {}, 1)[0]
+            want = torch.where(y > 0, gy, torch.zeros((), dtype=dtype))
+            assert got.dtype == dtype and torch.equal(got.view(bits), want.view(bits)), (shape, nan_output)

@@ -57,8 +57,8 @@ from openipu.popart import fp_behaviour, half_partials, torch_device
 from openipu.popart.dataflow import AnchorReturnTypeId
 from openipu.popart.errors import popart_exception
 from openipu.popart.graphcore_ops import find_kernel
-from openipu.popart.execute_plan import (FLOAT_PARTIALS, conv_grad_pairs, last_uses, runs_serially, transpose_views,
-                                         with_releases)
+from openipu.popart.execute_plan import (FLOAT_PARTIALS, conv_grad_pairs, host_busy, last_uses, load_adaptive,
+                                         runs_serially, transpose_views, with_releases)
 from openipu.popart.ir import shard_rows
 from openipu.popart.lowering.graphcore import _COLLECTIVE as _COLLECTIVE_OP
 from openipu.popart.model_check import ALLOCATION_CHECKED
@@ -127,6 +127,10 @@ def host_bytes(session, batches_per_step: int = 1) -> int:
 def _reducible(op: str) -> bool:
     return op in _COLLECTIVE_OP and _COLLECTIVE_OP[op] != "LOCAL"
 
+
+#: the process's answers of :meth:`IrExecutor._probe_threads`: (op type, attributes, input
+#: shapes and dtypes, torch threads) -> the results are the same on one thread and on those
+_THREAD_INVARIANT: dict = {}
 
 _COLLECTIVES = {"ReplicatedAllReduce", "ReplicatedAllReduceInplace", "ReplicatedReduceScatter",
                 "ReplicatedAllGather", "ReplicaSlice"}
@@ -204,9 +208,12 @@ class IrExecutor:
         #: two computes both, the second is done by then
         pairs = {} if self.fp_checks else conv_grad_pairs(ir)
         fused = {j: i for i, j in pairs.items()}
+        #: host threads may follow the load for these ops (CPU kernels only: None as the step's
+        #: ``serial``, see :meth:`_ops`)
+        adaptive = self.device.type == "cpu" and not self.fp_checks and torch.get_num_threads() > 1
         for i, op in enumerate(ir.ops):
-            step = (runs_serially(ir, op), find_kernel(op.domain, op.op_type), op.attrs, op.opset, list(op.inputs),
-                    list(op.outputs),
+            serial = None if adaptive and i not in fused and load_adaptive(ir, op) else runs_serially(ir, op)
+            step = (serial, find_kernel(op.domain, op.op_type), op.attrs, op.opset, list(op.inputs), list(op.outputs),
                     "view" if i in views else
                     ("conv_grads", op, ir.ops[pairs[i]]) if i in pairs else
                     "fused" if i in fused else
@@ -232,6 +239,9 @@ class IrExecutor:
         self.narrow = {tid: torch.int32 for tid, t in ir.tensors.items()
                        if cast and t.info.data_type() in ("INT64", "UINT64")}
         self._main, self._outer = self._prepare(self.steps), self._prepare(self.outer_steps)
+        #: (geometry, torch threads) -> whether a load-adaptive step's results are the same on one
+        #: thread and on torch's threads (:meth:`_probe_threads`; shared by the process's executors)
+        self._invariant: dict = _THREAD_INVARIANT
         #: per replica: variable id -> tensor (the replica's copy on the device)
         self.reps: list[dict] = [{} for _ in range(self.replicas)]
         self.set_weights(weights)
@@ -374,10 +384,12 @@ class IrExecutor:
 
     def _prepare(self, steps) -> list:
         """``steps`` (``(serial, kernel, attrs, opset, inputs, outputs, special, dead)`` each) as the
-        loop of :meth:`_ops` runs them, once per executable: ``(serial, run, dead)``, ``run(envs)``
-        the op on every replica's environment. An op without special handling (no collective,
-        float32 compute of half inputs, stochastic rounding, printing, 64-bit outputs narrowed,
-        floating-point checks, subgraph inputs or allocation check) runs as a closure over its
+        loop of :meth:`_ops` runs them, once per executable: ``(serial, run, dead, step)``,
+        ``run(envs)`` the op on every replica's environment (``serial`` None: its host threads
+        follow the load, :meth:`_ops`; ``step``: ``(kernel, attrs, inputs, special)``). An op
+        without special handling (no collective, float32 compute of half inputs, stochastic
+        rounding, printing, 64-bit outputs narrowed, floating-point checks, subgraph inputs or
+        allocation check) runs as a closure over its
         resolved kernel function, attributes, input and output ids and output dtypes: nothing of
         it is looked up again per run; the others through :meth:`_one`."""
         prepared = []
@@ -393,7 +405,7 @@ class IrExecutor:
             else:
                 def run(envs, k=(kernel, attrs, opset, ins, outs, special)):
                     self._one(*k, envs)
-            prepared.append((serial, run, tuple(dead)))
+            prepared.append((serial, run, tuple(dead), (kernel, attrs, ins, special)))
         return prepared
 
     def _plain(self, kernel, attrs, opset, ins, outs):
@@ -443,12 +455,23 @@ class IrExecutor:
 
     def _ops(self, prepared, envs) -> None:
         """Run the prepared steps (:meth:`_prepare`) on every replica's environment, each then
-        dropping its dead tensors; a ``serial`` step on one host thread (:func:`serial`)."""
+        dropping its dead tensors; a ``serial`` step on one host thread (:func:`runs_serially`).
+        A load-adaptive step (``serial`` None, :func:`load_adaptive`) runs on torch's threads
+        while the host has a core to spare (:func:`host_busy`, read once per call) and its
+        results are the same on one thread and on torch's threads (:meth:`_probe_threads`), else
+        on one thread: the outputs do not depend on the load."""
         threads = torch.get_num_threads()
         now = threads
+        busy = None
         try:
             with torch.no_grad():
-                for serial, run, dead in prepared:
+                for serial, run, dead, step in prepared:
+                    if serial is None:
+                        if busy is None:
+                            busy = threads == 1 or host_busy()
+                        serial = busy or not self._probe_threads(run, step, threads)
+                        if now != threads:      # (the probe runs at torch's threads)
+                            now = torch.get_num_threads()
                     want = 1 if serial else threads
                     if want != now:
                         torch.set_num_threads(want)
@@ -461,6 +484,40 @@ class IrExecutor:
         finally:
             if now != threads:
                 torch.set_num_threads(threads)
+
+    def _probe_threads(self, run, step, threads: int) -> bool:
+        """Whether the prepared step ``run`` (``step``: its ``(kernel, attrs, inputs, special)``,
+        :meth:`_prepare`) gives the same bits on one host thread as on ``threads``: run once on
+        each on random inputs of its shapes (a fixed seed), once per geometry and thread count
+        (the first time the step may run on torch's threads). The kernels' reduction order is a
+        function of the shapes and the thread count, not of the values, so random inputs tell
+        whether it changes (oneDNN's weights gradient splits the batch over its threads at some
+        shapes: 8 x 64 x 32 x 32, 3 x 3 on 2 threads, 2026-11-30)."""
+        kernel, attrs, ins, special = step
+        if type(special) is tuple and special[0] == "conv_grads":
+            ins = [*special[1].inputs, *special[2].inputs]
+            attrs = {**special[2].attrs, **special[1].attrs, "__pair__": special[2].op_type}
+        ins = [x for x in dict.fromkeys(ins) if x]
+        shapes = [(x, tuple(int(d) for d in self.ir.tensors[x].info.shape()), self.dtype[x]) for x in ins]
+        key = (kernel.op_type, repr(sorted((k, repr(v)) for k, v in attrs.items() if k != "__node__")),
+               tuple((s, d) for _, s, d in shapes), threads)
+        if key not in self._invariant:
+            g = torch.Generator().manual_seed(0x5EED)
+            env = {x: torch.randn(s, generator=g).to(d) for x, s, d in shapes}
+            results = []
+            try:
+                for n in (1, threads):
+                    torch.set_num_threads(n)
+                    e = dict(env)
+                    run([e])
+                    results.append({k: v for k, v in e.items() if k not in env})
+            except Exception:       # (the step's own run reports a real failure)
+                results = [{}, {None: None}]
+            finally:
+                torch.set_num_threads(threads)
+            a, b = results
+            self._invariant[key] = a.keys() == b.keys() and all(_same_bits(a[k], b[k]) for k in a)
+        return self._invariant[key]
 
     def _one(self, kernel, attrs, opset, ins, outs, special, envs) -> None:
         """One step with special handling on every replica's environment."""
@@ -624,6 +681,16 @@ def _traced(fn, what: str):
         with pvti.span(f"{what} {tid}", "stream"):
             return fn(tid, *args)
     return traced
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors hold the same bits (NaN payloads and signed zeros included)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point() and a.element_size() in (2, 4, 8):
+        bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        return torch.equal(a.contiguous().view(bits), b.contiguous().view(bits))
+    return torch.equal(a, b)
 
 
 def _numpy(v: torch.Tensor) -> np.ndarray:

@@ -1,10 +1,13 @@
 """How the IR executor (:mod:`openipu.popart.execute`) plans a session's steps once per executable:
-which ops run on one host thread (:func:`runs_serially`), which Transposes stay views
+which ops run on one host thread (:func:`runs_serially`, :func:`load_adaptive`, :func:`host_busy`),
+which Transposes stay views
 (:func:`transpose_views`), which convolution gradients pair into one call
 (:func:`conv_grad_pairs`), and when each intermediate tensor is dropped (:func:`with_releases`).
 Host planning only: none of it changes an output or a prediction."""
 
 from __future__ import annotations
+
+import os
 
 from openipu.poplibs.poplin.kernels import HOST_SERIAL_WORK
 
@@ -43,6 +46,23 @@ HOST_SERIAL_ELEMENTS = 1 << 18
 #: with 2^26. Lower it on an idle host. Depends on the shapes only, so results do not depend on
 #: the load.
 HOST_PARALLEL_WORK = HOST_SERIAL_WORK
+
+#: Convolutions (forward and gradients) from this many multiply-accumulates up to
+#: :data:`HOST_PARALLEL_WORK` follow the host's load (:func:`load_adaptive`): on torch's threads
+#: while the host has a core to spare (:func:`host_busy`), on one thread when it has not. Only
+#: those whose results are bitwise the same on one thread and on torch's threads (the executor
+#: checks each geometry once, :meth:`openipu.popart.execute.IrExecutor._probe_threads`), so the
+#: outputs never depend on the load. ResNet-18 b4 3 x 64 x 64 (its 3 x 3 and 7 x 7 convolutions,
+#: 19-38 M each) on this 2-core host: 2026-11-30, docs/host-speed.md.
+HOST_ADAPTIVE_WORK = 1 << 24
+
+#: The host counts as busy when its 1-minute load average reaches its logical CPUs plus this:
+#: this process's own threads (one running, one in an OpenMP region) keep the load near 2 on an
+#: otherwise idle 2-core host; another runnable process lifts it past the margin.
+HOST_BUSY_MARGIN = 0.5
+
+#: The convolutions whose host threading may follow the load (:func:`load_adaptive`)
+CONVOLUTIONS = {("", "Conv"), ("ai.graphcore", "ConvDataGrad"), ("ai.graphcore", "ConvWeightsGrad")}
 
 
 def numel(ir, tid) -> int:
@@ -85,6 +105,32 @@ def runs_serially(ir, op) -> bool:
     except (TypeError, ValueError, KeyError, AttributeError, IndexError):
         return False
     return work < (HOST_PARALLEL_WORK if contraction else HOST_SERIAL_ELEMENTS)
+
+
+def load_adaptive(ir, op) -> bool:
+    """Whether ``op`` is a float32 convolution (Conv, ConvDataGrad, ConvWeightsGrad) of
+    :data:`HOST_ADAPTIVE_WORK` to :data:`HOST_PARALLEL_WORK` multiply-accumulates: one whose host
+    threads may follow the load, if its results do not depend on them (the executor's check)."""
+    if (op.domain, op.op_type) not in CONVOLUTIONS:
+        return False
+    try:
+        if not all(ir.tensors[x].info.data_type() == "FLOAT" for x in [*op.inputs, *op.outputs] if x):
+            return False
+        work, _ = host_work(ir, op)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError):
+        return False
+    return HOST_ADAPTIVE_WORK <= work < HOST_PARALLEL_WORK
+
+
+def host_busy() -> bool:
+    """Whether the host has no core to spare for a second torch thread: its 1-minute load average
+    (``os.getloadavg``) is at least its logical CPUs (``os.cpu_count``) plus
+    :data:`HOST_BUSY_MARGIN`. True where the load average is not available (one thread, as for
+    any op under the thresholds). Read once per step: a host threading choice only."""
+    try:
+        return os.getloadavg()[0] >= (os.cpu_count() or 1) + HOST_BUSY_MARGIN
+    except (OSError, AttributeError):
+        return True
 
 
 def transpose_views(ir, keep: set) -> set:
