@@ -1,5 +1,5 @@
 """Internal exchange code: one unit per region, except that a run of equal regions at one address
-stride (a strided or transposed read) is one loop (``exchange.code_units``)."""
+stride (a strided or transposed read) is one loop (``exchange_moves.code_units``)."""
 
 import numpy as np
 from hypothesis import given, settings, strategies as st
@@ -7,6 +7,7 @@ from hypothesis import given, settings, strategies as st
 from openipu import poplar
 from openipu.poplar import cost as costmod
 from openipu.poplar import exchange as X
+from openipu.poplar import exchange_moves as XM
 from openipu.poplar import program as P
 
 
@@ -24,11 +25,11 @@ def test_code_units_count_arithmetic_progressions_per_group():
     group = np.array([0, 0, 0, 0, 0, 0, 1, 1, 1])
     start = np.array([0, 4, 8, 12, 16, 30, 0, 3, 10])
     length = np.array([2, 2, 2, 2, 2, 2, 1, 2, 1])
-    unit = X.code_units(group, start, length)
+    unit = XM.code_units(group, start, length)
     assert unit.tolist() == [True, True, False, False, False, True, True, True, True]
-    assert X.code_units(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)).size == 0
+    assert XM.code_units(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)).size == 0
     # a progression never continues across groups
-    assert X.code_units(np.array([0, 0, 1]), np.array([0, 2, 4]), np.array([1, 1, 1])).tolist() == [True, True, True]
+    assert XM.code_units(np.array([0, 0, 1]), np.array([0, 2, 4]), np.array([1, 1, 1])).tolist() == [True, True, True]
 
 
 def test_a_transposed_read_costs_a_loop_per_partner_not_a_region_per_element():

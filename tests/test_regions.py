@@ -2,7 +2,6 @@
 run-length tile maps, each checked against a per-element numpy reference."""
 
 import numpy as np
-import pytest
 from hypothesis import given, settings, strategies as st
 
 from openipu import poplar
@@ -240,6 +239,7 @@ def test_clone_preserves_the_memory_order_of_a_transposed_view():
 # ----------------------------------------------------------------------------------------------
 from openipu.poplar import cost as costmod  # noqa: E402
 from openipu.poplar import exchange as X  # noqa: E402
+from openipu.poplar import exchange_moves as XM  # noqa: E402
 
 
 def _spec(g):
@@ -364,7 +364,7 @@ def test_a_strided_read_across_many_runs_is_costed_per_point(monkeypatch):
     overlaps = X._run_overlaps
     monkeypatch.setattr(X, "_run_overlaps", lambda *a, **k: seen.append(overlaps(*a, **k)) or seen[-1])
     monkeypatch.setenv("OPENIPU_STRUCTURE_CACHE", "0")          # computed, not a memo hit
-    X.transfer_pairs(tr)
+    XM.transfer_pairs(tr)
     assert seen[0][0].size <= 48 * 48                           # at most one overlap per point read
     monkeypatch.undo()
     s, r = _volumes(_spec(g), [tr])

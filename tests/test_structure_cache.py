@@ -9,6 +9,7 @@ from onnx import TensorProto, helper
 
 from openipu import poplar, runner
 from openipu.poplar import exchange as X
+from openipu.poplar import exchange_moves as XM
 from openipu.poplar import structure_cache as SC
 
 
@@ -70,7 +71,7 @@ def test_a_hit_is_translated_onto_the_callers_variables(monkeypatch):
         _equal(X.tile_boxes(v), _uncached(monkeypatch, X.tile_boxes, v))
         _equal(X.lattices(v, boxes), _uncached(monkeypatch, X.lattices, v, boxes))
         tr = X.RegionTransfer(v, X.Boxes(boxes.lo[:, ::-1].copy(), boxes.sz[:, ::-1].copy(), boxes.tile))
-        _equal(X.transfer_pairs(tr), _uncached(monkeypatch, X.transfer_pairs, tr))
+        _equal(XM.transfer_pairs(tr), _uncached(monkeypatch, XM.transfer_pairs, tr))
     assert SC.MEMO.hits >= 3                       # b's geometry came from a's
     assert X.lattices(views[1], boxes)[1].tolist() != X.lattices(views[0], boxes)[1].tolist()
 

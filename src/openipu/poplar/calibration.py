@@ -47,7 +47,7 @@ CONTROL_CODE_BYTES_PER_STEP = 16
 
 #: Exchange code bytes per code unit of an exchange phase on a tile: per region (message) it sends
 #: or receives, except that a run of equal regions at one address stride is one loop of two units
-#: (``exchange.code_units``: Poplar sends a strided or transposed block with a repeat loop whose
+#: (``exchange_moves.code_units``: Poplar sends a strided or transposed block with a repeat loop whose
 #: address steps by the stride, not with code per region). [A] one 32-bit instruction for the
 #: address and one for the length.
 EXCHANGE_CODE_BYTES_PER_MESSAGE = 8

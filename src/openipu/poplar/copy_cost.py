@@ -20,6 +20,7 @@ import numpy as np
 from openipu.poplar import calibration as cal
 from openipu.poplar import cost as costmod
 from openipu.poplar import exchange as X
+from openipu.poplar import exchange_moves as XM
 from openipu.poplar import regions as R
 from openipu.poplar import sets as _sets
 from openipu.poplar import structure_cache as SC
@@ -91,7 +92,7 @@ def _same_row_layout(s: Tensor, rs: tuple, d: Tensor, rd: tuple) -> bool:
 
 def _monotone_pieces(t: Tensor) -> bool:
     """Whether every piece of ``t`` is a monotone lattice (:func:`exchange.monotone`): then so is
-    every box of it, and :func:`exchange.transfer_pairs` of a read of ``t`` is never
+    every box of it, and :func:`exchange_moves.transfer_pairs` of a read of ``t`` is never
     ``"elements"``."""
     p = t.pieces
     if len(p) == 0 or not t.rank():
@@ -196,7 +197,7 @@ class _CopyCosts:
         if tiles is not None and costmod.per_element_model(tr) and _monotone_pieces(s):
             # a small copy whose exchange the per-element model costs (the boxes are small): the
             # elements that change tile counted from the tiles compared above, not from the
-            # transfer's lattice moves (the same counts: :func:`exchange.moved_elements`)
+            # transfer's lattice moves (the same counts: :func:`exchange_moves.moved_elements`)
             ts, td = tiles
             mv = (ts != td) & (td >= 0)
             moved = np.bincount(td[mv], minlength=T).astype(np.float64)
@@ -210,8 +211,8 @@ class _CopyCosts:
             return c
         # the moves are computed once for both the on-tile part and the exchange (a copy of a
         # large activation has too many for the structure memo to keep)
-        pairs = X.transfer_pairs(tr)
-        moved = X.moved_elements(tr, T, pairs)
+        pairs = XM.transfer_pairs(tr)
+        moved = XM.moved_elements(tr, T, pairs)
         if moved is None or overlap:
             # a copy onto itself or an overlapping view: per element (small, rare)
             ss, ds = self.state.space(s._type), self.state.space(d._type)

@@ -154,7 +154,7 @@ class Transfer:
 @dataclass
 class ExchangeVolume:
     """Per tile: bytes and regions received and sent in one exchange phase; plus inter-IPU bytes;
-    and the exchange code units per tile (:func:`openipu.poplar.exchange.code_units`: a run of
+    and the exchange code units per tile (:func:`openipu.poplar.exchange_moves.code_units`: a run of
     equal regions at one stride is one loop), which size the Internal Exchange Code."""
 
     recv_bytes: np.ndarray
@@ -233,7 +233,7 @@ ELEMENTS_PER_BOX = 16
 def per_element_model(tr) -> bool:
     """Whether :func:`exchange_volume` costs the region transfer ``tr`` with the per-element
     model (its boxes hold at most :data:`ELEMENTS_PER_BOX` elements each on average, counting the
-    view's elements too) rather than the lattice overlaps of :func:`exchange.add_volume`."""
+    view's elements too) rather than the lattice overlaps of :func:`exchange_moves.add_volume`."""
     k = len(tr.boxes)
     if not (k and tr.view.rank() and tr.boxes.lo.shape[1] == tr.view.rank()):
         return False
@@ -434,8 +434,8 @@ def exchange_volume(spec, transfers: list, pairs: list | None = None) -> Exchang
     Memoised (:mod:`structure_cache`) when every transfer is a :class:`RegionTransfer`: the
     volume depends on their views' structure, their variables' tile mappings, the boxes and the
     target only, so identical layers cost their exchange once (see :func:`_exchange_volume`).
-    ``pairs``: per transfer, its :func:`exchange.transfer_pairs` when the caller has computed
-    them (``exchange.UNSET`` for the others), so they are not computed again."""
+    ``pairs``: per transfer, its :func:`exchange_moves.transfer_pairs` when the caller has computed
+    them (``exchange_moves.UNSET`` for the others), so they are not computed again."""
     if not transfers or not SC.enabled() or not all(isinstance(tr, RegionTransfer) for tr in transfers):
         return _exchange_volume(spec, transfers, pairs)
     parts = [repr(spec).encode()]

@@ -427,25 +427,6 @@ def _lattices(view, boxes: Boxes, chunk: int = 1 << 20):
     return tuple(np.concatenate([o[i] for o in out]) for i in range(6))
 
 
-# the moves and volumes of transfers (split out; these names stay importable from here)
-from openipu.poplar.exchange_moves import (
-    _ADDRESS_FIELDS,
-    SHARED_BOX_MAX_FRACTION,
-    UNSET,
-    _accumulate,
-    _add_shared_box_reads,
-    _all_intervals,
-    _first_of_equal_rows,
-    _split_sparse,
-    _transfer_pairs,
-    _union,
-    add_volume,
-    code_units,
-    moved_elements,
-    transfer_pairs,
-)
-
-
 def _register_records():
     from openipu.poplar.graph_codec import data_class
     data_class(Boxes)
