@@ -219,3 +219,22 @@ def test_short_keys_are_equal_exactly_when_the_full_keys_are():
         v_space.__dict__.pop("_mapping_token", None)
     again = check()
     assert not set(again) & set(before + after)
+
+
+def test_the_targets_key_is_its_repr_and_kept_only_for_frozen_targets():
+    from dataclasses import dataclass
+
+    from openipu import ipu
+    from openipu.poplar import cost as C
+
+    t = ipu.target("ipu2")
+    assert C._spec_key(t) == repr(t).encode() and C._spec_key(t) is C._spec_key(t)
+
+    @dataclass
+    class Mutable:
+        tiles: int
+
+    m = Mutable(4)
+    assert C._spec_key(m) == repr(m).encode()
+    m.tiles = 8                                     # a mutable target's key follows its fields
+    assert C._spec_key(m) == repr(Mutable(8)).encode()
