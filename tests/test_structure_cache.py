@@ -162,3 +162,80 @@ def test_sorted_lattices_of_one_stride_pattern_match_the_row_by_row_sort():
         slow = R.sorted_lattices(np.r_[addr, 0], sz2, st2)
         for a, b in zip(fast, slow):
             np.testing.assert_array_equal(a, b[:k])
+
+
+def _key_of_bytes(view, with_runs, extra=()):
+    """view_key as it was built before the mapping tokens and the per-pieces cache: the full
+    mapping bytes of each variable (the reference the short keys must agree with)."""
+    p = view.pieces
+    variables = view._state.variables
+    uv, inv = np.unique(p.var, return_inverse=True)
+    inv = inv.reshape(-1)
+    starts = np.array([variables[v].start for v in uv.tolist()], np.int64)
+    parts = [np.int64(view.rank()).tobytes()]
+    parts += SC.array_bytes(inv, p.addr - starts[inv], p.lo, p.sz, np.broadcast_to(p.st, p.sz.shape), *extra)
+    if with_runs:
+        space = view._state.space(view._type)
+        parts += [SC.mapping_bytes(space.vars[variables[v].space_index]) for v in uv.tolist()]
+    return b"".join(parts)
+
+
+def test_short_keys_are_equal_exactly_when_the_full_keys_are():
+    """Mapping tokens and the per-pieces cache change how a key is spelled, not which views share
+    one: over random views of variables with random mappings (some alike), two views' keys are
+    equal exactly when their full-byte keys are, also when a mapping changes after a key was made
+    and after the token table and the pieces cache are emptied."""
+    rng = np.random.default_rng(7)
+    g = _graph()
+    vs = []
+    for i in range(6):
+        v = g.addVariable(poplar.FLOAT, [4, 6], f"v{i}")
+        g.setTileMapping(v, np.repeat(rng.integers(0, 3, 4) if i % 2 else np.arange(4) % 3, 6))
+        vs.append(v)
+    views = []
+    for v in vs:
+        views += [v, v[1:3], v.transpose(), v.slice(2, 5, 1), v.reshape([6, 4])[::2]]
+    views += [poplar.concat([vs[0], vs[1]]), poplar.concat([vs[2], vs[3]]), poplar.concat([vs[4], vs[5]])]
+
+    def check():
+        short = [SC.view_key(b"t", w, True)[0] for w in views]
+        full = [_key_of_bytes(w, True) for w in views]
+        for i in range(len(views)):
+            for j in range(len(views)):
+                assert (short[i] == short[j]) == (full[i] == full[j]), (i, j)
+        assert len(set(short)) < len(views)          # some share a key
+        # the pieces cache returns what a fresh key is
+        SC.clear_pieces_keys()
+        assert [SC.view_key(b"t", w, True)[0] for w in views] == short
+        return short
+
+    before = check()
+    g.setTileMapping(vs[0], 2)                        # a mapping change after the keys were made
+    after = check()
+    assert before[0] != after[0] and before[5] == after[5]   # vs[0] changed, vs[1] did not
+    SC._INTERNED.ids.clear()                          # the token table emptied: new numbers, no reuse
+    SC._INTERNED.nbytes = 0
+    for v in vs:
+        v_space = g._state.space(v._type).vars[g._state.variables[v.pieces.row[0]].space_index]
+        v_space.__dict__.pop("_mapping_token", None)
+    again = check()
+    assert not set(again) & set(before + after)
+
+
+def test_the_targets_key_is_its_repr_and_kept_only_for_frozen_targets():
+    from dataclasses import dataclass
+
+    from openipu import ipu
+    from openipu.poplar import cost as C
+
+    t = ipu.target("ipu2")
+    assert C._spec_key(t) == repr(t).encode() and C._spec_key(t) is C._spec_key(t)
+
+    @dataclass
+    class Mutable:
+        tiles: int
+
+    m = Mutable(4)
+    assert C._spec_key(m) == repr(m).encode()
+    m.tiles = 8                                     # a mutable target's key follows its fields
+    assert C._spec_key(m) == repr(Mutable(8)).encode()

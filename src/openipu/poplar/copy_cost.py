@@ -85,8 +85,8 @@ def _same_row_layout(s: Tensor, rs: tuple, d: Tensor, rd: tuple) -> bool:
     vs, vd = s._state.variables[rs[0]], d._state.variables[rd[0]]
     if rs[1] - vs.start != rd[1] - vd.start:
         return False
-    ms = SC.mapping_bytes(s._state.space(s._type).vars[vs.space_index])
-    md = SC.mapping_bytes(d._state.space(d._type).vars[vd.space_index])
+    ms = SC.mapping_token(s._state.space(s._type).vars[vs.space_index])
+    md = SC.mapping_token(d._state.space(d._type).vars[vd.space_index])
     return ms == md
 
 

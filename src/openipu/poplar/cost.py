@@ -429,6 +429,24 @@ def _add_read_segments(T, tpi, size, count_send, seg, recv_b, send_b, recv_m, se
         glob += np.bincount(d[cross] // tpi, weights=contrib[cross], minlength=glob.size) * size
 
 
+_SPEC_KEYS: dict = {}
+
+
+def _spec_key(spec) -> bytes:
+    """``repr(spec)`` as key bytes; kept per target object when its class is a frozen dataclass
+    (:class:`openipu.ipu.Target`: it cannot change), made again otherwise."""
+    hit = _SPEC_KEYS.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    b = repr(spec).encode()
+    params = getattr(type(spec), "__dataclass_params__", None)
+    if params is not None and params.frozen:
+        if len(_SPEC_KEYS) > 64:
+            _SPEC_KEYS.clear()
+        _SPEC_KEYS[id(spec)] = (spec, b)
+    return b
+
+
 def exchange_volume(spec, transfers: list, pairs: list | None = None) -> ExchangeVolume:
     """Bytes and messages each tile receives and sends for ``transfers`` (local elements are free).
     Memoised (:mod:`structure_cache`) when every transfer is a :class:`RegionTransfer`: the
@@ -438,7 +456,7 @@ def exchange_volume(spec, transfers: list, pairs: list | None = None) -> Exchang
     them (``exchange_moves.UNSET`` for the others), so they are not computed again."""
     if not transfers or not SC.enabled() or not all(isinstance(tr, RegionTransfer) for tr in transfers):
         return _exchange_volume(spec, transfers, pairs)
-    parts = [repr(spec).encode()]
+    parts = [_spec_key(spec)]
     for tr in transfers:
         parts.append(b"%d%d%d%s" % (tr.to_owner, tr.count_send, tr.view._type.size,
                                     repr(float(getattr(tr, "supertile_recv_scale", 1.0))).encode()))

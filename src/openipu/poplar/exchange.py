@@ -208,6 +208,18 @@ def _tile_boxes(t) -> Boxes:
         if not sel.size:
             continue
         owner, blo, bsz = R.range_boxes(u[sel], v[sel], key[g].tolist())
+        if inv is None:
+            # one piece: its dims, flips and sizes are the same for every box (no per-box gathers)
+            los.append(np.repeat(p.lo[:1], owner.size, axis=0))
+            szs.append(np.repeat(p.sz[:1], owner.size, axis=0))
+            for j, (od, fl, nn) in enumerate(zip(dim[0, ::-1].tolist(), flip[0, ::-1].tolist(),
+                                                 n[0, ::-1].tolist())):
+                if od >= 0:
+                    c0, cs = blo[:, j], bsz[:, j]
+                    los[-1][:, od] = p.lo[0, od] + (nn - c0 - cs if fl else c0)
+                    szs[-1][:, od] = cs
+            tiles.append(gtl[ri[sel][owner]].astype(_I64))
+            continue
         pk = pi[sel][owner]
         # lattice coords (outermost first) back to box dims of the piece
         lo_box = p.lo[pk].copy()

@@ -22,6 +22,7 @@ from openipu.poplar import errors
 from openipu.poplar import exchange as X
 from openipu.poplar import program as P
 from openipu.poplar import pvti
+from openipu.poplar import structure_cache as SC
 from openipu.poplar.executable import (Executable, _AbortStep, _Branch, _Compiled, _CollectiveStep, _CopyStep,
                                        _CrossReplicaStep, _ExecuteStep, _GroupRunner, _HostCallStep, _IndexAcc,
                                        _If, _Leaf, _PrintStep, _RemoteStep, _Repeat, _Seq, _Step, _StreamToDevice,
@@ -607,6 +608,7 @@ def compile_programs(graph: Graph, programs: list, options: OptionFlags, progres
         progress(1, 3)
     with pvti.span("compile: plan tile memory and liveness", "poplar", steps=len(comp.steps)):
         memory = plan_memory(comp, pos_ranges)
+    SC.clear_pieces_keys()
     if progress:
         progress(2, 3)
     out = _Compiled()

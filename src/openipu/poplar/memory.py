@@ -465,6 +465,19 @@ def _tile_peaks(chunks, T: int, H: int, ipus: int = 0, tiles_per_ipu: int = 1):
     delta = np.zeros(H)
     per_ipu = np.zeros(ipus * H)
     block = max(1, PEAK_TABLE_CELLS // H)
+    if block >= T:
+        # one block: the byte change per half-step (and per IPU) are the table's sums over tiles
+        # (whole numbers: exact in any order), not two more passes over the events
+        table = np.zeros(H * T)
+        for et, es, eb in _event_batches(chunks):
+            table += np.bincount(es.astype(np.int64) * T + et, weights=eb, minlength=H * T)
+        table = table.reshape(H, T)
+        delta = table.sum(axis=1)
+        if ipus:
+            per_ipu = table.reshape(H, ipus, tiles_per_ipu).sum(axis=2).T.reshape(-1)
+        np.cumsum(table, axis=0, out=table)
+        peak = np.maximum(table.max(axis=0), 0)
+        return peak, delta, per_ipu.reshape(ipus, H)
     for lo in range(0, T, block):
         hi = min(T, lo + block)
         w = hi - lo

@@ -746,14 +746,15 @@ def box_flat_runs(lo: np.ndarray, sz: np.ndarray, shape):
     rows_mask = np.arange(d)[None, :] < kk[:, None]
     cnt = np.prod(np.where(rows_mask, sz, 1), axis=1, dtype=_I64)
     owner, local = group_ranks(cnt)
-    start = (lo[owner] * W[None, :]).sum(axis=1)
-    m = rows_mask[owner]
-    s_o = sz[owner]
+    start = (np.asarray(lo, _I64) @ W)[owner]
     for j in range(d - 1, -1, -1):
-        use = m[:, j]
-        dig = np.where(use, local % np.where(use, s_o[:, j], 1), 0)
-        local = np.where(use, local // np.where(use, s_o[:, j], 1), local)
-        start += dig * W[j]
+        # a row dim of some box with more than one row (else every run's digit is 0)
+        r = np.where(rows_mask[:, j], sz[:, j], 1)
+        if (r == 1).all():
+            continue
+        r = r[owner]
+        start += (local % r) * W[j]
+        local //= r
     return owner, start, length[owner]
 
 

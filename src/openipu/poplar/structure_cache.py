@@ -19,6 +19,7 @@ recently used first out; entries over a quarter of it are not kept) and lives fo
 from __future__ import annotations
 
 import os
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -93,25 +94,54 @@ def view_key(tag: bytes, view, with_runs: bool, extra=()):
     start addresses, int64 ``[v]``). ``tag``
     names the function; ``extra`` arrays (e.g. the boxes) join the key. ``with_runs``: the key
     also holds each variable's size and tile mapping (start of each run within the variable,
-    its tile)."""
+    its tile), as the mapping's :func:`mapping_token`."""
     p = view.pieces
     state = view._state
     variables = state.variables
-    if p.row is not None:
-        uv = np.array([p.row[0]], _I64)
-        inv = np.zeros(1, _I64)
+    hit = _PIECES_KEYS.get(id(p))
+    if hit is not None and hit[0] is p and hit[1]() is state:
+        body, uv, starts = hit[2:]
     else:
-        uv, inv = np.unique(p.var, return_inverse=True)
-        inv = inv.reshape(-1)
-    starts = np.array([variables[v].start for v in uv.tolist()], _I64)
-    st = np.broadcast_to(p.st, p.sz.shape)
-    parts = [tag, np.int64(view.rank()).tobytes()]
-    parts += array_bytes(inv, p.addr - starts[inv], p.lo, p.sz, st, *extra)
+        if p.row is not None:
+            uv = np.array([p.row[0]], _I64)
+            inv = np.zeros(1, _I64)
+        else:
+            uv, inv = np.unique(p.var, return_inverse=True)
+            inv = inv.reshape(-1)
+        starts = np.array([variables[v].start for v in uv.tolist()], _I64)
+        st = np.broadcast_to(p.st, p.sz.shape)
+        body = b"".join(array_bytes(inv, p.addr - starts[inv], p.lo, p.sz, st))
+        global _pieces_bytes
+        if len(_PIECES_KEYS) >= _PIECES_KEYS_MAX or _pieces_bytes + len(body) > _PIECES_KEYS_MAX_BYTES:
+            clear_pieces_keys()
+        _PIECES_KEYS[id(p)] = (p, weakref.ref(state), body, uv, starts)
+        _pieces_bytes += len(body)
+    parts = [tag, np.int64(view.rank()).tobytes(), body]
+    parts += array_bytes(*extra)
     if with_runs:
         space = state.space(view._type)
         for v in uv.tolist():
-            parts.append(mapping_bytes(space.vars[variables[v].space_index]))
-    return b"".join(parts), uv, starts
+            parts.append(mapping_token(space.vars[variables[v].space_index]))
+    return b"".join(parts), uv.copy(), starts.copy()
+
+
+#: the structure part of :func:`view_key` per pieces object (``id`` -> the pieces, a weak
+#: reference to their graph state, key bytes, variable ids, starts): a compute set's transfer is
+#: keyed three times (its volume, its moves, its lattices) and an operand read by several compute
+#: sets more. The entry holds the pieces, so their ``id`` is not reused while it is here; pieces
+#: are never changed after they are made, and a variable's start address is fixed when it is
+#: added. Bounded (entries and key bytes); the engine compile empties it when it ends.
+_PIECES_KEYS: dict = {}
+_PIECES_KEYS_MAX = 512
+_PIECES_KEYS_MAX_BYTES = 32 << 20
+_pieces_bytes = 0
+
+
+def clear_pieces_keys() -> None:
+    """Empty :func:`view_key`'s per-pieces cache (host memory only; no result changes)."""
+    global _pieces_bytes
+    _PIECES_KEYS.clear()
+    _pieces_bytes = 0
 
 
 def mapping_bytes(var) -> bytes:
@@ -126,3 +156,45 @@ def mapping_bytes(var) -> bytes:
     b = b"".join(array_bytes(np.array([var.numel]), ts, ti))
     var.__dict__["_mapping_key"] = (ts, ti, var.numel, b)
     return b
+
+
+class _Interned:
+    """Distinct mapping byte strings -> serial numbers, never reused (so a number always stands
+    for one byte string, also after the table is emptied). Bounded like the memo: past
+    ``max_bytes`` of strings the table is emptied and numbering goes on, so a mapping seen again
+    gets a new number and the memo's old entries for it are misses (never wrong hits)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.ids: dict[bytes, bytes] = {}
+        self.nbytes = 0
+        self.next = 0
+
+    def token(self, b: bytes) -> bytes:
+        t = self.ids.get(b)
+        if t is None:
+            if self.nbytes + len(b) > self.max_bytes:
+                self.ids.clear()
+                self.nbytes = 0
+            t = self.ids[b] = b"m" + np.int64(self.next).tobytes()
+            self.next += 1
+            self.nbytes += len(b)
+        return t
+
+
+_INTERNED = _Interned(MAX_BYTES)
+
+
+def mapping_token(var) -> bytes:
+    """Short key bytes (9) standing for :func:`mapping_bytes` of ``var``: equal tokens mean equal
+    mapping bytes (an exact interning, not a hash), so keys compare a variable's size and tile
+    mapping without holding them. A MiniLM compile hashed and compared 45 MB of keys when they
+    held the mapping bytes. Kept on the variable beside the bytes (made again only when the
+    mapping changes, see :func:`mapping_bytes`)."""
+    b = mapping_bytes(var)
+    c = var.__dict__.get("_mapping_token")
+    if c is not None and c[0] is b:
+        return c[1]
+    t = _INTERNED.token(b)
+    var.__dict__["_mapping_token"] = (b, t)
+    return t

@@ -179,18 +179,7 @@ class Tensor:
         out = np.empty(self._shape, np.int64)
         if len(p) == 0:
             return out
-        cnt = p.numel()
-        rep, local = R.group_ranks(cnt)
-        addr = p.addr[rep].copy()
-        pos = np.zeros(local.size, np.int64)
-        W = 1
-        sz, st, lo = p.sz[rep], p.st[rep], p.lo[rep]
-        for i in range(d - 1, -1, -1):
-            dig = local % sz[:, i]
-            local //= sz[:, i]
-            addr += dig * st[:, i]
-            pos += (lo[:, i] + dig) * W
-            W *= self._shape[i]
+        addr, pos = _piece_addresses(p, self._shape)
         out.reshape(-1)[pos] = addr
         return out
 
@@ -542,3 +531,40 @@ def _register_records():
 
 
 _register_records()
+
+
+def _piece_digits(p: R.Pieces):
+    """Per element of the pieces laid end to end (row-major within each piece): the piece and the
+    ``(dim, digit)`` of each dim some piece spans (more than one element), innermost first.
+    Digits of a dim whose size all pieces share use that size as a scalar (no gather)."""
+    cnt = p.numel()
+    rep, local = R.group_ranks(cnt)
+    used = [i for i in range(p.sz.shape[1]) if (p.sz[:, i] > 1).any()]
+    digits = []
+    for n, i in enumerate(reversed(used)):
+        if n == len(used) - 1:
+            digits.append((i, local))                 # the outermost used dim: the rest of the rank
+            break
+        col = p.sz[:, i]
+        r = int(col[0]) if (col == col[0]).all() else col[rep]
+        digits.append((i, local % r))
+        local = local // r
+    return rep, digits
+
+
+
+def _piece_addresses(p: R.Pieces, shape) -> tuple[np.ndarray, np.ndarray]:
+    """The address of each element of the pieces laid end to end, and its row-major position in
+    a tensor of ``shape`` (int64 arrays)."""
+    rep, digits = _piece_digits(p)
+    st = np.broadcast_to(p.st, p.sz.shape)
+    W = np.ones(len(shape), np.int64)
+    for i in range(len(shape) - 2, -1, -1):
+        W[i] = W[i + 1] * shape[i + 1]
+    addr = p.addr[rep]
+    pos = (p.lo @ W)[rep] if len(shape) else np.zeros(rep.size, np.int64)
+    for i, dig in digits:
+        col = st[:, i]
+        addr = addr + dig * (int(col[0]) if (col == col[0]).all() else col[rep])
+        pos = pos + dig * int(W[i])
+    return addr, pos
