@@ -206,10 +206,51 @@ class TileMapping:
         p = src.pieces
         order = np.lexsort((p.addr, p.var))
         out = self.add_blocks(type_, src.shape(), p.lo[order], p.sz[order], name)
+        if self._clone_dense_pieces(src, out, order):
+            return out
         boxes = tile_boxes(src)
         keep = boxes.tile >= 0
         self.set_tile_boxes(out, type(boxes)(boxes.lo[keep], boxes.sz[keep], boxes.tile[keep]))
         return out
+
+    def _clone_dense_pieces(self, src: Tensor, out: Tensor, order: np.ndarray) -> bool:
+        """:meth:`_clone_pieces`' mapping in closed form when every piece of ``src`` is row-major
+        dense in one variable (the usual case: blocks of a blocked variable, or a slice along
+        the blocks): piece ``order[i]`` of ``src`` covers the addresses ``[addr, addr + n)`` in
+        the order that piece ``i`` of ``out`` stores them, so ``out``'s runs are the source
+        variable's runs over those intervals, moved to the piece's offset. Returns False (nothing
+        mapped) when the pieces are not all dense or not of one variable; the caller then maps
+        ``out`` box by box."""
+        p = src.pieces
+        var_id = p.var[0]
+        if not (p.var == var_id).all():
+            return False
+        sz, st = p.sz, p.st
+        expect = np.ones_like(sz)
+        for j in range(sz.shape[1] - 2, -1, -1):
+            expect[:, j] = expect[:, j + 1] * sz[:, j + 1]
+        if not ((st == expect) | (sz == 1)).all():
+            return False
+        var = self._state.variables[int(var_id)]
+        s, ids = var.tile_starts, var.tile_ids
+        n = np.prod(sz, axis=1, dtype=np.int64)[order]
+        a = p.addr[order] - var.start
+        e = a + n
+        out_var = self._state.variables[int(out.pieces.var[0])]
+        off = out.pieces.addr - out_var.start
+        i0 = np.searchsorted(s, a, side="right") - 1
+        i1 = np.searchsorted(s, e, side="left")
+        cnt = i1 - i0
+        piece = np.repeat(np.arange(n.size), cnt)
+        idx = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt) + i0[piece]
+        nxt = np.append(s[1:], var.numel)[idx]
+        lo_ = np.maximum(s[idx], a[piece]) - a[piece] + off[piece]
+        hi_ = np.minimum(nxt, e[piece]) - a[piece] + off[piece]
+        tl = ids[idx]
+        keep = tl >= 0
+        if keep.any():
+            self._state.space(out._type).map_intervals(out_var, lo_[keep], hi_[keep], tl[keep])
+        return True
 
     def tile_runs_of(self, t: Tensor, perm=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(begin, end, global tile)`` runs of ``t``'s flattened elements (-1: unmapped), adjacent
