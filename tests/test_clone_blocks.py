@@ -1,8 +1,9 @@
 """``Graph.clone_layout`` of a view of a blocked variable (issue 34): the closed form
-(``TileMapping._clone_dense_pieces``: the source variable's runs over each dense piece, moved to
-the clone's piece) maps the clone exactly as the general path (the view's tile boxes laid over
-the clone's pieces), on random grids, mappings and views; views whose pieces are not dense take
-the general path."""
+(``TileMapping._clone_piece_rows``: the source variable's runs over each row of consecutive
+addresses of the pieces, moved to the clone's place of that row) maps the clone exactly as the
+general path (the view's tile boxes laid over the clone's pieces), on random grids, mappings and
+views (slices, transposes, reversals, repeated blocks); views of too many rows take the general
+path."""
 
 import numpy as np
 import pytest
@@ -46,22 +47,22 @@ def _random_view(rng, t):
 
 
 def _clone(g, view, fast, hits):
-    saved = gm.TileMapping._clone_dense_pieces
+    saved = gm.TileMapping._clone_piece_rows
 
     def counted(self, src, out, order):
         ok = saved(self, src, out, order)
         hits.append(ok)
         return ok
-    gm.TileMapping._clone_dense_pieces = counted if fast else (lambda self, src, out, order: False)
+    gm.TileMapping._clone_piece_rows = counted if fast else (lambda self, src, out, order: False)
     try:
         c = g.clone_layout(poplar.FLOAT, view, "c")
     finally:
-        gm.TileMapping._clone_dense_pieces = saved
+        gm.TileMapping._clone_piece_rows = saved
     return c
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_clone_of_blocks_maps_as_the_general_path(seed):
+def test_clone_of_blocks_maps_as_the_general_path(seed, monkeypatch):
     rng = np.random.default_rng(seed)
     hits = []
     for _ in range(40):
@@ -79,6 +80,7 @@ def test_clone_of_blocks_maps_as_the_general_path(seed):
         view = _random_view(rng, w)
         if not gm.blocked(view.pieces):
             continue
+        monkeypatch.setattr(gm, "CLONE_ROWS_MAX", 4 if rng.random() < 0.2 else 1 << 16)
         a, b = _clone(g, view, True, hits), _clone(g, view, False, hits)
         for x, y in zip(g.tile_runs_of(a), g.tile_runs_of(b)):
             np.testing.assert_array_equal(x, y)
@@ -88,14 +90,14 @@ def test_clone_of_blocks_maps_as_the_general_path(seed):
     assert sum(hits) >= 15 and not all(hits)       # both paths exercised
 
 
-def test_out_of_form_views_take_the_general_path():
+def test_views_of_many_rows_take_the_general_path(monkeypatch):
     g = _graph()
     lo, sz = np.array([[0, 0], [0, 4]], np.int64), np.array([[6, 4], [6, 4]], np.int64)
     w = g.add_blocks(poplar.FLOAT, [6, 8], lo, sz, "w")
     g.set_tile_runs(w, np.array([0, 20]), np.array([20, 48]), np.array([3, 5]))
-    src = w.reverse(1)
+    src = w.reverse(1)                                  # 6 rows of 1 element per piece: 48 rows
     out = g.add_blocks(poplar.FLOAT, [6, 8], lo, sz, "o")
-    assert not g._clone_dense_pieces(src, out, np.arange(2))
-    strided = w.subSample(2, 1)
-    out2 = g.add_blocks(poplar.FLOAT, [6, 4], np.array([[0, 0], [0, 2]]), np.array([[6, 2], [6, 2]]), "o2")
-    assert not g._clone_dense_pieces(strided, out2, np.arange(2))
+    monkeypatch.setattr(gm, "CLONE_ROWS_MAX", 47)
+    assert not g._clone_piece_rows(src, out, np.arange(2))
+    monkeypatch.setattr(gm, "CLONE_ROWS_MAX", 48)
+    assert g._clone_piece_rows(src, out, np.arange(2))
