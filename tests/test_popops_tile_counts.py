@@ -1,5 +1,5 @@
 """popops' per-tile element counts of a view whose pieces each cover an interval of addresses
-(``_common._interval_tile_counts``, issue 34) against the general count from the view's tile
+(``_common.interval_tile_counts``, issue 34) against the general count from the view's tile
 boxes (``Graph.tile_element_counts``) on random views and mappings; other views take the
 general path."""
 
@@ -62,7 +62,7 @@ def test_interval_counts_equal_the_general_counts(seed):
         g = _graph()
         g.setTileMapping(g.addVariable(poplar.FLOAT, [int(rng.integers(1, 20))], "before"), 0)
         t = _random_view(rng, g)
-        got = C._interval_tile_counts(g, t)
+        got = C.interval_tile_counts(g, t)
         want = g.tile_element_counts(t).astype(np.int64)
         if got is None:
             misses += 1
@@ -73,3 +73,28 @@ def test_interval_counts_equal_the_general_counts(seed):
         np.testing.assert_array_equal(used, np.flatnonzero(want))
         np.testing.assert_array_equal(counts, want[used])
     assert hits >= 30 and misses >= 5
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_poplin_laid_out_answers_as_with_the_general_counts(seed, monkeypatch):
+    """poplin's test whether an operand already has the plan's layout counts elements per tile
+    from the runs when it can: the same answers as with the counts from the view's tile boxes."""
+    from openipu.poplar.exchange import tile_boxes
+    from openipu.poplibs.poplin import core
+    rng = np.random.default_rng(10 + seed)
+    answers = []
+    for _ in range(60):
+        g = _graph()
+        t = _random_view(rng, g)
+        tb = tile_boxes(t)
+        keep = tb.tile >= 0
+        lo, sz, tiles = tb.lo[keep], tb.sz[keep], tb.tile[keep].copy()
+        if tiles.size and rng.random() < 0.4:
+            tiles[int(rng.integers(0, tiles.size))] = int(rng.integers(0, 16))     # maybe another tile
+        fast = core._laid_out(g, t, lo, sz, tiles)
+        with monkeypatch.context() as m:
+            m.setattr(core, "interval_tile_counts", lambda graph, t: None)
+            general = core._laid_out(g, t, lo, sz, tiles)
+        assert fast == general
+        answers.append(fast)
+    assert True in answers and False in answers

@@ -40,14 +40,14 @@ def tile_counts(graph, tiles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def tile_counts_of(graph, t) -> tuple[np.ndarray, np.ndarray]:
     """``(used_tiles, elements_on_each)`` (global tiles, int64) of a mapped tensor, from its
     regions (no per-element work)."""
-    counts = _interval_tile_counts(graph, t)
+    counts = interval_tile_counts(graph, t)
     if counts is None:
         counts = graph.tile_element_counts(t).astype(np.int64)
     used = np.flatnonzero(counts)
     return used, counts[used]
 
 
-def _interval_tile_counts(graph, t) -> np.ndarray | None:
+def interval_tile_counts(graph, t) -> np.ndarray | None:
     """Elements of ``t`` on each global tile (int64, one entry per tile of the target) when
     every piece of ``t`` covers an interval of addresses of one variable exactly once (its
     strides, sorted, are the row-major strides of its sizes in some order of its dims: a
