@@ -206,10 +206,69 @@ class TileMapping:
         p = src.pieces
         order = np.lexsort((p.addr, p.var))
         out = self.add_blocks(type_, src.shape(), p.lo[order], p.sz[order], name)
+        if self._clone_piece_rows(src, out, order):
+            return out
         boxes = tile_boxes(src)
         keep = boxes.tile >= 0
         self.set_tile_boxes(out, type(boxes)(boxes.lo[keep], boxes.sz[keep], boxes.tile[keep]))
         return out
+
+    def _clone_piece_rows(self, src: Tensor, out: Tensor, order: np.ndarray) -> bool:
+        """:meth:`_clone_pieces`' mapping in closed form, row by row: each piece of ``src`` is cut
+        into rows, the dims inside which its strides are row-major (size-1 dims ignored) making
+        one row of consecutive addresses (a dense piece is one row; a slice of a block is one row
+        per outer index). Piece ``order[i]`` of ``src`` lists its elements in the order piece ``i``
+        of ``out`` stores them, so ``out``'s runs are the source variable's runs over the rows'
+        intervals, moved to their places in ``out``. Returns False (nothing mapped) when the
+        pieces are not of one variable or make more than :data:`CLONE_ROWS_MAX` rows; the caller
+        then maps ``out`` box by box."""
+        p = src.pieces
+        var_id = p.var[0]
+        if not (p.var == var_id).all():
+            return False
+        sz, st = p.sz[order], p.st[order]
+        k, d = sz.shape
+        inner = np.ones(k, np.int64)             # elements of the dims inside dim j
+        suffix = np.ones(k, bool)                # dims j.. are row-major so far
+        outer = sz.copy()                        # sizes of the dims outside each piece's rows
+        for j in range(d - 1, -1, -1):
+            suffix &= (sz[:, j] == 1) | (st[:, j] == inner)
+            outer[suffix, j] = 1
+            inner = inner * sz[:, j]
+        n = inner                                 # elements per piece
+        rows = np.prod(outer, axis=1, dtype=np.int64)
+        rows[n == 0] = 0
+        total = int(rows.sum())
+        if total > CLONE_ROWS_MAX:
+            return False
+        length = n // np.maximum(rows, 1)          # elements per row
+        var = self._state.variables[int(var_id)]
+        out_var = self._state.variables[int(out.pieces.var[0])]
+        piece = np.repeat(np.arange(k), rows)
+        r = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(rows) - rows, rows)
+        a = p.addr[order][piece] - var.start      # each row's first address in its variable
+        q = r.copy()
+        for j in range(d - 1, -1, -1):            # the row's outer index, innermost dim first
+            size = outer[piece, j]
+            a += (q % size) * st[piece, j]
+            q //= size
+        L = length[piece]
+        off = (out.pieces.addr - out_var.start)[piece] + r * L
+        e = a + L
+        s, ids = var.tile_starts, var.tile_ids
+        i0 = np.searchsorted(s, a, side="right") - 1
+        i1 = np.searchsorted(s, e, side="left")
+        cnt = i1 - i0
+        row = np.repeat(np.arange(total), cnt)
+        idx = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt) + i0[row]
+        nxt = np.append(s[1:], var.numel)[idx]
+        lo_ = np.maximum(s[idx], a[row]) - a[row] + off[row]
+        hi_ = np.minimum(nxt, e[row]) - a[row] + off[row]
+        tl = ids[idx]
+        keep = tl >= 0
+        if keep.any():
+            self._state.space(out._type).map_intervals(out_var, lo_[keep], hi_[keep], tl[keep])
+        return True
 
     def tile_runs_of(self, t: Tensor, perm=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(begin, end, global tile)`` runs of ``t``'s flattened elements (-1: unmapped), adjacent
@@ -312,6 +371,10 @@ def _flat_view(t: Tensor):
     var = t._state.variables[v]
     return var, a - var.start
 
+
+#: most rows of consecutive addresses :meth:`TileMapping._clone_piece_rows` maps a clone by;
+#: a view of more (a transposed or finely strided view of a blocked tensor) is mapped box by box
+CLONE_ROWS_MAX = 1 << 16
 
 #: views of at most this many elements have their tile runs looked up element by element
 #: (:meth:`Graph.tile_runs_of`)

@@ -38,6 +38,7 @@ from openipu.poplar.exchange import Boxes, lattices, tile_boxes
 from openipu.poplar.graph import Access, VertexGroup
 from openipu.poplar.graph_mapping import box_tile_runs
 from openipu.poplibs.popops import dynamic_slice as dslice
+from openipu.poplibs.popops._common import interval_tile_counts
 from openipu.poplibs.popops.loop import countedLoop
 from openipu.poplibs.poplin import plan as planmod
 from openipu.poplibs.poplin.kernels import _meta_reads, _partials_kernel, _reduce_kernel, _Spec
@@ -166,7 +167,13 @@ def _laid_out(graph, t, lo: np.ndarray, sz: np.ndarray, local_tiles: np.ndarray)
     Host work follows boxes and runs: first the elements each tile holds (from the boxes, without
     flattening them), which differ in most views that are not laid out so, then the runs."""
     tiles = graph._global_tiles(np.asarray(local_tiles, np.int64))
-    if not _same_tile_counts(tile_boxes(t), sz, tiles):
+    have = interval_tile_counts(graph, t)        # a view of whole intervals: from the runs
+    if have is not None:
+        want = np.bincount(np.asarray(tiles, np.int64), weights=np.prod(np.asarray(sz, np.int64), axis=1),
+                           minlength=have.size)
+        if want.size != have.size or not np.array_equal(have, want.astype(np.int64)):
+            return False
+    elif not _same_tile_counts(tile_boxes(t), sz, tiles):
         return False
     b, _, tl = graph.tile_runs_of(t)
     b2, tl2 = box_tile_runs(lo, sz, tiles, t.shape())

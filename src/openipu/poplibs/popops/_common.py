@@ -40,9 +40,64 @@ def tile_counts(graph, tiles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def tile_counts_of(graph, t) -> tuple[np.ndarray, np.ndarray]:
     """``(used_tiles, elements_on_each)`` (global tiles, int64) of a mapped tensor, from its
     regions (no per-element work)."""
-    counts = graph.tile_element_counts(t).astype(np.int64)
+    counts = interval_tile_counts(graph, t)
+    if counts is None:
+        counts = graph.tile_element_counts(t).astype(np.int64)
     used = np.flatnonzero(counts)
     return used, counts[used]
+
+
+def interval_tile_counts(graph, t) -> np.ndarray | None:
+    """Elements of ``t`` on each global tile (int64, one entry per tile of the target) when
+    every piece of ``t`` covers an interval of addresses of one variable exactly once (its
+    strides, sorted, are the row-major strides of its sizes in some order of its dims: a
+    variable, a block, a slice of consecutive elements, or a transpose of one) and the pieces'
+    intervals do not overlap: the counts are then those of the intervals, from the variable's
+    run-length tile map (counts do not depend on the order of the elements). None otherwise
+    (the caller counts from the view's tile boxes). Unmapped elements are not counted."""
+    p = t.pieces
+    if len(p) == 0:
+        return None
+    if p.row is not None:
+        v, a0, _, sz_, st_ = p.row
+        n = 1
+        for stride, size in sorted((st_[d], sz_[d]) for d in range(len(sz_)) if sz_[d] != 1):
+            if stride != n:
+                return None
+            n *= size
+        if 0 in sz_:
+            return None
+        addr, num = np.array([a0], np.int64), np.array([n], np.int64)
+    else:
+        v = int(p.var[0])
+        if not (p.var == v).all():
+            return None
+        sz, st = p.sz, p.st
+        order = np.argsort(np.where(sz == 1, 0, st), axis=1, kind="stable")
+        ssz, sst = np.take_along_axis(sz, order, 1), np.take_along_axis(st, order, 1)
+        expect = np.cumprod(np.c_[np.ones(len(p), np.int64), ssz[:, :-1]], axis=1)
+        if not ((ssz == 1) | (sst == expect)).all() or (sz == 0).any():
+            return None
+        num = np.prod(sz, axis=1, dtype=np.int64)
+        o = np.argsort(p.addr, kind="stable")
+        addr, num = p.addr[o], num[o]
+        if (addr[1:] < addr[:-1] + num[:-1]).any():
+            return None
+    var = t._state.variables[v]
+    b = addr - var.start
+    e = b + num
+    s, ids = var.tile_starts, var.tile_ids
+    i0 = np.searchsorted(s, b, side="right") - 1
+    i1 = np.searchsorted(s, e, side="left")
+    cnt = i1 - i0
+    k = np.repeat(np.arange(b.size), cnt)
+    idx = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt) + i0[k]
+    lo = np.maximum(s[idx], b[k])
+    hi = np.minimum(np.append(s[1:], var.numel)[idx], e[k])
+    tl = ids[idx].astype(np.int64)
+    keep = tl >= 0
+    return np.bincount(tl[keep], weights=(hi - lo)[keep],
+                       minlength=graph._top._target.getNumTiles()).astype(np.int64)
 
 
 def broadcast_view(t, shape):
