@@ -333,14 +333,10 @@ def blocked_runs(t, edges, boxes: Boxes, slabs: int = 1):
 
 def _blocked_runs(t, edges, boxes: Boxes, slabs: int):
     """:func:`blocked_runs` without the memo and the slabs' repetition: ``(start, length, box)``
-    per run of slab 0 (``box``: the index of its box), or None."""
+    per run of slab 0 (``box``: the index of its box), or None. ``t`` is one variable's view of
+    rank ``len(edges)`` and there are boxes (:func:`blocked_runs` checked)."""
     p = t.pieces
     d = len(edges)
-    if len(p) == 0 or len(boxes) == 0 or t.rank() != d or slabs < 1:
-        return None
-    var = p.var
-    if not (var == var[0]).all():
-        return None
     edges = [np.asarray(e, np.int64) for e in edges]
     counts = [e.size - 1 for e in edges]
     if slabs > 1 and not np.array_equal(edges[0], np.arange(slabs + 1)):
@@ -358,7 +354,7 @@ def _blocked_runs(t, edges, boxes: Boxes, slabs: int):
     piece_of[np.ravel_multi_index(pc, counts)] = np.arange(len(p), dtype=np.int64)
     if (piece_of < 0).any():
         return None
-    v = int(var[0])
+    v = int(p.var[0])
     numel = t._state.variables[v].numel
     slab_size = numel // slabs
     if slabs > 1:      # slab i's cells stored as slab 0's, i slab sizes later
