@@ -4,6 +4,7 @@ numpy arrays (one host copy), the weightless proto compacted, and the skeleton m
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -69,8 +70,8 @@ def read_external_weights(model: onnx.ModelProto, base_dir: str) -> dict:
                 or sys.byteorder != "little":
             continue
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type))
-        want = int(np.prod(list(init.dims), dtype=np.int64)) * dtype.itemsize
-        if want < WEIGHT_BYTES:
+        want = math.prod(int(d) for d in init.dims) * dtype.itemsize     # (exact: no int64 wrap)
+        if want < WEIGHT_BYTES or any(d < 0 for d in init.dims):     # (a bad shape: the IR's checks name it)
             continue
         info = edh.ExternalDataInfo(init)
         fd = edh._open_external_data_fd(base_dir, info.location, init.name, True)
