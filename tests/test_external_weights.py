@@ -119,3 +119,18 @@ def test_length_not_matching_dims_is_named_by_the_ir(tmp_path):
     onnx.save(proto, str(tmp_path / "bad.onnx"))
     with pytest.raises(popart.popart_exception, match="Initializer 'w'.*cannot be read"):
         runner.run_model(str(tmp_path / "bad.onnx"), offline=True)
+
+
+@pytest.mark.parametrize("dims", [[-160, -160], [2 ** 40, 2 ** 40, 2 ** 40, 160 * 160]])
+def test_crafted_dims_of_an_external_weight_get_the_irs_error(tmp_path, dims):
+    """Negative dims whose product matches the stored length, and dims whose product wraps int64:
+    the weight is not allocated from them, and the IR names it (popart_exception, not numpy's
+    error or a huge allocation)."""
+    _save(_model(), tmp_path / "m.onnx")
+    proto = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    w = proto.graph.initializer[0]
+    del w.dims[:]
+    w.dims.extend(dims)
+    onnx.save(proto, str(tmp_path / "bad.onnx"))
+    with pytest.raises(popart.popart_exception, match="Initializer 'w'"):
+        runner.run_model(str(tmp_path / "bad.onnx"), offline=True)
