@@ -55,6 +55,18 @@ def _conv_training(monkeypatch, mode, steps=3):
     h = b.aiOnnx.conv([h, k2], strides=[2, 2], pads=[0, 1, 1, 0], group=2)
     y = b.aiOnnx.softmax([b.aiOnnx.reshape([h, b.aiOnnx.constant(np.array([2, -1], np.int64))])], axis=1)
     loss = b.aiGraphcore.nllloss([y, lab])
+    s, losses, weights = sgd_training(
+        b, loss, lambda data: {x: data.standard_normal((2, 3, 8, 8)).astype(np.float32),
+                               lab: data.integers(0, 24, (2,)).astype(np.int32)},
+        {"k1": (4, 3, 3, 3), "k2": (6, 2, 3, 3)}, steps)
+    return s, [float(v) for v in losses], weights
+
+
+def sgd_training(b, loss, feeds, weight_shapes: dict, steps: int):
+    """Train the model of builder ``b`` (``loss``) with SGD (lr 0.1, momentum 0.9) on an 8-tile
+    IPU model for ``steps`` steps, each fed ``feeds(rng)`` (a numpy generator seeded 1): the
+    session, each step's loss (a copy of its anchor) and the trained weights named in
+    ``weight_shapes`` (name -> shape, float32)."""
     s = popart.TrainingSession(
         fnModel=b.getModelProto(), loss=loss,
         optimizer=popart.SGD({"defaultLearningRate": (0.1, False), "defaultMomentum": (0.9, False)}),
@@ -66,11 +78,10 @@ def _conv_training(monkeypatch, mode, steps=3):
     losses = []
     for _ in range(steps):
         a = s.initAnchorArrays()
-        s.run(popart.PyStepIO({x: data.standard_normal((2, 3, 8, 8)).astype(np.float32),
-                               lab: data.integers(0, 24, (2,)).astype(np.int32)}, a))
-        losses.append(float(a[loss]))
+        s.run(popart.PyStepIO(feeds(data), a))
+        losses.append(a[loss].copy())
     s.weightsToHost()
-    weights = {"k1": np.zeros((4, 3, 3, 3), np.float32), "k2": np.zeros((6, 2, 3, 3), np.float32)}
+    weights = {k: np.zeros(shape, np.float32) for k, shape in weight_shapes.items()}
     s.readWeights(popart.PyWeightsIO(weights))
     return s, losses, weights
 

@@ -9,6 +9,7 @@ import torch
 
 import popart
 from openipu.popart import execute, execute_plan
+from test_ir_executor_steps import sgd_training
 
 
 class _T:
@@ -137,23 +138,10 @@ def _band_conv_training(monkeypatch, busy: bool, steps: int = 2):
     h = b.aiOnnx.reducemean([h], axes=[2, 3], keepdims=0)
     y = b.aiOnnx.softmax([h], axis=1)
     loss = b.aiGraphcore.nllloss([y, lab])
-    s = popart.TrainingSession(
-        fnModel=b.getModelProto(), loss=loss,
-        optimizer=popart.SGD({"defaultLearningRate": (0.1, False), "defaultMomentum": (0.9, False)}),
-        dataFlow=popart.DataFlow(1, {loss: popart.AnchorReturnType("ALL")}),
-        deviceInfo=popart.DeviceManager().createIpuModelDevice({"tilesPerIPU": 8}))
-    s.prepareDevice()
-    s.weightsFromHost()
-    data = np.random.default_rng(1)
-    losses = []
-    for _ in range(steps):
-        a = s.initAnchorArrays()
-        s.run(popart.PyStepIO({x: data.standard_normal((4, 32, 16, 16)).astype(np.float32),
-                               lab: data.integers(0, 64, (4,)).astype(np.int32)}, a))
-        losses.append(a[loss].copy())
-    s.weightsToHost()
-    weights = {"k": np.zeros((64, 32, 3, 3), np.float32)}
-    s.readWeights(popart.PyWeightsIO(weights))
+    s, losses, weights = sgd_training(
+        b, loss, lambda data: {x: data.standard_normal((4, 32, 16, 16)).astype(np.float32),
+                               lab: data.integers(0, 64, (4,)).astype(np.int32)},
+        {"k": (64, 32, 3, 3)}, steps)
     return losses, weights["k"], s._fast
 
 
